@@ -1,0 +1,77 @@
+//! Key/value cache for incremental decoding.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Int, Tensor};
+
+/// Per-layer `(keys, values)`, each `[batch, kv_heads, cached, head_dim]`.
+pub type LayerCache<B> = (Option<Tensor<B, 4>>, Option<Tensor<B, 4>>);
+
+/// Cached keys and values of every layer plus the validity of every cached position.
+#[derive(Debug, Clone)]
+pub struct KvCache<B: Backend> {
+    layers: Vec<LayerCache<B>>,
+    len: usize,
+    key_mask: Option<Tensor<B, 2, Bool>>,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// An empty cache for a model with `num_layers` layers.
+    pub fn new(num_layers: usize) -> Self {
+        Self {
+            layers: (0..num_layers).map(|_| (None, None)).collect(),
+            len: 0,
+            key_mask: None,
+        }
+    }
+
+    /// Number of cached positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn layer_mut(&mut self, i: usize) -> &mut LayerCache<B> {
+        &mut self.layers[i]
+    }
+
+    /// Validity of all cached positions followed by the new ones, `[batch, len + new]`, or `None`
+    /// when nothing is padded.
+    pub(crate) fn combined_mask(
+        &self,
+        new_mask: Option<Tensor<B, 2, Bool>>,
+        batch: usize,
+        new: usize,
+        device: &B::Device,
+    ) -> Option<Tensor<B, 2, Bool>> {
+        let ones = |n: usize| Tensor::<B, 2, Int>::ones([batch, n], device).equal_elem(1);
+        match (self.key_mask.clone(), new_mask) {
+            (None, None) => None,
+            (Some(old), None) => Some(Tensor::cat(vec![old, ones(new)], 1)),
+            (None, Some(m)) if self.len == 0 => Some(m),
+            (None, Some(m)) => Some(Tensor::cat(vec![ones(self.len), m], 1)),
+            (Some(old), Some(m)) => Some(Tensor::cat(vec![old, m], 1)),
+        }
+    }
+
+    pub(crate) fn commit(&mut self, new: usize, full_mask: Option<Tensor<B, 2, Bool>>) {
+        self.len += new;
+        self.key_mask = full_mask;
+    }
+
+    /// Keeps only the given batch rows (e.g. the sequences still generating).
+    pub fn retain_rows(&mut self, rows: &[usize], device: &B::Device) {
+        let idx = Tensor::<B, 1, Int>::from_ints(
+            rows.iter().map(|&r| r as i64).collect::<Vec<_>>().as_slice(),
+            device,
+        );
+        for (k, v) in self.layers.iter_mut() {
+            *k = k.take().map(|t| t.select(0, idx.clone()));
+            *v = v.take().map(|t| t.select(0, idx.clone()));
+        }
+        self.key_mask = self.key_mask.take().map(|m| m.select(0, idx));
+    }
+}

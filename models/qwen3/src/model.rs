@@ -1,0 +1,388 @@
+//! The Qwen3 decoder: RMSNorm, rotate-half RoPE, grouped-query attention with per-head q/k norms,
+//! SwiGLU MLP, and the causal-LM head (tied or untied).
+
+use burn::module::{Module, Param};
+use burn::nn::{Linear, LinearConfig};
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Distribution, Int, Tensor};
+
+use crate::batch::{attention_bias, ForwardBatch};
+use crate::cache::KvCache;
+use crate::config::Qwen3Config;
+
+/// Value added to attention scores of masked keys. Finite, so a query row whose keys are all masked
+/// (a padding position) yields a uniform distribution instead of NaNs that would leak into values.
+pub(crate) const MASKED_SCORE: f32 = -1.0e30;
+
+/// Root-mean-square norm as Qwen3 computes it: statistics in f32, scale applied after casting back.
+#[derive(Module, Debug)]
+pub struct RmsNorm<B: Backend> {
+    /// Per-feature scale (`weight` in HF checkpoints).
+    pub weight: Param<Tensor<B, 1>>,
+    /// Epsilon from `config.json`'s `rms_norm_eps`.
+    pub eps: f64,
+}
+
+impl<B: Backend> RmsNorm<B> {
+    /// A norm of width `dim` with unit scale.
+    pub fn new(dim: usize, eps: f64, device: &B::Device) -> Self {
+        Self {
+            weight: Param::from_tensor(Tensor::ones([dim], device)),
+            eps,
+        }
+    }
+
+    /// Normalises over the last dimension.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let dtype = x.dtype();
+        let x32 = x.cast(DType::F32);
+        let inv_rms = (x32.clone().square().mean_dim(D - 1) + self.eps)
+            .sqrt()
+            .recip();
+        let normed = (x32 * inv_rms).cast(dtype);
+        normed * self.weight.val().unsqueeze()
+    }
+}
+
+/// Rotary position embedding in Hugging Face's rotate-half form: dimension `i` is rotated with
+/// dimension `i + head_dim/2` by the angle `position * theta^(-2i/head_dim)`.
+#[derive(Module, Debug, Clone)]
+pub struct RotaryEmbedding {
+    /// Per-head width.
+    pub head_dim: usize,
+    /// Base frequency.
+    pub theta: f64,
+}
+
+impl RotaryEmbedding {
+    /// Inverse frequencies, rounded to f32 the way the reference computes them.
+    fn inv_freq(&self) -> Vec<f32> {
+        let d = self.head_dim as f64;
+        (0..self.head_dim / 2)
+            .map(|i| (1.0 / self.theta.powf((2 * i) as f64 / d)) as f32)
+            .collect()
+    }
+
+    /// `cos` and `sin` tables of shape `[batch, 1, seq, head_dim]` for the given positions.
+    pub fn tables<B: Backend>(&self, positions: Tensor<B, 2, Int>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let [b, t] = positions.dims();
+        let device = positions.device();
+        let half = self.head_dim / 2;
+        let inv = Tensor::<B, 1>::from_floats(self.inv_freq().as_slice(), &device)
+            .cast(DType::F32)
+            .reshape([1, 1, half]);
+        let pos = positions.float().cast(DType::F32).reshape([b, t, 1]);
+        let freqs = pos * inv;
+        let emb = Tensor::cat(vec![freqs.clone(), freqs], 2).reshape([b, 1, t, self.head_dim]);
+        (emb.clone().cos(), emb.sin())
+    }
+
+    /// Applies the rotation to `x` of shape `[batch, heads, seq, head_dim]`.
+    pub fn apply<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
+        let [b, h, t, d] = x.dims();
+        let dtype = x.dtype();
+        let half = d / 2;
+        let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..half]);
+        let x2 = x.clone().slice([0..b, 0..h, 0..t, half..d]);
+        let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+        x * cos.clone().cast(dtype) + rotated * sin.clone().cast(dtype)
+    }
+}
+
+/// Grouped-query self-attention with per-head RMSNorm on queries and keys.
+#[derive(Module, Debug)]
+pub struct Attention<B: Backend> {
+    /// Query projection, `hidden -> heads * head_dim`.
+    pub q_proj: Linear<B>,
+    /// Key projection, `hidden -> kv_heads * head_dim`.
+    pub k_proj: Linear<B>,
+    /// Value projection, `hidden -> kv_heads * head_dim`.
+    pub v_proj: Linear<B>,
+    /// Output projection, `heads * head_dim -> hidden`.
+    pub o_proj: Linear<B>,
+    /// Per-head query norm (applied before RoPE).
+    pub q_norm: RmsNorm<B>,
+    /// Per-head key norm (applied before RoPE).
+    pub k_norm: RmsNorm<B>,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+}
+
+impl<B: Backend> Attention<B> {
+    fn new(config: &Qwen3Config, device: &B::Device) -> Self {
+        let (h, nh, nkv, hd) = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads(),
+            config.head_dim(),
+        );
+        let bias = config.attention_bias;
+        let lin = |i, o, bias| LinearConfig::new(i, o).with_bias(bias).init(device);
+        Self {
+            q_proj: lin(h, nh * hd, bias),
+            k_proj: lin(h, nkv * hd, bias),
+            v_proj: lin(h, nkv * hd, bias),
+            o_proj: lin(nh * hd, h, bias),
+            q_norm: RmsNorm::new(hd, config.rms_norm_eps, device),
+            k_norm: RmsNorm::new(hd, config.rms_norm_eps, device),
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+        }
+    }
+
+    /// `x`: `[batch, seq, hidden]`; `bias`: additive mask `[batch, 1, seq, keys]` (None = all visible).
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        rope: &(Tensor<B, 4>, Tensor<B, 4>),
+        bias: Option<&Tensor<B, 4>>,
+        cache: Option<&mut (Option<Tensor<B, 4>>, Option<Tensor<B, 4>>)>,
+    ) -> Tensor<B, 3> {
+        let [b, t, _] = x.dims();
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let q = self.q_proj.forward(x.clone()).reshape([b, t, nh, hd]);
+        let k = self.k_proj.forward(x.clone()).reshape([b, t, nkv, hd]);
+        let v = self.v_proj.forward(x).reshape([b, t, nkv, hd]);
+        let q = self.q_norm.forward(q).swap_dims(1, 2);
+        let k = self.k_norm.forward(k).swap_dims(1, 2);
+        let v = v.swap_dims(1, 2);
+        let q = RotaryEmbedding::apply(q, &rope.0, &rope.1);
+        let k = RotaryEmbedding::apply(k, &rope.0, &rope.1);
+
+        let (k, v) = match cache {
+            Some(slot) => {
+                let k = match slot.0.take() {
+                    Some(prev) => Tensor::cat(vec![prev, k], 2),
+                    None => k,
+                };
+                let v = match slot.1.take() {
+                    Some(prev) => Tensor::cat(vec![prev, v], 2),
+                    None => v,
+                };
+                slot.0 = Some(k.clone());
+                slot.1 = Some(v.clone());
+                (k, v)
+            }
+            None => (k, v),
+        };
+        let s = k.dims()[2];
+        let group = nh / nkv;
+        // Query head h reads key/value head h / group: fold the group into the query rows so no
+        // repeated copy of K and V is made.
+        let q = q.reshape([b, nkv, group * t, hd]);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+        let dtype = scores.dtype();
+        let mut scores = scores.reshape([b, nh, t, s]).cast(DType::F32);
+        if let Some(bias) = bias {
+            scores = scores + bias.clone();
+        }
+        let probs = softmax(scores, 3).cast(dtype).reshape([b, nkv, group * t, s]);
+        let out = probs.matmul(v).reshape([b, nh, t, hd]);
+        let out = out.swap_dims(1, 2).reshape([b, t, nh * hd]);
+        self.o_proj.forward(out)
+    }
+}
+
+/// SwiGLU feed-forward block: `down(silu(gate(x)) * up(x))`.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    /// Gate projection.
+    pub gate_proj: Linear<B>,
+    /// Up projection.
+    pub up_proj: Linear<B>,
+    /// Down projection.
+    pub down_proj: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn new(config: &Qwen3Config, device: &B::Device) -> Self {
+        let (h, i) = (config.hidden_size, config.intermediate_size);
+        let lin = |a, b| LinearConfig::new(a, b).with_bias(false).init(device);
+        Self {
+            gate_proj: lin(h, i),
+            up_proj: lin(h, i),
+            down_proj: lin(i, h),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let gate = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}
+
+/// One pre-norm decoder layer.
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: Backend> {
+    /// Norm before attention.
+    pub input_layernorm: RmsNorm<B>,
+    /// Self-attention.
+    pub self_attn: Attention<B>,
+    /// Norm before the MLP.
+    pub post_attention_layernorm: RmsNorm<B>,
+    /// Feed-forward block.
+    pub mlp: Mlp<B>,
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    fn new(config: &Qwen3Config, device: &B::Device) -> Self {
+        Self {
+            input_layernorm: RmsNorm::new(config.hidden_size, config.rms_norm_eps, device),
+            self_attn: Attention::new(config, device),
+            post_attention_layernorm: RmsNorm::new(config.hidden_size, config.rms_norm_eps, device),
+            mlp: Mlp::new(config, device),
+        }
+    }
+}
+
+/// Qwen3 causal language model (`Qwen3ForCausalLM`).
+///
+/// With `tie_word_embeddings` the head has no weight of its own: logits are computed against the
+/// embedding parameter itself, so training updates one tensor, as in the reference.
+#[derive(Module, Debug)]
+pub struct Qwen3ForCausalLM<B: Backend> {
+    /// Token embedding `[vocab, hidden]` (`model.embed_tokens.weight`).
+    pub embed_tokens: Param<Tensor<B, 2>>,
+    /// Decoder layers.
+    pub layers: Vec<DecoderLayer<B>>,
+    /// Final norm.
+    pub norm: RmsNorm<B>,
+    /// Untied LM head `[vocab, hidden]` (HF layout); `None` when tied to `embed_tokens`.
+    pub lm_head: Option<Param<Tensor<B, 2>>>,
+    /// Rotary embedding parameters.
+    pub rope: RotaryEmbedding,
+}
+
+impl<B: Backend> Qwen3ForCausalLM<B> {
+    /// A model with random weights drawn from N(0, `std`) (norm scales are 1), for tests, benches and
+    /// demos; load real checkpoints with [`crate::load_model`].
+    pub fn random(config: &Qwen3Config, std: f64, seed: u64, device: &B::Device) -> Self {
+        B::seed(device, seed);
+        let mut model = Self::new(config, device);
+        let normal = Distribution::Normal(0.0, std);
+        model = model.map_params_2d(&mut |_, w| Tensor::random(w.shape(), normal, &w.device()));
+        model
+    }
+
+    /// The architecture with default initialisation (weights are expected to be loaded).
+    pub fn new(config: &Qwen3Config, device: &B::Device) -> Self {
+        let normal = Distribution::Normal(0.0, 0.02);
+        let (v, h) = (config.vocab_size, config.hidden_size);
+        Self {
+            embed_tokens: Param::from_tensor(Tensor::random([v, h], normal, device)),
+            layers: (0..config.num_hidden_layers)
+                .map(|_| DecoderLayer::new(config, device))
+                .collect(),
+            norm: RmsNorm::new(h, config.rms_norm_eps, device),
+            lm_head: (!config.tie_word_embeddings)
+                .then(|| Param::from_tensor(Tensor::random([v, h], normal, device))),
+            rope: RotaryEmbedding {
+                head_dim: config.head_dim(),
+                theta: config.rope_theta(),
+            },
+        }
+    }
+
+    fn map_params_2d(
+        mut self,
+        f: &mut impl FnMut(&str, Tensor<B, 2>) -> Tensor<B, 2>,
+    ) -> Self {
+        let map = |p: Param<Tensor<B, 2>>, f: &mut dyn FnMut(Tensor<B, 2>) -> Tensor<B, 2>| {
+            Param::from_tensor(f(p.val()))
+        };
+        self.embed_tokens = map(self.embed_tokens, &mut |t| f("embed", t));
+        if let Some(head) = self.lm_head.take() {
+            self.lm_head = Some(map(head, &mut |t| f("head", t)));
+        }
+        for layer in self.layers.iter_mut() {
+            for lin in [
+                &mut layer.self_attn.q_proj,
+                &mut layer.self_attn.k_proj,
+                &mut layer.self_attn.v_proj,
+                &mut layer.self_attn.o_proj,
+                &mut layer.mlp.gate_proj,
+                &mut layer.mlp.up_proj,
+                &mut layer.mlp.down_proj,
+            ] {
+                lin.weight = Param::from_tensor(f("linear", lin.weight.val()));
+            }
+        }
+        self
+    }
+
+    /// Number of decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Vocabulary size.
+    pub fn vocab_size(&self) -> usize {
+        self.embed_tokens.dims()[0]
+    }
+
+    /// Final hidden states `[batch, seq, hidden]` (after the last norm) for the new tokens of
+    /// `batch`. With a cache, keys and values of the new tokens are appended to it.
+    pub fn forward_hidden(&self, batch: &ForwardBatch<B>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+        let [b, t] = batch.input_ids.dims();
+        let h = self.embed_tokens.dims()[1];
+        let ids = batch.input_ids.clone().reshape([b * t]);
+        let mut x = self.embed_tokens.val().select(0, ids).reshape([b, t, h]);
+        let rope = self.rope.tables(batch.position_ids.clone());
+        let device = ids_device(&batch.input_ids);
+        let (past, key_mask) = match cache.as_ref() {
+            Some(c) => (c.len(), c.combined_mask(batch.key_mask.clone(), b, t, &device)),
+            None => (0, batch.key_mask.clone()),
+        };
+        let bias = attention_bias(b, t, past, key_mask.clone(), &device);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let slot = cache.as_mut().map(|c| c.layer_mut(i));
+            let attn = layer.self_attn.forward(
+                layer.input_layernorm.forward(x.clone()),
+                &rope,
+                bias.as_ref(),
+                slot,
+            );
+            x = x + attn;
+            x = x.clone() + layer.mlp.forward(layer.post_attention_layernorm.forward(x));
+        }
+        if let Some(c) = cache {
+            c.commit(t, key_mask);
+        }
+        self.norm.forward(x)
+    }
+
+    /// The LM head weight `[vocab, hidden]`: the embedding itself when tied.
+    pub fn head_weight(&self) -> Tensor<B, 2> {
+        match &self.lm_head {
+            Some(w) => w.val(),
+            None => self.embed_tokens.val(),
+        }
+    }
+
+    /// Logits `[batch, seq, vocab]` for hidden states `[batch, seq, hidden]`.
+    pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [b, t, h] = hidden.dims();
+        let w = self.head_weight();
+        let v = w.dims()[0];
+        hidden
+            .reshape([b * t, h])
+            .matmul(w.transpose())
+            .reshape([b, t, v])
+    }
+
+    /// Logits `[batch, seq, vocab]` of the new tokens.
+    pub fn forward(&self, batch: &ForwardBatch<B>, cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+        self.logits(self.forward_hidden(batch, cache))
+    }
+}
+
+fn ids_device<B: Backend>(ids: &Tensor<B, 2, Int>) -> B::Device {
+    ids.device()
+}

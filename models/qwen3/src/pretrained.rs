@@ -1,0 +1,152 @@
+//! A model directory (or hub id) loaded as a whole, and writing one back.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::backend::Backend;
+
+use crate::config::{GenerationConfig, Qwen3Config};
+use crate::error::{Qwen3Error, Result};
+use crate::generate::{generate, Generation, SamplingConfig};
+use crate::hub::resolve_model_dir;
+use crate::model::Qwen3ForCausalLM;
+use crate::tokenizer::Qwen3Tokenizer;
+use crate::weights::{load_weights, to_safetensors_bytes, SaveDtype, WeightFiles};
+
+/// Tokenizer files copied by [`save_pretrained`] when present in the source directory.
+pub const TOKENIZER_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+];
+
+/// A Qwen3 model with its configs and (optional) tokenizer.
+pub struct Qwen3<B: Backend> {
+    /// The network.
+    pub model: Qwen3ForCausalLM<B>,
+    /// `config.json`.
+    pub config: Qwen3Config,
+    /// `generation_config.json`, if present.
+    pub generation_config: Option<GenerationConfig>,
+    /// The tokenizer, if the directory has `tokenizer.json`.
+    pub tokenizer: Option<Qwen3Tokenizer>,
+    /// Where it was loaded from.
+    pub dir: PathBuf,
+}
+
+impl<B: Backend> Qwen3<B> {
+    /// Loads from a local directory or a hub id such as `Qwen/Qwen3-0.6B`.
+    pub fn load(model: &str, device: &B::Device) -> Result<Self> {
+        Self::load_dir(&resolve_model_dir(model)?, device)
+    }
+
+    /// Loads from a local directory.
+    pub fn load_dir(dir: &Path, device: &B::Device) -> Result<Self> {
+        let config_path = dir.join("config.json");
+        if !config_path.exists() {
+            return Err(Qwen3Error::ModelDir {
+                dir: dir.to_path_buf(),
+                message: "no config.json".into(),
+            });
+        }
+        let config = Qwen3Config::from_file(&config_path)?;
+        let gen_path = dir.join("generation_config.json");
+        let generation_config = if gen_path.exists() {
+            Some(GenerationConfig::from_file(&gen_path)?)
+        } else {
+            None
+        };
+        let tokenizer = if dir.join("tokenizer.json").exists() {
+            Some(Qwen3Tokenizer::from_dir(dir)?)
+        } else {
+            None
+        };
+        let files = WeightFiles::open_dir(dir)?;
+        let model = load_weights(&config, &files, device)?;
+        Ok(Self {
+            model,
+            config,
+            generation_config,
+            tokenizer,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// End-of-sequence ids: `generation_config.json`'s, else `config.json`'s, plus the tokenizer's
+    /// EOS token.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let mut ids = self
+            .generation_config
+            .as_ref()
+            .and_then(|g| g.eos_token_id.as_ref())
+            .or(self.config.eos_token_id.as_ref())
+            .map(|t| t.to_vec())
+            .unwrap_or_default();
+        if let Some(eos) = self.tokenizer.as_ref().and_then(|t| t.eos_id()) {
+            if !ids.contains(&eos) {
+                ids.push(eos);
+            }
+        }
+        ids
+    }
+
+    /// Padding id (its value never influences results; padded positions are masked).
+    pub fn pad_id(&self) -> u32 {
+        self.generation_config
+            .as_ref()
+            .and_then(|g| g.pad_token_id)
+            .or_else(|| self.tokenizer.as_ref().and_then(|t| t.pad_id()))
+            .or_else(|| self.stop_ids().first().copied())
+            .unwrap_or(0)
+    }
+
+    /// Batched generation (see [`generate()`]).
+    pub fn generate(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, device: &B::Device) -> Result<Vec<Generation>> {
+        generate(&self.model, prompts, cfg, self.pad_id(), device)
+    }
+}
+
+/// Writes `model` as a Hugging Face directory: `model.safetensors`, `config.json`,
+/// `generation_config.json` (when given) and the tokenizer files found in `tokenizer_dir`. Every
+/// file is written atomically. The result loads in transformers and vLLM as is.
+pub fn save_pretrained<B: Backend>(
+    model: &Qwen3ForCausalLM<B>,
+    config: &Qwen3Config,
+    generation_config: Option<&GenerationConfig>,
+    tokenizer_dir: Option<&Path>,
+    dir: &Path,
+    dtype: SaveDtype,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Qwen3Error::io(dir, e))?;
+    let bytes = to_safetensors_bytes(model, dtype)?;
+    crate::io::write_atomic(&dir.join("model.safetensors"), &bytes)?;
+    let mut config = config.clone();
+    let name = match dtype {
+        SaveDtype::F32 => "float32",
+        SaveDtype::Bf16 => "bfloat16",
+    };
+    if config.dtype.is_some() {
+        config.dtype = Some(name.into());
+    } else {
+        config.torch_dtype = Some(name.into());
+    }
+    config.architectures.get_or_insert_with(|| vec!["Qwen3ForCausalLM".into()]);
+    config.write(&dir.join("config.json"))?;
+    if let Some(g) = generation_config {
+        let text = serde_json::to_string_pretty(g).expect("generation config serialises");
+        crate::io::write_atomic(&dir.join("generation_config.json"), text.as_bytes())?;
+    }
+    if let Some(src) = tokenizer_dir {
+        for f in TOKENIZER_FILES {
+            let from = src.join(f);
+            if from.exists() && src.canonicalize().ok() != dir.canonicalize().ok() {
+                let bytes = std::fs::read(&from).map_err(|e| Qwen3Error::io(&from, e))?;
+                crate::io::write_atomic(&dir.join(f), &bytes)?;
+            }
+        }
+    }
+    Ok(())
+}
