@@ -1,1 +1,46 @@
-fn main() {}
+//! `conrub`: the command-line tool. Argument parsing and wiring only; the work lives in the crates.
+
+mod backend;
+mod commands;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Rubric-reward RL post-training of Qwen3 policies on burn.
+#[derive(Parser)]
+#[command(name = "conrub", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a continuation with a Qwen3 model.
+    Generate(commands::generate::GenerateArgs),
+    /// Teacher-forced log-probabilities and per-position argmax of a token sequence.
+    Logprobs(commands::logprobs::LogprobsArgs),
+    /// Tokenize text or chat messages with a model's tokenizer and chat template.
+    Tokenize(commands::tokenize::TokenizeArgs),
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Generate(args) => commands::generate::run(args),
+        Command::Logprobs(args) => commands::logprobs::run(args),
+        Command::Tokenize(args) => commands::tokenize::run(args),
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the whole context chain on one line; no backtrace for user errors.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

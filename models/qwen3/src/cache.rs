@@ -11,7 +11,10 @@ pub type LayerCache<B> = (Option<Tensor<B, 4>>, Option<Tensor<B, 4>>);
 pub struct KvCache<B: Backend> {
     layers: Vec<LayerCache<B>>,
     len: usize,
-    key_mask: Option<Tensor<B, 2, Bool>>,
+    /// Validity of cached positions as 0/1 integers. Kept as Int, not Bool: burn-flex 0.21 stores
+    /// Bool tensors made from host data and Bool tensors produced by comparisons in two different
+    /// dtypes and refuses to concatenate them.
+    key_mask: Option<Tensor<B, 2, Int>>,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -47,19 +50,21 @@ impl<B: Backend> KvCache<B> {
         new: usize,
         device: &B::Device,
     ) -> Option<Tensor<B, 2, Bool>> {
-        let ones = |n: usize| Tensor::<B, 2, Int>::ones([batch, n], device).equal_elem(1);
-        match (self.key_mask.clone(), new_mask) {
+        let ones = |n: usize| Tensor::<B, 2, Int>::ones([batch, n], device);
+        let new_mask = new_mask.map(|m| m.int());
+        let full = match (self.key_mask.clone(), new_mask) {
             (None, None) => None,
             (Some(old), None) => Some(Tensor::cat(vec![old, ones(new)], 1)),
             (None, Some(m)) if self.len == 0 => Some(m),
             (None, Some(m)) => Some(Tensor::cat(vec![ones(self.len), m], 1)),
             (Some(old), Some(m)) => Some(Tensor::cat(vec![old, m], 1)),
-        }
+        };
+        full.map(|m| m.equal_elem(1))
     }
 
     pub(crate) fn commit(&mut self, new: usize, full_mask: Option<Tensor<B, 2, Bool>>) {
         self.len += new;
-        self.key_mask = full_mask;
+        self.key_mask = full_mask.map(|m| m.int());
     }
 
     /// Keeps only the given batch rows (e.g. the sequences still generating).

@@ -8,11 +8,11 @@
 //! - [`Qwen3`]: all of the above loaded from a directory or hub id.
 //!
 //! ```no_run
-//! use burn::backend::NdArray;
+//! use burn::backend::Flex;
 //! use conrub_qwen3::{ChatMessage, ChatOptions, Qwen3, SamplingConfig};
 //!
 //! let device = Default::default();
-//! let qwen = Qwen3::<NdArray>::load("Qwen/Qwen3-0.6B", &device).unwrap();
+//! let qwen = Qwen3::<Flex>::load("Qwen/Qwen3-0.6B", &device).unwrap();
 //! let tok = qwen.tokenizer.as_ref().unwrap();
 //! let prompt = tok
 //!     .apply_chat_template(&[ChatMessage::new("user", "What is sepsis?")], ChatOptions::default())

@@ -15,6 +15,16 @@ use crate::config::Qwen3Config;
 /// (a padding position) yields a uniform distribution instead of NaNs that would leak into values.
 pub(crate) const MASKED_SCORE: f32 = -1.0e30;
 
+/// Applies `lin` to `[batch, seq, in]` as one 2-D matrix product. burn's `Linear` on a 3-D input
+/// runs a broadcast batched matmul, which CPU backends execute as one product per sequence (each
+/// re-reading the whole weight); flattening first makes decode steps read every weight once.
+fn project<B: Backend>(lin: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let [b, t, d] = x.dims();
+    let y = lin.forward(x.reshape([b * t, d]));
+    let out = y.dims()[1];
+    y.reshape([b, t, out])
+}
+
 /// Root-mean-square norm as Qwen3 computes it: statistics in f32, scale applied after casting back.
 #[derive(Module, Debug)]
 pub struct RmsNorm<B: Backend> {
@@ -146,9 +156,9 @@ impl<B: Backend> Attention<B> {
     ) -> Tensor<B, 3> {
         let [b, t, _] = x.dims();
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = self.q_proj.forward(x.clone()).reshape([b, t, nh, hd]);
-        let k = self.k_proj.forward(x.clone()).reshape([b, t, nkv, hd]);
-        let v = self.v_proj.forward(x).reshape([b, t, nkv, hd]);
+        let q = project(&self.q_proj, x.clone()).reshape([b, t, nh, hd]);
+        let k = project(&self.k_proj, x.clone()).reshape([b, t, nkv, hd]);
+        let v = project(&self.v_proj, x).reshape([b, t, nkv, hd]);
         let q = self.q_norm.forward(q).swap_dims(1, 2);
         let k = self.k_norm.forward(k).swap_dims(1, 2);
         let v = v.swap_dims(1, 2);
@@ -186,7 +196,7 @@ impl<B: Backend> Attention<B> {
         let probs = softmax(scores, 3).cast(dtype).reshape([b, nkv, group * t, s]);
         let out = probs.matmul(v).reshape([b, nh, t, hd]);
         let out = out.swap_dims(1, 2).reshape([b, t, nh * hd]);
-        self.o_proj.forward(out)
+        project(&self.o_proj, out)
     }
 }
 
@@ -213,8 +223,8 @@ impl<B: Backend> Mlp<B> {
     }
 
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let gate = silu(project(&self.gate_proj, x.clone()));
+        project(&self.down_proj, gate * project(&self.up_proj, x))
     }
 }
 
@@ -367,13 +377,16 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
     }
 
     /// Logits `[batch, seq, vocab]` for hidden states `[batch, seq, hidden]`.
+    ///
+    /// Computed as `(W · hᵀ)ᵀ` so the `[vocab, hidden]` weight is used in its stored layout: backends
+    /// that need contiguous matmul operands (ndarray) would otherwise copy the whole head (622 MB for
+    /// Qwen3-0.6B) on every call, while transposing the small `[tokens, hidden]` side is cheap.
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         let [b, t, h] = hidden.dims();
         let w = self.head_weight();
         let v = w.dims()[0];
-        hidden
-            .reshape([b * t, h])
-            .matmul(w.transpose())
+        w.matmul(hidden.reshape([b * t, h]).transpose())
+            .transpose()
             .reshape([b, t, v])
     }
 

@@ -10,7 +10,7 @@ use conrub_qwen3::{
 };
 use safetensors::SafeTensors;
 
-type B = burn::backend::NdArray<f32>;
+type B = burn::backend::Flex;
 
 const MODELS: &[&str] = &["tied-gqa-f32", "untied-mqa-bf16", "tied-mha-bf16-sharded"];
 

@@ -1,0 +1,95 @@
+//! Backend selection: cargo features decide which backends exist, `--device` picks one at run time.
+
+use anyhow::{bail, Result};
+use burn::tensor::backend::Backend;
+
+/// Work that runs on whichever backend `--device` selects.
+pub trait BackendTask {
+    /// Runs on backend `B` and device `device`.
+    fn run<B: Backend>(self, device: B::Device) -> Result<()>;
+}
+
+/// Devices accepted by `--device`.
+pub const DEVICE_HELP: &str = "cpu (default), ndarray, flex, wgpu[:N], cuda[:N], tch[:cpu|:cuda:N]";
+
+fn missing(feature: &str, device: &str) -> Result<()> {
+    bail!(
+        "device `{device}` needs the `{feature}` backend, which this build does not have; \
+         rebuild with `cargo build --release --features {feature}`"
+    )
+}
+
+fn index(spec: &str, prefix: &str) -> Result<usize> {
+    match spec.strip_prefix(prefix) {
+        None | Some("") => Ok(0),
+        Some(rest) => match rest.strip_prefix(':').map(str::parse::<usize>) {
+            Some(Ok(i)) => Ok(i),
+            _ => bail!("invalid device `{spec}`: expected {prefix} or {prefix}:N"),
+        },
+    }
+}
+
+/// Parses `spec` and runs `task` on that device.
+pub fn run_on_device<T: BackendTask>(spec: &str, task: T) -> Result<()> {
+    let _ = &task;
+    match spec {
+        "cpu" => {
+            #[cfg(feature = "flex")]
+            return run_on_device("flex", task);
+            #[cfg(all(not(feature = "flex"), feature = "ndarray"))]
+            return run_on_device("ndarray", task);
+            #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+            return missing("ndarray", spec);
+        }
+        "ndarray" => {
+            #[cfg(feature = "ndarray")]
+            return task.run::<burn::backend::NdArray<f32>>(Default::default());
+            #[cfg(not(feature = "ndarray"))]
+            return missing("ndarray", spec);
+        }
+        "flex" => {
+            #[cfg(feature = "flex")]
+            return task.run::<burn::backend::Flex>(Default::default());
+            #[cfg(not(feature = "flex"))]
+            return missing("flex", spec);
+        }
+        s if s.starts_with("wgpu") => {
+            let i = index(s, "wgpu")?;
+            #[cfg(feature = "wgpu")]
+            {
+                use burn::backend::wgpu::WgpuDevice;
+                let device = if s == "wgpu" { WgpuDevice::DefaultDevice } else { WgpuDevice::DiscreteGpu(i) };
+                return task.run::<burn::backend::Wgpu>(device);
+            }
+            #[cfg(not(feature = "wgpu"))]
+            {
+                let _ = i;
+                return missing("wgpu", spec);
+            }
+        }
+        s if s.starts_with("cuda") => {
+            let i = index(s, "cuda")?;
+            #[cfg(feature = "cuda")]
+            return task.run::<burn::backend::Cuda>(burn::backend::cuda::CudaDevice::new(i));
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = i;
+                return missing("cuda", spec);
+            }
+        }
+        s if s.starts_with("tch") => {
+            #[cfg(feature = "tch")]
+            {
+                use burn::backend::libtorch::LibTorchDevice;
+                let device = match s {
+                    "tch" | "tch:cpu" => LibTorchDevice::Cpu,
+                    _ => LibTorchDevice::Cuda(index(s.trim_start_matches("tch:"), "cuda")?),
+                };
+                return task.run::<burn::backend::LibTorch>(device);
+            }
+            #[cfg(not(feature = "tch"))]
+            return missing("tch", spec);
+        }
+        other => bail!("unknown device `{other}`; expected one of: {DEVICE_HELP}"),
+    }
+}

@@ -1,0 +1,56 @@
+//! `conrub logprobs`.
+
+use anyhow::Result;
+use burn::tensor::backend::Backend;
+use clap::Args;
+use conrub_qwen3::{score_sequences, Qwen3};
+
+use crate::backend::{run_on_device, BackendTask};
+
+/// Arguments of `conrub logprobs`.
+#[derive(Args)]
+pub struct LogprobsArgs {
+    /// Model directory or hub id.
+    #[arg(long)]
+    pub model: String,
+    /// Comma-separated token ids.
+    #[arg(long)]
+    pub ids: String,
+    /// Device: cpu (default), ndarray, flex, wgpu[:N], cuda[:N], tch[:cpu|:cuda:N].
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Print `{"token_logprobs": [...], "argmax": [...]}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+struct Task {
+    model: String,
+    ids: Vec<u32>,
+    json: bool,
+}
+
+impl BackendTask for Task {
+    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+        let qwen = Qwen3::<B>::load(&self.model, &device)?;
+        let scores = score_sequences(&qwen.model, &[self.ids], qwen.pad_id(), &device)?
+            .pop()
+            .expect("one sequence");
+        if self.json {
+            println!(
+                "{}",
+                serde_json::json!({ "token_logprobs": scores.token_logprobs, "argmax": scores.argmax })
+            );
+        } else {
+            println!("token_logprobs: {:?}", scores.token_logprobs);
+            println!("argmax: {:?}", scores.argmax);
+        }
+        Ok(())
+    }
+}
+
+/// Runs the command.
+pub fn run(args: LogprobsArgs) -> Result<()> {
+    let ids = super::parse_ids(&args.ids)?;
+    run_on_device(&args.device, Task { model: args.model, ids, json: args.json })
+}

@@ -1,0 +1,56 @@
+//! One module per subcommand.
+
+pub mod generate;
+pub mod logprobs;
+pub mod tokenize;
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use conrub_qwen3::ChatMessage;
+
+/// Parses `--ids 1,2,3`.
+pub fn parse_ids(text: &str) -> Result<Vec<u32>> {
+    let ids = text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .enumerate()
+        .map(|(i, s)| {
+            s.parse::<u32>()
+                .with_context(|| format!("--ids: item {} (`{s}`) is not a token id", i + 1))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if ids.is_empty() {
+        bail!("--ids: no token ids given");
+    }
+    Ok(ids)
+}
+
+/// Reads a JSON array of `{role, content}` messages.
+pub fn read_messages(path: &Path) -> Result<Vec<ChatMessage>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let messages: Vec<ChatMessage> = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: expected a JSON array of {{\"role\": ..., \"content\": ...}} messages",
+            path.display()
+        )
+    })?;
+    if messages.is_empty() {
+        bail!("{}: no messages", path.display());
+    }
+    Ok(messages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_parse_and_errors_name_the_item() {
+        assert_eq!(parse_ids("1, 2,3").unwrap(), vec![1, 2, 3]);
+        let err = parse_ids("1,x").unwrap_err().to_string();
+        assert!(err.contains("item 2") && err.contains("`x`"), "{err}");
+        assert!(parse_ids(",").is_err());
+    }
+}
