@@ -3,8 +3,32 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
 
-/// Per-layer `(keys, values)`, each `[batch, kv_heads, cached, head_dim]`.
+/// Per-layer key and value buffers, each `[batch, kv_heads, capacity, head_dim]`; only the first
+/// `len` positions (see [`KvCache::len`]) hold data.
 pub type LayerCache<B> = (Option<Tensor<B, 4>>, Option<Tensor<B, 4>>);
+
+/// Positions added to a buffer whenever it must grow (at least; growth is geometric).
+const GROW_BLOCK: usize = 256;
+
+/// Writes `new` (`[batch, heads, n, dim]`) at positions `len..len + n` of `buf`, growing it when
+/// full, and returns the updated buffer. Growth doubles the capacity, so a long decode copies the
+/// cache O(log n) times instead of once per step as concatenation would.
+pub(crate) fn append<B: Backend>(buf: Option<Tensor<B, 4>>, new: Tensor<B, 4>, len: usize) -> Tensor<B, 4> {
+    let [b, h, n, d] = new.dims();
+    let needed = len + n;
+    let buf = match buf {
+        Some(buf) if buf.dims()[2] >= needed => buf,
+        old => {
+            let capacity = needed.max(2 * old.as_ref().map(|t| t.dims()[2]).unwrap_or(0)).next_multiple_of(GROW_BLOCK);
+            let fresh = Tensor::<B, 4>::zeros([b, h, capacity, d], &new.device()).cast(new.dtype());
+            match old {
+                Some(old) => fresh.slice_assign([0..b, 0..h, 0..len, 0..d], old.slice([0..b, 0..h, 0..len, 0..d])),
+                None => fresh,
+            }
+        }
+    };
+    buf.slice_assign([0..b, 0..h, len..needed, 0..d], new)
+}
 
 /// Cached keys and values of every layer plus the validity of every cached position.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Int, Tensor};
 
 use crate::batch::{attention_bias, ForwardBatch};
-use crate::cache::KvCache;
+use crate::cache::{append, KvCache, LayerCache};
 use crate::config::Qwen3Config;
 
 /// Value added to attention scores of masked keys. Finite, so a query row whose keys are all masked
@@ -152,7 +152,7 @@ impl<B: Backend> Attention<B> {
         x: Tensor<B, 3>,
         rope: &(Tensor<B, 4>, Tensor<B, 4>),
         bias: Option<&Tensor<B, 4>>,
-        cache: Option<&mut (Option<Tensor<B, 4>>, Option<Tensor<B, 4>>)>,
+        cache: Option<(&mut LayerCache<B>, usize)>,
     ) -> Tensor<B, 3> {
         let [b, t, _] = x.dims();
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
@@ -166,17 +166,14 @@ impl<B: Backend> Attention<B> {
         let k = RotaryEmbedding::apply(k, &rope.0, &rope.1);
 
         let (k, v) = match cache {
-            Some(slot) => {
-                let k = match slot.0.take() {
-                    Some(prev) => Tensor::cat(vec![prev, k], 2),
-                    None => k,
-                };
-                let v = match slot.1.take() {
-                    Some(prev) => Tensor::cat(vec![prev, v], 2),
-                    None => v,
-                };
-                slot.0 = Some(k.clone());
-                slot.1 = Some(v.clone());
+            Some((slot, past)) => {
+                let kb = append(slot.0.take(), k, past);
+                let vb = append(slot.1.take(), v, past);
+                let s = past + t;
+                let k = kb.clone().slice([0..b, 0..nkv, 0..s, 0..hd]);
+                let v = vb.clone().slice([0..b, 0..nkv, 0..s, 0..hd]);
+                slot.0 = Some(kb);
+                slot.1 = Some(vb);
                 (k, v)
             }
             None => (k, v),
@@ -352,7 +349,7 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
         };
         let bias = attention_bias(b, t, past, key_mask.clone(), &device);
         for (i, layer) in self.layers.iter().enumerate() {
-            let slot = cache.as_mut().map(|c| c.layer_mut(i));
+            let slot = cache.as_mut().map(|c| (c.layer_mut(i), past));
             let attn = layer.self_attn.forward(
                 layer.input_layernorm.forward(x.clone()),
                 &rope,

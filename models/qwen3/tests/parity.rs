@@ -329,3 +329,25 @@ fn random_model_is_seeded() {
     let batch = ForwardBatch::<B>::contiguous(&[vec![1, 2, 3]], 0, &device);
     assert_eq!(host(a.forward(&batch, None)), host(b.forward(&batch, None)));
 }
+
+#[test]
+fn kv_cache_grows_across_blocks() {
+    // Prefill 250 positions, cross the first 256-position block in small chunks, then append a
+    // chunk larger than the doubled capacity; every step must equal the full forward.
+    let device = Default::default();
+    let qwen = load("untied-mqa-bf16");
+    let v = qwen.config.vocab_size;
+    let seq: Vec<u32> = (0..600u32).map(|i| (i * 37 + 11) % 256).collect();
+    let full = host(qwen.model.forward(&ForwardBatch::contiguous(&[seq.clone()], 0, &device), None));
+    let mut cache = KvCache::<B>::new(qwen.model.num_layers());
+    let mut done = 0;
+    for chunk in [250usize, 3, 3, 3, 3, 300, 1] {
+        let step = ForwardBatch::<B>::contiguous(&[seq[done..done + chunk].to_vec()], done, &device);
+        let got = host(qwen.model.forward(&step, Some(&mut cache)));
+        let expected = &full[done * v..(done + chunk) * v];
+        let d = got.iter().zip(expected).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+        assert!(d < 2e-5, "chunk ending at {}: {d:e}", done + chunk);
+        done += chunk;
+    }
+    assert_eq!(cache.len(), 563);
+}
