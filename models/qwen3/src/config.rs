@@ -94,6 +94,10 @@ pub struct Qwen3Config {
     /// `architectures`, kept for export.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architectures: Option<Vec<String>>,
+    /// Every other field of `config.json`, kept unchanged so a saved checkpoint's config says
+    /// everything the loaded one did.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 /// One token id or a list of them, as HF configs write `eos_token_id`.
@@ -353,6 +357,18 @@ mod tests {
         assert_eq!(c.storage_dtype(), Some("float32"));
         assert_eq!(c.head_dim(), 6);
         assert_eq!(c.eos_token_id.unwrap().to_vec(), vec![3, 4]);
+    }
+
+    #[test]
+    fn unknown_fields_survive_a_round_trip() {
+        let text = r#"{"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "layer_types": ["full_attention"],
+            "use_cache": true, "rope_theta": 10000.0}"#;
+        let c = Qwen3Config::from_json_str(text).unwrap();
+        let back: serde_json::Value = serde_json::to_value(&c).unwrap();
+        assert_eq!(back["layer_types"], serde_json::json!(["full_attention"]));
+        assert_eq!(back["use_cache"], true);
+        assert_eq!(back["rope_theta"], 10000.0);
     }
 
     #[test]

@@ -207,8 +207,11 @@ pub fn generate<B: Backend>(
     let mut rngs: Vec<ChaCha8Rng> = (0..prompts.len()).map(|i| sequence_rng(cfg.seed, i)).collect();
     let padded = PaddedBatch::new(prompts, pad_id, Padding::Left);
     let mut cache = KvCache::new(model.num_layers());
-    let logits = model.forward(&padded.to_device(device), Some(&mut cache));
-    let (_, v, mut host) = last_logits(logits);
+    // Left padding puts every prompt's last token in the last column: only that column's logits
+    // are needed, so the head runs on one position per row instead of the whole prompt.
+    let hidden = model.forward_hidden(&padded.to_device(device), Some(&mut cache));
+    let [b, t, h] = hidden.dims();
+    let (_, v, mut host) = last_logits(model.logits(hidden.slice([0..b, t - 1..t, 0..h])));
 
     // Rows of the current batch, as indices into `prompts`.
     let mut active: Vec<usize> = (0..prompts.len()).collect();
