@@ -1,9 +1,9 @@
-//! conrub (burn, CPU) vs candle-transformers' Qwen3 (CPU, f32) on the same random Qwen3-0.6B-shaped
-//! safetensors: single-sequence prefill and batched KV-cache decode, measured in the same run. Also
-//! checks that both produce the same last-position logits.
+//! conrub (burn, on each CPU backend compiled in) vs candle-transformers' Qwen3 (CPU, f32) on the
+//! same random Qwen3-0.6B-shaped safetensors: single-sequence prefill and batched KV-cache decode,
+//! measured in the same run. Also checks that both produce the same last-position logits.
 //!
-//! `cargo bench --manifest-path benches/peers/Cargo.toml [--features flex]`;
-//! `CONRUB_BENCH_LAYERS=N` shortens the model (default: all 28 layers).
+//! `cargo bench -p conrub-bench-peers` (flex, the default CPU backend); add `--features ndarray` to
+//! measure burn-ndarray too. `CONRUB_BENCH_LAYERS=N` shortens the model (default: all 28 layers).
 
 use std::time::{Duration, Instant};
 
