@@ -65,6 +65,17 @@ pub struct RotaryEmbedding {
     pub theta: f64,
 }
 
+/// `cos`/`sin` tables for one forward pass, materialised per head (`[batch, seq, heads, head_dim]`)
+/// so the rotation is made of same-shape elementwise products, plus the rotate-half matrix.
+#[derive(Debug, Clone)]
+pub struct RopeTables<B: Backend> {
+    cos_q: Tensor<B, 4>,
+    sin_q: Tensor<B, 4>,
+    cos_k: Tensor<B, 4>,
+    sin_k: Tensor<B, 4>,
+    rotate_half: Tensor<B, 2>,
+}
+
 impl RotaryEmbedding {
     /// Inverse frequencies, rounded to f32 the way the reference computes them.
     fn inv_freq(&self) -> Vec<f32> {
@@ -74,8 +85,22 @@ impl RotaryEmbedding {
             .collect()
     }
 
-    /// `cos` and `sin` tables of shape `[batch, 1, seq, head_dim]` for the given positions.
-    pub fn tables<B: Backend>(&self, positions: Tensor<B, 2, Int>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    /// `[head_dim, head_dim]` matrix `R` with `x · R = rotate_half(x) = [-x2, x1]`. Every output is
+    /// one input times ±1 plus exact zeros, so the product is exact; as a matrix product it avoids
+    /// slicing the last dimension, which CPU backends handle as slow strided copies.
+    fn rotate_half_matrix<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2> {
+        let d = self.head_dim;
+        let half = d / 2;
+        let mut r = vec![0.0f32; d * d];
+        for j in 0..half {
+            r[(j + half) * d + j] = -1.0;
+            r[j * d + j + half] = 1.0;
+        }
+        Tensor::from_data(burn::tensor::TensorData::new(r, [d, d]), device)
+    }
+
+    /// Tables for the given positions `[batch, seq]`, for `q_heads` query and `kv_heads` key heads.
+    pub fn tables<B: Backend>(&self, positions: Tensor<B, 2, Int>, q_heads: usize, kv_heads: usize) -> RopeTables<B> {
         let [b, t] = positions.dims();
         let device = positions.device();
         let half = self.head_dim / 2;
@@ -84,19 +109,35 @@ impl RotaryEmbedding {
             .reshape([1, 1, half]);
         let pos = positions.float().cast(DType::F32).reshape([b, t, 1]);
         let freqs = pos * inv;
-        let emb = Tensor::cat(vec![freqs.clone(), freqs], 2).reshape([b, 1, t, self.head_dim]);
-        (emb.clone().cos(), emb.sin())
+        let emb = Tensor::cat(vec![freqs.clone(), freqs], 2).reshape([b, t, 1, self.head_dim]);
+        let (cos, sin) = (emb.clone().cos(), emb.sin());
+        RopeTables {
+            cos_q: cos.clone().repeat_dim(2, q_heads),
+            sin_q: sin.clone().repeat_dim(2, q_heads),
+            cos_k: cos.repeat_dim(2, kv_heads),
+            sin_k: sin.repeat_dim(2, kv_heads),
+            rotate_half: self.rotate_half_matrix(&device),
+        }
     }
 
-    /// Applies the rotation to `x` of shape `[batch, heads, seq, head_dim]`.
-    pub fn apply<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
-        let [b, h, t, d] = x.dims();
+    /// Rotates `x` of shape `[batch, seq, heads, head_dim]` (contiguous) with per-head tables.
+    fn rotate<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>, r: &Tensor<B, 2>) -> Tensor<B, 4> {
+        let [b, t, h, d] = x.dims();
         let dtype = x.dtype();
-        let half = d / 2;
-        let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..half]);
-        let x2 = x.clone().slice([0..b, 0..h, 0..t, half..d]);
-        let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+        let rotated = x.clone().reshape([b * t * h, d]).matmul(r.clone().cast(dtype)).reshape([b, t, h, d]);
         x * cos.clone().cast(dtype) + rotated * sin.clone().cast(dtype)
+    }
+}
+
+impl<B: Backend> RopeTables<B> {
+    /// Rotates queries `[batch, seq, q_heads, head_dim]`.
+    pub fn apply_q(&self, q: Tensor<B, 4>) -> Tensor<B, 4> {
+        RotaryEmbedding::rotate(q, &self.cos_q, &self.sin_q, &self.rotate_half)
+    }
+
+    /// Rotates keys `[batch, seq, kv_heads, head_dim]`.
+    pub fn apply_k(&self, k: Tensor<B, 4>) -> Tensor<B, 4> {
+        RotaryEmbedding::rotate(k, &self.cos_k, &self.sin_k, &self.rotate_half)
     }
 }
 
@@ -150,7 +191,7 @@ impl<B: Backend> Attention<B> {
     fn forward(
         &self,
         x: Tensor<B, 3>,
-        rope: &(Tensor<B, 4>, Tensor<B, 4>),
+        rope: &RopeTables<B>,
         bias: Option<&Tensor<B, 4>>,
         cache: Option<(&mut LayerCache<B>, usize)>,
     ) -> Tensor<B, 3> {
@@ -159,11 +200,10 @@ impl<B: Backend> Attention<B> {
         let q = project(&self.q_proj, x.clone()).reshape([b, t, nh, hd]);
         let k = project(&self.k_proj, x.clone()).reshape([b, t, nkv, hd]);
         let v = project(&self.v_proj, x).reshape([b, t, nkv, hd]);
-        let q = self.q_norm.forward(q).swap_dims(1, 2);
-        let k = self.k_norm.forward(k).swap_dims(1, 2);
+        // Norm and rotate in the contiguous [batch, seq, heads, dim] layout, then move heads first.
+        let q = rope.apply_q(self.q_norm.forward(q)).swap_dims(1, 2);
+        let k = rope.apply_k(self.k_norm.forward(k)).swap_dims(1, 2);
         let v = v.swap_dims(1, 2);
-        let q = RotaryEmbedding::apply(q, &rope.0, &rope.1);
-        let k = RotaryEmbedding::apply(k, &rope.0, &rope.1);
 
         let (k, v) = match cache {
             Some((slot, past)) => {
@@ -341,7 +381,8 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
         let h = self.embed_tokens.dims()[1];
         let ids = batch.input_ids.clone().reshape([b * t]);
         let mut x = self.embed_tokens.val().select(0, ids).reshape([b, t, h]);
-        let rope = self.rope.tables(batch.position_ids.clone());
+        let attn = &self.layers[0].self_attn;
+        let rope = self.rope.tables(batch.position_ids.clone(), attn.num_heads, attn.num_kv_heads);
         let device = ids_device(&batch.input_ids);
         let (past, key_mask) = match cache.as_ref() {
             Some(c) => (c.len(), c.combined_mask(batch.key_mask.clone(), b, t, &device)),

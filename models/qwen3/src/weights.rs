@@ -196,14 +196,36 @@ impl<B: Backend> Builder<'_, B> {
     }
 }
 
+/// Row-major `[rows, cols]` -> `[cols, rows]`, in 32 x 32 tiles so both sides stay in cache (a
+/// naive loop strides through memory and dominated load time).
 fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const TILE: usize = 32;
     let mut out = vec![0.0; data.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = data[r * cols + c];
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    out[c * rows + r] = data[r * cols + c];
+                }
+            }
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn transpose_handles_ragged_tiles() {
+        let (rows, cols) = (37, 70);
+        let data: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+        let t = super::transpose(&data, rows, cols);
+        for r in 0..rows {
+            for c in 0..cols {
+                assert_eq!(t[c * rows + r], data[r * cols + c]);
+            }
+        }
+    }
 }
 
 /// Loads a Qwen3 causal LM from checkpoint files. Every tensor the config implies must be present
