@@ -2,7 +2,7 @@
 //! SwiGLU MLP, and the causal-LM head (tied or untied).
 
 use burn::module::{Module, Param};
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::Linear;
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Int, Tensor};
@@ -23,6 +23,16 @@ fn project<B: Backend>(lin: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     let y = lin.forward(x.reshape([b * t, d]));
     let out = y.dims()[1];
     y.reshape([b, t, out])
+}
+
+/// A `d_in -> d_out` projection with N(0, `std`) weights and zero bias, created eagerly: burn's
+/// `Initializer` creates parameters lazily, at first use, which would make the random draws depend
+/// on the order in which models are first run rather than on the seed.
+fn linear<B: Backend>(d_in: usize, d_out: usize, bias: bool, std: f64, device: &B::Device) -> Linear<B> {
+    Linear {
+        weight: Param::from_tensor(Tensor::random([d_in, d_out], Distribution::Normal(0.0, std), device)),
+        bias: bias.then(|| Param::from_tensor(Tensor::zeros([d_out], device))),
+    }
 }
 
 /// Root-mean-square norm as Qwen3 computes it: statistics in f32, scale applied after casting back.
@@ -165,7 +175,7 @@ pub struct Attention<B: Backend> {
 }
 
 impl<B: Backend> Attention<B> {
-    fn new(config: &Qwen3Config, device: &B::Device) -> Self {
+    fn new(config: &Qwen3Config, std: f64, device: &B::Device) -> Self {
         let (h, nh, nkv, hd) = (
             config.hidden_size,
             config.num_attention_heads,
@@ -173,7 +183,7 @@ impl<B: Backend> Attention<B> {
             config.head_dim(),
         );
         let bias = config.attention_bias;
-        let lin = |i, o, bias| LinearConfig::new(i, o).with_bias(bias).init(device);
+        let lin = |i, o, bias| linear(i, o, bias, std, device);
         Self {
             q_proj: lin(h, nh * hd, bias),
             k_proj: lin(h, nkv * hd, bias),
@@ -249,9 +259,9 @@ pub struct Mlp<B: Backend> {
 }
 
 impl<B: Backend> Mlp<B> {
-    fn new(config: &Qwen3Config, device: &B::Device) -> Self {
+    fn new(config: &Qwen3Config, std: f64, device: &B::Device) -> Self {
         let (h, i) = (config.hidden_size, config.intermediate_size);
-        let lin = |a, b| LinearConfig::new(a, b).with_bias(false).init(device);
+        let lin = |a, b| linear(a, b, false, std, device);
         Self {
             gate_proj: lin(h, i),
             up_proj: lin(h, i),
@@ -279,12 +289,12 @@ pub struct DecoderLayer<B: Backend> {
 }
 
 impl<B: Backend> DecoderLayer<B> {
-    fn new(config: &Qwen3Config, device: &B::Device) -> Self {
+    fn new(config: &Qwen3Config, std: f64, device: &B::Device) -> Self {
         Self {
             input_layernorm: RmsNorm::new(config.hidden_size, config.rms_norm_eps, device),
-            self_attn: Attention::new(config, device),
+            self_attn: Attention::new(config, std, device),
             post_attention_layernorm: RmsNorm::new(config.hidden_size, config.rms_norm_eps, device),
-            mlp: Mlp::new(config, device),
+            mlp: Mlp::new(config, std, device),
         }
     }
 }
@@ -309,23 +319,24 @@ pub struct Qwen3ForCausalLM<B: Backend> {
 
 impl<B: Backend> Qwen3ForCausalLM<B> {
     /// A model with random weights drawn from N(0, `std`) (norm scales are 1), for tests, benches and
-    /// demos; load real checkpoints with [`crate::load_model`].
+    /// demos; load real checkpoints with [`crate::load_weights`] or [`crate::Qwen3::load`].
     pub fn random(config: &Qwen3Config, std: f64, seed: u64, device: &B::Device) -> Self {
         B::seed(device, seed);
-        let mut model = Self::new(config, device);
-        let normal = Distribution::Normal(0.0, std);
-        model = model.map_params_2d(&mut |_, w| Tensor::random(w.shape(), normal, &w.device()));
-        model
+        Self::init(config, std, device)
     }
 
-    /// The architecture with default initialisation (weights are expected to be loaded).
+    /// The architecture with N(0, 0.02) weights (HF's `initializer_range`), to be trained or loaded.
     pub fn new(config: &Qwen3Config, device: &B::Device) -> Self {
-        let normal = Distribution::Normal(0.0, 0.02);
+        Self::init(config, 0.02, device)
+    }
+
+    fn init(config: &Qwen3Config, std: f64, device: &B::Device) -> Self {
+        let normal = Distribution::Normal(0.0, std);
         let (v, h) = (config.vocab_size, config.hidden_size);
         Self {
             embed_tokens: Param::from_tensor(Tensor::random([v, h], normal, device)),
             layers: (0..config.num_hidden_layers)
-                .map(|_| DecoderLayer::new(config, device))
+                .map(|_| DecoderLayer::new(config, std, device))
                 .collect(),
             norm: RmsNorm::new(h, config.rms_norm_eps, device),
             lm_head: (!config.tie_word_embeddings)
@@ -335,33 +346,6 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
                 theta: config.rope_theta(),
             },
         }
-    }
-
-    fn map_params_2d(
-        mut self,
-        f: &mut impl FnMut(&str, Tensor<B, 2>) -> Tensor<B, 2>,
-    ) -> Self {
-        let map = |p: Param<Tensor<B, 2>>, f: &mut dyn FnMut(Tensor<B, 2>) -> Tensor<B, 2>| {
-            Param::from_tensor(f(p.val()))
-        };
-        self.embed_tokens = map(self.embed_tokens, &mut |t| f("embed", t));
-        if let Some(head) = self.lm_head.take() {
-            self.lm_head = Some(map(head, &mut |t| f("head", t)));
-        }
-        for layer in self.layers.iter_mut() {
-            for lin in [
-                &mut layer.self_attn.q_proj,
-                &mut layer.self_attn.k_proj,
-                &mut layer.self_attn.v_proj,
-                &mut layer.self_attn.o_proj,
-                &mut layer.mlp.gate_proj,
-                &mut layer.mlp.up_proj,
-                &mut layer.mlp.down_proj,
-            ] {
-                lin.weight = Param::from_tensor(f("linear", lin.weight.val()));
-            }
-        }
-        self
     }
 
     /// Number of decoder layers.
@@ -383,7 +367,7 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
         let mut x = self.embed_tokens.val().select(0, ids).reshape([b, t, h]);
         let attn = &self.layers[0].self_attn;
         let rope = self.rope.tables(batch.position_ids.clone(), attn.num_heads, attn.num_kv_heads);
-        let device = ids_device(&batch.input_ids);
+        let device = batch.input_ids.device();
         let (past, key_mask) = match cache.as_ref() {
             Some(c) => (c.len(), c.combined_mask(batch.key_mask.clone(), b, t, &device)),
             None => (0, batch.key_mask.clone()),
@@ -434,6 +418,3 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
     }
 }
 
-fn ids_device<B: Backend>(ids: &Tensor<B, 2, Int>) -> B::Device {
-    ids.device()
-}
