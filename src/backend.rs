@@ -31,7 +31,6 @@ fn index(spec: &str, prefix: &str) -> Result<usize> {
 
 /// Parses `spec` and runs `task` on that device.
 pub fn run_on_device<T: BackendTask>(spec: &str, task: T) -> Result<()> {
-    let _ = &task;
     match spec {
         "cpu" => {
             #[cfg(feature = "flex")]

@@ -58,9 +58,7 @@ fn run<B: Backend>(c: &mut Criterion, name: &str) {
         b.iter(|| {
             let batch = ForwardBatch::<B>::contiguous(&prompt, 0, &device);
             let mut cache = KvCache::new(ours.num_layers());
-            let hidden = ours.forward_hidden(&batch, Some(&mut cache));
-            let [bsz, t, h] = hidden.dims();
-            ours.logits(hidden.slice([0..bsz, t - 1..t, 0..h])).into_data()
+            ours.forward_last(&batch, Some(&mut cache)).into_data()
         })
     });
     let input = candle_ids(&prompt);

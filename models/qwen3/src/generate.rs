@@ -167,11 +167,20 @@ pub fn sequence_rng(seed: u64, row: usize) -> ChaCha8Rng {
     rng
 }
 
-fn last_logits<B: Backend>(logits: Tensor<B, 3>) -> (usize, usize, Vec<f32>) {
-    let [b, t, v] = logits.dims();
-    let last = logits.slice([0..b, t - 1..t, 0..v]).reshape([b, v]).cast(DType::F32);
-    let data = last.into_data().convert::<f32>();
-    (b, v, data.into_vec::<f32>().expect("f32 logits"))
+/// `[batch, vocab]` logits as row-major f32 on the host.
+fn to_host<B: Backend>(logits: Tensor<B, 2>) -> Vec<f32> {
+    logits.cast(DType::F32).into_data().convert::<f32>().into_vec::<f32>().expect("f32 logits")
+}
+
+/// Rejects empty sequences and ids outside the vocabulary; `arg` names the argument in the error.
+fn check_sequences(seqs: &[Vec<u32>], vocab: usize, arg: &str) -> Result<()> {
+    if let Some(i) = seqs.iter().position(Vec::is_empty) {
+        return Err(Qwen3Error::arg(arg, format!("sequence {i} is empty")));
+    }
+    if let Some(bad) = seqs.iter().flatten().find(|&&t| t as usize >= vocab) {
+        return Err(Qwen3Error::arg(arg, format!("token id {bad} is outside the vocabulary ({vocab})")));
+    }
+    Ok(())
 }
 
 /// Generates a continuation for every prompt in one batch.
@@ -186,13 +195,7 @@ pub fn generate<B: Backend>(
     device: &B::Device,
 ) -> Result<Vec<Generation>> {
     cfg.validate()?;
-    if let Some(i) = prompts.iter().position(Vec::is_empty) {
-        return Err(Qwen3Error::arg("prompts", format!("prompt {i} is empty")));
-    }
-    let vocab = model.vocab_size() as u32;
-    if let Some(bad) = prompts.iter().flatten().find(|&&t| t >= vocab) {
-        return Err(Qwen3Error::arg("prompts", format!("token id {bad} is outside the vocabulary ({vocab})")));
-    }
+    check_sequences(prompts, model.vocab_size(), "prompts")?;
     let mut out: Vec<Generation> = prompts
         .iter()
         .map(|_| Generation {
@@ -207,11 +210,9 @@ pub fn generate<B: Backend>(
     let mut rngs: Vec<ChaCha8Rng> = (0..prompts.len()).map(|i| sequence_rng(cfg.seed, i)).collect();
     let padded = PaddedBatch::new(prompts, pad_id, Padding::Left);
     let mut cache = KvCache::new(model.num_layers());
-    // Left padding puts every prompt's last token in the last column: only that column's logits
-    // are needed, so the head runs on one position per row instead of the whole prompt.
-    let hidden = model.forward_hidden(&padded.to_device(device), Some(&mut cache));
-    let [b, t, h] = hidden.dims();
-    let (_, v, mut host) = last_logits(model.logits(hidden.slice([0..b, t - 1..t, 0..h])));
+    // Left padding puts every prompt's last token in the last column.
+    let v = model.vocab_size();
+    let mut host = to_host(model.forward_last(&padded.to_device(device), Some(&mut cache)));
 
     // Rows of the current batch, as indices into `prompts`.
     let mut active: Vec<usize> = (0..prompts.len()).collect();
@@ -250,8 +251,7 @@ pub fn generate<B: Backend>(
             position_ids: Tensor::<B, 2, Int>::from_data(TensorData::new(pos, [n, 1]), device),
             key_mask: None,
         };
-        let logits = model.forward(&step, Some(&mut cache));
-        host = last_logits(logits).2;
+        host = to_host(model.forward_last(&step, Some(&mut cache)));
     }
     Ok(out)
 }
@@ -275,13 +275,7 @@ pub fn score_sequences<B: Backend>(
     if seqs.is_empty() {
         return Ok(Vec::new());
     }
-    if let Some(i) = seqs.iter().position(Vec::is_empty) {
-        return Err(Qwen3Error::arg("ids", format!("sequence {i} is empty")));
-    }
-    let vocab = model.vocab_size() as u32;
-    if let Some(bad) = seqs.iter().flatten().find(|&&t| t >= vocab) {
-        return Err(Qwen3Error::arg("ids", format!("token id {bad} is outside the vocabulary ({vocab})")));
-    }
+    check_sequences(seqs, model.vocab_size(), "ids")?;
     let padded = PaddedBatch::new(seqs, pad_id, Padding::Right);
     let (b, t) = (padded.batch, padded.len);
     let logits = model.forward(&padded.to_device(device), None).cast(DType::F32);

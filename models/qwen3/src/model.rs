@@ -416,5 +416,15 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
     pub fn forward(&self, batch: &ForwardBatch<B>, cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
         self.logits(self.forward_hidden(batch, cache))
     }
+
+    /// Logits `[batch, vocab]` of the last column only (the next-token distribution of a
+    /// left-padded batch): the head runs on one position per row instead of all of them.
+    pub fn forward_last(&self, batch: &ForwardBatch<B>, cache: Option<&mut KvCache<B>>) -> Tensor<B, 2> {
+        let hidden = self.forward_hidden(batch, cache);
+        let [b, t, h] = hidden.dims();
+        let logits = self.logits(hidden.slice([0..b, t - 1..t, 0..h]));
+        let v = logits.dims()[2];
+        logits.reshape([b, v])
+    }
 }
 
