@@ -1,0 +1,224 @@
+//! A persistent judge cache in SQLite (WAL mode): safe with several writers, in one process or
+//! many, and after a crash (a committed answer is either fully there or not at all).
+//!
+//! Keys are SHA-256 digests of length-prefixed parts: judge model, prompt version, call kind and
+//! scoring mode, question, response(s) in the order shown, and criteria. Only valid answers are
+//! stored; failures are retried on the next run.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use sha2::{Digest, Sha256};
+
+use crate::error::{JudgeError, Result};
+
+/// A cache key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheKey(pub [u8; 32]);
+
+impl CacheKey {
+    /// Digest of the parts, each prefixed by its length so that no two part lists collide.
+    pub fn of(parts: &[&str]) -> Self {
+        let mut h = Sha256::new();
+        for p in parts {
+            h.update((p.len() as u64).to_le_bytes());
+            h.update(p.as_bytes());
+        }
+        Self(h.finalize().into())
+    }
+}
+
+/// A stored answer: the raw text and the parsed value as JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedAnswer {
+    /// Raw model output.
+    pub raw: String,
+    /// Parsed answer, serialised.
+    pub parsed: String,
+}
+
+/// Hit and write counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups answered from the cache.
+    pub hits: u64,
+    /// Lookups that found nothing.
+    pub misses: u64,
+    /// Answers stored.
+    pub writes: u64,
+    /// Database errors (treated as misses / skipped writes).
+    pub errors: u64,
+}
+
+/// The judge cache.
+pub struct JudgeCache {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    writes: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl std::fmt::Debug for JudgeCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JudgeCache").field("path", &self.path).finish()
+    }
+}
+
+impl JudgeCache {
+    /// Opens (or creates) the cache database at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let err = |e: rusqlite::Error| JudgeError::Cache { path: path.into(), message: e.to_string() };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| JudgeError::Cache { path: path.into(), message: e.to_string() })?;
+        }
+        let conn = Connection::open(path).map_err(err)?;
+        conn.busy_timeout(Duration::from_secs(60)).map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(err)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS judge_cache (
+                key BLOB PRIMARY KEY,
+                judge TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                raw TEXT NOT NULL,
+                parsed TEXT NOT NULL,
+                created_unix INTEGER NOT NULL
+            ) WITHOUT ROWID;",
+        )
+        .map_err(err)?;
+        Ok(Self {
+            path: path.into(),
+            conn: Mutex::new(conn),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Looks a key up; a database error counts as a miss.
+    pub fn get(&self, key: &CacheKey) -> Option<CachedAnswer> {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let row = conn
+            .query_row("SELECT raw, parsed FROM judge_cache WHERE key = ?1", params![&key.0[..]], |r| {
+                Ok(CachedAnswer { raw: r.get(0)?, parsed: r.get(1)? })
+            })
+            .optional();
+        match row {
+            Ok(Some(a)) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Some(a)
+            }
+            Ok(None) => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Err(_) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Stores an answer (replacing an older one with the same key).
+    pub fn put(&self, key: &CacheKey, judge: &str, kind: &str, answer: &CachedAnswer) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let r = conn.execute(
+            "INSERT OR REPLACE INTO judge_cache (key, judge, kind, raw, parsed, created_unix) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![&key.0[..], judge, kind, &answer.raw, &answer.parsed, now as i64],
+        );
+        match r {
+            Ok(_) => self.writes.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.errors.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
+    /// Number of stored answers.
+    pub fn len(&self) -> Result<u64> {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        conn.query_row("SELECT COUNT(*) FROM judge_cache", [], |r| r.get::<_, i64>(0))
+            .map(|n| n as u64)
+            .map_err(|e| JudgeError::Cache { path: self.path.clone(), message: e.to_string() })
+    }
+
+    /// True when nothing is stored.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Counters since opening.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(i: usize) -> CachedAnswer {
+        CachedAnswer { raw: format!("raw {i}"), parsed: format!("[\"{i}\"]") }
+    }
+
+    #[test]
+    fn keys_separate_parts() {
+        assert_ne!(CacheKey::of(&["ab", "c"]), CacheKey::of(&["a", "bc"]));
+        assert_eq!(CacheKey::of(&["x", "y"]), CacheKey::of(&["x", "y"]));
+    }
+
+    #[test]
+    fn concurrent_writers_in_separate_connections_lose_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("sub/cache.sqlite");
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let c = JudgeCache::open(&path).unwrap();
+                    for i in 0..150 {
+                        c.put(&CacheKey::of(&[&t.to_string(), &i.to_string()]), "m", "criteria", &answer(i));
+                    }
+                    c.stats()
+                })
+            })
+            .collect();
+        for t in threads {
+            let s = t.join().unwrap();
+            assert_eq!((s.writes, s.errors), (150, 0));
+        }
+        let c = JudgeCache::open(&path).unwrap();
+        assert_eq!(c.len().unwrap(), 600);
+        assert_eq!(c.get(&CacheKey::of(&["3", "149"])), Some(answer(149)));
+        assert_eq!(c.get(&CacheKey::of(&["4", "0"])), None);
+        assert_eq!(c.stats().hits, 1);
+    }
+
+    #[test]
+    fn committed_answers_survive_an_unclean_exit() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("cache.sqlite");
+        let c = JudgeCache::open(&path).unwrap();
+        c.put(&CacheKey::of(&["k"]), "m", "criteria", &answer(1));
+        // No close, no checkpoint: the answer lives only in the write-ahead log, as after a crash.
+        std::mem::forget(c);
+        let again = JudgeCache::open(&path).unwrap();
+        assert_eq!(again.get(&CacheKey::of(&["k"])), Some(answer(1)));
+    }
+}

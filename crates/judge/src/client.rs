@@ -1,0 +1,387 @@
+//! An OpenAI-compatible chat-completions client (SGLang, vLLM, OpenAI) with bounded concurrency,
+//! per-call timeouts, jittered exponential backoff, and retries on transport errors, 408/429/5xx and
+//! unparseable output.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+use crate::error::{JudgeError, Result};
+
+fn default_concurrency() -> usize {
+    16
+}
+fn default_timeout() -> f64 {
+    120.0
+}
+fn default_retries() -> u32 {
+    8
+}
+fn default_max_tokens() -> u32 {
+    2048
+}
+fn default_backoff_base() -> f64 {
+    1.0
+}
+fn default_backoff_max() -> f64 {
+    30.0
+}
+fn default_kwargs() -> Option<Value> {
+    Some(json!({ "enable_thinking": false }))
+}
+
+/// Client settings (the `[judge]` table of a judge config, minus the judge kind).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientConfig {
+    /// Base URLs ending in `/v1`, e.g. `http://judge-0:30000/v1`; calls are spread over them and a
+    /// retry goes to the next one.
+    pub urls: Vec<String>,
+    /// Model name sent with every request.
+    pub model: String,
+    /// Name of the environment variable that holds the API key (sent as a bearer token). The key
+    /// itself never appears in configs or logs.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Concurrent requests in flight (default 16).
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// Per-call timeout in seconds (default 120).
+    #[serde(default = "default_timeout")]
+    pub timeout_secs: f64,
+    /// Retries after the first attempt (default 8).
+    #[serde(default = "default_retries")]
+    pub max_retries: u32,
+    /// `max_tokens` per call.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    /// Sampling temperature (0: deterministic judging).
+    #[serde(default)]
+    pub temperature: f64,
+    /// First backoff ceiling in seconds; doubles per retry, full jitter.
+    #[serde(default = "default_backoff_base")]
+    pub backoff_base_secs: f64,
+    /// Largest backoff in seconds.
+    #[serde(default = "default_backoff_max")]
+    pub backoff_max_secs: f64,
+    /// Sent as `chat_template_kwargs` (SGLang/vLLM); default turns Qwen3 thinking off. Set to an
+    /// empty table to omit it (e.g. for the OpenAI API).
+    #[serde(default = "default_kwargs")]
+    pub chat_template_kwargs: Option<Value>,
+}
+
+impl ClientConfig {
+    /// Settings for one URL and model with every default.
+    pub fn new(url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            urls: vec![url.into()],
+            model: model.into(),
+            api_key_env: None,
+            concurrency: default_concurrency(),
+            timeout_secs: default_timeout(),
+            max_retries: default_retries(),
+            max_tokens: default_max_tokens(),
+            temperature: 0.0,
+            backoff_base_secs: default_backoff_base(),
+            backoff_max_secs: default_backoff_max(),
+            chat_template_kwargs: default_kwargs(),
+        }
+    }
+
+    /// Checks ranges, naming the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.urls.is_empty() {
+            return Err(JudgeError::config("urls", "at least one base URL is needed"));
+        }
+        for u in &self.urls {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                return Err(JudgeError::config("urls", format!("`{u}` is not an http(s) URL")));
+            }
+        }
+        if self.model.trim().is_empty() {
+            return Err(JudgeError::config("model", "must not be empty"));
+        }
+        if self.concurrency == 0 {
+            return Err(JudgeError::config("concurrency", "must be at least 1"));
+        }
+        if !(self.timeout_secs > 0.0) {
+            return Err(JudgeError::config("timeout_secs", "must be > 0"));
+        }
+        if !(self.backoff_base_secs >= 0.0 && self.backoff_max_secs >= self.backoff_base_secs) {
+            return Err(JudgeError::config("backoff_base_secs", "need 0 <= backoff_base_secs <= backoff_max_secs"));
+        }
+        Ok(())
+    }
+}
+
+/// Counters of a client since it was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ClientStats {
+    /// HTTP requests sent.
+    pub requests: u64,
+    /// Attempts after the first, over all calls.
+    pub retries: u64,
+    /// Calls that ended without a valid answer.
+    pub failures: u64,
+    /// Transport errors (timeouts, refused or dropped connections).
+    pub transport_errors: u64,
+    /// Responses with a retryable status (408, 429, 5xx).
+    pub retryable_status: u64,
+    /// Outputs the parser rejected.
+    pub parse_errors: u64,
+    /// Sum of call latencies in milliseconds (first attempt to final answer).
+    pub latency_ms_total: f64,
+    /// Calls finished.
+    pub calls: u64,
+}
+
+/// The result of one logical call.
+#[derive(Debug, Clone)]
+pub struct CallOutcome<T> {
+    /// The parsed answer or the final error.
+    pub result: std::result::Result<T, String>,
+    /// Raw text of every completion received, in order.
+    pub raw_outputs: Vec<String>,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Wall time including backoff.
+    pub latency: Duration,
+}
+
+/// The client.
+pub struct ChatClient {
+    cfg: ClientConfig,
+    http: reqwest::Client,
+    permits: Semaphore,
+    next_url: AtomicUsize,
+    api_key: Option<String>,
+    requests: AtomicU64,
+    retries: AtomicU64,
+    failures: AtomicU64,
+    transport_errors: AtomicU64,
+    retryable_status: AtomicU64,
+    parse_errors: AtomicU64,
+    latency_us: AtomicU64,
+    calls: AtomicU64,
+}
+
+impl std::fmt::Debug for ChatClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key is never printed.
+        f.debug_struct("ChatClient")
+            .field("urls", &self.cfg.urls)
+            .field("model", &self.cfg.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+enum Attempt {
+    Retry(String, Option<Duration>),
+    Fatal(String),
+}
+
+impl ChatClient {
+    /// Builds a client; reads the API key from `api_key_env` if set (an unset variable is an error).
+    pub fn new(cfg: ClientConfig) -> Result<Self> {
+        cfg.validate()?;
+        let api_key = match &cfg.api_key_env {
+            Some(var) if !var.is_empty() => Some(std::env::var(var).map_err(|_| {
+                JudgeError::config("api_key_env", format!("environment variable {var} is not set"))
+            })?),
+            _ => None,
+        };
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(cfg.concurrency)
+            .connect_timeout(Duration::from_secs_f64(cfg.timeout_secs.min(30.0)))
+            .build()
+            .map_err(|e| JudgeError::Http(e.to_string()))?;
+        Ok(Self {
+            permits: Semaphore::new(cfg.concurrency),
+            cfg,
+            http,
+            next_url: AtomicUsize::new(0),
+            api_key,
+            requests: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            transport_errors: AtomicU64::new(0),
+            retryable_status: AtomicU64::new(0),
+            parse_errors: AtomicU64::new(0),
+            latency_us: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ClientConfig {
+        &self.cfg
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ClientStats {
+        ClientStats {
+            requests: self.requests.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+            failures: self.failures.load(Ordering::Relaxed),
+            transport_errors: self.transport_errors.load(Ordering::Relaxed),
+            retryable_status: self.retryable_status.load(Ordering::Relaxed),
+            parse_errors: self.parse_errors.load(Ordering::Relaxed),
+            latency_ms_total: self.latency_us.load(Ordering::Relaxed) as f64 / 1e3,
+            calls: self.calls.load(Ordering::Relaxed),
+        }
+    }
+
+    fn backoff(&self, attempt: u32, floor: Option<Duration>) -> Duration {
+        let ceiling = (self.cfg.backoff_base_secs * 2f64.powi(attempt as i32)).min(self.cfg.backoff_max_secs);
+        let jittered = if ceiling > 0.0 { rand::rng().random_range(0.0..=ceiling) } else { 0.0 };
+        let d = Duration::from_secs_f64(jittered);
+        match floor {
+            Some(f) => d.max(f.min(Duration::from_secs_f64(self.cfg.backoff_max_secs))),
+            None => d,
+        }
+    }
+
+    async fn send_once(&self, url: &str, messages: &[Value]) -> std::result::Result<String, Attempt> {
+        let mut body = json!({
+            "model": self.cfg.model,
+            "messages": messages,
+            "temperature": self.cfg.temperature,
+            "max_tokens": self.cfg.max_tokens,
+        });
+        if let Some(kw) = self.cfg.chat_template_kwargs.as_ref().filter(|k| k.as_object().is_some_and(|o| !o.is_empty())) {
+            body["chat_template_kwargs"] = kw.clone();
+        }
+        let endpoint = format!("{}/chat/completions", url.trim_end_matches('/'));
+        let mut req = self.http.post(&endpoint).timeout(Duration::from_secs_f64(self.cfg.timeout_secs)).json(&body);
+        if let Some(k) = &self.api_key {
+            req = req.bearer_auth(k);
+        }
+        let _permit = self.permits.acquire().await.expect("semaphore never closed");
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let transport = |e: reqwest::Error| {
+            let kind = if e.is_timeout() {
+                "timed out"
+            } else if e.is_connect() {
+                "connection failed"
+            } else {
+                "connection error"
+            };
+            Attempt::Retry(format!("{endpoint}: {kind}: {}", root_cause(&e)), None)
+        };
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                self.transport_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(transport(e));
+            }
+        };
+        let status = resp.status();
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .map(Duration::from_secs_f64);
+        let text = match resp.text().await {
+            Ok(t) => t,
+            Err(e) => {
+                self.transport_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(transport(e));
+            }
+        };
+        let snippet: String = text.chars().take(200).collect();
+        if status.as_u16() == 408 || status.as_u16() == 429 || status.is_server_error() {
+            self.retryable_status.fetch_add(1, Ordering::Relaxed);
+            return Err(Attempt::Retry(format!("{endpoint}: HTTP {status}: {snippet}"), retry_after));
+        }
+        if !status.is_success() {
+            let hint = if status.as_u16() == 401 || status.as_u16() == 403 {
+                match &self.cfg.api_key_env {
+                    Some(v) => format!(" (check the key in ${v})"),
+                    None => " (set api_key_env to send a key)".to_string(),
+                }
+            } else {
+                String::new()
+            };
+            return Err(Attempt::Fatal(format!("{endpoint}: HTTP {status}{hint}: {snippet}")));
+        }
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|_| Attempt::Retry(format!("{endpoint}: response is not JSON: {snippet}"), None))?;
+        match v.pointer("/choices/0/message/content").and_then(Value::as_str) {
+            Some(c) => Ok(c.to_string()),
+            None => Err(Attempt::Retry(format!("{endpoint}: no choices[0].message.content in the response: {snippet}"), None)),
+        }
+    }
+
+    /// Sends `system` + `user`, parses the answer with `parse`, and retries within the budget. After
+    /// unparseable output, the next attempt shows the model its previous answer and the problem.
+    pub async fn chat_parsed<T>(
+        &self,
+        system: &str,
+        user: &str,
+        parse: impl Fn(&str) -> std::result::Result<T, String>,
+    ) -> CallOutcome<T> {
+        let start = Instant::now();
+        let base = vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": user})];
+        let mut messages = base.clone();
+        let mut raw_outputs = Vec::new();
+        let mut last_err;
+        let first_url = self.next_url.fetch_add(1, Ordering::Relaxed);
+        let mut attempts = 0;
+        let result = loop {
+            if attempts > 0 {
+                self.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            let url = &self.cfg.urls[(first_url + attempts as usize) % self.cfg.urls.len()];
+            attempts += 1;
+            let floor = match self.send_once(url, &messages).await {
+                Ok(content) => match parse(&content) {
+                    Ok(v) => {
+                        raw_outputs.push(content);
+                        break Ok(v);
+                    }
+                    Err(e) => {
+                        self.parse_errors.fetch_add(1, Ordering::Relaxed);
+                        last_err = format!("unparseable output: {e}");
+                        messages = base.clone();
+                        messages.push(json!({"role": "assistant", "content": content}));
+                        messages.push(json!({"role": "user", "content": format!(
+                            "That reply could not be used ({e}). Answer again with only the JSON, exactly in the format asked for."
+                        )}));
+                        raw_outputs.push(content);
+                        None
+                    }
+                },
+                Err(Attempt::Fatal(e)) => break Err(e),
+                Err(Attempt::Retry(e, floor)) => {
+                    last_err = e;
+                    floor
+                }
+            };
+            if attempts > self.cfg.max_retries {
+                break Err(format!("gave up after {attempts} attempts: {last_err}"));
+            }
+            tokio::time::sleep(self.backoff(attempts - 1, floor)).await;
+        };
+        let latency = start.elapsed();
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.latency_us.fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
+        if result.is_err() {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        CallOutcome { result, raw_outputs, attempts, latency }
+    }
+}
+
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}

@@ -1,0 +1,42 @@
+//! Judges for rubric rewards: they label responses, they never compute rewards or advantages.
+//!
+//! - [`judge`]: the [`CriterionJudge`] and [`PairwiseJudge`] traits, verdict types, and the
+//!   bidirectional comparison that accepts only order-consistent preferences.
+//! - [`prompts`]: our prompt text for binary, three-state, pairwise and one-criterion judging.
+//! - [`parse`]: a robust parser for real-world judge output.
+//! - [`client`]: an OpenAI-compatible chat-completions client (tokio + reqwest) with concurrency
+//!   limits, timeouts and bounded, jittered retries.
+//! - [`cache`]: a persistent SQLite judge cache, so reruns make no calls.
+//! - [`openai`], [`local`], [`lexical`]: the served, in-process (burn Qwen3) and test-double judges.
+//! - [`config`]: the judge TOML config; [`scoring`]: judging and scoring many responses.
+
+pub mod cache;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod judge;
+pub mod lexical;
+#[cfg(feature = "local")]
+pub mod local;
+pub mod openai;
+pub mod parse;
+pub mod prompts;
+pub mod scoring;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use cache::{CacheKey, CacheStats, JudgeCache};
+pub use client::{ChatClient, ClientConfig, ClientStats};
+pub use config::{JudgeConfig, JudgeKind, Judges};
+pub use error::{JudgeError, Result};
+pub use judge::{
+    compare_both_orders, BidirectionalComparison, CriterionJudge, CriterionRequest, CriterionVerdict, PairOutcome,
+    PairRequest, PairVerdict, PairwiseJudge,
+};
+pub use lexical::LexicalJudge;
+#[cfg(feature = "local")]
+pub use local::{LocalJudge, LocalJudgeConfig, LocalMode};
+pub use openai::OpenAiJudge;
+pub use parse::{parse_labels, parse_pair, PairAnswer, Preference};
+pub use prompts::{PromptSet, PromptTemplate};
+pub use scoring::{score_jobs, score_verdict, ScoreJob, ScoredJob, ScoringSummary};

@@ -1,0 +1,350 @@
+//! The in-process judge: our burn Qwen3 with the same prompts as the HTTP judge, so a run needs no
+//! server. Two modes:
+//!
+//! - `generate`: the model writes the JSON answer (greedy; a failed parse is retried with seeded
+//!   sampling), parsed exactly like a served judge's output.
+//! - `logprob-margin` (SPEC section 9, cheap judges): per criterion, one forward pass over a
+//!   one-criterion prompt; the label whose first token is most likely wins, and the log-probability
+//!   margin over the runner-up is reported. No sampling.
+//!
+//! Pairwise comparisons always use `generate`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use burn::tensor::backend::Backend;
+use burn::tensor::DType;
+use conrub_qwen3::{ChatMessage, ChatOptions, PaddedBatch, Padding, Qwen3, SamplingConfig};
+use conrub_rubric::{Label, ScoringMode};
+use serde::{Deserialize, Serialize};
+
+use crate::cache::{CacheKey, CachedAnswer, JudgeCache};
+use crate::error::{JudgeError, Result};
+use crate::judge::{CriterionJudge, CriterionRequest, CriterionVerdict, PairRequest, PairVerdict, PairwiseJudge};
+use crate::parse::{parse_labels, parse_pair};
+use crate::prompts::PromptSet;
+
+/// How the in-process judge decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalMode {
+    /// Generate the JSON answer.
+    #[default]
+    Generate,
+    /// Next-token log-probability margin per criterion.
+    LogprobMargin,
+}
+
+/// Settings of the in-process judge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalJudgeConfig {
+    /// Decision mode.
+    pub mode: LocalMode,
+    /// Longest generated answer.
+    pub max_new_tokens: usize,
+    /// Sequences per forward batch.
+    pub batch_size: usize,
+    /// Extra sampled attempts after an unparseable greedy answer.
+    pub max_retries: u32,
+    /// Seed of the retry sampling.
+    pub seed: u64,
+}
+
+impl Default for LocalJudgeConfig {
+    fn default() -> Self {
+        Self { mode: LocalMode::Generate, max_new_tokens: 512, batch_size: 8, max_retries: 2, seed: 0 }
+    }
+}
+
+/// The in-process judge on backend `B`.
+pub struct LocalJudge<B: Backend> {
+    model: Mutex<Qwen3<B>>,
+    device: B::Device,
+    prompts: PromptSet,
+    cfg: LocalJudgeConfig,
+    label_tokens: HashMap<Label, Vec<u32>>,
+    cache: Option<Arc<JudgeCache>>,
+    name: String,
+}
+
+/// Single-token spellings of a label (`correct`, `Correct`, ...).
+fn label_token_ids<B: Backend>(model: &Qwen3<B>, label: Label) -> Result<Vec<u32>> {
+    let tok = model.tokenizer.as_ref().ok_or_else(|| JudgeError::Model(format!("{}: no tokenizer.json", model.dir.display())))?;
+    let word = label.as_str();
+    let mut cap = word.to_string();
+    cap[..1].make_ascii_uppercase();
+    let mut ids = Vec::new();
+    for variant in [word.to_string(), cap, format!("\"{word}")] {
+        let enc = tok.encode(&variant).map_err(|e| JudgeError::Model(e.to_string()))?;
+        if enc.len() == 1 && !ids.contains(&enc[0]) && (enc[0] as usize) < model.config.vocab_size {
+            ids.push(enc[0]);
+        }
+    }
+    if ids.is_empty() {
+        return Err(JudgeError::Model(format!("label `{word}` is not a single token of this tokenizer; use mode = \"generate\"")));
+    }
+    Ok(ids)
+}
+
+fn log_sum_exp(xs: impl Iterator<Item = f64>) -> f64 {
+    let v: Vec<f64> = xs.collect();
+    let m = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    if m == f64::NEG_INFINITY {
+        return m;
+    }
+    m + v.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+}
+
+impl<B: Backend> LocalJudge<B> {
+    /// A judge around a loaded model (which must have its tokenizer).
+    pub fn new(model: Qwen3<B>, device: B::Device, prompts: PromptSet, cfg: LocalJudgeConfig, cache: Option<Arc<JudgeCache>>) -> Result<Self> {
+        if model.tokenizer.is_none() {
+            return Err(JudgeError::Model(format!("{}: the in-process judge needs tokenizer.json", model.dir.display())));
+        }
+        if cfg.batch_size == 0 {
+            return Err(JudgeError::config("local.batch_size", "must be at least 1"));
+        }
+        let mut label_tokens = HashMap::new();
+        if cfg.mode == LocalMode::LogprobMargin {
+            for mode in [ScoringMode::Binary, ScoringMode::ThreeState] {
+                for &l in mode.labels() {
+                    label_tokens.insert(l, label_token_ids(&model, l)?);
+                }
+            }
+        }
+        let mode = match cfg.mode {
+            LocalMode::Generate => "generate",
+            LocalMode::LogprobMargin => "logprob-margin",
+        };
+        let name = format!("local:{}:{mode}", model.dir.display());
+        Ok(Self { model: Mutex::new(model), device, prompts, cfg, label_tokens, cache, name })
+    }
+
+    fn chat_ids(model: &Qwen3<B>, system: &str, user: &str) -> std::result::Result<Vec<u32>, String> {
+        let tok = model.tokenizer.as_ref().expect("checked in new");
+        let msgs = [ChatMessage::new("system", system), ChatMessage::new("user", user)];
+        tok.apply_chat_template(&msgs, ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) }).map_err(|e| e.to_string())
+    }
+
+    /// Generates answers for `prompts` (system, user) and parses each with `parse`; unparseable
+    /// ones are retried with sampling. Returns per prompt (result, raw outputs, attempts).
+    fn generate_parsed<T>(
+        &self,
+        prompts: &[(String, String)],
+        parse: impl Fn(usize, &str) -> std::result::Result<T, String>,
+    ) -> Vec<(std::result::Result<T, String>, Vec<String>, u32)> {
+        let model = self.model.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<(std::result::Result<T, String>, Vec<String>, u32)> =
+            (0..prompts.len()).map(|_| (Err("not attempted".to_string()), Vec::new(), 0)).collect();
+        let ids: Vec<std::result::Result<Vec<u32>, String>> = prompts.iter().map(|(s, u)| Self::chat_ids(&model, s, u)).collect();
+        let mut pending: Vec<usize> = Vec::new();
+        for (i, r) in ids.iter().enumerate() {
+            match r {
+                Ok(_) => pending.push(i),
+                Err(e) => out[i].0 = Err(format!("chat template: {e}")),
+            }
+        }
+        let tok = model.tokenizer.as_ref().expect("checked in new");
+        for attempt in 0..=self.cfg.max_retries {
+            if pending.is_empty() {
+                break;
+            }
+            let sampling = SamplingConfig {
+                max_new_tokens: self.cfg.max_new_tokens,
+                greedy: attempt == 0,
+                temperature: 0.7,
+                seed: self.cfg.seed.wrapping_add(attempt as u64),
+                stop_ids: model.stop_ids(),
+                ..Default::default()
+            };
+            let mut still = Vec::new();
+            for chunk in pending.chunks(self.cfg.batch_size) {
+                let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| ids[i].clone().expect("pending ids are valid")).collect();
+                match model.generate(&batch, &sampling, &self.device) {
+                    Ok(gens) => {
+                        for (&i, g) in chunk.iter().zip(gens) {
+                            let text = tok.decode(&g.tokens, true).unwrap_or_default();
+                            out[i].2 += 1;
+                            match parse(i, &text) {
+                                Ok(v) => out[i].0 = Ok(v),
+                                Err(e) => {
+                                    out[i].0 = Err(format!("unparseable output: {e}"));
+                                    still.push(i);
+                                }
+                            }
+                            out[i].1.push(text);
+                        }
+                    }
+                    Err(e) => {
+                        for &i in chunk {
+                            out[i].2 += 1;
+                            out[i].0 = Err(format!("generation failed: {e}"));
+                        }
+                    }
+                }
+            }
+            pending = still;
+        }
+        out
+    }
+
+    /// Cheap mode: labels and margins for every (request, criterion).
+    fn margin_labels(&self, requests: &[&CriterionRequest]) -> Vec<std::result::Result<(Vec<Label>, Vec<f64>), String>> {
+        let model = self.model.lock().unwrap_or_else(|p| p.into_inner());
+        // Every (request, criterion) sequence, sorted by length so batches pad little.
+        let mut seqs: Vec<(usize, usize, Vec<u32>)> = Vec::new();
+        let mut errors: Vec<Option<String>> = vec![None; requests.len()];
+        for (ri, r) in requests.iter().enumerate() {
+            for (ci, c) in r.criteria.iter().enumerate() {
+                let (s, u) = self.prompts.render_single(r.mode, &r.question, &r.response, c);
+                match Self::chat_ids(&model, &s, &u) {
+                    Ok(ids) => seqs.push((ri, ci, ids)),
+                    Err(e) => errors[ri] = Some(format!("chat template: {e}")),
+                }
+            }
+        }
+        seqs.sort_by_key(|(_, _, ids)| ids.len());
+        let mut picks: Vec<Vec<Option<(Label, f64)>>> = requests.iter().map(|r| vec![None; r.criteria.len()]).collect();
+        let vocab = model.config.vocab_size;
+        for chunk in seqs.chunks(self.cfg.batch_size) {
+            let batch: Vec<Vec<u32>> = chunk.iter().map(|(_, _, ids)| ids.clone()).collect();
+            let padded = PaddedBatch::new(&batch, model.pad_id(), Padding::Left);
+            let logits = model.model.forward_last(&padded.to_device(&self.device), None).cast(DType::F32);
+            let host: Vec<f32> = match logits.into_data().convert::<f32>().into_vec() {
+                Ok(v) => v,
+                Err(e) => {
+                    for (ri, _, _) in chunk {
+                        errors[*ri] = Some(format!("reading logits: {e:?}"));
+                    }
+                    continue;
+                }
+            };
+            for (row, (ri, ci, _)) in chunk.iter().enumerate() {
+                let l = &host[row * vocab..(row + 1) * vocab];
+                let lse = log_sum_exp(l.iter().map(|&x| x as f64));
+                let mut scored: Vec<(Label, f64)> = requests[*ri]
+                    .mode
+                    .labels()
+                    .iter()
+                    .map(|lab| (*lab, log_sum_exp(self.label_tokens[lab].iter().map(|&t| l[t as usize] as f64)) - lse))
+                    .collect();
+                // Highest log-probability first; ties go to the label listed first.
+                scored.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal));
+                picks[*ri][*ci] = Some((scored[0].0, scored[0].1 - scored[1].1));
+            }
+        }
+        picks
+            .into_iter()
+            .zip(errors)
+            .map(|(p, err)| match err {
+                Some(e) => Err(e),
+                None => {
+                    let all: Option<Vec<(Label, f64)>> = p.into_iter().collect();
+                    let all = all.ok_or("a criterion was not scored")?;
+                    Ok(all.into_iter().unzip())
+                }
+            })
+            .collect()
+    }
+
+    fn key(&self, r: &CriterionRequest) -> CacheKey {
+        let version = match self.cfg.mode {
+            LocalMode::Generate => self.prompts.criteria(r.mode).version(),
+            LocalMode::LogprobMargin => self.prompts.single(r.mode).version(),
+        };
+        let n = r.criteria.len().to_string();
+        let mut parts: Vec<&str> = vec!["criteria", &self.name, &version, r.mode.as_str(), &r.question, &r.response, &n];
+        parts.extend(r.criteria.iter().map(String::as_str));
+        CacheKey::of(&parts)
+    }
+}
+
+#[async_trait]
+impl<B: Backend> CriterionJudge for LocalJudge<B> {
+    fn id(&self) -> String {
+        self.name.clone()
+    }
+
+    async fn judge(&self, r: &CriterionRequest) -> CriterionVerdict {
+        self.judge_batch(std::slice::from_ref(r)).await.pop().expect("one verdict per request")
+    }
+
+    async fn judge_batch(&self, requests: &[CriterionRequest]) -> Vec<CriterionVerdict> {
+        let start = Instant::now();
+        let mut verdicts: Vec<Option<CriterionVerdict>> = vec![None; requests.len()];
+        let keys: Vec<CacheKey> = requests.iter().map(|r| self.key(r)).collect();
+        let mut todo = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            let hit = self.cache.as_ref().and_then(|c| c.get(&keys[i]));
+            match hit.and_then(|h| serde_json::from_str::<Vec<Label>>(&h.parsed).ok().map(|l| (l, h.raw))) {
+                Some((labels, raw)) if labels.len() == r.criteria.len() => {
+                    let mut v = CriterionVerdict::labelled(labels, vec![raw], 0, start.elapsed());
+                    v.cached = true;
+                    verdicts[i] = Some(v);
+                }
+                _ => todo.push(i),
+            }
+        }
+        let reqs: Vec<&CriterionRequest> = todo.iter().map(|&i| &requests[i]).collect();
+        match self.cfg.mode {
+            LocalMode::Generate => {
+                let prompts: Vec<(String, String)> =
+                    reqs.iter().map(|r| self.prompts.render_criteria(r.mode, &r.question, &r.response, &r.criteria)).collect();
+                let results = self.generate_parsed(&prompts, |k, text| parse_labels(text, reqs[k].criteria.len(), reqs[k].mode));
+                for (&i, (res, raw, attempts)) in todo.iter().zip(results) {
+                    verdicts[i] = Some(match res {
+                        Ok(labels) => CriterionVerdict::labelled(labels, raw, attempts, start.elapsed()),
+                        Err(e) => CriterionVerdict::failed(e, raw, attempts, start.elapsed()),
+                    });
+                }
+            }
+            LocalMode::LogprobMargin => {
+                for (&i, res) in todo.iter().zip(self.margin_labels(&reqs)) {
+                    verdicts[i] = Some(match res {
+                        Ok((labels, margins)) => {
+                            let raw = serde_json::to_string(&labels).expect("labels serialise");
+                            let mut v = CriterionVerdict::labelled(labels, vec![raw], 1, start.elapsed());
+                            v.margins = margins;
+                            v
+                        }
+                        Err(e) => CriterionVerdict::failed(e, Vec::new(), 1, start.elapsed()),
+                    });
+                }
+            }
+        }
+        if let Some(c) = &self.cache {
+            for &i in &todo {
+                let v = verdicts[i].as_ref().expect("filled above");
+                if let Some(labels) = &v.labels {
+                    let parsed = serde_json::to_string(labels).expect("labels serialise");
+                    let raw = v.raw_outputs.last().cloned().unwrap_or_default();
+                    c.put(&keys[i], &self.name, "criteria", &CachedAnswer { raw, parsed });
+                }
+            }
+        }
+        verdicts.into_iter().map(|v| v.expect("every request answered")).collect()
+    }
+}
+
+#[async_trait]
+impl<B: Backend> PairwiseJudge for LocalJudge<B> {
+    fn id(&self) -> String {
+        self.name.clone()
+    }
+
+    async fn compare(&self, r: &PairRequest) -> PairVerdict {
+        let start = Instant::now();
+        let prompt = self.prompts.render_pairwise(&r.question, &r.criteria, &r.first, &r.second);
+        let n = r.criteria.len();
+        let (res, raw_outputs, attempts) =
+            self.generate_parsed(std::slice::from_ref(&prompt), |_, text| parse_pair(text, n)).pop().expect("one result");
+        let latency_ms = start.elapsed().as_secs_f64() * 1e3;
+        match res {
+            Ok(a) => PairVerdict { answer: Some(a), error: None, raw_outputs, attempts, latency_ms, cached: false },
+            Err(e) => PairVerdict { answer: None, error: Some(e), raw_outputs, attempts, latency_ms, cached: false },
+        }
+    }
+}

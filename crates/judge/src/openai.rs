@@ -1,0 +1,124 @@
+//! Criterion and pairwise judging through an OpenAI-compatible endpoint, with the judge cache.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use conrub_rubric::Label;
+
+use crate::cache::{CacheKey, CachedAnswer, JudgeCache};
+use crate::client::ChatClient;
+use crate::judge::{CriterionJudge, CriterionRequest, CriterionVerdict, PairRequest, PairVerdict, PairwiseJudge};
+use crate::parse::{parse_labels, parse_pair, PairAnswer};
+use crate::prompts::PromptSet;
+
+/// A judge served over HTTP (SGLang, vLLM, OpenAI).
+#[derive(Debug, Clone)]
+pub struct OpenAiJudge {
+    client: Arc<ChatClient>,
+    prompts: PromptSet,
+    cache: Option<Arc<JudgeCache>>,
+}
+
+impl OpenAiJudge {
+    /// A judge on `client` with `prompts`, caching in `cache` when given.
+    pub fn new(client: Arc<ChatClient>, prompts: PromptSet, cache: Option<Arc<JudgeCache>>) -> Self {
+        Self { client, prompts, cache }
+    }
+
+    /// The HTTP client (for its counters).
+    pub fn client(&self) -> &ChatClient {
+        &self.client
+    }
+
+    fn criteria_key(&self, r: &CriterionRequest) -> CacheKey {
+        let version = self.prompts.criteria(r.mode).version();
+        let n = r.criteria.len().to_string();
+        let mut parts: Vec<&str> =
+            vec!["criteria", &self.client.config().model, &version, r.mode.as_str(), &r.question, &r.response, &n];
+        parts.extend(r.criteria.iter().map(String::as_str));
+        CacheKey::of(&parts)
+    }
+
+    fn pair_key(&self, r: &PairRequest) -> CacheKey {
+        let version = self.prompts.pairwise.version();
+        let n = r.criteria.len().to_string();
+        let mut parts: Vec<&str> = vec!["pair", &self.client.config().model, &version, &r.question, &r.first, &r.second, &n];
+        parts.extend(r.criteria.iter().map(String::as_str));
+        CacheKey::of(&parts)
+    }
+}
+
+#[async_trait]
+impl CriterionJudge for OpenAiJudge {
+    fn id(&self) -> String {
+        format!("openai:{}", self.client.config().model)
+    }
+
+    async fn judge(&self, r: &CriterionRequest) -> CriterionVerdict {
+        let start = Instant::now();
+        let key = self.criteria_key(r);
+        if let Some(hit) = self.cache.as_ref().and_then(|c| c.get(&key)) {
+            if let Ok(labels) = serde_json::from_str::<Vec<Label>>(&hit.parsed) {
+                if labels.len() == r.criteria.len() {
+                    let mut v = CriterionVerdict::labelled(labels, vec![hit.raw], 0, start.elapsed());
+                    v.cached = true;
+                    return v;
+                }
+            }
+        }
+        let (system, user) = self.prompts.render_criteria(r.mode, &r.question, &r.response, &r.criteria);
+        let n = r.criteria.len();
+        let out = self.client.chat_parsed(&system, &user, |text| parse_labels(text, n, r.mode)).await;
+        match out.result {
+            Ok(labels) => {
+                if let Some(c) = &self.cache {
+                    let raw = out.raw_outputs.last().cloned().unwrap_or_default();
+                    let parsed = serde_json::to_string(&labels).expect("labels serialise");
+                    c.put(&key, &CriterionJudge::id(self), "criteria", &CachedAnswer { raw, parsed });
+                }
+                CriterionVerdict::labelled(labels, out.raw_outputs, out.attempts, out.latency)
+            }
+            Err(e) => CriterionVerdict::failed(e, out.raw_outputs, out.attempts, out.latency),
+        }
+    }
+}
+
+#[async_trait]
+impl PairwiseJudge for OpenAiJudge {
+    fn id(&self) -> String {
+        format!("openai:{}", self.client.config().model)
+    }
+
+    async fn compare(&self, r: &PairRequest) -> PairVerdict {
+        let start = Instant::now();
+        let key = self.pair_key(r);
+        if let Some(hit) = self.cache.as_ref().and_then(|c| c.get(&key)) {
+            if let Ok(answer) = serde_json::from_str::<PairAnswer>(&hit.parsed) {
+                return PairVerdict {
+                    answer: Some(answer),
+                    error: None,
+                    raw_outputs: vec![hit.raw],
+                    attempts: 0,
+                    latency_ms: start.elapsed().as_secs_f64() * 1e3,
+                    cached: true,
+                };
+            }
+        }
+        let (system, user) = self.prompts.render_pairwise(&r.question, &r.criteria, &r.first, &r.second);
+        let n = r.criteria.len();
+        let out = self.client.chat_parsed(&system, &user, |text| parse_pair(text, n)).await;
+        let latency_ms = out.latency.as_secs_f64() * 1e3;
+        match out.result {
+            Ok(answer) => {
+                if let Some(c) = &self.cache {
+                    let raw = out.raw_outputs.last().cloned().unwrap_or_default();
+                    let parsed = serde_json::to_string(&answer).expect("answer serialises");
+                    c.put(&key, &PairwiseJudge::id(self), "pair", &CachedAnswer { raw, parsed });
+                }
+                PairVerdict { answer: Some(answer), error: None, raw_outputs: out.raw_outputs, attempts: out.attempts, latency_ms, cached: false }
+            }
+            Err(e) => PairVerdict { answer: None, error: Some(e), raw_outputs: out.raw_outputs, attempts: out.attempts, latency_ms, cached: false },
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Rubric dropout (SPEC section 9): per step, a seeded random 30-50% of a prompt's criteria are
+//! hidden from the judge, the same subset for every response of the group.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, RubricError};
+use crate::record::{Criterion, CriterionKind};
+
+/// Dropout settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RubricDropout {
+    /// Smallest fraction of criteria dropped.
+    pub min_fraction: f64,
+    /// Largest fraction of criteria dropped.
+    pub max_fraction: f64,
+    /// When true, the two global controls are never dropped (only content criteria are drawn).
+    pub keep_global_controls: bool,
+}
+
+impl Default for RubricDropout {
+    fn default() -> Self {
+        Self { min_fraction: 0.3, max_fraction: 0.5, keep_global_controls: false }
+    }
+}
+
+/// The criteria kept for one group: indices into the record's criteria, ascending.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CriterionSubset {
+    /// Kept indices.
+    pub kept: Vec<usize>,
+}
+
+impl CriterionSubset {
+    /// All `n` criteria.
+    pub fn all(n: usize) -> Self {
+        Self { kept: (0..n).collect() }
+    }
+
+    /// The kept criteria, in order.
+    pub fn select<'a>(&self, criteria: &'a [Criterion]) -> Vec<&'a Criterion> {
+        self.kept.iter().map(|&i| &criteria[i]).collect()
+    }
+}
+
+/// FNV-1a over the parts, then splitmix64: a platform-independent seed.
+fn stable_seed(seed: u64, step: u64, key: &str) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in seed.to_le_bytes().iter().chain(step.to_le_bytes().iter()).chain(key.as_bytes()) {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    let mut z = h.wrapping_add(0x9e3779b97f4a7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+    z ^ (z >> 31)
+}
+
+impl RubricDropout {
+    /// Checks `0 <= min <= max < 1`.
+    pub fn validate(&self) -> Result<()> {
+        if !(0.0 <= self.min_fraction && self.min_fraction <= self.max_fraction && self.max_fraction < 1.0) {
+            return Err(RubricError::Config {
+                field: "rubric_dropout".into(),
+                message: format!(
+                    "need 0 <= min_fraction <= max_fraction < 1, got {} and {}",
+                    self.min_fraction, self.max_fraction
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The subset for the group of prompt `group_key` at `step` under run seed `seed`. At least one
+    /// droppable criterion always survives.
+    pub fn subset(&self, criteria: &[Criterion], seed: u64, step: u64, group_key: &str) -> CriterionSubset {
+        let mut rng = ChaCha8Rng::seed_from_u64(stable_seed(seed, step, group_key));
+        let droppable: Vec<usize> = (0..criteria.len())
+            .filter(|&i| !(self.keep_global_controls && criteria[i].kind == CriterionKind::GlobalControl))
+            .collect();
+        let fraction = if self.max_fraction > self.min_fraction {
+            rng.random_range(self.min_fraction..=self.max_fraction)
+        } else {
+            self.min_fraction
+        };
+        let n_drop = ((fraction * droppable.len() as f64).round() as usize).min(droppable.len().saturating_sub(1));
+        // Partial Fisher-Yates: the first n_drop of a shuffled copy are dropped.
+        let mut order = droppable.clone();
+        for i in 0..n_drop {
+            let j = rng.random_range(i..order.len());
+            order.swap(i, j);
+        }
+        let dropped = &order[..n_drop];
+        CriterionSubset { kept: (0..criteria.len()).filter(|i| !dropped.contains(i)).collect() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::global_controls;
+
+    fn rubric(n: usize) -> Vec<Criterion> {
+        let mut c: Vec<Criterion> = (0..n).map(|i| Criterion::content(format!("The response says {i}."))).collect();
+        c.extend(global_controls());
+        c
+    }
+
+    #[test]
+    fn same_inputs_same_subset_and_fraction_in_range() {
+        let d = RubricDropout::default();
+        let c = rubric(10);
+        let a = d.subset(&c, 1234, 3, "prompt-7");
+        assert_eq!(a, d.subset(&c, 1234, 3, "prompt-7"));
+        let mut differs = 0;
+        for step in 0..200 {
+            let s = d.subset(&c, 1234, step, "prompt-7");
+            let dropped = c.len() - s.kept.len();
+            assert!((4..=6).contains(&dropped), "dropped {dropped} of 12");
+            assert!(s.kept.windows(2).all(|w| w[0] < w[1]));
+            differs += (s != a) as usize;
+        }
+        assert!(differs > 150, "subsets vary by step ({differs}/200)");
+        assert_ne!(d.subset(&c, 1234, 3, "prompt-8"), a);
+    }
+
+    #[test]
+    fn global_controls_can_be_protected_and_one_survives() {
+        let d = RubricDropout { keep_global_controls: true, ..Default::default() };
+        let c = rubric(4);
+        for step in 0..50 {
+            let s = d.subset(&c, 1, step, "p");
+            assert!(s.kept.contains(&4) && s.kept.contains(&5));
+        }
+        let single = vec![Criterion::content("The response x.")];
+        let d = RubricDropout { min_fraction: 0.9, max_fraction: 0.9, keep_global_controls: false };
+        assert_eq!(d.subset(&single, 1, 1, "p").kept, vec![0]);
+        assert!(RubricDropout { min_fraction: 0.6, max_fraction: 0.5, ..Default::default() }.validate().is_err());
+    }
+}

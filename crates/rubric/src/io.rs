@@ -1,0 +1,191 @@
+//! JSONL reading with precise errors, and atomic JSONL writing.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::{Result, RubricError};
+use crate::record::RubricRecord;
+
+/// Parses one JSON value, naming the failing field path (`criteria[2].kind`) in the error.
+pub fn parse_line<T: DeserializeOwned>(text: &str, path: &Path, line: usize) -> Result<T> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        let field = if inner.is_syntax() || inner.is_eof() {
+            format!("column {}", inner.column())
+        } else if field == "." {
+            "record".to_string()
+        } else {
+            field
+        };
+        RubricError::Parse { path: path.to_path_buf(), line, field, message: strip_position(&inner.to_string()) }
+    })
+}
+
+/// serde_json appends "at line 1 column 57"; the line is ours, the column is already in `field`.
+fn strip_position(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+/// Reads a JSONL file into `(line number, value)` pairs; blank lines are skipped.
+pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<(usize, T)>> {
+    let file = std::fs::File::open(path).map_err(|source| RubricError::Io { path: path.to_path_buf(), source })?;
+    let mut out = Vec::new();
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|source| RubricError::Io { path: path.to_path_buf(), source })?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        out.push((i + 1, parse_line(&line, path, i + 1)?));
+    }
+    Ok(out)
+}
+
+/// Writes values as JSONL to a temporary file next to `path`, syncs it and renames it over `path`,
+/// so a crash leaves either the old file or the complete new one.
+pub fn write_jsonl_atomic<T: Serialize>(path: &Path, values: impl IntoIterator<Item = T>) -> Result<()> {
+    let mut buf = Vec::new();
+    for v in values {
+        serde_json::to_writer(&mut buf, &v).map_err(|e| RubricError::Invalid {
+            path: path.to_path_buf(),
+            line: 0,
+            message: format!("cannot serialise: {e}"),
+        })?;
+        buf.push(b'\n');
+    }
+    write_bytes_atomic(path, &buf)
+}
+
+/// Atomic whole-file write (temporary file, fsync, rename, directory fsync).
+pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let io = |source| RubricError::Io { path: path.to_path_buf(), source };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = std::fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(io)
+}
+
+/// A rubric file in memory, indexed by prompt id.
+#[derive(Debug, Clone)]
+pub struct RubricSet {
+    /// The file it was read from.
+    pub path: PathBuf,
+    /// Records in file order, each with its line number.
+    pub records: Vec<(usize, RubricRecord)>,
+    index: HashMap<String, usize>,
+}
+
+impl RubricSet {
+    /// Builds a set from records already in memory (line numbers are positions).
+    pub fn from_records(path: impl Into<PathBuf>, records: Vec<RubricRecord>) -> Result<Self> {
+        let path = path.into();
+        let records: Vec<_> = records.into_iter().enumerate().map(|(i, r)| (i + 1, r)).collect();
+        Self::index(path, records)
+    }
+
+    fn index(path: PathBuf, records: Vec<(usize, RubricRecord)>) -> Result<Self> {
+        let mut index: HashMap<String, usize> = HashMap::with_capacity(records.len());
+        for (i, (line, r)) in records.iter().enumerate() {
+            if let Some(&prev) = index.get(&r.id) {
+                let prev_line: usize = records[prev].0;
+                return Err(RubricError::Invalid {
+                    path,
+                    line: *line,
+                    message: format!("id `{}` already used on line {prev_line}", r.id),
+                });
+            }
+            index.insert(r.id.clone(), i);
+        }
+        Ok(Self { path, records, index })
+    }
+
+    /// The record with this prompt id.
+    pub fn get(&self, id: &str) -> Option<&RubricRecord> {
+        self.index.get(id).map(|&i| &self.records[i].1)
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// True when the file held no records.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Records in file order.
+    pub fn iter(&self) -> impl Iterator<Item = &RubricRecord> {
+        self.records.iter().map(|(_, r)| r)
+    }
+}
+
+/// Reads a rubric JSONL file; fails on the first malformed line or duplicate id.
+pub fn read_rubrics(path: &Path) -> Result<RubricSet> {
+    RubricSet::index(path.to_path_buf(), read_jsonl(path)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.jsonl");
+        std::fs::write(
+            &p,
+            "{\"id\":\"a\",\"question\":\"q\",\"criteria\":[]}\n\n{\"id\":\"b\",\"question\":\"q\",\"criteria\":[{\"text\":\"t\",\"kind\":\"contnet\"}]}\n",
+        )
+        .unwrap();
+        let e = read_rubrics(&p).unwrap_err().to_string();
+        assert!(e.contains("r.jsonl:3: criteria[0].kind: unknown variant `contnet`"), "{e}");
+
+        std::fs::write(&p, "{\"id\":\"a\",\"question\":\"q\",\"criteria\":[]}\n{\"id\":\"a\",\"question\":\"q\",\"criteria\":[]}\n").unwrap();
+        let e = read_rubrics(&p).unwrap_err().to_string();
+        assert!(e.contains("r.jsonl:2: id `a` already used on line 1"), "{e}");
+
+        std::fs::write(&p, "{\"id\":\"a\",\"question\":\"q\",\"criteria\":[}\n").unwrap();
+        let e = read_rubrics(&p).unwrap_err().to_string();
+        assert!(e.contains("r.jsonl:1: column"), "{e}");
+
+        std::fs::write(&p, "{\"id\":\"a\",\"question\":\"q\"}\n").unwrap();
+        let e = read_rubrics(&p).unwrap_err().to_string();
+        assert!(e.contains("r.jsonl:1: record: missing field `criteria`"), "{e}");
+    }
+
+    #[test]
+    fn atomic_write_replaces_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        std::fs::write(&p, "old\n").unwrap();
+        write_jsonl_atomic(&p, [serde_json::json!({"a": 1}), serde_json::json!({"b": 2})]).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\":1}\n{\"b\":2}\n");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
+    }
+}

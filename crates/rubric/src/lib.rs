@@ -1,0 +1,30 @@
+//! Rubric records and the scoring rules of the ConRub method (SPEC sections 2, 4 and 9).
+//!
+//! - [`record`]: the per-prompt rubric record (criteria with kind, reference-coverage tag and
+//!   provenance) as serde types.
+//! - [`io`]: JSONL reading and atomic writing, with errors that name the file, line and field.
+//! - [`validate`]: the independent validator behind `conrub rubrics validate`.
+//! - [`import`]: adapters for the RaR, RubricHub (verl rows) and HealthBench formats.
+//! - [`score`]: binary and three-state rewards as exact rationals, the soft overlength penalty,
+//!   and the distinct *unscored* state.
+//! - [`dropout`]: seeded rubric dropout shared by a whole group.
+//!
+//! This crate never talks to a model: judges produce [`Label`]s, this crate turns them into rewards.
+
+pub mod dropout;
+pub mod error;
+pub mod import;
+pub mod io;
+pub mod record;
+pub mod score;
+pub mod validate;
+
+pub use dropout::{CriterionSubset, RubricDropout};
+pub use error::{Result, RubricError};
+pub use import::{import_file, ImportFormat, ImportReport};
+pub use io::{read_jsonl, read_rubrics, write_jsonl_atomic, RubricSet};
+pub use record::{Coverage, Criterion, CriterionKind, CriterionProvenance, Message, RubricRecord, SourceProvenance};
+pub use score::{
+    score_labels, Label, LengthPenalty, Reward, ResponseScore, ScoringMode, UnscoredReason,
+};
+pub use validate::{validate_records, ValidationIssue, ValidationReport};

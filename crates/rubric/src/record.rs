@@ -1,0 +1,242 @@
+//! The rubric record of SPEC section 2: one per prompt, 6-12 equally weighted criteria.
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// One chat message of a prompt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl Message {
+    /// A `user` message.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self { role: "user".into(), content: content.into() }
+    }
+}
+
+/// Whether a criterion is prompt-specific content or one of the two fixed global controls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CriterionKind {
+    /// A prompt-specific, atomic requirement.
+    Content,
+    /// One of the two controls appended to every rubric (factual correctness, appropriateness).
+    GlobalControl,
+}
+
+/// The reference-coverage tag: does the reference answer cover this criterion? Construction-time
+/// metadata only, never a reward label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Coverage {
+    /// The reference answer covers the criterion.
+    Yes,
+    /// The criterion goes beyond the reference answer.
+    No,
+}
+
+/// Where a criterion came from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CriterionProvenance {
+    /// Generators that supported the criterion's cluster (consensus construction), e.g. `["A", "B", "C"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generators: Vec<String>,
+    /// The semantic cluster the criterion represents (consensus construction).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+    /// Points or weight the criterion had in an imported dataset (kept for audit, unused by the reward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_points: Option<f64>,
+    /// Title the criterion had in an imported dataset (RaR).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_title: Option<String>,
+    /// Tags the criterion had in an imported dataset (HealthBench `axis:`/`level:` tags).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_tags: Vec<String>,
+}
+
+impl CriterionProvenance {
+    /// True when nothing is recorded (then the field is omitted from JSON).
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// One criterion: a positive, atomic, yes/no-checkable statement starting "The response ...".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Criterion {
+    /// Optional stable id (unique within the record when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The requirement, e.g. "The response recommends urgent assessment for chest pain at rest."
+    pub text: String,
+    /// Content criterion or global control.
+    pub kind: CriterionKind,
+    /// `yes`/`no`, or `null` when there is no reference answer and for global controls.
+    #[serde(default)]
+    pub reference_coverage: Option<Coverage>,
+    /// Generators, cluster and imported metadata.
+    #[serde(default, skip_serializing_if = "CriterionProvenance::is_empty")]
+    pub provenance: CriterionProvenance,
+    /// Lexical test-double judge only: any of these phrases satisfies the criterion.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keywords: Vec<String>,
+    /// Lexical test-double judge only: any of these phrases makes the criterion `wrong`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub contradictions: Vec<String>,
+}
+
+impl Criterion {
+    /// A content criterion with no metadata.
+    pub fn content(text: impl Into<String>) -> Self {
+        Self {
+            id: None,
+            text: text.into(),
+            kind: CriterionKind::Content,
+            reference_coverage: None,
+            provenance: CriterionProvenance::default(),
+            keywords: Vec::new(),
+            contradictions: Vec::new(),
+        }
+    }
+
+    fn global(id: &str, text: &str) -> Self {
+        Self { id: Some(id.into()), kind: CriterionKind::GlobalControl, ..Self::content(text) }
+    }
+}
+
+/// Text of the global control for overall factual correctness.
+pub const GLOBAL_FACTUAL: &str =
+    "The response is factually accurate throughout: every medical or factual claim it makes is correct.";
+/// Text of the global control for response appropriateness.
+pub const GLOBAL_APPROPRIATE: &str = "The response is appropriate to the request: it answers what was asked, \
+at a suitable level of detail, safely, and in a clear, usable form.";
+
+/// The two global controls appended to every rubric, in their fixed order.
+pub fn global_controls() -> [Criterion; 2] {
+    [Criterion::global("global-factual", GLOBAL_FACTUAL), Criterion::global("global-appropriate", GLOBAL_APPROPRIATE)]
+}
+
+/// Where an imported record came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceProvenance {
+    /// `rar`, `rubrichub`, `healthbench` or `conrub-build`.
+    pub format: String,
+    /// File name the record was read from.
+    pub file: String,
+    /// 1-based line (or row) in that file.
+    pub line: usize,
+    /// The id the record had there, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_id: Option<String>,
+    /// Other source metadata kept verbatim (e.g. HealthBench `example_tags`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<serde_json::Value>,
+}
+
+/// One prompt with its rubric.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RubricRecord {
+    /// Unique prompt id.
+    pub id: String,
+    /// The prompt as chat messages; a plain string is read as one user message.
+    #[serde(deserialize_with = "question_messages")]
+    pub question: Vec<Message>,
+    /// Optional reference answer (construction only; judges never see it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_answer: Option<String>,
+    /// Source stratum, e.g. `rar-medicine`, `rubrichub-medical`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The ordered criteria: content first, then the two global controls.
+    pub criteria: Vec<Criterion>,
+    /// Where the record came from when imported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<SourceProvenance>,
+}
+
+impl RubricRecord {
+    /// Number of content criteria.
+    pub fn content_count(&self) -> usize {
+        self.criteria.iter().filter(|c| c.kind == CriterionKind::Content).count()
+    }
+
+    /// Number of global controls.
+    pub fn global_count(&self) -> usize {
+        self.criteria.len() - self.content_count()
+    }
+
+    /// The question as plain text for a judge prompt: the content of a single user message, or
+    /// `role: content` blocks for a conversation.
+    pub fn question_text(&self) -> String {
+        match self.question.as_slice() {
+            [m] if m.role == "user" => m.content.clone(),
+            msgs => msgs.iter().map(|m| format!("[{}]\n{}", m.role, m.content)).collect::<Vec<_>>().join("\n\n"),
+        }
+    }
+
+    /// The criterion texts in order.
+    pub fn criterion_texts(&self) -> Vec<String> {
+        self.criteria.iter().map(|c| c.text.clone()).collect()
+    }
+}
+
+fn question_messages<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Message>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Question {
+        Text(String),
+        Messages(Vec<Message>),
+    }
+    match Question::deserialize(d) {
+        Ok(Question::Text(t)) => Ok(vec![Message::user(t)]),
+        Ok(Question::Messages(m)) => Ok(m),
+        Err(_) => Err(serde::de::Error::custom(
+            "expected a string or an array of {\"role\", \"content\"} messages",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn question_accepts_text_or_messages_and_round_trips() {
+        let a: RubricRecord = serde_json::from_str(
+            r#"{"id":"p1","question":"Is it safe?","criteria":[{"text":"The response says yes.","kind":"content","reference_coverage":"yes"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(a.question, vec![Message::user("Is it safe?")]);
+        assert_eq!(a.criteria[0].reference_coverage, Some(Coverage::Yes));
+        let json = serde_json::to_string(&a).unwrap();
+        // The coverage tag is always written, null included, as SPEC asks.
+        assert!(json.contains("\"reference_coverage\":\"yes\""), "{json}");
+        let b: RubricRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(a, b);
+        let g = serde_json::to_string(&global_controls()[0]).unwrap();
+        assert!(g.contains("\"reference_coverage\":null") && g.contains("global_control"), "{g}");
+    }
+
+    #[test]
+    fn conversation_question_text_names_roles() {
+        let r = RubricRecord {
+            id: "x".into(),
+            question: vec![Message { role: "system".into(), content: "Be brief.".into() }, Message::user("Hi")],
+            reference_answer: None,
+            source: None,
+            criteria: vec![],
+            provenance: None,
+        };
+        assert_eq!(r.question_text(), "[system]\nBe brief.\n\n[user]\nHi");
+    }
+}
