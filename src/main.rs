@@ -24,6 +24,13 @@ enum Command {
     Logprobs(commands::logprobs::LogprobsArgs),
     /// Tokenize text or chat messages with a model's tokenizer and chat template.
     Tokenize(commands::tokenize::TokenizeArgs),
+    /// Validate or import rubric files.
+    #[command(subcommand)]
+    Rubrics(commands::rubrics::RubricsCommand),
+    /// Judge responses against their rubrics and write rewards.
+    Score(commands::score::ScoreArgs),
+    /// Compare two responses with the pairwise judge in both orders.
+    JudgePair(commands::judge_pair::JudgePairArgs),
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -31,6 +38,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Generate(args) => commands::generate::run(args),
         Command::Logprobs(args) => commands::logprobs::run(args),
         Command::Tokenize(args) => commands::tokenize::run(args),
+        Command::Rubrics(cmd) => commands::rubrics::run(cmd),
+        Command::Score(args) => commands::score::run(args),
+        Command::JudgePair(args) => commands::judge_pair::run(args),
     }
 }
 

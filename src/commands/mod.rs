@@ -1,13 +1,34 @@
 //! One module per subcommand.
 
 pub mod generate;
+pub mod judge_pair;
+pub mod judging;
 pub mod logprobs;
+pub mod rubrics;
+pub mod score;
 pub mod tokenize;
 
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use conrub_qwen3::ChatMessage;
+
+/// Prints lines to standard output; a closed pipe (`conrub ... | head`) ends quietly.
+pub fn print_lines(lines: impl IntoIterator<Item = String>) -> Result<()> {
+    use std::io::Write;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let result = (|| -> std::io::Result<()> {
+        for l in lines {
+            writeln!(out, "{l}")?;
+        }
+        out.flush()
+    })();
+    match result {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
 
 /// Parses `--ids 1,2,3`.
 pub fn parse_ids(text: &str) -> Result<Vec<u32>> {

@@ -155,13 +155,24 @@ impl LengthPenalty {
     }
 }
 
-/// An exact reward `num / den`.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+/// An exact reward `num / den`. Serialised as `{"value": num/den, "num": .., "den": ..}`.
+#[derive(Debug, Clone, Copy, Deserialize)]
 pub struct Reward {
     /// Numerator.
     pub num: i64,
     /// Denominator (positive).
     pub den: i64,
+}
+
+impl Serialize for Reward {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Reward", 3)?;
+        st.serialize_field("value", &self.value())?;
+        st.serialize_field("num", &self.num)?;
+        st.serialize_field("den", &self.den)?;
+        st.end()
+    }
 }
 
 impl Reward {

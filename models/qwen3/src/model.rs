@@ -5,7 +5,9 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Distribution, Int, Tensor};
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use crate::batch::{attention_bias, ForwardBatch};
 use crate::cache::{append, KvCache, LayerCache};
@@ -25,13 +27,39 @@ fn project<B: Backend>(lin: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     y.reshape([b, t, out])
 }
 
-/// A `d_in -> d_out` projection with N(0, `std`) weights and zero bias, created eagerly: burn's
-/// `Initializer` creates parameters lazily, at first use, which would make the random draws depend
-/// on the order in which models are first run rather than on the seed.
-fn linear<B: Backend>(d_in: usize, d_out: usize, bias: bool, std: f64, device: &B::Device) -> Linear<B> {
-    Linear {
-        weight: Param::from_tensor(Tensor::random([d_in, d_out], Distribution::Normal(0.0, std), device)),
-        bias: bias.then(|| Param::from_tensor(Tensor::zeros([d_out], device))),
+/// Initial weights: N(0, `std`) drawn on the host from one ChaCha8 stream per model seed, in a
+/// fixed parameter order. Neither burn's `Initializer` (lazy: draws happen at first use) nor the
+/// backend's global RNG (shared by every thread) makes a seed reproduce the same weights.
+struct WeightInit {
+    rng: ChaCha8Rng,
+    std: f64,
+}
+
+impl WeightInit {
+    fn new(seed: u64, std: f64) -> Self {
+        Self { rng: ChaCha8Rng::seed_from_u64(seed), std }
+    }
+
+    /// Box-Muller pairs; `1 - u` keeps the logarithm's argument in (0, 1].
+    fn normal<B: Backend, const D: usize>(&mut self, shape: [usize; D], device: &B::Device) -> Tensor<B, D> {
+        let n: usize = shape.iter().product();
+        let mut v = Vec::with_capacity(n + 1);
+        while v.len() < n {
+            let r = (-2.0 * (1.0 - self.rng.random::<f64>()).ln()).sqrt() * self.std;
+            let theta = std::f64::consts::TAU * self.rng.random::<f64>();
+            v.push((r * theta.cos()) as f32);
+            v.push((r * theta.sin()) as f32);
+        }
+        v.truncate(n);
+        Tensor::from_data(TensorData::new(v, shape), device)
+    }
+
+    /// A `d_in -> d_out` projection with normal weights and zero bias.
+    fn linear<B: Backend>(&mut self, d_in: usize, d_out: usize, bias: bool, device: &B::Device) -> Linear<B> {
+        Linear {
+            weight: Param::from_tensor(self.normal([d_in, d_out], device)),
+            bias: bias.then(|| Param::from_tensor(Tensor::zeros([d_out], device))),
+        }
     }
 }
 
@@ -175,7 +203,7 @@ pub struct Attention<B: Backend> {
 }
 
 impl<B: Backend> Attention<B> {
-    fn new(config: &Qwen3Config, std: f64, device: &B::Device) -> Self {
+    fn new(config: &Qwen3Config, init: &mut WeightInit, device: &B::Device) -> Self {
         let (h, nh, nkv, hd) = (
             config.hidden_size,
             config.num_attention_heads,
@@ -183,12 +211,11 @@ impl<B: Backend> Attention<B> {
             config.head_dim(),
         );
         let bias = config.attention_bias;
-        let lin = |i, o, bias| linear(i, o, bias, std, device);
         Self {
-            q_proj: lin(h, nh * hd, bias),
-            k_proj: lin(h, nkv * hd, bias),
-            v_proj: lin(h, nkv * hd, bias),
-            o_proj: lin(nh * hd, h, bias),
+            q_proj: init.linear(h, nh * hd, bias, device),
+            k_proj: init.linear(h, nkv * hd, bias, device),
+            v_proj: init.linear(h, nkv * hd, bias, device),
+            o_proj: init.linear(nh * hd, h, bias, device),
             q_norm: RmsNorm::new(hd, config.rms_norm_eps, device),
             k_norm: RmsNorm::new(hd, config.rms_norm_eps, device),
             num_heads: nh,
@@ -259,13 +286,12 @@ pub struct Mlp<B: Backend> {
 }
 
 impl<B: Backend> Mlp<B> {
-    fn new(config: &Qwen3Config, std: f64, device: &B::Device) -> Self {
+    fn new(config: &Qwen3Config, init: &mut WeightInit, device: &B::Device) -> Self {
         let (h, i) = (config.hidden_size, config.intermediate_size);
-        let lin = |a, b| linear(a, b, false, std, device);
         Self {
-            gate_proj: lin(h, i),
-            up_proj: lin(h, i),
-            down_proj: lin(i, h),
+            gate_proj: init.linear(h, i, false, device),
+            up_proj: init.linear(h, i, false, device),
+            down_proj: init.linear(i, h, false, device),
         }
     }
 
@@ -289,12 +315,12 @@ pub struct DecoderLayer<B: Backend> {
 }
 
 impl<B: Backend> DecoderLayer<B> {
-    fn new(config: &Qwen3Config, std: f64, device: &B::Device) -> Self {
+    fn new(config: &Qwen3Config, init: &mut WeightInit, device: &B::Device) -> Self {
         Self {
             input_layernorm: RmsNorm::new(config.hidden_size, config.rms_norm_eps, device),
-            self_attn: Attention::new(config, std, device),
+            self_attn: Attention::new(config, init, device),
             post_attention_layernorm: RmsNorm::new(config.hidden_size, config.rms_norm_eps, device),
-            mlp: Mlp::new(config, std, device),
+            mlp: Mlp::new(config, init, device),
         }
     }
 }
@@ -319,28 +345,26 @@ pub struct Qwen3ForCausalLM<B: Backend> {
 
 impl<B: Backend> Qwen3ForCausalLM<B> {
     /// A model with random weights drawn from N(0, `std`) (norm scales are 1), for tests, benches and
-    /// demos; load real checkpoints with [`crate::load_weights`] or [`crate::Qwen3::load`].
-    pub fn random(config: &Qwen3Config, std: f64, seed: u64, device: &B::Device) -> Self {
-        B::seed(device, seed);
-        Self::init(config, std, device)
-    }
-
-    /// The architecture with N(0, 0.02) weights (HF's `initializer_range`), to be trained or loaded.
+    /// demos; load real checkpoints with [`crate::load_weights`] or [`crate::Qwen3::load`]. The
+    /// weights depend only on the config, `std` and `seed` (not on other threads or on burn's
+    /// global RNG).
+    /// The architecture with N(0, 0.02) weights (HF's `initializer_range`, seed 0), to be trained
+    /// or loaded.
     pub fn new(config: &Qwen3Config, device: &B::Device) -> Self {
-        Self::init(config, 0.02, device)
+        Self::random(config, 0.02, 0, device)
     }
 
-    fn init(config: &Qwen3Config, std: f64, device: &B::Device) -> Self {
-        let normal = Distribution::Normal(0.0, std);
+    pub fn random(config: &Qwen3Config, std: f64, seed: u64, device: &B::Device) -> Self {
+        let mut init = WeightInit::new(seed, std);
         let (v, h) = (config.vocab_size, config.hidden_size);
+        let embed_tokens = Param::from_tensor(init.normal([v, h], device));
+        let layers = (0..config.num_hidden_layers).map(|_| DecoderLayer::new(config, &mut init, device)).collect();
+        let lm_head = (!config.tie_word_embeddings).then(|| Param::from_tensor(init.normal([v, h], device)));
         Self {
-            embed_tokens: Param::from_tensor(Tensor::random([v, h], normal, device)),
-            layers: (0..config.num_hidden_layers)
-                .map(|_| DecoderLayer::new(config, std, device))
-                .collect(),
+            embed_tokens,
+            layers,
             norm: RmsNorm::new(h, config.rms_norm_eps, device),
-            lm_head: (!config.tie_word_embeddings)
-                .then(|| Param::from_tensor(Tensor::random([v, h], normal, device))),
+            lm_head,
             rope: RotaryEmbedding {
                 head_dim: config.head_dim(),
                 theta: config.rope_theta(),

@@ -1,0 +1,207 @@
+//! `conrub score`: judge responses against their rubrics and write rewards.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use conrub_judge::{score_jobs, CriterionRequest, ScoreJob, ScoredJob};
+use conrub_qwen3::Qwen3Tokenizer;
+use conrub_rubric::io::parse_line;
+use conrub_rubric::{read_rubrics, write_jsonl_atomic, LengthPenalty, ResponseScore, ScoringMode};
+use serde::{Deserialize, Serialize};
+
+use super::judging::{load_config, runtime, with_judges};
+
+/// Arguments of `conrub score`.
+#[derive(Args)]
+pub struct ScoreArgs {
+    /// Rubric JSONL file.
+    #[arg(long)]
+    pub rubrics: PathBuf,
+    /// Responses JSONL: `{prompt_id, response}` or `{prompt_id, responses: [...]}` per line;
+    /// an optional `response_tokens` gives the length for the overlength penalty.
+    #[arg(long)]
+    pub responses: PathBuf,
+    /// Judge config (TOML): kind = openai | local | lexical, urls, model, concurrency, cache, ...
+    #[arg(long)]
+    pub judge: PathBuf,
+    /// Scoring mode: three-state (default) or binary.
+    #[arg(long, default_value = "three-state")]
+    pub mode: String,
+    /// Output JSONL (written atomically); without it, rows go to standard output.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Tokenizer directory used to count response tokens for the overlength penalty when rows do
+    /// not carry `response_tokens`.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Lmax of the overlength penalty (the rollout's response limit).
+    #[arg(long, default_value_t = 8192)]
+    pub max_response_tokens: u32,
+    /// Lbuf of the overlength penalty.
+    #[arg(long, default_value_t = 1024)]
+    pub length_buffer: u32,
+    /// Do not apply the overlength penalty.
+    #[arg(long)]
+    pub no_length_penalty: bool,
+    /// Device of an in-process judge (overrides the config's `device`).
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ResponseRow {
+    prompt_id: String,
+    #[serde(default)]
+    response: Option<String>,
+    #[serde(default)]
+    responses: Option<Vec<String>>,
+    #[serde(default)]
+    response_tokens: Option<u32>,
+}
+
+/// One output row.
+#[derive(Serialize)]
+struct ScoreRow<'a> {
+    prompt_id: &'a str,
+    line: usize,
+    index: usize,
+    #[serde(flatten)]
+    score: &'a ResponseScore,
+    response_tokens: Option<u32>,
+    attempts: u32,
+    cached: bool,
+    judge_latency_ms: f64,
+    #[serde(skip_serializing_if = "<[f64]>::is_empty")]
+    margins: &'a [f64],
+    raw_outputs: &'a [String],
+}
+
+/// Runs `conrub score`.
+pub fn run(a: ScoreArgs) -> Result<()> {
+    let mode: ScoringMode = a.mode.parse()?;
+    let penalty = if a.no_length_penalty {
+        LengthPenalty::disabled()
+    } else {
+        LengthPenalty { enabled: true, max_tokens: a.max_response_tokens, buffer_tokens: a.length_buffer }
+    };
+    penalty.validate()?;
+    let rubrics = read_rubrics(&a.rubrics)?;
+    let tokenizer = a.tokenizer.as_ref().map(|d| Qwen3Tokenizer::from_dir(d)).transpose().context("--tokenizer")?;
+
+    let text = std::fs::read_to_string(&a.responses).with_context(|| format!("cannot read {}", a.responses.display()))?;
+    let mut jobs = Vec::new();
+    let mut meta: Vec<(String, usize, usize)> = Vec::new();
+    let mut counted = 0usize;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: ResponseRow = parse_line(line, &a.responses, i + 1)?;
+        let record = rubrics.get(&row.prompt_id).with_context(|| {
+            format!("{}:{}: prompt_id `{}` is not in {}", a.responses.display(), i + 1, row.prompt_id, a.rubrics.display())
+        })?;
+        let group = match (row.response, row.responses) {
+            (Some(r), None) => vec![r],
+            (None, Some(g)) if !g.is_empty() => g,
+            _ => bail!("{}:{}: give exactly one of `response` or a non-empty `responses`", a.responses.display(), i + 1),
+        };
+        let single = group.len() == 1;
+        for (k, response) in group.into_iter().enumerate() {
+            let tokens = match (&tokenizer, row.response_tokens) {
+                (_, Some(t)) if single => Some(t),
+                (Some(tok), _) => {
+                    counted += 1;
+                    Some(tok.encode(&response).map_err(|e| anyhow::anyhow!("{e}"))?.len() as u32)
+                }
+                _ => None,
+            };
+            jobs.push(ScoreJob {
+                request: CriterionRequest { question: record.question_text(), response, criteria: record.criterion_texts(), mode },
+                response_tokens: tokens,
+            });
+            meta.push((row.prompt_id.clone(), i + 1, k));
+        }
+    }
+    if jobs.is_empty() {
+        bail!("{}: no responses", a.responses.display());
+    }
+    let without_length = jobs.iter().filter(|j| j.response_tokens.is_none()).count();
+
+    let cfg = load_config(&a.judge)?;
+    let rt = runtime()?;
+    with_judges(&cfg, &rubrics, a.device.as_deref(), |judges| {
+        let bar = indicatif::ProgressBar::new(jobs.len() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("judging {bar:30} {pos}/{len} responses, {per_sec}, ETA {eta}")
+                .expect("valid template"),
+        );
+        let batch = matches!(cfg.kind, conrub_judge::JudgeKind::Local).then_some(cfg_batch(&cfg));
+        let progress = {
+            let bar = bar.clone();
+            move |done: usize| bar.set_position(done as u64)
+        };
+        let (results, summary) =
+            rt.block_on(score_jobs(judges.criterion.as_ref(), &jobs, &penalty, batch, 4 * cfg.concurrency.max(1), &progress));
+        bar.finish_and_clear();
+        let rows: Vec<ScoreRow> = results
+            .iter()
+            .zip(&meta)
+            .zip(&jobs)
+            .map(|((r, (pid, line, k)), job): ((&ScoredJob, _), &ScoreJob)| ScoreRow {
+                prompt_id: pid,
+                line: *line,
+                index: *k,
+                score: &r.score,
+                response_tokens: job.response_tokens,
+                attempts: r.verdict.attempts,
+                cached: r.verdict.cached,
+                judge_latency_ms: r.verdict.latency_ms,
+                margins: &r.verdict.margins,
+                raw_outputs: &r.verdict.raw_outputs,
+            })
+            .collect();
+        match &a.out {
+            Some(path) => write_jsonl_atomic(path, &rows).with_context(|| format!("writing {}", path.display()))?,
+            None => super::print_lines(rows.iter().map(|r| serde_json::to_string(r).expect("rows serialise")))?,
+        }
+        eprintln!(
+            "scored {}/{} responses ({} unscored), mean reward {:.4} ({} mode), {} from cache, {} judge retries, mean judge latency {:.1} ms, {:.2} s ({:.1} responses/s) with judge {}",
+            summary.scored,
+            summary.responses,
+            summary.unscored,
+            summary.reward_mean,
+            mode.as_str(),
+            summary.cached,
+            summary.retries,
+            summary.latency_ms_mean,
+            summary.wall_secs,
+            summary.responses as f64 / summary.wall_secs.max(1e-9),
+            judges.criterion.id()
+        );
+        if without_length > 0 && penalty.enabled {
+            eprintln!(
+                "note: {without_length} responses have no token count (no `response_tokens`, no --tokenizer): no overlength penalty for them"
+            );
+        } else if counted > 0 {
+            eprintln!("token counts from {}", a.tokenizer.as_ref().map(|p| p.display().to_string()).unwrap_or_default());
+        }
+        if let Some(c) = &judges.client {
+            let s = c.stats();
+            eprintln!(
+                "http: {} requests, {} retries ({} transport errors, {} 408/429/5xx, {} unparseable), {} failed calls",
+                s.requests, s.retries, s.transport_errors, s.retryable_status, s.parse_errors, s.failures
+            );
+        }
+        if let Some(c) = &judges.cache {
+            let s = c.stats();
+            eprintln!("cache {}: {} hits, {} misses, {} writes", c.path().display(), s.hits, s.misses, s.writes);
+        }
+        Ok(())
+    })
+}
+
+/// Responses per in-process judging chunk (a few device batches, so progress moves).
+fn cfg_batch(cfg: &conrub_judge::JudgeConfig) -> usize {
+    cfg.local.batch_size.max(1) * 4
+}
