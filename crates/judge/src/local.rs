@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::DType;
-use conrub_qwen3::{ChatMessage, ChatOptions, PaddedBatch, Padding, Qwen3, SamplingConfig};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
+use conrub_qwen3::{ChatMessage, ChatOptions, ForwardBatch, KvCache, PaddedBatch, Padding, Qwen3, SamplingConfig};
 use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 
@@ -191,63 +192,90 @@ impl<B: Backend> LocalJudge<B> {
         out
     }
 
-    /// Cheap mode: labels and margins for every (request, criterion).
+    /// Cheap mode: labels and margins for every (request, criterion). The criterion prompts of one
+    /// response share their token prefix (system prompt, question, response); it is run once into
+    /// a KV cache, copied per criterion, and only the criterion-specific suffixes are run on top.
     fn margin_labels(&self, requests: &[&CriterionRequest]) -> Vec<std::result::Result<(Vec<Label>, Vec<f64>), String>> {
         let model = self.model.lock().unwrap_or_else(|p| p.into_inner());
-        // Every (request, criterion) sequence, sorted by length so batches pad little.
-        let mut seqs: Vec<(usize, usize, Vec<u32>)> = Vec::new();
-        let mut errors: Vec<Option<String>> = vec![None; requests.len()];
-        for (ri, r) in requests.iter().enumerate() {
-            for (ci, c) in r.criteria.iter().enumerate() {
-                let (s, u) = self.prompts.render_single(r.mode, &r.question, &r.response, c);
-                match Self::chat_ids(&model, &s, &u) {
-                    Ok(ids) => seqs.push((ri, ci, ids)),
-                    Err(e) => errors[ri] = Some(format!("chat template: {e}")),
-                }
-            }
-        }
-        seqs.sort_by_key(|(_, _, ids)| ids.len());
-        let mut picks: Vec<Vec<Option<(Label, f64)>>> = requests.iter().map(|r| vec![None; r.criteria.len()]).collect();
-        let vocab = model.config.vocab_size;
-        for chunk in seqs.chunks(self.cfg.batch_size) {
-            let batch: Vec<Vec<u32>> = chunk.iter().map(|(_, _, ids)| ids.clone()).collect();
-            let padded = PaddedBatch::new(&batch, model.pad_id(), Padding::Left);
-            let logits = model.model.forward_last(&padded.to_device(&self.device), None).cast(DType::F32);
-            let host: Vec<f32> = match logits.into_data().convert::<f32>().into_vec() {
-                Ok(v) => v,
-                Err(e) => {
-                    for (ri, _, _) in chunk {
-                        errors[*ri] = Some(format!("reading logits: {e:?}"));
-                    }
-                    continue;
-                }
-            };
-            for (row, (ri, ci, _)) in chunk.iter().enumerate() {
-                let l = &host[row * vocab..(row + 1) * vocab];
-                let lse = log_sum_exp(l.iter().map(|&x| x as f64));
-                let mut scored: Vec<(Label, f64)> = requests[*ri]
-                    .mode
-                    .labels()
+        requests
+            .iter()
+            .map(|r| {
+                let seqs: Vec<Vec<u32>> = r
+                    .criteria
                     .iter()
-                    .map(|lab| (*lab, log_sum_exp(self.label_tokens[lab].iter().map(|&t| l[t as usize] as f64)) - lse))
-                    .collect();
-                // Highest log-probability first; ties go to the label listed first.
-                scored.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal));
-                picks[*ri][*ci] = Some((scored[0].0, scored[0].1 - scored[1].1));
-            }
-        }
-        picks
-            .into_iter()
-            .zip(errors)
-            .map(|(p, err)| match err {
-                Some(e) => Err(e),
-                None => {
-                    let all: Option<Vec<(Label, f64)>> = p.into_iter().collect();
-                    let all = all.ok_or("a criterion was not scored")?;
-                    Ok(all.into_iter().unzip())
+                    .map(|c| {
+                        let (s, u) = self.prompts.render_single(r.mode, &r.question, &r.response, c);
+                        Self::chat_ids(&model, &s, &u).map_err(|e| format!("chat template: {e}"))
+                    })
+                    .collect::<std::result::Result<_, _>>()?;
+                let mut labels = Vec::with_capacity(seqs.len());
+                let mut margins = Vec::with_capacity(seqs.len());
+                for chunk in seqs.chunks(self.cfg.batch_size) {
+                    for (l, m) in self.next_token_labels(&model, chunk, r.mode)? {
+                        labels.push(l);
+                        margins.push(m);
+                    }
                 }
+                Ok((labels, margins))
             })
             .collect()
+    }
+
+    /// Label and margin from the next-token distribution after each sequence of `seqs`.
+    fn next_token_labels(&self, model: &Qwen3<B>, seqs: &[Vec<u32>], mode: ScoringMode) -> std::result::Result<Vec<(Label, f64)>, String> {
+        // Longest common prefix, leaving at least one token of every sequence to run.
+        let shortest = seqs.iter().map(Vec::len).min().unwrap_or(0);
+        let mut prefix = 0;
+        while prefix + 1 < shortest && seqs.iter().all(|s| s[prefix] == seqs[0][prefix]) {
+            prefix += 1;
+        }
+        let n = seqs.len();
+        let mut cache = KvCache::new(model.model.num_layers());
+        if prefix > 0 {
+            let head = ForwardBatch::contiguous(&[seqs[0][..prefix].to_vec()], 0, &self.device);
+            let _ = model.model.forward_hidden(&head, Some(&mut cache));
+            cache.retain_rows(&vec![0; n], &self.device);
+        }
+        let suffixes: Vec<Vec<u32>> = seqs.iter().map(|s| s[prefix..].to_vec()).collect();
+        let padded = PaddedBatch::new(&suffixes, model.pad_id(), Padding::Left);
+        let batch = ForwardBatch {
+            input_ids: Tensor::<B, 2, Int>::from_data(
+                TensorData::new(padded.ids.iter().map(|&x| x as i64).collect::<Vec<_>>(), [n, padded.len]),
+                &self.device,
+            ),
+            position_ids: Tensor::<B, 2, Int>::from_data(
+                TensorData::new(padded.positions.iter().map(|&p| p + prefix as i64).collect::<Vec<_>>(), [n, padded.len]),
+                &self.device,
+            ),
+            key_mask: padded.has_padding().then(|| {
+                Tensor::<B, 2, Bool>::from_data(TensorData::new(padded.mask.clone(), [n, padded.len]), &self.device)
+            }),
+        };
+        // Log-softmax on the device; only the label tokens' columns come back to the host.
+        let labels = mode.labels();
+        let columns: Vec<u32> = labels.iter().flat_map(|l| self.label_tokens[l].iter().copied()).collect();
+        let logp = log_softmax(model.model.forward_last(&batch, Some(&mut cache)).cast(DType::F32), 1);
+        let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(columns.iter().map(|&c| c as i64).collect::<Vec<_>>(), [columns.len()]), &self.device);
+        let host: Vec<f32> = logp.select(1, idx).into_data().convert::<f32>().into_vec().map_err(|e| format!("reading logits: {e:?}"))?;
+        let k = columns.len();
+        Ok((0..n)
+            .map(|row| {
+                let l = &host[row * k..(row + 1) * k];
+                let mut at = 0;
+                let mut scored: Vec<(Label, f64)> = labels
+                    .iter()
+                    .map(|lab| {
+                        let m = self.label_tokens[lab].len();
+                        let v = log_sum_exp(l[at..at + m].iter().map(|&x| x as f64));
+                        at += m;
+                        (*lab, v)
+                    })
+                    .collect();
+                // Highest log-probability first; a tie goes to the label listed first.
+                scored.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal));
+                (scored[0].0, scored[0].1 - scored[1].1)
+            })
+            .collect())
     }
 
     fn key(&self, r: &CriterionRequest) -> CacheKey {
