@@ -195,7 +195,7 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         }
         if let Some(c) = &judges.cache {
             let s = c.stats();
-            eprintln!("cache {}: {} hits, {} misses, {} writes", c.path().display(), s.hits, s.misses, s.writes);
+            eprintln!("cache {}: {} hits, {} misses, {} writes, {} database errors", c.path().display(), s.hits, s.misses, s.writes, s.errors);
         }
         Ok(())
     })

@@ -53,6 +53,10 @@ pub struct CacheStats {
     pub errors: u64,
 }
 
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy) | Some(rusqlite::ErrorCode::DatabaseLocked))
+}
+
 /// The judge cache.
 pub struct JudgeCache {
     path: PathBuf,
@@ -78,8 +82,34 @@ impl JudgeCache {
         }
         let conn = Connection::open(path).map_err(err)?;
         conn.busy_timeout(Duration::from_secs(60)).map_err(err)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(err)?;
+        // Switching to WAL and creating the table take locks that SQLite does not always wait for
+        // (several processes opening a fresh file at once get SQLITE_BUSY): retry for a while.
+        let start = std::time::Instant::now();
+        loop {
+            match Self::init(&conn) {
+                Ok(()) => break,
+                Err(e) if is_busy(&e) && start.elapsed() < Duration::from_secs(60) => {
+                    std::thread::sleep(Duration::from_millis(5 + rand::random::<u64>() % 20));
+                }
+                Err(e) => return Err(err(e)),
+            }
+        }
+        Ok(Self {
+            path: path.into(),
+            conn: Mutex::new(conn),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        })
+    }
+
+    fn init(conn: &Connection) -> rusqlite::Result<()> {
+        let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+        }
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS judge_cache (
                 key BLOB PRIMARY KEY,
@@ -90,15 +120,6 @@ impl JudgeCache {
                 created_unix INTEGER NOT NULL
             ) WITHOUT ROWID;",
         )
-        .map_err(err)?;
-        Ok(Self {
-            path: path.into(),
-            conn: Mutex::new(conn),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            writes: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-        })
     }
 
     /// The database file.

@@ -12,25 +12,25 @@ use tokio::sync::Semaphore;
 
 use crate::error::{JudgeError, Result};
 
-fn default_concurrency() -> usize {
+pub(crate) fn default_concurrency() -> usize {
     16
 }
-fn default_timeout() -> f64 {
+pub(crate) fn default_timeout() -> f64 {
     120.0
 }
-fn default_retries() -> u32 {
+pub(crate) fn default_retries() -> u32 {
     8
 }
-fn default_max_tokens() -> u32 {
+pub(crate) fn default_max_tokens() -> u32 {
     2048
 }
-fn default_backoff_base() -> f64 {
+pub(crate) fn default_backoff_base() -> f64 {
     1.0
 }
-fn default_backoff_max() -> f64 {
+pub(crate) fn default_backoff_max() -> f64 {
     30.0
 }
-fn default_kwargs() -> Option<Value> {
+pub(crate) fn default_kwargs() -> Option<Value> {
     Some(json!({ "enable_thinking": false }))
 }
 

@@ -43,28 +43,6 @@ pub enum JudgeKind {
     Lexical,
 }
 
-fn d_concurrency() -> usize {
-    16
-}
-fn d_timeout() -> f64 {
-    120.0
-}
-fn d_retries() -> u32 {
-    8
-}
-fn d_max_tokens() -> u32 {
-    2048
-}
-fn d_base() -> f64 {
-    1.0
-}
-fn d_max() -> f64 {
-    30.0
-}
-fn d_kwargs() -> Option<Value> {
-    Some(serde_json::json!({ "enable_thinking": false }))
-}
-
 /// A parsed judge config.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -84,28 +62,28 @@ pub struct JudgeConfig {
     #[serde(default)]
     pub api_key_env: Option<String>,
     /// Requests in flight.
-    #[serde(default = "d_concurrency")]
+    #[serde(default = "crate::client::default_concurrency")]
     pub concurrency: usize,
     /// Per-call timeout, seconds.
-    #[serde(default = "d_timeout")]
+    #[serde(default = "crate::client::default_timeout")]
     pub timeout_secs: f64,
     /// Retries after the first attempt.
-    #[serde(default = "d_retries")]
+    #[serde(default = "crate::client::default_retries")]
     pub max_retries: u32,
     /// `max_tokens` per call.
-    #[serde(default = "d_max_tokens")]
+    #[serde(default = "crate::client::default_max_tokens")]
     pub max_tokens: u32,
     /// Sampling temperature of the judge (0 by default).
     #[serde(default)]
     pub temperature: f64,
     /// First backoff ceiling, seconds.
-    #[serde(default = "d_base")]
+    #[serde(default = "crate::client::default_backoff_base")]
     pub backoff_base_secs: f64,
     /// Largest backoff, seconds.
-    #[serde(default = "d_max")]
+    #[serde(default = "crate::client::default_backoff_max")]
     pub backoff_max_secs: f64,
     /// `chat_template_kwargs` sent to SGLang/vLLM (thinking off by default; `{}` omits it).
-    #[serde(default = "d_kwargs")]
+    #[serde(default = "crate::client::default_kwargs")]
     pub chat_template_kwargs: Option<Value>,
     /// Judge cache database (SQLite), relative to the config file.
     #[serde(default)]

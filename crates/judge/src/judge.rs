@@ -44,30 +44,18 @@ pub struct CriterionVerdict {
 }
 
 impl CriterionVerdict {
+    fn new(labels: Option<Vec<Label>>, error: Option<String>, raw_outputs: Vec<String>, attempts: u32, latency: Duration) -> Self {
+        Self { labels, error, raw_outputs, attempts, latency_ms: latency.as_secs_f64() * 1e3, cached: false, margins: Vec::new() }
+    }
+
     /// A verdict without labels.
     pub fn failed(error: impl Into<String>, raw_outputs: Vec<String>, attempts: u32, latency: Duration) -> Self {
-        Self {
-            labels: None,
-            error: Some(error.into()),
-            raw_outputs,
-            attempts,
-            latency_ms: latency.as_secs_f64() * 1e3,
-            cached: false,
-            margins: Vec::new(),
-        }
+        Self::new(None, Some(error.into()), raw_outputs, attempts, latency)
     }
 
     /// A verdict with labels.
     pub fn labelled(labels: Vec<Label>, raw_outputs: Vec<String>, attempts: u32, latency: Duration) -> Self {
-        Self {
-            labels: Some(labels),
-            error: None,
-            raw_outputs,
-            attempts,
-            latency_ms: latency.as_secs_f64() * 1e3,
-            cached: false,
-            margins: Vec::new(),
-        }
+        Self::new(Some(labels), None, raw_outputs, attempts, latency)
     }
 }
 
