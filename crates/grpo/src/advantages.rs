@@ -1,0 +1,140 @@
+//! Group-relative advantages and exact ties (SPEC section 5).
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// Added to the group standard deviation (as TRL does), so a near-constant group does not explode.
+pub const ADVANTAGE_EPS: f64 = 1e-4;
+
+/// `A_i = (R_i - mean(R)) / (std(R) + eps)` over the *scored* responses of one group (`None` is
+/// unscored: it gets advantage 0 and is left out of the mean and the standard deviation). The
+/// standard deviation has Bessel's correction, like TRL's GRPO; with fewer than two scored
+/// responses every advantage is 0. `scale = false` gives Dr. GRPO's unscaled `R_i - mean(R)`.
+pub fn grpo_advantages(rewards: &[Option<f64>], scale: bool) -> Vec<f64> {
+    let scored: Vec<f64> = rewards.iter().flatten().copied().filter(|r| r.is_finite()).collect();
+    // Fewer than two scored responses, or all equal (a naive mean of equal values can be off by an
+    // ulp, which would give a tied group tiny nonzero advantages): no signal.
+    if scored.len() < 2 || scored.iter().all(|r| r.to_bits() == scored[0].to_bits()) {
+        return vec![0.0; rewards.len()];
+    }
+    let n = scored.len() as f64;
+    let mean = scored.iter().sum::<f64>() / n;
+    let var = scored.iter().map(|r| (r - mean) * (r - mean)).sum::<f64>() / (n - 1.0);
+    let denom = if scale { var.sqrt() + ADVANTAGE_EPS } else { 1.0 };
+    rewards
+        .iter()
+        .map(|r| match r {
+            Some(x) if x.is_finite() => (x - mean) / denom,
+            _ => 0.0,
+        })
+        .collect()
+}
+
+/// Whether a group is an exact tie: complete (`k` responses, all scored), every reward finite, and
+/// all rewards exactly equal (bit-for-bit; our rewards are exact rationals rounded once).
+pub fn is_exact_tie(rewards: &[Option<f64>], k: usize) -> bool {
+    if rewards.len() != k || k < 2 {
+        return false;
+    }
+    let Some(Some(first)) = rewards.first().copied() else { return false };
+    first.is_finite() && rewards.iter().all(|r| matches!(r, Some(x) if x.to_bits() == first.to_bits()))
+}
+
+/// FNV-1a of the parts, then splitmix64: the same seed on every platform.
+pub(crate) fn stable_seed(seed: u64, key: &str) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in seed.to_le_bytes().iter().chain(key.as_bytes()) {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    let mut z = h.wrapping_add(0x9e3779b97f4a7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+    z ^ (z >> 31)
+}
+
+/// Shuffles `0..k` with a PRNG seeded by `(run_seed, group_key)` and splits it into `k / 2`
+/// disjoint pairs (with odd `k`, the last shuffled response stays unpaired).
+pub fn tie_pairs(k: usize, run_seed: u64, group_key: &str) -> Vec<(usize, usize)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(stable_seed(run_seed, group_key));
+    let mut order: Vec<usize> = (0..k).collect();
+    for i in (1..k).rev() {
+        let j = rng.random_range(0..=i);
+        order.swap(i, j);
+    }
+    order.chunks_exact(2).map(|p| (p[0], p[1])).collect()
+}
+
+/// How a group's advantages came about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TieStatus {
+    /// Not tied: vanilla GRPO.
+    NotTied,
+    /// Tied and sent to the tie breaker.
+    Tied,
+    /// Tied, but tie breaking is off (all advantages 0).
+    TiedUnbroken,
+}
+
+/// Advantages of one group plus how they were obtained.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupAdvantages {
+    /// One sequence-level advantage per response.
+    pub advantages: Vec<f64>,
+    /// Tie status.
+    pub status: TieStatus,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vanilla_grpo_with_unscored_responses() {
+        let a = grpo_advantages(&[Some(1.0), Some(0.0), None, Some(0.5)], true);
+        // Scored: 1, 0, 0.5 -> mean 0.5, unbiased std 0.5.
+        assert!((a[0] - 0.5 / 0.5001).abs() < 1e-12);
+        assert!((a[1] + 0.5 / 0.5001).abs() < 1e-12);
+        assert_eq!(a[2], 0.0);
+        assert_eq!(a[3], 0.0);
+        assert_eq!(grpo_advantages(&[Some(0.3), None], true), vec![0.0, 0.0]);
+        assert_eq!(grpo_advantages(&[Some(0.7); 8], true), vec![0.0; 8]);
+        assert_eq!(grpo_advantages(&[Some(1.0), Some(0.0)], false), vec![0.5, -0.5]);
+    }
+
+    #[test]
+    fn exact_ties_need_complete_finite_equal_groups() {
+        let t = [Some(0.75); 8];
+        assert!(is_exact_tie(&t, 8));
+        let mut near = t;
+        near[3] = Some(0.75 + f64::EPSILON);
+        assert!(!is_exact_tie(&near, 8), "a near tie is not a tie");
+        let mut incomplete = t;
+        incomplete[5] = None;
+        assert!(!is_exact_tie(&incomplete, 8), "an unscored response breaks completeness");
+        assert!(!is_exact_tie(&t[..7], 8), "a removed response breaks completeness");
+        assert!(!is_exact_tie(&[Some(f64::NAN); 8], 8));
+        assert!(!is_exact_tie(&[Some(f64::INFINITY); 8], 8));
+        // Equal rationals from the scorer are equal bits.
+        let r = |n: i64, d: i64| Some(n as f64 / d as f64);
+        assert!(is_exact_tie(&[r(1, 2), r(2, 4), r(6, 12)], 3));
+    }
+
+    #[test]
+    fn pairing_is_a_seeded_disjoint_cover() {
+        let p = tie_pairs(8, 1234, "med-0001/epoch-0");
+        assert_eq!(p, tie_pairs(8, 1234, "med-0001/epoch-0"), "deterministic per seed and group");
+        assert_eq!(p.len(), 4);
+        let mut seen: Vec<usize> = p.iter().flat_map(|&(a, b)| [a, b]).collect();
+        seen.sort();
+        assert_eq!(seen, (0..8).collect::<Vec<_>>());
+        assert_ne!(p, tie_pairs(8, 1235, "med-0001/epoch-0"));
+        assert_ne!(p, tie_pairs(8, 1234, "med-0002/epoch-0"));
+        assert_eq!(tie_pairs(5, 1, "g").len(), 2);
+        // Golden values: the pairing must not change across releases or platforms.
+        assert_eq!(tie_pairs(8, 1234, "g"), vec![(6, 3), (7, 2), (1, 0), (4, 5)]);
+    }
+}
+

@@ -1,0 +1,19 @@
+//! The GRPO learner of the ConRub method (SPEC sections 5-7), generic over burn backends.
+//!
+//! This first part holds the method's exact rules:
+//! - [`advantages`]: vanilla GRPO advantages over scored responses (unscored ones get none), exact
+//!   tie detection on complete groups, and the seeded pairing of a tied group.
+//! - [`ties`]: the [`TieBreaker`] trait and its pairwise-judge implementation (both orders, only
+//!   order-consistent preferences become +1/-1 sequence advantages).
+//! - [`loss`]: the clipped surrogate with asymmetric clipping and the method's aggregation (token mean
+//!   per response, then mean over responses), the alternatives (global token mean, Dr. GRPO), the
+//!   optional k3 KL term and the GRPO+DPO baseline term, all as burn tensor code that autodiff
+//!   differentiates.
+
+pub mod advantages;
+pub mod loss;
+pub mod ties;
+
+pub use advantages::{grpo_advantages, is_exact_tie, tie_pairs, GroupAdvantages, TieStatus, ADVANTAGE_EPS};
+pub use loss::{clipped_surrogate, dpo_pair_loss, Aggregation, ClipRange, SurrogateBatch, SurrogateOutput};
+pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};

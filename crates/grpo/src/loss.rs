@@ -1,0 +1,123 @@
+//! The policy loss (SPEC section 6) as burn tensor code: autodiff differentiates it on any backend.
+//!
+//! Per token: `rho = exp(logp - logp_old)`, loss `-min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)`
+//! (plus `beta * k3` when a reference model is given). Aggregation, by default: mean over each
+//! response's own tokens, then mean over responses (the groups are equal-sized, so this is the mean
+//! over the k responses of each group, then over the batch).
+
+use burn::tensor::activation::log_sigmoid;
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
+
+/// Asymmetric clipping range.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClipRange {
+    /// `eps_low`: the ratio is clipped below at `1 - low` (0.20).
+    pub low: f64,
+    /// `eps_high`: the ratio is clipped above at `1 + high` (0.28).
+    pub high: f64,
+}
+
+impl Default for ClipRange {
+    fn default() -> Self {
+        Self { low: 0.20, high: 0.28 }
+    }
+}
+
+/// How per-token losses become one number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Aggregation {
+    /// The method's: token mean per response, then mean over responses (TRL `loss_type="grpo"`).
+    #[default]
+    SequenceMean,
+    /// One mean over all tokens of the batch (TRL `bnpo`).
+    TokenMean,
+    /// Dr. GRPO: token sum divided by (responses x a fixed maximum length).
+    DrGrpo {
+        /// The constant length normaliser (the rollout's maximum response length).
+        max_len: usize,
+    },
+}
+
+/// Inputs of one (micro-)batch, `[responses, tokens]` with right padding.
+#[derive(Debug, Clone)]
+pub struct SurrogateBatch<B: Backend> {
+    /// Current per-token log-probabilities (with gradient).
+    pub logp: Tensor<B, 2>,
+    /// Log-probabilities under the policy that sampled the responses (no gradient).
+    pub logp_old: Tensor<B, 2>,
+    /// One sequence-level advantage per response, `[responses]`.
+    pub advantages: Tensor<B, 1>,
+    /// 1 for response tokens, 0 for padding.
+    pub mask: Tensor<B, 2>,
+    /// Reference-model log-probabilities for the optional KL term.
+    pub logp_ref: Option<Tensor<B, 2>>,
+}
+
+/// The loss and its diagnostics.
+#[derive(Debug, Clone)]
+pub struct SurrogateOutput<B: Backend> {
+    /// Scalar loss `[1]`.
+    pub loss: Tensor<B, 1>,
+    /// Fraction of tokens clipped at the low side with a negative advantage `[1]`.
+    pub clip_low: Tensor<B, 1>,
+    /// Fraction of tokens clipped at the high side with a positive advantage `[1]`.
+    pub clip_high: Tensor<B, 1>,
+    /// Mean per-token k3 KL to the reference, when one was given `[1]`.
+    pub kl: Option<Tensor<B, 1>>,
+}
+
+/// The clipped surrogate of a batch; `kl_beta` weighs the k3 KL term (used only with `logp_ref`).
+pub fn clipped_surrogate<B: Backend>(
+    batch: SurrogateBatch<B>,
+    clip: ClipRange,
+    aggregation: Aggregation,
+    kl_beta: f64,
+) -> SurrogateOutput<B> {
+    let SurrogateBatch { logp, logp_old, advantages, mask, logp_ref } = batch;
+    let [n, _t] = logp.dims();
+    let adv = advantages.unsqueeze_dim::<2>(1);
+    let ratio = (logp.clone() - logp_old).exp();
+    let unclipped = ratio.clone() * adv.clone();
+    let clipped = ratio.clone().clamp(1.0 - clip.low, 1.0 + clip.high) * adv.clone();
+    let mut per_token = unclipped.min_pair(clipped).neg();
+    let kl = logp_ref.filter(|_| kl_beta != 0.0).map(|r| {
+        let d = r - logp;
+        d.clone().exp() - d - 1.0
+    });
+    if let Some(k) = &kl {
+        per_token = per_token + k.clone() * kl_beta;
+    }
+    let tokens = mask.clone().sum().clamp_min(1.0);
+    let loss = match aggregation {
+        Aggregation::SequenceMean => {
+            let per_response = (per_token * mask.clone()).sum_dim(1) / mask.clone().sum_dim(1).clamp_min(1.0);
+            per_response.mean()
+        }
+        Aggregation::TokenMean => (per_token * mask.clone()).sum() / tokens.clone(),
+        Aggregation::DrGrpo { max_len } => (per_token * mask.clone()).sum() / (n * max_len.max(1)) as f64,
+    };
+    let low = ratio.clone().lower_elem(1.0 - clip.low).float() * adv.clone().lower_elem(0.0).float();
+    let high = ratio.greater_elem(1.0 + clip.high).float() * adv.greater_elem(0.0).float();
+    let frac = |x: Tensor<B, 2>| ((x * mask.clone()).sum() / tokens.clone()).detach();
+    let kl_mean = kl.map(|k| frac(k));
+    SurrogateOutput { loss, clip_low: frac(low), clip_high: frac(high), kl: kl_mean }
+}
+
+/// The GRPO+DPO baseline term over accepted pairs: `-(1/B_global) * sum log sigmoid(beta *
+/// (Delta_theta - Delta_old))`, `Delta = log pi(y+) - log pi(y-)` (sequence log-probabilities,
+/// `[pairs]` each); `global_batch` is B_global, the number of responses in the global batch.
+pub fn dpo_pair_loss<B: Backend>(
+    winner: Tensor<B, 1>,
+    loser: Tensor<B, 1>,
+    winner_old: Tensor<B, 1>,
+    loser_old: Tensor<B, 1>,
+    beta: f64,
+    global_batch: usize,
+) -> Tensor<B, 1> {
+    let delta = (winner - loser) - (winner_old - loser_old);
+    log_sigmoid(delta * beta).sum().neg() / global_batch.max(1) as f64
+}
