@@ -3,6 +3,8 @@
 //! This first part holds the method's exact rules:
 //! - [`advantages`]: vanilla GRPO advantages over scored responses (unscored ones get none), exact
 //!   tie detection on complete groups, and the seeded pairing of a tied group.
+//! - [`policy`]: the [`Policy`] trait (differentiable response log-probs, sampling), implemented
+//!   for the Qwen3 model.
 //! - [`ties`]: the [`TieBreaker`] trait and its pairwise-judge implementation (both orders, only
 //!   order-consistent preferences become +1/-1 sequence advantages).
 //! - [`loss`]: the clipped surrogate with asymmetric clipping and the method's aggregation (token mean
@@ -12,8 +14,10 @@
 
 pub mod advantages;
 pub mod loss;
+pub mod policy;
 pub mod ties;
 
 pub use advantages::{grpo_advantages, is_exact_tie, tie_pairs, GroupAdvantages, TieStatus, ADVANTAGE_EPS};
 pub use loss::{clipped_surrogate, dpo_pair_loss, Aggregation, ClipRange, SurrogateBatch, SurrogateOutput};
+pub use policy::{Policy, RolloutTokens, Sample, SampleSettings, TeacherForcing};
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
