@@ -5,6 +5,9 @@
 //!   tie detection on complete groups, and the seeded pairing of a tied group.
 //! - [`policy`]: the [`Policy`] trait (differentiable response log-probs, sampling), implemented
 //!   for the Qwen3 model.
+//! - [`reward`]: the [`RewardSource`] trait and rubric rewards through a criterion judge (dropout,
+//!   mode, overlength penalty).
+//! - [`group`]: a group's advantages under a [`TieMode`] and the tie telemetry.
 //! - [`ties`]: the [`TieBreaker`] trait and its pairwise-judge implementation (both orders, only
 //!   order-consistent preferences become +1/-1 sequence advantages).
 //! - [`loss`]: the clipped surrogate with asymmetric clipping and the method's aggregation (token mean
@@ -13,11 +16,15 @@
 //!   differentiates.
 
 pub mod advantages;
+pub mod group;
 pub mod loss;
 pub mod policy;
+pub mod reward;
 pub mod ties;
 
 pub use advantages::{grpo_advantages, is_exact_tie, tie_pairs, GroupAdvantages, TieStatus, ADVANTAGE_EPS};
+pub use group::{group_outcome, GroupOutcome, TieMode, TieStats};
 pub use loss::{clipped_surrogate, dpo_pair_loss, Aggregation, ClipRange, SurrogateBatch, SurrogateOutput};
 pub use policy::{Policy, RolloutTokens, Sample, SampleSettings, TeacherForcing};
+pub use reward::{GroupScores, JudgeRewards, RewardSource};
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};

@@ -1,0 +1,72 @@
+//! Reward sources: how a group of responses gets its scalar rewards.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use conrub_judge::{score_verdict, CriterionJudge, CriterionRequest, ScoreJob};
+use conrub_rubric::{LengthPenalty, ResponseScore, RubricDropout, RubricRecord, ScoringMode};
+use serde::{Deserialize, Serialize};
+
+/// One group's scores and the criteria they were scored against.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupScores {
+    /// One score per response, in order.
+    pub scores: Vec<ResponseScore>,
+    /// The criterion texts the judge saw (after rubric dropout).
+    pub criteria: Vec<String>,
+    /// Judge attempts beyond the first, over the group.
+    pub judge_retries: u32,
+    /// Sum of judge latencies over the group, milliseconds.
+    pub judge_latency_ms: f64,
+}
+
+/// Scores a group of responses to one prompt.
+#[async_trait]
+pub trait RewardSource: Send + Sync {
+    /// Scores `responses` (with their token `lengths`) to `record`'s prompt at training `step`.
+    async fn score_group(&self, record: &RubricRecord, responses: &[String], lengths: &[u32], step: u64) -> GroupScores;
+}
+
+/// Rubric rewards from a criterion judge: optional rubric dropout (one subset per group and step),
+/// the scoring mode and the overlength penalty.
+#[derive(Clone)]
+pub struct JudgeRewards {
+    /// The criterion judge.
+    pub judge: Arc<dyn CriterionJudge>,
+    /// Binary or three-state.
+    pub mode: ScoringMode,
+    /// The soft overlength penalty.
+    pub penalty: LengthPenalty,
+    /// Rubric dropout, if enabled.
+    pub dropout: Option<RubricDropout>,
+    /// Run seed (dropout subsets derive from it).
+    pub seed: u64,
+}
+
+#[async_trait]
+impl RewardSource for JudgeRewards {
+    async fn score_group(&self, record: &RubricRecord, responses: &[String], lengths: &[u32], step: u64) -> GroupScores {
+        let criteria: Vec<String> = match &self.dropout {
+            Some(d) => d.subset(&record.criteria, self.seed, step, &record.id).select(&record.criteria).iter().map(|c| c.text.clone()).collect(),
+            None => record.criterion_texts(),
+        };
+        let question = record.question_text();
+        let jobs: Vec<ScoreJob> = responses
+            .iter()
+            .zip(lengths)
+            .map(|(r, &len)| ScoreJob {
+                request: CriterionRequest { question: question.clone(), response: r.clone(), criteria: criteria.clone(), mode: self.mode },
+                response_tokens: Some(len),
+            })
+            .collect();
+        let requests: Vec<CriterionRequest> = jobs.iter().map(|j| j.request.clone()).collect();
+        let verdicts = self.judge.judge_batch(&requests).await;
+        let scores = verdicts.iter().zip(&jobs).map(|(v, j)| score_verdict(v, j, &self.penalty)).collect();
+        GroupScores {
+            scores,
+            criteria,
+            judge_retries: verdicts.iter().map(|v| v.attempts.saturating_sub(1)).sum(),
+            judge_latency_ms: verdicts.iter().map(|v| v.latency_ms).sum(),
+        }
+    }
+}
