@@ -8,6 +8,7 @@
 //! - [`reward`]: the [`RewardSource`] trait and rubric rewards through a criterion judge (dropout,
 //!   mode, overlength penalty).
 //! - [`group`]: a group's advantages under a [`TieMode`] and the tie telemetry.
+//! - [`grad_norm`]: global gradient-norm clipping (burn's own clips per tensor).
 //! - [`ties`]: the [`TieBreaker`] trait and its pairwise-judge implementation (both orders, only
 //!   order-consistent preferences become +1/-1 sequence advantages).
 //! - [`loss`]: the clipped surrogate with asymmetric clipping and the method's aggregation (token mean
@@ -16,6 +17,7 @@
 //!   differentiates.
 
 pub mod advantages;
+pub mod grad_norm;
 pub mod group;
 pub mod loss;
 pub mod policy;
@@ -23,6 +25,7 @@ pub mod reward;
 pub mod ties;
 
 pub use advantages::{grpo_advantages, is_exact_tie, tie_pairs, GroupAdvantages, TieStatus, ADVANTAGE_EPS};
+pub use grad_norm::{clip_global_norm, global_grad_norm, scale_grads};
 pub use group::{group_outcome, GroupOutcome, TieMode, TieStats};
 pub use loss::{clipped_surrogate, dpo_pair_loss, Aggregation, ClipRange, SurrogateBatch, SurrogateOutput};
 pub use policy::{Policy, RolloutTokens, Sample, SampleSettings, TeacherForcing};
