@@ -9,6 +9,8 @@
 //!   mode, overlength penalty).
 //! - [`group`]: a group's advantages under a [`TieMode`] and the tie telemetry.
 //! - [`grad_norm`]: global gradient-norm clipping (burn's own clips per tensor).
+//! - [`learner`]: one GRPO step (rollout, rewards, advantages, PPO-style updates) and its metrics.
+//! - [`codec`]: prompt rendering and response decoding for judges.
 //! - [`ties`]: the [`TieBreaker`] trait and its pairwise-judge implementation (both orders, only
 //!   order-consistent preferences become +1/-1 sequence advantages).
 //! - [`loss`]: the clipped surrogate with asymmetric clipping and the method's aggregation (token mean
@@ -17,8 +19,10 @@
 //!   differentiates.
 
 pub mod advantages;
+pub mod codec;
 pub mod grad_norm;
 pub mod group;
+pub mod learner;
 pub mod loss;
 pub mod policy;
 pub mod reward;
@@ -26,6 +30,8 @@ pub mod ties;
 
 pub use advantages::{grpo_advantages, is_exact_tie, tie_pairs, GroupAdvantages, TieStatus, ADVANTAGE_EPS};
 pub use grad_norm::{clip_global_norm, global_grad_norm, scale_grads};
+pub use codec::{ChatTemplateCodec, TextCodec};
+pub use learner::{Learner, LearnerConfig, StepMetrics, StepOutput};
 pub use group::{group_outcome, GroupOutcome, TieMode, TieStats};
 pub use loss::{clipped_surrogate, dpo_pair_loss, Aggregation, ClipRange, SurrogateBatch, SurrogateOutput};
 pub use policy::{Policy, RolloutTokens, Sample, SampleSettings, TeacherForcing};
