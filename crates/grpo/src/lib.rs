@@ -19,6 +19,7 @@
 //!   differentiates.
 
 pub mod advantages;
+pub mod checkpoint;
 pub mod codec;
 pub mod grad_norm;
 pub mod group;
@@ -30,6 +31,7 @@ pub mod ties;
 
 pub use advantages::{grpo_advantages, is_exact_tie, tie_pairs, GroupAdvantages, TieStatus, ADVANTAGE_EPS};
 pub use grad_norm::{clip_global_norm, global_grad_norm, scale_grads};
+pub use checkpoint::{load_state, save_state, TrainingState};
 pub use codec::{ChatTemplateCodec, TextCodec};
 pub use learner::{Learner, LearnerConfig, StepMetrics, StepOutput};
 pub use group::{group_outcome, GroupOutcome, TieMode, TieStats};

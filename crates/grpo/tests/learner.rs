@@ -111,3 +111,45 @@ async fn same_seed_same_run_bit_for_bit() {
         assert_eq!(x.optimizer_steps, 4);
     }
 }
+
+#[tokio::test]
+async fn resume_continues_bit_identically() {
+    let cfg = LearnerConfig { kl_beta: 0.05, ppo_epochs: 2, ..config() };
+    let recs = records();
+    let set = RubricSet::from_records("mem", recs.clone()).unwrap();
+    let judge = Arc::new(LexicalJudge::new(&set));
+    let rewards = JudgeRewards { judge: judge.clone(), mode: ScoringMode::ThreeState, penalty: LengthPenalty::disabled(), dropout: None, seed: 7 };
+    let ties = PairwiseTieBreaker::new(judge, 7);
+    let refs: Vec<&RubricRecord> = recs.iter().collect();
+
+    let straight = run(4, cfg.clone()).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut first = learner(cfg.clone());
+    for _ in 0..2 {
+        first.step(&refs, &WordCodec, &rewards, &ties, &[]).await.unwrap();
+    }
+    conrub_grpo::save_state(&first, serde_json::json!({"next_prompt": 8}), &state).unwrap();
+    drop(first);
+    // A learner from a different initialisation: everything must come from the state directory.
+    let config = Qwen3Config::tiny(64);
+    let other = Qwen3ForCausalLM::<B>::random(&config, 0.1, 99, &Default::default());
+    let mut resumed = Learner::new(other, cfg, Default::default()).unwrap();
+    let saved = conrub_grpo::load_state(&mut resumed, &state).unwrap();
+    assert_eq!((saved.step, saved.data_cursor["next_prompt"].as_u64()), (2, Some(8)));
+    for want in &straight[2..] {
+        let got = resumed.step(&refs, &WordCodec, &rewards, &ties, &[]).await.unwrap().metrics;
+        assert_eq!(got.step, want.step);
+        assert_eq!(got.reward_mean.to_bits(), want.reward_mean.to_bits(), "step {}", want.step);
+        assert_eq!(got.loss.to_bits(), want.loss.to_bits(), "step {}", want.step);
+        assert_eq!(got.kl.map(f64::to_bits), want.kl.map(f64::to_bits), "step {}", want.step);
+        assert_eq!(
+            got.grad_norms.iter().map(|g| g.to_bits()).collect::<Vec<_>>(),
+            want.grad_norms.iter().map(|g| g.to_bits()).collect::<Vec<_>>(),
+            "step {}",
+            want.step
+        );
+    }
+    assert!(!dir.path().join("state.tmp").exists() && !dir.path().join("state.old").exists());
+}
