@@ -31,6 +31,8 @@ enum Command {
     Score(commands::score::ScoreArgs),
     /// Compare two responses with the pairwise judge in both orders.
     JudgePair(commands::judge_pair::JudgePairArgs),
+    /// Train a Qwen3 policy with GRPO on rubric rewards.
+    Train(commands::train::TrainArgs),
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -41,6 +43,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Rubrics(cmd) => commands::rubrics::run(cmd),
         Command::Score(args) => commands::score::run(args),
         Command::JudgePair(args) => commands::judge_pair::run(args),
+        Command::Train(args) => commands::train::run(args),
     }
 }
 

@@ -7,6 +7,7 @@ pub mod logprobs;
 pub mod rubrics;
 pub mod score;
 pub mod tokenize;
+pub mod train;
 
 use std::path::Path;
 

@@ -11,6 +11,8 @@
 //! - [`grad_norm`]: global gradient-norm clipping (burn's own clips per tensor).
 //! - [`learner`]: one GRPO step (rollout, rewards, advantages, PPO-style updates) and its metrics.
 //! - [`codec`]: prompt rendering and response decoding for judges.
+//! - [`telemetry`]: metrics JSONL, progress line, SVG plots; [`trainer`]: the epoch loop with
+//!   checkpoints and resume; [`checkpoint`]: the atomic training state.
 //! - [`ties`]: the [`TieBreaker`] trait and its pairwise-judge implementation (both orders, only
 //!   order-consistent preferences become +1/-1 sequence advantages).
 //! - [`loss`]: the clipped surrogate with asymmetric clipping and the method's aggregation (token mean
@@ -27,7 +29,10 @@ pub mod learner;
 pub mod loss;
 pub mod policy;
 pub mod reward;
+pub mod telemetry;
 pub mod ties;
+pub mod trainer;
+pub mod warmup;
 
 pub use advantages::{grpo_advantages, is_exact_tie, tie_pairs, GroupAdvantages, TieStatus, ADVANTAGE_EPS};
 pub use grad_norm::{clip_global_norm, global_grad_norm, scale_grads};
@@ -38,4 +43,7 @@ pub use group::{group_outcome, GroupOutcome, TieMode, TieStats};
 pub use loss::{clipped_surrogate, dpo_pair_loss, Aggregation, ClipRange, SurrogateBatch, SurrogateOutput};
 pub use policy::{Policy, RolloutTokens, Sample, SampleSettings, TeacherForcing};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
+pub use telemetry::{progress_line, write_plots, EpochSummary, MetricsLine, MetricsLog};
+pub use trainer::{checkpoint_dir, epoch_order, train, RunConfig, RunSummary};
+pub use warmup::sft_warmup;
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};

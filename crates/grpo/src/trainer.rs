@@ -1,0 +1,157 @@
+//! The training loop: epochs over the rubric records in a seeded order, steps of
+//! `prompts_per_step` prompts, telemetry after each step, checkpoints every N steps and at the end.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use conrub_rubric::RubricRecord;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::advantages::stable_seed;
+use crate::checkpoint::{load_state, save_state};
+use crate::codec::TextCodec;
+use crate::learner::{Learner, StepMetrics};
+use crate::policy::Policy;
+use crate::reward::RewardSource;
+use crate::telemetry::{progress_line, write_plots, EpochSummary, MetricsLine, MetricsLog};
+use crate::ties::TieBreaker;
+
+/// Loop settings (the `[run]` table of a train config).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Passes over the prompts.
+    pub epochs: usize,
+    /// Prompts per step (32 in the published run: 32 x 8 = 256 responses).
+    pub prompts_per_step: usize,
+    /// Save a checkpoint every this many steps (0: only at the end).
+    pub checkpoint_every: u64,
+    /// Stop after this many steps in total (for smoke runs); `None` runs every epoch.
+    pub max_steps: Option<u64>,
+    /// Output directory: metrics, plots, checkpoints.
+    pub output_dir: PathBuf,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self { epochs: 3, prompts_per_step: 32, checkpoint_every: 50, max_steps: None, output_dir: PathBuf::from("runs/conrub") }
+    }
+}
+
+/// The order of the records in `epoch`: a permutation seeded by the run seed and the epoch.
+pub fn epoch_order(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
+    let mut rng = ChaCha8Rng::seed_from_u64(stable_seed(seed, &format!("epoch/{epoch}")));
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = rng.random_range(0..=i);
+        order.swap(i, j);
+    }
+    order
+}
+
+/// Where a checkpoint for `step` goes: `output_dir/checkpoint-{step}` (the HF export) with the
+/// training state in its `training_state/` subdirectory.
+pub fn checkpoint_dir(output_dir: &Path, step: u64) -> PathBuf {
+    output_dir.join(format!("checkpoint-{step:06}"))
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RunSummary {
+    /// Steps run in this invocation.
+    pub steps_run: u64,
+    /// Total steps completed.
+    pub total_steps: u64,
+    /// Last checkpoint written.
+    pub last_checkpoint: Option<PathBuf>,
+    /// Epoch summaries completed in this invocation.
+    pub epochs: Vec<EpochSummary>,
+}
+
+/// Runs training. `export(policy, dir)` writes the policy in its deployable format (a Hugging Face
+/// directory for Qwen3) next to the training state; `resume` is a checkpoint directory (or its
+/// `training_state`). Progress lines go to `progress`.
+#[allow(clippy::too_many_arguments)]
+pub async fn train<B, P>(
+    learner: &mut Learner<B, P>,
+    records: &[RubricRecord],
+    run: &RunConfig,
+    codec: &dyn TextCodec,
+    rewards: &dyn RewardSource,
+    ties: &dyn TieBreaker,
+    stop_ids: &[u32],
+    export: &dyn Fn(&P, &Path) -> Result<(), String>,
+    resume: Option<&Path>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RunSummary, String>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+{
+    if records.is_empty() {
+        return Err("no rubric records to train on".into());
+    }
+    if run.prompts_per_step == 0 {
+        return Err("run.prompts_per_step: must be at least 1".into());
+    }
+    let resume_step = match resume {
+        Some(dir) => {
+            let state_dir = if dir.join("training_state").is_dir() { dir.join("training_state") } else { dir.to_path_buf() };
+            Some(load_state(learner, &state_dir)?.step)
+        }
+        None => None,
+    };
+    std::fs::create_dir_all(&run.output_dir).map_err(|e| format!("{}: {e}", run.output_dir.display()))?;
+    let log = MetricsLog::open(&run.output_dir.join("metrics.jsonl"), resume_step)?;
+    let steps_per_epoch = records.len().div_ceil(run.prompts_per_step) as u64;
+    let mut total = steps_per_epoch * run.epochs as u64;
+    if let Some(m) = run.max_steps {
+        total = total.min(m);
+    }
+    let mut summary = RunSummary::default();
+    let mut history: Vec<StepMetrics> = log.steps()?;
+    let started = Instant::now();
+    let save = |learner: &Learner<B, P>, summary: &mut RunSummary| -> Result<(), String> {
+        let dir = checkpoint_dir(&run.output_dir, learner.step);
+        export(&learner.policy, &dir)?;
+        let cursor = serde_json::json!({ "step": learner.step, "steps_per_epoch": steps_per_epoch });
+        save_state(learner, cursor, &dir.join("training_state"))?;
+        summary.last_checkpoint = Some(dir);
+        Ok(())
+    };
+    while learner.step < total {
+        let epoch = (learner.step / steps_per_epoch) as usize;
+        let index = (learner.step % steps_per_epoch) as usize;
+        let order = epoch_order(records.len(), learner.cfg.seed, epoch);
+        let batch: Vec<&RubricRecord> =
+            order.iter().skip(index * run.prompts_per_step).take(run.prompts_per_step).map(|&i| &records[i]).collect();
+        let out = learner.step(&batch, codec, rewards, ties, stop_ids).await?;
+        let m = out.metrics;
+        log.append(&MetricsLine::Step { epoch, metrics: Box::new(m.clone()) })?;
+        history.push(m.clone());
+        summary.steps_run += 1;
+        let per_step = started.elapsed().as_secs_f64() / summary.steps_run as f64;
+        progress(&progress_line(&m, total, per_step));
+        write_plots(&history, &run.output_dir)?;
+        if index as u64 + 1 == steps_per_epoch || learner.step == total {
+            let first = epoch as u64 * steps_per_epoch;
+            let steps: Vec<StepMetrics> = history.iter().filter(|s| s.step >= first && s.step < first + steps_per_epoch).cloned().collect();
+            let e = EpochSummary::from_steps(epoch, &steps);
+            log.append(&MetricsLine::Epoch(e.clone()))?;
+            summary.epochs.push(e);
+        }
+        if run.checkpoint_every > 0 && learner.step % run.checkpoint_every == 0 && learner.step < total {
+            save(learner, &mut summary)?;
+        }
+    }
+    if summary.steps_run > 0 || summary.last_checkpoint.is_none() {
+        save(learner, &mut summary)?;
+    }
+    summary.total_steps = learner.step;
+    Ok(summary)
+}

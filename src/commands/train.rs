@@ -1,0 +1,329 @@
+//! `conrub train`: GRPO with rubric rewards on a Qwen3 policy.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::tensor::backend::Backend;
+use clap::Args;
+use conrub_grpo::{
+    sft_warmup, train, ChatTemplateCodec, JudgeRewards, Learner, LearnerConfig, NoTieBreaker, PairwiseTieBreaker,
+    RolloutTokens, RunConfig, TextCodec, TieBreaker, TieMode,
+};
+use conrub_judge::{JudgeConfig, JudgeKind};
+use conrub_qwen3::{save_pretrained, Qwen3, Qwen3Config, Qwen3ForCausalLM, Qwen3Tokenizer, SaveDtype};
+use conrub_rubric::{read_rubrics, LengthPenalty, RubricDropout, ScoringMode};
+use serde::Deserialize;
+
+use crate::backend::{run_on_device, BackendTask};
+
+/// Arguments of `conrub train`.
+#[derive(Args)]
+pub struct TrainArgs {
+    /// Train config (TOML), e.g. `configs/demo-cpu.toml` or `configs/conrub-med-qwen3-4b.toml`.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Continue from a checkpoint directory (`output_dir/checkpoint-NNNNNN`).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Device (overrides the config's `device`).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Override a config value: `--set learner.lr=1e-6 --set run.max_steps=10` (TOML values).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrainConfig {
+    #[serde(default = "default_device")]
+    device: String,
+    model: ModelSection,
+    data: DataSection,
+    judge: toml::Table,
+    #[serde(default)]
+    reward: RewardSection,
+    #[serde(default)]
+    learner: LearnerConfig,
+    #[serde(default)]
+    run: RunConfig,
+    #[serde(default)]
+    warmup: Option<WarmupSection>,
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelSection {
+    /// Checkpoint directory or hub id.
+    path: Option<String>,
+    /// A random Qwen3 (demos, tests).
+    random: Option<RandomModel>,
+    /// Passed to the chat template (`false` for thinking-disabled runs).
+    #[serde(default = "default_thinking")]
+    enable_thinking: Option<bool>,
+    /// Weights of exported checkpoints: `f32` or `bf16`.
+    #[serde(default = "default_save_dtype")]
+    save_dtype: String,
+}
+
+fn default_thinking() -> Option<bool> {
+    Some(false)
+}
+fn default_save_dtype() -> String {
+    "f32".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RandomModel {
+    tokenizer: PathBuf,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+    head_dim: usize,
+    #[serde(default = "default_std")]
+    std: f64,
+    #[serde(default)]
+    seed: u64,
+}
+
+fn default_std() -> f64 {
+    0.02
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DataSection {
+    rubrics: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RewardSection {
+    mode: ScoringMode,
+    length_penalty: bool,
+    length_buffer_tokens: u32,
+    dropout: Option<RubricDropout>,
+}
+
+impl Default for RewardSection {
+    fn default() -> Self {
+        Self { mode: ScoringMode::ThreeState, length_penalty: true, length_buffer_tokens: 1024, dropout: None }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WarmupSection {
+    steps: usize,
+    lr: f64,
+}
+
+/// Sets `a.b.c = value` in a TOML table (the value parsed as TOML, else taken as a string).
+fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
+    let (key, raw) = spec.split_once('=').ok_or_else(|| anyhow!("--set {spec}: expected KEY=VALUE"))?;
+    let value: toml::Value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        Ok(mut t) => t.remove("v").expect("parsed"),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    let parts: Vec<&str> = key.trim().split('.').collect();
+    let mut cur = table;
+    for p in &parts[..parts.len() - 1] {
+        cur = cur
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .ok_or_else(|| anyhow!("--set {key}: `{p}` is not a table"))?;
+    }
+    cur.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+fn load_config(path: &Path, overrides: &[String]) -> Result<(TrainConfig, PathBuf)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+    for o in overrides {
+        apply_override(&mut table, o)?;
+    }
+    let cfg: TrainConfig = table
+        .clone()
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+    cfg.learner.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    Ok((cfg, base))
+}
+
+/// Runs `conrub train`.
+pub fn run(a: TrainArgs) -> Result<()> {
+    let (cfg, base) = load_config(&a.config, &a.overrides)?;
+    let device = a.device.clone().unwrap_or_else(|| cfg.device.clone());
+    run_on_device(&device, TrainTask { cfg, base, resume: a.resume })
+}
+
+struct TrainTask {
+    cfg: TrainConfig,
+    base: PathBuf,
+    resume: Option<PathBuf>,
+}
+
+impl BackendTask for TrainTask {
+    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+        train_on::<B>(self, device)
+    }
+}
+
+fn train_on<B: Backend>(task: TrainTask, device: B::Device) -> Result<()> {
+    let TrainTask { cfg, base, resume } = task;
+    let rel = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+    let rubrics = read_rubrics(&rel(&cfg.data.rubrics))?;
+    let records: Vec<_> = rubrics.iter().cloned().collect();
+
+    // Policy, config and tokenizer.
+    let (model, model_config, tokenizer_dir, generation_config): (Qwen3ForCausalLM<Autodiff<B>>, Qwen3Config, PathBuf, _) =
+        match (&cfg.model.path, &cfg.model.random) {
+            (Some(p), None) => {
+                let local = rel(Path::new(p));
+                let q = if local.is_dir() { Qwen3::<Autodiff<B>>::load_dir(&local, &device)? } else { Qwen3::<Autodiff<B>>::load(p, &device)? };
+                let dir = q.dir.clone();
+                (q.model, q.config, dir, q.generation_config)
+            }
+            (None, Some(r)) => {
+                let mut c = Qwen3Config::tiny(151_936);
+                c.hidden_size = r.hidden_size;
+                c.intermediate_size = r.intermediate_size;
+                c.num_hidden_layers = r.num_hidden_layers;
+                c.num_attention_heads = r.num_attention_heads;
+                c.num_key_value_heads = Some(r.num_key_value_heads);
+                c.head_dim = Some(r.head_dim);
+                let m = Qwen3ForCausalLM::random(&c, r.std, r.seed, &device);
+                (m, c, rel(&r.tokenizer), None)
+            }
+            _ => bail!("{}: [model] needs exactly one of `path` or `[model.random]`", "train config"),
+        };
+    let tokenizer = Qwen3Tokenizer::from_dir(&tokenizer_dir).with_context(|| format!("tokenizer in {}", tokenizer_dir.display()))?;
+    let mut stop_ids: Vec<u32> = generation_config
+        .as_ref()
+        .and_then(|g: &conrub_qwen3::GenerationConfig| g.eos_token_id.as_ref().map(|t| t.to_vec()))
+        .unwrap_or_default();
+    for special in ["<|im_end|>", "<|endoftext|>"] {
+        if let Some(id) = tokenizer.token_id(special) {
+            if !stop_ids.contains(&id) && (id as usize) < model_config.vocab_size {
+                stop_ids.push(id);
+            }
+        }
+    }
+    let codec = ChatTemplateCodec { tokenizer, enable_thinking: cfg.model.enable_thinking };
+    let save_dtype = match cfg.model.save_dtype.as_str() {
+        "f32" => SaveDtype::F32,
+        "bf16" => SaveDtype::Bf16,
+        other => bail!("model.save_dtype: `{other}` is not allowed (allowed: f32, bf16)"),
+    };
+
+    // Judges.
+    let judge_cfg = {
+        let table = &cfg.judge;
+        match table.get("config").and_then(toml::Value::as_str) {
+            Some(path) if table.len() == 1 => JudgeConfig::from_file(&rel(Path::new(path)))?,
+            _ => JudgeConfig::from_toml(&toml::to_string(table)?, &base).map_err(|e| anyhow!("[judge]: {e}"))?,
+        }
+    };
+    let judges = match judge_cfg.kind {
+        JudgeKind::Local => judge_cfg.build_local::<B>(&device)?,
+        _ => judge_cfg.build(&rubrics)?,
+    };
+    let penalty = LengthPenalty {
+        enabled: cfg.reward.length_penalty,
+        max_tokens: cfg.learner.max_response_tokens as u32,
+        buffer_tokens: cfg.reward.length_buffer_tokens.min(cfg.learner.max_response_tokens as u32),
+    };
+    penalty.validate()?;
+    if let Some(d) = &cfg.reward.dropout {
+        d.validate()?;
+    }
+    let rewards = JudgeRewards { judge: judges.criterion.clone(), mode: cfg.reward.mode, penalty, dropout: cfg.reward.dropout, seed: cfg.learner.seed };
+    let ties: Box<dyn TieBreaker> = match cfg.learner.tie_mode {
+        TieMode::Off => Box::new(NoTieBreaker),
+        _ => Box::new(PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed)),
+    };
+
+    // Optional supervised warm-up on reference answers (fresh runs only).
+    let mut model = model;
+    if let (Some(w), None) = (&cfg.warmup, &resume) {
+        let with_ref: Vec<_> = records.iter().filter_map(|r| r.reference_answer.as_ref().map(|a| (r, a))).collect();
+        if with_ref.is_empty() {
+            bail!("[warmup]: no record in {} has a reference_answer", cfg.data.rubrics.display());
+        }
+        let mut pairs = RolloutTokens { prompts: vec![], responses: vec![] };
+        for (r, answer) in with_ref {
+            pairs.prompts.push(codec.encode_prompt(&r.question).map_err(|e| anyhow!(e))?);
+            let mut ids = codec.tokenizer.encode(answer)?;
+            ids.extend(stop_ids.first());
+            pairs.responses.push(ids);
+        }
+        let (m, losses) = sft_warmup(model, &pairs, w.steps, w.lr, &device);
+        model = m;
+        eprintln!(
+            "warm-up: {} steps on {} reference answers, loss {:.3} -> {:.3}",
+            w.steps,
+            pairs.prompts.len(),
+            losses.first().copied().unwrap_or(f64::NAN),
+            losses.last().copied().unwrap_or(f64::NAN)
+        );
+    }
+
+    let mut learner = Learner::new(model, cfg.learner.clone(), device.clone()).map_err(|e| anyhow!(e))?;
+    let mut run = cfg.run;
+    run.output_dir = rel(&run.output_dir);
+    let tok_dir = tokenizer_dir.clone();
+    let export = move |policy: &Qwen3ForCausalLM<Autodiff<B>>, dir: &Path| -> Result<(), String> {
+        save_pretrained(&policy.valid(), &model_config, generation_config.as_ref(), Some(&tok_dir), dir, save_dtype).map_err(|e| e.to_string())
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    eprintln!(
+        "training on {} prompts from {} with judge {} ({} mode, ties: {:?}) -> {}",
+        records.len(),
+        cfg.data.rubrics.display(),
+        judges.criterion.id(),
+        cfg.reward.mode.as_str(),
+        cfg.learner.tie_mode,
+        run.output_dir.display()
+    );
+    let summary = rt
+        .block_on(train(
+            &mut learner,
+            &records,
+            &run,
+            &codec,
+            &rewards,
+            ties.as_ref(),
+            &stop_ids,
+            &export,
+            resume.as_deref(),
+            &mut |line| eprintln!("{line}"),
+        ))
+        .map_err(|e| anyhow!(e))?;
+    for e in &summary.epochs {
+        eprintln!(
+            "epoch {}: {} steps, reward {:+.3}, ties {}/{} ({} accepted, {} same, {} order flips, {} invalid), mean length {:.1}",
+            e.epoch, e.steps, e.reward_mean, e.ties.tied_groups, e.ties.groups, e.ties.accepted, e.ties.same, e.ties.order_flips, e.ties.invalid, e.response_len_mean
+        );
+    }
+    eprintln!(
+        "done: {} steps ({} this run); metrics {}, plots in {}, checkpoint {}",
+        summary.total_steps,
+        summary.steps_run,
+        run.output_dir.join("metrics.jsonl").display(),
+        run.output_dir.display(),
+        summary.last_checkpoint.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+    );
+    Ok(())
+}
