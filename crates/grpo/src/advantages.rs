@@ -41,17 +41,9 @@ pub fn is_exact_tie(rewards: &[Option<f64>], k: usize) -> bool {
     first.is_finite() && rewards.iter().all(|r| matches!(r, Some(x) if x.to_bits() == first.to_bits()))
 }
 
-/// FNV-1a of the parts, then splitmix64: the same seed on every platform.
+/// A platform-stable PRNG seed from the run seed and a key.
 pub(crate) fn stable_seed(seed: u64, key: &str) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in seed.to_le_bytes().iter().chain(key.as_bytes()) {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    let mut z = h.wrapping_add(0x9e3779b97f4a7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-    z ^ (z >> 31)
+    conrub_rubric::dropout::stable_seed(&[&seed.to_le_bytes(), key.as_bytes()])
 }
 
 /// Shuffles `0..k` with a PRNG seeded by `(run_seed, group_key)` and splits it into `k / 2`

@@ -45,10 +45,11 @@ impl CriterionSubset {
     }
 }
 
-/// FNV-1a over the parts, then splitmix64: a platform-independent seed.
-fn stable_seed(seed: u64, step: u64, key: &str) -> u64 {
+/// FNV-1a over the concatenated parts, then splitmix64: a seed that is the same on every platform
+/// and release (run seeds, steps and group keys go in; PRNG seeds come out).
+pub fn stable_seed(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325;
-    for b in seed.to_le_bytes().iter().chain(step.to_le_bytes().iter()).chain(key.as_bytes()) {
+    for b in parts.iter().flat_map(|p| p.iter()) {
         h ^= *b as u64;
         h = h.wrapping_mul(0x100000001b3);
     }
@@ -76,7 +77,7 @@ impl RubricDropout {
     /// The subset for the group of prompt `group_key` at `step` under run seed `seed`. At least one
     /// droppable criterion always survives.
     pub fn subset(&self, criteria: &[Criterion], seed: u64, step: u64, group_key: &str) -> CriterionSubset {
-        let mut rng = ChaCha8Rng::seed_from_u64(stable_seed(seed, step, group_key));
+        let mut rng = ChaCha8Rng::seed_from_u64(stable_seed(&[&seed.to_le_bytes(), &step.to_le_bytes(), group_key.as_bytes()]));
         let droppable: Vec<usize> = (0..criteria.len())
             .filter(|&i| !(self.keep_global_controls && criteria[i].kind == CriterionKind::GlobalControl))
             .collect();

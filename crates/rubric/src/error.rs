@@ -6,12 +6,8 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum RubricError {
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     /// A JSONL line is not valid JSON or does not have the expected shape.
     #[error("{path}:{line}: {field}: {message}")]
     Parse { path: PathBuf, line: usize, field: String, message: String },

@@ -232,7 +232,7 @@ fn value_to_id(v: &Value) -> Option<String> {
 }
 
 fn read_rows(path: &Path) -> Result<Vec<(usize, String)>> {
-    let text = std::fs::read_to_string(path).map_err(|source| RubricError::Io { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|err| RubricError::Io { path: path.to_path_buf(), err })?;
     if path.extension().is_some_and(|e| e == "parquet") || text.starts_with("PAR1") {
         return Err(RubricError::Invalid {
             path: path.to_path_buf(),

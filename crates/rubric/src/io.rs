@@ -37,10 +37,10 @@ fn strip_position(msg: &str) -> String {
 
 /// Reads a JSONL file into `(line number, value)` pairs; blank lines are skipped.
 pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<(usize, T)>> {
-    let file = std::fs::File::open(path).map_err(|source| RubricError::Io { path: path.to_path_buf(), source })?;
+    let file = std::fs::File::open(path).map_err(|err| RubricError::Io { path: path.to_path_buf(), err })?;
     let mut out = Vec::new();
     for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|source| RubricError::Io { path: path.to_path_buf(), source })?;
+        let line = line.map_err(|err| RubricError::Io { path: path.to_path_buf(), err })?;
         if line.trim().is_empty() {
             continue;
         }
@@ -66,7 +66,7 @@ pub fn write_jsonl_atomic<T: Serialize>(path: &Path, values: impl IntoIterator<I
 
 /// Atomic whole-file write (temporary file, fsync, rename, directory fsync).
 pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |source| RubricError::Io { path: path.to_path_buf(), source };
+    let io = |err| RubricError::Io { path: path.to_path_buf(), err };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
