@@ -10,7 +10,7 @@ pub trait BackendTask {
 }
 
 /// Devices accepted by `--device`.
-pub const DEVICE_HELP: &str = "cpu (default), ndarray, flex, wgpu[:N], cuda[:N], tch[:cpu|:cuda:N]";
+pub const DEVICE_HELP: &str = "cpu (default), ndarray, flex, wgpu[:N], cuda[:N], cuda-bf16[:N], tch[:cpu|:cuda:N]";
 
 fn missing(feature: &str, device: &str) -> Result<()> {
     bail!(
@@ -64,6 +64,17 @@ pub fn run_on_device<T: BackendTask>(spec: &str, task: T) -> Result<()> {
             {
                 let _ = i;
                 return missing("wgpu", spec);
+            }
+        }
+        s if s.starts_with("cuda-bf16") => {
+            // bf16 weights, activations and gradients on NVIDIA GPUs (the published run's precision).
+            let i = index(s, "cuda-bf16")?;
+            #[cfg(feature = "cuda")]
+            return task.run::<burn::backend::Cuda<burn::tensor::bf16>>(burn::backend::cuda::CudaDevice::new(i));
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = i;
+                return missing("cuda", spec);
             }
         }
         s if s.starts_with("cuda") => {
