@@ -15,7 +15,8 @@ use conrub_rubric::{Label, LengthPenalty, ResponseScore, ScoringMode};
 fn config(urls: Vec<String>) -> ClientConfig {
     ClientConfig {
         urls,
-        timeout_secs: 0.4,
+        // Generous for a loaded 2-core CI machine; the slow behaviours sleep well past it.
+        timeout_secs: 1.0,
         max_retries: 3,
         backoff_base_secs: 0.005,
         backoff_max_secs: 0.02,
@@ -42,7 +43,7 @@ async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rewards_are_right_retries_bounded_and_failures_unscored() {
-    let server = ScriptedServer::start(2_000, 0).await;
+    let server = ScriptedServer::start(3_000, 0).await;
     let client = Arc::new(ChatClient::new(config(vec![server.url.clone()])).unwrap());
     let judge = OpenAiJudge::new(client.clone(), PromptSet::default(), None);
     let cases = [
