@@ -1,0 +1,13 @@
+//! Evaluation (SPEC section 8). This first part holds the scoring rules, independent of models and
+//! graders:
+//! - [`rubric_score`]: HealthBench-style example scores (points met over total positive points,
+//!   negative items counted when the undesirable behaviour is present), the clipped mean and its
+//!   seeded bootstrap standard deviation, and breakdowns by tag.
+//! - [`mcq`]: answer extraction from free-form multiple-choice responses, accuracy with a Wilson
+//!   interval, and the invalid-output rate.
+
+pub mod mcq;
+pub mod rubric_score;
+
+pub use mcq::{extract_choice, McqSummary};
+pub use rubric_score::{bootstrap_std, example_score, summarize, GradedItem, RubricSummary};
