@@ -7,7 +7,9 @@
 //!   interval, and the invalid-output rate.
 
 pub mod mcq;
+pub mod mcq_data;
 pub mod rubric_score;
 
 pub use mcq::{extract_choice, McqSummary};
+pub use mcq_data::{load_items, McqFormat, McqItem};
 pub use rubric_score::{bootstrap_std, example_score, summarize, GradedItem, RubricSummary};
