@@ -166,6 +166,22 @@ impl JudgeCache {
         };
     }
 
+    /// Looks a key up and deserialises the stored answer; `(answer, raw output)`.
+    pub fn get_parsed<T: serde::de::DeserializeOwned>(&self, key: &CacheKey) -> Option<(T, String)> {
+        let hit = self.get(key)?;
+        serde_json::from_str(&hit.parsed).ok().map(|v| (v, hit.raw))
+    }
+
+    /// Stores a parsed answer with the raw output it came from.
+    pub fn put_parsed<T: serde::Serialize>(&self, key: &CacheKey, judge: &str, kind: &str, answer: &T, raw: &str) {
+        match serde_json::to_string(answer) {
+            Ok(parsed) => self.put(key, judge, kind, &CachedAnswer { raw: raw.to_string(), parsed }),
+            Err(_) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Number of stored answers.
     pub fn len(&self) -> Result<u64> {
         let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());

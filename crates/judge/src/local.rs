@@ -21,7 +21,7 @@ use conrub_qwen3::{ChatMessage, ChatOptions, ForwardBatch, KvCache, PaddedBatch,
 use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 
-use crate::cache::{CacheKey, CachedAnswer, JudgeCache};
+use crate::cache::{CacheKey, JudgeCache};
 use crate::error::{JudgeError, Result};
 use crate::judge::{CriterionJudge, CriterionRequest, CriterionVerdict, PairRequest, PairVerdict, PairwiseJudge};
 use crate::parse::{parse_labels, parse_pair};
@@ -306,8 +306,7 @@ impl<B: Backend> CriterionJudge for LocalJudge<B> {
         let keys: Vec<CacheKey> = requests.iter().map(|r| self.key(r)).collect();
         let mut todo = Vec::new();
         for (i, r) in requests.iter().enumerate() {
-            let hit = self.cache.as_ref().and_then(|c| c.get(&keys[i]));
-            match hit.and_then(|h| serde_json::from_str::<Vec<Label>>(&h.parsed).ok().map(|l| (l, h.raw))) {
+            match self.cache.as_ref().and_then(|c| c.get_parsed::<Vec<Label>>(&keys[i])) {
                 Some((labels, raw)) if labels.len() == r.criteria.len() => {
                     let mut v = CriterionVerdict::labelled(labels, vec![raw], 0, start.elapsed());
                     v.cached = true;
@@ -347,9 +346,7 @@ impl<B: Backend> CriterionJudge for LocalJudge<B> {
             for &i in &todo {
                 let v = verdicts[i].as_ref().expect("filled above");
                 if let Some(labels) = &v.labels {
-                    let parsed = serde_json::to_string(labels).expect("labels serialise");
-                    let raw = v.raw_outputs.last().cloned().unwrap_or_default();
-                    c.put(&keys[i], &self.name, "criteria", &CachedAnswer { raw, parsed });
+                    c.put_parsed(&keys[i], &self.name, "criteria", labels, v.raw_outputs.last().map_or("", String::as_str));
                 }
             }
         }

@@ -6,7 +6,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use conrub_rubric::Label;
 
-use crate::cache::{CacheKey, CachedAnswer, JudgeCache};
+use crate::cache::{CacheKey, JudgeCache};
 use crate::client::ChatClient;
 use crate::judge::{CriterionJudge, CriterionRequest, CriterionVerdict, PairRequest, PairVerdict, PairwiseJudge};
 use crate::parse::{parse_labels, parse_pair, PairAnswer};
@@ -58,13 +58,11 @@ impl CriterionJudge for OpenAiJudge {
     async fn judge(&self, r: &CriterionRequest) -> CriterionVerdict {
         let start = Instant::now();
         let key = self.criteria_key(r);
-        if let Some(hit) = self.cache.as_ref().and_then(|c| c.get(&key)) {
-            if let Ok(labels) = serde_json::from_str::<Vec<Label>>(&hit.parsed) {
-                if labels.len() == r.criteria.len() {
-                    let mut v = CriterionVerdict::labelled(labels, vec![hit.raw], 0, start.elapsed());
-                    v.cached = true;
-                    return v;
-                }
+        if let Some((labels, raw)) = self.cache.as_ref().and_then(|c| c.get_parsed::<Vec<Label>>(&key)) {
+            if labels.len() == r.criteria.len() {
+                let mut v = CriterionVerdict::labelled(labels, vec![raw], 0, start.elapsed());
+                v.cached = true;
+                return v;
             }
         }
         let (system, user) = self.prompts.render_criteria(r.mode, &r.question, &r.response, &r.criteria);
@@ -73,9 +71,7 @@ impl CriterionJudge for OpenAiJudge {
         match out.result {
             Ok(labels) => {
                 if let Some(c) = &self.cache {
-                    let raw = out.raw_outputs.last().cloned().unwrap_or_default();
-                    let parsed = serde_json::to_string(&labels).expect("labels serialise");
-                    c.put(&key, &CriterionJudge::id(self), "criteria", &CachedAnswer { raw, parsed });
+                    c.put_parsed(&key, &CriterionJudge::id(self), "criteria", &labels, out.raw_outputs.last().map_or("", String::as_str));
                 }
                 CriterionVerdict::labelled(labels, out.raw_outputs, out.attempts, out.latency)
             }
@@ -93,17 +89,15 @@ impl PairwiseJudge for OpenAiJudge {
     async fn compare(&self, r: &PairRequest) -> PairVerdict {
         let start = Instant::now();
         let key = self.pair_key(r);
-        if let Some(hit) = self.cache.as_ref().and_then(|c| c.get(&key)) {
-            if let Ok(answer) = serde_json::from_str::<PairAnswer>(&hit.parsed) {
-                return PairVerdict {
-                    answer: Some(answer),
-                    error: None,
-                    raw_outputs: vec![hit.raw],
-                    attempts: 0,
-                    latency_ms: start.elapsed().as_secs_f64() * 1e3,
-                    cached: true,
-                };
-            }
+        if let Some((answer, raw)) = self.cache.as_ref().and_then(|c| c.get_parsed::<PairAnswer>(&key)) {
+            return PairVerdict {
+                answer: Some(answer),
+                error: None,
+                raw_outputs: vec![raw],
+                attempts: 0,
+                latency_ms: start.elapsed().as_secs_f64() * 1e3,
+                cached: true,
+            };
         }
         let (system, user) = self.prompts.render_pairwise(&r.question, &r.criteria, &r.first, &r.second);
         let n = r.criteria.len();
@@ -112,9 +106,7 @@ impl PairwiseJudge for OpenAiJudge {
         match out.result {
             Ok(answer) => {
                 if let Some(c) = &self.cache {
-                    let raw = out.raw_outputs.last().cloned().unwrap_or_default();
-                    let parsed = serde_json::to_string(&answer).expect("answer serialises");
-                    c.put(&key, &PairwiseJudge::id(self), "pair", &CachedAnswer { raw, parsed });
+                    c.put_parsed(&key, &PairwiseJudge::id(self), "pair", &answer, out.raw_outputs.last().map_or("", String::as_str));
                 }
                 PairVerdict { answer: Some(answer), error: None, raw_outputs: out.raw_outputs, attempts: out.attempts, latency_ms, cached: false }
             }
