@@ -33,6 +33,9 @@ enum Command {
     JudgePair(commands::judge_pair::JudgePairArgs),
     /// Train a Qwen3 policy with GRPO on rubric rewards.
     Train(commands::train::TrainArgs),
+    /// Evaluate a model on benchmarks.
+    #[command(subcommand)]
+    Eval(commands::eval::EvalCommand),
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -44,6 +47,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Score(args) => commands::score::run(args),
         Command::JudgePair(args) => commands::judge_pair::run(args),
         Command::Train(args) => commands::train::run(args),
+        Command::Eval(cmd) => commands::eval::run(cmd),
     }
 }
 
