@@ -47,4 +47,12 @@ fn mcq_reports_are_consistent_for_every_format() {
         };
         assert_eq!(gold, want, "{format}: gold labels read from the rows");
     }
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(["eval", "compare"])
+        .arg(dir.path().join("medmcqa/report.json"))
+        .arg(dir.path().join("mmlu/report.json"))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && table.contains("accuracy") && table.contains("B - A"), "{table}");
 }

@@ -18,6 +18,46 @@ use crate::backend::{run_on_device, BackendTask};
 pub enum EvalCommand {
     /// Multiple-choice accuracy (MedMCQA, PubMedQA, MMLU) under greedy decoding.
     Mcq(McqArgs),
+    /// Two reports side by side (e.g. base vs trained): every numeric summary field, with B - A.
+    Compare(CompareArgs),
+}
+
+/// Arguments of `eval compare`.
+#[derive(Args, Clone)]
+pub struct CompareArgs {
+    /// First `report.json` (e.g. the base model).
+    pub a: PathBuf,
+    /// Second `report.json` (e.g. the trained checkpoint).
+    pub b: PathBuf,
+}
+
+/// Numeric leaves of a JSON value as `(dotted path, value)`, in document order.
+fn numeric_leaves(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, f64)>) {
+    match v {
+        serde_json::Value::Number(n) => out.push((prefix.to_string(), n.as_f64().unwrap_or(f64::NAN))),
+        serde_json::Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| numeric_leaves(&format!("{prefix}[{i}]"), x, out)),
+        serde_json::Value::Object(o) => o.iter().for_each(|(k, x)| numeric_leaves(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, x, out)),
+        _ => {}
+    }
+}
+
+/// The comparison table.
+pub fn compare_reports(a: &serde_json::Value, b: &serde_json::Value, names: (&str, &str)) -> String {
+    let (mut la, mut lb) = (Vec::new(), Vec::new());
+    numeric_leaves("", &a["summary"], &mut la);
+    numeric_leaves("", &b["summary"], &mut lb);
+    let width = la.iter().chain(&lb).map(|(k, _)| k.len()).max().unwrap_or(6).max(6);
+    let mut t = format!("{:width$}  {:>12}  {:>12}  {:>10}\n", "metric", names.0, names.1, "B - A");
+    for (k, x) in &la {
+        match lb.iter().find(|(kb, _)| kb == k) {
+            Some((_, y)) => t += &format!("{k:width$}  {x:>12.4}  {y:>12.4}  {:>+10.4}\n", y - x),
+            None => t += &format!("{k:width$}  {x:>12.4}  {:>12}  {:>10}\n", "-", "-"),
+        }
+    }
+    for (k, y) in lb.iter().filter(|(k, _)| !la.iter().any(|(ka, _)| ka == k)) {
+        t += &format!("{k:width$}  {:>12}  {y:>12.4}  {:>10}\n", "-", "-");
+    }
+    t
 }
 
 /// Arguments of `eval mcq`.
@@ -55,6 +95,19 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
         EvalCommand::Mcq(a) => {
             let device = a.device.clone();
             run_on_device(&device, a)
+        }
+        EvalCommand::Compare(c) => {
+            let read = |p: &PathBuf| -> Result<serde_json::Value> {
+                serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?)
+                    .with_context(|| format!("{}: not a JSON report", p.display()))
+            };
+            let (a, b) = (read(&c.a)?, read(&c.b)?);
+            if a["kind"] != b["kind"] {
+                bail!("{} is a {} report but {} is a {} report", c.a.display(), a["kind"], c.b.display(), b["kind"]);
+            }
+            println!("A = {} ({})\nB = {} ({})", c.a.display(), a["model"], c.b.display(), b["model"]);
+            print!("{}", compare_reports(&a, &b, ("A", "B")));
+            Ok(())
         }
     }
 }
@@ -126,5 +179,22 @@ impl BackendTask for McqArgs {
             self.out.join("report.json").display()
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_lists_every_numeric_field_with_the_difference() {
+        let a = json!({"summary": {"n": 100, "accuracy": 0.25, "ci95": [0.17, 0.34], "invalid_rate": 0.5}});
+        let b = json!({"summary": {"n": 100, "accuracy": 0.40, "ci95": [0.31, 0.50], "invalid_rate": 0.1, "extra": 1}});
+        let t = compare_reports(&a, &b, ("A", "B"));
+        let line = |k: &str| t.lines().find(|l| l.starts_with(k)).unwrap_or_else(|| panic!("{k} missing:\n{t}")).to_string();
+        assert!(line("accuracy").ends_with("+0.1500"), "{t}");
+        assert!(line("invalid_rate").ends_with("-0.4000"), "{t}");
+        assert!(line("ci95[1]").contains("0.5000"), "{t}");
+        assert!(line("extra").contains(" - "), "{t}");
     }
 }
