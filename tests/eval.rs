@@ -56,3 +56,37 @@ fn mcq_reports_are_consistent_for_every_format() {
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && table.contains("accuracy") && table.contains("B - A"), "{table}");
 }
+
+#[test]
+fn rubric_grading_report_on_healthbench_samples() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    let config = Qwen3Config::tiny(151_936);
+    let m = Qwen3ForCausalLM::<Flex>::random(&config, 0.02, 4, &Default::default());
+    save_pretrained(&m, &config, None, Some(&root.join("models/qwen3/testdata/qwen3-tokenizer")), &model, SaveDtype::F32).unwrap();
+    let out = dir.path().join("hb");
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(["eval", "rubric", "--samples", "2", "--max-new-tokens", "6", "--seed", "5"])
+        .arg("--data")
+        .arg(root.join("data/samples/healthbench.jsonl"))
+        .arg("--model")
+        .arg(&model)
+        .arg("--grader")
+        .arg(root.join("configs/judge-lexical.toml"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["kind"], "rubric");
+    assert_eq!(report["summary"]["examples"], 4, "2 examples x 2 samples");
+    let score = report["summary"]["score"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&score));
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("examples.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 4);
+    assert_eq!(rows[0]["items"].as_array().unwrap().len(), 4, "every rubric item graded, the negative one included");
+    assert_eq!(rows[2]["items"].as_array().unwrap().len(), 2);
+    assert!(report["summary"]["by_example_tag"].get("theme:emergency_referrals").is_some());
+}

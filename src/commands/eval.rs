@@ -20,6 +20,156 @@ pub enum EvalCommand {
     Mcq(McqArgs),
     /// Two reports side by side (e.g. base vs trained): every numeric summary field, with B - A.
     Compare(CompareArgs),
+    /// HealthBench-style rubric grading (points met over positive points, clipped mean, bootstrap).
+    Rubric(RubricArgs),
+}
+
+/// Arguments of `eval rubric`.
+#[derive(Args, Clone)]
+pub struct RubricArgs {
+    /// HealthBench-format JSONL (`prompt` messages, `rubrics[{criterion, points, tags}]`, `example_tags`).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Model directory (a training checkpoint works as is) or hub id.
+    #[arg(long)]
+    pub model: String,
+    /// Grader config (the judge TOML of `conrub score`): each rubric item is graded met / not met.
+    #[arg(long)]
+    pub grader: PathBuf,
+    /// Responses sampled per example (1 = greedy).
+    #[arg(long, default_value_t = 1)]
+    pub samples: usize,
+    /// Seed for sampling and the bootstrap.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Longest response in tokens.
+    #[arg(long, default_value_t = 1024)]
+    pub max_new_tokens: usize,
+    /// Evaluate only the first N examples.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Output directory.
+    #[arg(long, default_value = "runs/eval-rubric")]
+    pub out: PathBuf,
+    /// Device.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+#[derive(serde::Deserialize)]
+struct HbItem {
+    criterion: String,
+    points: f64,
+    #[serde(default)]
+    tags: Vec<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct HbRow {
+    #[serde(default)]
+    prompt_id: Option<String>,
+    prompt: Vec<conrub_rubric::Message>,
+    rubrics: Vec<HbItem>,
+    #[serde(default)]
+    example_tags: Vec<String>,
+}
+
+impl BackendTask for RubricArgs {
+    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+        use conrub_eval::{summarize, GradedItem};
+        use conrub_judge::{CriterionRequest, JudgeKind};
+        use conrub_rubric::{Label, ScoringMode};
+        let text = std::fs::read_to_string(&self.data).with_context(|| format!("cannot read {}", self.data.display()))?;
+        let mut rows: Vec<(usize, HbRow)> = Vec::new();
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            rows.push((i + 1, conrub_rubric::io::parse_line(line, &self.data, i + 1)?));
+        }
+        if let Some(n) = self.limit {
+            rows.truncate(n);
+        }
+        if rows.is_empty() {
+            bail!("{}: no examples", self.data.display());
+        }
+        let qwen = Qwen3::<B>::load(&self.model, &device)?;
+        let tok = qwen.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json", qwen.dir.display()))?;
+        let greedy = self.samples <= 1;
+        let cfg = SamplingConfig { max_new_tokens: self.max_new_tokens, greedy, seed: self.seed, stop_ids: qwen.stop_ids(), ..Default::default() };
+        let start = Instant::now();
+        let mut responses: Vec<(usize, String)> = Vec::new();
+        for (k, (_, row)) in rows.iter().enumerate() {
+            let msgs: Vec<ChatMessage> = row.prompt.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect();
+            let ids = tok.apply_chat_template(&msgs, ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) })?;
+            let prompts = vec![ids; self.samples.max(1)];
+            for g in qwen.generate(&prompts, &cfg, &device)? {
+                responses.push((k, tok.decode(&g.tokens, true)?));
+            }
+        }
+        let gen_secs = start.elapsed().as_secs_f64();
+        let grader = crate::commands::judging::load_config(&self.grader)?;
+        let empty = conrub_rubric::RubricSet::from_records("none", vec![])?;
+        let judges = match grader.kind {
+            JudgeKind::Local => grader.build_local::<B>(&device)?,
+            _ => grader.build(&empty)?,
+        };
+        let requests: Vec<CriterionRequest> = responses
+            .iter()
+            .map(|(k, r)| {
+                let row = &rows[*k].1;
+                let question = row.prompt.iter().map(|m| format!("[{}]\n{}", m.role, m.content)).collect::<Vec<_>>().join("\n\n");
+                CriterionRequest { question, response: r.clone(), criteria: row.rubrics.iter().map(|i| i.criterion.clone()).collect(), mode: ScoringMode::Binary }
+            })
+            .collect();
+        let rt = crate::commands::judging::runtime()?;
+        let verdicts = rt.block_on(judges.criterion.judge_batch(&requests));
+        let mut examples = Vec::new();
+        let mut out_rows = Vec::new();
+        let mut ungraded = 0usize;
+        for ((k, response), v) in responses.iter().zip(&verdicts) {
+            let row = &rows[*k].1;
+            let Some(labels) = &v.labels else {
+                ungraded += 1;
+                out_rows.push(json!({"prompt_id": row.prompt_id, "response": response, "graded": false, "error": v.error}));
+                continue;
+            };
+            let items: Vec<GradedItem> = row
+                .rubrics
+                .iter()
+                .zip(labels)
+                .map(|(i, l)| GradedItem { points: i.points, met: *l == Label::Yes, tags: i.tags.clone() })
+                .collect();
+            out_rows.push(json!({
+                "prompt_id": row.prompt_id,
+                "response": response,
+                "graded": true,
+                "score": conrub_eval::example_score(&items),
+                "items": items,
+            }));
+            examples.push((row.example_tags.clone(), items));
+        }
+        let summary = summarize(&examples, 1000, self.seed);
+        let report = json!({
+            "kind": "rubric",
+            "data": self.data.display().to_string(),
+            "model": self.model,
+            "grader": judges.criterion.id(),
+            "settings": {"samples": self.samples, "decoding": if greedy { "greedy" } else { "sampled" }, "seed": self.seed, "max_new_tokens": self.max_new_tokens},
+            "summary": summary,
+            "ungraded": ungraded,
+            "timings": {"generation_seconds": gen_secs, "total_seconds": start.elapsed().as_secs_f64()},
+        });
+        std::fs::create_dir_all(&self.out).with_context(|| self.out.display().to_string())?;
+        write_jsonl_atomic(&self.out.join("examples.jsonl"), &out_rows)?;
+        write_bytes_atomic(&self.out.join("report.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+        println!(
+            "rubric score {:.4} +- {:.4} (bootstrap std) on {} graded responses ({} ungraded); report {}",
+            summary.score,
+            summary.bootstrap_std,
+            summary.examples,
+            ungraded,
+            self.out.join("report.json").display()
+        );
+        Ok(())
+    }
 }
 
 /// Arguments of `eval compare`.
@@ -93,6 +243,10 @@ pub struct McqArgs {
 pub fn run(cmd: EvalCommand) -> Result<()> {
     match cmd {
         EvalCommand::Mcq(a) => {
+            let device = a.device.clone();
+            run_on_device(&device, a)
+        }
+        EvalCommand::Rubric(a) => {
             let device = a.device.clone();
             run_on_device(&device, a)
         }
