@@ -6,14 +6,21 @@ use std::process::Command;
 use burn::backend::Flex;
 use conrub_qwen3::{save_pretrained, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
 
+/// A tiny random Qwen3 with the full vocabulary and the real tokenizer, saved under `dir/tiny`.
+fn tiny_model(dir: &Path, seed: u64) -> std::path::PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model = dir.join("tiny");
+    let config = Qwen3Config::tiny(151_936);
+    let m = Qwen3ForCausalLM::<Flex>::random(&config, 0.02, seed, &Default::default());
+    save_pretrained(&m, &config, None, Some(&root.join("models/qwen3/testdata/qwen3-tokenizer")), &model, SaveDtype::F32).unwrap();
+    model
+}
+
 #[test]
 fn mcq_reports_are_consistent_for_every_format() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    let config = Qwen3Config::tiny(151_936);
-    let m = Qwen3ForCausalLM::<Flex>::random(&config, 0.02, 3, &Default::default());
-    save_pretrained(&m, &config, None, Some(&root.join("models/qwen3/testdata/qwen3-tokenizer")), &model, SaveDtype::F32).unwrap();
+    let model = tiny_model(dir.path(), 3);
     for format in ["medmcqa", "pubmedqa", "mmlu"] {
         let out = dir.path().join(format);
         let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
@@ -61,10 +68,7 @@ fn mcq_reports_are_consistent_for_every_format() {
 fn rubric_grading_report_on_healthbench_samples() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    let config = Qwen3Config::tiny(151_936);
-    let m = Qwen3ForCausalLM::<Flex>::random(&config, 0.02, 4, &Default::default());
-    save_pretrained(&m, &config, None, Some(&root.join("models/qwen3/testdata/qwen3-tokenizer")), &model, SaveDtype::F32).unwrap();
+    let model = tiny_model(dir.path(), 4);
     let out = dir.path().join("hb");
     let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
         .args(["eval", "rubric", "--samples", "2", "--max-new-tokens", "6", "--seed", "5"])

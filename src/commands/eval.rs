@@ -115,7 +115,7 @@ impl BackendTask for RubricArgs {
             .iter()
             .map(|(k, r)| {
                 let row = &rows[*k].1;
-                let question = row.prompt.iter().map(|m| format!("[{}]\n{}", m.role, m.content)).collect::<Vec<_>>().join("\n\n");
+                let question = conrub_rubric::record::messages_text(&row.prompt);
                 CriterionRequest { question, response: r.clone(), criteria: row.rubrics.iter().map(|i| i.criterion.clone()).collect(), mode: ScoringMode::Binary }
             })
             .collect();

@@ -1,21 +1,7 @@
 //! Multiple-choice answer extraction and accuracy.
 
+use conrub_judge::parse::strip_thinking;
 use serde::{Deserialize, Serialize};
-
-/// Drops `<think>...</think>` blocks (an unterminated one drops the rest).
-fn strip_thinking(text: &str) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("<think>") {
-        out.push_str(&rest[..i]);
-        match rest[i..].find("</think>") {
-            Some(j) => rest = &rest[i + j + 8..],
-            None => return out,
-        }
-    }
-    out.push_str(rest);
-    out
-}
 
 /// The label at the start of `s` (after opening punctuation), if `s` starts with one as a whole token.
 /// `strict` (outside an explicit "answer is" marker): a one-letter label must have its own case or be

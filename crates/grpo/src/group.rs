@@ -70,6 +70,11 @@ pub async fn group_outcome(
     }
 }
 
+/// The bin of a reward in the 20 bins of width 0.1 over [-1, 1] (-1 and 1 fall in the end bins).
+pub(crate) fn reward_bin(r: f64) -> usize {
+    (((r + 1.0) / 0.1).floor() as i64).clamp(0, 19) as usize
+}
+
 /// Tie telemetry over a step or an epoch (SPEC section 7).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TieStats {
@@ -118,8 +123,7 @@ impl TieStats {
         }
         self.tied_groups += 1;
         if let Some(r) = reward {
-            let bin = (((r + 1.0) / 0.1).floor() as i64).clamp(0, 19) as usize;
-            self.tied_reward_histogram[bin] += 1;
+            self.tied_reward_histogram[reward_bin(r)] += 1;
         }
         for p in &outcome.pairs {
             self.pairwise_calls += 2;

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::advantages::stable_seed;
 use crate::codec::TextCodec;
 use crate::grad_norm::clip_global_norm;
-use crate::group::{group_outcome, GroupOutcome, TieMode, TieStats};
+use crate::group::{group_outcome, reward_bin, GroupOutcome, TieMode, TieStats};
 use crate::loss::{clipped_surrogate, dpo_pair_loss, Aggregation, ClipRange, SurrogateBatch};
 use crate::policy::{Policy, RolloutTokens, SampleSettings};
 use crate::reward::RewardSource;
@@ -219,7 +219,7 @@ where
 fn histogram(values: &[f64]) -> Vec<u64> {
     let mut h = vec![0u64; 20];
     for v in values {
-        h[(((v + 1.0) / 0.1).floor() as i64).clamp(0, 19) as usize] += 1;
+        h[reward_bin(*v)] += 1;
     }
     h
 }

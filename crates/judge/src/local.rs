@@ -283,10 +283,7 @@ impl<B: Backend> LocalJudge<B> {
             LocalMode::Generate => self.prompts.criteria(r.mode).version(),
             LocalMode::LogprobMargin => self.prompts.single(r.mode).version(),
         };
-        let n = r.criteria.len().to_string();
-        let mut parts: Vec<&str> = vec!["criteria", &self.name, &version, r.mode.as_str(), &r.question, &r.response, &n];
-        parts.extend(r.criteria.iter().map(String::as_str));
-        CacheKey::of(&parts)
+        r.cache_key(&self.name, &version)
     }
 }
 

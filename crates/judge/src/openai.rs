@@ -32,12 +32,7 @@ impl OpenAiJudge {
     }
 
     fn criteria_key(&self, r: &CriterionRequest) -> CacheKey {
-        let version = self.prompts.criteria(r.mode).version();
-        let n = r.criteria.len().to_string();
-        let mut parts: Vec<&str> =
-            vec!["criteria", &self.client.config().model, &version, r.mode.as_str(), &r.question, &r.response, &n];
-        parts.extend(r.criteria.iter().map(String::as_str));
-        CacheKey::of(&parts)
+        r.cache_key(&self.client.config().model, &self.prompts.criteria(r.mode).version())
     }
 
     fn pair_key(&self, r: &PairRequest) -> CacheKey {

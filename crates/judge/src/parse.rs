@@ -45,7 +45,7 @@ pub struct PairAnswer {
 }
 
 /// Removes `<think>...</think>` blocks (an unterminated one removes the rest).
-fn strip_thinking(text: &str) -> String {
+pub fn strip_thinking(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find("<think>") {

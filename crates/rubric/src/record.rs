@@ -178,15 +178,21 @@ impl RubricRecord {
     /// The question as plain text for a judge prompt: the content of a single user message, or
     /// `role: content` blocks for a conversation.
     pub fn question_text(&self) -> String {
-        match self.question.as_slice() {
-            [m] if m.role == "user" => m.content.clone(),
-            msgs => msgs.iter().map(|m| format!("[{}]\n{}", m.role, m.content)).collect::<Vec<_>>().join("\n\n"),
-        }
+        messages_text(&self.question)
     }
 
     /// The criterion texts in order.
     pub fn criterion_texts(&self) -> Vec<String> {
         self.criteria.iter().map(|c| c.text.clone()).collect()
+    }
+}
+
+/// Chat messages as plain text for a judge prompt: the content of a single user message, or
+/// `[role]` blocks for a conversation.
+pub fn messages_text(messages: &[Message]) -> String {
+    match messages {
+        [m] if m.role == "user" => m.content.clone(),
+        msgs => msgs.iter().map(|m| format!("[{}]\n{}", m.role, m.content)).collect::<Vec<_>>().join("\n\n"),
     }
 }
 
