@@ -85,6 +85,23 @@ fn train_resume_and_export() {
     let x: Vec<f32> = hf.model.forward(&batch, None).into_data().convert::<f32>().into_vec().unwrap();
     let y: Vec<f32> = state.forward(&batch, None).into_data().convert::<f32>().into_vec().unwrap();
     assert_eq!(x, y, "identical logits");
+
+    // `conrub eval` takes the checkpoint folder as the model and names its step.
+    let out = dir.path().join("eval");
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(["eval", "mcq", "--format", "medmcqa", "--max-new-tokens", "4"])
+        .arg("--data")
+        .arg(root().join("data/samples/eval/medmcqa.jsonl"))
+        .arg("--model")
+        .arg(&last)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["model"]["checkpoint_step"], 4);
+    assert_eq!(report["summary"]["n"], 3);
 }
 
 #[test]

@@ -27,7 +27,8 @@ pub enum EvalCommand {
 /// Arguments of `eval rubric`.
 #[derive(Args, Clone)]
 pub struct RubricArgs {
-    /// HealthBench-format JSONL (`prompt` messages, `rubrics[{criterion, points, tags}]`, `example_tags`).
+    /// HealthBench-format JSONL (`prompt` messages, `rubrics[{criterion, points, tags}]`, `example_tags`)
+    /// or our rubric JSONL (`question`, `criteria`); the two may be mixed line by line.
     #[arg(long)]
     pub data: PathBuf,
     /// Model directory (a training checkpoint works as is) or hub id.
@@ -54,6 +55,9 @@ pub struct RubricArgs {
     /// Device.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Grade only the points rubric, not our three-state score.
+    #[arg(long)]
+    pub skip_three_state: bool,
 }
 
 #[derive(serde::Deserialize)]
@@ -74,98 +78,203 @@ struct HbRow {
     example_tags: Vec<String>,
 }
 
+/// One evaluation example from either input format.
+struct EvalExample {
+    id: Option<String>,
+    prompt: Vec<conrub_rubric::Message>,
+    example_tags: Vec<String>,
+    /// Points-weighted items graded met / not met (HealthBench style).
+    items: Vec<HbItem>,
+    /// Criteria graded correct / missing / wrong (content criteria plus the two global controls).
+    criteria: Vec<String>,
+}
+
+impl EvalExample {
+    /// A HealthBench row: every item is graded for points; the positive items plus our global
+    /// controls form the three-state rubric (negative items describe behaviour to avoid, which
+    /// SPEC's criteria never reward).
+    fn from_healthbench(row: HbRow) -> Self {
+        let mut criteria: Vec<String> = row.rubrics.iter().filter(|i| i.points > 0.0).map(|i| i.criterion.clone()).collect();
+        criteria.extend(conrub_rubric::record::global_controls().into_iter().map(|c| c.text));
+        Self { id: row.prompt_id, prompt: row.prompt, example_tags: row.example_tags, items: row.rubrics, criteria }
+    }
+
+    /// One of our rubric records: content criteria are the points items (their imported points, else
+    /// 1 each); all criteria, the global controls included, form the three-state rubric.
+    fn from_record(r: conrub_rubric::RubricRecord) -> Self {
+        use conrub_rubric::record::CriterionKind;
+        let items = r
+            .criteria
+            .iter()
+            .filter(|c| c.kind == CriterionKind::Content)
+            .map(|c| HbItem { criterion: c.text.clone(), points: c.provenance.source_points.unwrap_or(1.0), tags: c.provenance.source_tags.clone() })
+            .collect();
+        let example_tags = r
+            .provenance
+            .as_ref()
+            .and_then(|p| p.extra.as_ref())
+            .and_then(|e| e.get("example_tags"))
+            .and_then(|t| serde_json::from_value(t.clone()).ok())
+            .unwrap_or_default();
+        Self { criteria: r.criterion_texts(), id: Some(r.id), prompt: r.question, example_tags, items }
+    }
+}
+
+/// Reads HealthBench rows (with `rubrics`) or our rubric records (with `criteria`), line by line.
+fn read_eval_examples(path: &std::path::Path) -> Result<Vec<EvalExample>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{}:{}: not a JSON object", path.display(), i + 1))?;
+        if v.get("rubrics").is_some() {
+            out.push(EvalExample::from_healthbench(conrub_rubric::io::parse_line(line, path, i + 1)?));
+        } else if v.get("criteria").is_some() {
+            out.push(EvalExample::from_record(conrub_rubric::io::parse_line(line, path, i + 1)?));
+        } else {
+            bail!("{}:{}: neither a HealthBench row (`rubrics`) nor a rubric record (`criteria`)", path.display(), i + 1);
+        }
+    }
+    Ok(out)
+}
+
+/// What the report says about the model: the argument, the directory it resolved to, and the
+/// training step when it is a `checkpoint-NNNNNN` folder.
+fn model_info(arg: &str, dir: &std::path::Path) -> serde_json::Value {
+    let step = dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("checkpoint-")).and_then(|s| s.parse::<u64>().ok());
+    json!({"id": arg, "dir": dir.display().to_string(), "checkpoint_step": step})
+}
+
 impl BackendTask for RubricArgs {
     fn run<B: Backend>(self, device: B::Device) -> Result<()> {
-        use conrub_eval::{summarize, GradedItem};
+        use conrub_eval::{summarize, summarize_three_state, GradedItem};
         use conrub_judge::{CriterionRequest, JudgeKind};
         use conrub_rubric::{Label, ScoringMode};
-        let text = std::fs::read_to_string(&self.data).with_context(|| format!("cannot read {}", self.data.display()))?;
-        let mut rows: Vec<(usize, HbRow)> = Vec::new();
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            rows.push((i + 1, conrub_rubric::io::parse_line(line, &self.data, i + 1)?));
-        }
+        let mut rows = read_eval_examples(&self.data)?;
         if let Some(n) = self.limit {
             rows.truncate(n);
         }
         if rows.is_empty() {
             bail!("{}: no examples", self.data.display());
         }
+        // The grader config is read before the model loads, so a bad config fails fast.
+        let grader = crate::commands::judging::load_config(&self.grader)?;
         let qwen = Qwen3::<B>::load(&self.model, &device)?;
         let tok = qwen.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json", qwen.dir.display()))?;
         let greedy = self.samples <= 1;
         let cfg = SamplingConfig { max_new_tokens: self.max_new_tokens, greedy, seed: self.seed, stop_ids: qwen.stop_ids(), ..Default::default() };
         let start = Instant::now();
-        let mut responses: Vec<(usize, String)> = Vec::new();
-        for (k, (_, row)) in rows.iter().enumerate() {
+        let mut responses: Vec<(usize, String, usize)> = Vec::new();
+        for (k, row) in rows.iter().enumerate() {
             let msgs: Vec<ChatMessage> = row.prompt.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect();
             let ids = tok.apply_chat_template(&msgs, ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) })?;
             let prompts = vec![ids; self.samples.max(1)];
             for g in qwen.generate(&prompts, &cfg, &device)? {
-                responses.push((k, tok.decode(&g.tokens, true)?));
+                responses.push((k, tok.decode(&g.tokens, true)?, g.tokens.len()));
             }
+            eprintln!("{}/{} examples generated", k + 1, rows.len());
         }
         let gen_secs = start.elapsed().as_secs_f64();
-        let grader = crate::commands::judging::load_config(&self.grader)?;
+        let generated: usize = responses.iter().map(|r| r.2).sum();
         let empty = conrub_rubric::RubricSet::from_records("none", vec![])?;
         let judges = match grader.kind {
             JudgeKind::Local => grader.build_local::<B>(&device)?,
             _ => grader.build(&empty)?,
         };
-        let requests: Vec<CriterionRequest> = responses
+        let request = |k: usize, response: &str, criteria: Vec<String>, mode: ScoringMode| CriterionRequest {
+            question: conrub_rubric::record::messages_text(&rows[k].prompt),
+            response: response.to_string(),
+            criteria,
+            mode,
+        };
+        let points_requests: Vec<CriterionRequest> = responses
             .iter()
-            .map(|(k, r)| {
-                let row = &rows[*k].1;
-                let question = conrub_rubric::record::messages_text(&row.prompt);
-                CriterionRequest { question, response: r.clone(), criteria: row.rubrics.iter().map(|i| i.criterion.clone()).collect(), mode: ScoringMode::Binary }
-            })
+            .map(|(k, r, _)| request(*k, r, rows[*k].items.iter().map(|i| i.criterion.clone()).collect(), ScoringMode::Binary))
             .collect();
+        let three_requests: Vec<CriterionRequest> = if self.skip_three_state {
+            Vec::new()
+        } else {
+            responses.iter().map(|(k, r, _)| request(*k, r, rows[*k].criteria.clone(), ScoringMode::ThreeState)).collect()
+        };
+        let grade_start = Instant::now();
         let rt = crate::commands::judging::runtime()?;
-        let verdicts = rt.block_on(judges.criterion.judge_batch(&requests));
+        let (points_verdicts, three_verdicts) = rt.block_on(async {
+            tokio::join!(judges.criterion.judge_batch(&points_requests), judges.criterion.judge_batch(&three_requests))
+        });
+        let grade_secs = grade_start.elapsed().as_secs_f64();
+        let from_cache = points_verdicts.iter().chain(&three_verdicts).filter(|v| v.cached).count();
+        let grader_calls: u32 = points_verdicts.iter().chain(&three_verdicts).map(|v| v.attempts).sum();
         let mut examples = Vec::new();
+        let mut three_rows = Vec::new();
         let mut out_rows = Vec::new();
         let mut ungraded = 0usize;
-        for ((k, response), v) in responses.iter().zip(&verdicts) {
-            let row = &rows[*k].1;
-            let Some(labels) = &v.labels else {
-                ungraded += 1;
-                out_rows.push(json!({"prompt_id": row.prompt_id, "response": response, "graded": false, "error": v.error}));
-                continue;
-            };
-            let items: Vec<GradedItem> = row
-                .rubrics
-                .iter()
-                .zip(labels)
-                .map(|(i, l)| GradedItem { points: i.points, met: *l == Label::Yes, tags: i.tags.clone() })
-                .collect();
-            out_rows.push(json!({
-                "prompt_id": row.prompt_id,
-                "response": response,
-                "graded": true,
-                "score": conrub_eval::example_score(&items),
-                "items": items,
-            }));
-            examples.push((row.example_tags.clone(), items));
+        for (n, ((k, response, tokens), v)) in responses.iter().zip(&points_verdicts).enumerate() {
+            let row = &rows[*k];
+            let mut out = json!({"id": row.id, "sample": n % self.samples.max(1), "response": response, "response_tokens": tokens});
+            match &v.labels {
+                Some(labels) => {
+                    let items: Vec<GradedItem> = row
+                        .items
+                        .iter()
+                        .zip(labels)
+                        .map(|(i, l)| GradedItem { points: i.points, met: *l == Label::Yes, tags: i.tags.clone() })
+                        .collect();
+                    out["graded"] = json!(true);
+                    out["score"] = json!(conrub_eval::example_score(&items));
+                    out["items"] = json!(items);
+                    examples.push((row.example_tags.clone(), items));
+                }
+                None => {
+                    ungraded += 1;
+                    out["graded"] = json!(false);
+                    out["error"] = json!(v.error);
+                }
+            }
+            if let Some(t) = three_verdicts.get(n) {
+                match &t.labels {
+                    Some(labels) => {
+                        out["three_state"] = json!({"labels": labels, "score": conrub_eval::three_state_score(labels)});
+                        three_rows.push((row.example_tags.clone(), labels.clone()));
+                    }
+                    None => out["three_state"] = json!({"error": t.error}),
+                }
+            }
+            out_rows.push(out);
         }
         let summary = summarize(&examples, 1000, self.seed);
+        let three = (!self.skip_three_state).then(|| summarize_three_state(&three_rows, 1000, self.seed));
         let report = json!({
             "kind": "rubric",
             "data": self.data.display().to_string(),
-            "model": self.model,
+            "model": model_info(&self.model, &qwen.dir),
             "grader": judges.criterion.id(),
-            "settings": {"samples": self.samples, "decoding": if greedy { "greedy" } else { "sampled" }, "seed": self.seed, "max_new_tokens": self.max_new_tokens},
+            "settings": {
+                "samples": self.samples, "decoding": if greedy { "greedy" } else { "sampled" }, "seed": self.seed,
+                "max_new_tokens": self.max_new_tokens, "enable_thinking": false, "bootstrap_resamples": 1000,
+            },
             "summary": summary,
+            "three_state": three,
             "ungraded": ungraded,
-            "timings": {"generation_seconds": gen_secs, "total_seconds": start.elapsed().as_secs_f64()},
+            "three_state_ungraded": three_requests.len() - three_rows.len(),
+            "timings": {
+                "generation_seconds": gen_secs, "generated_tokens": generated,
+                "tokens_per_second": generated as f64 / gen_secs.max(1e-9), "grading_seconds": grade_secs,
+                "grader_answers_from_cache": from_cache, "grader_calls": grader_calls, "total_seconds": start.elapsed().as_secs_f64(),
+            },
         });
         std::fs::create_dir_all(&self.out).with_context(|| self.out.display().to_string())?;
         write_jsonl_atomic(&self.out.join("examples.jsonl"), &out_rows)?;
         write_bytes_atomic(&self.out.join("report.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+        let three_line = three.map(|t| format!("; three-state {:.4} +- {:.4}", t.mean, t.bootstrap_std)).unwrap_or_default();
         println!(
-            "rubric score {:.4} +- {:.4} (bootstrap std) on {} graded responses ({} ungraded); report {}",
+            "rubric score {:.4} +- {:.4} (bootstrap std) on {} graded responses ({} ungraded){}; {} grader answers from cache, {} grader calls; report {}",
             summary.score,
             summary.bootstrap_std,
             summary.examples,
             ungraded,
+            three_line,
+            from_cache,
+            grader_calls,
             self.out.join("report.json").display()
         );
         Ok(())
@@ -259,7 +368,8 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
             if a["kind"] != b["kind"] {
                 bail!("{} is a {} report but {} is a {} report", c.a.display(), a["kind"], c.b.display(), b["kind"]);
             }
-            println!("A = {} ({})\nB = {} ({})", c.a.display(), a["model"], c.b.display(), b["model"]);
+            let model = |r: &serde_json::Value| r["model"]["id"].as_str().or(r["model"].as_str()).unwrap_or("?").to_string();
+            println!("A = {} ({})\nB = {} ({})", c.a.display(), model(&a), c.b.display(), model(&b));
             print!("{}", compare_reports(&a, &b, ("A", "B")));
             Ok(())
         }
@@ -308,14 +418,23 @@ impl BackendTask for McqArgs {
             eprintln!("{}/{} questions", rows.len(), items.len());
         }
         let summary = McqSummary::from_answers(&answers);
+        let mut per_subject: std::collections::BTreeMap<String, Vec<(Option<usize>, usize)>> = Default::default();
+        for (it, a) in items.iter().zip(&answers) {
+            if let Some(s) = &it.subject {
+                per_subject.entry(s.clone()).or_default().push(*a);
+            }
+        }
+        let by_subject: std::collections::BTreeMap<String, McqSummary> =
+            per_subject.into_iter().map(|(k, v)| (k, McqSummary::from_answers(&v))).collect();
         let secs = start.elapsed().as_secs_f64();
         let report = json!({
             "kind": "mcq",
             "format": self.format,
             "data": self.data.display().to_string(),
-            "model": self.model,
+            "model": model_info(&self.model, &qwen.dir),
             "settings": {"decoding": "greedy", "max_new_tokens": self.max_new_tokens, "enable_thinking": false},
             "summary": summary,
+            "by_subject": by_subject,
             "timings": {"seconds": secs, "generated_tokens": generated, "tokens_per_second": generated as f64 / secs.max(1e-9)},
         });
         std::fs::create_dir_all(&self.out).with_context(|| self.out.display().to_string())?;
