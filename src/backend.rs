@@ -1,12 +1,12 @@
 //! Backend selection: cargo features decide which backends exist, `--device` picks one at run time.
 
 use anyhow::{bail, Result};
-use burn::tensor::backend::Backend;
+use conrub_kernels::GrpoOps;
 
 /// Work that runs on whichever backend `--device` selects.
 pub trait BackendTask {
     /// Runs on backend `B` and device `device`.
-    fn run<B: Backend>(self, device: B::Device) -> Result<()>;
+    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()>;
 }
 
 /// Devices accepted by `--device`.

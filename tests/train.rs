@@ -55,7 +55,7 @@ fn train_resume_and_export() {
     for f in ["reward.svg", "tie_rate.svg", "accepted_pairs.svg", "response_length.svg"] {
         assert!(std::fs::read_to_string(straight.join(f)).unwrap().contains("<polyline"), "{f}");
     }
-    for key in ["reward_mean", "reward_histogram", "ties", "clip_low", "clip_high", "grad_norms", "truncated", "judge_latency_ms", "response_len_p90"] {
+    for key in ["reward_mean", "reward_histogram", "ties", "clip_low", "clip_high", "grad_norms", "truncated", "judge_latency_ms", "response_len_p90", "entropy"] {
         assert!(a[0].get(key).is_some(), "metrics lack {key}");
     }
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use burn::tensor::backend::Backend;
+use conrub_kernels::GrpoOps;
 use clap::{Args, Subcommand};
 use conrub_eval::{extract_choice, load_items, McqFormat, McqSummary};
 use conrub_qwen3::{ChatMessage, ChatOptions, Qwen3, SamplingConfig};
@@ -146,7 +146,7 @@ fn model_info(arg: &str, dir: &std::path::Path) -> serde_json::Value {
 }
 
 impl BackendTask for RubricArgs {
-    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
         use conrub_eval::{summarize, summarize_three_state, GradedItem};
         use conrub_judge::{CriterionRequest, JudgeKind};
         use conrub_rubric::{Label, ScoringMode};
@@ -377,7 +377,7 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
 }
 
 impl BackendTask for McqArgs {
-    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
         let format: McqFormat = self.format.parse().map_err(anyhow::Error::msg).context("--format")?;
         let text = std::fs::read_to_string(&self.data).with_context(|| format!("cannot read {}", self.data.display()))?;
         let mut items = load_items(format, &text).map_err(anyhow::Error::msg).with_context(|| self.data.display().to_string())?;

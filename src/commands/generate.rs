@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use burn::tensor::backend::Backend;
+use conrub_kernels::GrpoOps;
 use clap::Args;
 use conrub_qwen3::{ChatMessage, ChatOptions, Qwen3, SamplingConfig};
 
@@ -62,7 +62,7 @@ pub struct GenerateArgs {
 }
 
 impl BackendTask for GenerateArgs {
-    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
         let qwen = Qwen3::<B>::load(&self.model, &device)?;
         let tok = qwen.tokenizer.as_ref();
         let prompt: Vec<u32> = if let Some(ids) = &self.ids {

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use burn::tensor::backend::Backend;
+use conrub_kernels::GrpoOps;
 use conrub_judge::{JudgeConfig, JudgeKind, Judges};
 use conrub_rubric::RubricSet;
 
@@ -25,7 +25,7 @@ struct LocalTask<'a, F> {
 }
 
 impl<F: FnOnce(Judges) -> Result<()>> BackendTask for LocalTask<'_, F> {
-    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
         let judges = self.cfg.build_local::<B>(&device).context("building the in-process judge")?;
         (self.f)(judges)
     }

@@ -1,7 +1,7 @@
 //! `conrub logprobs`.
 
 use anyhow::Result;
-use burn::tensor::backend::Backend;
+use conrub_kernels::GrpoOps;
 use clap::Args;
 use conrub_qwen3::{score_sequences, Qwen3};
 
@@ -31,7 +31,7 @@ struct Task {
 }
 
 impl BackendTask for Task {
-    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
         let qwen = Qwen3::<B>::load(&self.model, &device)?;
         let scores = score_sequences(&qwen.model, &[self.ids], qwen.pad_id(), &device)?
             .pop()

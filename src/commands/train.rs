@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
-use burn::tensor::backend::Backend;
+use conrub_kernels::GrpoOps;
 use clap::Args;
 use conrub_grpo::{
     sft_warmup, train, ChatTemplateCodec, JudgeRewards, Learner, LearnerConfig, NoTieBreaker, PairwiseTieBreaker,
@@ -176,12 +176,12 @@ struct TrainTask {
 }
 
 impl BackendTask for TrainTask {
-    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
         train_on::<B>(self, device)
     }
 }
 
-fn train_on<B: Backend>(task: TrainTask, device: B::Device) -> Result<()> {
+fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
     let TrainTask { cfg, base, resume } = task;
     let rel = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
     let rubrics = read_rubrics(&rel(&cfg.data.rubrics))?;

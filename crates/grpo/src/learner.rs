@@ -162,6 +162,9 @@ pub struct StepMetrics {
     pub loss: f64,
     /// Mean k3 KL to the reference (when `kl_beta > 0`).
     pub kl: Option<f64>,
+    /// Mean next-token entropy over response tokens (last PPO epoch), when the policy reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<f64>,
     /// Global gradient norm before clipping, per optimizer step.
     pub grad_norms: Vec<f64>,
     /// Optimizer steps taken.
@@ -226,7 +229,7 @@ fn histogram(values: &[f64]) -> Vec<u64> {
 
 impl<B, P> Learner<B, P>
 where
-    B: AutodiffBackend,
+    B: AutodiffBackend + conrub_kernels::GrpoOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
 {
@@ -366,6 +369,7 @@ where
         for epoch in 0..self.cfg.ppo_epochs {
             let last = epoch + 1 == self.cfg.ppo_epochs;
             let (mut loss_sum, mut low_sum, mut high_sum, mut kl_sum, mut micro_count, mut tok_sum) = (0.0, 0.0, 0.0, 0.0, 0usize, 0.0);
+            let mut entropy_sum: Option<f64> = None;
             for mini in &minis {
                 let mini_tokens: usize = mini.iter().map(|&r| tokens.responses[r].len()).sum();
                 let mut acc = GradientsAccumulator::<P>::new();
@@ -382,8 +386,12 @@ where
                     };
                     let adv: Vec<f32> = micro.iter().map(|&row| advantages[row] as f32).collect();
                     let micro_tokens: usize = micro.iter().map(|&row| tokens.responses[row].len()).sum();
+                    let (logp, entropy) = self.policy.response_logprobs_and_entropy(&tf, &self.device);
+                    if let Some(e) = entropy {
+                        *entropy_sum.get_or_insert(0.0) += e.sum().into_scalar().elem::<f64>();
+                    }
                     let batch = SurrogateBatch {
-                        logp: self.policy.response_logprobs(&tf, &self.device),
+                        logp,
                         logp_old: pad(&old),
                         advantages: Tensor::from_data(TensorData::new(adv, [rows]), &self.device),
                         mask: Tensor::from_data(TensorData::new(tf.mask.clone(), [rows, r]), &self.device),
@@ -450,6 +458,7 @@ where
                 metrics.clip_low = low_sum / tok_sum.max(1.0);
                 metrics.clip_high = high_sum / tok_sum.max(1.0);
                 metrics.kl = (self.cfg.kl_beta != 0.0).then(|| kl_sum / tok_sum.max(1.0));
+                metrics.entropy = entropy_sum.map(|e| e / tok_sum.max(1.0));
             }
         }
         let update_secs = t2.elapsed().as_secs_f64();

@@ -1,4 +1,6 @@
-//! The policy loss (SPEC section 6) as burn tensor code: autodiff differentiates it on any backend.
+//! The policy loss (SPEC section 6). The clipped-ratio part runs as one fused op of
+//! `conrub-kernels` (a CubeCL kernel on GPU backends, primitive tensor ops elsewhere, a hand-written
+//! backward under autodiff); the optional KL term is ordinary tensor code.
 //!
 //! Per token: `rho = exp(logp - logp_old)`, loss `-min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)`
 //! (plus `beta * k3` when a reference model is given). Aggregation, by default: mean over each
@@ -8,6 +10,7 @@
 use burn::tensor::activation::log_sigmoid;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
+use conrub_kernels::{Clip, GrpoOps, Reduce};
 use serde::{Deserialize, Serialize};
 
 /// Asymmetric clipping range.
@@ -71,7 +74,7 @@ pub struct SurrogateOutput<B: Backend> {
 }
 
 /// The clipped surrogate of a batch; `kl_beta` weighs the k3 KL term (used only with `logp_ref`).
-pub fn clipped_surrogate<B: Backend>(
+pub fn clipped_surrogate<B: GrpoOps>(
     batch: SurrogateBatch<B>,
     clip: ClipRange,
     aggregation: Aggregation,
@@ -79,32 +82,40 @@ pub fn clipped_surrogate<B: Backend>(
 ) -> SurrogateOutput<B> {
     let SurrogateBatch { logp, logp_old, advantages, mask, logp_ref } = batch;
     let [n, _t] = logp.dims();
-    let adv = advantages.unsqueeze_dim::<2>(1);
-    let ratio = (logp.clone() - logp_old).exp();
-    let unclipped = ratio.clone() * adv.clone();
-    let clipped = ratio.clone().clamp(1.0 - clip.low, 1.0 + clip.high) * adv.clone();
-    let mut per_token = unclipped.min_pair(clipped).neg();
+    let reduce = match aggregation {
+        Aggregation::SequenceMean => Reduce::TokenMean,
+        _ => Reduce::TokenSum,
+    };
+    let fused = conrub_kernels::clipped_surrogate(
+        logp.clone(),
+        logp_old,
+        advantages,
+        mask.clone(),
+        Clip { low: clip.low, high: clip.high },
+        reduce,
+    );
+    let tokens = mask.clone().sum().clamp_min(1.0);
+    // Per-response values -> the aggregate; the same rule then applies to the KL term.
+    let aggregate = |per_response: Tensor<B, 1>| match aggregation {
+        Aggregation::SequenceMean => per_response.mean(),
+        Aggregation::TokenMean => per_response.sum() / tokens.clone(),
+        Aggregation::DrGrpo { max_len } => per_response.sum() / (n * max_len.max(1)) as f64,
+    };
+    let mut loss = aggregate(fused.per_response);
     let kl = logp_ref.filter(|_| kl_beta != 0.0).map(|r| {
         let d = r - logp;
-        d.clone().exp() - d - 1.0
+        (d.clone().exp() - d - 1.0) * mask.clone()
     });
     if let Some(k) = &kl {
-        per_token = per_token + k.clone() * kl_beta;
-    }
-    let tokens = mask.clone().sum().clamp_min(1.0);
-    let loss = match aggregation {
-        Aggregation::SequenceMean => {
-            let per_response = (per_token * mask.clone()).sum_dim(1) / mask.clone().sum_dim(1).clamp_min(1.0);
-            per_response.mean()
+        let mut per_response = k.clone().sum_dim(1);
+        if reduce == Reduce::TokenMean {
+            per_response = per_response / mask.clone().sum_dim(1).clamp_min(1.0);
         }
-        Aggregation::TokenMean => (per_token * mask.clone()).sum() / tokens.clone(),
-        Aggregation::DrGrpo { max_len } => (per_token * mask.clone()).sum() / (n * max_len.max(1)) as f64,
-    };
-    let low = ratio.clone().lower_elem(1.0 - clip.low).float() * adv.clone().lower_elem(0.0).float();
-    let high = ratio.greater_elem(1.0 + clip.high).float() * adv.greater_elem(0.0).float();
-    let frac = |x: Tensor<B, 2>| ((x * mask.clone()).sum() / tokens.clone()).detach();
-    let kl_mean = kl.map(|k| frac(k));
-    SurrogateOutput { loss, clip_low: frac(low), clip_high: frac(high), kl: kl_mean }
+        loss = loss + aggregate(per_response.reshape([n])) * kl_beta;
+    }
+    let frac = |count: Tensor<B, 1>| (count.sum() / tokens.clone()).detach();
+    let kl_mean = kl.map(|k| (k.sum() / tokens.clone()).detach());
+    SurrogateOutput { loss, clip_low: frac(fused.clip_low), clip_high: frac(fused.clip_high), kl: kl_mean }
 }
 
 /// The GRPO+DPO baseline term over accepted pairs: `-(1/B_global) * sum log sigmoid(beta *

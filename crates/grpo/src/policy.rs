@@ -2,9 +2,9 @@
 //! model can too.
 
 use burn::module::Module;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use conrub_kernels::{token_logprobs, GrpoOps, DEFAULT_CHUNK_TOKENS};
 use conrub_qwen3::{PaddedBatch, Padding, Qwen3ForCausalLM, SamplingConfig};
 use serde::{Deserialize, Serialize};
 
@@ -93,13 +93,27 @@ pub trait Policy<B: Backend>: Module<B> {
     /// `log p(response[j] | prompt, response[..j])` as `[rows, R]` (0 on padding slots), differentiable.
     fn response_logprobs(&self, batch: &TeacherForcing, device: &B::Device) -> Tensor<B, 2>;
 
+    /// [`Policy::response_logprobs`] plus, where the model computes it in the same pass, the entropy
+    /// of each next-token distribution `[rows, R]` (telemetry only, no gradient).
+    fn response_logprobs_and_entropy(&self, batch: &TeacherForcing, device: &B::Device) -> (Tensor<B, 2>, Option<Tensor<B, 2>>) {
+        (self.response_logprobs(batch, device), None)
+    }
+
     /// Samples one response per prompt (no gradient is needed; the learner calls this on the
     /// inner backend).
     fn sample(&self, prompts: &[Vec<u32>], settings: &SampleSettings, device: &B::Device) -> Result<Vec<Sample>, String>;
 }
 
-impl<B: Backend> Policy<B> for Qwen3ForCausalLM<B> {
+/// The Qwen3 policy computes response log-probabilities with the fused, chunked
+/// [`conrub_kernels::token_logprobs`]: only the response positions go through the head, a chunk of
+/// [`conrub_kernels::DEFAULT_CHUNK_TOKENS`] tokens at a time, and the backward recomputes each
+/// chunk instead of keeping `[tokens, vocab]` probabilities.
+impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
     fn response_logprobs(&self, tf: &TeacherForcing, device: &B::Device) -> Tensor<B, 2> {
+        self.response_logprobs_and_entropy(tf, device).0
+    }
+
+    fn response_logprobs_and_entropy(&self, tf: &TeacherForcing, device: &B::Device) -> (Tensor<B, 2>, Option<Tensor<B, 2>>) {
         let padded = PaddedBatch::new(&tf.sequences, 0, Padding::Right);
         let hidden = self.forward_hidden(&padded.to_device(device), None);
         let [n, _, h] = hidden.dims();
@@ -107,11 +121,11 @@ impl<B: Backend> Policy<B> for Qwen3ForCausalLM<B> {
         let pos = Tensor::<B, 1, Int>::from_data(TensorData::new(tf.positions.clone(), [n * r]), device)
             .reshape([n, r, 1])
             .repeat_dim(2, h);
-        // Only the response positions go through the head.
-        let logits = self.logits(hidden.gather(1, pos));
-        let targets = Tensor::<B, 3, Int>::from_data(TensorData::new(tf.targets.clone(), [n, r, 1]), device);
+        let picked = hidden.gather(1, pos).reshape([n * r, h]);
+        let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(tf.targets.clone(), [n * r]), device);
+        let out = token_logprobs(picked, self.head_weight(), targets, DEFAULT_CHUNK_TOKENS);
         let mask = Tensor::<B, 2>::from_data(TensorData::new(tf.mask.clone(), [n, r]), device);
-        log_softmax(logits, 2).gather(2, targets).reshape([n, r]) * mask
+        (out.logprobs.reshape([n, r]) * mask.clone(), Some(out.entropy.reshape([n, r]) * mask))
     }
 
     fn sample(&self, prompts: &[Vec<u32>], s: &SampleSettings, device: &B::Device) -> Result<Vec<Sample>, String> {

@@ -89,7 +89,7 @@ pub async fn train<B, P>(
     progress: &mut dyn FnMut(&str),
 ) -> Result<RunSummary, String>
 where
-    B: AutodiffBackend,
+    B: AutodiffBackend + conrub_kernels::GrpoOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
 {

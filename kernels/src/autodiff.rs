@@ -1,0 +1,115 @@
+//! `GrpoOps` under `Autodiff<B>`: the forward runs on `B` (kernels where `B` has them) and a
+//! hand-written backward is registered; only `logprobs` and the surrogate loss carry gradients.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::{Autodiff, NodeId};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+
+use crate::{float, Clip, GrpoOps, Reduce};
+
+#[derive(Debug)]
+struct TokenLogprobsBackward;
+
+impl<B: GrpoOps> Backward<B, 2> for TokenLogprobsBackward {
+    /// Checkpointed hidden states and head, targets, log-sum-exp per token, chunk size.
+    type State = (NodeId, NodeId, IntTensor<B>, FloatTensor<B>, usize);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+        let [node_h, node_w] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (h_id, w_id, targets, lse, chunk) = ops.state;
+        let hidden: FloatTensor<B> = checkpointer.retrieve_node_output(h_id);
+        let weight: FloatTensor<B> = checkpointer.retrieve_node_output(w_id);
+        let (gh, gw) =
+            B::token_logprobs_backward(hidden, weight, targets, lse, grad, chunk, (node_h.is_some(), node_w.is_some()));
+        if let (Some(node), Some(g)) = (node_h, gh) {
+            grads.register::<B>(node.id, g);
+        }
+        if let (Some(node), Some(g)) = (node_w, gw) {
+            grads.register::<B>(node.id, g);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct SurrogateBackward;
+
+impl<B: GrpoOps> Backward<B, 1> for SurrogateBackward {
+    /// `logp`, `logp_old`, advantages, mask, clip range, reduction.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, (f64, f64), bool);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let Some(node) = node else { return };
+        let (logp, logp_old, adv, mask, (low, high), mean) = ops.state;
+        let scale = if mean {
+            let m: burn::tensor::Tensor<B, 2> = float(mask.clone());
+            let [n, _] = m.dims();
+            let count = m.sum_dim(1).clamp_min(1.0).reshape([n]);
+            (float::<B, 1>(grad) / count).into_primitive().tensor()
+        } else {
+            grad
+        };
+        let g = B::surrogate_backward(logp, logp_old, adv, mask, Clip { low, high }, scale);
+        grads.register::<B>(node.id, g);
+    }
+}
+
+impl<B: GrpoOps, C: CheckpointStrategy> GrpoOps for Autodiff<B, C> {
+    fn token_logprobs(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_tokens: usize,
+    ) -> [FloatTensor<Self>; 3] {
+        let [lp, ent, lse] = B::token_logprobs(hidden.primitive.clone(), weight.primitive.clone(), targets.clone(), chunk_tokens);
+        let untracked = |t: FloatTensor<B>| <Autodiff<B, C> as AutodiffBackend>::from_inner(t);
+        match TokenLogprobsBackward.prepare::<C>([hidden.node.clone(), weight.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let h = prep.checkpoint(&hidden);
+                let w = prep.checkpoint(&weight);
+                let lp = prep.finish((h, w, targets, lse.clone(), chunk_tokens), lp);
+                [lp, untracked(ent), untracked(lse)]
+            }
+            OpsKind::UnTracked(prep) => [prep.finish(lp), untracked(ent), untracked(lse)],
+        }
+    }
+
+    fn clipped_surrogate(
+        logp: FloatTensor<Self>,
+        logp_old: FloatTensor<Self>,
+        advantages: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        clip: Clip,
+        reduce: Reduce,
+    ) -> [FloatTensor<Self>; 3] {
+        let [loss, low, high] = B::surrogate_forward(
+            logp.primitive.clone(),
+            logp_old.primitive.clone(),
+            advantages.primitive.clone(),
+            mask.primitive.clone(),
+            clip,
+            reduce,
+        );
+        let untracked = |t: FloatTensor<B>| <Autodiff<B, C> as AutodiffBackend>::from_inner(t);
+        match SurrogateBackward.prepare::<C>([logp.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let state = (
+                    logp.primitive,
+                    logp_old.primitive,
+                    advantages.primitive,
+                    mask.primitive,
+                    (clip.low, clip.high),
+                    reduce == Reduce::TokenMean,
+                );
+                [prep.finish(state, loss), untracked(low), untracked(high)]
+            }
+            OpsKind::UnTracked(prep) => [prep.finish(loss), untracked(low), untracked(high)],
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! CubeCL kernels (one source for CUDA, HIP and wgpu) and `GrpoOps` for `CubeBackend`.
+//!
+//! Every tensor is indexed through its strides, outputs included: CUDA allocates row-pitched
+//! buffers, and logits may arrive as transposed views.
+
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{Shape, TensorMetadata};
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::prelude::*;
+
+use crate::{Clip, GrpoOps, Reduce};
+
+/// Threads per cube of the row kernels (a power of two).
+const ROW_BLOCK: u32 = 256;
+
+/// One cube per logit row: an online log-sum-exp over the vocabulary (each thread walks a strided
+/// tile of it keeping a running max `m`, `sum exp(x - m)` and `sum exp(x - m) * x`), a tree merge
+/// of the per-thread states in shared memory, then the target's log-probability and the entropy.
+#[cube(launch)]
+fn row_stats_kernel<F: Float, I: Numeric>(
+    logits: &Tensor<F>,
+    targets: &Tensor<I>,
+    logp: &mut Tensor<F>,
+    entropy: &mut Tensor<F>,
+    lse: &mut Tensor<F>,
+    #[comptime] block: u32,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let row = CUBE_POS_X as usize;
+    let unit = UNIT_POS_X as usize;
+    let step = block as usize;
+    let vocab = logits.shape(1);
+    let base = row * logits.stride(0);
+    let cs = logits.stride(1);
+    let one = F::new(1.0);
+    let mut m = F::new(-1.0e30);
+    let mut s = F::new(0.0);
+    let mut t = F::new(0.0);
+    let mut v = unit;
+    while v < vocab {
+        let x = logits[base + v * cs];
+        if x > m {
+            let scale = (m - x).exp();
+            s = s * scale + one;
+            t = t * scale + x;
+            m = x;
+        } else {
+            let e = (x - m).exp();
+            s += e;
+            t += e * x;
+        }
+        v += step;
+    }
+    let mut sm = SharedMemory::<F>::new(step);
+    let mut ss = SharedMemory::<F>::new(step);
+    let mut st = SharedMemory::<F>::new(step);
+    sm[unit] = m;
+    ss[unit] = s;
+    st[unit] = t;
+    sync_cube();
+    let mut half = (CUBE_DIM_X / 2) as usize;
+    while half > 0 {
+        if unit < half {
+            let m1 = sm[unit];
+            let m2 = sm[unit + half];
+            let mx = F::max(m1, m2);
+            let a = (m1 - mx).exp();
+            let b = (m2 - mx).exp();
+            ss[unit] = ss[unit] * a + ss[unit + half] * b;
+            st[unit] = st[unit] * a + st[unit + half] * b;
+            sm[unit] = mx;
+        }
+        sync_cube();
+        half /= 2;
+    }
+    if unit == 0 {
+        let l = sm[0] + ss[0].ln();
+        let tgt = u32::cast_from(targets[row * targets.stride(0)]) as usize;
+        // An out-of-range target cannot be read; it gets a log-probability no real token has.
+        let mut lp = F::new(-1.0e30);
+        if tgt < vocab {
+            lp = logits[base + tgt * cs] - l;
+        }
+        logp[row * logp.stride(0)] = lp;
+        entropy[row * entropy.stride(0)] = l - st[0] / ss[0];
+        lse[row * lse.stride(0)] = l;
+    }
+}
+
+/// `grad[r] * (onehot(target_r) - exp(x - lse_r))`, one unit per logit: cubes along x cover the
+/// vocabulary, along y the rows.
+#[cube(launch)]
+fn logits_grad_kernel<F: Float, I: Numeric>(
+    logits: &Tensor<F>,
+    targets: &Tensor<I>,
+    lse: &Tensor<F>,
+    grad: &Tensor<F>,
+    out: &mut Tensor<F>,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let row = CUBE_POS_Y as usize;
+    let v = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
+    if v >= logits.shape(1) {
+        terminate!();
+    }
+    let x = logits[row * logits.stride(0) + v * logits.stride(1)];
+    let p = (x - lse[row * lse.stride(0)]).exp();
+    let tgt = u32::cast_from(targets[row * targets.stride(0)]) as usize;
+    let mut d = F::new(0.0) - p;
+    if v == tgt {
+        d += F::new(1.0);
+    }
+    out[row * out.stride(0) + v * out.stride(1)] = grad[row * grad.stride(0)] * d;
+}
+
+/// One cube per response: the masked per-token loss summed over the response's tokens (divided by
+/// their count for the token mean) and the low/high clip counts, merged in shared memory.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn surrogate_forward_kernel<F: Float>(
+    logp: &Tensor<F>,
+    logp_old: &Tensor<F>,
+    adv: &Tensor<F>,
+    mask: &Tensor<F>,
+    loss: &mut Tensor<F>,
+    low: &mut Tensor<F>,
+    high: &mut Tensor<F>,
+    eps_low: f32,
+    eps_high: f32,
+    mean: u32,
+    #[comptime] block: u32,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = CUBE_POS_X as usize;
+    let unit = UNIT_POS_X as usize;
+    let step = block as usize;
+    let len = logp.shape(1);
+    let zero = F::new(0.0);
+    let a = adv[row * adv.stride(0)];
+    let lo = F::cast_from(1.0 - eps_low);
+    let hi = F::cast_from(1.0 + eps_high);
+    let mut sum = zero;
+    let mut count = zero;
+    let mut n_low = zero;
+    let mut n_high = zero;
+    let mut j = unit;
+    while j < len {
+        let w = mask[row * mask.stride(0) + j * mask.stride(1)];
+        let r = (logp[row * logp.stride(0) + j * logp.stride(1)] - logp_old[row * logp_old.stride(0) + j * logp_old.stride(1)]).exp();
+        let un = r * a;
+        let cl = F::min(F::max(r, lo), hi) * a;
+        sum += (zero - F::min(un, cl)) * w;
+        count += w;
+        if r < lo && a < zero {
+            n_low += w;
+        }
+        if r > hi && a > zero {
+            n_high += w;
+        }
+        j += step;
+    }
+    let mut s0 = SharedMemory::<F>::new(step);
+    let mut s1 = SharedMemory::<F>::new(step);
+    let mut s2 = SharedMemory::<F>::new(step);
+    let mut s3 = SharedMemory::<F>::new(step);
+    s0[unit] = sum;
+    s1[unit] = count;
+    s2[unit] = n_low;
+    s3[unit] = n_high;
+    sync_cube();
+    let mut half = (CUBE_DIM_X / 2) as usize;
+    while half > 0 {
+        if unit < half {
+            s0[unit] = s0[unit] + s0[unit + half];
+            s1[unit] = s1[unit] + s1[unit + half];
+            s2[unit] = s2[unit] + s2[unit + half];
+            s3[unit] = s3[unit] + s3[unit + half];
+        }
+        sync_cube();
+        half /= 2;
+    }
+    if unit == 0 {
+        let mut out = s0[0];
+        if mean == 1 {
+            out = s0[0] / F::max(s1[0], F::new(1.0));
+        }
+        loss[row * loss.stride(0)] = out;
+        low[row * low.stride(0)] = s2[0];
+        high[row * high.stride(0)] = s3[0];
+    }
+}
+
+/// `-A * rho * mask * scale[b]` where the unclipped term is the minimum, else 0; one unit per
+/// token (cubes along x cover the tokens, along y the responses).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn surrogate_backward_kernel<F: Float>(
+    logp: &Tensor<F>,
+    logp_old: &Tensor<F>,
+    adv: &Tensor<F>,
+    mask: &Tensor<F>,
+    scale: &Tensor<F>,
+    out: &mut Tensor<F>,
+    eps_low: f32,
+    eps_high: f32,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = CUBE_POS_Y as usize;
+    let j = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
+    if j >= logp.shape(1) {
+        terminate!();
+    }
+    let a = adv[row * adv.stride(0)];
+    let r = (logp[row * logp.stride(0) + j * logp.stride(1)] - logp_old[row * logp_old.stride(0) + j * logp_old.stride(1)]).exp();
+    let un = r * a;
+    let cl = F::min(F::max(r, F::cast_from(1.0 - eps_low)), F::cast_from(1.0 + eps_high)) * a;
+    let mut g = F::new(0.0);
+    if un <= cl {
+        g = (F::new(0.0) - un) * mask[row * mask.stride(0) + j * mask.stride(1)] * scale[row * scale.stride(0)];
+    }
+    out[row * out.stride(0) + j * out.stride(1)] = g;
+}
+
+fn empty_like<R: CubeRuntime>(t: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
+    empty_device_dtype::<R>(t.client.clone(), t.device.clone(), shape, t.dtype)
+}
+
+fn row_block<R: CubeRuntime>(t: &CubeTensor<R>) -> u32 {
+    let hw = t.client.properties().hardware.max_cube_dim.0;
+    let mut b = ROW_BLOCK;
+    while b > hw {
+        b /= 2;
+    }
+    b
+}
+
+fn elementwise_grid(cols: usize, rows: usize, block: u32) -> (CubeCount, CubeDim) {
+    (CubeCount::Static((cols as u32).div_ceil(block), rows as u32, 1), CubeDim::new_1d(block))
+}
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GrpoOps for CubeBackend<R, F, I, BT> {
+    fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
+        burn_cubecl::kernel::into_contiguous(tensor)
+    }
+
+    fn logits_row_stats(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> [FloatTensor<Self>; 3] {
+        let rows = logits.shape().dims::<2>()[0];
+        let outs = [(); 3].map(|_| empty_like(&logits, Shape::new([rows])));
+        let block = row_block(&logits);
+        let dtypes = [logits.dtype.into(), targets.dtype.into()];
+        let client = logits.client.clone();
+        row_stats_kernel::launch::<R>(
+            &client,
+            CubeCount::Static(rows as u32, 1, 1),
+            CubeDim::new_1d(block),
+            logits.into_tensor_arg(),
+            targets.into_tensor_arg(),
+            outs[0].clone().into_tensor_arg(),
+            outs[1].clone().into_tensor_arg(),
+            outs[2].clone().into_tensor_arg(),
+            block,
+            dtypes,
+        );
+        outs
+    }
+
+    fn logits_grad(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let [rows, vocab] = logits.shape().dims::<2>();
+        let out = empty_like(&logits, Shape::new([rows, vocab]));
+        let (count, dim) = elementwise_grid(vocab, rows, ROW_BLOCK.min(row_block(&logits)));
+        let dtypes = [logits.dtype.into(), targets.dtype.into()];
+        let client = logits.client.clone();
+        logits_grad_kernel::launch::<R>(
+            &client,
+            count,
+            dim,
+            logits.into_tensor_arg(),
+            targets.into_tensor_arg(),
+            lse.into_tensor_arg(),
+            grad.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            dtypes,
+        );
+        out
+    }
+
+    fn surrogate_forward(
+        logp: FloatTensor<Self>,
+        logp_old: FloatTensor<Self>,
+        advantages: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        clip: Clip,
+        reduce: Reduce,
+    ) -> [FloatTensor<Self>; 3] {
+        let rows = logp.shape().dims::<2>()[0];
+        let outs = [(); 3].map(|_| empty_like(&logp, Shape::new([rows])));
+        let block = row_block(&logp);
+        let dtype = logp.dtype.into();
+        let client = logp.client.clone();
+        surrogate_forward_kernel::launch::<R>(
+            &client,
+            CubeCount::Static(rows as u32, 1, 1),
+            CubeDim::new_1d(block),
+            logp.into_tensor_arg(),
+            logp_old.into_tensor_arg(),
+            advantages.into_tensor_arg(),
+            mask.into_tensor_arg(),
+            outs[0].clone().into_tensor_arg(),
+            outs[1].clone().into_tensor_arg(),
+            outs[2].clone().into_tensor_arg(),
+            clip.low as f32,
+            clip.high as f32,
+            (reduce == Reduce::TokenMean) as u32,
+            block,
+            dtype,
+        );
+        outs
+    }
+
+    fn surrogate_backward(
+        logp: FloatTensor<Self>,
+        logp_old: FloatTensor<Self>,
+        advantages: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        clip: Clip,
+        scale: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let [rows, len] = logp.shape().dims::<2>();
+        let out = empty_like(&logp, Shape::new([rows, len]));
+        let (count, dim) = elementwise_grid(len, rows, ROW_BLOCK.min(row_block(&logp)));
+        let dtype = logp.dtype.into();
+        let client = logp.client.clone();
+        surrogate_backward_kernel::launch::<R>(
+            &client,
+            count,
+            dim,
+            logp.into_tensor_arg(),
+            logp_old.into_tensor_arg(),
+            advantages.into_tensor_arg(),
+            mask.into_tensor_arg(),
+            scale.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            clip.low as f32,
+            clip.high as f32,
+            dtype,
+        );
+        out
+    }
+}

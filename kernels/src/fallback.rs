@@ -1,0 +1,169 @@
+//! The portable implementation of [`GrpoOps`](crate::GrpoOps) from primitive tensor ops: what the
+//! CPU backends and libtorch run, and what the kernels are checked against.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{IndexingUpdateOp, Tensor};
+
+use crate::{float, int, Clip, GrpoOps, Reduce};
+
+fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+/// `(W · hᵀ)ᵀ`: the `[vocab, hidden]` head is used in its stored layout (a matmul that needs
+/// contiguous operands would otherwise copy the whole head per chunk) and only the small chunk is
+/// transposed; the result is a `[rows, vocab]` view.
+pub fn chunk_logits<B: GrpoOps>(hidden: FloatTensor<B>, weight: FloatTensor<B>) -> FloatTensor<B> {
+    let ht = B::contiguous(prim(float::<B, 2>(hidden).transpose()));
+    let w: Tensor<B, 2> = float(weight);
+    prim(w.matmul(float(ht)).transpose())
+}
+
+/// Row max, log-sum-exp, target gather and entropy `lse - sum(p x)`.
+pub fn logits_row_stats<B: Backend>(logits: FloatTensor<B>, targets: IntTensor<B>) -> [FloatTensor<B>; 3] {
+    let x: Tensor<B, 2> = float(logits);
+    let [rows, _] = x.dims();
+    let t = int::<B, 1>(targets).reshape([rows, 1]);
+    let m = x.clone().max_dim(1);
+    let e = (x.clone() - m.clone()).exp();
+    let s = e.clone().sum_dim(1);
+    let lse = m + s.clone().log();
+    let px = (e * x.clone()).sum_dim(1) / s;
+    let logp = x.gather(1, t) - lse.clone();
+    let entropy = lse.clone() - px;
+    [prim(logp.reshape([rows])), prim(entropy.reshape([rows])), prim(lse.reshape([rows]))]
+}
+
+/// `grad[r] * (onehot(target_r) - exp(logits_r - lse_r))`.
+pub fn logits_grad<B: Backend>(
+    logits: FloatTensor<B>,
+    targets: IntTensor<B>,
+    lse: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let x: Tensor<B, 2> = float(logits);
+    let [rows, _] = x.dims();
+    let lse: Tensor<B, 2> = float::<B, 1>(lse).reshape([rows, 1]);
+    let g: Tensor<B, 2> = float::<B, 1>(grad).reshape([rows, 1]);
+    let t = int::<B, 1>(targets).reshape([rows, 1]);
+    let minus_p = (x - lse).exp() * g.clone().neg();
+    prim(minus_p.scatter(1, t, g, IndexingUpdateOp::Add))
+}
+
+/// The per-token loss, its masked reduction per response and the clip counts.
+pub fn surrogate_forward<B: Backend>(
+    logp: FloatTensor<B>,
+    logp_old: FloatTensor<B>,
+    advantages: FloatTensor<B>,
+    mask: FloatTensor<B>,
+    clip: Clip,
+    reduce: Reduce,
+) -> [FloatTensor<B>; 3] {
+    let lp: Tensor<B, 2> = float(logp);
+    let [n, _] = lp.dims();
+    let mask: Tensor<B, 2> = float(mask);
+    let a = float::<B, 1>(advantages).reshape([n, 1]);
+    let ratio = (lp - float::<B, 2>(logp_old)).exp();
+    let un = ratio.clone() * a.clone();
+    let cl = ratio.clone().clamp(1.0 - clip.low, 1.0 + clip.high) * a.clone();
+    let per = un.min_pair(cl).neg() * mask.clone();
+    let mut loss = per.sum_dim(1);
+    if reduce == Reduce::TokenMean {
+        loss = loss / mask.clone().sum_dim(1).clamp_min(1.0);
+    }
+    let low = ratio.clone().lower_elem(1.0 - clip.low).float() * a.clone().lower_elem(0.0).float() * mask.clone();
+    let high = ratio.greater_elem(1.0 + clip.high).float() * a.greater_elem(0.0).float() * mask;
+    [prim(loss.reshape([n])), prim(low.sum_dim(1).reshape([n])), prim(high.sum_dim(1).reshape([n]))]
+}
+
+/// `d loss / d logp = -A * rho` where the unclipped term is the minimum, else 0; times
+/// `mask * scale[b]`.
+pub fn surrogate_backward<B: Backend>(
+    logp: FloatTensor<B>,
+    logp_old: FloatTensor<B>,
+    advantages: FloatTensor<B>,
+    mask: FloatTensor<B>,
+    clip: Clip,
+    scale: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let lp: Tensor<B, 2> = float(logp);
+    let [n, _] = lp.dims();
+    let a = float::<B, 1>(advantages).reshape([n, 1]);
+    let ratio = (lp - float::<B, 2>(logp_old)).exp();
+    let un = ratio.clone() * a.clone();
+    let cl = ratio.clamp(1.0 - clip.low, 1.0 + clip.high) * a;
+    let active = un.clone().lower_equal(cl).float();
+    let s = float::<B, 1>(scale).reshape([n, 1]);
+    prim(un.neg() * active * float::<B, 2>(mask) * s)
+}
+
+fn chunks(n: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n).step_by(chunk.max(1)).map(move |s| (s, (s + chunk.max(1)).min(n)))
+}
+
+/// The chunked forward through the backend's own row hooks.
+pub fn token_logprobs<B: GrpoOps>(
+    hidden: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    targets: IntTensor<B>,
+    chunk_tokens: usize,
+) -> [FloatTensor<B>; 3] {
+    let h: Tensor<B, 2> = float(hidden);
+    let t = int::<B, 1>(targets);
+    let [n, _] = h.dims();
+    let mut outs: [Vec<Tensor<B, 1>>; 3] = Default::default();
+    for (s, e) in chunks(n, chunk_tokens) {
+        let logits = B::chunk_logits(prim(h.clone().slice(s..e)), weight.clone());
+        let stats = B::logits_row_stats(logits, t.clone().slice(s..e).into_primitive());
+        for (o, x) in outs.iter_mut().zip(stats) {
+            o.push(float(x));
+        }
+    }
+    outs.map(|v| prim(Tensor::cat(v, 0)))
+}
+
+/// The chunked backward: per chunk, logits are recomputed, turned into their gradient, and
+/// multiplied back into the hidden-state and head gradients.
+pub fn token_logprobs_backward<B: GrpoOps>(
+    hidden: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    targets: IntTensor<B>,
+    lse: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    chunk_tokens: usize,
+    want: (bool, bool),
+) -> (Option<FloatTensor<B>>, Option<FloatTensor<B>>) {
+    let h: Tensor<B, 2> = float(hidden);
+    let w: Tensor<B, 2> = float(weight.clone());
+    let t = int::<B, 1>(targets);
+    let lse: Tensor<B, 1> = float(lse);
+    let g: Tensor<B, 1> = float(grad);
+    let [n, _] = h.dims();
+    let mut gh = Vec::new();
+    let mut gw: Option<Tensor<B, 2>> = None;
+    for (s, e) in chunks(n, chunk_tokens) {
+        let hc = h.clone().slice(s..e);
+        let logits = B::chunk_logits(prim(hc.clone()), weight.clone());
+        let gl: Tensor<B, 2> = float(B::logits_grad(
+            logits,
+            t.clone().slice(s..e).into_primitive(),
+            prim(lse.clone().slice(s..e)),
+            prim(g.clone().slice(s..e)),
+        ));
+        if want.0 {
+            gh.push(gl.clone().matmul(w.clone()));
+        }
+        if want.1 {
+            let glt: Tensor<B, 2> = float(B::contiguous(prim(gl.transpose())));
+            let part = glt.matmul(hc);
+            gw = Some(match gw {
+                Some(acc) => acc + part,
+                None => part,
+            });
+        }
+    }
+    let gh = want.0.then(|| prim(Tensor::cat(gh, 0)));
+    let gw = if want.1 { Some(prim(gw.unwrap_or_else(|| w.zeros_like()))) } else { None };
+    (gh, gw)
+}

@@ -1,0 +1,207 @@
+//! The two GRPO hot spots on a 151,936-token vocabulary as a burn backend extension.
+//!
+//! - [`token_logprobs`]: per-token `log p(target)` (and entropy) from hidden states and the LM head,
+//!   a chunk of tokens at a time, so the `[tokens, vocab]` logit matrix is never held whole. The
+//!   backward recomputes each chunk's logits and never stores probabilities.
+//! - [`clipped_surrogate`]: the per-token clipped-ratio loss with asymmetric clipping and a mask,
+//!   reduced per response (token mean or token sum), plus low/high clip counts.
+//!
+//! [`GrpoOps`] is implemented for burn's CubeCL backends with kernels (one source for CUDA and
+//! wgpu; feature `cube`), for burn's fusion wrapper (the kernels run as custom fusion operations),
+//! for the CPU backends and libtorch through a fallback made of primitive tensor ops, and for
+//! `Autodiff<B>` with a hand-written backward. [`reference`] holds the textbook formulas used as
+//! the independent check in tests and as the naive baseline in benchmarks.
+
+mod autodiff;
+mod backends;
+#[cfg(feature = "cube")]
+mod cube;
+pub mod fallback;
+#[cfg(feature = "cube")]
+mod fusion;
+pub mod reference;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{Int, Tensor, TensorPrimitive};
+
+/// Asymmetric clipping of the probability ratio: `[1 - low, 1 + high]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Clip {
+    /// `eps_low`.
+    pub low: f64,
+    /// `eps_high`.
+    pub high: f64,
+}
+
+/// How per-token losses are reduced within each response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    /// Sum over the response's masked tokens divided by their count (at least 1).
+    TokenMean,
+    /// Sum over the response's masked tokens.
+    TokenSum,
+}
+
+/// Tokens per chunk of [`token_logprobs`] unless told otherwise: 512 x 151,936 f32 logits are
+/// 311 MB, against 2.5 GB for the whole matrix of 4,096 tokens.
+pub const DEFAULT_CHUNK_TOKENS: usize = 512;
+
+/// The backend extension. Every method has a portable default made of primitive tensor ops (see
+/// [`fallback`]); CubeCL backends replace the per-row work with kernels, and `Autodiff<B>` replaces
+/// [`GrpoOps::token_logprobs`] and [`GrpoOps::clipped_surrogate`] with tracked versions.
+pub trait GrpoOps: Backend {
+    /// A contiguous copy of a (transposed) view when the backend's matmul needs one: burn 0.21's
+    /// CubeCL matmul gives wrong results for some transposed-view operands (seen on wgpu with a
+    /// 16-row chunk against a 70,000-row head), so the CubeCL backends copy; the CPU backends
+    /// read views correctly and return the tensor as it is.
+    fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
+        tensor
+    }
+
+    /// Logits `[rows, vocab]` of hidden states `[rows, hidden]` against the head `[vocab, hidden]`.
+    fn chunk_logits(hidden: FloatTensor<Self>, weight: FloatTensor<Self>) -> FloatTensor<Self> {
+        fallback::chunk_logits::<Self>(hidden, weight)
+    }
+
+    /// Per row of `logits` `[rows, vocab]`: `[log p(target), entropy, log-sum-exp]`, each `[rows]`.
+    fn logits_row_stats(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> [FloatTensor<Self>; 3] {
+        fallback::logits_row_stats::<Self>(logits, targets)
+    }
+
+    /// `d/dlogits sum_r grad[r] * log p(target_r)`: `grad[r] * (onehot(target_r) - softmax(logits_r))`.
+    fn logits_grad(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        fallback::logits_grad::<Self>(logits, targets, lse, grad)
+    }
+
+    /// Forward of the clipped surrogate on `[responses, tokens]` inputs: `[loss, clip_low, clip_high]`,
+    /// each `[responses]` (the loss reduced per `reduce`; the clip counts are masked token counts).
+    fn surrogate_forward(
+        logp: FloatTensor<Self>,
+        logp_old: FloatTensor<Self>,
+        advantages: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        clip: Clip,
+        reduce: Reduce,
+    ) -> [FloatTensor<Self>; 3] {
+        fallback::surrogate_forward::<Self>(logp, logp_old, advantages, mask, clip, reduce)
+    }
+
+    /// Gradient of `sum_b scale[b] * sum_t mask[b,t] * loss[b,t]` with respect to `logp`.
+    fn surrogate_backward(
+        logp: FloatTensor<Self>,
+        logp_old: FloatTensor<Self>,
+        advantages: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        clip: Clip,
+        scale: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        fallback::surrogate_backward::<Self>(logp, logp_old, advantages, mask, clip, scale)
+    }
+
+    /// Chunked forward: `[log p(target), entropy, log-sum-exp]`, each `[tokens]`.
+    fn token_logprobs(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_tokens: usize,
+    ) -> [FloatTensor<Self>; 3] {
+        fallback::token_logprobs::<Self>(hidden, weight, targets, chunk_tokens)
+    }
+
+    /// Chunked backward of `sum_t grad[t] * log p(target_t)`: `(d hidden, d weight)`, each computed
+    /// only when asked for.
+    #[allow(clippy::too_many_arguments)]
+    fn token_logprobs_backward(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        chunk_tokens: usize,
+        want: (bool, bool),
+    ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
+        fallback::token_logprobs_backward::<Self>(hidden, weight, targets, lse, grad, chunk_tokens, want)
+    }
+
+    /// The clipped surrogate; under autodiff the loss is differentiable with respect to `logp`.
+    fn clipped_surrogate(
+        logp: FloatTensor<Self>,
+        logp_old: FloatTensor<Self>,
+        advantages: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        clip: Clip,
+        reduce: Reduce,
+    ) -> [FloatTensor<Self>; 3] {
+        Self::surrogate_forward(logp, logp_old, advantages, mask, clip, reduce)
+    }
+}
+
+/// Per-token outputs of [`token_logprobs`].
+#[derive(Debug, Clone)]
+pub struct TokenLogprobs<B: Backend> {
+    /// `log p(target)` per token `[tokens]` (differentiable under autodiff).
+    pub logprobs: Tensor<B, 1>,
+    /// Entropy of the next-token distribution per token `[tokens]` (telemetry; not differentiable).
+    pub entropy: Tensor<B, 1>,
+}
+
+/// `log p(targets[t] | hidden[t])` for hidden states `[tokens, hidden]` and an LM head
+/// `[vocab, hidden]` (the Hugging Face layout), `chunk_tokens` tokens at a time.
+///
+/// Targets must lie in `0..vocab`.
+pub fn token_logprobs<B: GrpoOps>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    chunk_tokens: usize,
+) -> TokenLogprobs<B> {
+    let [lp, ent, _lse] =
+        B::token_logprobs(hidden.into_primitive().tensor(), weight.into_primitive().tensor(), targets.into_primitive(), chunk_tokens.max(1));
+    TokenLogprobs { logprobs: float(lp), entropy: float(ent) }
+}
+
+/// Outputs of [`clipped_surrogate`].
+#[derive(Debug, Clone)]
+pub struct SurrogateLoss<B: Backend> {
+    /// The reduced loss per response `[responses]` (differentiable with respect to `logp`).
+    pub per_response: Tensor<B, 1>,
+    /// Masked tokens with `ratio < 1 - low` and a negative advantage, per response.
+    pub clip_low: Tensor<B, 1>,
+    /// Masked tokens with `ratio > 1 + high` and a positive advantage, per response.
+    pub clip_high: Tensor<B, 1>,
+}
+
+/// `-min(rho * A, clip(rho, 1 - low, 1 + high) * A)` per token with `rho = exp(logp - logp_old)`,
+/// `[responses, tokens]` inputs, one advantage per response, `mask` 1 on response tokens.
+pub fn clipped_surrogate<B: GrpoOps>(
+    logp: Tensor<B, 2>,
+    logp_old: Tensor<B, 2>,
+    advantages: Tensor<B, 1>,
+    mask: Tensor<B, 2>,
+    clip: Clip,
+    reduce: Reduce,
+) -> SurrogateLoss<B> {
+    let [loss, low, high] = B::clipped_surrogate(
+        logp.into_primitive().tensor(),
+        logp_old.into_primitive().tensor(),
+        advantages.into_primitive().tensor(),
+        mask.into_primitive().tensor(),
+        clip,
+        reduce,
+    );
+    SurrogateLoss { per_response: float(loss), clip_low: float(low), clip_high: float(high) }
+}
+
+pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+pub(crate) fn int<B: Backend, const D: usize>(t: IntTensor<B>) -> Tensor<B, D, Int> {
+    Tensor::from_primitive(t)
+}
