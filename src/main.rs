@@ -36,6 +36,8 @@ enum Command {
     /// Evaluate a model on benchmarks.
     #[command(subcommand)]
     Eval(commands::eval::EvalCommand),
+    /// Check the fused GRPO kernels on a device against the CPU fallback and time them.
+    KernelsCheck(commands::kernels::KernelsArgs),
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -48,6 +50,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::JudgePair(args) => commands::judge_pair::run(args),
         Command::Train(args) => commands::train::run(args),
         Command::Eval(cmd) => commands::eval::run(cmd),
+        Command::KernelsCheck(args) => commands::kernels::run(args),
     }
 }
 

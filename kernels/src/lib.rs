@@ -205,3 +205,11 @@ pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, 
 pub(crate) fn int<B: Backend, const D: usize>(t: IntTensor<B>) -> Tensor<B, D, Int> {
     Tensor::from_primitive(t)
 }
+
+/// `(bytes in use, bytes reserved)` by the CubeCL runtime's memory pools on `device`; the reserved
+/// figure is the pools' high-water mark, which benchmarks read as peak device memory.
+#[cfg(feature = "cube")]
+pub fn cube_memory_usage<R: cubecl::Runtime>(device: &R::Device) -> Option<(u64, u64)> {
+    let usage = R::client(device).memory_usage().ok()?;
+    Some((usage.bytes_in_use, usage.bytes_reserved))
+}

@@ -4,6 +4,7 @@ pub mod eval;
 pub mod generate;
 pub mod judge_pair;
 pub mod judging;
+pub mod kernels;
 pub mod logprobs;
 pub mod rubrics;
 pub mod score;

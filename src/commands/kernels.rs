@@ -1,0 +1,227 @@
+//! `conrub kernels check`: the fused GRPO ops on a device against the CPU fallback (values and
+//! gradients), then timings of both ops and of a Qwen3-0.6B-shaped forward/backward step, fused
+//! against naive, as one table. `scripts/gpu-check.sh` runs it on a machine with an NVIDIA GPU.
+
+use std::time::Instant;
+
+use anyhow::{ensure, Result};
+use burn::backend::Autodiff;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor, TensorData};
+use clap::Args;
+use conrub_kernels::reference::{naive_clipped_surrogate, naive_token_logprobs};
+use conrub_kernels::{clipped_surrogate, token_logprobs, Clip, GrpoOps, Reduce};
+use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
+
+use crate::backend::{run_on_device, BackendTask};
+
+/// Arguments of `kernels check`.
+#[derive(Args, Clone)]
+pub struct KernelsArgs {
+    /// Device to check (`cuda:0`, `wgpu`, `cpu`, ...); the reference is the fallback on the CPU.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Tokens of the parity check (full vocabulary, hidden 64).
+    #[arg(long, default_value_t = 257)]
+    pub parity_tokens: usize,
+    /// Tokens of the timed `token_logprobs` (hidden `--hidden`, vocabulary 151,936).
+    #[arg(long, default_value_t = 4096)]
+    pub tokens: usize,
+    /// Hidden size of the timed `token_logprobs` (1,024 is Qwen3-0.6B).
+    #[arg(long, default_value_t = 1024)]
+    pub hidden: usize,
+    /// Timed repetitions after one warm-up (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub iters: usize,
+    /// Skip the Qwen3-0.6B step (it allocates the full model).
+    #[arg(long)]
+    pub skip_model: bool,
+}
+
+const VOCAB: usize = 151_936;
+
+fn seeded(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
+        })
+        .collect()
+}
+
+fn host<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().into_vec().expect("f32 data")
+}
+
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    if a.iter().any(|x| !x.is_finite()) {
+        return f64::INFINITY;
+    }
+    let scale = b.iter().fold(0f64, |m, x| m.max(x.abs() as f64)).max(1e-30);
+    a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((*x as f64 - *y as f64).abs())) / scale
+}
+
+/// Values and gradients of both ops on backend `B` (under autodiff).
+fn parity_run<B: GrpoOps>(device: &B::Device, tokens: usize) -> Vec<Vec<f32>> {
+    type A<B> = Autodiff<B>;
+    let hidden = 64;
+    let h = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded(tokens * hidden, 1, 1.0), [tokens, hidden]), device).require_grad();
+    let w = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded(VOCAB * hidden, 2, 0.3), [VOCAB, hidden]), device).require_grad();
+    let t: Vec<i64> = (0..tokens).map(|i| ((i * 7919 + 13) % VOCAB) as i64).collect();
+    let t = Tensor::<A<B>, 1, Int>::from_data(TensorData::new(t, [tokens]), device);
+    let out = token_logprobs(h.clone(), w.clone(), t, 128);
+    let g = Tensor::<A<B>, 1>::from_data(TensorData::new(seeded(tokens, 3, 1.0), [tokens]), device);
+    let grads = (out.logprobs.clone() * g).sum().backward();
+    let (n, len) = (6, 1000);
+    let lp = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded(n * len, 4, 1.0), [n, len]), device).require_grad();
+    let old = lp.clone().detach() - Tensor::from_data(TensorData::new(seeded(n * len, 5, 0.6), [n, len]), device);
+    let adv = Tensor::<A<B>, 1>::from_data(TensorData::new(vec![1.0f32, -0.5, 0.7, -1.2, 0.0, 0.3], [n]), device);
+    let mut m = vec![0f32; n * len];
+    for (i, l) in [1000usize, 513, 0, 999, 7, 300].iter().enumerate() {
+        m[i * len..i * len + l].fill(1.0);
+    }
+    let mask = Tensor::<A<B>, 2>::from_data(TensorData::new(m, [n, len]), device);
+    let s = clipped_surrogate(lp.clone(), old, adv, mask, Clip { low: 0.2, high: 0.28 }, Reduce::TokenMean);
+    let sg = s.per_response.clone().sum().backward();
+    vec![
+        host(out.logprobs.inner()),
+        host(out.entropy.inner()),
+        host(h.grad(&grads).unwrap()),
+        host(w.grad(&grads).unwrap()),
+        host(s.per_response.inner()),
+        host(lp.grad(&sg).unwrap()),
+        host(s.clip_low.inner()),
+        host(s.clip_high.inner()),
+    ]
+}
+
+/// Median seconds of `f` over `iters` runs after one warm-up.
+fn time(iters: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut v: Vec<f64> = (0..iters.max(1))
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Waits for the device by reading one value.
+fn sync<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) {
+    let _ = t.flatten::<1>(0, D - 1).slice(0..1).into_data();
+}
+
+impl BackendTask for KernelsArgs {
+    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+        type A<B> = Autodiff<B>;
+        let mut table: Vec<(String, String, String)> = Vec::new();
+        // 1. Parity against the CPU fallback.
+        #[cfg(feature = "flex")]
+        {
+            let got = parity_run::<B>(&device, self.parity_tokens);
+            let want = parity_run::<burn::backend::Flex>(&Default::default(), self.parity_tokens);
+            let names = ["log-probabilities", "entropy", "d hidden", "d head", "surrogate loss", "surrogate d logp", "clip low counts", "clip high counts"];
+            let tol = [1e-5, 1e-4, 1e-4, 1e-4, 1e-5, 1e-5, 0.0, 0.0];
+            let mut ok = true;
+            for ((name, t), (a, b)) in names.iter().zip(tol).zip(got.iter().zip(&want)) {
+                let e = rel(a, b);
+                ok &= e <= t;
+                table.push((format!("parity: {name}"), format!("{e:.2e}"), format!("{} (bound {t:.0e})", if e <= t { "ok" } else { "FAIL" })));
+            }
+            print_table(&table);
+            ensure!(ok, "kernel parity failed on {}", self.device);
+            table.clear();
+        }
+        // 2. token_logprobs, fused vs naive.
+        let (n, hd) = (self.tokens, self.hidden);
+        let h0 = Tensor::<B, 2>::from_data(TensorData::new(seeded(n * hd, 6, 1.0), [n, hd]), &device);
+        let w0 = Tensor::<B, 2>::from_data(TensorData::new(seeded(VOCAB * hd, 7, 0.05), [VOCAB, hd]), &device);
+        let t0 = Tensor::<B, 1, Int>::from_data(TensorData::new((0..n).map(|i| ((i * 31) % VOCAB) as i64).collect::<Vec<_>>(), [n]), &device);
+        let logprob_step = |fused: bool| {
+            let h = Tensor::<A<B>, 2>::from_inner(h0.clone()).require_grad();
+            let w = Tensor::<A<B>, 2>::from_inner(w0.clone()).require_grad();
+            let t = Tensor::<A<B>, 1, Int>::from_inner(t0.clone());
+            let lp = if fused { token_logprobs(h.clone(), w.clone(), t, 512).logprobs } else { naive_token_logprobs(h.clone(), w.clone(), t) };
+            let g = lp.sum().backward();
+            sync(w.grad(&g).unwrap());
+            sync(h.grad(&g).unwrap());
+        };
+        let fused = time(self.iters, || logprob_step(true));
+        let naive = time(self.iters, || logprob_step(false));
+        let shape = format!("{n} x {VOCAB} x {hd}");
+        table.push((format!("token_logprobs fwd+bwd, fused ({shape})"), format!("{:.2} ms", fused * 1e3), String::new()));
+        table.push((format!("token_logprobs fwd+bwd, naive ({shape})"), format!("{:.2} ms", naive * 1e3), format!("fused/naive {:.2}x", fused / naive)));
+        // 3. clipped surrogate, fused vs naive: 64 responses x 8,192 tokens.
+        let (rows, len) = (64, 8192);
+        let lp0 = Tensor::<B, 2>::from_data(TensorData::new(seeded(rows * len, 8, 1.0), [rows, len]), &device);
+        let old0 = lp0.clone() - Tensor::from_data(TensorData::new(seeded(rows * len, 9, 0.3), [rows, len]), &device);
+        let adv0 = Tensor::<B, 1>::from_data(TensorData::new(seeded(rows, 10, 1.0), [rows]), &device);
+        let mask0 = Tensor::<B, 2>::ones([rows, len], &device);
+        let surrogate_step = |fused: bool| {
+            let lp = Tensor::<A<B>, 2>::from_inner(lp0.clone()).require_grad();
+            let (old, adv, mask) = (Tensor::from_inner(old0.clone()), Tensor::from_inner(adv0.clone()), Tensor::from_inner(mask0.clone()));
+            let clip = Clip { low: 0.2, high: 0.28 };
+            let loss = if fused {
+                clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::TokenMean).per_response
+            } else {
+                naive_clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::TokenMean)
+            };
+            sync(lp.grad(&loss.mean().backward()).unwrap());
+        };
+        let fused = time(self.iters, || surrogate_step(true));
+        let naive = time(self.iters, || surrogate_step(false));
+        table.push((format!("clipped_surrogate fwd+bwd, fused ({rows} x {len})"), format!("{:.3} ms", fused * 1e3), String::new()));
+        table.push((format!("clipped_surrogate fwd+bwd, naive ({rows} x {len})"), format!("{:.3} ms", naive * 1e3), format!("fused/naive {:.2}x", fused / naive)));
+        drop((h0, w0, t0, lp0, old0, adv0, mask0));
+        // 4. A Qwen3-0.6B-shaped step: 4 sequences of 1,024 tokens, log-probs of the last 768.
+        if !self.skip_model {
+            let cfg = Qwen3Config::qwen3_0_6b();
+            let model = Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, &device);
+            let (b, seq, resp) = (4usize, 1024usize, 768usize);
+            let seqs: Vec<Vec<u32>> = (0..b).map(|r| (0..seq).map(|i| ((i * 7 + r * 13) % 150_000) as u32).collect()).collect();
+            let prompts: Vec<Vec<u32>> = seqs.iter().map(|s| s[..seq - resp].to_vec()).collect();
+            let responses: Vec<Vec<u32>> = seqs.iter().map(|s| s[seq - resp..].to_vec()).collect();
+            let tf = conrub_grpo::RolloutTokens { prompts, responses }.teacher_forcing();
+            let model_step = |fused: bool| {
+                use conrub_grpo::Policy;
+                let lp = if fused {
+                    model.response_logprobs(&tf, &device)
+                } else {
+                    let padded = conrub_qwen3::PaddedBatch::new(&tf.sequences, 0, conrub_qwen3::Padding::Right);
+                    let logits = model.forward(&padded.to_device(&device), None);
+                    let [bb, s, _] = logits.dims();
+                    let targets: Vec<i64> = tf.sequences.iter().flat_map(|x| x[1..].iter().map(|&t| t as i64).chain([0])).collect();
+                    let targets = Tensor::<A<B>, 3, Int>::from_data(TensorData::new(targets, [bb, s, 1]), &device);
+                    log_softmax(logits, 2).gather(2, targets).reshape([bb, s])
+                };
+                let grads = lp.sum().backward();
+                sync(model.head_weight().grad(&grads).unwrap());
+            };
+            let fused = time(self.iters, || model_step(true));
+            let naive = time(self.iters, || model_step(false));
+            table.push((format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, fused head"), format!("{:.1} ms", fused * 1e3), String::new()));
+            table.push((format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, full logits"), format!("{:.1} ms", naive * 1e3), format!("fused/naive {:.2}x", fused / naive)));
+        }
+        print_table(&table);
+        Ok(())
+    }
+}
+
+fn print_table(rows: &[(String, String, String)]) {
+    let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    for (a, b, c) in rows {
+        println!("{a:<w$}  {b:>12}  {c}");
+    }
+}
+
+/// `conrub kernels check`.
+pub fn run(args: KernelsArgs) -> Result<()> {
+    let device = args.device.clone();
+    run_on_device(&device, args)
+}
