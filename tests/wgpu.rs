@@ -69,3 +69,25 @@ fn cli_runs_on_wgpu() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["new_tokens"], r["greedy_tokens"]);
 }
+
+/// burn 0.21's CubeCL matmul is wrong for some transposed-view operands (see conrub-kernels);
+/// the LM head multiplies by one. At the full vocabulary and the tiny config's hidden size, for
+/// row counts including the 16 that triggered the defect elsewhere, the head agrees with flex.
+#[test]
+fn lm_head_matches_flex_at_full_vocabulary() {
+    use burn::backend::Flex;
+    use burn::tensor::{Tensor, TensorData};
+    use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
+    let cfg = Qwen3Config::tiny(151_936);
+    let device = WgpuDevice::DefaultDevice;
+    let on_wgpu = Qwen3ForCausalLM::<Wgpu>::random(&cfg, 0.02, 3, &device);
+    let on_cpu = Qwen3ForCausalLM::<Flex>::random(&cfg, 0.02, 3, &Default::default());
+    let h = cfg.hidden_size;
+    for rows in [1usize, 8, 16, 37] {
+        let v: Vec<f32> = (0..rows * h).map(|i| ((i * 7919) % 13) as f32 / 13.0 - 0.5).collect();
+        let a: Vec<f32> = on_wgpu.logits(Tensor::from_data(TensorData::new(v.clone(), [1, rows, h]), &device)).into_data().into_vec().unwrap();
+        let b: Vec<f32> = on_cpu.logits(Tensor::from_data(TensorData::new(v, [1, rows, h]), &Default::default())).into_data().into_vec().unwrap();
+        let worst = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(worst < 1e-4, "{rows} rows: logits differ by up to {worst}");
+    }
+}
