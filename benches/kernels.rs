@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use burn::backend::Autodiff;
 use burn::tensor::{Int, Tensor, TensorData};
-use conrub_kernels::reference::naive_token_logprobs;
+use conrub_kernels::reference::{naive_token_logprobs, seeded_uniform};
 use conrub_kernels::{token_logprobs, GrpoOps};
 
 struct Counting;
@@ -83,15 +83,8 @@ fn step<B: GrpoOps>(h0: &Tensor<B, 2>, w0: &Tensor<B, 2>, t: &Tensor<B, 1, Int>,
 /// Child process: one path on one backend; prints `RESULT <median secs> <peak bytes>`.
 fn measure<B: GrpoOps>(device: &B::Device, fused: bool, (tokens, hidden, chunk): (usize, usize, usize), memory: impl Fn() -> u64) {
     let iters = env("CONRUB_BENCH_ITERS", 2);
-    let mut rng = 0x2545f4914f6cdd1du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    };
-    let h: Vec<f32> = (0..tokens * hidden).map(|_| next()).collect();
-    let w: Vec<f32> = (0..VOCAB * hidden).map(|_| next() * 0.1).collect();
+    let h = seeded_uniform(tokens * hidden, 1, 0.5);
+    let w = seeded_uniform(VOCAB * hidden, 2, 0.05);
     let t: Vec<i64> = (0..tokens).map(|i| ((i * 7919) % VOCAB) as i64).collect();
     let h = Tensor::<B, 2>::from_data(TensorData::new(h, [tokens, hidden]), device);
     let w = Tensor::<B, 2>::from_data(TensorData::new(w, [VOCAB, hidden]), device);

@@ -274,7 +274,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GrpoOps fo
     ) -> FloatTensor<Self> {
         let [rows, vocab] = logits.shape().dims::<2>();
         let out = empty_like(&logits, Shape::new([rows, vocab]));
-        let (count, dim) = elementwise_grid(vocab, rows, ROW_BLOCK.min(row_block(&logits)));
+        let (count, dim) = elementwise_grid(vocab, rows, row_block(&logits));
         let dtypes = [logits.dtype.into(), targets.dtype.into()];
         let client = logits.client.clone();
         logits_grad_kernel::launch::<R>(
@@ -334,7 +334,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GrpoOps fo
     ) -> FloatTensor<Self> {
         let [rows, len] = logp.shape().dims::<2>();
         let out = empty_like(&logp, Shape::new([rows, len]));
-        let (count, dim) = elementwise_grid(len, rows, ROW_BLOCK.min(row_block(&logp)));
+        let (count, dim) = elementwise_grid(len, rows, row_block(&logp));
         let dtype = logp.dtype.into();
         let client = logp.client.clone();
         surrogate_backward_kernel::launch::<R>(

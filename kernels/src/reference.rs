@@ -41,3 +41,27 @@ pub fn naive_clipped_surrogate<B: Backend>(
     };
     out.reshape([n])
 }
+
+/// `n` uniform values in `[-scale, scale)` from a seeded xorshift: reproducible inputs for checks
+/// and benchmarks without a random-number crate.
+pub fn seeded_uniform(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
+        })
+        .collect()
+}
+
+/// `max |got - want| / max |want|`, infinite when `got` holds a non-finite value.
+pub fn relative_error(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "relative_error: lengths differ");
+    if got.iter().any(|x| !x.is_finite()) {
+        return f64::INFINITY;
+    }
+    let scale = want.iter().fold(0f64, |m, x| m.max(x.abs() as f64)).max(1e-30);
+    got.iter().zip(want).fold(0f64, |m, (a, b)| m.max((*a as f64 - *b as f64).abs())) / scale
+}

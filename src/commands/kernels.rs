@@ -9,7 +9,7 @@ use burn::backend::Autodiff;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
-use conrub_kernels::reference::{naive_clipped_surrogate, naive_token_logprobs};
+use conrub_kernels::reference::{naive_clipped_surrogate, naive_token_logprobs, relative_error, seeded_uniform};
 use conrub_kernels::{clipped_surrogate, token_logprobs, Clip, GrpoOps, Reduce};
 use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
 
@@ -40,44 +40,24 @@ pub struct KernelsArgs {
 
 const VOCAB: usize = 151_936;
 
-fn seeded(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
-        })
-        .collect()
-}
-
 fn host<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.into_data().convert::<f32>().into_vec().expect("f32 data")
-}
-
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    if a.iter().any(|x| !x.is_finite()) {
-        return f64::INFINITY;
-    }
-    let scale = b.iter().fold(0f64, |m, x| m.max(x.abs() as f64)).max(1e-30);
-    a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((*x as f64 - *y as f64).abs())) / scale
 }
 
 /// Values and gradients of both ops on backend `B` (under autodiff).
 fn parity_run<B: GrpoOps>(device: &B::Device, tokens: usize) -> Vec<Vec<f32>> {
     type A<B> = Autodiff<B>;
     let hidden = 64;
-    let h = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded(tokens * hidden, 1, 1.0), [tokens, hidden]), device).require_grad();
-    let w = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded(VOCAB * hidden, 2, 0.3), [VOCAB, hidden]), device).require_grad();
+    let h = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded_uniform(tokens * hidden, 1, 1.0), [tokens, hidden]), device).require_grad();
+    let w = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded_uniform(VOCAB * hidden, 2, 0.3), [VOCAB, hidden]), device).require_grad();
     let t: Vec<i64> = (0..tokens).map(|i| ((i * 7919 + 13) % VOCAB) as i64).collect();
     let t = Tensor::<A<B>, 1, Int>::from_data(TensorData::new(t, [tokens]), device);
     let out = token_logprobs(h.clone(), w.clone(), t, 128);
-    let g = Tensor::<A<B>, 1>::from_data(TensorData::new(seeded(tokens, 3, 1.0), [tokens]), device);
+    let g = Tensor::<A<B>, 1>::from_data(TensorData::new(seeded_uniform(tokens, 3, 1.0), [tokens]), device);
     let grads = (out.logprobs.clone() * g).sum().backward();
     let (n, len) = (6, 1000);
-    let lp = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded(n * len, 4, 1.0), [n, len]), device).require_grad();
-    let old = lp.clone().detach() - Tensor::from_data(TensorData::new(seeded(n * len, 5, 0.6), [n, len]), device);
+    let lp = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded_uniform(n * len, 4, 1.0), [n, len]), device).require_grad();
+    let old = lp.clone().detach() - Tensor::from_data(TensorData::new(seeded_uniform(n * len, 5, 0.6), [n, len]), device);
     let adv = Tensor::<A<B>, 1>::from_data(TensorData::new(vec![1.0f32, -0.5, 0.7, -1.2, 0.0, 0.3], [n]), device);
     let mut m = vec![0f32; n * len];
     for (i, l) in [1000usize, 513, 0, 999, 7, 300].iter().enumerate() {
@@ -130,7 +110,7 @@ impl BackendTask for KernelsArgs {
             let tol = [1e-5, 1e-4, 1e-4, 1e-4, 1e-5, 1e-5, 0.0, 0.0];
             let mut ok = true;
             for ((name, t), (a, b)) in names.iter().zip(tol).zip(got.iter().zip(&want)) {
-                let e = rel(a, b);
+                let e = relative_error(a, b);
                 ok &= e <= t;
                 table.push((format!("parity: {name}"), format!("{e:.2e}"), format!("{} (bound {t:.0e})", if e <= t { "ok" } else { "FAIL" })));
             }
@@ -140,8 +120,8 @@ impl BackendTask for KernelsArgs {
         }
         // 2. token_logprobs, fused vs naive.
         let (n, hd) = (self.tokens, self.hidden);
-        let h0 = Tensor::<B, 2>::from_data(TensorData::new(seeded(n * hd, 6, 1.0), [n, hd]), &device);
-        let w0 = Tensor::<B, 2>::from_data(TensorData::new(seeded(VOCAB * hd, 7, 0.05), [VOCAB, hd]), &device);
+        let h0 = Tensor::<B, 2>::from_data(TensorData::new(seeded_uniform(n * hd, 6, 1.0), [n, hd]), &device);
+        let w0 = Tensor::<B, 2>::from_data(TensorData::new(seeded_uniform(VOCAB * hd, 7, 0.05), [VOCAB, hd]), &device);
         let t0 = Tensor::<B, 1, Int>::from_data(TensorData::new((0..n).map(|i| ((i * 31) % VOCAB) as i64).collect::<Vec<_>>(), [n]), &device);
         let logprob_step = |fused: bool| {
             let h = Tensor::<A<B>, 2>::from_inner(h0.clone()).require_grad();
@@ -159,9 +139,9 @@ impl BackendTask for KernelsArgs {
         table.push((format!("token_logprobs fwd+bwd, naive ({shape})"), format!("{:.2} ms", naive * 1e3), format!("fused/naive {:.2}x", fused / naive)));
         // 3. clipped surrogate, fused vs naive: 64 responses x 8,192 tokens.
         let (rows, len) = (64, 8192);
-        let lp0 = Tensor::<B, 2>::from_data(TensorData::new(seeded(rows * len, 8, 1.0), [rows, len]), &device);
-        let old0 = lp0.clone() - Tensor::from_data(TensorData::new(seeded(rows * len, 9, 0.3), [rows, len]), &device);
-        let adv0 = Tensor::<B, 1>::from_data(TensorData::new(seeded(rows, 10, 1.0), [rows]), &device);
+        let lp0 = Tensor::<B, 2>::from_data(TensorData::new(seeded_uniform(rows * len, 8, 1.0), [rows, len]), &device);
+        let old0 = lp0.clone() - Tensor::from_data(TensorData::new(seeded_uniform(rows * len, 9, 0.3), [rows, len]), &device);
+        let adv0 = Tensor::<B, 1>::from_data(TensorData::new(seeded_uniform(rows, 10, 1.0), [rows]), &device);
         let mask0 = Tensor::<B, 2>::ones([rows, len], &device);
         let surrogate_step = |fused: bool| {
             let lp = Tensor::<A<B>, 2>::from_inner(lp0.clone()).require_grad();

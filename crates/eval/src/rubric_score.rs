@@ -67,17 +67,23 @@ pub struct RubricSummary {
     pub by_item_tag: BTreeMap<String, f64>,
 }
 
+/// Scores grouped by each of their example's tags.
+pub(crate) fn group_by_tag(scored: &[(&Vec<String>, f64)]) -> BTreeMap<String, Vec<f64>> {
+    let mut by_tag: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (tags, s) in scored {
+        for t in tags.iter() {
+            by_tag.entry(t.clone()).or_default().push(*s);
+        }
+    }
+    by_tag
+}
+
 /// Summarises graded examples `(example tags, items)`.
 pub fn summarize(examples: &[(Vec<String>, Vec<GradedItem>)], resamples: usize, seed: u64) -> RubricSummary {
     let scored: Vec<(&Vec<String>, f64)> = examples.iter().filter_map(|(t, items)| example_score(items).map(|s| (t, s))).collect();
     let scores: Vec<f64> = scored.iter().map(|(_, s)| *s).collect();
     let clipped_mean = |v: &[f64]| if v.is_empty() { 0.0 } else { (v.iter().sum::<f64>() / v.len() as f64).clamp(0.0, 1.0) };
-    let mut by_example_tag: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for (tags, s) in &scored {
-        for t in tags.iter() {
-            by_example_tag.entry(t.clone()).or_default().push(*s);
-        }
-    }
+    let by_example_tag = group_by_tag(&scored);
     let mut by_item_tag: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for (_, items) in examples {
         let mut tags: Vec<&String> = items.iter().flat_map(|i| i.tags.iter()).collect();

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use conrub_rubric::Label;
+use conrub_rubric::{score_labels, Label, LengthPenalty, ScoringMode};
 use serde::{Deserialize, Serialize};
 
-use crate::rubric_score::bootstrap_std_clipped;
+use crate::rubric_score::{bootstrap_std_clipped, group_by_tag};
 
 /// Fractions of each three-state label over all graded criteria.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -35,12 +35,10 @@ pub struct ThreeStateSummary {
     pub by_example_tag: BTreeMap<String, f64>,
 }
 
-/// The three-state score of one response: the mean label score, or `None` without labels.
+/// The three-state score of one response: the criteria mean of the training scorer without a length
+/// penalty, or `None` without labels (or with labels that are not three-state).
 pub fn three_state_score(labels: &[Label]) -> Option<f64> {
-    if labels.is_empty() {
-        return None;
-    }
-    Some(labels.iter().map(|l| l.score()).sum::<i64>() as f64 / labels.len() as f64)
+    score_labels(labels, labels.len(), ScoringMode::ThreeState, 0, &LengthPenalty::disabled()).ok().map(|s| s.criteria_mean)
 }
 
 /// Summarises `(example tags, labels)` per response.
@@ -48,12 +46,7 @@ pub fn summarize_three_state(rows: &[(Vec<String>, Vec<Label>)], resamples: usiz
     let scored: Vec<(&Vec<String>, f64)> = rows.iter().filter_map(|(t, l)| three_state_score(l).map(|s| (t, s))).collect();
     let scores: Vec<f64> = scored.iter().map(|(_, s)| *s).collect();
     let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
-    let mut by_tag: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for (tags, s) in &scored {
-        for t in tags.iter() {
-            by_tag.entry(t.clone()).or_default().push(*s);
-        }
-    }
+    let by_tag = group_by_tag(&scored);
     let all: Vec<Label> = rows.iter().flat_map(|(_, l)| l.iter().copied()).collect();
     let share = |want: Label| if all.is_empty() { 0.0 } else { all.iter().filter(|l| **l == want).count() as f64 / all.len() as f64 };
     ThreeStateSummary {
