@@ -37,6 +37,6 @@ pub use lexical::LexicalJudge;
 #[cfg(feature = "local")]
 pub use local::{LocalJudge, LocalJudgeConfig, LocalMode};
 pub use openai::OpenAiJudge;
-pub use parse::{parse_labels, parse_pair, PairAnswer, Preference};
+pub use parse::{json_values, parse_labels, parse_pair, PairAnswer, Preference};
 pub use prompts::{PromptSet, PromptTemplate};
 pub use scoring::{score_jobs, score_verdict, ScoreJob, ScoredJob, ScoringSummary};

@@ -131,8 +131,10 @@ fn parse_lenient(span: &str) -> Option<Value> {
     serde_json::from_str(&repaired).ok()
 }
 
-/// Candidate JSON values in the text: fenced blocks first, then every balanced span, both in order.
-fn candidates(text: &str) -> Vec<Value> {
+/// Candidate JSON values in model output, after removing `<think>` blocks: fenced blocks first,
+/// then every top-level balanced span, both in order; single quotes, trailing commas and Python
+/// literals are repaired.
+pub fn json_values(text: &str) -> Vec<Value> {
     let text = strip_thinking(text);
     let mut out = Vec::new();
     let mut rest = text.as_str();
@@ -215,7 +217,7 @@ fn labels_from_value(v: &Value, n: usize, mode: ScoringMode) -> Result<Vec<Label
 pub fn parse_labels(text: &str, n: usize, mode: ScoringMode) -> Result<Vec<Label>, String> {
     let mut last_err = "no JSON array or object found".to_string();
     let mut found = None;
-    for v in candidates(text) {
+    for v in json_values(text) {
         match labels_from_value(&v, n, mode) {
             Ok(l) => found = Some(l),
             Err(e) => last_err = e,
@@ -257,7 +259,7 @@ fn pair_from_value(v: &Value, n: usize) -> Result<PairAnswer, String> {
 pub fn parse_pair(text: &str, n: usize) -> Result<PairAnswer, String> {
     let mut last_err = "no JSON object found".to_string();
     let mut found = None;
-    for v in candidates(text) {
+    for v in json_values(text) {
         match pair_from_value(&v, n) {
             Ok(p) => found = Some(p),
             Err(e) => last_err = e,

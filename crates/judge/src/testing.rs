@@ -18,10 +18,15 @@
 //! | `[[prefer-first]]` | pairwise: always `A` (position bias) |
 //!
 //! Pairwise prompts: the candidate containing `good` wins, otherwise `same`.
+//!
+//! [`ScriptedServer::with_script`] serves any other behaviour: a function from the request's
+//! messages to a [`Reply`] (used by the rubric construction tests). Every server counts the
+//! requests it answered per request body, and can be told to hold requests ([`ScriptedServer::hold_after`])
+//! so that a test can kill its client at a known point.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,7 +57,43 @@ pub struct ServerState {
     pub slow_ms: u64,
     /// Milliseconds every request sleeps (simulated model latency).
     pub base_latency_ms: u64,
+    /// Requests answered (a response was produced, not held or cut off by the client).
+    pub answered: AtomicUsize,
+    /// Times each distinct request body (model + messages) was answered.
+    pub answered_bodies: Mutex<HashMap<String, u32>>,
+    /// Once `answered` reaches this, new requests wait until it is raised (`usize::MAX`: never).
+    pub hold_after: AtomicUsize,
+    /// True while a request is being held.
+    pub holding: AtomicBool,
+    script: Option<Script>,
 }
+
+/// A scripted answer.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// A completion with this content.
+    Text(String),
+    /// An HTTP error with this status and body.
+    Status(u16, String),
+    /// Sleep this many milliseconds, then reply.
+    Sleep(u64, Box<Reply>),
+}
+
+/// What a script sees of one request.
+#[derive(Debug, Clone)]
+pub struct ScriptRequest {
+    /// The system message.
+    pub system: String,
+    /// The first user message.
+    pub user: String,
+    /// All messages (a correction retry has four).
+    pub messages: usize,
+    /// How many times this server has seen this system + user pair, this one included.
+    pub attempt: u32,
+}
+
+/// A function from a request to its reply.
+pub type Script = Arc<dyn Fn(&ScriptRequest) -> Reply + Send + Sync>;
 
 /// A running scripted server.
 pub struct ScriptedServer {
@@ -91,11 +132,53 @@ fn completion(content: &str) -> Response {
 
 async fn handle(State(st): State<Arc<ServerState>>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
     st.requests.fetch_add(1, Ordering::SeqCst);
+    if st.answered.load(Ordering::SeqCst) >= st.hold_after.load(Ordering::SeqCst) {
+        // Held until released, then refused without being answered: its client is meant to be
+        // killed meanwhile.
+        st.holding.store(true, Ordering::SeqCst);
+        while st.answered.load(Ordering::SeqCst) >= st.hold_after.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        return (StatusCode::SERVICE_UNAVAILABLE, "held").into_response();
+    }
     let now = st.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     st.max_in_flight.fetch_max(now, Ordering::SeqCst);
-    let resp = answer(&st, &headers, body).await;
+    let key = format!("{}|{}", body.get("model").unwrap_or(&Value::Null), body.get("messages").unwrap_or(&Value::Null));
+    let resp = match st.script.clone() {
+        Some(script) => scripted(&st, &script, &body).await,
+        None => answer(&st, &headers, body).await,
+    };
+    // Counted as answered only if the client is still there to receive it (a dropped connection
+    // cancels this future before this point).
+    st.answered.fetch_add(1, Ordering::SeqCst);
+    *st.answered_bodies.lock().unwrap().entry(key).or_insert(0) += 1;
     st.in_flight.fetch_sub(1, Ordering::SeqCst);
     resp
+}
+
+async fn scripted(st: &ServerState, script: &Script, body: &Value) -> Response {
+    let text = |i: usize| body.pointer(&format!("/messages/{i}/content")).and_then(Value::as_str).unwrap_or("").to_string();
+    let (system, user) = (text(0), text(1));
+    let attempt = {
+        let mut m = st.attempts.lock().unwrap();
+        let a = m.entry(format!("{system}\u{0}{user}")).or_insert(0);
+        *a += 1;
+        *a
+    };
+    let messages = body.get("messages").and_then(Value::as_array).map_or(0, Vec::len);
+    let mut reply = script(&ScriptRequest { system, user, messages, attempt });
+    loop {
+        match reply {
+            Reply::Text(t) => return completion(&t),
+            Reply::Status(code, body) => {
+                return (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body).into_response();
+            }
+            Reply::Sleep(ms, next) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                reply = *next;
+            }
+        }
+    }
 }
 
 async fn answer(st: &ServerState, headers: &HeaderMap, body: Value) -> Response {
@@ -174,7 +257,16 @@ async fn answer(st: &ServerState, headers: &HeaderMap, body: Value) -> Response 
 impl ScriptedServer {
     /// Starts a server on an ephemeral loopback port (inside the current tokio runtime).
     pub async fn start(slow_ms: u64, base_latency_ms: u64) -> Self {
-        let state = Arc::new(ServerState { slow_ms, base_latency_ms, ..Default::default() });
+        Self::serve(ServerState { slow_ms, base_latency_ms, hold_after: AtomicUsize::new(usize::MAX), ..Default::default() }).await
+    }
+
+    /// Starts a server that answers with `script`.
+    pub async fn with_script(script: impl Fn(&ScriptRequest) -> Reply + Send + Sync + 'static) -> Self {
+        Self::serve(ServerState { script: Some(Arc::new(script)), hold_after: AtomicUsize::new(usize::MAX), ..Default::default() }).await
+    }
+
+    async fn serve(state: ServerState) -> Self {
+        let state = Arc::new(state);
         let app = Router::new().route("/v1/chat/completions", post(handle)).with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let addr: SocketAddr = listener.local_addr().expect("local addr");
@@ -192,6 +284,23 @@ impl ScriptedServer {
     /// Requests received so far.
     pub fn requests(&self) -> usize {
         self.state.requests.load(Ordering::SeqCst)
+    }
+
+    /// Requests answered so far.
+    pub fn answered(&self) -> usize {
+        self.state.answered.load(Ordering::SeqCst)
+    }
+
+    /// The most times any one request body was answered (1 when nothing was asked twice).
+    pub fn max_repeats(&self) -> u32 {
+        self.state.answered_bodies.lock().unwrap().values().copied().max().unwrap_or(0)
+    }
+
+    /// Holds every request that arrives once `n` requests have been answered; `usize::MAX`
+    /// releases them.
+    pub fn hold_after(&self, n: usize) {
+        self.state.hold_after.store(n, Ordering::SeqCst);
+        self.state.holding.store(false, Ordering::SeqCst);
     }
 }
 

@@ -213,6 +213,12 @@ fn normalise(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase()
 }
 
+/// The normalised form of a prompt under which duplicates are found: each message's role and its
+/// lower-cased, whitespace-collapsed text.
+pub fn prompt_key(question: &[Message]) -> String {
+    question.iter().map(|m| format!("{}:{}", m.role, normalise(&m.content))).collect::<Vec<_>>().join("\n")
+}
+
 /// 16 hex digits of FNV-1a: a stable id from the normalised prompt.
 fn stable_id(prefix: &str, text: &str) -> String {
     let mut h: u64 = 0xcbf29ce484222325;
@@ -311,7 +317,7 @@ pub fn import_file(input: &Path, opts: &ImportOptions) -> Result<(Vec<RubricReco
                 (r.prompt_id, r.prompt, reference, Some(theme.unwrap_or_else(|| "healthbench".into())), items, extra)
             }
         };
-        let key = question.iter().map(|m| format!("{}:{}", m.role, normalise(&m.content))).collect::<Vec<_>>().join("\n");
+        let key = prompt_key(&question);
         if !seen.insert(key.clone()) {
             rep.duplicate_prompts += 1;
             continue;

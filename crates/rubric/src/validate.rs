@@ -38,7 +38,7 @@ pub struct ValidationIssue {
 }
 
 /// Summary statistics of the criteria per prompt.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct PerPromptStats {
     /// Mean.
     pub mean: f64,
@@ -50,6 +50,20 @@ pub struct PerPromptStats {
     pub min: usize,
     /// Maximum.
     pub max: usize,
+}
+
+impl PerPromptStats {
+    /// Mean, median, p90 (nearest rank), min and max of `counts` (all zero when empty).
+    pub fn of(mut counts: Vec<usize>) -> Self {
+        if counts.is_empty() {
+            return Self::default();
+        }
+        counts.sort_unstable();
+        let n = counts.len();
+        let median = if n % 2 == 1 { counts[n / 2] as f64 } else { (counts[n / 2 - 1] + counts[n / 2]) as f64 / 2.0 };
+        let p90 = counts[((0.9 * n as f64).ceil() as usize).clamp(1, n) - 1];
+        Self { mean: counts.iter().sum::<usize>() as f64 / n as f64, median, p90, min: counts[0], max: counts[n - 1] }
+    }
 }
 
 /// What the validator found.
@@ -127,7 +141,8 @@ const NEGATIVE_OPENINGS: &[&str] = &[
     "is not ", "makes no", "contains no", "excludes",
 ];
 
-fn is_problematic_negative(text: &str) -> bool {
+/// True when a criterion rewards silence ("does not mention X"): a problematic negative.
+pub fn is_problematic_negative(text: &str) -> bool {
     let lower = text.trim().to_ascii_lowercase();
     let rest = lower.strip_prefix("the response").map(str::trim_start).unwrap_or(&lower);
     NEGATIVE_OPENINGS.iter().any(|n| rest.starts_with(n))
@@ -214,19 +229,7 @@ pub fn validate_records(records: &[(usize, RubricRecord)]) -> ValidationReport {
         *rep.by_source.entry(r.source.clone().unwrap_or_else(|| "(none)".into())).or_default() += 1;
         counts.push(r.criteria.len());
     }
-    if !counts.is_empty() {
-        counts.sort_unstable();
-        let n = counts.len();
-        let median = if n % 2 == 1 { counts[n / 2] as f64 } else { (counts[n / 2 - 1] + counts[n / 2]) as f64 / 2.0 };
-        let p90 = counts[((0.9 * n as f64).ceil() as usize).clamp(1, n) - 1];
-        rep.criteria_per_prompt = PerPromptStats {
-            mean: counts.iter().sum::<usize>() as f64 / n as f64,
-            median,
-            p90,
-            min: counts[0],
-            max: counts[n - 1],
-        };
-    }
+    rep.criteria_per_prompt = PerPromptStats::of(counts);
     rep
 }
 
