@@ -1,4 +1,4 @@
-//! `conrub rubrics validate` and `conrub rubrics import`.
+//! `conrub rubrics validate`, `conrub rubrics import` and `conrub rubrics build`.
 
 use std::path::PathBuf;
 
@@ -15,6 +15,34 @@ pub enum RubricsCommand {
     Validate(ValidateArgs),
     /// Convert RaR, RubricHub (verl rows) or HealthBench data into rubric records.
     Import(ImportArgs),
+    /// Build consensus rubrics (SPEC section 3): three generator LLMs propose criteria, a reviewer
+    /// reviews, groups and audits them, plain code keeps the unanimous ones. Every call is cached:
+    /// kill it and run it again to resume.
+    Build(BuildArgs),
+}
+
+/// Arguments of `rubrics build`.
+#[derive(Args)]
+pub struct BuildArgs {
+    /// Build config (TOML): [generators.A|B|C], [reviewer], [build], [quotas], [dimensions].
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Prompt file.
+    pub input: PathBuf,
+    /// Output folder: rubrics.jsonl, raw.jsonl, clusters.jsonl, validation.json, stats.json,
+    /// card.md, manifest.json (and cache.sqlite unless the config names another cache).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Input format: prompts (`{id, question, reference_answer?, source?}` JSONL), rubrics, rar,
+    /// rubrichub, healthbench.
+    #[arg(long, default_value = "prompts")]
+    pub format: String,
+    /// Build only the first N selected prompts.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 /// Arguments of `rubrics validate`.
@@ -53,7 +81,77 @@ pub fn run(cmd: RubricsCommand) -> Result<()> {
     match cmd {
         RubricsCommand::Validate(a) => validate(a),
         RubricsCommand::Import(a) => import(a),
+        RubricsCommand::Build(a) => build(a),
     }
+}
+
+fn build(a: BuildArgs) -> Result<()> {
+    use conrub_construct::{BuildConfig, BuildRequest, InputFormat, Progress};
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    let cfg = BuildConfig::from_file(&a.config).context("build config")?;
+    let format: InputFormat = a.format.parse()?;
+    let req = BuildRequest { input: a.input.clone(), format, out_dir: a.out.clone(), limit: a.limit };
+    let progress = Arc::new(Progress::default());
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ticker = (!a.quiet).then(|| {
+        let (progress, done) = (progress.clone(), done.clone());
+        std::thread::spawn(move || {
+            let bar = indicatif::ProgressBar::new(0);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("building {bar:30} {pos}/{len} prompts, {per_sec}, ETA {eta}\n{msg}")
+                    .expect("valid template"),
+            );
+            while !done.load(Ordering::Relaxed) {
+                bar.set_length(progress.total.load(Ordering::Relaxed));
+                bar.set_position(progress.done.load(Ordering::Relaxed));
+                bar.set_message(progress.line());
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            bar.finish_and_clear();
+        })
+    });
+    let result = super::judging::runtime()?.block_on(conrub_construct::build(cfg, &req, &progress));
+    done.store(true, Ordering::Relaxed);
+    if let Some(t) = ticker {
+        let _ = t.join();
+    }
+    let summary = result?;
+    let s = &summary.stats;
+    let calls: Vec<String> = summary
+        .roles
+        .iter()
+        .map(|(k, r)| format!("{k} {} calls ({} cached, {} failed, {} retries)", r.calls, r.cached, r.failed, r.retries))
+        .collect();
+    println!(
+        "{}: {} prompts -> {} rubrics ({} dropped, {} failed); {} content criteria + {} global controls; per prompt mean {:.2}, median {}, p90 {}, max {}; validation {} errors, {} warnings; {:.1} s",
+        summary.out_dir.display(),
+        s.counts.prompts,
+        s.records,
+        s.counts.prompts_dropped,
+        s.counts.prompts_failed,
+        s.content_criteria,
+        s.global_controls,
+        s.criteria_per_prompt.mean,
+        s.criteria_per_prompt.median,
+        s.criteria_per_prompt.p90,
+        s.criteria_per_prompt.max,
+        s.validation_errors,
+        s.validation_warnings,
+        summary.seconds
+    );
+    println!("calls: {}", calls.join("; "));
+    if summary.failed() > 0 {
+        bail!(
+            "{} prompts stopped on failed model calls (see raw.jsonl); run the same command again to retry them: answered calls come from the cache",
+            summary.failed()
+        );
+    }
+    if s.validation_errors > 0 {
+        bail!("the validator found {} errors in {} (see validation.json)", s.validation_errors, summary.out_dir.join("rubrics.jsonl").display());
+    }
+    Ok(())
 }
 
 fn validate(a: ValidateArgs) -> Result<()> {

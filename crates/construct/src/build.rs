@@ -137,6 +137,9 @@ pub async fn build(cfg: BuildConfig, req: &BuildRequest, progress: &Progress) ->
         "dimensions": cfg.dimensions,
         "models": models_json,
         "prompt_versions": versions.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "prompts": builder.prompts().templates().into_iter()
+            .map(|(k, t)| (k.to_string(), json!({"system": t.system, "user": t.user})))
+            .collect::<serde_json::Map<_, _>>(),
         "calls": roles,
         "cache": {
             "path": cache_path, "hits": cache_stats.hits, "misses": cache_stats.misses, "writes": cache_stats.writes,

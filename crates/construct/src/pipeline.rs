@@ -332,7 +332,8 @@ impl Builder {
         let cache = &*self.cache;
 
         // 1. Generate.
-        let gen_prompt = self.prompts.render_generate(&cx.question, reference, 20, 30);
+        // The method asks for 20-30 criteria; the upper end follows `candidates_max`.
+        let gen_prompt = self.prompts.render_generate(&cx.question, reference, 20.min(s.candidates_max), s.candidates_max);
         let version = &self.versions["generate"];
         let calls = self.generators.iter().map(|(_, role)| role.call(cache, "generate", version, &gen_prompt, parse_generation));
         let answers = futures::future::join_all(calls).await;

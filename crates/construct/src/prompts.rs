@@ -106,15 +106,20 @@ impl Default for ConstructPrompts {
 pub type Rendered = (String, String);
 
 impl ConstructPrompts {
-    /// `(role, version)` of every template, for the manifest.
-    pub fn versions(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("generate", self.generate.version()),
-            ("review", self.review.version()),
-            ("group", self.group.version()),
-            ("audit", self.audit.version()),
-            ("audit_blind", self.audit_blind.version()),
+    /// `(role, template)` of every prompt, in pipeline order.
+    pub fn templates(&self) -> [(&'static str, &PromptTemplate); 5] {
+        [
+            ("generate", &self.generate),
+            ("review", &self.review),
+            ("group", &self.group),
+            ("audit", &self.audit),
+            ("audit_blind", &self.audit_blind),
         ]
+    }
+
+    /// `(role, version)` of every template, for the manifest and the cache keys.
+    pub fn versions(&self) -> Vec<(&'static str, String)> {
+        self.templates().into_iter().map(|(k, t)| (k, t.version())).collect()
     }
 
     /// The generation prompt.
