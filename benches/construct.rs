@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use conrub_construct::testing::BuildServers;
-use conrub_construct::{build, BuildConfig, BuildRequest, InputFormat, Progress};
+use conrub_construct::{build, BuildConfig, BuildRequest, InputFormat};
 use conrub_judge::testing::{Reply, ScriptedServer};
 use conrub_judge::{ChatClient, ClientConfig};
 
@@ -26,6 +26,14 @@ fn peak_rss_mb() -> f64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|k| k.parse::<f64>().ok())
         .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// CPU seconds (user + system) this process has used (Linux, 100 ticks per second).
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = after.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
+    if f.len() > 12 { (f[11] + f[12]) / 100.0 } else { f64::NAN }
 }
 
 fn write_prompts(path: &Path, n: usize) {
@@ -52,10 +60,10 @@ fn child(config: &str, input: &str, out: &str) {
     let req = BuildRequest { input: input.into(), format: InputFormat::Prompts, out_dir: out.into(), limit: None };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let t = Instant::now();
-    let s = rt.block_on(build(cfg, &req, &Progress::default())).unwrap();
+    let s = rt.block_on(build(cfg, &req, Default::default())).unwrap();
     let secs = t.elapsed().as_secs_f64();
     let cached: u64 = s.roles.values().map(|r| r.cached).sum();
-    println!("RESULT {secs} {} {} {} {}", peak_rss_mb(), s.stats.counts.prompts, s.stats.records, cached);
+    println!("RESULT {secs} {} {} {} {} {}", peak_rss_mb(), s.stats.counts.prompts, s.stats.records, cached, cpu_secs());
 }
 
 fn child_baseline(url: &str, calls: usize, concurrency: usize) {
@@ -77,15 +85,17 @@ fn child_baseline(url: &str, calls: usize, concurrency: usize) {
             .collect::<Vec<_>>()
             .await
     });
-    println!("RESULT {} {} {calls} 0 0", t.elapsed().as_secs_f64(), peak_rss_mb());
+    println!("RESULT {} {} {calls} 0 0 {}", t.elapsed().as_secs_f64(), peak_rss_mb(), cpu_secs());
 }
 
-fn run_child(args: &[&str]) -> (f64, f64, u64, u64, u64) {
+type Run = (f64, f64, u64, u64, u64, f64);
+
+fn run_child(args: &[&str]) -> Run {
     let out = Command::new(std::env::current_exe().unwrap()).arg("--child").args(args).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().find(|l| l.starts_with("RESULT ")).unwrap_or_else(|| panic!("child failed: {}", String::from_utf8_lossy(&out.stderr)));
     let f: Vec<&str> = line.split_whitespace().collect();
-    (f[1].parse().unwrap(), f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap(), f[5].parse().unwrap())
+    (f[1].parse().unwrap(), f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap(), f[5].parse().unwrap(), f[6].parse().unwrap())
 }
 
 fn main() {
@@ -118,9 +128,9 @@ fn main() {
     let answered = servers.answered();
     let warm = run_child(&["build", &c, &i, &o]);
     let floor_run = run_child(&["baseline", &floor.url, &(n * CALLS_PER_PROMPT).to_string(), &(4 * concurrency).to_string()]);
-    println!("{:<34} {:>9} {:>11} {:>12} {:>10}", "run", "seconds", "prompts/s", "calls/s", "peak RSS");
-    let row = |name: &str, (s, m, _, _, _): (f64, f64, u64, u64, u64)| {
-        println!("{name:<34} {s:>9.2} {:>11.0} {:>12.0} {m:>7.0} MB", n as f64 / s, (n * CALLS_PER_PROMPT) as f64 / s);
+    println!("{:<34} {:>9} {:>11} {:>12} {:>10} {:>12}", "run", "seconds", "prompts/s", "calls/s", "peak RSS", "CPU seconds");
+    let row = |name: &str, (s, m, _, _, _, cpu): Run| {
+        println!("{name:<34} {s:>9.2} {:>11.0} {:>12.0} {m:>7.0} MB {cpu:>12.2}", n as f64 / s, (n * CALLS_PER_PROMPT) as f64 / s);
     };
     row("cold build (all calls over HTTP)", cold);
     row("rerun (all calls from the cache)", warm);
@@ -133,10 +143,13 @@ fn main() {
         servers.answered() - answered
     );
     println!(
-        "ratio cold build / bare round trips {:.2}x; pipeline cost per prompt {:.2} ms cold, {:.2} ms from the cache \
-         (one 32B reviewer call takes seconds)",
+        "ratio cold build / bare round trips: {:.2}x wall, {:.2}x CPU; build CPU per prompt {:.2} ms cold ({:.2} ms per call, \
+         bare round trip {:.2} ms), {:.2} ms from the cache; the servers run in the parent process and share the 2 cores",
         cold.0 / floor_run.0,
-        1e3 * cold.0 / n as f64,
-        1e3 * warm.0 / n as f64
+        cold.5 / floor_run.5,
+        1e3 * cold.5 / n as f64,
+        1e3 * cold.5 / (n * CALLS_PER_PROMPT) as f64,
+        1e3 * floor_run.5 / (n * CALLS_PER_PROMPT) as f64,
+        1e3 * warm.5 / n as f64
     );
 }

@@ -112,7 +112,7 @@ fn build(a: BuildArgs) -> Result<()> {
             bar.finish_and_clear();
         })
     });
-    let result = super::judging::runtime()?.block_on(conrub_construct::build(cfg, &req, &progress));
+    let result = super::judging::runtime()?.block_on(conrub_construct::build(cfg, &req, progress.clone()));
     done.store(true, Ordering::Relaxed);
     if let Some(t) = ticker {
         let _ = t.join();

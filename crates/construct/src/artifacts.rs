@@ -12,9 +12,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use conrub_rubric::io::write_bytes_atomic;
+use conrub_rubric::io::{write_bytes_atomic, AtomicFile};
 use conrub_rubric::validate::PerPromptStats;
 use conrub_rubric::{CriterionKind, RubricRecord, ValidationReport};
 use serde::Serialize;
@@ -78,15 +79,28 @@ pub struct BuildStats {
     pub validation_warnings: usize,
 }
 
-/// Computes the statistics of finished prompts.
-pub fn stats(input: &InputReport, results: &[PromptResult], validation: &ValidationReport) -> BuildStats {
-    let mut st = BuildStats { input: input.clone(), ..Default::default() };
-    for (name, c) in &input.by_source {
-        st.by_source.insert(name.clone(), SourceOutcome { input: c.read, quota: c.quota, selected: c.selected, ..Default::default() });
+/// Statistics accumulated prompt by prompt, so a build never holds every result.
+#[derive(Debug, Default)]
+pub struct StatsAcc {
+    st: BuildStats,
+    totals: Vec<usize>,
+    contents: Vec<usize>,
+    full_support: usize,
+}
+
+impl StatsAcc {
+    /// Starts from the input report.
+    pub fn new(input: &InputReport) -> Self {
+        let mut st = BuildStats { input: input.clone(), ..Default::default() };
+        for (name, c) in &input.by_source {
+            st.by_source.insert(name.clone(), SourceOutcome { input: c.read, quota: c.quota, selected: c.selected, ..Default::default() });
+        }
+        Self { st, ..Default::default() }
     }
-    let (mut totals, mut contents) = (Vec::new(), Vec::new());
-    let mut full_support = 0usize;
-    for r in results {
+
+    /// Adds one finished prompt.
+    pub fn add(&mut self, r: &PromptResult) {
+        let st = &mut self.st;
         st.counts.add(&r.counts);
         let src = st.by_source.entry(r.clusters.source.clone().unwrap_or_else(|| "(none)".into())).or_default();
         match r.clusters.outcome.status {
@@ -107,21 +121,72 @@ pub fn stats(input: &InputReport, results: &[PromptResult], validation: &Validat
         }
         if let Some(rec) = &r.record {
             let content: Vec<_> = rec.criteria.iter().filter(|c| c.kind == CriterionKind::Content).collect();
-            full_support += content.iter().filter(|c| c.provenance.generators.len() == 3).count();
+            self.full_support += content.iter().filter(|c| c.provenance.generators.len() == 3).count();
             st.content_criteria += content.len();
             st.global_controls += rec.criteria.len() - content.len();
-            totals.push(rec.criteria.len());
-            contents.push(content.len());
+            self.totals.push(rec.criteria.len());
+            self.contents.push(content.len());
         }
     }
-    st.records = totals.len();
-    st.criteria_per_prompt = PerPromptStats::of(totals);
-    st.content_per_prompt = PerPromptStats::of(contents);
-    st.three_generator_support = if st.content_criteria > 0 { full_support as f64 / st.content_criteria as f64 } else { 0.0 };
-    st.coverage_tags = validation.coverage_tags.clone();
-    st.validation_errors = validation.errors();
-    st.validation_warnings = validation.warnings();
-    st
+
+    /// The statistics, with the validator's findings on the final file.
+    pub fn finish(self, validation: &ValidationReport) -> BuildStats {
+        let mut st = self.st;
+        st.records = self.totals.len();
+        st.criteria_per_prompt = PerPromptStats::of(self.totals);
+        st.content_per_prompt = PerPromptStats::of(self.contents);
+        st.three_generator_support =
+            if st.content_criteria > 0 { self.full_support as f64 / st.content_criteria as f64 } else { 0.0 };
+        st.coverage_tags = validation.coverage_tags.clone();
+        st.validation_errors = validation.errors();
+        st.validation_warnings = validation.warnings();
+        st
+    }
+}
+
+/// Streams `raw.jsonl` and `clusters.jsonl` prompt by prompt into temporary files that are renamed
+/// into place only by [`StreamWriter::commit`]; hashes them on the way.
+pub struct StreamWriter {
+    raw: AtomicFile,
+    clusters: AtomicFile,
+    raw_hash: Sha256,
+    clusters_hash: Sha256,
+    line: Vec<u8>,
+}
+
+impl StreamWriter {
+    /// Opens the temporary files in `dir`.
+    pub fn create(dir: &Path) -> Result<Self> {
+        Ok(Self {
+            raw: AtomicFile::create(&dir.join("raw.jsonl"))?,
+            clusters: AtomicFile::create(&dir.join("clusters.jsonl"))?,
+            raw_hash: Sha256::new(),
+            clusters_hash: Sha256::new(),
+            line: Vec::new(),
+        })
+    }
+
+    fn put<T: Serialize>(line: &mut Vec<u8>, out: &mut AtomicFile, hash: &mut Sha256, v: &T) -> Result<()> {
+        line.clear();
+        serde_json::to_writer(&mut *line, v).expect("serialisable");
+        line.push(b'\n');
+        hash.update(&line[..]);
+        out.write_all(line).map_err(|e| ConstructError::file(out.path(), e))
+    }
+
+    /// Appends one prompt's lines.
+    pub fn push(&mut self, r: &PromptResult) -> Result<()> {
+        Self::put(&mut self.line, &mut self.raw, &mut self.raw_hash, &r.raw)?;
+        Self::put(&mut self.line, &mut self.clusters, &mut self.clusters_hash, &r.clusters)
+    }
+
+    /// Syncs and renames both files; `(file name, sha256)` of each.
+    pub fn commit(self) -> Result<Vec<(String, String)>> {
+        self.raw.commit()?;
+        self.clusters.commit()?;
+        let hex = |h: Sha256| h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>();
+        Ok(vec![("raw.jsonl".into(), hex(self.raw_hash)), ("clusters.jsonl".into(), hex(self.clusters_hash))])
+    }
 }
 
 fn stats_line(s: &PerPromptStats) -> String {
@@ -216,20 +281,16 @@ fn jsonl<T: Serialize>(items: impl Iterator<Item = T>) -> Vec<u8> {
     buf
 }
 
-/// Writes the deterministic artifacts; returns `(file name, sha256)` of each, in order.
+/// Writes the rest of the deterministic artifacts; returns `(file name, sha256)` of each.
 pub fn write_outputs(
     dir: &Path,
-    results: &[PromptResult],
     records: &[RubricRecord],
     validation: &ValidationReport,
     stats: &BuildStats,
     card_text: &str,
 ) -> Result<Vec<(String, String)>> {
-    std::fs::create_dir_all(dir).map_err(|e| ConstructError::file(dir, e))?;
     let files: Vec<(&str, Vec<u8>)> = vec![
         ("rubrics.jsonl", jsonl(records.iter())),
-        ("raw.jsonl", jsonl(results.iter().map(|r| &r.raw))),
-        ("clusters.jsonl", jsonl(results.iter().map(|r| &r.clusters))),
         ("validation.json", pretty(validation)),
         ("stats.json", pretty(stats)),
         ("card.md", card_text.as_bytes().to_vec()),

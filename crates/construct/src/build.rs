@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use conrub_judge::JudgeCache;
+use futures::StreamExt;
 use conrub_rubric::{validate_records, RubricRecord};
 use serde::Serialize;
 use serde_json::json;
@@ -71,7 +72,7 @@ impl BuildSummary {
 
 /// Runs a build. Every model call goes through the cache at [`BuildConfig::cache_path`], so an
 /// interrupted build started again repeats no answered call and writes the same bytes.
-pub async fn build(cfg: BuildConfig, req: &BuildRequest, progress: &Progress) -> Result<BuildSummary> {
+pub async fn build(cfg: BuildConfig, req: &BuildRequest, progress: Arc<Progress>) -> Result<BuildSummary> {
     let started_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let input_bytes = std::fs::read(&req.input).map_err(|e| ConstructError::file(&req.input, e))?;
     let (prompts, input_report) = read_prompts(&req.input, req.format, &cfg.quotas, cfg.build.seed, req.limit)?;
@@ -81,21 +82,32 @@ pub async fn build(cfg: BuildConfig, req: &BuildRequest, progress: &Progress) ->
     std::fs::create_dir_all(&req.out_dir).map_err(|e| ConstructError::file(&req.out_dir, e))?;
     let cache_path = cfg.cache_path(&req.out_dir);
     let cache = Arc::new(JudgeCache::open(&cache_path)?);
-    let builder = Builder::new(cfg, cache)?;
+    let builder = Arc::new(Builder::new(cfg, cache)?);
 
+    // Results arrive in input order; each is written out and folded into the statistics at once,
+    // so memory stays bounded by the prompts in flight.
     let t0 = Instant::now();
-    let results = builder.run(&prompts, progress).await;
+    let mut writer = artifacts::StreamWriter::create(&req.out_dir)?;
+    let mut acc = artifacts::StatsAcc::new(&input_report);
+    let mut records: Vec<RubricRecord> = Vec::new();
+    let n_prompts = prompts.len();
+    let mut results = builder.stream(prompts, progress);
+    while let Some(r) = results.next().await {
+        writer.push(&r)?;
+        acc.add(&r);
+        records.extend(r.record);
+    }
     let seconds = t0.elapsed().as_secs_f64();
 
-    let records: Vec<RubricRecord> = results.iter().filter_map(|r| r.record.clone()).collect();
     let numbered: Vec<(usize, RubricRecord)> = records.iter().cloned().enumerate().map(|(i, r)| (i + 1, r)).collect();
     let validation = validate_records(&numbered);
-    let stats = artifacts::stats(&input_report, &results, &validation);
+    let stats = acc.finish(&validation);
     let cfg = builder.config();
     let models: Vec<(String, String)> = builder.roles().iter().map(|r| (r.name.clone(), r.client.config().model.clone())).collect();
     let versions = builder.prompts().versions();
     let card = artifacts::card(&stats, &models, &versions);
-    let files = artifacts::write_outputs(&req.out_dir, &results, &records, &validation, &stats, &card)?;
+    let mut files = writer.commit()?;
+    files.extend(artifacts::write_outputs(&req.out_dir, &records, &validation, &stats, &card)?);
 
     let mut roles = BTreeMap::new();
     let mut models_json = serde_json::Map::new();
@@ -147,10 +159,10 @@ pub async fn build(cfg: BuildConfig, req: &BuildRequest, progress: &Progress) ->
         },
         "timings": {
             "pipeline_secs": seconds,
-            "prompts_per_sec": prompts.len() as f64 / seconds.max(1e-9),
+            "prompts_per_sec": n_prompts as f64 / seconds.max(1e-9),
         },
         "outcome": {
-            "prompts": prompts.len(), "kept": stats.counts.prompts_kept, "dropped": stats.counts.prompts_dropped,
+            "prompts": n_prompts, "kept": stats.counts.prompts_kept, "dropped": stats.counts.prompts_dropped,
             "failed": stats.counts.prompts_failed,
         },
         "files": files.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),

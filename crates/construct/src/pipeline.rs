@@ -271,13 +271,18 @@ impl Builder {
         self.generators.iter().map(|(_, r)| r).chain([&self.reviewer]).collect()
     }
 
-    /// Runs every prompt, at most `prompt_concurrency` at once; results in input order.
-    pub async fn run(&self, prompts: &[PromptInput], progress: &Progress) -> Vec<PromptResult> {
+    /// Runs every prompt as its own task (so the work spreads over the runtime's threads), at
+    /// most `prompt_concurrency` at once; yields results in input order.
+    pub fn stream(self: &Arc<Self>, prompts: Vec<PromptInput>, progress: Arc<Progress>) -> impl futures::Stream<Item = PromptResult> + Send + 'static {
         progress.total.store(prompts.len() as u64, Ordering::Relaxed);
-        futures::stream::iter(prompts.iter().map(|p| self.build_prompt(p, progress)))
+        let me = self.clone();
+        futures::stream::iter(prompts)
+            .map(move |p| {
+                let (b, progress) = (me.clone(), progress.clone());
+                tokio::spawn(async move { b.build_prompt(&p, &progress).await })
+            })
             .buffered(self.cfg.build.prompt_concurrency)
-            .collect()
-            .await
+            .map(|r| r.expect("a prompt task panicked"))
     }
 
     /// Steps 1-7 for one prompt.

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use conrub_construct::testing::BuildServers;
-use conrub_construct::{build, BuildRequest, InputFormat, Progress};
+use conrub_construct::{build, BuildRequest, InputFormat};
 use conrub_rubric::{read_jsonl, Coverage, CriterionKind, RubricRecord};
 use serde_json::{json, Value};
 
@@ -63,7 +63,7 @@ async fn consensus_build_keeps_exactly_the_agreed_criteria_and_reruns_from_the_c
     let out = dir.path().join("out");
     let cfg = servers.config(1.0, "");
     let req = BuildRequest { input: input.clone(), format: InputFormat::Prompts, out_dir: out.clone(), limit: None };
-    let summary = build(cfg.clone(), &req, &Progress::default()).await.unwrap();
+    let summary = build(cfg.clone(), &req, Default::default()).await.unwrap();
 
     let records: Vec<RubricRecord> = read_jsonl(&out.join("rubrics.jsonl")).unwrap().into_iter().map(|(_, r)| r).collect();
     let by_id: BTreeMap<&str, &RubricRecord> = records.iter().map(|r| (r.id.as_str(), r)).collect();
@@ -155,7 +155,7 @@ async fn consensus_build_keeps_exactly_the_agreed_criteria_and_reruns_from_the_c
     // A rerun answers everything from the cache except the calls that failed, and writes the same bytes.
     let before = read_all(&out);
     let answered: Vec<usize> = servers.all().iter().map(|s| s.answered()).collect();
-    let again = build(cfg, &req, &Progress::default()).await.unwrap();
+    let again = build(cfg, &req, Default::default()).await.unwrap();
     let after: Vec<usize> = servers.all().iter().map(|s| s.answered()).collect();
     assert_eq!(after[0] - answered[0], 4, "only p-fail's generator A is asked again (1 + 3 retries)");
     assert_eq!(&after[1..], &answered[1..]);

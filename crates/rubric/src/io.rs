@@ -66,28 +66,71 @@ pub fn write_jsonl_atomic<T: Serialize>(path: &Path, values: impl IntoIterator<I
 
 /// Atomic whole-file write (temporary file, fsync, rename, directory fsync).
 pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |err| RubricError::Io { path: path.to_path_buf(), err };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir).map_err(io)?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Ok(d) = std::fs::File::open(&dir) {
+    let mut f = AtomicFile::create(path)?;
+    f.write_all(bytes).map_err(|err| RubricError::Io { path: path.to_path_buf(), err })?;
+    f.commit()
+}
+
+/// A file written through a temporary file next to its path and renamed over it by
+/// [`AtomicFile::commit`] (after an fsync of the file and then of the directory). Dropped without a
+/// commit, it removes the temporary file and leaves the old one in place.
+pub struct AtomicFile {
+    path: PathBuf,
+    tmp: PathBuf,
+    dir: PathBuf,
+    out: Option<std::io::BufWriter<std::fs::File>>,
+}
+
+impl AtomicFile {
+    /// Starts writing `path`.
+    pub fn create(path: &Path) -> Result<Self> {
+        let io = |err| RubricError::Io { path: path.to_path_buf(), err };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+        let f = std::fs::File::create(&tmp).map_err(io)?;
+        Ok(Self { path: path.to_path_buf(), tmp, dir, out: Some(std::io::BufWriter::new(f)) })
+    }
+
+    /// The final path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Syncs the data and renames it into place.
+    pub fn commit(mut self) -> Result<()> {
+        let io = |err| RubricError::Io { path: self.path.clone(), err };
+        let out = self.out.take().expect("not committed yet");
+        let f = out.into_inner().map_err(|e| io(e.into_error()))?;
+        f.sync_all().map_err(io)?;
+        std::fs::rename(&self.tmp, &self.path).map_err(io)?;
+        if let Ok(d) = std::fs::File::open(&self.dir) {
             let _ = d.sync_all();
         }
         Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
     }
-    result.map_err(io)
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.out.as_mut().expect("not committed").write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.as_mut().expect("not committed").flush()
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if self.out.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 /// A rubric file in memory, indexed by prompt id.
