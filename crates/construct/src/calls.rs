@@ -20,15 +20,29 @@ pub struct CallRecord<T> {
     pub attempts: u32,
 }
 
-/// A call that ended without a usable answer (not cached: a rerun asks again).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CallFailure {
-    /// The last error.
-    pub error: String,
-    /// Raw outputs received.
-    pub raw_outputs: Vec<String>,
-    /// Attempts made.
+/// The raw side of one call, as written to `raw.jsonl`; with `error` set, a call that ended
+/// without a usable answer (not cached: a rerun asks again).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CallLog {
+    /// HTTP attempts.
     pub attempts: u32,
+    /// Every raw output received.
+    pub raw_outputs: Vec<String>,
+    /// The final error of a failed call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl CallLog {
+    /// The log of a finished call.
+    pub fn of<T>(r: &CallRecord<T>) -> Self {
+        Self { attempts: r.attempts, raw_outputs: r.raw_outputs.clone(), error: None }
+    }
+
+    /// The final error (empty for a finished call).
+    pub fn error(&self) -> &str {
+        self.error.as_deref().unwrap_or("")
+    }
 }
 
 /// Counters of one role.
@@ -67,7 +81,7 @@ impl Role {
         version: &str,
         (system, user): &(String, String),
         parse: impl Fn(&str) -> Result<T, String>,
-    ) -> Result<(CallRecord<T>, bool), CallFailure> {
+    ) -> Result<(CallRecord<T>, bool), CallLog> {
         let cfg = self.client.config();
         let sampling = format!("t={} max_tokens={}", cfg.temperature, cfg.max_tokens);
         let key = CacheKey::of(&["conrub-construct", kind, &cfg.model, &sampling, version, system, user]);
@@ -86,7 +100,7 @@ impl Role {
             }
             Err(error) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                Err(CallFailure { error, raw_outputs: out.raw_outputs, attempts: out.attempts })
+                Err(CallLog { error: Some(error), raw_outputs: out.raw_outputs, attempts: out.attempts })
             }
         }
     }

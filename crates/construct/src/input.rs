@@ -88,17 +88,7 @@ enum IdValue {
 }
 
 fn opt_messages<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Vec<Message>>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Q {
-        Text(String),
-        Messages(Vec<Message>),
-    }
-    match Q::deserialize(d) {
-        Ok(Q::Text(t)) => Ok(Some(vec![Message::user(t)])),
-        Ok(Q::Messages(m)) => Ok(Some(m)),
-        Err(_) => Err(serde::de::Error::custom("expected a string or an array of {\"role\", \"content\"} messages")),
-    }
+    conrub_rubric::record::question_messages(d).map(Some)
 }
 
 /// Counts of one source stratum.

@@ -35,6 +35,18 @@ fn field<'a>(o: &'a serde_json::Map<String, Value>, names: &[&str]) -> Option<&'
     names.iter().find_map(|k| o.get(*k))
 }
 
+/// The list in `v`: `v` itself, or its first field named in `keys`.
+fn list_in<'a>(v: &'a Value, keys: &[&str]) -> Result<&'a Vec<Value>, String> {
+    match v {
+        Value::Array(a) => Ok(a),
+        Value::Object(o) => match field(o, keys) {
+            Some(Value::Array(a)) => Ok(a),
+            _ => Err(format!("no `{}` list", keys[0])),
+        },
+        _ => Err("not a list or an object".into()),
+    }
+}
+
 fn coverage_text(v: &Value) -> Option<String> {
     match v {
         Value::Null => None,
@@ -48,14 +60,7 @@ fn coverage_text(v: &Value) -> Option<String> {
 /// or a list of strings.
 pub fn parse_generation(text: &str) -> Result<Vec<RawCandidate>, String> {
     last_matching(text, "{\"criteria\": [...]}", |v| {
-        let list = match v {
-            Value::Array(a) => a,
-            Value::Object(o) => match field(o, &["criteria", "rubric", "items"]) {
-                Some(Value::Array(a)) => a,
-                _ => return Err("no `criteria` list".into()),
-            },
-            _ => return Err("not a list or an object".into()),
-        };
+        let list = list_in(v, &["criteria", "rubric", "items"])?;
         if list.is_empty() {
             return Err("the criteria list is empty".into());
         }
@@ -128,14 +133,7 @@ pub fn parse_review(text: &str) -> Result<ReviewAnswer, String> {
 /// groups given as `{"members": [...]}` objects. Ids are upper-cased and trimmed.
 pub fn parse_grouping(text: &str) -> Result<Vec<Vec<String>>, String> {
     last_matching(text, "{\"groups\": [[...]]}", |v| {
-        let list = match v {
-            Value::Array(a) => a,
-            Value::Object(o) => match field(o, &["groups", "clusters"]) {
-                Some(Value::Array(a)) => a,
-                _ => return Err("no `groups` list".into()),
-            },
-            _ => return Err("not a list or an object".into()),
-        };
+        let list = list_in(v, &["groups", "clusters"])?;
         list.iter()
             .map(|g| {
                 let members = match g {
@@ -222,14 +220,7 @@ pub fn parse_audit(text: &str) -> Result<AuditAnswer, String> {
         return Ok(AuditAnswer::Refused);
     }
     last_matching(text, "{\"audit\": [...]}", |v| {
-        let list = match v {
-            Value::Array(a) => a,
-            Value::Object(o) => match field(o, &["audit", "criteria", "items"]) {
-                Some(Value::Array(a)) => a,
-                _ => return Err("no `audit` list".into()),
-            },
-            _ => return Err("not a list or an object".into()),
-        };
+        let list = list_in(v, &["audit", "criteria", "items"])?;
         let items = list
             .iter()
             .enumerate()

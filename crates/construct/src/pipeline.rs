@@ -11,7 +11,7 @@ use conrub_rubric::{Coverage, Criterion, CriterionProvenance, RubricRecord};
 use futures::StreamExt;
 use serde::Serialize;
 
-use crate::calls::{CallFailure, CallRecord, Role};
+use crate::calls::{CallLog, CallRecord, Role};
 use crate::config::BuildConfig;
 use crate::counts::StageCounts;
 use crate::error::Result;
@@ -19,28 +19,6 @@ use crate::input::PromptInput;
 use crate::parse::{parse_audit, parse_generation, parse_grouping, parse_review, AuditAnswer, AuditDecision, AuditItem, ReviewAnswer, ReviewVerdict};
 use crate::prompts::ConstructPrompts;
 use crate::stages::{self, Candidate, Check, Consensus, Finish};
-
-/// The raw side of one call, as written to `raw.jsonl`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct CallLog {
-    /// HTTP attempts.
-    pub attempts: u32,
-    /// Every raw output received.
-    pub raw_outputs: Vec<String>,
-    /// The final error of a failed call.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl CallLog {
-    fn ok<T>(r: &CallRecord<T>) -> Self {
-        Self { attempts: r.attempts, raw_outputs: r.raw_outputs.clone(), error: None }
-    }
-
-    fn failed(f: &CallFailure) -> Self {
-        Self { attempts: f.attempts, raw_outputs: f.raw_outputs.clone(), error: Some(f.error.clone()) }
-    }
-}
 
 /// Every raw model output of one prompt (a line of `raw.jsonl`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -349,7 +327,7 @@ impl Builder {
             cx.counts.samples += 1;
             match answer {
                 Ok((rec, _)) => {
-                    cx.raw.generate.insert(l.clone(), CallLog::ok(&rec));
+                    cx.raw.generate.insert(l.clone(), CallLog::of(&rec));
                     let checked = stages::check_sample(*letter, &rec.answer, reference.is_some(), s);
                     let valid = checked.iter().filter(|c| c.check == Check::Ok).count();
                     cx.counts.candidates_proposed += checked.len() as u64;
@@ -376,9 +354,9 @@ impl Builder {
                 }
                 Err(f) => {
                     cx.counts.samples_failed += 1;
-                    cx.raw.generate.insert(l.clone(), CallLog::failed(&f));
+                    cx.raw.generate.insert(l.clone(), f.clone());
                     cx.samples.insert(l.clone(), SampleInfo { proposed: 0, valid: 0, review: None, status: SampleStatus::GenerationFailed });
-                    failed.push(format!("generator {l}: {}", f.error));
+                    failed.push(format!("generator {l}: {}", f.error()));
                 }
             }
         }
@@ -411,7 +389,7 @@ impl Builder {
             let info = cx.samples.get_mut(l).expect("every sample has an entry");
             match review {
                 Ok((rec, _)) => {
-                    cx.raw.review.insert(l.clone(), CallLog::ok(&rec));
+                    cx.raw.review.insert(l.clone(), CallLog::of(&rec));
                     let r = rec.answer;
                     info.status = if r.verdict == ReviewVerdict::Contradiction {
                         cx.counts.samples_rejected_contradiction += 1;
@@ -429,9 +407,9 @@ impl Builder {
                 }
                 Err(f) => {
                     cx.counts.reviews_failed += 1;
-                    cx.raw.review.insert(l.clone(), CallLog::failed(&f));
+                    cx.raw.review.insert(l.clone(), f.clone());
                     info.status = SampleStatus::ReviewFailed;
-                    failed.push(format!("review of generator {l}: {}", f.error));
+                    failed.push(format!("review of generator {l}: {}", f.error()));
                 }
             }
         }
@@ -457,13 +435,13 @@ impl Builder {
         Progress::bump(&progress.grouped);
         let groups = match grouping {
             Ok((rec, _)) => {
-                cx.raw.group = Some(CallLog::ok(&rec));
+                cx.raw.group = Some(CallLog::of(&rec));
                 rec.answer
             }
             Err(f) => {
                 cx.counts.groupings_failed += 1;
-                cx.raw.group = Some(CallLog::failed(&f));
-                return Err(("failed", "group", f.error));
+                cx.raw.group = Some(f.clone());
+                return Err(("failed", "group", f.error().to_string()));
             }
         };
         let ids: HashSet<&str> = by_id.keys().copied().collect();
@@ -518,14 +496,14 @@ impl Builder {
         cx.counts.audits += 1;
         let mut audit = self.reviewer.call(cache, "audit", &self.versions["audit"], &rendered, parse_audit).await;
         if let Ok((rec, _)) = &audit {
-            cx.raw.audit = Some(CallLog::ok(rec));
+            cx.raw.audit = Some(CallLog::of(rec));
             if rec.answer == AuditAnswer::Refused {
                 cx.counts.audit_refusals += 1;
                 let blind = self.prompts.render_audit(None, &texts, &dims);
                 audit = self.reviewer.call(cache, "audit_blind", &self.versions["audit_blind"], &blind, parse_audit).await;
                 cx.raw.audit_blind = Some(match &audit {
-                    Ok((rec, _)) => CallLog::ok(rec),
-                    Err(f) => CallLog::failed(f),
+                    Ok((rec, _)) => CallLog::of(rec),
+                    Err(f) => f.clone(),
                 });
             }
         }
@@ -539,9 +517,9 @@ impl Builder {
             Err(f) => {
                 cx.counts.audits_failed += 1;
                 if cx.raw.audit.is_none() {
-                    cx.raw.audit = Some(CallLog::failed(&f));
+                    cx.raw.audit = Some(f.clone());
                 }
-                return Err(("failed", "audit", f.error));
+                return Err(("failed", "audit", f.error().to_string()));
             }
         };
         // Match items to R1..Rn by id; a list of the right length without usable ids by position.

@@ -196,7 +196,8 @@ pub fn messages_text(messages: &[Message]) -> String {
     }
 }
 
-fn question_messages<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Message>, D::Error> {
+/// Deserialises a prompt given as a plain string (one user message) or as chat messages.
+pub fn question_messages<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Message>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Question {
