@@ -227,7 +227,7 @@ pub fn card(st: &BuildStats, models: &[(String, String)], versions: &[(&str, Str
         "\nInput rows {}, duplicate prompts removed {}, over quota {}, strata without a quota {}, over --limit {}.\n",
         i.rows, i.duplicate_prompts, i.over_quota, i.skipped_no_quota, i.over_limit
     );
-    let _ = writeln!(s, "## Filter counts\n\n| step | count | value |\n|---|---|---|");
+    let _ = writeln!(s, "## Filter counts\n\n| step | counter | value |\n|---|---|---|");
     for (k, v) in st.counts.pairs() {
         let step = match k {
             k if k.starts_with("prompts") => "prompts",
