@@ -56,12 +56,12 @@ fn read_all(dir: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn consensus_build_keeps_exactly_the_agreed_criteria_and_reruns_from_the_cache() {
-    let servers = BuildServers::start(1500).await;
+    let servers = BuildServers::start(3000).await;
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("prompts.jsonl");
     std::fs::write(&input, prompts().join("\n")).unwrap();
     let out = dir.path().join("out");
-    let cfg = servers.config(1.0, "");
+    let cfg = servers.config(2.0, "");
     let req = BuildRequest { input: input.clone(), format: InputFormat::Prompts, out_dir: out.clone(), limit: None };
     let summary = build(cfg.clone(), &req, Default::default()).await.unwrap();
 
