@@ -83,7 +83,6 @@ pub struct BuildStats {
 #[derive(Debug, Default)]
 pub struct StatsAcc {
     st: BuildStats,
-    totals: Vec<usize>,
     contents: Vec<usize>,
     full_support: usize,
 }
@@ -122,18 +121,18 @@ impl StatsAcc {
         if let Some(rec) = &r.record {
             let content: Vec<_> = rec.criteria.iter().filter(|c| c.kind == CriterionKind::Content).collect();
             self.full_support += content.iter().filter(|c| c.provenance.generators.len() == 3).count();
-            st.content_criteria += content.len();
-            st.global_controls += rec.criteria.len() - content.len();
-            self.totals.push(rec.criteria.len());
             self.contents.push(content.len());
         }
     }
 
-    /// The statistics, with the validator's findings on the final file.
+    /// The statistics, with the validator's findings on the final file (which already counts
+    /// records, criteria and criteria per prompt).
     pub fn finish(self, validation: &ValidationReport) -> BuildStats {
         let mut st = self.st;
-        st.records = self.totals.len();
-        st.criteria_per_prompt = PerPromptStats::of(self.totals);
+        st.records = validation.records;
+        st.content_criteria = validation.content_criteria;
+        st.global_controls = validation.global_controls;
+        st.criteria_per_prompt = validation.criteria_per_prompt.clone();
         st.content_per_prompt = PerPromptStats::of(self.contents);
         st.three_generator_support =
             if st.content_criteria > 0 { self.full_support as f64 / st.content_criteria as f64 } else { 0.0 };
