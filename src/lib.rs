@@ -1,0 +1,73 @@
+//! The `conrub` command-line tool: argument parsing and wiring, with the work in the crates.
+//! `src/main.rs` only calls [`main`].
+//!
+//! The commands live in this library rather than in the binary so that the integration tests,
+//! which link it, reuse its instantiations of the backends (Flex, wgpu, their autodiff) instead of
+//! compiling them again: on CI's two cores that saves minutes. It is not an API for embedding;
+//! programs that embed the learner, the judges or the model use those crates directly.
+
+mod backend;
+mod commands;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Rubric-reward RL post-training of Qwen3 policies on burn.
+#[derive(Parser)]
+#[command(name = "conrub", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a continuation with a Qwen3 model.
+    Generate(commands::generate::GenerateArgs),
+    /// Teacher-forced log-probabilities and per-position argmax of a token sequence.
+    Logprobs(commands::logprobs::LogprobsArgs),
+    /// Tokenize text or chat messages with a model's tokenizer and chat template.
+    Tokenize(commands::tokenize::TokenizeArgs),
+    /// Validate or import rubric files.
+    #[command(subcommand)]
+    Rubrics(commands::rubrics::RubricsCommand),
+    /// Judge responses against their rubrics and write rewards.
+    Score(commands::score::ScoreArgs),
+    /// Compare two responses with the pairwise judge in both orders.
+    JudgePair(commands::judge_pair::JudgePairArgs),
+    /// Train a Qwen3 policy with GRPO on rubric rewards.
+    Train(commands::train::TrainArgs),
+    /// Evaluate a model on benchmarks.
+    #[command(subcommand)]
+    Eval(commands::eval::EvalCommand),
+    /// Check the fused GRPO kernels on a device against the CPU fallback and time them.
+    KernelsCheck(commands::kernels::KernelsArgs),
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Generate(args) => commands::generate::run(args),
+        Command::Logprobs(args) => commands::logprobs::run(args),
+        Command::Tokenize(args) => commands::tokenize::run(args),
+        Command::Rubrics(cmd) => commands::rubrics::run(cmd),
+        Command::Score(args) => commands::score::run(args),
+        Command::JudgePair(args) => commands::judge_pair::run(args),
+        Command::Train(args) => commands::train::run(args),
+        Command::Eval(cmd) => commands::eval::run(cmd),
+        Command::KernelsCheck(args) => commands::kernels::run(args),
+    }
+}
+
+/// Parses the command line, runs the command and prints any error with its context chain.
+pub fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the whole context chain on one line; no backtrace for user errors.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
