@@ -1,7 +1,6 @@
 //! The model on a CubeCL backend (wgpu) against the transformers references. Runs with
 //! `--features wgpu`; in CI the adapter is Mesa's software Vulkan (lavapipe), installed by `.ci/run`.
-//! One process for all models, so each kernel is compiled once, and one test at a time: lavapipe
-//! spreads every kernel over all cores, and parallel tests only thrash them.
+//! One process for all models, so each kernel is compiled once.
 //!
 //! Generation is checked on the first few greedy tokens: every decode step attends over a new key
 //! length, which on lavapipe costs seconds of kernel compilation and autotuning per step.
@@ -9,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 
 use burn::backend::wgpu::{Wgpu, WgpuDevice};
 use conrub_qwen3::{generate, score_sequences, Qwen3, SamplingConfig};
@@ -32,15 +30,8 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 /// Greedy tokens compared against the reference (prefix of its 20).
 const GREEDY_TOKENS: usize = 6;
 
-/// Serializes the tests of this file (a failed test poisons nothing here).
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static DEVICE: Mutex<()> = Mutex::new(());
-    DEVICE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[test]
 fn wgpu_matches_transformers() {
-    let _device_lock = one_at_a_time();
     let device = WgpuDevice::DefaultDevice;
     for name in ["tied-gqa-f32", "untied-mqa-bf16", "tied-mha-bf16-sharded"] {
         let dir = testdata(name);
@@ -74,7 +65,6 @@ fn wgpu_matches_transformers() {
 
 #[test]
 fn cli_runs_on_wgpu() {
-    let _device_lock = one_at_a_time();
     let dir = testdata("tied-gqa-f32");
     let (r, _) = reference(&dir);
     let prompt = ids(&r["greedy_prompt"]).iter().map(u32::to_string).collect::<Vec<_>>().join(",");
@@ -98,7 +88,6 @@ fn lm_head_matches_flex_at_full_vocabulary() {
     use burn::backend::Flex;
     use burn::tensor::{Tensor, TensorData};
     use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
-    let _device_lock = one_at_a_time();
     let cfg = Qwen3Config::tiny(151_936);
     let device = WgpuDevice::DefaultDevice;
     let on_wgpu = Qwen3ForCausalLM::<Wgpu>::random(&cfg, 0.02, 3, &device);
