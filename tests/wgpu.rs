@@ -30,6 +30,10 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 /// Greedy tokens compared against the reference (prefix of its 20).
 const GREEDY_TOKENS: usize = 6;
 
+/// Greedy tokens asked of the CLI: the prefill and one decode step through its device dispatch
+/// (the model itself is checked in-process).
+const CLI_TOKENS: usize = 2;
+
 #[test]
 fn wgpu_matches_transformers() {
     let device = WgpuDevice::DefaultDevice;
@@ -70,14 +74,12 @@ fn cli_runs_on_wgpu() {
     let prompt = ids(&r["greedy_prompt"]).iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     let out = Command::new(env!("CARGO_BIN_EXE_conrub"))
         .args(["generate", "--model", dir.to_str().unwrap(), "--ids", &prompt, "--greedy"])
-        // Two tokens: the prefill and one decode step through the CLI's device dispatch; the
-        // model itself is checked in-process above.
-        .args(["--max-new-tokens", "2", "--json", "--device", "wgpu"])
+        .args(["--max-new-tokens", &CLI_TOKENS.to_string(), "--json", "--device", "wgpu"])
         .output()
         .expect("binary runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(json["new_tokens"].as_array().unwrap()[..], r["greedy_tokens"].as_array().unwrap()[..2]);
+    assert_eq!(ids(&json["new_tokens"]), ids(&r["greedy_tokens"])[..CLI_TOKENS]);
 }
 
 /// burn 0.21's CubeCL matmul is wrong for some transposed-view operands (see conrub-kernels);
