@@ -4,12 +4,21 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use conrub_construct::testing::BuildServers;
 use conrub_judge::JudgeCache;
 
 const FILES: [&str; 6] = ["rubrics.jsonl", "raw.jsonl", "clusters.jsonl", "validation.json", "stats.json", "card.md"];
+
+/// Per-call timeout of every build here: far beyond any wait of the tests, so that a held request
+/// is never given up (and retried, or failed) before the test kills its client.
+const CALL_TIMEOUT_SECS: f64 = 900.0;
+
+/// Only a guard against a hang: the waits below are for conditions that become true and stay true,
+/// so on a slow machine they are reached later, never missed.
+const WAIT_LIMIT: Duration = Duration::from_secs(600);
 
 fn write_inputs(dir: &Path, servers: &BuildServers, prompts: usize, plan_extra: &str) -> (String, String) {
     let topics = "t1 t2 t3 t4 t5 t6 t7";
@@ -23,7 +32,7 @@ fn write_inputs(dir: &Path, servers: &BuildServers, prompts: usize, plan_extra: 
     let input = dir.join("prompts.jsonl");
     std::fs::write(&input, lines.join("\n")).unwrap();
     let config = dir.join("build.toml");
-    std::fs::write(&config, servers.config_toml(5.0, "[build]\nprompt_concurrency = 4\n")).unwrap();
+    std::fs::write(&config, servers.config_toml(CALL_TIMEOUT_SECS, "[build]\nprompt_concurrency = 4\n")).unwrap();
     (input.display().to_string(), config.display().to_string())
 }
 
@@ -34,6 +43,16 @@ fn spawn(input: &str, config: &str, out: &Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("binary runs")
+}
+
+/// Polls `done` (a condition that stays true once true) until it holds; panics with `what` and the
+/// state `now` describes after [`WAIT_LIMIT`].
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool, now: impl Fn() -> String) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < WAIT_LIMIT, "{what}: not reached after {WAIT_LIMIT:?} ({})", now());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 fn finish(child: Child) -> std::process::Output {
@@ -57,8 +76,8 @@ async fn killed_build_resumes_without_repeating_calls_and_writes_the_same_bytes(
     let clean_calls = clean_servers.answered();
     assert_eq!(clean_calls, 12 * 8, "3 generations, 3 reviews, a grouping and an audit per prompt");
 
-    // The same build on fresh servers, killed once the reviewer has answered 10 calls and every
-    // answered call is in the cache (later requests are held unanswered).
+    // The same build on fresh servers, killed once the reviewer has answered exactly 10 calls and
+    // every answered call is in the cache.
     let servers = BuildServers::start(0).await;
     let crash_dir = dir.path().join("crash");
     std::fs::create_dir_all(&crash_dir).unwrap();
@@ -66,28 +85,46 @@ async fn killed_build_resumes_without_repeating_calls_and_writes_the_same_bytes(
     let out_dir = crash_dir.join("out");
     servers.reviewer.hold_after(10);
     let mut child = spawn(&input, &config, &out_dir);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut stable = 0;
-    loop {
-        let answered = servers.answered();
-        let holding = servers.reviewer.state.holding.load(std::sync::atomic::Ordering::SeqCst);
-        let cached = JudgeCache::open(&out_dir.join("cache.sqlite")).ok().and_then(|c| c.len().ok()).unwrap_or(0);
-        // The state must hold for 300 ms, so that no generator call is in flight either.
-        stable = if holding && cached as usize == answered && servers.reviewer.answered() == 10 { stable + 1 } else { 0 };
-        if stable == 15 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the build did not reach the hold point: {answered} answered, {cached} cached");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let state = || {
+        let s: Vec<String> = servers.all().iter().map(|s| format!("{}/{}/{}", s.requests(), s.answered(), s.held())).collect();
+        format!("requests/answered/held per server (generators A B C, reviewer): {}", s.join(" "))
+    };
+    // The reviewer let its 10 calls through and holds the next one (the flag stays set).
+    wait_until("the reviewer holds a request", || servers.reviewer.state.holding.load(Ordering::SeqCst), &state).await;
+    // From now on every server holds every new request, so answers can only come from requests
+    // already let through; once none is left on any server, no answer can come before the kill.
+    for g in &servers.generators {
+        g.hold_after(0);
     }
+    wait_until("no request is being answered", || servers.all().iter().all(|s| s.settled()), &state).await;
+    let paid_before_kill = servers.answered();
+    assert_eq!(servers.reviewer.answered(), 10, "the reviewer stops at its hold point");
+    // The client caches each answer after receiving it; the count only grows, up to what was paid.
+    let mut cache = None;
+    let cached = std::cell::Cell::new(0);
+    wait_until(
+        "every answered call is in the cache",
+        || {
+            if cache.is_none() {
+                cache = JudgeCache::open(&out_dir.join("cache.sqlite")).ok();
+            }
+            cached.set(cache.as_ref().and_then(|c| c.len().ok()).unwrap_or(0) as usize);
+            cached.get() == paid_before_kill
+        },
+        || format!("{paid_before_kill} answered, {} cached", cached.get()),
+    )
+    .await;
+    drop(cache);
     child.kill().unwrap();
     child.wait().unwrap();
-    let paid_before_kill = servers.answered();
+    assert_eq!(servers.answered(), paid_before_kill, "nothing was answered after the servers settled");
     assert!(paid_before_kill > 10 && paid_before_kill < clean_calls, "killed mid-run: {paid_before_kill} of {clean_calls}");
     assert!(!out_dir.join("rubrics.jsonl").exists(), "nothing is written before the end");
 
     // Restart: the held requests are refused unanswered (their client is gone).
-    servers.reviewer.hold_after(usize::MAX);
+    for s in servers.all() {
+        s.hold_after(usize::MAX);
+    }
     let child = spawn(&input, &config, &out_dir);
     let out = tokio::task::spawn_blocking(move || finish(child)).await.unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

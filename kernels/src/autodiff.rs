@@ -105,7 +105,7 @@ impl<B: GrpoOps, C: CheckpointStrategy> GrpoOps for Autodiff<B, C> {
                     advantages.primitive,
                     mask.primitive,
                     (clip.low, clip.high),
-                    reduce == Reduce::TokenMean,
+                    reduce == Reduce::MeanPerResponse,
                 );
                 [prep.finish(state, loss), untracked(low), untracked(high)]
             }

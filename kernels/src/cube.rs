@@ -317,7 +317,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GrpoOps fo
             outs[2].clone().into_tensor_arg(),
             clip.low as f32,
             clip.high as f32,
-            (reduce == Reduce::TokenMean) as u32,
+            (reduce == Reduce::MeanPerResponse) as u32,
             block,
             dtype,
         );

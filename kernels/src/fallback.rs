@@ -69,7 +69,7 @@ pub fn surrogate_forward<B: Backend>(
     let cl = ratio.clone().clamp(1.0 - clip.low, 1.0 + clip.high) * a.clone();
     let per = un.min_pair(cl).neg() * mask.clone();
     let mut loss = per.sum_dim(1);
-    if reduce == Reduce::TokenMean {
+    if reduce == Reduce::MeanPerResponse {
         loss = loss / mask.clone().sum_dim(1).clamp_min(1.0);
     }
     let low = ratio.clone().lower_elem(1.0 - clip.low).float() * a.clone().lower_elem(0.0).float() * mask.clone();

@@ -20,6 +20,10 @@ pub mod fallback;
 #[cfg(feature = "cube")]
 mod fusion;
 pub mod reference;
+#[cfg(feature = "wgpu")]
+mod wgpu_probe;
+#[cfg(feature = "wgpu")]
+pub use wgpu_probe::{wgpu_adapter_count, wgpu_adapter_or_skip, REQUIRE_WGPU_ENV};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
@@ -37,10 +41,10 @@ pub struct Clip {
 /// How per-token losses are reduced within each response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reduce {
-    /// Sum over the response's masked tokens divided by their count (at least 1).
-    TokenMean,
-    /// Sum over the response's masked tokens.
-    TokenSum,
+    /// Per response: the sum over its masked tokens divided by their count (at least 1).
+    MeanPerResponse,
+    /// Per response: the sum over its masked tokens.
+    SumPerResponse,
 }
 
 /// Tokens per chunk of [`token_logprobs`] unless told otherwise: 512 x 151,936 f32 logits are

@@ -36,8 +36,8 @@ pub fn naive_clipped_surrogate<B: Backend>(
     let per = (ratio.clone() * a.clone()).min_pair(ratio.clamp(1.0 - clip.low, 1.0 + clip.high) * a).neg();
     let sum = (per * mask.clone()).sum_dim(1);
     let out = match reduce {
-        Reduce::TokenSum => sum,
-        Reduce::TokenMean => sum / mask.sum_dim(1).clamp_min(1.0),
+        Reduce::SumPerResponse => sum,
+        Reduce::MeanPerResponse => sum / mask.sum_dim(1).clamp_min(1.0),
     };
     out.reshape([n])
 }

@@ -64,7 +64,7 @@ fn parity_run<B: GrpoOps>(device: &B::Device, tokens: usize) -> Vec<Vec<f32>> {
         m[i * len..i * len + l].fill(1.0);
     }
     let mask = Tensor::<A<B>, 2>::from_data(TensorData::new(m, [n, len]), device);
-    let s = clipped_surrogate(lp.clone(), old, adv, mask, Clip { low: 0.2, high: 0.28 }, Reduce::TokenMean);
+    let s = clipped_surrogate(lp.clone(), old, adv, mask, Clip { low: 0.2, high: 0.28 }, Reduce::MeanPerResponse);
     let sg = s.per_response.clone().sum().backward();
     vec![
         host(out.logprobs.inner()),
@@ -148,9 +148,9 @@ impl BackendTask for KernelsArgs {
             let (old, adv, mask) = (Tensor::from_inner(old0.clone()), Tensor::from_inner(adv0.clone()), Tensor::from_inner(mask0.clone()));
             let clip = Clip { low: 0.2, high: 0.28 };
             let loss = if fused {
-                clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::TokenMean).per_response
+                clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::MeanPerResponse).per_response
             } else {
-                naive_clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::TokenMean)
+                naive_clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::MeanPerResponse)
             };
             sync(lp.grad(&loss.mean().backward()).unwrap());
         };
@@ -167,16 +167,16 @@ impl BackendTask for KernelsArgs {
             let seqs: Vec<Vec<u32>> = (0..b).map(|r| (0..seq).map(|i| ((i * 7 + r * 13) % 150_000) as u32).collect()).collect();
             let prompts: Vec<Vec<u32>> = seqs.iter().map(|s| s[..seq - resp].to_vec()).collect();
             let responses: Vec<Vec<u32>> = seqs.iter().map(|s| s[seq - resp..].to_vec()).collect();
-            let tf = conrub_grpo::RolloutTokens { prompts, responses }.teacher_forcing();
+            let tf = conrub_grpo::TokenBatch::<A<B>>::new(prompts.iter().map(Vec::as_slice).zip(responses.iter().map(Vec::as_slice)), &device);
             let model_step = |fused: bool| {
                 use conrub_grpo::Policy;
                 let lp = if fused {
-                    model.response_logprobs(&tf, &device)
+                    model.response_logprobs(&tf).logprobs
                 } else {
-                    let padded = conrub_qwen3::PaddedBatch::new(&tf.sequences, 0, conrub_qwen3::Padding::Right);
+                    let padded = conrub_qwen3::PaddedBatch::new(&seqs, 0, conrub_qwen3::Padding::Right);
                     let logits = model.forward(&padded.to_device(&device), None);
                     let [bb, s, _] = logits.dims();
-                    let targets: Vec<i64> = tf.sequences.iter().flat_map(|x| x[1..].iter().map(|&t| t as i64).chain([0])).collect();
+                    let targets: Vec<i64> = seqs.iter().flat_map(|x| x[1..].iter().map(|&t| t as i64).chain([0])).collect();
                     let targets = Tensor::<A<B>, 3, Int>::from_data(TensorData::new(targets, [bb, s, 1]), &device);
                     log_softmax(logits, 2).gather(2, targets).reshape([bb, s])
                 };

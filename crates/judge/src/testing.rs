@@ -61,10 +61,16 @@ pub struct ServerState {
     pub answered: AtomicUsize,
     /// Times each distinct request body (model + messages) was answered.
     pub answered_bodies: Mutex<HashMap<String, u32>>,
-    /// Once `answered` reaches this, new requests wait until it is raised (`usize::MAX`: never).
+    /// Once `admitted` reaches this, new requests wait until it is raised (`usize::MAX`: never).
     pub hold_after: AtomicUsize,
+    /// Requests let through to be answered (answered, being answered, or cut off by their client).
+    /// A request is admitted only while this is below `hold_after`, in one atomic step, so that
+    /// concurrent requests cannot push the answers past the hold point.
+    pub admitted: AtomicUsize,
     /// True while a request is being held.
     pub holding: AtomicBool,
+    /// Requests held so far (each held request counted once, when it starts waiting).
+    pub held: AtomicUsize,
     script: Option<Script>,
 }
 
@@ -132,11 +138,13 @@ fn completion(content: &str) -> Response {
 
 async fn handle(State(st): State<Arc<ServerState>>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
     st.requests.fetch_add(1, Ordering::SeqCst);
-    if st.answered.load(Ordering::SeqCst) >= st.hold_after.load(Ordering::SeqCst) {
+    let admit = |n: usize| (n < st.hold_after.load(Ordering::SeqCst)).then_some(n + 1);
+    if st.admitted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, admit).is_err() {
         // Held until released, then refused without being answered: its client is meant to be
         // killed meanwhile.
+        st.held.fetch_add(1, Ordering::SeqCst);
         st.holding.store(true, Ordering::SeqCst);
-        while st.answered.load(Ordering::SeqCst) >= st.hold_after.load(Ordering::SeqCst) {
+        while st.admitted.load(Ordering::SeqCst) >= st.hold_after.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         return (StatusCode::SERVICE_UNAVAILABLE, "held").into_response();
@@ -291,13 +299,30 @@ impl ScriptedServer {
         self.state.answered.load(Ordering::SeqCst)
     }
 
+    /// Requests held so far (see [`ScriptedServer::hold_after`]).
+    pub fn held(&self) -> usize {
+        self.state.held.load(Ordering::SeqCst)
+    }
+
+    /// True when every request received so far has been answered or is held: none is being
+    /// answered. Once [`ScriptedServer::hold_after`] holds every new request, this becomes true
+    /// after the last admitted request is answered, and from then on no answer can come until
+    /// the hold is raised.
+    pub fn settled(&self) -> bool {
+        // Answered and held are read before requests: each request is counted in `requests`
+        // before it is answered or held, so a request being answered always shows as a shortfall.
+        let (answered, held) = (self.answered(), self.held());
+        answered + held == self.requests()
+    }
+
     /// The most times any one request body was answered (1 when nothing was asked twice).
     pub fn max_repeats(&self) -> u32 {
         self.state.answered_bodies.lock().unwrap().values().copied().max().unwrap_or(0)
     }
 
-    /// Holds every request that arrives once `n` requests have been answered; `usize::MAX`
-    /// releases them.
+    /// Holds every request that arrives once `n` requests have been let through (so exactly `n`
+    /// are answered, unless a client cuts one off); `usize::MAX` releases them (they are refused
+    /// with 503, unanswered). `0` holds every new request.
     pub fn hold_after(&self, n: usize) {
         self.state.hold_after.store(n, Ordering::SeqCst);
         self.state.holding.store(false, Ordering::SeqCst);
