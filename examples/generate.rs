@@ -8,13 +8,13 @@
 //! default CPU backend.
 
 use burn::tensor::backend::Backend;
-use conrub_qwen3::{ChatMessage, ChatOptions, Qwen3, SamplingConfig};
+use conrub_qwen3::{ChatOptions, Message, Qwen3, SamplingConfig};
 
 fn answer<B: Backend>(model: &str, question: &str, device: &B::Device) -> Result<(), Box<dyn std::error::Error>> {
     let qwen = Qwen3::<B>::load(model, device)?;
     let tokenizer = qwen.tokenizer.as_ref().ok_or("the model directory has no tokenizer.json")?;
     let prompt = tokenizer.apply_chat_template(
-        &[ChatMessage::new("user", question)],
+        &[Message::user(question)],
         ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) },
     )?;
     let cfg = SamplingConfig {

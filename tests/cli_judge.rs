@@ -86,6 +86,7 @@ fn score_with_the_lexical_judge_and_token_counts() {
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("scored 6/6 responses"), "{err}");
+    assert!(err.contains("unscored: 0 of 6 responses"), "{err}");
     let r = rows(&out_path);
     assert_eq!(r.len(), 6);
     // The good chest-pain answer beats the dismissive one; the unsafe ibuprofen answer is negative.
@@ -140,6 +141,8 @@ fn score_and_judge_pair_against_a_loopback_server_with_cache() {
     let out = ok(&a1.iter().map(String::as_str).collect::<Vec<_>>());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("scored 3/4 responses (1 unscored)"), "{err}");
+    assert!(err.contains("unscored: 1 of 4 responses (no valid judge output within the retry budget); first: "), "{err}");
+    assert!(err.contains(":1 (prompt_id `med-0003`, response 1) after 3 attempts: "), "{err}");
     let r = rows(&out1);
     // med-0003 has 4 content criteria + 2 controls: correct, missing, wrong, correct, missing, wrong.
     assert_eq!(r[0]["reward"]["value"], 0.0);
@@ -174,6 +177,29 @@ fn score_and_judge_pair_against_a_loopback_server_with_cache() {
     assert!(text.contains("B shown first: verdict A"), "{text}");
     assert!(text.contains("accepted: PreferB (advantages A -1, B +1)"), "{text}");
     assert!(text.contains("raw: ```json"), "{text}");
+}
+
+#[test]
+fn score_fails_when_nothing_could_be_scored_but_writes_the_rows() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt.block_on(ScriptedServer::start(10, 0));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_judge_config(dir.path(), &server.url);
+    let responses = dir.path().join("responses.jsonl");
+    std::fs::write(&responses, "{\"prompt_id\": \"med-0003\", \"responses\": [\"[[garbage]] one\", \"[[garbage]] two\"]}\n").unwrap();
+    let out_path = dir.path().join("scores.jsonl");
+    let out = conrub(&[
+        "score", "--rubrics", &sample("rubrics.jsonl"), "--responses", responses.to_str().unwrap(), "--judge",
+        cfg.to_str().unwrap(), "--out", out_path.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "every response unscored must fail the command: {err}");
+    assert!(err.contains("scored 0/2 responses (2 unscored)"), "{err}");
+    assert!(err.contains("unscored: 2 of 2 responses"), "{err}");
+    assert!(err.contains("error: no response could be scored (2 of 2 unscored); the unscored rows were written to"), "{err}");
+    let r = rows(&out_path);
+    assert_eq!(r.len(), 2, "the output is written before the command fails");
+    assert!(r.iter().all(|x| x["status"] == "unscored" && x["attempts"] == 3), "{r:?}");
 }
 
 #[test]

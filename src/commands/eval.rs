@@ -7,7 +7,8 @@ use anyhow::{bail, Context, Result};
 use conrub_kernels::GrpoOps;
 use clap::{Args, Subcommand};
 use conrub_eval::{extract_choice, load_items, McqFormat, McqSummary};
-use conrub_qwen3::{ChatMessage, ChatOptions, Qwen3, SamplingConfig};
+use conrub_qwen3::{ChatOptions, Qwen3, SamplingConfig};
+use conrub_rubric::import::{HealthBenchItem, HealthBenchRow};
 use conrub_rubric::io::{write_bytes_atomic, write_jsonl_atomic};
 use serde_json::json;
 
@@ -60,31 +61,13 @@ pub struct RubricArgs {
     pub skip_three_state: bool,
 }
 
-#[derive(serde::Deserialize)]
-struct HbItem {
-    criterion: String,
-    points: f64,
-    #[serde(default)]
-    tags: Vec<String>,
-}
-
-#[derive(serde::Deserialize)]
-struct HbRow {
-    #[serde(default)]
-    prompt_id: Option<String>,
-    prompt: Vec<conrub_rubric::Message>,
-    rubrics: Vec<HbItem>,
-    #[serde(default)]
-    example_tags: Vec<String>,
-}
-
 /// One evaluation example from either input format.
 struct EvalExample {
     id: Option<String>,
     prompt: Vec<conrub_rubric::Message>,
     example_tags: Vec<String>,
     /// Points-weighted items graded met / not met (HealthBench style).
-    items: Vec<HbItem>,
+    items: Vec<HealthBenchItem>,
     /// Criteria graded correct / missing / wrong (content criteria plus the two global controls).
     criteria: Vec<String>,
 }
@@ -93,7 +76,7 @@ impl EvalExample {
     /// A HealthBench row: every item is graded for points; the positive items plus our global
     /// controls form the three-state rubric (negative items describe behaviour to avoid, which
     /// SPEC's criteria never reward).
-    fn from_healthbench(row: HbRow) -> Self {
+    fn from_healthbench(row: HealthBenchRow) -> Self {
         let mut criteria: Vec<String> = row.rubrics.iter().filter(|i| i.points > 0.0).map(|i| i.criterion.clone()).collect();
         criteria.extend(conrub_rubric::record::global_controls().into_iter().map(|c| c.text));
         Self { id: row.prompt_id, prompt: row.prompt, example_tags: row.example_tags, items: row.rubrics, criteria }
@@ -107,7 +90,7 @@ impl EvalExample {
             .criteria
             .iter()
             .filter(|c| c.kind == CriterionKind::Content)
-            .map(|c| HbItem { criterion: c.text.clone(), points: c.provenance.source_points.unwrap_or(1.0), tags: c.provenance.source_tags.clone() })
+            .map(|c| HealthBenchItem { criterion: c.text.clone(), points: c.provenance.source_points.unwrap_or(1.0), tags: c.provenance.source_tags.clone() })
             .collect();
         let example_tags = r
             .provenance
@@ -128,7 +111,7 @@ fn read_eval_examples(path: &std::path::Path) -> Result<Vec<EvalExample>> {
         let v: serde_json::Value =
             serde_json::from_str(line).with_context(|| format!("{}:{}: not a JSON object", path.display(), i + 1))?;
         if v.get("rubrics").is_some() {
-            out.push(EvalExample::from_healthbench(conrub_rubric::io::parse_line(line, path, i + 1)?));
+            out.push(EvalExample::from_healthbench(HealthBenchRow::parse(line, path, i + 1)?));
         } else if v.get("criteria").is_some() {
             out.push(EvalExample::from_record(conrub_rubric::io::parse_line(line, path, i + 1)?));
         } else {
@@ -166,8 +149,7 @@ impl BackendTask for RubricArgs {
         let start = Instant::now();
         let mut responses: Vec<(usize, String, usize)> = Vec::new();
         for (k, row) in rows.iter().enumerate() {
-            let msgs: Vec<ChatMessage> = row.prompt.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect();
-            let ids = tok.apply_chat_template(&msgs, ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) })?;
+            let ids = tok.apply_chat_template(&row.prompt, ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) })?;
             let prompts = vec![ids; self.samples.max(1)];
             for g in qwen.generate(&prompts, &cfg, &device)? {
                 responses.push((k, tok.decode(&g.tokens, true)?, g.tokens.len()));
@@ -397,7 +379,7 @@ impl BackendTask for McqArgs {
         for chunk in items.chunks(self.batch_size.max(1)) {
             let prompts: Vec<Vec<u32>> = chunk
                 .iter()
-                .map(|it| tok.apply_chat_template(&[ChatMessage::new("user", &it.prompt)], ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) }))
+                .map(|it| tok.apply_chat_template(&[conrub_rubric::Message::user(it.prompt.as_str())], ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) }))
                 .collect::<Result<_, _>>()?;
             for (it, g) in chunk.iter().zip(qwen.generate(&prompts, &cfg, &device)?) {
                 let response = tok.decode(&g.tokens, true)?;
@@ -458,6 +440,24 @@ impl BackendTask for McqArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `eval rubric` reads HealthBench rows with conrub-rubric's reader (the one `rubrics import`
+    /// uses): a plain-string prompt is one user message, and errors name the field.
+    #[test]
+    fn healthbench_rows_are_read_by_the_rubric_crate() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("hb.jsonl");
+        let good = r#"{"prompt_id":"a","prompt":"Is it safe?","rubrics":[{"criterion":"Says yes.","points":5},{"criterion":"Is rude.","points":-2}],"example_tags":["theme:t"]}"#;
+        std::fs::write(&p, format!("{good}\n")).unwrap();
+        let rows = read_eval_examples(&p).unwrap();
+        assert_eq!(rows[0].prompt, vec![conrub_rubric::Message::user("Is it safe?")]);
+        assert_eq!(rows[0].items.len(), 2, "every item is graded for points");
+        assert_eq!(rows[0].criteria.len(), 1 + 2, "positive items plus the two global controls");
+        let bad = r#"{"prompt":[{"role":"user","content":"q"}],"rubrics":[{"criterion":"A.","points":1},{"criterion":"B.","points":"high"}]}"#;
+        std::fs::write(&p, format!("{good}\n{bad}\n")).unwrap();
+        let e = format!("{:#}", read_eval_examples(&p).err().unwrap());
+        assert_eq!(e, format!("{}:2: rubrics[1].points: invalid type: string \"high\", expected f64", p.display()));
+    }
 
     #[test]
     fn compare_lists_every_numeric_field_with_the_difference() {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use conrub_kernels::GrpoOps;
 use clap::Args;
-use conrub_qwen3::{ChatMessage, ChatOptions, Qwen3, SamplingConfig};
+use conrub_qwen3::{ChatOptions, Message, Qwen3, SamplingConfig};
 
 use crate::backend::{run_on_device, BackendTask};
 
@@ -77,7 +77,7 @@ impl BackendTask for GenerateArgs {
             };
             match (&self.prompt, &self.messages) {
                 (Some(text), _) if self.raw || tok.chat_template().is_none() => tok.encode(text)?,
-                (Some(text), _) => tok.apply_chat_template(&[ChatMessage::new("user", text)], opts)?,
+                (Some(text), _) => tok.apply_chat_template(&[Message::user(text)], opts)?,
                 (None, Some(path)) => tok.apply_chat_template(&super::read_messages(path)?, opts)?,
                 (None, None) => bail!("one of --prompt, --messages or --ids is required"),
             }

@@ -14,7 +14,7 @@ pub mod train;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use conrub_qwen3::ChatMessage;
+use conrub_rubric::Message;
 
 /// Prints lines to standard output; a closed pipe (`conrub ... | head`) ends quietly.
 pub fn print_lines(lines: impl IntoIterator<Item = String>) -> Result<()> {
@@ -52,9 +52,9 @@ pub fn parse_ids(text: &str) -> Result<Vec<u32>> {
 }
 
 /// Reads a JSON array of `{role, content}` messages.
-pub fn read_messages(path: &Path) -> Result<Vec<ChatMessage>> {
+pub fn read_messages(path: &Path) -> Result<Vec<Message>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let messages: Vec<ChatMessage> = serde_json::from_str(&text).with_context(|| {
+    let messages: Vec<Message> = serde_json::from_str(&text).with_context(|| {
         format!(
             "{}: expected a JSON array of {{\"role\": ..., \"content\": ...}} messages",
             path.display()

@@ -197,6 +197,30 @@ pub fn run(a: ScoreArgs) -> Result<()> {
             let s = c.stats();
             eprintln!("cache {}: {} hits, {} misses, {} writes, {} database errors", c.path().display(), s.hits, s.misses, s.writes, s.errors);
         }
+        // Always say how many responses ended unscored, and why the first one did.
+        let first_unscored = results.iter().zip(&meta).find_map(|(r, m)| match &r.score {
+            ResponseScore::Unscored(u) => Some((m, u)),
+            ResponseScore::Scored(_) => None,
+        });
+        match first_unscored {
+            Some(((pid, line, k), u)) => eprintln!(
+                "unscored: {} of {} responses (no valid judge output within the retry budget); first: {}:{line} (prompt_id `{pid}`, response {k}) after {} attempts: {}",
+                summary.unscored,
+                summary.responses,
+                a.responses.display(),
+                u.attempts,
+                u.message
+            ),
+            None => eprintln!("unscored: 0 of {} responses", summary.responses),
+        }
+        if summary.scored == 0 {
+            bail!(
+                "no response could be scored ({} of {} unscored); the unscored rows were written to {}",
+                summary.unscored,
+                summary.responses,
+                a.out.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "standard output".into())
+            );
+        }
         Ok(())
     })
 }

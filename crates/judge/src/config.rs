@@ -15,6 +15,13 @@
 //! [local]                         # kind = "local" only
 //! mode = "generate"               # or "logprob-margin"
 //! ```
+//!
+//! The lexical test double takes one setting of its own, its keyword file (see [`crate::lexical`]):
+//!
+//! ```toml
+//! kind = "lexical"
+//! keywords = "../data/samples/lexical-keywords.jsonl"   # optional; relative to this file
+//! ```
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -94,6 +101,10 @@ pub struct JudgeConfig {
     /// Prompt overrides.
     #[serde(default)]
     pub prompts: PromptOverrides,
+    /// Lexical judge only: its keyword file (JSONL of `{criterion, keywords, contradictions}`),
+    /// relative to the config file. Without it every criterion is matched by its own words.
+    #[serde(default)]
+    pub keywords: Option<PathBuf>,
     /// Local judge settings.
     #[cfg(feature = "local")]
     #[serde(default)]
@@ -124,6 +135,9 @@ impl JudgeConfig {
     /// Parses a TOML string; `base_dir` resolves relative paths.
     pub fn from_toml(text: &str, base_dir: &Path) -> std::result::Result<Self, String> {
         let mut cfg: JudgeConfig = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
+        if cfg.keywords.is_some() && cfg.kind != JudgeKind::Lexical {
+            return Err("keywords: only the lexical test-double judge (kind = \"lexical\") reads a keyword file".into());
+        }
         cfg.base_dir = base_dir.to_path_buf();
         Ok(cfg)
     }
@@ -173,7 +187,10 @@ impl JudgeConfig {
     }
 
     /// Builds an `openai` or `lexical` judge (a `local` judge needs a backend: see
-    /// [`JudgeConfig::build_local`]). `rubrics` supplies the lexical judge's keywords.
+    /// [`JudgeConfig::build_local`]). The lexical judge reads its keyword file (`keywords`);
+    /// `rubrics`, the records it will grade (may be empty), is only checked against that file: when
+    /// the file names none of their criteria it is an error (a keyword file for other data, or
+    /// criteria edited since).
     pub fn build(&self, rubrics: &RubricSet) -> Result<Judges> {
         match self.kind {
             JudgeKind::Openai => {
@@ -183,7 +200,27 @@ impl JudgeConfig {
                 Ok(Judges { criterion: judge.clone(), pairwise: judge, client: Some(client), cache })
             }
             JudgeKind::Lexical => {
-                let judge = Arc::new(LexicalJudge::new(rubrics));
+                let judge = match &self.keywords {
+                    Some(p) => {
+                        let path = self.base_dir.join(p);
+                        let judge = LexicalJudge::from_file(&path)?;
+                        let texts: Vec<&str> = rubrics.iter().flat_map(|r| &r.criteria).map(|c| c.text.as_str()).collect();
+                        if !texts.is_empty() && !judge.is_empty() && !texts.iter().any(|t| judge.knows(t)) {
+                            return Err(JudgeError::config(
+                                "keywords",
+                                format!(
+                                    "{} names none of the {} criteria in {} (entries match the criterion text exactly)",
+                                    path.display(),
+                                    texts.len(),
+                                    rubrics.path.display()
+                                ),
+                            ));
+                        }
+                        judge
+                    }
+                    None => LexicalJudge::default(),
+                };
+                let judge = Arc::new(judge);
                 Ok(Judges { criterion: judge.clone(), pairwise: judge, client: None, cache: None })
             }
             JudgeKind::Local => Err(JudgeError::config("kind", "a local judge is built with build_local on a device")),
@@ -221,6 +258,45 @@ mod tests {
         assert!(c.client_config().unwrap_err().to_string().starts_with("url:"));
         let c = JudgeConfig::from_toml("kind = \"openai\"\nurl = \"localhost:1\"\nmodel = \"m\"\n", Path::new(".")).unwrap();
         assert!(c.client_config().unwrap_err().to_string().contains("not an http(s) URL"));
+    }
+
+    #[test]
+    fn the_lexical_judge_reads_its_keyword_file() {
+        use conrub_rubric::{Criterion, Message, RubricRecord};
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("kw.jsonl"), "{\"criterion\": \"The response says t7.\", \"keywords\": [\"t7\"]}\n").unwrap();
+        let record = |text: &str| RubricRecord {
+            id: "p".into(),
+            question: vec![Message::user("q")],
+            reference_answer: None,
+            source: None,
+            criteria: vec![Criterion::content(text)],
+            provenance: None,
+        };
+        let set = |text: &str| RubricSet::from_records("r.jsonl", vec![record(text)]).unwrap();
+        let c = JudgeConfig::from_toml("kind = \"lexical\"\nkeywords = \"kw.jsonl\"\n", dir.path()).unwrap();
+        let judges = c.build(&set("The response says t7.")).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let req = |response: &str| crate::CriterionRequest {
+            question: "q".into(),
+            response: response.into(),
+            criteria: vec!["The response says t7.".into()],
+            mode: conrub_rubric::ScoringMode::Binary,
+        };
+        let v = rt.block_on(judges.criterion.judge(&req("it is t7")));
+        assert_eq!(v.labels, Some(vec![conrub_rubric::Label::Yes]));
+        // An empty set (e.g. `eval rubric` on HealthBench rows) is fine; a set none of whose criteria
+        // the file names is an error.
+        c.build(&RubricSet::from_records("none", vec![]).unwrap()).unwrap();
+        let e = c.build(&set("The response says t9.")).err().unwrap().to_string();
+        assert!(e.starts_with("keywords: ") && e.contains("names none of the 1 criteria in r.jsonl"), "{e}");
+        // Without a file, criteria are matched by their own words (t7 is too short to be one).
+        let plain = JudgeConfig::from_toml("kind = \"lexical\"\n", dir.path()).unwrap().build(&set("The response says t7.")).unwrap();
+        assert_eq!(rt.block_on(plain.criterion.judge(&req("it is t7"))).labels, Some(vec![conrub_rubric::Label::No]));
+        let e = JudgeConfig::from_toml("kind = \"openai\"\nkeywords = \"kw.jsonl\"\n", dir.path()).unwrap_err();
+        assert!(e.starts_with("keywords: only the lexical"), "{e}");
+        let e = JudgeConfig::from_toml("kind = \"lexical\"\nkeywords = \"missing.jsonl\"\n", dir.path()).unwrap().build(&set("x")).err().unwrap().to_string();
+        assert!(e.starts_with("keywords: ") && e.contains("missing.jsonl"), "{e}");
     }
 
     #[test]

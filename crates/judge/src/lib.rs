@@ -33,7 +33,7 @@ pub use judge::{
     compare_both_orders, BidirectionalComparison, CriterionJudge, CriterionRequest, CriterionVerdict, PairOutcome,
     PairRequest, PairVerdict, PairwiseJudge,
 };
-pub use lexical::LexicalJudge;
+pub use lexical::{KeywordEntry, LexicalJudge};
 #[cfg(feature = "local")]
 pub use local::{LocalJudge, LocalJudgeConfig, LocalMode};
 pub use openai::OpenAiJudge;

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
-use conrub_qwen3::{ChatMessage, ChatOptions, ForwardBatch, KvCache, PaddedBatch, Padding, Qwen3, SamplingConfig};
+use conrub_qwen3::{ChatOptions, Message, ForwardBatch, KvCache, PaddedBatch, Padding, Qwen3, SamplingConfig};
 use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 
@@ -126,7 +126,7 @@ impl<B: Backend> LocalJudge<B> {
 
     fn chat_ids(model: &Qwen3<B>, system: &str, user: &str) -> std::result::Result<Vec<u32>, String> {
         let tok = model.tokenizer.as_ref().expect("checked in new");
-        let msgs = [ChatMessage::new("system", system), ChatMessage::new("user", user)];
+        let msgs = [Message::system(system), Message::user(user)];
         tok.apply_chat_template(&msgs, ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) }).map_err(|e| e.to_string())
     }
 

@@ -87,7 +87,10 @@ pub async fn score_jobs(
         }
         None => {
             let mut done = 0;
-            let mut stream = futures::stream::iter(jobs.iter().map(|j| judge.judge(&j.request))).buffered(window.max(1));
+            // The futures are made first so the stream holds no closure (a closure there makes the
+            // whole future not `Send` for callers inside `async_trait` methods).
+            let calls: Vec<_> = jobs.iter().map(|j| judge.judge(&j.request)).collect();
+            let mut stream = futures::stream::iter(calls).buffered(window.max(1));
             let mut out = Vec::with_capacity(jobs.len());
             while let Some(v) = stream.next().await {
                 out.push(v);

@@ -7,7 +7,7 @@ use burn::backend::Flex;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::DType;
 use conrub_judge::{CriterionJudge, CriterionRequest, JudgeCache, LocalJudge, LocalJudgeConfig, LocalMode, PromptSet};
-use conrub_qwen3::{ChatMessage, ChatOptions, PaddedBatch, Padding, Qwen3, Qwen3Config, Qwen3ForCausalLM, Qwen3Tokenizer};
+use conrub_qwen3::{ChatOptions, Message, PaddedBatch, Padding, Qwen3, Qwen3Config, Qwen3ForCausalLM, Qwen3Tokenizer};
 use conrub_rubric::{Label, ScoringMode};
 
 type B = Flex;
@@ -47,7 +47,7 @@ fn reference_label(model: &Qwen3<B>, prompts: &PromptSet, r: &CriterionRequest, 
     let (s, u) = prompts.render_single(r.mode, &r.question, &r.response, criterion);
     let tok = model.tokenizer.as_ref().unwrap();
     let ids = tok
-        .apply_chat_template(&[ChatMessage::new("system", &s), ChatMessage::new("user", &u)], ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) })
+        .apply_chat_template(&[Message::system(s.as_str()), Message::user(u.as_str())], ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) })
         .unwrap();
     let dev = Default::default();
     let batch = PaddedBatch::new(&[ids.clone()], 0, Padding::Right).to_device::<B>(&dev);

@@ -59,6 +59,19 @@ pub fn stable_seed(parts: &[&[u8]]) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A permutation of `0..n` from a ChaCha8 stream seeded with `seed` (Fisher-Yates from the last
+/// position down): the one seeded shuffle of the project (epoch order, tie pairing, rubric
+/// dropout), stable across platforms and releases.
+pub fn seeded_permutation(n: usize, seed: u64) -> Vec<usize> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = rng.random_range(0..=i);
+        order.swap(i, j);
+    }
+    order
+}
+
 impl RubricDropout {
     /// Checks `0 <= min <= max < 1`.
     pub fn validate(&self) -> Result<()> {
@@ -77,7 +90,8 @@ impl RubricDropout {
     /// The subset for the group of prompt `group_key` at `step` under run seed `seed`. At least one
     /// droppable criterion always survives.
     pub fn subset(&self, criteria: &[Criterion], seed: u64, step: u64, group_key: &str) -> CriterionSubset {
-        let mut rng = ChaCha8Rng::seed_from_u64(stable_seed(&[&seed.to_le_bytes(), &step.to_le_bytes(), group_key.as_bytes()]));
+        let parts: [&[u8]; 3] = [&seed.to_le_bytes(), &step.to_le_bytes(), group_key.as_bytes()];
+        let mut rng = ChaCha8Rng::seed_from_u64(stable_seed(&parts));
         let droppable: Vec<usize> = (0..criteria.len())
             .filter(|&i| !(self.keep_global_controls && criteria[i].kind == CriterionKind::GlobalControl))
             .collect();
@@ -87,13 +101,10 @@ impl RubricDropout {
             self.min_fraction
         };
         let n_drop = ((fraction * droppable.len() as f64).round() as usize).min(droppable.len().saturating_sub(1));
-        // Partial Fisher-Yates: the first n_drop of a shuffled copy are dropped.
-        let mut order = droppable.clone();
-        for i in 0..n_drop {
-            let j = rng.random_range(i..order.len());
-            order.swap(i, j);
-        }
-        let dropped = &order[..n_drop];
+        // The first n_drop of a seeded shuffle of the droppable criteria are dropped.
+        let order_parts: [&[u8]; 4] = [parts[0], parts[1], parts[2], b"order"];
+        let order = seeded_permutation(droppable.len(), stable_seed(&order_parts));
+        let dropped: Vec<usize> = order[..n_drop].iter().map(|&i| droppable[i]).collect();
         CriterionSubset { kept: (0..criteria.len()).filter(|i| !dropped.contains(i)).collect() }
     }
 }

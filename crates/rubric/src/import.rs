@@ -21,7 +21,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use crate::error::{Result, RubricError};
-use crate::io::parse_line;
+use crate::io::{parse_line, parse_value};
 use crate::record::{global_controls, Criterion, CriterionProvenance, Message, RubricRecord, SourceProvenance};
 
 /// A public rubric format.
@@ -106,13 +106,22 @@ pub struct ImportReport {
     pub no_criteria: usize,
 }
 
-fn list_or_json_string<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result<T, D::Error> {
-    let v = Value::deserialize(d)?;
-    let v = match v {
-        Value::String(s) => serde_json::from_str(&s).map_err(serde::de::Error::custom)?,
-        other => other,
-    };
-    serde_json::from_value(v).map_err(serde::de::Error::custom)
+/// Parses a row whose `field` may hold its value as a JSON string (some exports store RaR's
+/// `rubric` and verl's `reward_model` that way): the string is parsed and put in place first, so that
+/// an error inside it names the whole path (`rubric[1].weight`), as it would for a plain list.
+fn parse_row_with_json_string<T: DeserializeOwned>(text: &str, path: &Path, line: usize, field: &str) -> Result<T> {
+    let mut v: Value = parse_line(text, path, line)?;
+    if let Some(slot) = v.get_mut(field) {
+        if let Value::String(inner) = slot {
+            *slot = serde_json::from_str(inner).map_err(|e| RubricError::Parse {
+                path: path.to_path_buf(),
+                line,
+                field: field.to_string(),
+                message: format!("a string here must hold JSON: {e}"),
+            })?;
+        }
+    }
+    parse_value(v, path, line)
 }
 
 fn text_or_messages<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Message>, D::Error> {
@@ -137,7 +146,7 @@ struct RarRow {
     reference_answer: Option<String>,
     #[serde(default)]
     question_source: Option<String>,
-    #[serde(deserialize_with = "list_or_json_string")]
+    /// A list, or a JSON string holding one (see [`parse_row_with_json_string`]).
     rubric: Vec<RarItem>,
 }
 
@@ -156,7 +165,7 @@ struct VerlRow {
     data_source: Option<String>,
     #[serde(deserialize_with = "text_or_messages")]
     prompt: Vec<Message>,
-    #[serde(deserialize_with = "list_or_json_string")]
+    /// An object, or a JSON string holding one (see [`parse_row_with_json_string`]).
     reward_model: VerlReward,
     #[serde(default)]
     extra_info: Option<Value>,
@@ -178,17 +187,55 @@ struct PointsItem {
     tags: Vec<String>,
 }
 
-#[derive(Deserialize)]
-struct HealthBenchRow {
+/// One OpenAI HealthBench row: `{prompt_id, prompt: [messages], rubrics: [{criterion, points, tags}],
+/// example_tags, ideal_completions_data}`. The one HealthBench reader of the workspace: `rubrics
+/// import --format healthbench` turns rows into rubric records, `eval rubric` grades against their
+/// points. Read a line with [`HealthBenchRow::parse`]; errors name the file, line and field
+/// (`hb.jsonl:3: rubrics[1].points: invalid type: string "high", expected f64`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthBenchRow {
+    /// The row's id.
     #[serde(default)]
-    prompt_id: Option<String>,
+    pub prompt_id: Option<String>,
+    /// The conversation; a plain string is read as one user message.
     #[serde(deserialize_with = "text_or_messages")]
-    prompt: Vec<Message>,
-    rubrics: Vec<PointsItem>,
+    pub prompt: Vec<Message>,
+    /// The points-weighted rubric items (negative points describe behaviour to avoid).
+    pub rubrics: Vec<HealthBenchItem>,
+    /// Example tags such as `theme:emergency_referrals`.
     #[serde(default)]
-    example_tags: Vec<String>,
+    pub example_tags: Vec<String>,
+    /// Physician-written completions; `ideal_completion` becomes an imported reference answer.
     #[serde(default)]
-    ideal_completions_data: Option<Value>,
+    pub ideal_completions_data: Option<Value>,
+}
+
+/// One HealthBench rubric item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthBenchItem {
+    /// The item text.
+    pub criterion: String,
+    /// Points: positive for desired behaviour, negative for behaviour to avoid.
+    pub points: f64,
+    /// Item tags (`axis:accuracy`, `level:example`, ...).
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+impl HealthBenchRow {
+    /// Parses one JSONL line (`line` is 1-based, for the error message).
+    pub fn parse(text: &str, path: &Path, line: usize) -> Result<Self> {
+        parse_line(text, path, line)
+    }
+
+    /// The non-empty `ideal_completions_data.ideal_completion`, if any.
+    pub fn ideal_completion(&self) -> Option<&str> {
+        self.ideal_completions_data
+            .as_ref()
+            .and_then(|d| d.get("ideal_completion"))
+            .and_then(Value::as_str)
+            .filter(|s| !s.trim().is_empty())
+    }
 }
 
 /// One source item before filtering.
@@ -271,7 +318,7 @@ pub fn import_file(input: &Path, opts: &ImportOptions) -> Result<(Vec<RubricReco
         rep.rows += 1;
         let (original_id, question, reference, source, items, extra) = match opts.format {
             ImportFormat::Rar => {
-                let r: RarRow = parse_line(&row, input, line)?;
+                let r: RarRow = parse_row_with_json_string(&row, input, line, "rubric")?;
                 let items = r
                     .rubric
                     .into_iter()
@@ -284,7 +331,7 @@ pub fn import_file(input: &Path, opts: &ImportOptions) -> Result<(Vec<RubricReco
                 (r.id.as_ref().and_then(value_to_id), vec![Message::user(r.question)], r.reference_answer, source, items, None)
             }
             ImportFormat::Rubrichub => {
-                let r: VerlRow = parse_line(&row, input, line)?;
+                let r: VerlRow = parse_row_with_json_string(&row, input, line, "reward_model")?;
                 let id = r.extra_info.as_ref().and_then(|e| e.get("index").or_else(|| e.get("id"))).and_then(value_to_id);
                 let reference = match r.reward_model.ground_truth {
                     Some(Value::String(s)) if !s.trim().is_empty() => Some(s),
@@ -299,19 +346,13 @@ pub fn import_file(input: &Path, opts: &ImportOptions) -> Result<(Vec<RubricReco
                 (id, r.prompt, reference, Some(r.data_source.unwrap_or_else(|| "rubrichub".into())), items, r.extra_info)
             }
             ImportFormat::Healthbench => {
-                let r: HealthBenchRow = parse_line(&row, input, line)?;
-                let reference = r
-                    .ideal_completions_data
-                    .as_ref()
-                    .and_then(|d| d.get("ideal_completion"))
-                    .and_then(Value::as_str)
-                    .filter(|s| !s.trim().is_empty())
-                    .map(str::to_string);
+                let r = HealthBenchRow::parse(&row, input, line)?;
+                let reference = r.ideal_completion().map(str::to_string);
                 let theme = r.example_tags.iter().find_map(|t| t.strip_prefix("theme:")).map(|t| format!("healthbench-{t}"));
                 let items = r
                     .rubrics
                     .into_iter()
-                    .map(|i| Item { text: i.criterion.trim().to_string(), weight: i.points, title: None, tags: i.tags })
+                    .map(|i| Item { text: i.criterion.trim().to_string(), weight: Some(i.points), title: None, tags: i.tags })
                     .collect();
                 let extra = (!r.example_tags.is_empty()).then(|| serde_json::json!({ "example_tags": r.example_tags }));
                 (r.prompt_id, r.prompt, reference, Some(theme.unwrap_or_else(|| "healthbench".into())), items, extra)
@@ -454,7 +495,61 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = write(d.path(), "bad.jsonl", "{\"question\":\"q\",\"rubric\":[]}\n{\"question\":\"q2\",\"rubric\":[{\"title\":\"t\"}]}\n");
         let e = import_file(&p, &ImportOptions::new(ImportFormat::Rar)).unwrap_err().to_string();
-        assert!(e.contains("bad.jsonl:2: rubric[0]: missing field `description`") || e.contains("bad.jsonl:2: rubric"), "{e}");
+        assert!(e.ends_with("bad.jsonl:2: rubric[0]: missing field `description`"), "{e}");
+    }
+
+    #[test]
+    fn errors_inside_a_json_string_name_the_whole_path() {
+        let d = tempfile::tempdir().unwrap();
+        let good = r#"{"question":"q","rubric":[{"title":"t","description":"The response Z.","weight":1}]}"#;
+        let rar = ImportOptions::new(ImportFormat::Rar);
+        // `rubric` as a JSON string (as some exports write it) and as a plain list: the same message.
+        let as_string = r#"{"question":"q2","rubric":"[{\"description\":\"The response A.\",\"weight\":1},{\"description\":\"The response B.\",\"weight\":\"high\"}]"}"#;
+        let as_list = r#"{"question":"q2","rubric":[{"description":"The response A.","weight":1},{"description":"The response B.","weight":"high"}]}"#;
+        for row in [as_string, as_list] {
+            let p = write(d.path(), "file", &format!("{good}\n{row}\n"));
+            let e = import_file(&p, &rar).unwrap_err().to_string();
+            assert_eq!(e, format!("{}:2: rubric[1].weight: invalid type: string \"high\", expected f64", p.display()));
+        }
+        let p = write(d.path(), "file", &format!("{good}\n{}\n", r#"{"question":"q2","rubric":"[{\"description\": }]"}"#));
+        let e = import_file(&p, &rar).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:2: rubric: a string here must hold JSON: expected value", p.display())), "{e}");
+        // verl rows: `reward_model` as a JSON string.
+        let p = write(
+            d.path(),
+            "hub.jsonl",
+            r#"{"prompt":"Q","reward_model":"{\"rubrics\":[{\"criterion\":\"A\",\"points\":3},{\"criterion\":7}]}"}"#,
+        );
+        let e = import_file(&p, &ImportOptions::new(ImportFormat::Rubrichub)).unwrap_err().to_string();
+        assert_eq!(e, format!("{}:1: reward_model.rubrics[1].criterion: invalid type: integer `7`, expected a string", p.display()));
+    }
+
+    #[test]
+    fn healthbench_rows_parse_in_one_place() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "hb.jsonl",
+            r#"{"prompt_id":"hb1","prompt":"Q?","rubrics":[{"criterion":"A.","points":3},{"criterion":"B.","points":"high"}]}"#,
+        );
+        let e = import_file(&p, &ImportOptions::new(ImportFormat::Healthbench)).unwrap_err().to_string();
+        assert_eq!(e, format!("{}:1: rubrics[1].points: invalid type: string \"high\", expected f64", p.display()));
+        let row = HealthBenchRow::parse(
+            r#"{"prompt":"Q?","rubrics":[{"criterion":"A.","points":3,"tags":["axis:accuracy"]}],"ideal_completions_data":{"ideal_completion":"R"}}"#,
+            &p,
+            1,
+        )
+        .unwrap();
+        assert_eq!(row.prompt, vec![Message::user("Q?")]);
+        assert_eq!(row.rubrics, vec![HealthBenchItem { criterion: "A.".into(), points: 3.0, tags: vec!["axis:accuracy".into()] }]);
+        assert_eq!(row.ideal_completion(), Some("R"));
+        let e = HealthBenchRow::parse(r#"{"prompt":"Q?","rubrics":[{"criterion":"A."}]}"#, &p, 4).unwrap_err().to_string();
+        assert!(e.ends_with("hb.jsonl:4: rubrics[0]: missing field `points`"), "{e}");
+    }
+
+    #[test]
+    fn parquet_is_refused() {
+        let d = tempfile::tempdir().unwrap();
         let p = write(d.path(), "x.parquet", "PAR1....");
         assert!(import_file(&p, &ImportOptions::new(ImportFormat::Rar)).unwrap_err().to_string().contains("convert it to JSONL"));
     }

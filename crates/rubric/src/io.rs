@@ -13,18 +13,26 @@ use crate::record::RubricRecord;
 /// Parses one JSON value, naming the failing field path (`criteria[2].kind`) in the error.
 pub fn parse_line<T: DeserializeOwned>(text: &str, path: &Path, line: usize) -> Result<T> {
     let de = &mut serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
-        let inner = e.into_inner();
-        let field = if inner.is_syntax() || inner.is_eof() {
-            format!("column {}", inner.column())
-        } else if field == "." {
-            "record".to_string()
-        } else {
-            field
-        };
-        RubricError::Parse { path: path.to_path_buf(), line, field, message: strip_position(&inner.to_string()) }
-    })
+    serde_path_to_error::deserialize(de).map_err(|e| path_error(e, path, line))
+}
+
+/// Converts an already parsed JSON value, naming the failing field path in the error like
+/// [`parse_line`] (used after a row was rewritten, e.g. a list given as a JSON string was parsed).
+pub fn parse_value<T: DeserializeOwned>(value: serde_json::Value, path: &Path, line: usize) -> Result<T> {
+    serde_path_to_error::deserialize(value).map_err(|e| path_error(e, path, line))
+}
+
+fn path_error(e: serde_path_to_error::Error<serde_json::Error>, path: &Path, line: usize) -> RubricError {
+    let field = e.path().to_string();
+    let inner = e.into_inner();
+    let field = if inner.is_syntax() || inner.is_eof() {
+        format!("column {}", inner.column())
+    } else if field == "." {
+        "record".to_string()
+    } else {
+        field
+    };
+    RubricError::Parse { path: path.to_path_buf(), line, field, message: strip_position(&inner.to_string()) }
 }
 
 /// serde_json appends "at line 1 column 57"; the line is ours, the column is already in `field`.
@@ -72,17 +80,23 @@ pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// A file written through a temporary file next to its path and renamed over it by
-/// [`AtomicFile::commit`] (after an fsync of the file and then of the directory). Dropped without a
-/// commit, it removes the temporary file and leaves the old one in place.
+/// [`AtomicFile::commit`]: the data is flushed and fsynced, the file renamed into place, and then the
+/// parent directory is fsynced so the rename itself survives a crash. Dropped without a commit, or
+/// when the commit fails, it removes the temporary file and leaves the old one in place.
+///
+/// This is the workspace's one "write to a temporary file, then rename" helper: every crate that
+/// replaces a file whole goes through it (or [`write_bytes_atomic`] / [`write_jsonl_atomic`]).
 pub struct AtomicFile {
     path: PathBuf,
     tmp: PathBuf,
     dir: PathBuf,
     out: Option<std::io::BufWriter<std::fs::File>>,
+    /// True once the temporary file has been renamed into place (nothing left to clean up).
+    renamed: bool,
 }
 
 impl AtomicFile {
-    /// Starts writing `path`.
+    /// Starts writing `path` (its parent directory is created when missing).
     pub fn create(path: &Path) -> Result<Self> {
         let io = |err| RubricError::Io { path: path.to_path_buf(), err };
         let dir = match path.parent() {
@@ -93,7 +107,7 @@ impl AtomicFile {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
         let f = std::fs::File::create(&tmp).map_err(io)?;
-        Ok(Self { path: path.to_path_buf(), tmp, dir, out: Some(std::io::BufWriter::new(f)) })
+        Ok(Self { path: path.to_path_buf(), tmp, dir, out: Some(std::io::BufWriter::new(f)), renamed: false })
     }
 
     /// The final path.
@@ -101,16 +115,31 @@ impl AtomicFile {
         &self.path
     }
 
-    /// Syncs the data and renames it into place.
+    /// Flushes and fsyncs the data, renames it into place and fsyncs the directory. On an error
+    /// the temporary file is removed (the old file, if any, is untouched unless the rename
+    /// already happened, in which case only the directory sync failed).
     pub fn commit(mut self) -> Result<()> {
         let io = |err| RubricError::Io { path: self.path.clone(), err };
         let out = self.out.take().expect("not committed yet");
         let f = out.into_inner().map_err(|e| io(e.into_error()))?;
         f.sync_all().map_err(io)?;
+        drop(f);
         std::fs::rename(&self.tmp, &self.path).map_err(io)?;
-        if let Ok(d) = std::fs::File::open(&self.dir) {
-            let _ = d.sync_all();
-        }
+        self.renamed = true;
+        sync_dir(&self.dir).map_err(|err| RubricError::Io { path: self.dir.clone(), err })
+    }
+}
+
+/// Fsyncs a directory, so that a rename inside it is durable. On platforms where a directory
+/// cannot be opened as a file (Windows) there is nothing to do.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::fs::File::open(dir)?.sync_all()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
         Ok(())
     }
 }
@@ -127,7 +156,9 @@ impl Write for AtomicFile {
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
-        if self.out.take().is_some() {
+        // Not committed, or the commit failed before the rename: the temporary file goes.
+        drop(self.out.take());
+        if !self.renamed {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }
@@ -230,5 +261,31 @@ mod tests {
         write_jsonl_atomic(&p, [serde_json::json!({"a": 1}), serde_json::json!({"b": 2})]).unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\":1}\n{\"b\":2}\n");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
+    }
+
+    #[test]
+    fn failed_commit_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // A non-empty directory in the way: the rename fails after the data was written and synced.
+        let p = dir.path().join("taken");
+        std::fs::create_dir(&p).unwrap();
+        std::fs::write(p.join("inside"), "x").unwrap();
+        let e = write_bytes_atomic(&p, b"new").unwrap_err().to_string();
+        assert!(e.contains("taken"), "{e}");
+        let names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, vec!["taken".to_string()], "the temporary file is removed when the rename fails");
+        // Dropped without a commit: also removed.
+        let mut f = AtomicFile::create(&dir.path().join("never.jsonl")).unwrap();
+        f.write_all(b"partial").unwrap();
+        drop(f);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn directory_sync_errors_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        sync_dir(dir.path()).unwrap();
+        #[cfg(unix)]
+        assert!(sync_dir(&dir.path().join("missing")).is_err(), "a directory that cannot be synced is an error, not ignored");
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! - [`record`]: the per-prompt rubric record (criteria with kind, reference-coverage tag and
 //!   provenance) as serde types.
-//! - [`io`]: JSONL reading and atomic writing, with errors that name the file, line and field.
+//! - [`io`]: JSONL reading and atomic writing (the workspace's one temporary-file-and-rename helper,
+//!   [`AtomicFile`]: fsync of the file, rename, fsync of the directory), with errors that name the
+//!   file, line and field.
 //! - [`validate`]: the independent validator behind `conrub rubrics validate`.
 //! - [`import`]: adapters for the RaR, RubricHub (verl rows) and HealthBench formats.
 //! - [`score`]: binary and three-state rewards as exact rationals, the soft overlength penalty,
@@ -19,10 +21,10 @@ pub mod record;
 pub mod score;
 pub mod validate;
 
-pub use dropout::{CriterionSubset, RubricDropout};
+pub use dropout::{seeded_permutation, stable_seed, CriterionSubset, RubricDropout};
 pub use error::{Result, RubricError};
 pub use import::{import_file, ImportFormat, ImportReport};
-pub use io::{read_jsonl, read_rubrics, write_jsonl_atomic, RubricSet};
+pub use io::{read_jsonl, read_rubrics, write_bytes_atomic, write_jsonl_atomic, AtomicFile, RubricSet};
 pub use record::{Coverage, Criterion, CriterionKind, CriterionProvenance, Message, RubricRecord, SourceProvenance};
 pub use score::{
     score_labels, Label, LengthPenalty, Reward, ResponseScore, ScoringMode, UnscoredReason,

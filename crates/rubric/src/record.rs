@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-/// One chat message of a prompt.
+/// One chat message: of a prompt in a rubric record, and of the chat template of `conrub-qwen3`
+/// (the workspace's one message type: `conrub_qwen3::Message` is this type).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Message {
@@ -13,6 +14,16 @@ pub struct Message {
 }
 
 impl Message {
+    /// A message with this role and text.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+
+    /// A `system` message.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new("system", content)
+    }
+
     /// A `user` message.
     pub fn user(content: impl Into<String>) -> Self {
         Self { role: "user".into(), content: content.into() }
@@ -69,28 +80,97 @@ impl CriterionProvenance {
 }
 
 /// One criterion: a positive, atomic, yes/no-checkable statement starting "The response ...".
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+///
+/// In JSON: `id` (optional), `text`, `kind`, `reference_coverage` (optional, written as `null`) and
+/// `provenance` (optional); any other field is an error that names it. The lexical test-double
+/// judge's `keywords` / `contradictions`, which criteria used to carry, live in that judge's own
+/// keyword file now (`conrub_judge::LexicalJudge`); a record that still has them is rejected with a
+/// message saying so.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Criterion {
     /// Optional stable id (unique within the record when given).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// The requirement, e.g. "The response recommends urgent assessment for chest pain at rest."
     pub text: String,
     /// Content criterion or global control.
     pub kind: CriterionKind,
     /// `yes`/`no`, or `null` when there is no reference answer and for global controls.
-    #[serde(default)]
     pub reference_coverage: Option<Coverage>,
     /// Generators, cluster and imported metadata.
-    #[serde(default, skip_serializing_if = "CriterionProvenance::is_empty")]
+    #[serde(skip_serializing_if = "CriterionProvenance::is_empty")]
     pub provenance: CriterionProvenance,
-    /// Lexical test-double judge only: any of these phrases satisfies the criterion.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub keywords: Vec<String>,
-    /// Lexical test-double judge only: any of these phrases makes the criterion `wrong`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub contradictions: Vec<String>,
+}
+
+/// The fields of a criterion in JSON, for "unknown field" errors.
+const CRITERION_FIELDS: &[&str] = &["id", "text", "kind", "reference_coverage", "provenance"];
+
+/// Fields criteria had before, and where they went.
+const MOVED_CRITERION_FIELDS: &[&str] = &["keywords", "contradictions"];
+
+impl<'de> Deserialize<'de> for Criterion {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_struct("Criterion", CRITERION_FIELDS, CriterionVisitor)
+    }
+}
+
+struct CriterionVisitor;
+
+/// The value of a field that moved: always an error, raised inside the field so that the error's
+/// path names it (`criteria[0].keywords`).
+struct MovedField(String);
+
+impl<'de> serde::de::DeserializeSeed<'de> for MovedField {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, _: D) -> Result<(), D::Error> {
+        Err(serde::de::Error::custom(format!(
+            "`{}` is no longer a criterion field: the lexical test-double judge reads keywords and \
+             contradictions from its own keyword file (`keywords = \"FILE.jsonl\"` in its judge config, \
+             see configs/README.md); remove the field from the record",
+            self.0
+        )))
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for CriterionVisitor {
+    type Value = Criterion;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a criterion object {text, kind, ...}")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Criterion, A::Error> {
+        use serde::de::Error;
+        let mut id: Option<Option<String>> = None;
+        let mut text: Option<String> = None;
+        let mut kind: Option<CriterionKind> = None;
+        let mut reference_coverage: Option<Option<Coverage>> = None;
+        let mut provenance: Option<CriterionProvenance> = None;
+        fn set<T, E: Error>(slot: &mut Option<T>, name: &'static str, v: T) -> Result<(), E> {
+            match slot.replace(v) {
+                Some(_) => Err(E::duplicate_field(name)),
+                None => Ok(()),
+            }
+        }
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "id" => set(&mut id, "id", map.next_value()?)?,
+                "text" => set(&mut text, "text", map.next_value()?)?,
+                "kind" => set(&mut kind, "kind", map.next_value()?)?,
+                "reference_coverage" => set(&mut reference_coverage, "reference_coverage", map.next_value()?)?,
+                "provenance" => set(&mut provenance, "provenance", map.next_value()?)?,
+                k if MOVED_CRITERION_FIELDS.contains(&k) => map.next_value_seed(MovedField(key.clone()))?,
+                other => return Err(A::Error::unknown_field(other, CRITERION_FIELDS)),
+            }
+        }
+        Ok(Criterion {
+            id: id.flatten(),
+            text: text.ok_or_else(|| A::Error::missing_field("text"))?,
+            kind: kind.ok_or_else(|| A::Error::missing_field("kind"))?,
+            reference_coverage: reference_coverage.flatten(),
+            provenance: provenance.unwrap_or_default(),
+        })
+    }
 }
 
 impl Criterion {
@@ -102,8 +182,6 @@ impl Criterion {
             kind: CriterionKind::Content,
             reference_coverage: None,
             provenance: CriterionProvenance::default(),
-            keywords: Vec::new(),
-            contradictions: Vec::new(),
         }
     }
 
@@ -232,6 +310,41 @@ mod tests {
         assert_eq!(a, b);
         let g = serde_json::to_string(&global_controls()[0]).unwrap();
         assert!(g.contains("\"reference_coverage\":null") && g.contains("global_control"), "{g}");
+    }
+
+    #[test]
+    fn criteria_reject_the_lexical_judge_fields_and_unknown_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.jsonl");
+        let line = |extra: &str| {
+            format!(r#"{{"id":"a","question":"q","criteria":[{{"text":"The response says t7.","kind":"content"{extra}}}]}}"#)
+        };
+        std::fs::write(&p, line(r#","keywords":["t7"]"#) + "\n").unwrap();
+        let e = crate::io::read_rubrics(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("r.jsonl:1: criteria[0].keywords: `keywords` is no longer a criterion field: the lexical test-double judge reads keywords and contradictions from its own keyword file"),
+            "{e}"
+        );
+        std::fs::write(&p, line(r#","contradictions":[]"#) + "\n").unwrap();
+        let e = crate::io::read_rubrics(&p).unwrap_err().to_string();
+        assert!(e.contains("r.jsonl:1: criteria[0].contradictions: `contradictions` is no longer a criterion field"), "{e}");
+        std::fs::write(&p, line(r#","weight":2"#) + "\n").unwrap();
+        let e = crate::io::read_rubrics(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown field `weight`, expected one of `id`, `text`, `kind`, `reference_coverage`, `provenance`"),
+            "{e}"
+        );
+        std::fs::write(&p, line(r#","kind":"content""#) + "\n").unwrap();
+        assert!(crate::io::read_rubrics(&p).unwrap_err().to_string().contains("duplicate field `kind`"));
+        std::fs::write(&p, r#"{"id":"a","question":"q","criteria":[{"kind":"content"}]}"#.to_string() + "\n").unwrap();
+        assert!(crate::io::read_rubrics(&p).unwrap_err().to_string().contains("criteria[0]: missing field `text`"));
+        // What users write round-trips, and nothing judge-specific is written.
+        let c = Criterion { id: Some("c1".into()), ..Criterion::content("The response says t7.") };
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(json, r#"{"id":"c1","text":"The response says t7.","kind":"content","reference_coverage":null}"#);
+        assert_eq!(serde_json::from_str::<Criterion>(&json).unwrap(), c);
+        let with_null_id: Criterion = serde_json::from_str(r#"{"id":null,"text":"t","kind":"global_control"}"#).unwrap();
+        assert_eq!((with_null_id.id, with_null_id.kind), (None, CriterionKind::GlobalControl));
     }
 
     #[test]

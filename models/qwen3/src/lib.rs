@@ -4,18 +4,19 @@
 //! - [`Qwen3ForCausalLM`]: the model; [`load_weights`] reads HF safetensors (single or sharded,
 //!   f32/bf16/f16) and [`save_pretrained`] writes an HF directory back.
 //! - [`generate()`]: batched sampling with a KV cache; [`score_sequences`]: teacher-forced log-probs.
-//! - [`Qwen3Tokenizer`]: `tokenizer.json` plus the Jinja chat template.
+//! - [`Qwen3Tokenizer`]: `tokenizer.json` plus the Jinja chat template, over [`Message`]s
+//!   (`conrub_rubric::Message`, re-exported: the same type as a rubric record's question).
 //! - [`Qwen3`]: all of the above loaded from a directory or hub id.
 //!
 //! ```no_run
 //! use burn::backend::Flex;
-//! use conrub_qwen3::{ChatMessage, ChatOptions, Qwen3, SamplingConfig};
+//! use conrub_qwen3::{ChatOptions, Message, Qwen3, SamplingConfig};
 //!
 //! let device = Default::default();
 //! let qwen = Qwen3::<Flex>::load("Qwen/Qwen3-0.6B", &device).unwrap();
 //! let tok = qwen.tokenizer.as_ref().unwrap();
 //! let prompt = tok
-//!     .apply_chat_template(&[ChatMessage::new("user", "What is sepsis?")], ChatOptions::default())
+//!     .apply_chat_template(&[Message::user("What is sepsis?")], ChatOptions::default())
 //!     .unwrap();
 //! let cfg = SamplingConfig { stop_ids: qwen.stop_ids(), ..Default::default() };
 //! let out = qwen.generate(&[prompt], &cfg, &device).unwrap();
@@ -38,9 +39,9 @@ pub use batch::{ForwardBatch, PaddedBatch, Padding};
 pub use cache::KvCache;
 pub use config::{GenerationConfig, Qwen3Config, TokenIds};
 pub use error::{Qwen3Error, Result};
-pub use generate::{generate, score_sequences, FinishReason, Generation, SamplingConfig, SequenceScores};
+pub use generate::{generate, sample_token, score_sequences, sequence_rng, FinishReason, Generation, SamplingConfig, SequenceScores};
 pub use hub::resolve_model_dir;
 pub use model::Qwen3ForCausalLM;
 pub use pretrained::{save_pretrained, Qwen3};
-pub use tokenizer::{ChatMessage, ChatOptions, Qwen3Tokenizer};
+pub use tokenizer::{ChatOptions, Message, Qwen3Tokenizer};
 pub use weights::{load_weights, SaveDtype, WeightFiles};

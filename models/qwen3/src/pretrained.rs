@@ -43,6 +43,19 @@ impl<B: Backend> Qwen3<B> {
         Self::load_dir(&resolve_model_dir(model)?, device)
     }
 
+    /// A randomly initialised model (normal weights of std `std`, seeded) with the tokenizer in
+    /// `tokenizer_dir`: for demos and tests. `dir` is the tokenizer directory.
+    pub fn random(config: Qwen3Config, tokenizer_dir: &Path, std: f64, seed: u64, device: &B::Device) -> Result<Self> {
+        let tokenizer = Qwen3Tokenizer::from_dir(tokenizer_dir)?;
+        Ok(Self {
+            model: Qwen3ForCausalLM::random(&config, std, seed, device),
+            config,
+            generation_config: None,
+            tokenizer: Some(tokenizer),
+            dir: tokenizer_dir.to_path_buf(),
+        })
+    }
+
     /// Loads from a local directory.
     pub fn load_dir(dir: &Path, device: &B::Device) -> Result<Self> {
         let config_path = dir.join("config.json");

@@ -4,33 +4,13 @@
 use std::path::Path;
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::error::{Qwen3Error, Result};
 
-/// One chat message; fields other than `role` and `content` (e.g. `reasoning_content`,
-/// `tool_calls`) are passed to the template unchanged.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant` or `tool`.
-    pub role: String,
-    /// Message text.
-    pub content: String,
-    /// Any other fields.
-    #[serde(flatten)]
-    pub extra: serde_json::Map<String, serde_json::Value>,
-}
-
-impl ChatMessage {
-    /// A message with just a role and text.
-    pub fn new(role: &str, content: &str) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-            extra: Default::default(),
-        }
-    }
-}
+/// One chat message (`role`, `content`): the workspace's one message type, shared with rubric
+/// records (a record's `question` renders as is).
+pub use conrub_rubric::Message;
 
 /// Options of [`Qwen3Tokenizer::apply_chat_template`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,7 +152,7 @@ impl Qwen3Tokenizer {
     }
 
     /// Renders the chat template to text.
-    pub fn render_chat(&self, messages: &[ChatMessage], opts: ChatOptions) -> Result<String> {
+    pub fn render_chat(&self, messages: &[Message], opts: ChatOptions) -> Result<String> {
         let template = self.chat_template.as_deref().ok_or_else(|| Qwen3Error::Tokenizer {
             context: "chat template".into(),
             message: "the tokenizer has no chat_template (tokenizer_config.json or chat_template.jinja)".into(),
@@ -205,7 +185,7 @@ impl Qwen3Tokenizer {
     }
 
     /// Renders the chat template and encodes it, like HF's `apply_chat_template(tokenize=True)`.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], opts: ChatOptions) -> Result<Vec<u32>> {
+    pub fn apply_chat_template(&self, messages: &[Message], opts: ChatOptions) -> Result<Vec<u32>> {
         self.encode(&self.render_chat(messages, opts)?)
     }
 }
