@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use conrub_grpo::{clipped_surrogate, Aggregation, ClipRange, Policy, RolloutTokens, SampleSettings, SurrogateBatch};
+use burn::optim::GradientsParams;
+use conrub_grpo::{Aggregation, ClipRange, Policy, PolicyLoss, SurrogateBatch, TokenBatch, Update, UpdateConfig};
+use conrub_qwen3::SamplingConfig;
 use conrub_judge::{score_jobs, CriterionRequest, LexicalJudge, ScoreJob};
 use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
 use conrub_rubric::{read_rubrics, LengthPenalty, ScoringMode};
@@ -40,14 +41,13 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(tokens)).sample_size(10).measurement_time(Duration::from_secs(20));
 
     let inner = model.valid();
-    let settings = SampleSettings { max_new_tokens: RESPONSE, temperature: 1.0, top_p: 1.0, top_k: None, seed: 1, stop_ids: vec![] };
+    let settings = SamplingConfig { max_new_tokens: RESPONSE, seed: 1, ..Default::default() };
     g.bench_function("rollout", |b| b.iter(|| inner.sample(&prompts, &settings, &dev).unwrap()));
 
     let samples = inner.sample(&prompts, &settings, &dev).unwrap();
-    let rollouts = RolloutTokens { prompts: prompts.clone(), responses: samples.iter().map(|s| s.tokens.clone()).collect() };
-    let tf = rollouts.teacher_forcing();
+    let tf = TokenBatch::<B>::new(prompts.iter().map(Vec::as_slice).zip(samples.iter().map(|s| s.tokens.as_slice())), &dev);
     let rubrics = read_rubrics(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/data/samples/rubrics.jsonl"))).unwrap();
-    let judge = Arc::new(LexicalJudge::new(&rubrics));
+    let judge = Arc::new(LexicalJudge::from_file(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/data/samples/lexical-keywords.jsonl"))).unwrap());
     let record = rubrics.iter().next().unwrap();
     let jobs: Vec<ScoreJob> = samples
         .iter()
@@ -66,22 +66,28 @@ fn bench(c: &mut Criterion) {
         b.iter(|| rt.block_on(score_jobs(judge.as_ref(), &jobs, &LengthPenalty::default(), None, 64, &|_| {})))
     });
 
-    let old = inner.response_logprobs(&tf, &dev);
+    // The learner's update stages: fused log-probs, the policy loss, backward, global clipping
+    // (the published max_grad_norm = 1) and AdamW.
+    let old = inner.response_logprobs(&tf.inner()).logprobs;
     let adv: Vec<f32> = (0..ROWS).map(|i| ((i % 8) as f32 - 3.5) / 2.3).collect();
+    let advantages = burn::tensor::Tensor::<B, 1>::from_data(burn::tensor::TensorData::new(adv, [ROWS]), &dev);
+    let loss = PolicyLoss { clip: ClipRange::default(), aggregation: Aggregation::SequenceMean, kl_beta: 0.0, max_response_tokens: RESPONSE };
     let mut policy = model.clone();
-    let mut optim = AdamWConfig::new().with_weight_decay(0.1).init::<B, Qwen3ForCausalLM<B>>();
+    let mut update = Update::<B, Qwen3ForCausalLM<B>>::new(UpdateConfig { lr: 3e-6, weight_decay: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8, max_grad_norm: 1.0 });
     g.bench_function("update", |b| {
         b.iter(|| {
             let batch = SurrogateBatch {
-                logp: policy.response_logprobs(&tf, &dev),
+                logp: policy.response_logprobs(&tf).logprobs,
                 logp_old: burn::tensor::Tensor::from_inner(old.clone()),
-                advantages: burn::tensor::Tensor::from_data(burn::tensor::TensorData::new(adv.clone(), [ROWS]), &dev),
-                mask: burn::tensor::Tensor::from_data(burn::tensor::TensorData::new(tf.mask.clone(), [ROWS, tf.response_len]), &dev),
+                advantages: advantages.clone(),
+                mask: tf.mask.clone(),
                 logp_ref: None,
             };
-            let out = clipped_surrogate(batch, ClipRange::default(), Aggregation::SequenceMean, 0.0);
+            let out = loss.compute(batch);
             let grads = GradientsParams::from_grads(out.loss.backward(), &policy);
-            policy = optim.step(3e-6, policy.clone(), grads);
+            let (next, norm) = update.apply(policy.clone(), grads);
+            policy = next;
+            norm.into_scalar()
         })
     });
     g.finish();

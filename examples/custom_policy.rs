@@ -11,9 +11,8 @@ use burn::module::{Module, Param};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use conrub_grpo::{GroupScores, Learner, LearnerConfig, NoTieBreaker, Policy, RewardSource, Sample, SampleSettings, TeacherForcing, TextCodec, TieMode};
+use conrub_grpo::{GroupScores, Learner, LearnerConfig, Policy, ResponseLogprobs, RewardSource, TextCodec, TieMode, TokenBatch};
 use conrub_rubric::{score_labels, Label, LengthPenalty, Message, ResponseScore, RubricRecord, ScoringMode};
-use rand::{Rng, SeedableRng};
 
 const VOCAB: usize = 16;
 
@@ -29,46 +28,21 @@ impl<B: Backend> Bigram<B> {
     }
 }
 
+/// Two methods: log-probs of given responses, and next-token logits. Sampling (temperature, top-p,
+/// top-k, seeded per-row streams, stop ids) comes from the trait's default.
 impl<B: Backend> Policy<B> for Bigram<B> {
-    fn response_logprobs(&self, tf: &TeacherForcing, device: &B::Device) -> Tensor<B, 2> {
-        let (n, r) = (tf.rows, tf.response_len);
+    fn response_logprobs(&self, batch: &TokenBatch<B>) -> ResponseLogprobs<B> {
+        let [n, r] = batch.targets.dims();
         // The token before each response slot is the one at its predicting position.
-        let prev: Vec<i64> = (0..n * r).map(|k| tf.sequences[k / r].get(tf.positions[k] as usize).copied().unwrap_or(0) as i64).collect();
-        let prev = Tensor::<B, 1, Int>::from_data(TensorData::new(prev, [n * r]), device);
+        let prev = batch.tokens.clone().gather(1, batch.positions.clone()).reshape([n * r]);
         let logp = log_softmax(self.table.val().select(0, prev), 1);
-        let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(tf.targets.clone(), [n * r, 1]), device);
-        let mask = Tensor::<B, 2>::from_data(TensorData::new(tf.mask.clone(), [n, r]), device);
-        logp.gather(1, targets).reshape([n, r]) * mask
+        let picked = logp.gather(1, batch.targets.clone().reshape([n * r, 1])).reshape([n, r]);
+        ResponseLogprobs { logprobs: picked * batch.mask.clone(), entropy: None }
     }
 
-    fn sample(&self, prompts: &[Vec<u32>], s: &SampleSettings, _device: &B::Device) -> Result<Vec<Sample>, String> {
-        let table: Vec<f32> = self.table.val().into_data().convert::<f32>().into_vec().map_err(|e| format!("{e:?}"))?;
-        Ok(prompts
-            .iter()
-            .enumerate()
-            .map(|(row, p)| {
-                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s.seed ^ (row as u64).wrapping_mul(0x9e37_79b9));
-                let (mut prev, mut tokens, mut logprobs) = (*p.last().unwrap_or(&0) as usize, Vec::new(), Vec::new());
-                for _ in 0..s.max_new_tokens {
-                    let logits = &table[prev * VOCAB..(prev + 1) * VOCAB];
-                    let m = logits.iter().cloned().fold(f32::MIN, f32::max);
-                    let z: f32 = logits.iter().map(|l| (l - m).exp()).sum();
-                    let mut u = rng.random::<f32>() * z;
-                    let mut next = VOCAB - 1;
-                    for (i, l) in logits.iter().enumerate() {
-                        u -= (l - m).exp();
-                        if u <= 0.0 {
-                            next = i;
-                            break;
-                        }
-                    }
-                    logprobs.push(logits[next] - m - z.ln());
-                    tokens.push(next as u32);
-                    prev = next;
-                }
-                Sample { tokens, logprobs, truncated: true }
-            })
-            .collect())
+    fn next_token_logits(&self, sequences: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2> {
+        let last: Vec<i64> = sequences.iter().map(|s| *s.last().unwrap_or(&0) as i64).collect();
+        self.table.val().select(0, Tensor::<B, 1, Int>::from_data(TensorData::new(last, [sequences.len()]), device))
     }
 }
 
@@ -76,10 +50,10 @@ impl<B: Backend> Policy<B> for Bigram<B> {
 struct Ids;
 
 impl TextCodec for Ids {
-    fn encode_prompt(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
+    fn encode_prompt(&self, messages: &[Message]) -> conrub_grpo::Result<Vec<u32>> {
         Ok(vec![(messages[0].content.len() % VOCAB) as u32])
     }
-    fn decode(&self, ids: &[u32]) -> Result<String, String> {
+    fn decode(&self, ids: &[u32]) -> conrub_grpo::Result<String> {
         Ok(ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" "))
     }
 }
@@ -106,7 +80,7 @@ fn main() {
     type B = Autodiff<Flex>;
     let device = Default::default();
     let cfg = LearnerConfig { group_size: 8, max_response_tokens: 10, lr: 0.2, weight_decay: 0.0, tie_mode: TieMode::Off, ..Default::default() };
-    let mut learner = Learner::<B, _>::new(Bigram::new(&device), cfg, device).expect("valid config");
+    let mut learner = Learner::<B, _>::builder(Bigram::new(&device), cfg, device).codec(Ids).rewards(EvenTokens).build().expect("valid config");
     let records: Vec<RubricRecord> = (0..4)
         .map(|i| RubricRecord {
             id: format!("p{i}"),
@@ -120,7 +94,7 @@ fn main() {
     let refs: Vec<&RubricRecord> = records.iter().collect();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     for _ in 0..15 {
-        let out = rt.block_on(learner.step(&refs, &Ids, &EvenTokens, &NoTieBreaker, &[])).expect("step");
+        let out = rt.block_on(learner.step(&refs)).expect("step");
         println!("step {:2}  reward {:.3}", out.metrics.step + 1, out.metrics.reward_mean);
     }
 }

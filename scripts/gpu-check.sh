@@ -21,3 +21,12 @@ if command -v nvidia-smi >/dev/null; then
 fi
 echo "== f32 kernels on cuda:$DEV"
 "$BIN" kernels-check --device "cuda:$DEV" --iters "${ITERS:-5}"
+
+# The learner pipeline on the GPU: two demo steps (rollout, lexical rewards, the device-resident
+# train batch, updates with global clipping). Run from the repository root (it reads configs/ and
+# data/). Prints the phase timings of each step; the update reads its metrics once per step.
+echo "== learner steps on cuda:$DEV (demo config)"
+OUT_DIR="$(mktemp -d)"
+"$BIN" train --config configs/demo-cpu.toml --device "cuda:$DEV" \
+  --set run.max_steps=2 --set warmup.steps=2 --set "run.output_dir=\"$OUT_DIR\""
+grep '"kind":"step"' "$OUT_DIR/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"rollout_secs":([0-9.e-]+),"judge_secs":([0-9.e-]+),"update_secs":([0-9.e-]+).*/step \1: rollout \2 s, judge \3 s, update \4 s/'

@@ -35,13 +35,17 @@ fn train(out: &Path, extra: &[&str]) -> String {
     err
 }
 
-fn steps(out: &Path) -> Vec<serde_json::Value> {
+fn lines(out: &Path, kind: &str) -> Vec<serde_json::Value> {
     std::fs::read_to_string(out.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["kind"] == "step")
+        .filter(|v| v["kind"] == kind)
         .collect()
+}
+
+fn steps(out: &Path) -> Vec<serde_json::Value> {
+    lines(out, "step")
 }
 
 #[test]
@@ -50,6 +54,7 @@ fn train_resume_and_export() {
     let straight = dir.path().join("straight");
     let log = train(&straight, &["--set", "run.max_steps=4"]);
     assert!(log.contains("step 4/4") && log.contains("warm-up: 8 steps"), "{log}");
+    assert!(log.lines().any(|l| l.starts_with("warm-up: 4/8 steps, loss ") && l.contains(", ETA ")), "warm-up shows progress with an ETA: {log}");
     let a = steps(&straight);
     assert_eq!(a.len(), 4);
     for f in ["reward.svg", "tie_rate.svg", "accepted_pairs.svg", "response_length.svg"] {
@@ -59,14 +64,17 @@ fn train_resume_and_export() {
         assert!(a[0].get(key).is_some(), "metrics lack {key}");
     }
 
-    // Two steps, then resume from the step-2 checkpoint for the next two.
+    // Three steps (a kill after step 3: its step line and a partial summary of epoch 1 are
+    // written), then resume from the step-2 checkpoint for the next two.
     let split = dir.path().join("split");
-    train(&split, &["--set", "run.max_steps=2"]);
+    train(&split, &["--set", "run.max_steps=3"]);
+    assert_eq!(lines(&split, "epoch").len(), 2, "epoch 0 and the partial epoch 1");
     let ckpt: PathBuf = split.join("checkpoint-000002");
     assert!(ckpt.join("model.safetensors").exists() && ckpt.join("training_state/state.json").exists());
     train(&split, &["--set", "run.max_steps=4", "--resume", ckpt.to_str().unwrap()]);
     let b = steps(&split);
     assert_eq!(b.len(), 4, "no duplicate or missing step lines after resume");
+    assert_eq!(lines(&split, "epoch"), lines(&straight, "epoch"), "one summary per epoch, as in the straight run");
     for (x, y) in a.iter().zip(&b) {
         for key in ["reward_mean", "loss", "grad_norms", "response_len_mean", "clip_low", "clip_high"] {
             assert_eq!(x[key], y[key], "step {}: {key}", x["step"]);
@@ -122,4 +130,8 @@ fn config_errors_name_the_key_and_the_allowed_values() {
     assert!(e.contains("learner.group_size: must be at least 2"), "{e}");
     let e = run("reward.mode=\"ternary\"");
     assert!(e.contains("ternary") && e.contains("three-state"), "{e}");
+    let e = run("learner.aggregation=\"token-mean\"");
+    assert!(e.contains("token-mean") && e.contains("global-token-mean") && e.contains("dr-grpo"), "{e}");
+    let e = run("judge.device=\"cuda:1\"");
+    assert!(e.contains("[judge] device = \"cuda:1\"") && e.contains("remove the key"), "{e}");
 }

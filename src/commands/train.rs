@@ -8,11 +8,11 @@ use burn::module::AutodiffModule;
 use conrub_kernels::GrpoOps;
 use clap::Args;
 use conrub_grpo::{
-    sft_warmup, train, ChatTemplateCodec, JudgeRewards, Learner, LearnerConfig, NoTieBreaker, PairwiseTieBreaker,
-    RolloutTokens, RunConfig, TextCodec, TieBreaker, TieMode,
+    sft_warmup, train, warmup_pairs, ChatTemplateCodec, GrpoError, JudgeRewards, Learner, LearnerConfig, PairwiseTieBreaker, RunConfig, RunHooks,
+    TieMode,
 };
 use conrub_judge::{JudgeConfig, JudgeKind};
-use conrub_qwen3::{save_pretrained, Qwen3, Qwen3Config, Qwen3ForCausalLM, Qwen3Tokenizer, SaveDtype};
+use conrub_qwen3::{save_pretrained, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
 use conrub_rubric::{read_rubrics, LengthPenalty, RubricDropout, ScoringMode};
 use serde::Deserialize;
 
@@ -166,13 +166,14 @@ fn load_config(path: &Path, overrides: &[String]) -> Result<(TrainConfig, PathBu
 pub fn run(a: TrainArgs) -> Result<()> {
     let (cfg, base) = load_config(&a.config, &a.overrides)?;
     let device = a.device.clone().unwrap_or_else(|| cfg.device.clone());
-    run_on_device(&device, TrainTask { cfg, base, resume: a.resume })
+    run_on_device(&device, TrainTask { cfg, base, resume: a.resume, device_name: device.clone() })
 }
 
 struct TrainTask {
     cfg: TrainConfig,
     base: PathBuf,
     resume: Option<PathBuf>,
+    device_name: String,
 }
 
 impl BackendTask for TrainTask {
@@ -181,61 +182,131 @@ impl BackendTask for TrainTask {
     }
 }
 
+/// Loads the policy named by `[model]` (a checkpoint directory or hub id, or a random Qwen3 with
+/// the given tokenizer) with its configs and tokenizer.
+fn load_policy<B: GrpoOps>(model: &ModelSection, rel: &dyn Fn(&Path) -> PathBuf, device: &B::Device) -> Result<Qwen3<Autodiff<B>>> {
+    let q = match (&model.path, &model.random) {
+        (Some(p), None) => {
+            let local = rel(Path::new(p));
+            if local.is_dir() {
+                Qwen3::<Autodiff<B>>::load_dir(&local, device)?
+            } else {
+                Qwen3::<Autodiff<B>>::load(p, device)?
+            }
+        }
+        (None, Some(r)) => {
+            let mut c = Qwen3Config::tiny(151_936);
+            c.hidden_size = r.hidden_size;
+            c.intermediate_size = r.intermediate_size;
+            c.num_hidden_layers = r.num_hidden_layers;
+            c.num_attention_heads = r.num_attention_heads;
+            c.num_key_value_heads = Some(r.num_key_value_heads);
+            c.head_dim = Some(r.head_dim);
+            Qwen3::random(c, &rel(&r.tokenizer), r.std, r.seed, device)?
+        }
+        _ => bail!("[model] needs exactly one of `path` or `[model.random]`"),
+    };
+    if q.tokenizer.is_none() {
+        bail!("[model]: {} has no tokenizer.json", q.dir.display());
+    }
+    Ok(q)
+}
+
+/// The judge config of `[judge]`: either `config = "FILE"` alone or the judge table inline. `conrub
+/// train` runs a local judge on the training device, so a `device` key is an error.
+fn judge_config(table: &toml::Table, base: &Path, rel: &dyn Fn(&Path) -> PathBuf, device: &str) -> Result<JudgeConfig> {
+    let cfg = match table.get("config").and_then(toml::Value::as_str) {
+        Some(path) if table.len() == 1 => JudgeConfig::from_file(&rel(Path::new(path)))?,
+        _ => JudgeConfig::from_toml(&toml::to_string(table)?, base).map_err(|e| anyhow!("[judge]: {e}"))?,
+    };
+    if let Some(d) = &cfg.device {
+        bail!(
+            "[judge] device = \"{d}\": `conrub train` runs the local judge on the training device ({device}) and a served judge has no device; remove the key (it is used by `conrub score` and `conrub judge-pair`)"
+        );
+    }
+    Ok(cfg)
+}
+
+/// Progress of a phase that takes more than a few seconds: a bar with an ETA on a terminal, else a
+/// plain line with the ETA about every 10% (so a log file shows it too).
+struct PhaseProgress {
+    name: &'static str,
+    total: usize,
+    bar: Option<indicatif::ProgressBar>,
+    started: std::time::Instant,
+}
+
+impl PhaseProgress {
+    fn new(name: &'static str, total: usize) -> Self {
+        use std::io::IsTerminal;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(total as u64);
+            let template = format!("{name} {{bar:30}} {{pos}}/{{len}} steps, {{msg}}, ETA {{eta}}");
+            bar.set_style(indicatif::ProgressStyle::with_template(&template).expect("valid template"));
+            bar
+        });
+        Self { name, total, bar, started: std::time::Instant::now() }
+    }
+
+    fn update(&mut self, done: usize, message: &str) {
+        match &self.bar {
+            Some(bar) => {
+                bar.set_message(message.to_string());
+                bar.set_position(done as u64);
+                if done == self.total {
+                    bar.finish_and_clear();
+                }
+            }
+            None if done % self.total.div_ceil(10).max(1) == 0 && done < self.total => {
+                let eta = self.started.elapsed().as_secs_f64() / done as f64 * (self.total - done) as f64;
+                eprintln!("{}: {done}/{} steps, {message}, ETA {:.0} s", self.name, self.total, eta);
+            }
+            None => {}
+        }
+    }
+}
+
+/// Exports checkpoints as Hugging Face directories and prints progress lines.
+struct Hooks<B: burn::tensor::backend::Backend> {
+    config: Qwen3Config,
+    generation_config: Option<conrub_qwen3::GenerationConfig>,
+    tokenizer_dir: PathBuf,
+    dtype: SaveDtype,
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B: GrpoOps> RunHooks<Qwen3ForCausalLM<Autodiff<B>>> for Hooks<B> {
+    fn export(&mut self, policy: &Qwen3ForCausalLM<Autodiff<B>>, dir: &Path) -> conrub_grpo::Result<()> {
+        save_pretrained(&policy.valid(), &self.config, self.generation_config.as_ref(), Some(&self.tokenizer_dir), dir, self.dtype)
+            .map_err(|e| GrpoError::Export { path: dir.to_path_buf(), message: e.to_string() })
+    }
+
+    fn progress(&mut self, line: &str) {
+        eprintln!("{line}");
+    }
+}
+
 fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
-    let TrainTask { cfg, base, resume } = task;
+    let TrainTask { cfg, base, resume, device_name } = task;
     let rel = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
     let rubrics = read_rubrics(&rel(&cfg.data.rubrics))?;
     let records: Vec<_> = rubrics.iter().cloned().collect();
-
-    // Policy, config and tokenizer.
-    let (model, model_config, tokenizer_dir, generation_config): (Qwen3ForCausalLM<Autodiff<B>>, Qwen3Config, PathBuf, _) =
-        match (&cfg.model.path, &cfg.model.random) {
-            (Some(p), None) => {
-                let local = rel(Path::new(p));
-                let q = if local.is_dir() { Qwen3::<Autodiff<B>>::load_dir(&local, &device)? } else { Qwen3::<Autodiff<B>>::load(p, &device)? };
-                let dir = q.dir.clone();
-                (q.model, q.config, dir, q.generation_config)
-            }
-            (None, Some(r)) => {
-                let mut c = Qwen3Config::tiny(151_936);
-                c.hidden_size = r.hidden_size;
-                c.intermediate_size = r.intermediate_size;
-                c.num_hidden_layers = r.num_hidden_layers;
-                c.num_attention_heads = r.num_attention_heads;
-                c.num_key_value_heads = Some(r.num_key_value_heads);
-                c.head_dim = Some(r.head_dim);
-                let m = Qwen3ForCausalLM::random(&c, r.std, r.seed, &device);
-                (m, c, rel(&r.tokenizer), None)
-            }
-            _ => bail!("{}: [model] needs exactly one of `path` or `[model.random]`", "train config"),
-        };
-    let tokenizer = Qwen3Tokenizer::from_dir(&tokenizer_dir).with_context(|| format!("tokenizer in {}", tokenizer_dir.display()))?;
-    let mut stop_ids: Vec<u32> = generation_config
-        .as_ref()
-        .and_then(|g: &conrub_qwen3::GenerationConfig| g.eos_token_id.as_ref().map(|t| t.to_vec()))
-        .unwrap_or_default();
-    for special in ["<|im_end|>", "<|endoftext|>"] {
-        if let Some(id) = tokenizer.token_id(special) {
-            if !stop_ids.contains(&id) && (id as usize) < model_config.vocab_size {
-                stop_ids.push(id);
-            }
-        }
-    }
-    let codec = ChatTemplateCodec { tokenizer, enable_thinking: cfg.model.enable_thinking };
     let save_dtype = match cfg.model.save_dtype.as_str() {
         "f32" => SaveDtype::F32,
         "bf16" => SaveDtype::Bf16,
         other => bail!("model.save_dtype: `{other}` is not allowed (allowed: f32, bf16)"),
     };
+    let judge_cfg = judge_config(&cfg.judge, &base, &rel, &device_name)?;
 
-    // Judges.
-    let judge_cfg = {
-        let table = &cfg.judge;
-        match table.get("config").and_then(toml::Value::as_str) {
-            Some(path) if table.len() == 1 => JudgeConfig::from_file(&rel(Path::new(path)))?,
-            _ => JudgeConfig::from_toml(&toml::to_string(table)?, &base).map_err(|e| anyhow!("[judge]: {e}"))?,
-        }
+    let qwen = load_policy::<B>(&cfg.model, &rel, &device)?;
+    let stop_ids = qwen.stop_ids();
+    let Qwen3 { model, config: model_config, generation_config, tokenizer, dir: model_dir } = qwen;
+    let codec = ChatTemplateCodec { tokenizer: tokenizer.expect("checked in load_policy"), enable_thinking: cfg.model.enable_thinking };
+    let tokenizer_dir = match &cfg.model.random {
+        Some(r) => rel(&r.tokenizer),
+        None => model_dir,
     };
+
     let judges = match judge_cfg.kind {
         JudgeKind::Local => judge_cfg.build_local::<B>(&device)?,
         _ => judge_cfg.build(&rubrics)?,
@@ -250,43 +321,37 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
         d.validate()?;
     }
     let rewards = JudgeRewards { judge: judges.criterion.clone(), mode: cfg.reward.mode, penalty, dropout: cfg.reward.dropout, seed: cfg.learner.seed };
-    let ties: Box<dyn TieBreaker> = match cfg.learner.tie_mode {
-        TieMode::Off => Box::new(NoTieBreaker),
-        _ => Box::new(PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed)),
-    };
 
     // Optional supervised warm-up on reference answers (fresh runs only).
     let mut model = model;
     if let (Some(w), None) = (&cfg.warmup, &resume) {
-        let with_ref: Vec<_> = records.iter().filter_map(|r| r.reference_answer.as_ref().map(|a| (r, a))).collect();
-        if with_ref.is_empty() {
+        let pairs = warmup_pairs(&records, &codec, &stop_ids).map_err(|e| anyhow!("[warmup]: {e}"))?;
+        if pairs.is_empty() {
             bail!("[warmup]: no record in {} has a reference_answer", cfg.data.rubrics.display());
         }
-        let mut pairs = RolloutTokens { prompts: vec![], responses: vec![] };
-        for (r, answer) in with_ref {
-            pairs.prompts.push(codec.encode_prompt(&r.question).map_err(|e| anyhow!(e))?);
-            let mut ids = codec.tokenizer.encode(answer)?;
-            ids.extend(stop_ids.first());
-            pairs.responses.push(ids);
-        }
-        let (m, losses) = sft_warmup(model, &pairs, w.steps, w.lr, &device);
+        let (m, losses) = {
+            let mut progress = PhaseProgress::new("warm-up", w.steps);
+            sft_warmup(model, &pairs, w.steps, w.lr, &device, &mut |done, loss| progress.update(done, &format!("loss {loss:.3}")))
+        };
         model = m;
         eprintln!(
             "warm-up: {} steps on {} reference answers, loss {:.3} -> {:.3}",
             w.steps,
-            pairs.prompts.len(),
+            pairs.len(),
             losses.first().copied().unwrap_or(f64::NAN),
             losses.last().copied().unwrap_or(f64::NAN)
         );
     }
 
-    let mut learner = Learner::new(model, cfg.learner.clone(), device.clone()).map_err(|e| anyhow!(e))?;
+    let builder = Learner::builder(model, cfg.learner.clone(), device.clone()).codec(codec).rewards(rewards).stop_ids(stop_ids);
+    let mut learner = match cfg.learner.tie_mode {
+        TieMode::Off => builder.build(),
+        _ => builder.tie_breaker(PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed)).build(),
+    }
+    .map_err(|e| anyhow!("{e}"))?;
     let mut run = cfg.run;
     run.output_dir = rel(&run.output_dir);
-    let tok_dir = tokenizer_dir.clone();
-    let export = move |policy: &Qwen3ForCausalLM<Autodiff<B>>, dir: &Path| -> Result<(), String> {
-        save_pretrained(&policy.valid(), &model_config, generation_config.as_ref(), Some(&tok_dir), dir, save_dtype).map_err(|e| e.to_string())
-    };
+    let mut hooks = Hooks::<B> { config: model_config, generation_config, tokenizer_dir, dtype: save_dtype, _b: std::marker::PhantomData };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     eprintln!(
         "training on {} prompts from {} with judge {} ({} mode, ties: {:?}) -> {}",
@@ -297,20 +362,7 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
         cfg.learner.tie_mode,
         run.output_dir.display()
     );
-    let summary = rt
-        .block_on(train(
-            &mut learner,
-            &records,
-            &run,
-            &codec,
-            &rewards,
-            ties.as_ref(),
-            &stop_ids,
-            &export,
-            resume.as_deref(),
-            &mut |line| eprintln!("{line}"),
-        ))
-        .map_err(|e| anyhow!(e))?;
+    let summary = rt.block_on(train(&mut learner, &records, &run, resume.as_deref(), &mut hooks)).map_err(|e| anyhow!(e))?;
     for e in &summary.epochs {
         eprintln!(
             "epoch {}: {} steps, reward {:+.3}, ties {}/{} ({} accepted, {} same, {} order flips, {} invalid), mean length {:.1}",

@@ -1,34 +1,62 @@
-//! Group-relative advantages and exact ties (SPEC section 5).
+//! Advantages (SPEC section 5): the [`AdvantageEstimator`] stage (group-relative, with or without
+//! std scaling), exact-tie detection and the seeded pairing of a tied group.
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use conrub_rubric::seeded_permutation;
 use serde::{Deserialize, Serialize};
 
 /// Added to the group standard deviation (as TRL does), so a near-constant group does not explode.
 pub const ADVANTAGE_EPS: f64 = 1e-4;
 
-/// `A_i = (R_i - mean(R)) / (std(R) + eps)` over the *scored* responses of one group (`None` is
-/// unscored: it gets advantage 0 and is left out of the mean and the standard deviation). The
-/// standard deviation has Bessel's correction, like TRL's GRPO; with fewer than two scored
-/// responses every advantage is 0. `scale = false` gives Dr. GRPO's unscaled `R_i - mean(R)`.
-pub fn grpo_advantages(rewards: &[Option<f64>], scale: bool) -> Vec<f64> {
-    let scored: Vec<f64> = rewards.iter().flatten().copied().filter(|r| r.is_finite()).collect();
-    // Fewer than two scored responses, or all equal (a naive mean of equal values can be off by an
-    // ulp, which would give a tied group tiny nonzero advantages): no signal.
-    if scored.len() < 2 || scored.iter().all(|r| r.to_bits() == scored[0].to_bits()) {
-        return vec![0.0; rewards.len()];
+/// How a group's rewards are scaled before they become advantages (TRL's `scale_rewards`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleRewards {
+    /// Divide by the group's *sample* standard deviation (Bessel's correction, as TRL) plus
+    /// [`ADVANTAGE_EPS`]: the method's GRPO.
+    #[default]
+    Group,
+    /// No scaling: `R_i - mean(R)` (the Dr. GRPO recipe).
+    None,
+}
+
+/// Turns one group's rewards into one sequence-level advantage per response.
+pub trait AdvantageEstimator: Send + Sync {
+    /// `rewards[i]` is `None` for an unscored response, which must get advantage 0.
+    fn advantages(&self, rewards: &[Option<f64>]) -> Vec<f64>;
+}
+
+/// Group-relative advantages: `A_i = (R_i - mean(R)) / (std(R) + eps)` over the *scored*
+/// responses of one group, or `R_i - mean(R)` with [`ScaleRewards::None`]. Unscored responses get 0
+/// and are left out of the mean and the standard deviation; with fewer than two scored responses,
+/// or all of them equal, every advantage is 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GroupRelative {
+    /// Standard-deviation scaling.
+    pub scale: ScaleRewards,
+}
+
+impl AdvantageEstimator for GroupRelative {
+    fn advantages(&self, rewards: &[Option<f64>]) -> Vec<f64> {
+        let scored: Vec<f64> = rewards.iter().flatten().copied().filter(|r| r.is_finite()).collect();
+        // A naive mean of equal values can be off by an ulp, which would give a tied group tiny
+        // nonzero advantages: equal bits mean no signal.
+        if scored.len() < 2 || scored.iter().all(|r| r.to_bits() == scored[0].to_bits()) {
+            return vec![0.0; rewards.len()];
+        }
+        let n = scored.len() as f64;
+        let mean = scored.iter().sum::<f64>() / n;
+        let denom = match self.scale {
+            ScaleRewards::Group => (scored.iter().map(|r| (r - mean) * (r - mean)).sum::<f64>() / (n - 1.0)).sqrt() + ADVANTAGE_EPS,
+            ScaleRewards::None => 1.0,
+        };
+        rewards
+            .iter()
+            .map(|r| match r {
+                Some(x) if x.is_finite() => (x - mean) / denom,
+                _ => 0.0,
+            })
+            .collect()
     }
-    let n = scored.len() as f64;
-    let mean = scored.iter().sum::<f64>() / n;
-    let var = scored.iter().map(|r| (r - mean) * (r - mean)).sum::<f64>() / (n - 1.0);
-    let denom = if scale { var.sqrt() + ADVANTAGE_EPS } else { 1.0 };
-    rewards
-        .iter()
-        .map(|r| match r {
-            Some(x) if x.is_finite() => (x - mean) / denom,
-            _ => 0.0,
-        })
-        .collect()
 }
 
 /// Whether a group is an exact tie: complete (`k` responses, all scored), every reward finite, and
@@ -43,18 +71,13 @@ pub fn is_exact_tie(rewards: &[Option<f64>], k: usize) -> bool {
 
 /// A platform-stable PRNG seed from the run seed and a key.
 pub(crate) fn stable_seed(seed: u64, key: &str) -> u64 {
-    conrub_rubric::dropout::stable_seed(&[&seed.to_le_bytes(), key.as_bytes()])
+    conrub_rubric::stable_seed(&[&seed.to_le_bytes(), key.as_bytes()])
 }
 
 /// Shuffles `0..k` with a PRNG seeded by `(run_seed, group_key)` and splits it into `k / 2`
 /// disjoint pairs (with odd `k`, the last shuffled response stays unpaired).
 pub fn tie_pairs(k: usize, run_seed: u64, group_key: &str) -> Vec<(usize, usize)> {
-    let mut rng = ChaCha8Rng::seed_from_u64(stable_seed(run_seed, group_key));
-    let mut order: Vec<usize> = (0..k).collect();
-    for i in (1..k).rev() {
-        let j = rng.random_range(0..=i);
-        order.swap(i, j);
-    }
+    let order = seeded_permutation(k, stable_seed(run_seed, group_key));
     order.chunks_exact(2).map(|p| (p[0], p[1])).collect()
 }
 
@@ -70,30 +93,22 @@ pub enum TieStatus {
     TiedUnbroken,
 }
 
-/// Advantages of one group plus how they were obtained.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GroupAdvantages {
-    /// One sequence-level advantage per response.
-    pub advantages: Vec<f64>,
-    /// Tie status.
-    pub status: TieStatus,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn vanilla_grpo_with_unscored_responses() {
-        let a = grpo_advantages(&[Some(1.0), Some(0.0), None, Some(0.5)], true);
+        let grpo = |r: &[Option<f64>], scale| GroupRelative { scale }.advantages(r);
+        let a = grpo(&[Some(1.0), Some(0.0), None, Some(0.5)], ScaleRewards::Group);
         // Scored: 1, 0, 0.5 -> mean 0.5, unbiased std 0.5.
         assert!((a[0] - 0.5 / 0.5001).abs() < 1e-12);
         assert!((a[1] + 0.5 / 0.5001).abs() < 1e-12);
         assert_eq!(a[2], 0.0);
         assert_eq!(a[3], 0.0);
-        assert_eq!(grpo_advantages(&[Some(0.3), None], true), vec![0.0, 0.0]);
-        assert_eq!(grpo_advantages(&[Some(0.7); 8], true), vec![0.0; 8]);
-        assert_eq!(grpo_advantages(&[Some(1.0), Some(0.0)], false), vec![0.5, -0.5]);
+        assert_eq!(grpo(&[Some(0.3), None], ScaleRewards::Group), vec![0.0, 0.0]);
+        assert_eq!(grpo(&[Some(0.7); 8], ScaleRewards::Group), vec![0.0; 8]);
+        assert_eq!(grpo(&[Some(1.0), Some(0.0)], ScaleRewards::None), vec![0.5, -0.5]);
     }
 
     #[test]

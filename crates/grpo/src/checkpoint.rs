@@ -10,6 +10,9 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
+use conrub_rubric::io::sync_dir;
+
+use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, LearnerConfig};
 use crate::policy::Policy;
 
@@ -32,12 +35,12 @@ const OPTIMIZER: &str = "optimizer";
 const STATE: &str = "state.json";
 const REFERENCE: &str = "reference";
 
-fn io(path: &Path, e: impl std::fmt::Display) -> String {
-    format!("{}: {e}", path.display())
+fn io(path: &Path, e: impl std::fmt::Display) -> GrpoError {
+    GrpoError::io(path, e)
 }
 
 /// Writes `dir` atomically: everything goes to `dir.tmp`, then `dir` is replaced.
-pub fn save_state<B, P>(learner: &Learner<B, P>, data_cursor: serde_json::Value, dir: &Path) -> Result<(), String>
+pub fn save_state<B, P>(learner: &Learner<B, P>, data_cursor: serde_json::Value, dir: &Path) -> Result<()>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
@@ -49,7 +52,7 @@ where
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     let rec = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
     learner.policy.clone().save_file(tmp.join(POLICY), &rec).map_err(|e| io(&tmp.join(POLICY), e))?;
-    rec.record(learner.optim.to_record(), tmp.join(OPTIMIZER)).map_err(|e| io(&tmp.join(OPTIMIZER), e))?;
+    rec.record(learner.update.optim.to_record(), tmp.join(OPTIMIZER)).map_err(|e| io(&tmp.join(OPTIMIZER), e))?;
     if let Some(reference) = &learner.reference {
         reference.clone().save_file(tmp.join(REFERENCE), &rec).map_err(|e| io(&tmp.join(REFERENCE), e))?;
     }
@@ -60,15 +63,16 @@ where
         let f = f.map_err(|e| io(&tmp, e))?.path();
         std::fs::File::open(&f).and_then(|h| h.sync_all()).map_err(|e| io(&f, e))?;
     }
+    // The entries of `tmp`, then the swap in the parent, made durable (the file-level twin is
+    // `conrub_rubric::io::AtomicFile`).
+    sync_dir(&tmp).map_err(|e| io(&tmp, e))?;
     let _ = std::fs::remove_dir_all(&old);
     if dir.exists() {
         std::fs::rename(dir, &old).map_err(|e| io(dir, e))?;
     }
     std::fs::rename(&tmp, dir).map_err(|e| io(dir, e))?;
-    if let Some(parent) = dir.parent() {
-        if let Ok(d) = std::fs::File::open(parent) {
-            let _ = d.sync_all();
-        }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent).map_err(|e| io(parent, e))?;
     }
     let _ = std::fs::remove_dir_all(&old);
     Ok(())
@@ -76,12 +80,15 @@ where
 
 /// Restores policy, optimizer and step into `learner` from `dir`; returns the saved state
 /// (its data cursor tells the caller where to continue).
-pub fn load_state<B, P>(learner: &mut Learner<B, P>, dir: &Path) -> Result<TrainingState, String>
+pub fn load_state<B, P>(learner: &mut Learner<B, P>, dir: &Path) -> Result<TrainingState>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
 {
+    // A crash between the two renames of `save_state` leaves the previous state in `dir.old`.
+    let old = PathBuf::from(format!("{}.old", dir.display()));
+    let dir = if !dir.join(STATE).exists() && old.join(STATE).exists() { old.as_path() } else { dir };
     let state_path = dir.join(STATE);
     let text = std::fs::read_to_string(&state_path).map_err(|e| io(&state_path, e))?;
     let state: TrainingState = serde_json::from_str(&text).map_err(|e| io(&state_path, e))?;
@@ -95,7 +102,7 @@ where
         .load_file(dir.join(POLICY), &rec, &learner.device)
         .map_err(|e| io(&dir.join(POLICY), e))?;
     let record = rec.load(dir.join(OPTIMIZER), &learner.device).map_err(|e| io(&dir.join(OPTIMIZER), e))?;
-    learner.optim = learner.optim.clone().load_record(record);
+    learner.update.optim = learner.update.optim.clone().load_record(record);
     learner.step = state.step;
     // The KL reference is the run's initial policy, saved with the state.
     if learner.cfg.kl_beta != 0.0 {

@@ -1,15 +1,17 @@
 //! Text side of the policy: prompt rendering and response decoding, so the learner can hand text to
 //! judges without knowing the tokenizer.
 
-use conrub_qwen3::{ChatMessage, ChatOptions, Qwen3Tokenizer};
+use conrub_qwen3::{ChatOptions, Qwen3Tokenizer};
 use conrub_rubric::Message;
+
+use crate::error::{GrpoError, Result};
 
 /// Turns prompts into ids and response ids into text.
 pub trait TextCodec: Send + Sync {
     /// Prompt ids for chat messages (with the generation prompt).
-    fn encode_prompt(&self, messages: &[Message]) -> Result<Vec<u32>, String>;
+    fn encode_prompt(&self, messages: &[Message]) -> Result<Vec<u32>>;
     /// Response text (special tokens such as the stop token dropped).
-    fn decode(&self, ids: &[u32]) -> Result<String, String>;
+    fn decode(&self, ids: &[u32]) -> Result<String>;
 }
 
 /// The Qwen3 tokenizer and chat template; `enable_thinking` is passed to the template (`Some(false)`
@@ -22,14 +24,13 @@ pub struct ChatTemplateCodec {
 }
 
 impl TextCodec for ChatTemplateCodec {
-    fn encode_prompt(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
-        let msgs: Vec<ChatMessage> = messages.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect();
+    fn encode_prompt(&self, messages: &[Message]) -> Result<Vec<u32>> {
         self.tokenizer
-            .apply_chat_template(&msgs, ChatOptions { add_generation_prompt: true, enable_thinking: self.enable_thinking })
-            .map_err(|e| e.to_string())
+            .apply_chat_template(messages, ChatOptions { add_generation_prompt: true, enable_thinking: self.enable_thinking })
+            .map_err(|e| GrpoError::Prompt { id: String::new(), message: e.to_string() })
     }
 
-    fn decode(&self, ids: &[u32]) -> Result<String, String> {
-        self.tokenizer.decode(ids, true).map_err(|e| e.to_string())
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer.decode(ids, true).map_err(|e| GrpoError::Decode(e.to_string()))
     }
 }

@@ -3,7 +3,7 @@
 use conrub_judge::PairOutcome;
 use serde::{Deserialize, Serialize};
 
-use crate::advantages::{grpo_advantages, is_exact_tie, TieStatus};
+use crate::advantages::{is_exact_tie, AdvantageEstimator, TieStatus};
 use crate::ties::{PairRecord, TieBreaker, TiedGroup};
 
 /// What happens to exactly tied groups.
@@ -44,28 +44,42 @@ impl GroupOutcome {
     }
 }
 
-/// Advantages of one group: vanilla GRPO, unless the group is an exact tie and the tie mode asks
-/// the tie breaker. Scalar rewards are never changed.
-pub async fn group_outcome(
-    rewards: &[Option<f64>],
-    k: usize,
+/// The advantage stage: an [`AdvantageEstimator`] wrapped by exact-tie handling. A group that is
+/// not an exact tie gets the estimator's advantages; a tied one goes to the [`TieBreaker`] as the
+/// [`TieMode`] says. Scalar rewards are never changed.
+pub struct TieAwareAdvantages {
+    estimator: Box<dyn AdvantageEstimator>,
     mode: TieMode,
-    breaker: &dyn TieBreaker,
-    group: &TiedGroup<'_>,
-) -> GroupOutcome {
-    let vanilla = grpo_advantages(rewards, true);
-    if !is_exact_tie(rewards, k) {
-        return GroupOutcome { advantages: vanilla, status: TieStatus::NotTied, pairs: Vec::new() };
+    breaker: Box<dyn TieBreaker>,
+}
+
+impl TieAwareAdvantages {
+    /// Wraps `estimator`; tied groups go to `breaker` unless `mode` is [`TieMode::Off`].
+    pub fn new(estimator: Box<dyn AdvantageEstimator>, mode: TieMode, breaker: Box<dyn TieBreaker>) -> Self {
+        Self { estimator, mode, breaker }
     }
-    match mode {
-        TieMode::Off => GroupOutcome { advantages: vanilla, status: TieStatus::TiedUnbroken, pairs: Vec::new() },
-        TieMode::Pairwise => {
-            let t = breaker.break_tie(group).await;
-            GroupOutcome { advantages: t.advantages, status: TieStatus::Tied, pairs: t.pairs }
+
+    /// The tie mode.
+    pub fn mode(&self) -> TieMode {
+        self.mode
+    }
+
+    /// Advantages of one group of `k` responses (`rewards[i]` is `None` when unscored).
+    pub async fn group(&self, rewards: &[Option<f64>], k: usize, group: &TiedGroup<'_>) -> GroupOutcome {
+        let estimated = self.estimator.advantages(rewards);
+        if !is_exact_tie(rewards, k) {
+            return GroupOutcome { advantages: estimated, status: TieStatus::NotTied, pairs: Vec::new() };
         }
-        TieMode::GrpoDpo => {
-            let t = breaker.break_tie(group).await;
-            GroupOutcome { advantages: vanilla, status: TieStatus::Tied, pairs: t.pairs }
+        match self.mode {
+            TieMode::Off => GroupOutcome { advantages: estimated, status: TieStatus::TiedUnbroken, pairs: Vec::new() },
+            TieMode::Pairwise => {
+                let t = self.breaker.break_tie(group).await;
+                GroupOutcome { advantages: t.advantages, status: TieStatus::Tied, pairs: t.pairs }
+            }
+            TieMode::GrpoDpo => {
+                let t = self.breaker.break_tie(group).await;
+                GroupOutcome { advantages: estimated, status: TieStatus::Tied, pairs: t.pairs }
+            }
         }
     }
 }

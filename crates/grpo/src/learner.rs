@@ -1,24 +1,37 @@
-//! One GRPO step: rollout, rewards, advantages (with tie breaking), then clipped-surrogate updates
-//! with mini-batches, PPO epochs, token-budget micro-batches, global grad-norm clipping and AdamW.
+//! One GRPO step as a list of stages: rollout, rewards, advantages (with tie breaking), the
+//! device-resident train batch (old and reference log-probs), and the update (mini-batches, PPO
+//! epochs, token-budget micro-batches, global grad-norm clipping, AdamW). Each stage is a type or
+//! trait of its own that a user can replace through [`LearnerBuilder`].
+//!
+//! Host/device traffic of one step: the rollout's token ids and the decoded texts; one upload of
+//! the teacher-forcing layout and one of the advantages (plus small row-index uploads for the
+//! GRPO+DPO pairs); old and reference log-probs never leave the device; every micro-batch is a
+//! slice of the train batch; the step's metrics and gradient norms come back in one transfer at
+//! the end.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
-use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
+use conrub_kernels::GrpoOps;
+use conrub_qwen3::SamplingConfig;
 use conrub_rubric::{ResponseScore, RubricRecord};
 use serde::{Deserialize, Serialize};
 
-use crate::advantages::stable_seed;
+use crate::advantages::{stable_seed, AdvantageEstimator, GroupRelative, ScaleRewards};
+use crate::batch::{pad_columns, plan_micro_batches, RolloutBatch, TokenBatch, TrainBatch};
 use crate::codec::TextCodec;
-use crate::grad_norm::clip_global_norm;
-use crate::group::{group_outcome, reward_bin, GroupOutcome, TieMode, TieStats};
-use crate::loss::{clipped_surrogate, dpo_pair_loss, Aggregation, ClipRange, SurrogateBatch};
-use crate::policy::{Policy, RolloutTokens, SampleSettings};
-use crate::reward::RewardSource;
-use crate::ties::{TieBreaker, TiedGroup};
+use crate::error::{GrpoError, Result};
+use crate::group::{reward_bin, GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
+use crate::loss::{dpo_pair_loss, Aggregation, ClipRange, PolicyLoss, SurrogateBatch};
+use crate::policy::{row_index, Policy};
+use crate::reward::{GroupScores, RewardSource};
+use crate::rollout::{GroupSampler, Rollout};
+use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
+use crate::update::{Update, UpdateConfig};
 
 /// Learner settings (the `[learner]` table of a train config). Defaults are the published run's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,7 +39,7 @@ use crate::ties::{TieBreaker, TiedGroup};
 pub struct LearnerConfig {
     /// Responses per prompt (k).
     pub group_size: usize,
-    /// Longest response in tokens (Lmax).
+    /// Longest response in tokens (Lmax; also Dr. GRPO's length normaliser).
     pub max_response_tokens: usize,
     /// Rollout temperature.
     pub temperature: f64,
@@ -50,8 +63,10 @@ pub struct LearnerConfig {
     pub max_grad_norm: f64,
     /// Ratio clipping.
     pub clip: ClipRange,
-    /// Loss aggregation.
+    /// Loss aggregation: `sequence-mean` (the method), `global-token-mean` or `dr-grpo`.
     pub aggregation: Aggregation,
+    /// Advantage scaling: `group` (divide by the group's sample std, the method) or `none`.
+    pub scale_rewards: ScaleRewards,
     /// Weight of the k3 KL to the initial policy (0: no reference model is kept).
     pub kl_beta: f64,
     /// What happens to exactly tied groups.
@@ -62,7 +77,8 @@ pub struct LearnerConfig {
     pub ppo_epochs: usize,
     /// Optimizer steps per pass (the batch is split into this many mini-batches).
     pub mini_batches: usize,
-    /// Token budget (prompt + response) of one micro-batch; gradients are accumulated over them.
+    /// Token budget (prompt + response, padded) of one micro-batch; gradients are accumulated
+    /// over them.
     pub micro_batch_tokens: usize,
     /// Run seed.
     pub seed: u64,
@@ -85,6 +101,7 @@ impl Default for LearnerConfig {
             max_grad_norm: 1.0,
             clip: ClipRange::default(),
             aggregation: Aggregation::SequenceMean,
+            scale_rewards: ScaleRewards::Group,
             kl_beta: 0.0,
             tie_mode: TieMode::Pairwise,
             dpo_beta: 2.0,
@@ -98,8 +115,8 @@ impl Default for LearnerConfig {
 
 impl LearnerConfig {
     /// Checks ranges, naming the key.
-    pub fn validate(&self) -> Result<(), String> {
-        let bad = |k: &str, m: &str| Err(format!("learner.{k}: {m}"));
+    pub fn validate(&self) -> Result<()> {
+        let bad = |k: &str, m: &str| Err(GrpoError::config(format!("learner.{k}"), m));
         if self.group_size < 2 {
             return bad("group_size", "must be at least 2");
         }
@@ -112,16 +129,34 @@ impl LearnerConfig {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad("top_p", "must be in (0, 1]");
         }
+        if self.top_k == Some(0) {
+            return bad("top_k", "must be at least 1");
+        }
         if !(self.lr > 0.0) {
             return bad("lr", "must be > 0");
         }
-        if self.ppo_epochs == 0 || self.mini_batches == 0 || self.rollout_prompts_per_call == 0 {
-            return bad("ppo_epochs / mini_batches / rollout_prompts_per_call", "must be at least 1");
+        for (key, v) in [("ppo_epochs", self.ppo_epochs), ("mini_batches", self.mini_batches), ("rollout_prompts_per_call", self.rollout_prompts_per_call)] {
+            if v == 0 {
+                return bad(key, "must be at least 1");
+            }
         }
         if !(self.clip.low > 0.0 && self.clip.low < 1.0 && self.clip.high > 0.0) {
             return bad("clip", "need 0 < low < 1 and high > 0");
         }
         Ok(())
+    }
+
+    /// The rollout's sampling settings at `seed` (stop ids as given).
+    pub fn sampling(&self, seed: u64, stop_ids: &[u32]) -> SamplingConfig {
+        SamplingConfig {
+            max_new_tokens: self.max_response_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            greedy: false,
+            seed,
+            stop_ids: stop_ids.to_vec(),
+        }
     }
 }
 
@@ -140,8 +175,10 @@ pub struct StepMetrics {
     pub unscored: usize,
     /// Mean reward over scored responses.
     pub reward_mean: f64,
-    /// Standard deviation of scored rewards.
-    pub reward_std: f64,
+    /// *Population* standard deviation of the step's scored rewards (divides by n). The
+    /// advantages' per-group std is the *sample* one (Bessel), see [`ScaleRewards::Group`].
+    #[serde(alias = "reward_std")]
+    pub reward_std_population: f64,
     /// Reward histogram, 0.1-wide bins over [-1, 1] (20 bins; -1 and 1 fall in the end bins).
     pub reward_histogram: Vec<u64>,
     /// Tie statistics.
@@ -177,11 +214,11 @@ pub struct StepMetrics {
     pub judge_latency_ms: f64,
     /// Response tokens sampled.
     pub response_tokens: usize,
-    /// Seconds spent sampling, judging, and updating.
+    /// Seconds sampling.
     pub rollout_secs: f64,
-    /// Seconds judging.
+    /// Seconds judging (rewards and tie breaking).
     pub judge_secs: f64,
-    /// Seconds of optimisation.
+    /// Seconds of optimisation (old log-probs included).
     pub update_secs: f64,
 }
 
@@ -198,309 +235,458 @@ pub struct StepOutput {
     pub responses: Vec<Vec<String>>,
 }
 
-/// The learner: a policy, its optimizer, and the step counter.
+/// The inner-backend model of a policy.
+type Inner<B, P> = <P as AutodiffModule<B>>::InnerModule;
+/// The rollout stage of a learner.
+type RolloutStage<B, P> = Box<dyn Rollout<<B as AutodiffBackend>::InnerBackend, Inner<B, P>>>;
+
+/// The learner: a policy, its collaborators (one per stage) and the step counter. Built with
+/// [`Learner::builder`].
 pub struct Learner<B, P>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
 {
-    /// The policy being trained.
-    pub policy: P,
-    /// AdamW.
-    pub optim: OptimizerAdaptor<AdamW, P, B>,
-    /// Settings.
-    pub cfg: LearnerConfig,
-    /// Device.
-    pub device: B::Device,
-    /// Frozen reference (initial policy), kept only when `kl_beta > 0`.
-    pub reference: Option<P::InnerModule>,
-    /// Steps completed.
-    pub step: u64,
+    pub(crate) policy: P,
+    pub(crate) update: Update<B, P>,
+    pub(crate) cfg: LearnerConfig,
+    pub(crate) device: B::Device,
+    pub(crate) reference: Option<P::InnerModule>,
+    pub(crate) step: u64,
+    codec: Box<dyn TextCodec>,
+    rewards: Box<dyn RewardSource>,
+    advantages: TieAwareAdvantages,
+    rollout: RolloutStage<B, P>,
+    loss: PolicyLoss,
+    stop_ids: Vec<u32>,
 }
 
-fn histogram(values: &[f64]) -> Vec<u64> {
-    let mut h = vec![0u64; 20];
-    for v in values {
-        h[reward_bin(*v)] += 1;
+/// Builds a [`Learner`]: the policy, its settings and device, a [`TextCodec`] and a
+/// [`RewardSource`] are required; the rest defaults to the method's stages.
+pub struct LearnerBuilder<B, P>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+{
+    policy: P,
+    cfg: LearnerConfig,
+    device: B::Device,
+    codec: Option<Box<dyn TextCodec>>,
+    rewards: Option<Box<dyn RewardSource>>,
+    tie_breaker: Option<Box<dyn TieBreaker>>,
+    estimator: Option<Box<dyn AdvantageEstimator>>,
+    rollout: Option<RolloutStage<B, P>>,
+    stop_ids: Vec<u32>,
+}
+
+impl<B, P> LearnerBuilder<B, P>
+where
+    B: AutodiffBackend + GrpoOps,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+{
+    /// Prompt rendering and response decoding (required).
+    pub fn codec(mut self, codec: impl TextCodec + 'static) -> Self {
+        self.codec = Some(Box::new(codec));
+        self
     }
-    h
+
+    /// Rewards of a group (required).
+    pub fn rewards(mut self, rewards: impl RewardSource + 'static) -> Self {
+        self.rewards = Some(Box::new(rewards));
+        self
+    }
+
+    /// What breaks exact ties (required unless `tie_mode = "off"`).
+    pub fn tie_breaker(mut self, breaker: impl TieBreaker + 'static) -> Self {
+        self.tie_breaker = Some(Box::new(breaker));
+        self
+    }
+
+    /// Advantages of non-tied groups (default: [`GroupRelative`] with `scale_rewards`).
+    pub fn estimator(mut self, estimator: impl AdvantageEstimator + 'static) -> Self {
+        self.estimator = Some(Box::new(estimator));
+        self
+    }
+
+    /// The rollout stage (default: [`GroupSampler`] with `rollout_prompts_per_call`).
+    pub fn rollout(mut self, rollout: impl Rollout<B::InnerBackend, P::InnerModule> + 'static) -> Self {
+        self.rollout = Some(Box::new(rollout));
+        self
+    }
+
+    /// Ids that end a response (for Qwen3: `Qwen3::stop_ids()`). Without them (the default) every
+    /// response runs to `max_response_tokens`.
+    pub fn stop_ids(mut self, ids: Vec<u32>) -> Self {
+        self.stop_ids = ids;
+        self
+    }
+
+    /// The learner, with a fresh AdamW.
+    pub fn build(self) -> Result<Learner<B, P>> {
+        let cfg = self.cfg;
+        cfg.validate()?;
+        let codec = self.codec.ok_or_else(|| GrpoError::config("learner", "no codec: call LearnerBuilder::codec"))?;
+        let rewards = self.rewards.ok_or_else(|| GrpoError::config("learner", "no reward source: call LearnerBuilder::rewards"))?;
+        let breaker: Box<dyn TieBreaker> = match (self.tie_breaker, cfg.tie_mode) {
+            (Some(b), _) => b,
+            (None, TieMode::Off) => Box::new(NoTieBreaker),
+            (None, mode) => return Err(GrpoError::config("learner.tie_mode", format!("{mode:?} needs a tie breaker: call LearnerBuilder::tie_breaker"))),
+        };
+        let estimator = self.estimator.unwrap_or_else(|| Box::new(GroupRelative { scale: cfg.scale_rewards }));
+        let rollout = self.rollout.unwrap_or_else(|| Box::new(GroupSampler { prompts_per_call: cfg.rollout_prompts_per_call }));
+        let update = Update::new(UpdateConfig {
+            lr: cfg.lr,
+            weight_decay: cfg.weight_decay,
+            beta1: cfg.beta1,
+            beta2: cfg.beta2,
+            eps: cfg.adam_eps,
+            max_grad_norm: cfg.max_grad_norm,
+        });
+        let loss = PolicyLoss { clip: cfg.clip, aggregation: cfg.aggregation, kl_beta: cfg.kl_beta, max_response_tokens: cfg.max_response_tokens };
+        let reference = (cfg.kl_beta != 0.0).then(|| self.policy.valid());
+        Ok(Learner {
+            policy: self.policy,
+            update,
+            advantages: TieAwareAdvantages::new(estimator, cfg.tie_mode, breaker),
+            cfg,
+            device: self.device,
+            reference,
+            step: 0,
+            codec,
+            rewards,
+            rollout,
+            loss,
+            stop_ids: self.stop_ids,
+        })
+    }
+}
+
+/// What the update stage measured, read from the device in one transfer.
+struct UpdateStats {
+    grad_norms: Vec<f64>,
+    optimizer_steps: usize,
+    loss: f64,
+    clip_low: f64,
+    clip_high: f64,
+    kl: Option<f64>,
+    entropy: Option<f64>,
 }
 
 impl<B, P> Learner<B, P>
 where
-    B: AutodiffBackend + conrub_kernels::GrpoOps,
+    B: AutodiffBackend + GrpoOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
 {
-    /// A learner with a fresh AdamW.
-    pub fn new(policy: P, cfg: LearnerConfig, device: B::Device) -> Result<Self, String> {
-        cfg.validate()?;
-        let optim = AdamWConfig::new()
-            .with_beta_1(cfg.beta1 as f32)
-            .with_beta_2(cfg.beta2 as f32)
-            .with_epsilon(cfg.adam_eps as f32)
-            .with_weight_decay(cfg.weight_decay as f32)
-            .init::<B, P>();
-        let reference = (cfg.kl_beta != 0.0).then(|| policy.valid());
-        Ok(Self { policy, optim, cfg, device, reference, step: 0 })
+    /// Starts building a learner for `policy`.
+    pub fn builder(policy: P, cfg: LearnerConfig, device: B::Device) -> LearnerBuilder<B, P> {
+        LearnerBuilder { policy, cfg, device, codec: None, rewards: None, tie_breaker: None, estimator: None, rollout: None, stop_ids: Vec::new() }
     }
 
-    /// Per-row log-probs (host) of `rows` under an inner-backend model, micro-batched.
-    fn host_logprobs(&self, model: &P::InnerModule, tokens: &RolloutTokens, rows: &[usize]) -> Vec<Vec<f32>> {
-        let mut out = vec![Vec::new(); tokens.prompts.len()];
-        for chunk in self.micro_batches(tokens, rows) {
-            let sub = subset(tokens, &chunk);
-            let tf = sub.teacher_forcing();
-            let lp: Vec<f32> = model.response_logprobs(&tf, &self.device).into_data().convert::<f32>().into_vec().expect("f32 data");
-            for (k, &row) in chunk.iter().enumerate() {
-                out[row] = lp[k * tf.response_len..k * tf.response_len + sub.responses[k].len()].to_vec();
-            }
-        }
-        out
+    /// The policy being trained.
+    pub fn policy(&self) -> &P {
+        &self.policy
     }
 
-    /// Splits `rows` into consecutive micro-batches within the token budget (at least one row each).
-    fn micro_batches(&self, tokens: &RolloutTokens, rows: &[usize]) -> Vec<Vec<usize>> {
-        let mut out: Vec<Vec<usize>> = Vec::new();
-        let mut current = Vec::new();
-        let mut max_len = 0usize;
-        for &r in rows {
-            let len = tokens.prompts[r].len() + tokens.responses[r].len();
-            let new_max = max_len.max(len);
-            // Padded cost of the micro-batch if this row joins it.
-            if !current.is_empty() && new_max * (current.len() + 1) > self.cfg.micro_batch_tokens {
-                out.push(std::mem::take(&mut current));
-                max_len = len;
-            } else {
-                max_len = new_max;
-            }
-            current.push(r);
-        }
-        if !current.is_empty() {
-            out.push(current);
-        }
-        out
+    /// The settings.
+    pub fn config(&self) -> &LearnerConfig {
+        &self.cfg
+    }
+
+    /// Steps completed.
+    pub fn steps_done(&self) -> u64 {
+        self.step
     }
 
     /// One training step on `records` (one group of `group_size` responses per record).
-    pub async fn step(
-        &mut self,
-        records: &[&RubricRecord],
-        codec: &dyn TextCodec,
-        rewards: &dyn RewardSource,
-        ties: &dyn TieBreaker,
-        stop_ids: &[u32],
-    ) -> Result<StepOutput, String> {
-        let k = self.cfg.group_size;
-        let step_seed = stable_seed(self.cfg.seed, &format!("rollout/{}", self.step));
-        let t0 = Instant::now();
-
-        // 1. Rollout on the inner backend (no autodiff tape).
-        let prompt_ids: Vec<Vec<u32>> =
-            records.iter().map(|r| codec.encode_prompt(&r.question).map_err(|e| format!("prompt {}: {e}", r.id))).collect::<Result<_, _>>()?;
-        let inner = self.policy.valid();
-        let settings = |call: usize| SampleSettings {
-            max_new_tokens: self.cfg.max_response_tokens,
-            temperature: self.cfg.temperature,
-            top_p: self.cfg.top_p,
-            top_k: self.cfg.top_k,
-            seed: step_seed.wrapping_add(call as u64),
-            stop_ids: stop_ids.to_vec(),
-        };
-        let mut samples = Vec::with_capacity(records.len() * k);
-        for (call, chunk) in prompt_ids.chunks(self.cfg.rollout_prompts_per_call).enumerate() {
-            let rows: Vec<Vec<u32>> = chunk.iter().flat_map(|p| std::iter::repeat_n(p.clone(), k)).collect();
-            samples.extend(inner.sample(&rows, &settings(call), &self.device)?);
+    pub async fn step(&mut self, records: &[&RubricRecord]) -> Result<StepOutput> {
+        if records.is_empty() {
+            return Err(GrpoError::NoRecords);
         }
-        let texts: Vec<String> = samples.iter().map(|s| codec.decode(&s.tokens)).collect::<Result<_, _>>()?;
-        let lengths: Vec<u32> = samples.iter().map(|s| s.tokens.len() as u32).collect();
+        let k = self.cfg.group_size;
+        let t0 = Instant::now();
+        let inner = self.policy.valid();
+        let rollout = self.rollout_stage(&inner, records)?;
+        let rows = records.len() * k;
+        if rollout.group_size != k || rollout.prompts.len() != records.len() || rollout.rows() != rows || rollout.truncated.len() != rows {
+            return Err(GrpoError::Stage(format!(
+                "rollout returned {} prompts x {} (group size {}, {} truncation flags) for {} records x {k}",
+                rollout.prompts.len(),
+                rollout.rows(),
+                rollout.group_size,
+                rollout.truncated.len(),
+                records.len()
+            )));
+        }
+        let texts: Vec<String> = rollout.responses.iter().map(|r| self.codec.decode(r)).collect::<Result<_>>()?;
         let rollout_secs = t0.elapsed().as_secs_f64();
 
-        // 2. Rewards, all groups concurrently.
         let t1 = Instant::now();
-        let group_scores = futures::future::join_all(records.iter().enumerate().map(|(g, r)| {
-            rewards.score_group(r, &texts[g * k..(g + 1) * k], &lengths[g * k..(g + 1) * k], self.step)
-        }))
-        .await;
-
-        // 3. Advantages, tied groups to the tie breaker (concurrently).
-        let keys: Vec<String> = records.iter().map(|r| format!("{}/{}", r.id, self.step)).collect();
-        let questions: Vec<String> = records.iter().map(|r| r.question_text()).collect();
-        let reward_opts: Vec<Vec<Option<f64>>> = group_scores.iter().map(|g| g.scores.iter().map(ResponseScore::reward).collect()).collect();
-        let tie_mode = self.cfg.tie_mode;
-        let outcomes = futures::future::join_all((0..records.len()).map(|g| {
-            let group = TiedGroup {
-                group_key: &keys[g],
-                question: &questions[g],
-                criteria: &group_scores[g].criteria,
-                responses: &texts[g * k..(g + 1) * k],
-                lengths: &lengths[g * k..(g + 1) * k],
-            };
-            let rewards = &reward_opts[g];
-            async move { group_outcome(rewards, k, tie_mode, ties, &group).await }
-        }))
-        .await;
+        let scores = self.reward_stage(records, &rollout, &texts).await;
+        let outcomes = self.advantage_stage(records, &rollout, &texts, &scores).await;
+        if let Some((g, o)) = outcomes.iter().enumerate().find(|(_, o)| o.advantages.len() != k) {
+            return Err(GrpoError::Stage(format!("advantages of group {g} ({}): {} values for {k} responses", records[g].id, o.advantages.len())));
+        }
+        if let Some((g, s)) = scores.iter().enumerate().find(|(_, s)| s.scores.len() != k) {
+            return Err(GrpoError::Stage(format!("rewards of group {g} ({}): {} scores for {k} responses", records[g].id, s.scores.len())));
+        }
         let judge_secs = t1.elapsed().as_secs_f64();
 
-        // 4. Old (and reference) log-probs.
         let t2 = Instant::now();
-        let tokens = RolloutTokens {
-            prompts: (0..samples.len()).map(|i| prompt_ids[i / k].clone()).collect(),
-            responses: samples.iter().map(|s| s.tokens.clone()).collect(),
-        };
-        let n = samples.len();
-        let all: Vec<usize> = (0..n).collect();
-        let old = self.host_logprobs(&inner, &tokens, &all);
-        let reference = self.reference.as_ref().map(|m| self.host_logprobs(m, &tokens, &all));
-        let advantages: Vec<f64> = outcomes.iter().flat_map(|o| o.advantages.iter().copied()).collect();
+        let batch = self.train_batch(&inner, &rollout, &outcomes);
         let dpo_pairs: Vec<(usize, usize)> = if self.cfg.tie_mode == TieMode::GrpoDpo {
             outcomes.iter().enumerate().flat_map(|(g, o)| o.accepted_pairs().into_iter().map(move |(w, l)| (g * k + w, g * k + l))).collect()
         } else {
             Vec::new()
         };
-
-        // 5. Updates.
-        let mut metrics = StepMetrics { step: self.step, prompts: records.len(), responses: n, dpo_pairs: dpo_pairs.len(), ..Default::default() };
-        let minis: Vec<Vec<usize>> = {
-            let size = n.div_ceil(self.cfg.mini_batches);
-            all.chunks(size.max(1)).map(<[usize]>::to_vec).collect()
-        };
-        for epoch in 0..self.cfg.ppo_epochs {
-            let last = epoch + 1 == self.cfg.ppo_epochs;
-            let (mut loss_sum, mut low_sum, mut high_sum, mut kl_sum, mut micro_count, mut tok_sum) = (0.0, 0.0, 0.0, 0.0, 0usize, 0.0);
-            let mut entropy_sum: Option<f64> = None;
-            for mini in &minis {
-                let mini_tokens: usize = mini.iter().map(|&r| tokens.responses[r].len()).sum();
-                let mut acc = GradientsAccumulator::<P>::new();
-                for micro in self.micro_batches(&tokens, mini) {
-                    let sub = subset(&tokens, &micro);
-                    let tf = sub.teacher_forcing();
-                    let (rows, r) = (micro.len(), tf.response_len);
-                    let pad = |v: &[Vec<f32>]| -> Tensor<B, 2> {
-                        let mut flat = vec![0f32; rows * r];
-                        for (i, &row) in micro.iter().enumerate() {
-                            flat[i * r..i * r + v[row].len()].copy_from_slice(&v[row]);
-                        }
-                        Tensor::from_data(TensorData::new(flat, [rows, r]), &self.device)
-                    };
-                    let adv: Vec<f32> = micro.iter().map(|&row| advantages[row] as f32).collect();
-                    let micro_tokens: usize = micro.iter().map(|&row| tokens.responses[row].len()).sum();
-                    let (logp, entropy) = self.policy.response_logprobs_and_entropy(&tf, &self.device);
-                    if let Some(e) = entropy {
-                        *entropy_sum.get_or_insert(0.0) += e.sum().into_scalar().elem::<f64>();
-                    }
-                    let batch = SurrogateBatch {
-                        logp,
-                        logp_old: pad(&old),
-                        advantages: Tensor::from_data(TensorData::new(adv, [rows]), &self.device),
-                        mask: Tensor::from_data(TensorData::new(tf.mask.clone(), [rows, r]), &self.device),
-                        logp_ref: reference.as_ref().map(|v| pad(v)),
-                    };
-                    let out = clipped_surrogate(batch, self.cfg.clip, self.cfg.aggregation, self.cfg.kl_beta);
-                    // Weights that make the sum over micro-batches the mini-batch's aggregate.
-                    let weight = match self.cfg.aggregation {
-                        Aggregation::TokenMean => micro_tokens as f64 / mini_tokens.max(1) as f64,
-                        _ => rows as f64 / mini.len() as f64,
-                    };
-                    let value: f64 = out.loss.clone().into_scalar().elem();
-                    loss_sum += value;
-                    let w_tok = micro_tokens as f64;
-                    low_sum += out.clip_low.into_scalar().elem::<f64>() * w_tok;
-                    high_sum += out.clip_high.into_scalar().elem::<f64>() * w_tok;
-                    if let Some(kl) = out.kl {
-                        kl_sum += kl.into_scalar().elem::<f64>() * w_tok;
-                    }
-                    tok_sum += w_tok;
-                    micro_count += 1;
-                    let grads = GradientsParams::from_grads((out.loss * weight).backward(), &self.policy);
-                    acc.accumulate(&self.policy, grads);
-                }
-                // The GRPO+DPO baseline term for accepted pairs whose winner is in this mini-batch.
-                let pairs: Vec<(usize, usize)> = dpo_pairs.iter().copied().filter(|(w, _)| mini.contains(w)).collect();
-                if !pairs.is_empty() {
-                    let rows: Vec<usize> = pairs.iter().flat_map(|&(w, l)| [w, l]).collect();
-                    let sub = subset(&tokens, &rows);
-                    let tf = sub.teacher_forcing();
-                    let seq = self.policy.response_logprobs(&tf, &self.device).sum_dim(1).reshape([rows.len()]);
-                    let old_seq: Vec<f32> = rows.iter().map(|&row| old[row].iter().sum()).collect();
-                    let p = pairs.len();
-                    let idx = |off: usize| {
-                        Tensor::<B, 1, burn::tensor::Int>::from_data(
-                            TensorData::new((0..p).map(|i| (2 * i + off) as i64).collect::<Vec<_>>(), [p]),
-                            &self.device,
-                        )
-                    };
-                    let old_t = Tensor::<B, 1>::from_data(TensorData::new(old_seq, [rows.len()]), &self.device);
-                    let loss = dpo_pair_loss(
-                        seq.clone().select(0, idx(0)),
-                        seq.select(0, idx(1)),
-                        old_t.clone().select(0, idx(0)),
-                        old_t.select(0, idx(1)),
-                        self.cfg.dpo_beta,
-                        n,
-                    );
-                    acc.accumulate(&self.policy, GradientsParams::from_grads(loss.backward(), &self.policy));
-                }
-                let mut grads = acc.grads();
-                let norm = if self.cfg.max_grad_norm > 0.0 {
-                    clip_global_norm(&self.policy, &mut grads, self.cfg.max_grad_norm)
-                } else {
-                    crate::grad_norm::global_grad_norm(&self.policy, &grads)
-                };
-                metrics.grad_norms.push(norm);
-                let policy = self.policy.clone();
-                self.policy = self.optim.step(self.cfg.lr, policy, grads);
-                metrics.optimizer_steps += 1;
-            }
-            if last {
-                metrics.loss = loss_sum / micro_count.max(1) as f64;
-                metrics.clip_low = low_sum / tok_sum.max(1.0);
-                metrics.clip_high = high_sum / tok_sum.max(1.0);
-                metrics.kl = (self.cfg.kl_beta != 0.0).then(|| kl_sum / tok_sum.max(1.0));
-                metrics.entropy = entropy_sum.map(|e| e / tok_sum.max(1.0));
-            }
-        }
+        let update = self.update_stage(&batch, &dpo_pairs);
         let update_secs = t2.elapsed().as_secs_f64();
 
-        // 6. Telemetry.
-        let scored: Vec<f64> = reward_opts.iter().flatten().flatten().copied().collect();
-        metrics.scored = scored.len();
-        metrics.unscored = n - scored.len();
-        if !scored.is_empty() {
-            let m = scored.iter().sum::<f64>() / scored.len() as f64;
-            metrics.reward_mean = m;
-            metrics.reward_std = (scored.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / scored.len() as f64).sqrt();
-        }
-        metrics.reward_histogram = histogram(&scored);
-        for (g, o) in outcomes.iter().enumerate() {
-            metrics.ties.add(o, reward_opts[g].first().copied().flatten());
-        }
-        let mut lens: Vec<usize> = lengths.iter().map(|&l| l as usize).collect();
-        lens.sort_unstable();
-        metrics.response_tokens = lens.iter().sum();
-        metrics.response_len_mean = metrics.response_tokens as f64 / n.max(1) as f64;
-        metrics.response_len_p90 = lens.get(((0.9 * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1).copied().unwrap_or(0);
-        metrics.response_len_max = lens.last().copied().unwrap_or(0);
-        metrics.truncated = samples.iter().filter(|s| s.truncated).count();
-        metrics.judge_retries = group_scores.iter().map(|g| g.judge_retries as u64).sum();
-        metrics.judge_latency_ms = group_scores.iter().map(|g| g.judge_latency_ms).sum::<f64>() / n.max(1) as f64;
-        metrics.rollout_secs = rollout_secs;
-        metrics.judge_secs = judge_secs;
-        metrics.update_secs = update_secs;
+        let mut metrics = self.step_metrics(&rollout, &scores, &outcomes, update);
+        metrics.dpo_pairs = dpo_pairs.len();
+        (metrics.rollout_secs, metrics.judge_secs, metrics.update_secs) = (rollout_secs, judge_secs, update_secs);
         self.step += 1;
         Ok(StepOutput {
             metrics,
-            scores: group_scores.into_iter().map(|g| g.scores).collect(),
+            scores: scores.into_iter().map(|g| g.scores).collect(),
             outcomes,
             responses: texts.chunks(k).map(<[String]>::to_vec).collect(),
         })
     }
-}
 
-fn subset(tokens: &RolloutTokens, rows: &[usize]) -> RolloutTokens {
-    RolloutTokens {
-        prompts: rows.iter().map(|&r| tokens.prompts[r].clone()).collect(),
-        responses: rows.iter().map(|&r| tokens.responses[r].clone()).collect(),
+    /// Stage 1: `group_size` responses per record, sampled on the inner backend.
+    fn rollout_stage(&self, inner: &P::InnerModule, records: &[&RubricRecord]) -> Result<RolloutBatch> {
+        let prompts: Vec<Vec<u32>> = records
+            .iter()
+            .map(|r| {
+                self.codec.encode_prompt(&r.question).map_err(|e| GrpoError::Prompt {
+                    id: r.id.clone(),
+                    message: match e {
+                        GrpoError::Prompt { message, .. } => message,
+                        other => other.to_string(),
+                    },
+                })
+            })
+            .collect::<Result<_>>()?;
+        if let Some(i) = prompts.iter().position(Vec::is_empty) {
+            return Err(GrpoError::Prompt { id: records[i].id.clone(), message: "renders to no tokens".into() });
+        }
+        let seed = stable_seed(self.cfg.seed, &format!("rollout/{}", self.step));
+        let sampling = self.cfg.sampling(seed, &self.stop_ids);
+        self.rollout.rollout(inner, &prompts, self.cfg.group_size, &sampling, &self.device)
+    }
+
+    /// Stage 2: the rewards of every group, concurrently.
+    async fn reward_stage(&self, records: &[&RubricRecord], rollout: &RolloutBatch, texts: &[String]) -> Vec<GroupScores> {
+        let k = self.cfg.group_size;
+        let lengths = rollout.lengths();
+        futures::future::join_all(
+            records.iter().enumerate().map(|(g, r)| self.rewards.score_group(r, &texts[g * k..(g + 1) * k], &lengths[g * k..(g + 1) * k], self.step)),
+        )
+        .await
+    }
+
+    /// Stage 3: advantages of every group; exact ties go to the tie breaker (concurrently).
+    async fn advantage_stage(&self, records: &[&RubricRecord], rollout: &RolloutBatch, texts: &[String], scores: &[GroupScores]) -> Vec<GroupOutcome> {
+        let k = self.cfg.group_size;
+        let lengths = rollout.lengths();
+        let keys: Vec<String> = records.iter().map(|r| format!("{}/{}", r.id, self.step)).collect();
+        let questions: Vec<String> = records.iter().map(|r| r.question_text()).collect();
+        let rewards: Vec<Vec<Option<f64>>> = scores.iter().map(|g| g.scores.iter().map(ResponseScore::reward).collect()).collect();
+        futures::future::join_all((0..records.len()).map(|g| {
+            let group = TiedGroup {
+                group_key: &keys[g],
+                question: &questions[g],
+                criteria: &scores[g].criteria,
+                responses: &texts[g * k..(g + 1) * k],
+                lengths: &lengths[g * k..(g + 1) * k],
+            };
+            let rewards = &rewards[g];
+            async move { self.advantages.group(rewards, k, &group).await }
+        }))
+        .await
+    }
+
+    /// Stage 4: the train batch on the device: one upload of the layout and the advantages; old
+    /// (and reference) log-probs computed micro-batch by micro-batch and kept on the device.
+    fn train_batch(&self, inner: &P::InnerModule, rollout: &RolloutBatch, outcomes: &[GroupOutcome]) -> TrainBatch<B> {
+        let n = rollout.rows();
+        let tokens = TokenBatch::<B>::new((0..n).map(|r| (rollout.prompt(r), rollout.responses[r].as_slice())), &self.device);
+        let seq_lens: Vec<usize> = (0..n).map(|r| rollout.prompt(r).len() + rollout.responses[r].len()).collect();
+        let response_lens: Vec<usize> = rollout.responses.iter().map(Vec::len).collect();
+        let width = tokens.positions.dims()[1];
+        let inner_tokens = tokens.inner();
+        let micro = plan_micro_batches(&seq_lens, 0..n, self.cfg.micro_batch_tokens);
+        let logprobs = |model: &P::InnerModule| -> Tensor<B, 2> {
+            let parts: Vec<_> = micro
+                .iter()
+                .map(|m| {
+                    let s = seq_lens[m.clone()].iter().copied().max().unwrap_or(1).max(1);
+                    let r = response_lens[m.clone()].iter().copied().max().unwrap_or(1).max(1);
+                    pad_columns(model.response_logprobs(&inner_tokens.slice(m.clone(), s, r)).logprobs, width)
+                })
+                .collect();
+            Tensor::from_inner(Tensor::cat(parts, 0))
+        };
+        let advantages: Vec<f32> = outcomes.iter().flat_map(|o| o.advantages.iter().map(|&a| a as f32)).collect();
+        TrainBatch {
+            logp_old: logprobs(inner),
+            logp_ref: self.reference.as_ref().map(logprobs),
+            advantages: Tensor::from_data(TensorData::new(advantages, [n]), &self.device),
+            tokens,
+            seq_lens,
+            response_lens,
+        }
+    }
+
+    /// Stage 5: PPO epochs over mini-batches; each mini-batch accumulates the gradients of its
+    /// micro-batches (slices of `batch`), then clips globally and steps the optimizer.
+    fn update_stage(&mut self, batch: &TrainBatch<B>, dpo_pairs: &[(usize, usize)]) -> UpdateStats {
+        let n = batch.rows();
+        let size = n.div_ceil(self.cfg.mini_batches).max(1);
+        let minis: Vec<Range<usize>> = (0..n).step_by(size).map(|s| s..(s + size).min(n)).collect();
+        let mut norms: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
+        // Last PPO epoch, summed over micro-batches on the device: loss, clip_low x tokens,
+        // clip_high x tokens, kl x tokens, entropy sum.
+        let mut sums: Option<Tensor<B::InnerBackend, 1>> = None;
+        let (mut micro_count, mut token_count, mut has_entropy) = (0usize, 0usize, false);
+        for epoch in 0..self.cfg.ppo_epochs {
+            let last = epoch + 1 == self.cfg.ppo_epochs;
+            for mini in &minis {
+                let mini_tokens: usize = batch.response_lens[mini.clone()].iter().sum();
+                let mut acc = GradientsAccumulator::<P>::new();
+                for micro in plan_micro_batches(&batch.seq_lens, mini.clone(), self.cfg.micro_batch_tokens) {
+                    let mb = batch.slice(micro.clone());
+                    let out_lp = self.policy.response_logprobs(&mb.tokens);
+                    let out = self.loss.compute(SurrogateBatch {
+                        logp: out_lp.logprobs,
+                        logp_old: mb.logp_old.clone(),
+                        advantages: mb.advantages.clone(),
+                        mask: mb.tokens.mask.clone(),
+                        logp_ref: mb.logp_ref.clone(),
+                    });
+                    // Weights that make the sum over micro-batches the mini-batch's aggregate.
+                    let weight = match self.cfg.aggregation {
+                        Aggregation::GlobalTokenMean => mb.response_tokens() as f64 / mini_tokens.max(1) as f64,
+                        _ => micro.len() as f64 / mini.len() as f64,
+                    };
+                    if last {
+                        let w = mb.response_tokens() as f64;
+                        let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
+                        let zero = || Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device()).cast(DType::F32);
+                        has_entropy |= out_lp.entropy.is_some();
+                        let parts = vec![
+                            f32_of(out.loss.clone()),
+                            f32_of(out.clip_low.clone()) * w,
+                            f32_of(out.clip_high.clone()) * w,
+                            out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
+                            out_lp.entropy.map(|e| f32_of(e.sum())).unwrap_or_else(zero),
+                        ];
+                        let v = Tensor::cat(parts, 0);
+                        sums = Some(match sums.take() {
+                            Some(s) => s + v,
+                            None => v,
+                        });
+                        micro_count += 1;
+                        token_count += mb.response_tokens();
+                    }
+                    acc.accumulate(&self.policy, GradientsParams::from_grads((out.loss * weight).backward(), &self.policy));
+                }
+                let pairs: Vec<(usize, usize)> = dpo_pairs.iter().copied().filter(|(w, _)| mini.contains(w)).collect();
+                if !pairs.is_empty() {
+                    acc.accumulate(&self.policy, self.dpo_gradients(batch, &pairs));
+                }
+                let (policy, norm) = self.update.apply(self.policy.clone(), acc.grads());
+                self.policy = policy;
+                norms.push(norm);
+            }
+        }
+        // The one read of the update's numbers.
+        let steps = norms.len();
+        let mut all = norms;
+        all.push(sums.unwrap_or_else(|| Tensor::<B, 1>::zeros([5], &self.device).inner().cast(DType::F32)));
+        let host: Vec<f64> = Tensor::cat(all, 0).into_data().convert::<f64>().into_vec().expect("f64 metrics");
+        let (norms, s) = host.split_at(steps);
+        let tokens = token_count.max(1) as f64;
+        UpdateStats {
+            grad_norms: norms.to_vec(),
+            optimizer_steps: steps,
+            loss: s[0] / micro_count.max(1) as f64,
+            clip_low: s[1] / tokens,
+            clip_high: s[2] / tokens,
+            kl: (self.cfg.kl_beta != 0.0).then(|| s[3] / tokens),
+            entropy: has_entropy.then(|| s[4] / tokens),
+        }
+    }
+
+    /// Gradients of the GRPO+DPO baseline term for accepted `(winner, loser)` rows.
+    fn dpo_gradients(&self, batch: &TrainBatch<B>, pairs: &[(usize, usize)]) -> GradientsParams {
+        let rows: Vec<usize> = pairs.iter().flat_map(|&(w, l)| [w, l]).collect();
+        let index = row_index::<B>(&rows, &self.device);
+        // Padding cut to the longest of these rows, as for a micro-batch.
+        let seq_len = rows.iter().map(|&r| batch.seq_lens[r]).max().unwrap_or(1).max(1);
+        let response_len = rows.iter().map(|&r| batch.response_lens[r]).max().unwrap_or(1).max(1);
+        let tokens = batch.tokens.select(index.clone()).slice(0..rows.len(), seq_len, response_len);
+        let seq = self.policy.response_logprobs(&tokens).logprobs.sum_dim(1).reshape([rows.len()]);
+        let old = batch.logp_old.clone().select(0, index).sum_dim(1).reshape([rows.len()]);
+        let p = pairs.len();
+        let winners = row_index::<B>(&(0..p).map(|i| 2 * i).collect::<Vec<_>>(), &self.device);
+        let losers = row_index::<B>(&(0..p).map(|i| 2 * i + 1).collect::<Vec<_>>(), &self.device);
+        let loss = dpo_pair_loss(
+            seq.clone().select(0, winners.clone()),
+            seq.select(0, losers.clone()),
+            old.clone().select(0, winners),
+            old.select(0, losers),
+            self.cfg.dpo_beta,
+            batch.rows(),
+        );
+        GradientsParams::from_grads(loss.backward(), &self.policy)
+    }
+
+    /// Stage 6: the step's metrics (host arithmetic on what the stages returned).
+    fn step_metrics(&self, rollout: &RolloutBatch, scores: &[GroupScores], outcomes: &[GroupOutcome], u: UpdateStats) -> StepMetrics {
+        let n = rollout.rows();
+        let rewards: Vec<Vec<Option<f64>>> = scores.iter().map(|g| g.scores.iter().map(ResponseScore::reward).collect()).collect();
+        let scored: Vec<f64> = rewards.iter().flatten().flatten().copied().collect();
+        let mut m = StepMetrics {
+            step: self.step,
+            prompts: rollout.prompts.len(),
+            responses: n,
+            scored: scored.len(),
+            unscored: n - scored.len(),
+            grad_norms: u.grad_norms,
+            optimizer_steps: u.optimizer_steps,
+            loss: u.loss,
+            clip_low: u.clip_low,
+            clip_high: u.clip_high,
+            kl: u.kl,
+            entropy: u.entropy,
+            ..Default::default()
+        };
+        if !scored.is_empty() {
+            let mean = scored.iter().sum::<f64>() / scored.len() as f64;
+            m.reward_mean = mean;
+            m.reward_std_population = (scored.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / scored.len() as f64).sqrt();
+        }
+        m.reward_histogram = vec![0; 20];
+        for r in &scored {
+            m.reward_histogram[reward_bin(*r)] += 1;
+        }
+        for (g, o) in outcomes.iter().enumerate() {
+            m.ties.add(o, rewards[g].first().copied().flatten());
+        }
+        let mut lens: Vec<usize> = rollout.responses.iter().map(Vec::len).collect();
+        lens.sort_unstable();
+        m.response_tokens = lens.iter().sum();
+        m.response_len_mean = m.response_tokens as f64 / n.max(1) as f64;
+        m.response_len_p90 = lens.get(((0.9 * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1).copied().unwrap_or(0);
+        m.response_len_max = lens.last().copied().unwrap_or(0);
+        m.truncated = rollout.truncated.iter().filter(|t| **t).count();
+        m.judge_retries = scores.iter().map(|g| g.judge_retries as u64).sum();
+        m.judge_latency_ms = scores.iter().map(|g| g.judge_latency_ms).sum::<f64>() / n.max(1) as f64;
+        m
     }
 }

@@ -1,49 +1,68 @@
 //! The GRPO learner of the ConRub method (SPEC sections 5-7), generic over burn backends.
 //!
-//! This first part holds the method's exact rules:
-//! - [`advantages`]: vanilla GRPO advantages over scored responses (unscored ones get none), exact
-//!   tie detection on complete groups, and the seeded pairing of a tied group.
-//! - [`policy`]: the [`Policy`] trait (differentiable response log-probs, sampling), implemented
-//!   for the Qwen3 model.
-//! - [`reward`]: the [`RewardSource`] trait and rubric rewards through a criterion judge (dropout,
-//!   mode, overlength penalty).
-//! - [`group`]: a group's advantages under a [`TieMode`] and the tie telemetry.
-//! - [`grad_norm`]: global gradient-norm clipping (burn's own clips per tensor).
-//! - [`learner`]: one GRPO step (rollout, rewards, advantages, PPO-style updates) and its metrics.
-//! - [`codec`]: prompt rendering and response decoding for judges.
-//! - [`telemetry`]: metrics JSONL, progress line, SVG plots; [`trainer`]: the epoch loop with
-//!   checkpoints and resume; [`checkpoint`]: the atomic training state.
-//! - [`ties`]: the [`TieBreaker`] trait and its pairwise-judge implementation (both orders, only
-//!   order-consistent preferences become +1/-1 sequence advantages).
-//! - [`loss`]: the clipped surrogate with asymmetric clipping and the method's aggregation (token mean
-//!   per response, then mean over responses), the alternatives (global token mean, Dr. GRPO), the
-//!   optional k3 KL term and the GRPO+DPO baseline term, all as burn tensor code that autodiff
-//!   differentiates.
+//! A step is a list of stages, each a type or trait of its own that a user can replace through
+//! [`LearnerBuilder`]:
+//!
+//! | stage | type / trait | default |
+//! |---|---|---|
+//! | rollout | [`Rollout`] -> [`RolloutBatch`] | [`GroupSampler`] over [`Policy::sample`] |
+//! | rewards | [`RewardSource`] -> [`GroupScores`] | [`JudgeRewards`] (the judge crate's judge-then-score path) |
+//! | advantages | [`AdvantageEstimator`] wrapped by [`TieAwareAdvantages`] with a [`TieBreaker`] | [`GroupRelative`] + [`PairwiseTieBreaker`] |
+//! | train batch | [`TrainBatch`] (device-resident; micro-batches are slices of it) | built by the learner |
+//! | policy loss | [`PolicyLoss`] | clipped surrogate, `sequence-mean` |
+//! | update | [`Update`] (global clipping + AdamW) | `max_grad_norm = 1` |
+//!
+//! The whole public API:
+//! - learner: [`Learner`], [`LearnerBuilder`], [`LearnerConfig`], [`StepMetrics`], [`StepOutput`]
+//! - model side: [`Policy`], [`ResponseLogprobs`], [`TokenBatch`], [`TextCodec`],
+//!   [`ChatTemplateCodec`], [`sample_by_recomputation`]
+//! - rollout: [`Rollout`], [`GroupSampler`], [`RolloutBatch`]
+//! - rewards: [`RewardSource`], [`JudgeRewards`], [`GroupScores`]
+//! - advantages: [`AdvantageEstimator`], [`GroupRelative`], [`ScaleRewards`],
+//!   [`TieAwareAdvantages`], [`TieMode`], [`GroupOutcome`], [`TieStatus`], [`is_exact_tie`],
+//!   [`tie_pairs`], [`ADVANTAGE_EPS`]
+//! - ties: [`TieBreaker`], [`PairwiseTieBreaker`], [`NoTieBreaker`], [`TiedGroup`], [`TieOutcome`],
+//!   [`PairRecord`], [`TieStats`]
+//! - loss and update: [`PolicyLoss`], [`Aggregation`], [`ClipRange`], [`SurrogateBatch`],
+//!   [`SurrogateOutput`], [`dpo_pair_loss`], [`TrainBatch`], [`Update`] (global clipping with
+//!   fixed-order sums on the device, then AdamW), [`UpdateConfig`]
+//! - the run: [`train`] (epochs in a seeded order, `metrics.jsonl`, SVG plots, checkpoints,
+//!   resume), [`RunConfig`], [`RunHooks`], [`RunSummary`], [`EpochSummary`], [`save_state`],
+//!   [`load_state`], [`TrainingState`], [`sft_warmup`], [`warmup_pairs`]
+//! - errors: [`GrpoError`], [`Result`]
+//!
+//! Every tensor-taking item documents its shapes in a `# Shapes` section.
 
-pub mod advantages;
-pub mod checkpoint;
-pub mod codec;
-pub mod grad_norm;
-pub mod group;
-pub mod learner;
-pub mod loss;
-pub mod policy;
-pub mod reward;
-pub mod telemetry;
-pub mod ties;
-pub mod trainer;
-pub mod warmup;
+mod advantages;
+mod batch;
+mod checkpoint;
+mod codec;
+mod error;
+mod group;
+mod learner;
+mod loss;
+mod policy;
+mod reward;
+mod rollout;
+mod telemetry;
+mod ties;
+mod trainer;
+mod update;
+mod warmup;
 
-pub use advantages::{grpo_advantages, is_exact_tie, tie_pairs, GroupAdvantages, TieStatus, ADVANTAGE_EPS};
-pub use grad_norm::{clip_global_norm, global_grad_norm, scale_grads};
+pub use advantages::{is_exact_tie, tie_pairs, AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus, ADVANTAGE_EPS};
+pub use batch::{RolloutBatch, TokenBatch, TrainBatch};
 pub use checkpoint::{load_state, save_state, TrainingState};
 pub use codec::{ChatTemplateCodec, TextCodec};
-pub use learner::{Learner, LearnerConfig, StepMetrics, StepOutput};
-pub use group::{group_outcome, GroupOutcome, TieMode, TieStats};
-pub use loss::{clipped_surrogate, dpo_pair_loss, Aggregation, ClipRange, SurrogateBatch, SurrogateOutput};
-pub use policy::{Policy, RolloutTokens, Sample, SampleSettings, TeacherForcing};
+pub use error::{GrpoError, Result};
+pub use group::{GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
+pub use learner::{Learner, LearnerBuilder, LearnerConfig, StepMetrics, StepOutput};
+pub use loss::{dpo_pair_loss, Aggregation, ClipRange, PolicyLoss, SurrogateBatch, SurrogateOutput};
+pub use policy::{sample_by_recomputation, Policy, ResponseLogprobs};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
-pub use telemetry::{progress_line, write_plots, EpochSummary, MetricsLine, MetricsLog};
-pub use trainer::{checkpoint_dir, epoch_order, train, RunConfig, RunSummary};
-pub use warmup::sft_warmup;
+pub use rollout::{GroupSampler, Rollout};
+pub use telemetry::EpochSummary;
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
+pub use trainer::{train, RunConfig, RunHooks, RunSummary};
+pub use update::{Update, UpdateConfig};
+pub use warmup::{sft_warmup, warmup_pairs};

@@ -36,16 +36,31 @@ pub enum Aggregation {
     /// The method's: token mean per response, then mean over responses (TRL `loss_type="grpo"`).
     #[default]
     SequenceMean,
-    /// One mean over all tokens of the batch (TRL `bnpo`).
-    TokenMean,
-    /// Dr. GRPO: token sum divided by (responses x a fixed maximum length).
-    DrGrpo {
-        /// The constant length normaliser (the rollout's maximum response length).
-        max_len: usize,
-    },
+    /// One mean over all response tokens of the (mini-)batch (TRL `bnpo`).
+    GlobalTokenMean,
+    /// Dr. GRPO: token sum divided by (responses x the rollout's maximum response length, i.e.
+    /// `learner.max_response_tokens`) (TRL `dr_grpo`).
+    DrGrpo,
 }
 
-/// Inputs of one (micro-)batch, `[responses, tokens]` with right padding.
+/// The policy-loss stage: clipped surrogate, aggregation and the optional k3 KL term.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyLoss {
+    /// Ratio clipping.
+    pub clip: ClipRange,
+    /// Aggregation.
+    pub aggregation: Aggregation,
+    /// Weight of the k3 KL term (used only when the batch has reference log-probs).
+    pub kl_beta: f64,
+    /// Dr. GRPO's constant length normaliser (the rollout's maximum response length).
+    pub max_response_tokens: usize,
+}
+
+/// Inputs of one (micro-)batch.
+///
+/// # Shapes
+/// `logp`, `logp_old`, `mask`, `logp_ref`: `[responses, R]` with right padding; `advantages`:
+/// `[responses]`.
 #[derive(Debug, Clone)]
 pub struct SurrogateBatch<B: Backend> {
     /// Current per-token log-probabilities (with gradient).
@@ -61,6 +76,9 @@ pub struct SurrogateBatch<B: Backend> {
 }
 
 /// The loss and its diagnostics.
+///
+/// # Shapes
+/// Every field is `[1]`.
 #[derive(Debug, Clone)]
 pub struct SurrogateOutput<B: Backend> {
     /// Scalar loss `[1]`.
@@ -73,54 +91,57 @@ pub struct SurrogateOutput<B: Backend> {
     pub kl: Option<Tensor<B, 1>>,
 }
 
-/// The clipped surrogate of a batch; `kl_beta` weighs the k3 KL term (used only with `logp_ref`).
-pub fn clipped_surrogate<B: GrpoOps>(
-    batch: SurrogateBatch<B>,
-    clip: ClipRange,
-    aggregation: Aggregation,
-    kl_beta: f64,
-) -> SurrogateOutput<B> {
-    let SurrogateBatch { logp, logp_old, advantages, mask, logp_ref } = batch;
-    let [n, _t] = logp.dims();
-    let reduce = match aggregation {
-        Aggregation::SequenceMean => Reduce::TokenMean,
-        _ => Reduce::TokenSum,
-    };
-    let fused = conrub_kernels::clipped_surrogate(
-        logp.clone(),
-        logp_old,
-        advantages,
-        mask.clone(),
-        Clip { low: clip.low, high: clip.high },
-        reduce,
-    );
-    let tokens = mask.clone().sum().clamp_min(1.0);
-    // Per-response values -> the aggregate; the same rule then applies to the KL term.
-    let aggregate = |per_response: Tensor<B, 1>| match aggregation {
-        Aggregation::SequenceMean => per_response.mean(),
-        Aggregation::TokenMean => per_response.sum() / tokens.clone(),
-        Aggregation::DrGrpo { max_len } => per_response.sum() / (n * max_len.max(1)) as f64,
-    };
-    let mut loss = aggregate(fused.per_response);
-    let kl = logp_ref.filter(|_| kl_beta != 0.0).map(|r| {
-        let d = r - logp;
-        (d.clone().exp() - d - 1.0) * mask.clone()
-    });
-    if let Some(k) = &kl {
-        let mut per_response = k.clone().sum_dim(1);
-        if reduce == Reduce::TokenMean {
-            per_response = per_response / mask.clone().sum_dim(1).clamp_min(1.0);
+impl PolicyLoss {
+    /// The loss of one (micro-)batch and its diagnostics.
+    ///
+    /// # Shapes
+    /// See [`SurrogateBatch`] (in) and [`SurrogateOutput`] (out).
+    pub fn compute<B: GrpoOps>(&self, batch: SurrogateBatch<B>) -> SurrogateOutput<B> {
+        let SurrogateBatch { logp, logp_old, advantages, mask, logp_ref } = batch;
+        let [n, _t] = logp.dims();
+        let reduce = match self.aggregation {
+            Aggregation::SequenceMean => Reduce::MeanPerResponse,
+            _ => Reduce::SumPerResponse,
+        };
+        let fused = conrub_kernels::clipped_surrogate(
+            logp.clone(),
+            logp_old,
+            advantages,
+            mask.clone(),
+            Clip { low: self.clip.low, high: self.clip.high },
+            reduce,
+        );
+        let tokens = mask.clone().sum().clamp_min(1.0);
+        // Per-response values -> the aggregate; the same rule then applies to the KL term.
+        let aggregate = |per_response: Tensor<B, 1>| match self.aggregation {
+            Aggregation::SequenceMean => per_response.mean(),
+            Aggregation::GlobalTokenMean => per_response.sum() / tokens.clone(),
+            Aggregation::DrGrpo => per_response.sum() / (n * self.max_response_tokens.max(1)) as f64,
+        };
+        let mut loss = aggregate(fused.per_response);
+        let kl = logp_ref.filter(|_| self.kl_beta != 0.0).map(|r| {
+            let d = r - logp;
+            (d.clone().exp() - d - 1.0) * mask.clone()
+        });
+        if let Some(k) = &kl {
+            let mut per_response = k.clone().sum_dim(1);
+            if reduce == Reduce::MeanPerResponse {
+                per_response = per_response / mask.clone().sum_dim(1).clamp_min(1.0);
+            }
+            loss = loss + aggregate(per_response.reshape([n])) * self.kl_beta;
         }
-        loss = loss + aggregate(per_response.reshape([n])) * kl_beta;
+        let frac = |count: Tensor<B, 1>| (count.sum() / tokens.clone()).detach();
+        let kl_mean = kl.map(|k| (k.sum() / tokens.clone()).detach());
+        SurrogateOutput { loss, clip_low: frac(fused.clip_low), clip_high: frac(fused.clip_high), kl: kl_mean }
     }
-    let frac = |count: Tensor<B, 1>| (count.sum() / tokens.clone()).detach();
-    let kl_mean = kl.map(|k| (k.sum() / tokens.clone()).detach());
-    SurrogateOutput { loss, clip_low: frac(fused.clip_low), clip_high: frac(fused.clip_high), kl: kl_mean }
 }
 
 /// The GRPO+DPO baseline term over accepted pairs: `-(1/B_global) * sum log sigmoid(beta *
-/// (Delta_theta - Delta_old))`, `Delta = log pi(y+) - log pi(y-)` (sequence log-probabilities,
-/// `[pairs]` each); `global_batch` is B_global, the number of responses in the global batch.
+/// (Delta_theta - Delta_old))`, `Delta = log pi(y+) - log pi(y-)` (sequence log-probabilities);
+/// `global_batch` is B_global, the number of responses in the global batch.
+///
+/// # Shapes
+/// Each input is `[pairs]`; the loss is `[1]`.
 pub fn dpo_pair_loss<B: Backend>(
     winner: Tensor<B, 1>,
     loser: Tensor<B, 1>,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use conrub_judge::{score_verdict, CriterionJudge, CriterionRequest, ScoreJob};
+use conrub_judge::{score_jobs, CriterionJudge, CriterionRequest, ScoreJob};
 use conrub_rubric::{LengthPenalty, ResponseScore, RubricDropout, RubricRecord, ScoringMode};
 use serde::{Deserialize, Serialize};
 
@@ -59,14 +59,13 @@ impl RewardSource for JudgeRewards {
                 response_tokens: Some(len),
             })
             .collect();
-        let requests: Vec<CriterionRequest> = jobs.iter().map(|j| j.request.clone()).collect();
-        let verdicts = self.judge.judge_batch(&requests).await;
-        let scores = verdicts.iter().zip(&jobs).map(|(v, j)| score_verdict(v, j, &self.penalty)).collect();
+        // The judge crate's own judge-then-score path, the whole group as one batch.
+        let (scored, summary) = score_jobs(self.judge.as_ref(), &jobs, &self.penalty, Some(jobs.len()), jobs.len(), &|_| {}).await;
         GroupScores {
-            scores,
+            scores: scored.into_iter().map(|s| s.score).collect(),
             criteria,
-            judge_retries: verdicts.iter().map(|v| v.attempts.saturating_sub(1)).sum(),
-            judge_latency_ms: verdicts.iter().map(|v| v.latency_ms).sum(),
+            judge_retries: summary.retries as u32,
+            judge_latency_ms: summary.latency_ms_mean * summary.responses as f64,
         }
     }
 }

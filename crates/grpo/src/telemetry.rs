@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::{GrpoError, Result};
 use crate::group::TieStats;
 use crate::learner::StepMetrics;
 
@@ -72,20 +73,26 @@ pub struct MetricsLog {
 }
 
 impl MetricsLog {
-    /// Opens `path`; when resuming at `resume_step`, lines of later steps (written after the saved
-    /// state) are dropped so the file continues without duplicates.
-    pub fn open(path: &Path, resume_step: Option<u64>) -> Result<Self, String> {
+    /// Opens `path`. When resuming at `resume_step` (steps completed by the restored state) for a
+    /// run of `total_steps`, lines that the resumed run writes again are dropped, so the file ends
+    /// with exactly one line per step and per epoch: step lines of later steps, summaries ending
+    /// after `resume_step`, and summaries of a partial epoch (written when a run stopped early)
+    /// unless the resumed run ends right there (`steps_per_epoch` steps per epoch).
+    pub fn open(path: &Path, resume_step: Option<u64>, steps_per_epoch: u64, total_steps: u64) -> Result<Self> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|e| GrpoError::io(dir, e))?;
         }
         match resume_step {
             Some(step) if path.exists() => {
-                let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let text = std::fs::read_to_string(path).map_err(|e| GrpoError::io(path, e))?;
                 let kept: Vec<&str> = text
                     .lines()
                     .filter(|l| match serde_json::from_str::<MetricsLine>(l) {
                         Ok(MetricsLine::Step { metrics, .. }) => metrics.step < step,
-                        Ok(MetricsLine::Epoch(_)) => true,
+                        Ok(MetricsLine::Epoch(e)) => {
+                            let end = e.epoch as u64 * steps_per_epoch + e.steps as u64;
+                            end <= step && (e.steps as u64 == steps_per_epoch || end >= total_steps)
+                        }
                         Err(_) => false,
                     })
                     .collect();
@@ -93,27 +100,27 @@ impl MetricsLog {
                 if !body.is_empty() {
                     body.push('\n');
                 }
-                conrub_rubric::io::write_bytes_atomic(path, body.as_bytes()).map_err(|e| e.to_string())?;
+                conrub_rubric::io::write_bytes_atomic(path, body.as_bytes()).map_err(|e| GrpoError::io(path, e))?;
             }
             Some(_) => {}
             None => {
-                std::fs::write(path, b"").map_err(|e| format!("{}: {e}", path.display()))?;
+                conrub_rubric::io::write_bytes_atomic(path, b"").map_err(|e| GrpoError::io(path, e))?;
             }
         }
         Ok(Self { path: path.to_path_buf() })
     }
 
     /// Appends one line and flushes it.
-    pub fn append(&self, line: &MetricsLine) -> Result<(), String> {
-        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(|e| format!("{}: {e}", self.path.display()))?;
-        let mut s = serde_json::to_string(line).map_err(|e| e.to_string())?;
+    pub fn append(&self, line: &MetricsLine) -> Result<()> {
+        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(|e| GrpoError::io(&self.path, e))?;
+        let mut s = serde_json::to_string(line).map_err(|e| GrpoError::io(&self.path, e))?;
         s.push('\n');
-        f.write_all(s.as_bytes()).and_then(|_| f.sync_data()).map_err(|e| format!("{}: {e}", self.path.display()))
+        f.write_all(s.as_bytes()).and_then(|_| f.sync_data()).map_err(|e| GrpoError::io(&self.path, e))
     }
 
     /// All step metrics in the file, in order.
-    pub fn steps(&self) -> Result<Vec<StepMetrics>, String> {
-        let text = std::fs::read_to_string(&self.path).map_err(|e| format!("{}: {e}", self.path.display()))?;
+    pub fn steps(&self) -> Result<Vec<StepMetrics>> {
+        let text = std::fs::read_to_string(&self.path).map_err(|e| GrpoError::io(&self.path, e))?;
         Ok(text
             .lines()
             .filter_map(|l| match serde_json::from_str::<MetricsLine>(l) {
@@ -130,9 +137,9 @@ pub fn progress_line(m: &StepMetrics, total_steps: u64, secs_per_step: f64) -> S
     let eta = secs_per_step * total_steps.saturating_sub(done) as f64;
     let secs = m.rollout_secs + m.judge_secs + m.update_secs;
     format!(
-        "step {done}/{total_steps}  reward {:+.3} (std {:.3})  ties {}/{} ({:.1}%)  accepted {}  len {:.0}  unscored {}  {:.0} tok/s  grad {:.3}  ETA {}",
+        "step {done}/{total_steps}  reward {:+.3} (pop. std {:.3})  ties {}/{} ({:.1}%)  accepted {}  len {:.0}  unscored {}  {:.0} tok/s  grad {:.3}  ETA {}",
         m.reward_mean,
-        m.reward_std,
+        m.reward_std_population,
         m.ties.tied_groups,
         m.ties.groups,
         100.0 * m.ties.tie_rate(),
@@ -210,7 +217,7 @@ fn escape(t: &str) -> String {
 }
 
 /// Writes `reward.svg`, `tie_rate.svg`, `accepted_pairs.svg` and `response_length.svg` into `dir`.
-pub fn write_plots(steps: &[StepMetrics], dir: &Path) -> Result<Vec<PathBuf>, String> {
+pub fn write_plots(steps: &[StepMetrics], dir: &Path) -> Result<Vec<PathBuf>> {
     let series = |f: &dyn Fn(&StepMetrics) -> f64| -> Vec<(f64, f64)> { steps.iter().map(|m| ((m.step + 1) as f64, f(m))).collect() };
     let charts: [(&str, &str, &str, Vec<(f64, f64)>); 4] = [
         ("reward.svg", "Mean reward", "reward", series(&|m| m.reward_mean)),
@@ -221,7 +228,7 @@ pub fn write_plots(steps: &[StepMetrics], dir: &Path) -> Result<Vec<PathBuf>, St
     let mut written = Vec::new();
     for (name, title, label, pts) in charts {
         let path = dir.join(name);
-        conrub_rubric::io::write_bytes_atomic(&path, svg_line_chart(title, label, &pts).as_bytes()).map_err(|e| e.to_string())?;
+        conrub_rubric::io::write_bytes_atomic(&path, svg_line_chart(title, label, &pts).as_bytes()).map_err(|e| GrpoError::io(&path, e))?;
         written.push(path);
     }
     Ok(written)
@@ -239,12 +246,37 @@ mod tests {
     fn resume_drops_lines_written_after_the_state() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("metrics.jsonl");
-        let log = MetricsLog::open(&p, None).unwrap();
+        let log = MetricsLog::open(&p, None, 2, 5).unwrap();
+        // Two steps per epoch; a run of 5 steps wrote a partial summary of epoch 2 (1 step).
         for i in 0..5 {
-            log.append(&MetricsLine::Step { epoch: 0, metrics: Box::new(step(i, i as f64 / 10.0)) }).unwrap();
+            log.append(&MetricsLine::Step { epoch: i as usize / 2, metrics: Box::new(step(i, i as f64 / 10.0)) }).unwrap();
+            if i % 2 == 1 || i == 4 {
+                let steps = if i == 4 { 1 } else { 2 };
+                log.append(&MetricsLine::Epoch(EpochSummary { epoch: i as usize / 2, steps, ..Default::default() })).unwrap();
+            }
         }
-        let log = MetricsLog::open(&p, Some(3)).unwrap();
+        let epochs = |p: &Path| -> Vec<usize> {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .filter_map(|l| match serde_json::from_str::<MetricsLine>(l).unwrap() {
+                    MetricsLine::Epoch(e) => Some(e.epoch),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(epochs(&p), vec![0, 1, 2]);
+        // Resumed at the end of that run (nothing left to run): every line stays.
+        MetricsLog::open(&p, Some(5), 2, 5).unwrap();
+        assert_eq!(epochs(&p), vec![0, 1, 2]);
+        // Resumed at 5 for a longer run: the partial summary of epoch 2 goes (epoch 2 ends later).
+        MetricsLog::open(&p, Some(5), 2, 6).unwrap();
+        assert_eq!(epochs(&p), vec![0, 1]);
+        // Resumed from the state after 3 steps: epoch 1 ends after 4, so only epoch 0's summary
+        // survives, and steps 0-2.
+        let log = MetricsLog::open(&p, Some(3), 2, 6).unwrap();
         assert_eq!(log.steps().unwrap().iter().map(|m| m.step).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(epochs(&p), vec![0]);
         let e = EpochSummary::from_steps(0, &[step(0, 0.5), step(1, 1.0)]);
         assert_eq!(e.reward_mean, 0.75);
     }

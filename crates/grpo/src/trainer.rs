@@ -7,18 +7,15 @@ use std::time::Instant;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use conrub_rubric::RubricRecord;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use conrub_rubric::seeded_permutation;
 use serde::{Deserialize, Serialize};
 
 use crate::advantages::stable_seed;
 use crate::checkpoint::{load_state, save_state};
-use crate::codec::TextCodec;
+use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, StepMetrics};
 use crate::policy::Policy;
-use crate::reward::RewardSource;
 use crate::telemetry::{progress_line, write_plots, EpochSummary, MetricsLine, MetricsLog};
-use crate::ties::TieBreaker;
 
 /// Loop settings (the `[run]` table of a train config).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,13 +41,7 @@ impl Default for RunConfig {
 
 /// The order of the records in `epoch`: a permutation seeded by the run seed and the epoch.
 pub fn epoch_order(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
-    let mut rng = ChaCha8Rng::seed_from_u64(stable_seed(seed, &format!("epoch/{epoch}")));
-    let mut order: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        let j = rng.random_range(0..=i);
-        order.swap(i, j);
-    }
-    order
+    seeded_permutation(n, stable_seed(seed, &format!("epoch/{epoch}")))
 }
 
 /// Where a checkpoint for `step` goes: `output_dir/checkpoint-{step}` (the HF export) with the
@@ -72,32 +63,35 @@ pub struct RunSummary {
     pub epochs: Vec<EpochSummary>,
 }
 
-/// Runs training. `export(policy, dir)` writes the policy in its deployable format (a Hugging Face
-/// directory for Qwen3) next to the training state; `resume` is a checkpoint directory (or its
-/// `training_state`). Progress lines go to `progress`.
-#[allow(clippy::too_many_arguments)]
+/// What the training loop asks of its caller.
+pub trait RunHooks<P> {
+    /// Writes `policy` in its deployable format into `dir` (a Hugging Face directory for Qwen3);
+    /// the training state goes into `dir/training_state` next to it.
+    fn export(&mut self, policy: &P, dir: &Path) -> Result<()>;
+    /// Called with the progress line after every step.
+    fn progress(&mut self, _line: &str) {}
+}
+
+/// Runs training: epochs over `records` in a seeded order, `run.prompts_per_step` prompts a step,
+/// metrics and plots after every step, checkpoints every `run.checkpoint_every` steps and at the
+/// end. `resume` is a checkpoint directory (or its `training_state`).
 pub async fn train<B, P>(
     learner: &mut Learner<B, P>,
     records: &[RubricRecord],
     run: &RunConfig,
-    codec: &dyn TextCodec,
-    rewards: &dyn RewardSource,
-    ties: &dyn TieBreaker,
-    stop_ids: &[u32],
-    export: &dyn Fn(&P, &Path) -> Result<(), String>,
     resume: Option<&Path>,
-    progress: &mut dyn FnMut(&str),
-) -> Result<RunSummary, String>
+    hooks: &mut dyn RunHooks<P>,
+) -> Result<RunSummary>
 where
     B: AutodiffBackend + conrub_kernels::GrpoOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
 {
     if records.is_empty() {
-        return Err("no rubric records to train on".into());
+        return Err(GrpoError::NoRecords);
     }
     if run.prompts_per_step == 0 {
-        return Err("run.prompts_per_step: must be at least 1".into());
+        return Err(GrpoError::config("run.prompts_per_step", "must be at least 1"));
     }
     let resume_step = match resume {
         Some(dir) => {
@@ -106,19 +100,19 @@ where
         }
         None => None,
     };
-    std::fs::create_dir_all(&run.output_dir).map_err(|e| format!("{}: {e}", run.output_dir.display()))?;
-    let log = MetricsLog::open(&run.output_dir.join("metrics.jsonl"), resume_step)?;
+    std::fs::create_dir_all(&run.output_dir).map_err(|e| GrpoError::io(&run.output_dir, e))?;
     let steps_per_epoch = records.len().div_ceil(run.prompts_per_step) as u64;
     let mut total = steps_per_epoch * run.epochs as u64;
     if let Some(m) = run.max_steps {
         total = total.min(m);
     }
+    let log = MetricsLog::open(&run.output_dir.join("metrics.jsonl"), resume_step, steps_per_epoch, total)?;
     let mut summary = RunSummary::default();
     let mut history: Vec<StepMetrics> = log.steps()?;
     let started = Instant::now();
-    let save = |learner: &Learner<B, P>, summary: &mut RunSummary| -> Result<(), String> {
+    let save = |learner: &Learner<B, P>, hooks: &mut dyn RunHooks<P>, summary: &mut RunSummary| -> Result<()> {
         let dir = checkpoint_dir(&run.output_dir, learner.step);
-        export(&learner.policy, &dir)?;
+        hooks.export(&learner.policy, &dir)?;
         let cursor = serde_json::json!({ "step": learner.step, "steps_per_epoch": steps_per_epoch });
         save_state(learner, cursor, &dir.join("training_state"))?;
         summary.last_checkpoint = Some(dir);
@@ -130,13 +124,12 @@ where
         let order = epoch_order(records.len(), learner.cfg.seed, epoch);
         let batch: Vec<&RubricRecord> =
             order.iter().skip(index * run.prompts_per_step).take(run.prompts_per_step).map(|&i| &records[i]).collect();
-        let out = learner.step(&batch, codec, rewards, ties, stop_ids).await?;
-        let m = out.metrics;
+        let m = learner.step(&batch).await?.metrics;
         log.append(&MetricsLine::Step { epoch, metrics: Box::new(m.clone()) })?;
         history.push(m.clone());
         summary.steps_run += 1;
         let per_step = started.elapsed().as_secs_f64() / summary.steps_run as f64;
-        progress(&progress_line(&m, total, per_step));
+        hooks.progress(&progress_line(&m, total, per_step));
         write_plots(&history, &run.output_dir)?;
         if index as u64 + 1 == steps_per_epoch || learner.step == total {
             let first = epoch as u64 * steps_per_epoch;
@@ -146,11 +139,11 @@ where
             summary.epochs.push(e);
         }
         if run.checkpoint_every > 0 && learner.step % run.checkpoint_every == 0 && learner.step < total {
-            save(learner, &mut summary)?;
+            save(learner, hooks, &mut summary)?;
         }
     }
     if summary.steps_run > 0 || summary.last_checkpoint.is_none() {
-        save(learner, &mut summary)?;
+        save(learner, hooks, &mut summary)?;
     }
     summary.total_steps = learner.step;
     Ok(summary)

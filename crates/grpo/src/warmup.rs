@@ -6,24 +6,53 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ElementConversion;
 
-use crate::policy::{Policy, RolloutTokens};
+use conrub_rubric::RubricRecord;
+
+use crate::batch::TokenBatch;
+use crate::codec::{ChatTemplateCodec, TextCodec};
+use crate::error::{GrpoError, Result};
+use crate::policy::Policy;
+
+/// `(prompt, reference answer + stop token)` ids of every record that has a reference answer.
+pub fn warmup_pairs(records: &[RubricRecord], codec: &ChatTemplateCodec, stop_ids: &[u32]) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
+    records
+        .iter()
+        .filter_map(|r| r.reference_answer.as_ref().map(|a| (r, a)))
+        .map(|(r, answer)| {
+            let prompt = codec.encode_prompt(&r.question).map_err(|e| GrpoError::Prompt { id: r.id.clone(), message: e.to_string() })?;
+            let mut ids = codec.tokenizer.encode(answer).map_err(|e| GrpoError::Prompt { id: r.id.clone(), message: format!("reference answer: {e}") })?;
+            ids.extend(stop_ids.first());
+            Ok((prompt, ids))
+        })
+        .collect()
+}
 
 /// Runs `steps` AdamW steps (lr `lr`) of mean token cross-entropy on `(prompt, answer)` pairs, all
-/// pairs per step. Returns the policy and the loss of each step.
-pub fn sft_warmup<B, P>(mut policy: P, pairs: &RolloutTokens, steps: usize, lr: f64, device: &B::Device) -> (P, Vec<f64>)
+/// pairs per step; `on_step(done, loss)` is called after each step (for a progress bar). Returns
+/// the policy and the loss of each step.
+pub fn sft_warmup<B, P>(
+    mut policy: P,
+    pairs: &[(Vec<u32>, Vec<u32>)],
+    steps: usize,
+    lr: f64,
+    device: &B::Device,
+    on_step: &mut dyn FnMut(usize, f64),
+) -> (P, Vec<f64>)
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
 {
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, P>();
-    let tf = pairs.teacher_forcing();
-    let tokens: f32 = tf.mask.iter().sum::<f32>().max(1.0);
+    let batch = TokenBatch::<B>::new(pairs.iter().map(|(p, a)| (p.as_slice(), a.as_slice())), device);
+    let tokens = pairs.iter().map(|(_, a)| a.len()).sum::<usize>().max(1);
     let mut losses = Vec::with_capacity(steps);
-    for _ in 0..steps {
-        let loss = policy.response_logprobs(&tf, device).sum().neg() / tokens as f64;
-        losses.push(loss.clone().into_scalar().elem::<f64>());
+    for done in 1..=steps {
+        let loss = policy.response_logprobs(&batch).logprobs.sum().neg() / tokens as f64;
+        let value = loss.clone().into_scalar().elem::<f64>();
+        losses.push(value);
         let grads = GradientsParams::from_grads(loss.backward(), &policy);
         policy = optim.step(lr, policy, grads);
+        on_step(done, value);
     }
     (policy, losses)
 }

@@ -4,7 +4,8 @@ Run: python3 crates/grpo/testdata/trl_golden.py   (needs torch, trl; tested with
 Writes crates/grpo/testdata/trl_golden.json.
 
 - Advantages: TRL's own `nanstd` and its group normalisation (GRPOTrainer, `scale_rewards="group"`,
-  one reward function, NaN for unscorable completions, `nan_to_num` afterwards).
+  one reward function, NaN for unscorable completions, `nan_to_num` afterwards), and the same
+  rewards under `scale_rewards="none"` (mean subtracted, no division).
 - Loss: `GRPOTrainer._compute_loss` itself, called on a stand-in trainer object whose
   `_get_per_token_logps_and_entropies` returns fixed random log-probs, for loss_type grpo / bnpo /
   dr_grpo, epsilon 0.2, epsilon_high 0.28, with and without a k3 KL term; the value, the gradient
@@ -35,10 +36,13 @@ flat = rewards.view(-1)
 mean = torch.nanmean(rewards, dim=1).repeat_interleave(K)
 std = nanstd(rewards, dim=1).repeat_interleave(K)
 adv = torch.nan_to_num((flat - mean) / (std + 1e-4), nan=0.0)
+# scale_rewards="none" (the Dr. GRPO recipe): the group mean is subtracted, nothing is divided.
+unscaled = torch.nan_to_num(flat - mean, nan=0.0)
 out["advantages"] = {
     "k": K,
     "rewards": [[None if torch.isnan(x) else x.item() for x in row] for row in rewards],
     "advantages": adv.view(G, K).tolist(),
+    "advantages_unscaled": unscaled.view(G, K).tolist(),
 }
 
 # ---- loss -------------------------------------------------------------------------------------

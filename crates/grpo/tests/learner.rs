@@ -4,10 +4,11 @@
 use std::sync::Arc;
 
 use burn::backend::{Autodiff, Flex};
-use conrub_grpo::{JudgeRewards, Learner, LearnerConfig, PairwiseTieBreaker, TextCodec, TieMode};
+use burn::module::AutodiffModule;
+use conrub_grpo::{GroupScores, JudgeRewards, Learner, LearnerConfig, PairwiseTieBreaker, RewardSource, TextCodec, TieMode};
 use conrub_judge::LexicalJudge;
 use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
-use conrub_rubric::{Criterion, LengthPenalty, Message, RubricRecord, RubricSet, ScoringMode};
+use conrub_rubric::{score_labels, Criterion, Label, LengthPenalty, Message, ResponseScore, RubricRecord, ScoringMode};
 
 type B = Autodiff<Flex>;
 
@@ -15,38 +16,67 @@ type B = Autodiff<Flex>;
 struct WordCodec;
 
 impl TextCodec for WordCodec {
-    fn encode_prompt(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
+    fn encode_prompt(&self, messages: &[Message]) -> conrub_grpo::Result<Vec<u32>> {
         Ok(messages[0].content.bytes().take(5).map(|b| (b % 60) as u32).collect())
     }
-    fn decode(&self, ids: &[u32]) -> Result<String, String> {
+    fn decode(&self, ids: &[u32]) -> conrub_grpo::Result<String> {
         Ok(ids.iter().map(|i| format!("t{i}")).collect::<Vec<_>>().join(" "))
     }
 }
 
+const SAYS_T7: &str = "The response says t7.";
+const SAYS_T9: &str = "The response says t9.";
+
 fn records() -> Vec<RubricRecord> {
     (0..4)
-        .map(|i| {
-            let mut c = Criterion::content("The response says t7.");
-            c.keywords = vec!["t7".into()];
-            let mut d = Criterion::content("The response says t9.");
-            d.keywords = vec!["t9".into()];
-            d.contradictions = vec!["t3".into()];
-            RubricRecord {
-                id: format!("p{i}"),
-                question: vec![Message::user(format!("question {i} about tokens"))],
-                reference_answer: None,
-                source: None,
-                criteria: vec![c, d],
-                provenance: None,
-            }
+        .map(|i| RubricRecord {
+            id: format!("p{i}"),
+            question: vec![Message::user(format!("question {i} about tokens"))],
+            reference_answer: None,
+            source: None,
+            criteria: vec![Criterion::content(SAYS_T7), Criterion::content(SAYS_T9)],
+            provenance: None,
         })
         .collect()
 }
 
+fn judge() -> Arc<LexicalJudge> {
+    Arc::new(LexicalJudge::default().with_keywords(SAYS_T7, &["t7"], &[]).with_keywords(SAYS_T9, &["t9"], &["t3"]))
+}
+
+fn learner_with(config: &Qwen3Config, init_seed: u64, cfg: LearnerConfig) -> Learner<B, Qwen3ForCausalLM<B>> {
+    let judge = judge();
+    let rewards = JudgeRewards { judge: judge.clone(), mode: ScoringMode::ThreeState, penalty: LengthPenalty::disabled(), dropout: None, seed: cfg.seed };
+    learner_rewarded(config, init_seed, cfg, rewards)
+}
+
+fn learner_rewarded(config: &Qwen3Config, init_seed: u64, cfg: LearnerConfig, rewards: impl RewardSource + 'static) -> Learner<B, Qwen3ForCausalLM<B>> {
+    let model = Qwen3ForCausalLM::<B>::random(config, 0.1, init_seed, &Default::default());
+    let ties = PairwiseTieBreaker::new(judge(), cfg.seed);
+    Learner::builder(model, cfg, Default::default()).codec(WordCodec).rewards(rewards).tie_breaker(ties).build().unwrap()
+}
+
+/// One binary criterion per token: is its id even? (Varied rewards for a random policy over any
+/// vocabulary.)
+struct EvenIds;
+
+#[async_trait::async_trait]
+impl RewardSource for EvenIds {
+    async fn score_group(&self, _record: &RubricRecord, responses: &[String], lengths: &[u32], _step: u64) -> GroupScores {
+        let scores = responses
+            .iter()
+            .zip(lengths)
+            .map(|(r, &len)| {
+                let labels: Vec<Label> = r.split(' ').map(|t| if t.trim_start_matches('t').parse::<u32>().unwrap_or(1) % 2 == 0 { Label::Yes } else { Label::No }).collect();
+                ResponseScore::Scored(score_labels(&labels, labels.len(), ScoringMode::Binary, len, &LengthPenalty::disabled()).unwrap())
+            })
+            .collect();
+        GroupScores { scores, criteria: vec![], judge_retries: 0, judge_latency_ms: 0.0 }
+    }
+}
+
 fn learner(cfg: LearnerConfig) -> Learner<B, Qwen3ForCausalLM<B>> {
-    let config = Qwen3Config::tiny(64);
-    let model = Qwen3ForCausalLM::<B>::random(&config, 0.1, 5, &Default::default());
-    Learner::new(model, cfg, Default::default()).unwrap()
+    learner_with(&Qwen3Config::tiny(64), 5, cfg)
 }
 
 fn config() -> LearnerConfig {
@@ -65,15 +95,11 @@ fn config() -> LearnerConfig {
 
 async fn run(steps: usize, cfg: LearnerConfig) -> Vec<conrub_grpo::StepMetrics> {
     let recs = records();
-    let set = RubricSet::from_records("mem", recs.clone()).unwrap();
-    let judge = Arc::new(LexicalJudge::new(&set));
-    let rewards = JudgeRewards { judge: judge.clone(), mode: ScoringMode::ThreeState, penalty: LengthPenalty::disabled(), dropout: None, seed: 7 };
-    let ties = PairwiseTieBreaker::new(judge, 7);
     let mut l = learner(cfg);
     let refs: Vec<&RubricRecord> = recs.iter().collect();
     let mut out = Vec::new();
     for _ in 0..steps {
-        out.push(l.step(&refs, &WordCodec, &rewards, &ties, &[]).await.unwrap().metrics);
+        out.push(l.step(&refs).await.unwrap().metrics);
     }
     out
 }
@@ -116,10 +142,6 @@ async fn same_seed_same_run_bit_for_bit() {
 async fn resume_continues_bit_identically() {
     let cfg = LearnerConfig { kl_beta: 0.05, ppo_epochs: 2, ..config() };
     let recs = records();
-    let set = RubricSet::from_records("mem", recs.clone()).unwrap();
-    let judge = Arc::new(LexicalJudge::new(&set));
-    let rewards = JudgeRewards { judge: judge.clone(), mode: ScoringMode::ThreeState, penalty: LengthPenalty::disabled(), dropout: None, seed: 7 };
-    let ties = PairwiseTieBreaker::new(judge, 7);
     let refs: Vec<&RubricRecord> = recs.iter().collect();
 
     let straight = run(4, cfg.clone()).await;
@@ -128,18 +150,19 @@ async fn resume_continues_bit_identically() {
     let state = dir.path().join("state");
     let mut first = learner(cfg.clone());
     for _ in 0..2 {
-        first.step(&refs, &WordCodec, &rewards, &ties, &[]).await.unwrap();
+        first.step(&refs).await.unwrap();
     }
     conrub_grpo::save_state(&first, serde_json::json!({"next_prompt": 8}), &state).unwrap();
     drop(first);
+    assert!(!dir.path().join("state.tmp").exists() && !dir.path().join("state.old").exists());
+    // A crash between the two renames of a later save leaves this state only in `state.old`.
+    std::fs::rename(&state, dir.path().join("state.old")).unwrap();
     // A learner from a different initialisation: everything must come from the state directory.
-    let config = Qwen3Config::tiny(64);
-    let other = Qwen3ForCausalLM::<B>::random(&config, 0.1, 99, &Default::default());
-    let mut resumed = Learner::new(other, cfg, Default::default()).unwrap();
+    let mut resumed = learner_with(&Qwen3Config::tiny(64), 99, cfg);
     let saved = conrub_grpo::load_state(&mut resumed, &state).unwrap();
     assert_eq!((saved.step, saved.data_cursor["next_prompt"].as_u64()), (2, Some(8)));
     for want in &straight[2..] {
-        let got = resumed.step(&refs, &WordCodec, &rewards, &ties, &[]).await.unwrap().metrics;
+        let got = resumed.step(&refs).await.unwrap().metrics;
         assert_eq!(got.step, want.step);
         assert_eq!(got.reward_mean.to_bits(), want.reward_mean.to_bits(), "step {}", want.step);
         assert_eq!(got.loss.to_bits(), want.loss.to_bits(), "step {}", want.step);
@@ -151,5 +174,52 @@ async fn resume_continues_bit_identically() {
             want.step
         );
     }
-    assert!(!dir.path().join("state.tmp").exists() && !dir.path().join("state.old").exists());
+}
+
+/// With the full Qwen3 vocabulary the tied embedding's gradient has 9.7M elements, where
+/// burn-flex's own `sum()` combines threads in a varying order. Clipped steps (the clip
+/// coefficient depends on that norm) must still give byte-identical checkpoints.
+#[tokio::test]
+async fn clipped_steps_on_the_full_vocabulary_write_identical_checkpoints() {
+    let mut model = Qwen3Config::tiny(151_936);
+    model.num_hidden_layers = 1;
+    let cfg = LearnerConfig {
+        max_response_tokens: 3,
+        max_grad_norm: 0.2,
+        mini_batches: 4,
+        rollout_prompts_per_call: 2,
+        ..config()
+    };
+    let recs = records();
+    let refs: Vec<&RubricRecord> = recs[..2].iter().collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut norms = Vec::new();
+    let mut bytes = Vec::new();
+    for run in 0..2 {
+        let mut l = learner_rewarded(&model, 3, cfg.clone(), EvenIds);
+        let mut n = Vec::new();
+        for _ in 0..2 {
+            n.extend(l.step(&refs).await.unwrap().metrics.grad_norms);
+        }
+        // The exported weights (the training state's record files also hold burn's random
+        // parameter ids, so they differ between any two processes).
+        let out = dir.path().join(format!("run{run}"));
+        conrub_qwen3::save_pretrained(&l.policy().valid(), &model, None, None, &out, conrub_qwen3::SaveDtype::F32).unwrap();
+        bytes.push(std::fs::read(out.join("model.safetensors")).unwrap());
+        norms.push(n);
+    }
+    assert_eq!(norms[0].len(), 8);
+    assert!(norms[0].iter().any(|&g| g > 0.2), "some steps must be clipped: {:?}", norms[0]);
+    assert_eq!(norms[0].iter().map(|g| g.to_bits()).collect::<Vec<_>>(), norms[1].iter().map(|g| g.to_bits()).collect::<Vec<_>>());
+    assert!(bytes[0] == bytes[1], "exported weights differ");
+}
+
+#[test]
+fn aggregation_and_reward_scaling_parse_as_documented() {
+    let cfg: LearnerConfig = serde_json::from_str(r#"{"aggregation": "dr-grpo", "scale_rewards": "none"}"#).unwrap();
+    assert_eq!((cfg.aggregation, cfg.scale_rewards), (conrub_grpo::Aggregation::DrGrpo, conrub_grpo::ScaleRewards::None));
+    let e = serde_json::from_str::<LearnerConfig>(r#"{"aggregation": "token-mean"}"#).unwrap_err().to_string();
+    assert!(e.contains("sequence-mean") && e.contains("global-token-mean") && e.contains("dr-grpo"), "{e}");
+    let e = serde_json::from_str::<LearnerConfig>(r#"{"scale_rewards": "batch"}"#).unwrap_err().to_string();
+    assert!(e.contains("`group`") && e.contains("`none`"), "{e}");
 }

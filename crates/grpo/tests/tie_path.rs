@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use conrub_grpo::{group_outcome, JudgeRewards, PairRecord, RewardSource, TieBreaker, TieMode, TieOutcome, TieStats, TieStatus, TiedGroup};
+use conrub_grpo::{
+    GroupRelative, JudgeRewards, PairRecord, RewardSource, TieAwareAdvantages, TieBreaker, TieMode, TieOutcome, TieStats, TieStatus, TiedGroup,
+};
 use conrub_judge::{LexicalJudge, PairOutcome};
 use conrub_rubric::{read_rubrics, LengthPenalty, RubricDropout, ScoringMode};
 
@@ -24,6 +26,10 @@ impl TieBreaker for FixedBreaker {
     }
 }
 
+fn stage(mode: TieMode) -> TieAwareAdvantages {
+    TieAwareAdvantages::new(Box::new(GroupRelative::default()), mode, Box::new(FixedBreaker))
+}
+
 fn group<'a>(responses: &'a [String], lengths: &'a [u32], criteria: &'a [String]) -> TiedGroup<'a> {
     TiedGroup { group_key: "med-0001/0", question: "q", criteria, responses, lengths }
 }
@@ -33,7 +39,7 @@ async fn judge_rewards_share_one_dropout_subset_per_group() {
     let rubrics = read_rubrics(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/samples/rubrics.jsonl"))).unwrap();
     let record = rubrics.get("med-0001").unwrap();
     let source = JudgeRewards {
-        judge: Arc::new(LexicalJudge::new(&rubrics)),
+        judge: Arc::new(LexicalJudge::from_file(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/samples/lexical-keywords.jsonl"))).unwrap()),
         mode: ScoringMode::ThreeState,
         penalty: LengthPenalty { enabled: true, max_tokens: 100, buffer_tokens: 50 },
         dropout: Some(RubricDropout::default()),
@@ -69,26 +75,26 @@ async fn tie_modes_and_statistics() {
     let g = group(&responses, &lengths, &criteria);
     let tied = [Some(1.0); 8];
 
-    let out = group_outcome(&tied, 8, TieMode::Pairwise, &FixedBreaker, &g).await;
+    let out = stage(TieMode::Pairwise).group(&tied, 8, &g).await;
     assert_eq!(out.status, TieStatus::Tied);
     assert_eq!(&out.advantages[..3], &[1.0, -1.0, 0.0]);
     assert_eq!(out.accepted_pairs(), vec![(0, 1)]);
 
-    let off = group_outcome(&tied, 8, TieMode::Off, &FixedBreaker, &g).await;
+    let off = stage(TieMode::Off).group(&tied, 8, &g).await;
     assert_eq!((off.status, off.advantages.clone(), off.pairs.len()), (TieStatus::TiedUnbroken, vec![0.0; 8], 0));
 
-    let dpo = group_outcome(&tied, 8, TieMode::GrpoDpo, &FixedBreaker, &g).await;
+    let dpo = stage(TieMode::GrpoDpo).group(&tied, 8, &g).await;
     assert_eq!(dpo.advantages, vec![0.0; 8], "GRPO+DPO keeps vanilla advantages");
     assert_eq!(dpo.accepted_pairs(), vec![(0, 1)]);
 
     let mut incomplete = tied;
     incomplete[7] = None;
-    let not_tied = group_outcome(&incomplete, 8, TieMode::Pairwise, &FixedBreaker, &g).await;
+    let not_tied = stage(TieMode::Pairwise).group(&incomplete, 8, &g).await;
     assert_eq!(not_tied.status, TieStatus::NotTied, "an unscored response breaks completeness");
     assert_eq!(not_tied.advantages, vec![0.0; 8], "equal scored rewards still give vanilla zeros");
 
     let mixed = [Some(1.0), Some(0.5), Some(1.0), Some(1.0), Some(1.0), Some(1.0), Some(1.0), Some(1.0)];
-    let vanilla = group_outcome(&mixed, 8, TieMode::Pairwise, &FixedBreaker, &g).await;
+    let vanilla = stage(TieMode::Pairwise).group(&mixed, 8, &g).await;
     assert_eq!(vanilla.status, TieStatus::NotTied);
     assert!(vanilla.advantages[1] < 0.0 && vanilla.advantages[0] > 0.0);
 

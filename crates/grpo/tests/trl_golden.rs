@@ -1,10 +1,10 @@
 //! Advantages, loss values, gradients and clip fractions against Hugging Face TRL's GRPO
 //! (`testdata/trl_golden.py`, TRL 1.16.0): loss types grpo / bnpo / dr_grpo, epsilon 0.2,
-//! epsilon_high 0.28, scale by group std, with and without the k3 KL term.
+//! epsilon_high 0.28, `scale_rewards` "group" and "none", with and without the k3 KL term.
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Tensor, TensorData};
-use conrub_grpo::{clipped_surrogate, grpo_advantages, Aggregation, ClipRange, SurrogateBatch};
+use conrub_grpo::{AdvantageEstimator, Aggregation, ClipRange, GroupRelative, PolicyLoss, ScaleRewards, SurrogateBatch};
 use serde_json::Value;
 
 type B = Autodiff<Flex>;
@@ -27,19 +27,25 @@ fn tensor2(v: &Value) -> Tensor<B, 2> {
 }
 
 #[test]
-fn advantages_match_trl() {
+fn advantages_match_trl_with_and_without_std_scaling() {
     let g = golden();
     let a = &g["advantages"];
-    for (rewards, want) in a["rewards"].as_array().unwrap().iter().zip(a["advantages"].as_array().unwrap()) {
-        let r: Vec<Option<f64>> = rewards.as_array().unwrap().iter().map(Value::as_f64).collect();
-        let got = grpo_advantages(&r, true);
-        for (x, y) in got.iter().zip(want.as_array().unwrap()) {
-            let y = y.as_f64().unwrap();
-            // TRL's nanstd computes Bessel's factor count / (count - 1) in float32 (integer
-            // tensors divide to float32), so its f64 advantages carry a ~2e-8 relative error.
-            assert!((x - y).abs() <= 1e-7 * y.abs().max(1.0), "{r:?}: {got:?} vs {want}");
+    for (scale, key) in [(ScaleRewards::Group, "advantages"), (ScaleRewards::None, "advantages_unscaled")] {
+        let wanted = a[key].as_array().unwrap();
+        assert_eq!(wanted.len(), 5, "{key}");
+        for (rewards, want) in a["rewards"].as_array().unwrap().iter().zip(wanted) {
+            let r: Vec<Option<f64>> = rewards.as_array().unwrap().iter().map(Value::as_f64).collect();
+            let got = GroupRelative { scale }.advantages(&r);
+            for (x, y) in got.iter().zip(want.as_array().unwrap()) {
+                let y = y.as_f64().unwrap();
+                // TRL's nanstd computes Bessel's factor count / (count - 1) in float32 (integer
+                // tensors divide to float32), so its f64 advantages carry a ~2e-8 relative error.
+                assert!((x - y).abs() <= 1e-7 * y.abs().max(1.0), "{scale:?} {r:?}: {got:?} vs {want}");
+            }
         }
     }
+    // The two settings differ wherever a group has signal.
+    assert_ne!(a["advantages"], a["advantages_unscaled"]);
 }
 
 #[test]
@@ -53,8 +59,8 @@ fn loss_values_gradients_and_clip_fractions_match_trl() {
         let beta = case["beta"].as_f64().unwrap();
         let aggregation = match loss_type {
             "grpo" => Aggregation::SequenceMean,
-            "bnpo" => Aggregation::TokenMean,
-            "dr_grpo" => Aggregation::DrGrpo { max_len: t },
+            "bnpo" => Aggregation::GlobalTokenMean,
+            "dr_grpo" => Aggregation::DrGrpo,
             other => panic!("{other}"),
         };
         let logp = tensor2(&l["logp"]).require_grad();
@@ -65,7 +71,7 @@ fn loss_values_gradients_and_clip_fractions_match_trl() {
             mask: tensor2(&l["mask"]),
             logp_ref: Some(tensor2(&l["logp_ref"])),
         };
-        let out = clipped_surrogate(batch, ClipRange::default(), aggregation, beta);
+        let out = PolicyLoss { clip: ClipRange::default(), aggregation, kl_beta: beta, max_response_tokens: t }.compute(batch);
         let value = out.loss.clone().into_scalar() as f64;
         let want = case["loss"].as_f64().unwrap();
         assert!((value - want).abs() < 1e-6, "{loss_type} beta {beta}: loss {value} vs TRL {want}");

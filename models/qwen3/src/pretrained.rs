@@ -88,8 +88,11 @@ impl<B: Backend> Qwen3<B> {
         })
     }
 
-    /// End-of-sequence ids: `generation_config.json`'s, else `config.json`'s, plus the tokenizer's
-    /// EOS token.
+    /// End-of-sequence ids, the one definition used by generation, evaluation, the local judge and
+    /// training: `generation_config.json`'s, else `config.json`'s, plus the tokenizer's EOS token
+    /// and Qwen3's two end markers `<|im_end|>` (end of a chat turn) and `<|endoftext|>` where the
+    /// tokenizer has them inside the model's vocabulary (a base checkpoint's EOS is
+    /// `<|endoftext|>`, but answers rendered with the chat template end with `<|im_end|>`).
     pub fn stop_ids(&self) -> Vec<u32> {
         let mut ids = self
             .generation_config
@@ -98,9 +101,12 @@ impl<B: Backend> Qwen3<B> {
             .or(self.config.eos_token_id.as_ref())
             .map(|t| t.to_vec())
             .unwrap_or_default();
-        if let Some(eos) = self.tokenizer.as_ref().and_then(|t| t.eos_id()) {
-            if !ids.contains(&eos) {
-                ids.push(eos);
+        if let Some(tok) = &self.tokenizer {
+            let markers = ["<|im_end|>", "<|endoftext|>"].map(|m| tok.token_id(m));
+            for id in std::iter::once(tok.eos_id()).chain(markers).flatten() {
+                if !ids.contains(&id) && (id as usize) < self.config.vocab_size {
+                    ids.push(id);
+                }
             }
         }
         ids

@@ -1,0 +1,244 @@
+//! The data of one step: the host-side [`RolloutBatch`] that rollout produces, and the
+//! device-resident [`TrainBatch`] built from it once per step, from which every micro-batch of every
+//! PPO epoch is sliced on the device.
+
+use std::ops::Range;
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor, TensorData};
+
+/// The responses of one rollout, `group_size` per prompt, in prompt-major order (row `r` answers
+/// prompt `r / group_size`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutBatch {
+    /// Responses per prompt (k).
+    pub group_size: usize,
+    /// Prompt ids, one per group (chat-templated, non-empty).
+    pub prompts: Vec<Vec<u32>>,
+    /// Response ids per row (the stop token included when one was sampled).
+    pub responses: Vec<Vec<u32>>,
+    /// Per row: the response hit the length limit without a stop token.
+    pub truncated: Vec<bool>,
+}
+
+impl RolloutBatch {
+    /// Number of responses.
+    pub fn rows(&self) -> usize {
+        self.responses.len()
+    }
+
+    /// The prompt of `row`.
+    pub fn prompt(&self, row: usize) -> &[u32] {
+        &self.prompts[row / self.group_size]
+    }
+
+    /// Response lengths in tokens.
+    pub fn lengths(&self) -> Vec<u32> {
+        self.responses.iter().map(|r| r.len() as u32).collect()
+    }
+}
+
+/// Teacher-forcing inputs on the device: `prompt ++ response` right-padded with id 0, and for each
+/// response slot the position that predicts it.
+///
+/// # Shapes
+/// - `tokens`: `[rows, S]`, `S` the longest `prompt ++ response`.
+/// - `positions`, `targets`: `[rows, R]`, `R` the longest response (at least 1); response token
+///   `j` of row `i` is `targets[i, j]`, predicted at position `positions[i, j] = prompt_len(i) - 1 + j`
+///   (0 on padding slots).
+/// - `mask`: `[rows, R]`, 1 for real response tokens.
+#[derive(Debug, Clone)]
+pub struct TokenBatch<B: Backend> {
+    /// Token ids `[rows, S]`.
+    pub tokens: Tensor<B, 2, Int>,
+    /// Predicting positions `[rows, R]`.
+    pub positions: Tensor<B, 2, Int>,
+    /// Target ids `[rows, R]`.
+    pub targets: Tensor<B, 2, Int>,
+    /// Response mask `[rows, R]`.
+    pub mask: Tensor<B, 2>,
+}
+
+impl<B: Backend> TokenBatch<B> {
+    /// Uploads `(prompt, response)` rows (four transfers). Every prompt must be non-empty.
+    pub fn new<'a>(rows: impl IntoIterator<Item = (&'a [u32], &'a [u32])>, device: &B::Device) -> Self {
+        let rows: Vec<(&[u32], &[u32])> = rows.into_iter().collect();
+        let n = rows.len();
+        let s = rows.iter().map(|(p, r)| p.len() + r.len()).max().unwrap_or(0).max(1);
+        let r_len = rows.iter().map(|(_, r)| r.len()).max().unwrap_or(0).max(1);
+        let mut tokens = vec![0i64; n * s];
+        let mut positions = vec![0i64; n * r_len];
+        let mut targets = vec![0i64; n * r_len];
+        let mut mask = vec![0f32; n * r_len];
+        for (i, (p, r)) in rows.iter().enumerate() {
+            assert!(!p.is_empty(), "row {i}: empty prompt");
+            for (j, &t) in p.iter().chain(r.iter()).enumerate() {
+                tokens[i * s + j] = t as i64;
+            }
+            for (j, &t) in r.iter().enumerate() {
+                positions[i * r_len + j] = (p.len() - 1 + j) as i64;
+                targets[i * r_len + j] = t as i64;
+                mask[i * r_len + j] = 1.0;
+            }
+        }
+        Self {
+            tokens: Tensor::from_data(TensorData::new(tokens, [n, s]), device),
+            positions: Tensor::from_data(TensorData::new(positions, [n, r_len]), device),
+            targets: Tensor::from_data(TensorData::new(targets, [n, r_len]), device),
+            mask: Tensor::from_data(TensorData::new(mask, [n, r_len]), device),
+        }
+    }
+
+    /// Rows `rows`, cut to `seq_len` token columns and `response_len` response slots (a view on
+    /// the device; nothing is copied from the host).
+    pub fn slice(&self, rows: Range<usize>, seq_len: usize, response_len: usize) -> Self {
+        Self {
+            tokens: self.tokens.clone().slice([rows.clone(), 0..seq_len]),
+            positions: self.positions.clone().slice([rows.clone(), 0..response_len]),
+            targets: self.targets.clone().slice([rows.clone(), 0..response_len]),
+            mask: self.mask.clone().slice([rows, 0..response_len]),
+        }
+    }
+
+    /// The rows at `index`, in that order.
+    ///
+    /// # Shapes
+    /// `index` is `[m]`; every tensor keeps its width and gets `m` rows.
+    pub fn select(&self, index: Tensor<B, 1, Int>) -> Self {
+        Self {
+            tokens: self.tokens.clone().select(0, index.clone()),
+            positions: self.positions.clone().select(0, index.clone()),
+            targets: self.targets.clone().select(0, index.clone()),
+            mask: self.mask.clone().select(0, index),
+        }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.mask.dims()[0]
+    }
+}
+
+impl<B: AutodiffBackend> TokenBatch<B> {
+    /// The same tensors on the inner backend (no copy, no tape).
+    pub fn inner(&self) -> TokenBatch<B::InnerBackend> {
+        TokenBatch {
+            tokens: self.tokens.clone().inner(),
+            positions: self.positions.clone().inner(),
+            targets: self.targets.clone().inner(),
+            mask: self.mask.clone().inner(),
+        }
+    }
+}
+
+/// Everything the update needs, on the device, built once per step.
+///
+/// # Shapes
+/// - `tokens`: see [`TokenBatch`] (`[rows, S]`, `[rows, R]`).
+/// - `logp_old`, `logp_ref`: `[rows, R]`, 0 on padding slots.
+/// - `advantages`: `[rows]`, one sequence-level advantage per response.
+#[derive(Debug, Clone)]
+pub struct TrainBatch<B: Backend> {
+    /// Teacher-forcing inputs.
+    pub tokens: TokenBatch<B>,
+    /// Log-probabilities under the policy that sampled the responses.
+    pub logp_old: Tensor<B, 2>,
+    /// Log-probabilities under the frozen reference (only with a KL term).
+    pub logp_ref: Option<Tensor<B, 2>>,
+    /// Sequence advantages.
+    pub advantages: Tensor<B, 1>,
+    /// Per row: `prompt ++ response` length (host copy, for planning micro-batches).
+    pub seq_lens: Vec<usize>,
+    /// Per row: response length (host copy).
+    pub response_lens: Vec<usize>,
+}
+
+impl<B: Backend> TrainBatch<B> {
+    /// Rows `rows` as a smaller batch, padding cut to the longest row inside it.
+    pub fn slice(&self, rows: Range<usize>) -> Self {
+        let seq_len = self.seq_lens[rows.clone()].iter().copied().max().unwrap_or(1).max(1);
+        let response_len = self.response_lens[rows.clone()].iter().copied().max().unwrap_or(1).max(1);
+        Self {
+            tokens: self.tokens.slice(rows.clone(), seq_len, response_len),
+            logp_old: self.logp_old.clone().slice([rows.clone(), 0..response_len]),
+            logp_ref: self.logp_ref.as_ref().map(|t| t.clone().slice([rows.clone(), 0..response_len])),
+            advantages: self.advantages.clone().slice([rows.clone()]),
+            seq_lens: self.seq_lens[rows.clone()].to_vec(),
+            response_lens: self.response_lens[rows].to_vec(),
+        }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.seq_lens.len()
+    }
+
+    /// Real response tokens in the batch.
+    pub fn response_tokens(&self) -> usize {
+        self.response_lens.iter().sum()
+    }
+}
+
+/// Splits `rows` into consecutive micro-batches whose padded size (rows x longest
+/// `prompt ++ response`) stays within `token_budget`; a micro-batch has at least one row.
+pub fn plan_micro_batches(seq_lens: &[usize], rows: Range<usize>, token_budget: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut longest) = (rows.start, 0usize);
+    for r in rows.clone() {
+        let joined = longest.max(seq_lens[r]);
+        if r > start && joined * (r - start + 1) > token_budget {
+            out.push(start..r);
+            start = r;
+            longest = seq_lens[r];
+        } else {
+            longest = joined;
+        }
+    }
+    if start < rows.end {
+        out.push(start..rows.end);
+    }
+    out
+}
+
+/// Pads `[rows, r]` with zero columns to `[rows, width]`.
+pub(crate) fn pad_columns<B: Backend>(t: Tensor<B, 2>, width: usize) -> Tensor<B, 2> {
+    let [rows, r] = t.dims();
+    if r >= width {
+        return t;
+    }
+    let zeros = Tensor::zeros([rows, width - r], &t.device());
+    Tensor::cat(vec![t, zeros], 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    #[test]
+    fn layout_and_slices_agree_with_the_rows() {
+        let dev = Default::default();
+        let prompts: [&[u32]; 3] = [&[11, 42, 7], &[5, 9], &[3]];
+        let responses: [&[u32]; 3] = [&[199, 3], &[12, 13, 14, 15], &[]];
+        let b = TokenBatch::<Flex>::new(prompts.iter().copied().zip(responses.iter().copied()), &dev);
+        assert_eq!(b.tokens.dims(), [3, 6]);
+        assert_eq!(b.positions.dims(), [3, 4]);
+        let pos: Vec<i64> = b.positions.clone().into_data().convert::<i64>().into_vec().unwrap();
+        assert_eq!(pos, vec![2, 3, 0, 0, 1, 2, 3, 4, 0, 0, 0, 0]);
+        let s = b.slice(0..1, 5, 2);
+        let toks: Vec<i64> = s.tokens.into_data().convert::<i64>().into_vec().unwrap();
+        assert_eq!(toks, vec![11, 42, 7, 199, 3]);
+        let mask: Vec<f32> = b.mask.into_data().convert::<f32>().into_vec().unwrap();
+        assert_eq!(mask.iter().sum::<f32>(), 6.0);
+    }
+
+    #[test]
+    fn micro_batches_respect_the_padded_budget() {
+        let lens = [10, 10, 30, 5, 5, 5, 5];
+        assert_eq!(plan_micro_batches(&lens, 0..7, 30), vec![0..2, 2..3, 3..7]);
+        assert_eq!(plan_micro_batches(&lens, 3..7, 10), vec![3..5, 5..7]);
+        // A row longer than the budget still forms its own micro-batch.
+        assert_eq!(plan_micro_batches(&lens, 1..3, 4), vec![1..2, 2..3]);
+        assert!(plan_micro_batches(&lens, 2..2, 4).is_empty());
+    }
+}

@@ -1,0 +1,67 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// What can go wrong in the learner, the training loop and their collaborators.
+#[derive(Debug, thiserror::Error)]
+pub enum GrpoError {
+    /// A setting is out of range; `key` names it as it appears in a train config (`learner.lr`).
+    #[error("{key}: {message}")]
+    Config {
+        /// The config key.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A prompt could not be rendered into token ids.
+    #[error("prompt {id}: {message}")]
+    Prompt {
+        /// The record id.
+        id: String,
+        /// The codec's message.
+        message: String,
+    },
+    /// Token ids could not be turned back into text.
+    #[error("decoding a response: {0}")]
+    Decode(String),
+    /// The policy failed to sample.
+    #[error("sampling: {0}")]
+    Sampling(String),
+    /// Reading or writing a file of the run failed.
+    #[error("{}: {message}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        message: String,
+    },
+    /// Exporting the policy (e.g. as a Hugging Face directory) failed.
+    #[error("export to {}: {message}", path.display())]
+    Export {
+        /// The target directory.
+        path: PathBuf,
+        /// The exporter's message.
+        message: String,
+    },
+    /// A replaceable stage returned output of the wrong size.
+    #[error("stage output: {0}")]
+    Stage(String),
+    /// There is nothing to train on.
+    #[error("no rubric records to train on")]
+    NoRecords,
+}
+
+impl GrpoError {
+    /// A [`GrpoError::Config`] error.
+    pub fn config(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Config { key: key.into(), message: message.into() }
+    }
+
+    /// A [`GrpoError::Io`] error.
+    pub fn io(path: impl Into<PathBuf>, cause: impl std::fmt::Display) -> Self {
+        Self::Io { path: path.into(), message: cause.to_string() }
+    }
+}
+
+/// `Result` with [`GrpoError`].
+pub type Result<T> = std::result::Result<T, GrpoError>;

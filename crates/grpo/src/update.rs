@@ -1,0 +1,202 @@
+//! The update stage: global gradient-norm clipping and the optimizer step.
+//!
+//! burn's `GradientClipping::Norm` clips every parameter tensor by its own norm; the method (like
+//! PyTorch's `clip_grad_norm_`) clips all gradients together by their global L2 norm, and reports
+//! that norm before clipping. Everything stays on the device: the norm is a `[1]` tensor, the clip
+//! coefficient multiplies the gradients on the device, and the caller reads the norms when it reads
+//! the step's other metrics (one transfer per step, not one per parameter).
+//!
+//! Every sum has a fixed order, so two runs give the same bits: large tensors are summed as
+//! `[rows, 65,536]` row sums (each row in order), then the row sums; burn-flex's parallel `sum()`
+//! of 4M+ elements combines rayon chunks in an order that depends on work stealing.
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Tensor};
+
+/// Elements per row of [`fixed_order_sum`].
+const SUM_ROW: usize = 65_536;
+
+/// The sum of all elements of `t` in f32, in an order that does not depend on threads.
+///
+/// # Shapes
+/// Any `[..]` in, `[1]` out.
+pub fn fixed_order_sum<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, 1> {
+    let n = t.shape().num_elements();
+    let mut flat: Tensor<B, 1> = t.cast(DType::F32).reshape([n]);
+    while flat.dims()[0] > SUM_ROW {
+        let len = flat.dims()[0];
+        let rows = len.div_ceil(SUM_ROW);
+        if rows * SUM_ROW != len {
+            let pad = Tensor::<B, 1>::zeros([rows * SUM_ROW - len], &flat.device()).cast(DType::F32);
+            flat = Tensor::cat(vec![flat, pad], 0);
+        }
+        flat = flat.reshape([rows, SUM_ROW]).sum_dim(1).reshape([rows]);
+    }
+    flat.sum()
+}
+
+struct SquaredNorms<'a, B: AutodiffBackend> {
+    grads: &'a GradientsParams,
+    parts: Vec<Tensor<B::InnerBackend, 1>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorms<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+            self.parts.push(fixed_order_sum(g.cast(DType::F32).square()));
+        }
+    }
+}
+
+struct Scale<'a, B: AutodiffBackend> {
+    grads: &'a mut GradientsParams,
+    factor: Tensor<B::InnerBackend, 1>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+            let factor = self.factor.clone().cast(g.dtype()).reshape([1; D]);
+            self.grads.register(param.id, g * factor);
+        }
+    }
+}
+
+/// The global L2 norm of the gradients of `module`'s float parameters, on the device.
+///
+/// # Shapes
+/// `[1]`, f32.
+pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M, grads: &GradientsParams) -> Tensor<B::InnerBackend, 1> {
+    let mut v = SquaredNorms::<B> { grads, parts: Vec::new() };
+    module.visit(&mut v);
+    if v.parts.is_empty() {
+        let device = module.devices().first().cloned().unwrap_or_default();
+        return Tensor::<B, 1>::zeros([1], &device).inner().cast(DType::F32);
+    }
+    Tensor::cat(v.parts, 0).sum().sqrt()
+}
+
+/// Clips all gradients together to global norm `max_norm` (PyTorch's rule: scale by
+/// `max_norm / (norm + 1e-6)` when that is below 1), on the device. Returns the norm before
+/// clipping (`[1]`).
+pub fn clip_global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &mut GradientsParams,
+    max_norm: f64,
+) -> Tensor<B::InnerBackend, 1> {
+    let norm = global_grad_norm(module, grads);
+    let coef = (norm.clone().add_scalar(1e-6).recip() * max_norm).clamp_max(1.0);
+    let mut v = Scale::<B> { grads, factor: coef };
+    module.visit(&mut v);
+    norm
+}
+
+/// Settings of the update stage.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UpdateConfig {
+    /// Learning rate.
+    pub lr: f64,
+    /// AdamW weight decay.
+    pub weight_decay: f64,
+    /// AdamW beta1.
+    pub beta1: f64,
+    /// AdamW beta2.
+    pub beta2: f64,
+    /// AdamW epsilon.
+    pub eps: f64,
+    /// Global gradient-norm clip (0 disables clipping; the norm is still reported).
+    pub max_grad_norm: f64,
+}
+
+/// The update stage: global clipping, then AdamW.
+pub struct Update<B: AutodiffBackend, P: AutodiffModule<B>> {
+    pub(crate) optim: OptimizerAdaptor<AdamW, P, B>,
+    cfg: UpdateConfig,
+}
+
+impl<B: AutodiffBackend, P: AutodiffModule<B>> Update<B, P> {
+    /// A fresh AdamW.
+    pub fn new(cfg: UpdateConfig) -> Self {
+        let optim = AdamWConfig::new()
+            .with_beta_1(cfg.beta1 as f32)
+            .with_beta_2(cfg.beta2 as f32)
+            .with_epsilon(cfg.eps as f32)
+            .with_weight_decay(cfg.weight_decay as f32)
+            .init::<B, P>();
+        Self { optim, cfg }
+    }
+
+    /// Clips `grads` and takes one optimizer step; returns the new policy and the gradient norm
+    /// before clipping.
+    ///
+    /// # Shapes
+    /// The norm is `[1]` (f32, on the device).
+    pub fn apply(&mut self, policy: P, mut grads: GradientsParams) -> (P, Tensor<B::InnerBackend, 1>) {
+        let norm = if self.cfg.max_grad_norm > 0.0 {
+            clip_global_norm(&policy, &mut grads, self.cfg.max_grad_norm)
+        } else {
+            global_grad_norm(&policy, &grads)
+        };
+        (self.optim.step(self.cfg.lr, policy, grads), norm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+    use burn::nn::{Linear, LinearConfig};
+    use burn::tensor::TensorData;
+
+    type B = Autodiff<Flex>;
+
+    fn scalar(t: Tensor<Flex, 1>) -> f64 {
+        t.into_data().convert::<f64>().into_vec::<f64>().unwrap()[0]
+    }
+
+    #[test]
+    fn global_norm_spans_all_parameters_and_clipping_scales_them_together() {
+        let dev = Default::default();
+        let lin: Linear<B> = LinearConfig::new(3, 2).init(&dev);
+        let x = Tensor::<B, 2>::from_data(TensorData::new(vec![1.0f32, -2.0, 0.5, 3.0, 0.0, 1.0], [2, 3]), &dev);
+        let loss = lin.forward(x).sum();
+        let mut grads = GradientsParams::from_grads(loss.backward(), &lin);
+        // d(sum(xW + b))/dW[i][j] = sum over rows of x[., i]; db[j] = rows.
+        let col = [4.0f64, -2.0, 1.5];
+        let want = (2.0 * col.iter().map(|c| c * c).sum::<f64>() + 2.0 * 4.0).sqrt();
+        let norm = scalar(global_grad_norm::<B, _>(&lin, &grads));
+        assert!((norm - want).abs() < 1e-5, "{norm} vs {want}");
+        // Per-tensor clipping would clip W and b separately; the global rule keeps their ratio.
+        let before = scalar(clip_global_norm::<B, _>(&lin, &mut grads, 1.0));
+        assert!((before - want).abs() < 1e-5);
+        let after = scalar(global_grad_norm::<B, _>(&lin, &grads));
+        assert!((after - 1.0).abs() < 1e-5, "{after}");
+        let b = grads.get::<Flex, 1>(lin.bias.as_ref().unwrap().id).unwrap().into_data().convert::<f32>().into_vec::<f32>().unwrap();
+        assert!((b[0] as f64 - 2.0 / (want + 1e-6)).abs() < 1e-6);
+        // Below the threshold nothing changes.
+        let untouched = scalar(clip_global_norm::<B, _>(&lin, &mut grads, 10.0));
+        assert!((untouched - 1.0).abs() < 1e-5);
+        assert!((scalar(global_grad_norm::<B, _>(&lin, &grads)) - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn fixed_order_sum_does_not_depend_on_the_thread_count() {
+        // 9.7M elements, the size of the demo's tied embedding gradient (burn-flex's own `sum()`
+        // of it adds per-thread partial sums in an order set by rayon's work stealing).
+        let dev = Default::default();
+        let n = 151_936 * 64;
+        let data: Vec<f32> = (0..n as u64).map(|i| (i.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407) >> 40) as f32 / (1u64 << 24) as f32).collect();
+        let want: f64 = data.iter().map(|&x| x as f64).sum();
+        let t = Tensor::<Flex, 2>::from_data(TensorData::new(data, [151_936, 64]), &dev);
+        let in_pool = |threads: usize, f: &(dyn Fn() -> f64 + Sync)| rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f);
+        let ours: Vec<u64> = [1, 2, 3, 5, 8].iter().map(|&k| in_pool(k, &|| scalar(fixed_order_sum(t.clone()))).to_bits()).collect();
+        assert!(ours.iter().all(|&b| b == ours[0]), "{ours:?}");
+        assert!((f64::from_bits(ours[0]) - want).abs() < 1e-3 * want.abs().max(1.0), "{} vs {want}", f64::from_bits(ours[0]));
+        for _ in 0..10 {
+            assert_eq!(scalar(fixed_order_sum(t.clone())).to_bits(), ours[0]);
+        }
+    }
+}
