@@ -6,7 +6,7 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::{token_logprobs, GrpoOps, DEFAULT_CHUNK_TOKENS};
-use conrub_qwen3::{sample_token, sequence_rng, FinishReason, ForwardBatch, Generation, Qwen3ForCausalLM, SamplingConfig};
+use conrub_qwen3::{sample_token, sequence_rng, ForwardBatch, Generation, Qwen3ForCausalLM, SamplingConfig};
 
 use crate::batch::TokenBatch;
 use crate::error::{GrpoError, Result};
@@ -55,8 +55,7 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B> + ?Sized>(
     device: &B::Device,
 ) -> Result<Vec<Generation>> {
     cfg.validate().map_err(|e| GrpoError::Sampling(e.to_string()))?;
-    let mut out: Vec<Generation> =
-        prompts.iter().map(|_| Generation { tokens: Vec::new(), logprobs: Vec::new(), finish_reason: FinishReason::Length }).collect();
+    let mut out: Vec<Generation> = prompts.iter().map(|_| Generation::new()).collect();
     let mut rngs: Vec<_> = (0..prompts.len()).map(|i| sequence_rng(cfg.seed, i)).collect();
     let mut active: Vec<usize> = if cfg.max_new_tokens == 0 { Vec::new() } else { (0..prompts.len()).collect() };
     while !active.is_empty() {
@@ -67,12 +66,7 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B> + ?Sized>(
         let mut still = Vec::with_capacity(active.len());
         for (row, &i) in active.iter().enumerate() {
             let (tok, lp) = sample_token(&host[row * v..(row + 1) * v], cfg, &mut rngs[i]);
-            let g = &mut out[i];
-            g.tokens.push(tok);
-            g.logprobs.push(lp);
-            if cfg.stop_ids.contains(&tok) {
-                g.finish_reason = FinishReason::Stop;
-            } else if g.tokens.len() < cfg.max_new_tokens {
+            if out[i].push(tok, lp, cfg) {
                 still.push(i);
             }
         }

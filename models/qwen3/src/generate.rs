@@ -85,6 +85,31 @@ pub struct Generation {
     pub finish_reason: FinishReason,
 }
 
+impl Generation {
+    /// An empty generation (finish reason `length` until a stop id arrives).
+    pub fn new() -> Self {
+        Self { tokens: Vec::new(), logprobs: Vec::new(), finish_reason: FinishReason::Length }
+    }
+
+    /// Appends a sampled token; returns whether the sequence goes on (no stop id and below
+    /// `max_new_tokens`): the stopping rule of every sampler.
+    pub fn push(&mut self, token: u32, logprob: f32, cfg: &SamplingConfig) -> bool {
+        self.tokens.push(token);
+        self.logprobs.push(logprob);
+        if cfg.stop_ids.contains(&token) {
+            self.finish_reason = FinishReason::Stop;
+            return false;
+        }
+        self.tokens.len() < cfg.max_new_tokens
+    }
+}
+
+impl Default for Generation {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Picks the next token from one row of logits; returns `(token, logprob)`.
 pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut ChaCha8Rng) -> (u32, f32) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -196,14 +221,7 @@ pub fn generate<B: Backend>(
 ) -> Result<Vec<Generation>> {
     cfg.validate()?;
     check_sequences(prompts, model.vocab_size(), "prompts")?;
-    let mut out: Vec<Generation> = prompts
-        .iter()
-        .map(|_| Generation {
-            tokens: Vec::new(),
-            logprobs: Vec::new(),
-            finish_reason: FinishReason::Length,
-        })
-        .collect();
+    let mut out: Vec<Generation> = prompts.iter().map(|_| Generation::new()).collect();
     if prompts.is_empty() || cfg.max_new_tokens == 0 {
         return Ok(out);
     }
@@ -221,14 +239,7 @@ pub fn generate<B: Backend>(
         let mut still = Vec::with_capacity(active.len());
         for (row, &seq) in active.iter().enumerate() {
             let (tok, lp) = sample_token(&host[row * v..(row + 1) * v], cfg, &mut rngs[seq]);
-            let g = &mut out[seq];
-            g.tokens.push(tok);
-            g.logprobs.push(lp);
-            if cfg.stop_ids.contains(&tok) {
-                g.finish_reason = FinishReason::Stop;
-            } else if g.tokens.len() >= cfg.max_new_tokens {
-                g.finish_reason = FinishReason::Length;
-            } else {
+            if out[seq].push(tok, lp, cfg) {
                 still.push(row);
                 next.push(tok);
             }
