@@ -156,8 +156,7 @@ pub struct TrainBatch<B: Backend> {
 impl<B: Backend> TrainBatch<B> {
     /// Rows `rows` as a smaller batch, padding cut to the longest row inside it.
     pub fn slice(&self, rows: Range<usize>) -> Self {
-        let seq_len = self.seq_lens[rows.clone()].iter().copied().max().unwrap_or(1).max(1);
-        let response_len = self.response_lens[rows.clone()].iter().copied().max().unwrap_or(1).max(1);
+        let (seq_len, response_len) = (longest(&self.seq_lens, rows.clone()), longest(&self.response_lens, rows.clone()));
         Self {
             tokens: self.tokens.slice(rows.clone(), seq_len, response_len),
             logp_old: self.logp_old.clone().slice([rows.clone(), 0..response_len]),
@@ -177,6 +176,11 @@ impl<B: Backend> TrainBatch<B> {
     pub fn response_tokens(&self) -> usize {
         self.response_lens.iter().sum()
     }
+}
+
+/// The longest of `lens` over `rows` (at least 1): the padded width of a batch of those rows.
+pub(crate) fn longest(lens: &[usize], rows: impl IntoIterator<Item = usize>) -> usize {
+    rows.into_iter().map(|r| lens[r]).max().unwrap_or(1).max(1)
 }
 
 /// Splits `rows` into consecutive micro-batches whose padded size (rows x longest

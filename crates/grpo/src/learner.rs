@@ -22,7 +22,7 @@ use conrub_rubric::{ResponseScore, RubricRecord};
 use serde::{Deserialize, Serialize};
 
 use crate::advantages::{stable_seed, AdvantageEstimator, GroupRelative, ScaleRewards};
-use crate::batch::{pad_columns, plan_micro_batches, RolloutBatch, TokenBatch, TrainBatch};
+use crate::batch::{longest, pad_columns, plan_micro_batches, RolloutBatch, TokenBatch, TrainBatch};
 use crate::codec::TextCodec;
 use crate::error::{GrpoError, Result};
 use crate::group::{reward_bin, GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
@@ -524,8 +524,7 @@ where
             let parts: Vec<_> = micro
                 .iter()
                 .map(|m| {
-                    let s = seq_lens[m.clone()].iter().copied().max().unwrap_or(1).max(1);
-                    let r = response_lens[m.clone()].iter().copied().max().unwrap_or(1).max(1);
+                    let (s, r) = (longest(&seq_lens, m.clone()), longest(&response_lens, m.clone()));
                     pad_columns(model.response_logprobs(&inner_tokens.slice(m.clone(), s, r)).logprobs, width)
                 })
                 .collect();
@@ -627,8 +626,7 @@ where
         let rows: Vec<usize> = pairs.iter().flat_map(|&(w, l)| [w, l]).collect();
         let index = row_index::<B>(&rows, &self.device);
         // Padding cut to the longest of these rows, as for a micro-batch.
-        let seq_len = rows.iter().map(|&r| batch.seq_lens[r]).max().unwrap_or(1).max(1);
-        let response_len = rows.iter().map(|&r| batch.response_lens[r]).max().unwrap_or(1).max(1);
+        let (seq_len, response_len) = (longest(&batch.seq_lens, rows.iter().copied()), longest(&batch.response_lens, rows.iter().copied()));
         let tokens = batch.tokens.select(index.clone()).slice(0..rows.len(), seq_len, response_len);
         let seq = self.policy.response_logprobs(&tokens).logprobs.sum_dim(1).reshape([rows.len()]);
         let old = batch.logp_old.clone().select(0, index).sum_dim(1).reshape([rows.len()]);
