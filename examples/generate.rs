@@ -4,13 +4,14 @@
 //! cargo run --release --example generate -- <model-dir-or-hub-id> "What is the first-line treatment of anaphylaxis?"
 //! ```
 //!
-//! Written against `B: Backend`, so the same function runs on any burn backend; `main` picks the
+//! Written against `B: GrpoOps` (burn's `Backend` plus conrub's fused kernels, implemented for every
+//! burn backend), so the same function runs on any burn backend; `main` picks the
 //! default CPU backend.
 
-use burn::tensor::backend::Backend;
+use conrub_kernels::GrpoOps;
 use conrub_qwen3::{ChatOptions, Message, Qwen3, SamplingConfig};
 
-fn answer<B: Backend>(model: &str, question: &str, device: &B::Device) -> Result<(), Box<dyn std::error::Error>> {
+fn answer<B: GrpoOps>(model: &str, question: &str, device: &B::Device) -> Result<(), Box<dyn std::error::Error>> {
     let qwen = Qwen3::<B>::load(model, device)?;
     let tokenizer = qwen.tokenizer.as_ref().ok_or("the model directory has no tokenizer.json")?;
     let prompt = tokenizer.apply_chat_template(

@@ -6,9 +6,13 @@
 # Carry target/release/conrub and this script to the GPU machine, then:
 #   scripts/gpu-check.sh [path/to/conrub] [cuda device index]
 # It prints one table: parity of the fused ops on CUDA against the CPU fallback (values and
-# gradients at the full 151,936 vocabulary), then fused vs naive timings of token_logprobs
-# (4,096 x 151,936 x 1,024), of the clipped surrogate (64 x 8,192) and of a Qwen3-0.6B-shaped
-# forward/backward step (4 x 1,024 tokens). It exits non-zero when parity fails.
+# gradients at the full 151,936 vocabulary), parity of the fused causal attention against the
+# naive graph on the GPU (out, dq, dk, dv; GQA 16/8, head_dim 128, 300 queries, padded keys; f32
+# and bf16), then fused vs naive timings of token_logprobs (4,096 x 151,936 x 1,024), of the
+# clipped surrogate (64 x 8,192) and of a Qwen3-0.6B-shaped forward/backward step (4 x 1,024
+# tokens), and one Qwen3-0.6B-shaped train step of the published recipe at 8,192 tokens
+# (bf16-mixed, fused attention, per-layer activation checkpointing, AdamW). It exits non-zero
+# when parity fails.
 set -euo pipefail
 BIN="${1:-./target/release/conrub}"
 DEV="${2:-0}"

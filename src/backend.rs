@@ -10,7 +10,7 @@ pub trait BackendTask {
 }
 
 /// Devices accepted by `--device`.
-pub const DEVICE_HELP: &str = "cpu (default), ndarray, flex, wgpu[:N], cuda[:N], cuda-bf16[:N], tch[:cpu|:cuda:N]";
+pub const DEVICE_HELP: &str = "cpu (default), ndarray, flex, wgpu[:N], cuda[:N], tch[:cpu|:cuda:N]";
 
 fn missing(feature: &str, device: &str) -> Result<()> {
     bail!(
@@ -66,17 +66,11 @@ pub fn run_on_device<T: BackendTask>(spec: &str, task: T) -> Result<()> {
                 return missing("wgpu", spec);
             }
         }
-        s if s.starts_with("cuda-bf16") => {
-            // bf16 weights, activations and gradients on NVIDIA GPUs (the published run's precision).
-            let i = index(s, "cuda-bf16")?;
-            #[cfg(feature = "cuda")]
-            return task.run::<burn::backend::Cuda<burn::tensor::bf16>>(burn::backend::cuda::CudaDevice::new(i));
-            #[cfg(not(feature = "cuda"))]
-            {
-                let _ = i;
-                return missing("cuda", spec);
-            }
-        }
+        s if s.starts_with("cuda-bf16") => bail!(
+            "device `{s}`: pure-bf16 training was removed (bf16 weights and AdamW moments cannot take steps of lr 3e-6: most \
+             updates round away); use `cuda{}` with `precision = \"bf16-mixed\"` (bf16 compute, f32 master weights)",
+            s.trim_start_matches("cuda-bf16")
+        ),
         s if s.starts_with("cuda") => {
             let i = index(s, "cuda")?;
             #[cfg(feature = "cuda")]

@@ -39,6 +39,9 @@ enum Command {
     JudgePair(commands::judge_pair::JudgePairArgs),
     /// Train a Qwen3 policy with GRPO on rubric rewards.
     Train(commands::train::TrainArgs),
+    /// Predict the peak device memory of a train config and the largest micro-batch and rollout
+    /// call that fit.
+    Plan(commands::plan::PlanArgs),
     /// Evaluate a model on benchmarks.
     #[command(subcommand)]
     Eval(commands::eval::EvalCommand),
@@ -55,6 +58,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Score(args) => commands::score::run(args),
         Command::JudgePair(args) => commands::judge_pair::run(args),
         Command::Train(args) => commands::train::run(args),
+        Command::Plan(args) => commands::plan::run(args),
         Command::Eval(cmd) => commands::eval::run(cmd),
         Command::KernelsCheck(args) => commands::kernels::run(args),
     }

@@ -9,7 +9,26 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
-use crate::{float, Clip, GrpoOps, Reduce};
+use crate::{float, AttentionLayout, Clip, GrpoOps, Reduce};
+
+#[derive(Debug)]
+struct AttentionBackward;
+
+impl<B: GrpoOps> Backward<B, 3> for AttentionBackward {
+    /// `q`, `k`, `v`, `key_valid`, `out`, `lse`, layout.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, AttentionLayout);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (q, k, v, key_valid, out, lse, layout) = ops.state;
+        let gs = B::attention_backward(q, k, v, key_valid, out, lse, grad, layout);
+        for (node, g) in ops.parents.into_iter().zip(gs) {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, g);
+            }
+        }
+    }
+}
 
 #[derive(Debug)]
 struct TokenLogprobsBackward;
@@ -61,6 +80,23 @@ impl<B: GrpoOps> Backward<B, 1> for SurrogateBackward {
 }
 
 impl<B: GrpoOps, C: CheckpointStrategy> GrpoOps for Autodiff<B, C> {
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_valid: FloatTensor<Self>,
+        layout: AttentionLayout,
+    ) -> FloatTensor<Self> {
+        let [out, lse] = B::attention_forward(q.primitive.clone(), k.primitive.clone(), v.primitive.clone(), key_valid.primitive.clone(), layout);
+        match AttentionBackward.prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let state = (q.primitive, k.primitive, v.primitive, key_valid.primitive, out.clone(), lse, layout);
+                prep.finish(state, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
     fn token_logprobs(
         hidden: FloatTensor<Self>,
         weight: FloatTensor<Self>,

@@ -10,7 +10,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use crate::{Clip, GrpoOps, Reduce};
+use crate::{AttentionLayout, Clip, GrpoOps, Reduce};
 
 /// Threads per cube of the row kernels (a power of two).
 const ROW_BLOCK: u32 = 256;
@@ -243,6 +243,29 @@ fn elementwise_grid(cols: usize, rows: usize, block: u32) -> (CubeCount, CubeDim
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GrpoOps for CubeBackend<R, F, I, BT> {
     fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
         burn_cubecl::kernel::into_contiguous(tensor)
+    }
+
+    fn attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_valid: FloatTensor<Self>,
+        layout: AttentionLayout,
+    ) -> [FloatTensor<Self>; 2] {
+        crate::cube_attention::forward(q, k, v, key_valid, layout)
+    }
+
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_valid: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        layout: AttentionLayout,
+    ) -> [FloatTensor<Self>; 3] {
+        crate::cube_attention::backward(q, k, v, key_valid, out, lse, d_out, layout)
     }
 
     fn logits_row_stats(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> [FloatTensor<Self>; 3] {

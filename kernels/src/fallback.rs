@@ -3,7 +3,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{IndexingUpdateOp, Tensor};
+use burn::tensor::{DType, IndexingUpdateOp, Tensor};
 
 use crate::{float, int, Clip, GrpoOps, Reduce};
 
@@ -98,6 +98,16 @@ pub fn surrogate_backward<B: Backend>(
     prim(un.neg() * active * float::<B, 2>(mask) * s)
 }
 
+/// Logits in f32: under mixed precision the head's product is bf16, its statistics are not.
+fn to_f32<B: Backend>(logits: FloatTensor<B>) -> FloatTensor<B> {
+    let t: Tensor<B, 2> = float(logits);
+    if t.dtype() == DType::F32 {
+        prim(t)
+    } else {
+        prim(t.cast(DType::F32))
+    }
+}
+
 fn chunks(n: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n).step_by(chunk.max(1)).map(move |s| (s, (s + chunk.max(1)).min(n)))
 }
@@ -114,7 +124,7 @@ pub fn token_logprobs<B: GrpoOps>(
     let [n, _] = h.dims();
     let mut outs: [Vec<Tensor<B, 1>>; 3] = Default::default();
     for (s, e) in chunks(n, chunk_tokens) {
-        let logits = B::chunk_logits(prim(h.clone().slice(s..e)), weight.clone());
+        let logits = to_f32::<B>(B::chunk_logits(prim(h.clone().slice(s..e)), weight.clone()));
         let stats = B::logits_row_stats(logits, t.clone().slice(s..e).into_primitive());
         for (o, x) in outs.iter_mut().zip(stats) {
             o.push(float(x));
@@ -144,13 +154,15 @@ pub fn token_logprobs_backward<B: GrpoOps>(
     let mut gw: Option<Tensor<B, 2>> = None;
     for (s, e) in chunks(n, chunk_tokens) {
         let hc = h.clone().slice(s..e);
-        let logits = B::chunk_logits(prim(hc.clone()), weight.clone());
+        let logits = to_f32::<B>(B::chunk_logits(prim(hc.clone()), weight.clone()));
         let gl: Tensor<B, 2> = float(B::logits_grad(
             logits,
             t.clone().slice(s..e).into_primitive(),
             prim(lse.clone().slice(s..e)),
-            prim(g.clone().slice(s..e)),
+            prim(g.clone().slice(s..e).cast(DType::F32)),
         ));
+        // Back to the compute dtype for the two products (a no-op in f32).
+        let gl = if gl.dtype() == hc.dtype() { gl } else { gl.cast(hc.dtype()) };
         if want.0 {
             gh.push(gl.clone().matmul(w.clone()));
         }

@@ -1,7 +1,8 @@
 //! `GrpoOps` for burn's fusion wrapper (`burn::backend::Wgpu` and `Cuda` are `Fusion<CubeBackend>`):
-//! each row hook is registered in the fusion stream as a custom operation that runs the inner
-//! backend's kernel when the stream executes. The chunked drivers and the matmuls stay ordinary
-//! fused tensor ops.
+//! each row hook and the attention forward and backward are registered in the fusion stream as
+//! custom operations that run the inner backend's kernels when the stream executes (each output
+//! with its own dtype: attention's `lse` is f32 whatever `q`'s dtype). The chunked drivers and the
+//! matmuls stay ordinary fused tensor ops.
 
 use std::marker::PhantomData;
 
@@ -11,7 +12,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
-use crate::{Clip, GrpoOps, Reduce};
+use crate::{AttentionLayout, Clip, GrpoOps, Reduce};
 
 /// Which hook a custom operation runs.
 #[derive(Clone, Copy, Debug)]
@@ -21,6 +22,8 @@ enum Hook {
     LogitsGrad,
     SurrogateForward(Clip, Reduce),
     SurrogateBackward(Clip),
+    AttentionForward(AttentionLayout),
+    AttentionBackward(AttentionLayout),
 }
 
 #[derive(Clone, Debug)]
@@ -63,21 +66,34 @@ impl<B: FusionBackend + GrpoOps> Operation<B::FusionRuntime> for HookOp<B> {
                 let (a, b, c, d, e) = (f(h, 0), f(h, 1), f(h, 2), f(h, 3), f(h, 4));
                 h.register_float_tensor::<B>(&outs[0].id, B::surrogate_backward(a, b, c, d, clip, e));
             }
+            Hook::AttentionForward(layout) => {
+                let (q, k, v, valid) = (f(h, 0), f(h, 1), f(h, 2), f(h, 3));
+                for (o, t) in outs.iter().zip(B::attention_forward(q, k, v, valid, layout)) {
+                    h.register_float_tensor::<B>(&o.id, t);
+                }
+            }
+            Hook::AttentionBackward(layout) => {
+                let (q, k, v, valid) = (f(h, 0), f(h, 1), f(h, 2), f(h, 3));
+                let (out, lse, d_out) = (f(h, 4), f(h, 5), f(h, 6));
+                for (o, t) in outs.iter().zip(B::attention_backward(q, k, v, valid, out, lse, d_out, layout)) {
+                    h.register_float_tensor::<B>(&o.id, t);
+                }
+            }
         }
     }
 }
 
-/// Registers `hook` on `inputs` with float outputs of `shapes` (dtype `dtype`) and returns them.
+/// Registers `hook` on `inputs` with float outputs of the given shapes and dtypes and returns them.
 fn register<B: FusionBackend + GrpoOps>(
     name: &'static str,
     hook: Hook,
     inputs: Vec<FloatTensor<Fusion<B>>>,
-    shapes: &[Shape],
-    dtype: DType,
+    outputs: &[(Shape, DType)],
 ) -> Vec<FloatTensor<Fusion<B>>> {
     let client = inputs[0].client.clone();
     let streams = OperationStreams::with_inputs(inputs.iter());
-    let outs: Vec<TensorIr> = shapes.iter().map(|s| TensorIr::uninit(client.create_empty_handle(), s.clone(), dtype)).collect();
+    let outs: Vec<TensorIr> =
+        outputs.iter().map(|(s, dtype)| TensorIr::uninit(client.create_empty_handle(), s.clone(), *dtype)).collect();
     let ins: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
     let desc = CustomOpIr::new(name, &ins, &outs);
     client.register(streams, OperationIr::Custom(desc.clone()), HookOp::<B> { desc, hook, _b: PhantomData })
@@ -87,14 +103,14 @@ impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
     fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
         let shape = tensor.shape.clone();
         let dtype = tensor.dtype;
-        let mut out = register::<B>("conrub_contiguous", Hook::Contiguous, vec![tensor], &[shape], dtype);
+        let mut out = register::<B>("conrub_contiguous", Hook::Contiguous, vec![tensor], &[(shape, dtype)]);
         out.remove(0)
     }
 
     fn logits_row_stats(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> [FloatTensor<Self>; 3] {
         let rows = logits.shape.dims::<2>()[0];
         let dtype = logits.dtype;
-        let out = register::<B>("conrub_row_stats", Hook::RowStats, vec![logits, targets], &[Shape::new([rows]), Shape::new([rows]), Shape::new([rows])], dtype);
+        let out = register::<B>("conrub_row_stats", Hook::RowStats, vec![logits, targets], &[(Shape::new([rows]), dtype), (Shape::new([rows]), dtype), (Shape::new([rows]), dtype)]);
         out.try_into().expect("three outputs")
     }
 
@@ -106,7 +122,7 @@ impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
     ) -> FloatTensor<Self> {
         let shape = logits.shape.clone();
         let dtype = logits.dtype;
-        let mut out = register::<B>("conrub_logits_grad", Hook::LogitsGrad, vec![logits, targets, lse, grad], &[shape], dtype);
+        let mut out = register::<B>("conrub_logits_grad", Hook::LogitsGrad, vec![logits, targets, lse, grad], &[(shape, dtype)]);
         out.remove(0)
     }
 
@@ -125,8 +141,7 @@ impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
             "conrub_surrogate_forward",
             Hook::SurrogateForward(clip, reduce),
             vec![logp, logp_old, advantages, mask],
-            &[s.clone(), s.clone(), s],
-            dtype,
+            &[(s.clone(), dtype), (s.clone(), dtype), (s, dtype)],
         );
         out.try_into().expect("three outputs")
     }
@@ -145,9 +160,42 @@ impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
             "conrub_surrogate_backward",
             Hook::SurrogateBackward(clip),
             vec![logp, logp_old, advantages, mask, scale],
-            &[shape],
-            dtype,
+            &[(shape, dtype)],
         );
         out.remove(0)
+    }
+
+    fn attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_valid: FloatTensor<Self>,
+        layout: AttentionLayout,
+    ) -> [FloatTensor<Self>; 2] {
+        let [b, heads, t, _] = q.shape.dims::<4>();
+        let out = (q.shape.clone(), q.dtype);
+        let lse = (Shape::new([b, heads, t]), DType::F32);
+        let outs = register::<B>("conrub_attention_forward", Hook::AttentionForward(layout), vec![q, k, v, key_valid], &[out, lse]);
+        outs.try_into().expect("two outputs")
+    }
+
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_valid: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        layout: AttentionLayout,
+    ) -> [FloatTensor<Self>; 3] {
+        let grads = [(q.shape.clone(), q.dtype), (k.shape.clone(), k.dtype), (v.shape.clone(), v.dtype)];
+        let outs = register::<B>(
+            "conrub_attention_backward",
+            Hook::AttentionBackward(layout),
+            vec![q, k, v, key_valid, out, lse, d_out],
+            &grads,
+        );
+        outs.try_into().expect("three outputs")
     }
 }

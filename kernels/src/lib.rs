@@ -11,11 +11,20 @@
 //! for the CPU backends and libtorch through a fallback made of primitive tensor ops, and for
 //! `Autodiff<B>` with a hand-written backward. [`reference`] holds the textbook formulas used as
 //! the independent check in tests and as the naive baseline in benchmarks.
+//!
+//! Two more ops serve long sequences:
+//! - [`causal_attention`]: fused causal attention (online softmax in f32, key-padding mask, GQA
+//!   without repeated K/V) that keeps only the output and the per-row log-sum-exp; its backward
+//!   recomputes the probabilities block by block (FlashAttention-2's scheme), so training memory
+//!   grows linearly in the sequence length instead of quadratically.
 
+mod attention;
 mod autodiff;
 mod backends;
 #[cfg(feature = "cube")]
 mod cube;
+#[cfg(feature = "cube")]
+mod cube_attention;
 pub mod fallback;
 #[cfg(feature = "cube")]
 mod fusion;
@@ -28,6 +37,8 @@ pub use wgpu_probe::{wgpu_adapter_count, wgpu_adapter_or_skip, REQUIRE_WGPU_ENV}
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Int, Tensor, TensorPrimitive};
+
+pub use attention::{causal_attention, AttentionLayout, ATTENTION_MASKED_LSE};
 
 /// Asymmetric clipping of the probability ratio: `[1 - low, 1 + high]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -131,6 +142,53 @@ pub trait GrpoOps: Backend {
         want: (bool, bool),
     ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
         fallback::token_logprobs_backward::<Self>(hidden, weight, targets, lse, grad, chunk_tokens, want)
+    }
+
+    /// Forward of causal attention: `[out, lse]`. `q` is `[batch, heads, t, head_dim]`, `k` and `v`
+    /// are `[batch, kv_heads, s, head_dim]` (`heads` a multiple of `kv_heads`; query head `h` reads
+    /// key/value head `h / (heads / kv_heads)`), `key_valid` is `[batch, s]` f32 (1 = the key may
+    /// be attended, 0 = padding). Query row `i` sits at key position `layout.past + i` and sees the
+    /// valid keys `0..=past + i`. `out` has `q`'s shape and dtype; `lse` is `[batch, heads, t]` f32,
+    /// the natural log of the row's softmax denominator over the scaled scores. A row with no
+    /// visible key has `out = 0`, `lse = ATTENTION_MASKED_LSE` and gets and gives no gradient.
+    /// Inputs may be strided views. Scores, softmax and accumulation are f32 whatever the dtype.
+    fn attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_valid: FloatTensor<Self>,
+        layout: AttentionLayout,
+    ) -> [FloatTensor<Self>; 2] {
+        attention::fallback_forward::<Self>(q, k, v, key_valid, layout)
+    }
+
+    /// Backward of [`GrpoOps::attention_forward`]: `[dq, dk, dv]` (shapes and dtypes of `q`, `k`,
+    /// `v`) from the forward's inputs, its `out` and `lse`, and `d_out` (the shape of `out`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_valid: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        layout: AttentionLayout,
+    ) -> [FloatTensor<Self>; 3] {
+        attention::fallback_backward::<Self>(q, k, v, key_valid, out, lse, d_out, layout)
+    }
+
+    /// Causal attention's output; under autodiff it is differentiable with respect to `q`, `k`, `v`
+    /// (only `out` and `lse` are kept for the backward).
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_valid: FloatTensor<Self>,
+        layout: AttentionLayout,
+    ) -> FloatTensor<Self> {
+        let [out, _lse] = Self::attention_forward(q, k, v, key_valid, layout);
+        out
     }
 
     /// The clipped surrogate; under autodiff the loss is differentiable with respect to `logp`.

@@ -65,3 +65,33 @@ pub fn relative_error(got: &[f32], want: &[f32]) -> f64 {
     let scale = want.iter().fold(0f64, |m, x| m.max(x.abs() as f64)).max(1e-30);
     got.iter().zip(want).fold(0f64, |m, (a, b)| m.max((*a as f64 - *b as f64).abs())) / scale
 }
+
+/// Causal attention as the textbook writes it: K and V repeated to every query head, the full
+/// `[batch, heads, t, s]` score matrix, an additive -1e30 mask (causal and key padding), softmax
+/// in f32, times V. Rows that see no key come out as the uniform average of V here (the fused op
+/// defines them as 0): compare visible rows only.
+///
+/// # Shapes
+/// As [`crate::causal_attention`].
+pub fn naive_causal_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    key_valid: Tensor<B, 2>,
+    layout: crate::AttentionLayout,
+) -> Tensor<B, 4> {
+    use burn::tensor::DType;
+    let [b, nh, t, d] = q.dims();
+    let [_, nkv, s, _] = k.dims();
+    let group = nh / nkv;
+    let dtype = q.dtype();
+    let repeat = |x: Tensor<B, 4>| x.reshape([b, nkv, 1, s, d]).repeat_dim(2, group).reshape([b, nh, s, d]);
+    let (k, v) = (repeat(k), repeat(v));
+    let device = q.device();
+    let qpos = Tensor::<B, 1, Int>::arange(layout.past as i64..(layout.past + t) as i64, &device).reshape([t, 1]);
+    let kpos = Tensor::<B, 1, Int>::arange(0..s as i64, &device).reshape([1, s]);
+    let causal = kpos.lower_equal(qpos).float().cast(DType::F32).reshape([1, 1, t, s]);
+    let visible = causal * key_valid.cast(DType::F32).reshape([b, 1, 1, s]);
+    let scores = q.matmul(k.swap_dims(2, 3)).cast(DType::F32).mul_scalar(layout.scale) + (visible - 1.0).mul_scalar(1.0e30);
+    burn::tensor::activation::softmax(scores, 3).cast(dtype).matmul(v)
+}

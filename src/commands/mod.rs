@@ -6,6 +6,7 @@ pub mod judge_pair;
 pub mod judging;
 pub mod kernels;
 pub mod logprobs;
+pub mod plan;
 pub mod rubrics;
 pub mod score;
 pub mod tokenize;

@@ -12,7 +12,7 @@ use conrub_grpo::{
     TieMode,
 };
 use conrub_judge::{JudgeConfig, JudgeKind};
-use conrub_qwen3::{save_pretrained, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+use conrub_qwen3::{save_pretrained, AttentionImpl, Execution, Precision, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
 use conrub_rubric::{read_rubrics, LengthPenalty, RubricDropout, ScoringMode};
 use serde::Deserialize;
 
@@ -33,6 +33,11 @@ pub struct TrainArgs {
     /// Override a config value: `--set learner.lr=1e-6 --set run.max_steps=10` (TOML values).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
+    /// Device memory for the memory plan checked before the first step (`conrub plan`); on
+    /// `cuda` devices the default is an H200's 141 GB, elsewhere the plan is checked only when
+    /// this is given.
+    #[arg(long)]
+    pub gpu_memory_gb: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -40,6 +45,9 @@ pub struct TrainArgs {
 struct TrainConfig {
     #[serde(default = "default_device")]
     device: String,
+    /// `f32` or `bf16-mixed` (bf16 compute, f32 master weights and optimizer state).
+    #[serde(default = "default_precision")]
+    precision: String,
     model: ModelSection,
     data: DataSection,
     judge: toml::Table,
@@ -55,6 +63,10 @@ struct TrainConfig {
 
 fn default_device() -> String {
     "cpu".into()
+}
+
+fn default_precision() -> String {
+    "f32".into()
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,8 +139,9 @@ struct WarmupSection {
     lr: f64,
 }
 
-/// Sets `a.b.c = value` in a TOML table (the value parsed as TOML, else taken as a string).
-fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
+/// Sets `a.b.c = value` in a TOML table (the value parsed as TOML, else taken as a string); also
+/// `conrub plan --set`.
+pub(crate) fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
     let (key, raw) = spec.split_once('=').ok_or_else(|| anyhow!("--set {spec}: expected KEY=VALUE"))?;
     let value: toml::Value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
         Ok(mut t) => t.remove("v").expect("parsed"),
@@ -166,6 +179,14 @@ fn load_config(path: &Path, overrides: &[String]) -> Result<(TrainConfig, PathBu
 pub fn run(a: TrainArgs) -> Result<()> {
     let (cfg, base) = load_config(&a.config, &a.overrides)?;
     let device = a.device.clone().unwrap_or_else(|| cfg.device.clone());
+    let gpu_gb = a.gpu_memory_gb.or_else(|| device.starts_with("cuda").then_some(141.0));
+    if let Some(gb) = gpu_gb {
+        // Stop before loading anything when the run cannot fit (the table says what to change).
+        let mut overrides = a.overrides.clone();
+        overrides.push(format!("device=\"{device}\""));
+        let plan = super::plan::plan_for_config(&a.config, &overrides, gb)?;
+        plan.check((gb * 1e9) as u64).map_err(|e| anyhow!("{}: the run does not fit in {gb} GB:\n{e}", a.config.display()))?;
+    }
     run_on_device(&device, TrainTask { cfg, base, resume: a.resume, device_name: device.clone() })
 }
 
@@ -298,7 +319,10 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
     };
     let judge_cfg = judge_config(&cfg.judge, &base, &rel, &device_name)?;
 
-    let qwen = load_policy::<B>(&cfg.model, &rel, &device)?;
+    let precision = Precision::parse(&cfg.precision)
+        .ok_or_else(|| anyhow!("precision: `{}` is not allowed (allowed: {})", cfg.precision, Precision::NAMES))?;
+    let exec = Execution { precision, attention: AttentionImpl::Fused, activation_checkpointing: cfg.learner.activation_checkpointing };
+    let qwen = load_policy::<B>(&cfg.model, &rel, &device)?.with_execution(exec);
     let stop_ids = qwen.stop_ids();
     let Qwen3 { model, config: model_config, generation_config, tokenizer, dir: model_dir } = qwen;
     let codec = ChatTemplateCodec { tokenizer: tokenizer.expect("checked in load_policy"), enable_thinking: cfg.model.enable_thinking };

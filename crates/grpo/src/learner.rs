@@ -80,6 +80,11 @@ pub struct LearnerConfig {
     /// Token budget (prompt + response, padded) of one micro-batch; gradients are accumulated
     /// over them.
     pub micro_batch_tokens: usize,
+    /// Activation checkpointing per decoder layer: keep only each layer's input and recompute
+    /// its forward during the backward (one extra forward per micro-batch; memory linear in
+    /// layers x tokens x hidden). The learner reaches it through [`Policy::loss_gradients`];
+    /// `conrub train` applies it to Qwen3's `Execution`.
+    pub activation_checkpointing: bool,
     /// Run seed.
     pub seed: u64,
 }
@@ -108,6 +113,7 @@ impl Default for LearnerConfig {
             ppo_epochs: 1,
             mini_batches: 1,
             micro_batch_tokens: 16_384,
+            activation_checkpointing: false,
             seed: 1234,
         }
     }
@@ -559,32 +565,40 @@ where
                 let mut acc = GradientsAccumulator::<P>::new();
                 for micro in plan_micro_batches(&batch.seq_lens, mini.clone(), self.cfg.micro_batch_tokens) {
                     let mb = batch.slice(micro.clone());
-                    let out_lp = self.policy.response_logprobs(&mb.tokens);
-                    let out = self.loss.compute(SurrogateBatch {
-                        logp: out_lp.logprobs,
-                        logp_old: mb.logp_old.clone(),
-                        advantages: mb.advantages.clone(),
-                        mask: mb.tokens.mask.clone(),
-                        logp_ref: mb.logp_ref.clone(),
-                    });
                     // Weights that make the sum over micro-batches the mini-batch's aggregate.
                     let weight = match self.cfg.aggregation {
                         Aggregation::GlobalTokenMean => mb.response_tokens() as f64 / mini_tokens.max(1) as f64,
                         _ => micro.len() as f64 / mini.len() as f64,
                     };
-                    if last {
-                        let w = mb.response_tokens() as f64;
-                        let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
-                        let zero = || Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device()).cast(DType::F32);
-                        has_entropy |= out_lp.entropy.is_some();
-                        let parts = vec![
-                            f32_of(out.loss.clone()),
-                            f32_of(out.clip_low.clone()) * w,
-                            f32_of(out.clip_high.clone()) * w,
-                            out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
-                            out_lp.entropy.map(|e| f32_of(e.sum())).unwrap_or_else(zero),
-                        ];
-                        let v = Tensor::cat(parts, 0);
+                    let mut parts: Option<Tensor<B::InnerBackend, 1>> = None;
+                    let loss = &self.loss;
+                    let grads = self.policy.loss_gradients(&mb.tokens, &mut |out_lp| {
+                        let out = loss.compute(SurrogateBatch {
+                            logp: out_lp.logprobs,
+                            logp_old: mb.logp_old.clone(),
+                            advantages: mb.advantages.clone(),
+                            mask: mb.tokens.mask.clone(),
+                            logp_ref: mb.logp_ref.clone(),
+                        });
+                        if last {
+                            let w = mb.response_tokens() as f64;
+                            let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
+                            let zero = || Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device()).cast(DType::F32);
+                            has_entropy |= out_lp.entropy.is_some();
+                            parts = Some(Tensor::cat(
+                                vec![
+                                    f32_of(out.loss.clone()),
+                                    f32_of(out.clip_low.clone()) * w,
+                                    f32_of(out.clip_high.clone()) * w,
+                                    out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
+                                    out_lp.entropy.map(|e| f32_of(e.sum())).unwrap_or_else(zero),
+                                ],
+                                0,
+                            ));
+                        }
+                        out.loss * weight
+                    });
+                    if let Some(v) = parts {
                         sums = Some(match sums.take() {
                             Some(s) => s + v,
                             None => v,
@@ -592,7 +606,7 @@ where
                         micro_count += 1;
                         token_count += mb.response_tokens();
                     }
-                    acc.accumulate(&self.policy, GradientsParams::from_grads((out.loss * weight).backward(), &self.policy));
+                    acc.accumulate(&self.policy, grads);
                 }
                 let pairs: Vec<(usize, usize)> = dpo_pairs.iter().copied().filter(|(w, _)| mini.contains(w)).collect();
                 if !pairs.is_empty() {
@@ -628,20 +642,22 @@ where
         // Padding cut to the longest of these rows, as for a micro-batch.
         let (seq_len, response_len) = (longest(&batch.seq_lens, rows.iter().copied()), longest(&batch.response_lens, rows.iter().copied()));
         let tokens = batch.tokens.select(index.clone()).slice(0..rows.len(), seq_len, response_len);
-        let seq = self.policy.response_logprobs(&tokens).logprobs.sum_dim(1).reshape([rows.len()]);
         let old = batch.logp_old.clone().select(0, index).sum_dim(1).reshape([rows.len()]);
         let p = pairs.len();
         let winners = row_index::<B>(&(0..p).map(|i| 2 * i).collect::<Vec<_>>(), &self.device);
         let losers = row_index::<B>(&(0..p).map(|i| 2 * i + 1).collect::<Vec<_>>(), &self.device);
-        let loss = dpo_pair_loss(
-            seq.clone().select(0, winners.clone()),
-            seq.select(0, losers.clone()),
-            old.clone().select(0, winners),
-            old.select(0, losers),
-            self.cfg.dpo_beta,
-            batch.rows(),
-        );
-        GradientsParams::from_grads(loss.backward(), &self.policy)
+        let (beta, total) = (self.cfg.dpo_beta, batch.rows());
+        self.policy.loss_gradients(&tokens, &mut |lp| {
+            let seq = lp.logprobs.sum_dim(1).reshape([rows.len()]);
+            dpo_pair_loss(
+                seq.clone().select(0, winners.clone()),
+                seq.select(0, losers.clone()),
+                old.clone().select(0, winners.clone()),
+                old.clone().select(0, losers.clone()),
+                beta,
+                total,
+            )
+        })
     }
 
     /// Stage 6: the step's metrics (host arithmetic on what the stages returned).

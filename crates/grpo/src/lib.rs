@@ -29,6 +29,8 @@
 //! - the run: [`train`] (epochs in a seeded order, `metrics.jsonl`, SVG plots, checkpoints,
 //!   resume), [`RunConfig`], [`RunHooks`], [`RunSummary`], [`EpochSummary`], [`save_state`],
 //!   [`load_state`], [`TrainingState`], [`sft_warmup`], [`warmup_pairs`]
+//! - memory: [`MemoryPlan`], [`MemoryPlanInput`], [`ModelShape`] (the predicted peak device memory of
+//!   a run, [`memory`])
 //! - errors: [`GrpoError`], [`Result`]
 //!
 //! Every tensor-taking item documents its shapes in a `# Shapes` section.
@@ -41,6 +43,7 @@ mod error;
 mod group;
 mod learner;
 mod loss;
+pub mod memory;
 mod policy;
 mod reward;
 mod rollout;
@@ -58,6 +61,7 @@ pub use error::{GrpoError, Result};
 pub use group::{GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
 pub use learner::{Learner, LearnerBuilder, LearnerConfig, StepMetrics, StepOutput};
 pub use loss::{dpo_pair_loss, Aggregation, ClipRange, PolicyLoss, SurrogateBatch, SurrogateOutput};
+pub use memory::{MemoryPlan, MemoryPlanInput, ModelShape};
 pub use policy::{sample_by_recomputation, Policy, ResponseLogprobs};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
 pub use rollout::{GroupSampler, Rollout};

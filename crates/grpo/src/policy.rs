@@ -2,8 +2,9 @@
 //! model can too, with two methods (log-probs of given responses, next-token logits): sampling then
 //! follows conrub-qwen3's rules ([`SamplingConfig`], per-sequence seeded streams).
 
-use burn::module::Module;
-use burn::tensor::backend::Backend;
+use burn::module::{AutodiffModule, Module};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::{token_logprobs, GrpoOps, DEFAULT_CHUNK_TOKENS};
 use conrub_qwen3::{sample_token, sequence_rng, ForwardBatch, Generation, Qwen3ForCausalLM, SamplingConfig};
@@ -44,6 +45,17 @@ pub trait Policy<B: Backend>: Module<B> {
     fn sample(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, device: &B::Device) -> Result<Vec<Generation>> {
         sample_by_recomputation(self, prompts, cfg, device)
     }
+
+    /// The parameters' gradients of `loss(self.response_logprobs(batch))`. The default is one
+    /// backward through the whole graph; a model may split it to save memory (Qwen3 with
+    /// `activation_checkpointing` goes one decoder layer at a time). `loss` runs exactly once.
+    fn loss_gradients(&self, batch: &TokenBatch<B>, loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>) -> GradientsParams
+    where
+        B: AutodiffBackend,
+        Self: AutodiffModule<B>,
+    {
+        GradientsParams::from_grads(loss(self.response_logprobs(batch)).backward(), self)
+    }
 }
 
 /// The default sampler of [`Policy::sample`]: row `i` draws from [`sequence_rng`]`(cfg.seed, i)`, so
@@ -82,23 +94,20 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B> + ?Sized>(
 /// generation.
 impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
     fn response_logprobs(&self, batch: &TokenBatch<B>) -> ResponseLogprobs<B> {
-        let [n, s] = batch.tokens.dims();
-        let device = batch.tokens.device();
-        // Right padding: every real token sees only real tokens before it under the causal mask,
-        // so no key mask is needed and positions are the column index.
-        let position_ids = Tensor::<B, 1, Int>::arange(0..s as i64, &device).reshape([1, s]).expand([n, s]);
-        let forward = ForwardBatch { input_ids: batch.tokens.clone(), position_ids, key_mask: None };
-        let hidden = self.forward_hidden(&forward, None);
-        let h = hidden.dims()[2];
-        let r = batch.positions.dims()[1];
-        let pos = batch.positions.clone().reshape([n, r, 1]).repeat_dim(2, h);
-        let picked = hidden.gather(1, pos).reshape([n * r, h]);
-        let out = token_logprobs(picked, self.head_weight(), batch.targets.clone().reshape([n * r]), DEFAULT_CHUNK_TOKENS);
-        ResponseLogprobs {
-            logprobs: out.logprobs.reshape([n, r]) * batch.mask.clone(),
-            entropy: Some(out.entropy.reshape([n, r]) * batch.mask.clone()),
-        }
+        head_logprobs(self, self.forward_hidden(&teacher_forcing(batch), None), batch)
     }
+
+    fn loss_gradients(&self, batch: &TokenBatch<B>, loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>) -> GradientsParams
+    where
+        B: AutodiffBackend,
+        Self: AutodiffModule<B>,
+    {
+        if !self.exec.activation_checkpointing {
+            return GradientsParams::from_grads(loss(self.response_logprobs(batch)).backward(), self);
+        }
+        self.layerwise_gradients(&teacher_forcing(batch), &mut |hidden| loss(head_logprobs(self, hidden, batch)))
+    }
+
 
     fn next_token_logits(&self, sequences: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2> {
         let padded = conrub_qwen3::PaddedBatch::new(sequences, 0, conrub_qwen3::Padding::Left);
@@ -108,6 +117,30 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
     fn sample(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, device: &B::Device) -> Result<Vec<Generation>> {
         let pad = cfg.stop_ids.first().copied().unwrap_or(0);
         conrub_qwen3::generate(self, prompts, cfg, pad, device).map_err(|e| GrpoError::Sampling(e.to_string()))
+    }
+}
+
+/// The model inputs of a right-padded token batch: every real token sees only real tokens before
+/// it under the causal mask, so no key mask is needed and positions are the column index.
+fn teacher_forcing<B: Backend>(batch: &TokenBatch<B>) -> ForwardBatch<B> {
+    let [n, s] = batch.tokens.dims();
+    let device = batch.tokens.device();
+    let position_ids = Tensor::<B, 1, Int>::arange(0..s as i64, &device).reshape([1, s]).expand([n, s]);
+    ForwardBatch { input_ids: batch.tokens.clone(), position_ids, key_mask: None }
+}
+
+/// Log-probabilities of the response tokens from the final hidden states `[rows, S, hidden]`:
+/// only response positions go through the fused head (f32 statistics whatever the precision).
+fn head_logprobs<B: GrpoOps>(model: &Qwen3ForCausalLM<B>, hidden: Tensor<B, 3>, batch: &TokenBatch<B>) -> ResponseLogprobs<B> {
+    let [n, _, h] = hidden.dims();
+    let r = batch.positions.dims()[1];
+    let pos = batch.positions.clone().reshape([n, r, 1]).repeat_dim(2, h);
+    let picked = hidden.gather(1, pos).reshape([n * r, h]);
+    let head = conrub_qwen3::model::to_dtype(model.head_weight(), picked.dtype());
+    let out = token_logprobs(picked, head, batch.targets.clone().reshape([n * r]), DEFAULT_CHUNK_TOKENS);
+    ResponseLogprobs {
+        logprobs: out.logprobs.reshape([n, r]) * batch.mask.clone(),
+        entropy: Some(out.entropy.reshape([n, r]) * batch.mask.clone()),
     }
 }
 

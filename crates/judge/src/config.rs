@@ -229,7 +229,7 @@ impl JudgeConfig {
 
     /// Builds the in-process judge on `device` (loads `model`).
     #[cfg(feature = "local")]
-    pub fn build_local<B: burn::tensor::backend::Backend>(&self, device: &B::Device) -> Result<Judges> {
+    pub fn build_local<B: conrub_kernels::GrpoOps>(&self, device: &B::Device) -> Result<Judges> {
         let model = self.model.as_ref().ok_or_else(|| JudgeError::config("model", "kind = \"local\" needs a checkpoint directory or hub id"))?;
         let path = self.base_dir.join(model);
         let loaded = if path.is_dir() {

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use burn::tensor::activation::log_softmax;
-use burn::tensor::backend::Backend;
+use conrub_kernels::GrpoOps;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 use conrub_qwen3::{ChatOptions, Message, ForwardBatch, KvCache, PaddedBatch, Padding, Qwen3, SamplingConfig};
 use conrub_rubric::{Label, ScoringMode};
@@ -61,7 +61,7 @@ impl Default for LocalJudgeConfig {
 }
 
 /// The in-process judge on backend `B`.
-pub struct LocalJudge<B: Backend> {
+pub struct LocalJudge<B: GrpoOps> {
     model: Mutex<Qwen3<B>>,
     device: B::Device,
     prompts: PromptSet,
@@ -72,7 +72,7 @@ pub struct LocalJudge<B: Backend> {
 }
 
 /// Single-token spellings of a label (`correct`, `Correct`, ...).
-fn label_token_ids<B: Backend>(model: &Qwen3<B>, label: Label) -> Result<Vec<u32>> {
+fn label_token_ids<B: GrpoOps>(model: &Qwen3<B>, label: Label) -> Result<Vec<u32>> {
     let tok = model.tokenizer.as_ref().ok_or_else(|| JudgeError::Model(format!("{}: no tokenizer.json", model.dir.display())))?;
     let word = label.as_str();
     let mut cap = word.to_string();
@@ -99,7 +99,7 @@ fn log_sum_exp(xs: impl Iterator<Item = f64>) -> f64 {
     m + v.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
 }
 
-impl<B: Backend> LocalJudge<B> {
+impl<B: GrpoOps> LocalJudge<B> {
     /// A judge around a loaded model (which must have its tokenizer).
     pub fn new(model: Qwen3<B>, device: B::Device, prompts: PromptSet, cfg: LocalJudgeConfig, cache: Option<Arc<JudgeCache>>) -> Result<Self> {
         if model.tokenizer.is_none() {
@@ -288,7 +288,7 @@ impl<B: Backend> LocalJudge<B> {
 }
 
 #[async_trait]
-impl<B: Backend> CriterionJudge for LocalJudge<B> {
+impl<B: GrpoOps> CriterionJudge for LocalJudge<B> {
     fn id(&self) -> String {
         self.name.clone()
     }
@@ -352,7 +352,7 @@ impl<B: Backend> CriterionJudge for LocalJudge<B> {
 }
 
 #[async_trait]
-impl<B: Backend> PairwiseJudge for LocalJudge<B> {
+impl<B: GrpoOps> PairwiseJudge for LocalJudge<B> {
     fn id(&self) -> String {
         self.name.clone()
     }

@@ -212,7 +212,7 @@ fn check_sequences(seqs: &[Vec<u32>], vocab: usize, arg: &str) -> Result<()> {
 ///
 /// Prompts are left-padded with `pad_id` and prefilled together; decoding then feeds one token per
 /// unfinished sequence, and finished sequences are dropped from the batch and the cache.
-pub fn generate<B: Backend>(
+pub fn generate<B: conrub_kernels::GrpoOps>(
     model: &Qwen3ForCausalLM<B>,
     prompts: &[Vec<u32>],
     cfg: &SamplingConfig,
@@ -277,7 +277,7 @@ pub struct SequenceScores {
 }
 
 /// Scores every sequence with one right-padded forward pass.
-pub fn score_sequences<B: Backend>(
+pub fn score_sequences<B: conrub_kernels::GrpoOps>(
     model: &Qwen3ForCausalLM<B>,
     seqs: &[Vec<u32>],
     pad_id: u32,

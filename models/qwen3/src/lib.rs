@@ -41,7 +41,7 @@ pub use config::{GenerationConfig, Qwen3Config, TokenIds};
 pub use error::{Qwen3Error, Result};
 pub use generate::{generate, sample_token, score_sequences, sequence_rng, FinishReason, Generation, SamplingConfig, SequenceScores};
 pub use hub::resolve_model_dir;
-pub use model::Qwen3ForCausalLM;
+pub use model::{AttentionImpl, Execution, Precision, Qwen3ForCausalLM};
 pub use pretrained::{save_pretrained, Qwen3};
 pub use tokenizer::{ChatOptions, Message, Qwen3Tokenizer};
 pub use weights::{load_weights, SaveDtype, WeightFiles};

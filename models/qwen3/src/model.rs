@@ -6,6 +6,10 @@ use burn::nn::Linear;
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::module::ModuleVisitor;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use conrub_kernels::{causal_attention, AttentionLayout, GrpoOps};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -17,12 +21,97 @@ use crate::config::Qwen3Config;
 /// (a padding position) yields a uniform distribution instead of NaNs that would leak into values.
 pub(crate) const MASKED_SCORE: f32 = -1.0e30;
 
-/// Applies `lin` to `[batch, seq, in]` as one 2-D matrix product. burn's `Linear` on a 3-D input
-/// runs a broadcast batched matmul, which CPU backends execute as one product per sequence (each
-/// re-reading the whole weight); flattening first makes decode steps read every weight once.
+/// Numeric precision of the forward and backward passes.
+///
+/// The parameters are what the model holds (f32 master weights when built or loaded by this
+/// crate); the compute dtype is what activations and matrix products use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Precision {
+    /// Compute in the parameters' own dtype (f32 for f32 weights).
+    #[default]
+    F32,
+    /// bf16 activations and matrix products (weights are cast where they are used, and the cast's
+    /// backward returns f32 gradients to the f32 master weights); norms' statistics, softmax,
+    /// attention accumulation, log-probabilities and the loss stay in f32.
+    Bf16Mixed,
+}
+
+impl Precision {
+    /// Every accepted spelling, for error messages.
+    pub const NAMES: &'static str = "f32, bf16-mixed";
+
+    /// Parses `f32` or `bf16-mixed`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f32" => Some(Self::F32),
+            "bf16-mixed" => Some(Self::Bf16Mixed),
+            _ => None,
+        }
+    }
+
+    /// Bytes per element of the activations (and of a rollout KV cache).
+    pub fn compute_bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16Mixed => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::Bf16Mixed => "bf16-mixed",
+        })
+    }
+}
+
+/// Which attention implementation multi-token passes (training, prefill, scoring) use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionImpl {
+    /// [`conrub_kernels::causal_attention`]: no `[t, s]` matrix is kept; memory linear in `t`.
+    #[default]
+    Fused,
+    /// Scores, softmax and the value product as separate tensor ops (the reference; quadratic
+    /// memory under autodiff).
+    Naive,
+}
+
+/// How the model runs: precision, attention, activation checkpointing. Not part of checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Execution {
+    /// Compute precision.
+    pub precision: Precision,
+    /// Attention of multi-token passes (single-token decode steps read the KV cache directly).
+    pub attention: AttentionImpl,
+    /// Train one decoder layer at a time ([`Qwen3ForCausalLM::layerwise_gradients`]): keep only
+    /// each layer's input from a forward pass without a graph, and recompute each layer's
+    /// forward during the backward instead of keeping its activations. Used by the learner.
+    pub activation_checkpointing: bool,
+}
+
+/// `t` in `dtype` (a no-op when it already is).
+pub fn to_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if t.dtype() == dtype {
+        t
+    } else {
+        t.cast(dtype)
+    }
+}
+
+/// Applies `lin` to `[batch, seq, in]` as one 2-D matrix product in `x`'s dtype (the weight is
+/// cast to it under mixed precision). burn's `Linear` on a 3-D input runs a broadcast batched
+/// matmul, which CPU backends execute as one product per sequence (each re-reading the whole
+/// weight); flattening first makes decode steps read every weight once.
 fn project<B: Backend>(lin: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     let [b, t, d] = x.dims();
-    let y = lin.forward(x.reshape([b * t, d]));
+    let dtype = x.dtype();
+    let mut y = x.reshape([b * t, d]).matmul(to_dtype(lin.weight.val(), dtype));
+    if let Some(bias) = &lin.bias {
+        y = y + to_dtype(bias.val(), dtype).unsqueeze();
+    }
     let out = y.dims()[1];
     y.reshape([b, t, out])
 }
@@ -88,8 +177,8 @@ impl<B: Backend> RmsNorm<B> {
         let inv_rms = (x32.clone().square().mean_dim(D - 1) + self.eps)
             .sqrt()
             .recip();
-        let normed = (x32 * inv_rms).cast(dtype);
-        normed * self.weight.val().unsqueeze()
+        let normed = to_dtype(x32 * inv_rms, dtype);
+        normed * to_dtype(self.weight.val(), dtype).unsqueeze()
     }
 }
 
@@ -224,14 +313,11 @@ impl<B: Backend> Attention<B> {
         }
     }
 
-    /// `x`: `[batch, seq, hidden]`; `bias`: additive mask `[batch, 1, seq, keys]` (None = all visible).
-    fn forward(
-        &self,
-        x: Tensor<B, 3>,
-        rope: &RopeTables<B>,
-        bias: Option<&Tensor<B, 4>>,
-        cache: Option<(&mut LayerCache<B>, usize)>,
-    ) -> Tensor<B, 3> {
+    /// `x`: `[batch, seq, hidden]`; `mask`: what the new tokens may attend to.
+    fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &AttentionMask<B>, cache: Option<(&mut LayerCache<B>, usize)>) -> Tensor<B, 3>
+    where
+        B: GrpoOps,
+    {
         let [b, t, _] = x.dims();
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let q = project(&self.q_proj, x.clone()).reshape([b, t, nh, hd]);
@@ -256,22 +342,36 @@ impl<B: Backend> Attention<B> {
             None => (k, v),
         };
         let s = k.dims()[2];
-        let group = nh / nkv;
-        // Query head h reads key/value head h / group: fold the group into the query rows so no
-        // repeated copy of K and V is made.
-        let q = q.reshape([b, nkv, group * t, hd]);
         let scale = 1.0 / (hd as f64).sqrt();
-        let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
-        let dtype = scores.dtype();
-        let mut scores = scores.reshape([b, nh, t, s]).cast(DType::F32);
-        if let Some(bias) = bias {
-            scores = scores + bias.clone();
-        }
-        let probs = softmax(scores, 3).cast(dtype).reshape([b, nkv, group * t, s]);
-        let out = probs.matmul(v).reshape([b, nh, t, hd]);
+        let out = match &mask.fused {
+            Some(key_valid) => causal_attention(q, k, v, key_valid.clone(), AttentionLayout { past: s - t, scale }),
+            None => {
+                let group = nh / nkv;
+                // Query head h reads key/value head h / group: fold the group into the query rows
+                // so no repeated copy of K and V is made.
+                let q = q.reshape([b, nkv, group * t, hd]);
+                let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+                let dtype = scores.dtype();
+                let mut scores = scores.reshape([b, nh, t, s]).cast(DType::F32);
+                if let Some(bias) = &mask.bias {
+                    scores = scores + bias.clone();
+                }
+                let probs = softmax(scores, 3).cast(dtype).reshape([b, nkv, group * t, s]);
+                probs.matmul(v).reshape([b, nh, t, hd])
+            }
+        };
         let out = out.swap_dims(1, 2).reshape([b, t, nh * hd]);
         project(&self.o_proj, out)
     }
+}
+
+/// What the new tokens of one pass may attend to, in the form the chosen attention takes.
+#[derive(Debug, Clone)]
+pub struct AttentionMask<B: Backend> {
+    /// Naive path: additive bias `[batch, 1, new, keys]` (None = everything visible).
+    pub bias: Option<Tensor<B, 4>>,
+    /// Fused path: key validity `[batch, keys]` (1 = real token), causality implied.
+    pub fused: Option<Tensor<B, 2>>,
 }
 
 /// SwiGLU feed-forward block: `down(silu(gate(x)) * up(x))`.
@@ -323,6 +423,15 @@ impl<B: Backend> DecoderLayer<B> {
             mlp: Mlp::new(config, init, device),
         }
     }
+
+    /// `x + attn(norm(x))`, then `+ mlp(norm(.))`.
+    fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &AttentionMask<B>, cache: Option<(&mut LayerCache<B>, usize)>) -> Tensor<B, 3>
+    where
+        B: GrpoOps,
+    {
+        let x = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), rope, mask, cache);
+        x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
+    }
 }
 
 /// Qwen3 causal language model (`Qwen3ForCausalLM`).
@@ -341,6 +450,8 @@ pub struct Qwen3ForCausalLM<B: Backend> {
     pub lm_head: Option<Param<Tensor<B, 2>>>,
     /// Rotary embedding parameters.
     pub rope: RotaryEmbedding,
+    /// Precision, attention and checkpointing settings (not stored in checkpoints).
+    pub exec: Execution,
 }
 
 impl<B: Backend> Qwen3ForCausalLM<B> {
@@ -369,7 +480,14 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
                 head_dim: config.head_dim(),
                 theta: config.rope_theta(),
             },
+            exec: Execution::default(),
         }
+    }
+
+    /// The same model running with `exec`.
+    pub fn with_execution(mut self, exec: Execution) -> Self {
+        self.exec = exec;
+        self
     }
 
     /// Number of decoder layers.
@@ -382,44 +500,70 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
         self.embed_tokens.dims()[0]
     }
 
-    /// Final hidden states `[batch, seq, hidden]` (after the last norm) for the new tokens of
-    /// `batch`. With a cache, keys and values of the new tokens are appended to it.
-    pub fn forward_hidden(&self, batch: &ForwardBatch<B>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
-        let [b, t] = batch.input_ids.dims();
-        let h = self.embed_tokens.dims()[1];
-        let ids = batch.input_ids.clone().reshape([b * t]);
-        let mut x = self.embed_tokens.val().select(0, ids).reshape([b, t, h]);
-        let attn = &self.layers[0].self_attn;
-        let rope = self.rope.tables(batch.position_ids.clone(), attn.num_heads, attn.num_kv_heads);
-        let device = batch.input_ids.device();
-        let (past, key_mask) = match cache.as_ref() {
-            Some(c) => (c.len(), c.combined_mask(batch.key_mask.clone(), b, t, &device)),
-            None => (0, batch.key_mask.clone()),
-        };
-        let bias = attention_bias(b, t, past, key_mask.clone(), &device);
-        for (i, layer) in self.layers.iter().enumerate() {
-            let slot = cache.as_mut().map(|c| (c.layer_mut(i), past));
-            let attn = layer.self_attn.forward(
-                layer.input_layernorm.forward(x.clone()),
-                &rope,
-                bias.as_ref(),
-                slot,
-            );
-            x = x + attn;
-            x = x.clone() + layer.mlp.forward(layer.post_attention_layernorm.forward(x));
-        }
-        if let Some(c) = cache {
-            c.commit(t, key_mask);
-        }
-        self.norm.forward(x)
-    }
-
     /// The LM head weight `[vocab, hidden]`: the embedding itself when tied.
     pub fn head_weight(&self) -> Tensor<B, 2> {
         match &self.lm_head {
             Some(w) => w.val(),
             None => self.embed_tokens.val(),
         }
+    }
+
+    /// The dtype of activations: bf16 under [`Precision::Bf16Mixed`], else the embedding's dtype.
+    pub fn compute_dtype(&self) -> DType {
+        match self.exec.precision {
+            Precision::Bf16Mixed => DType::BF16,
+            Precision::F32 => self.embed_tokens.val().dtype(),
+        }
+    }
+}
+
+impl<B: GrpoOps> Qwen3ForCausalLM<B> {
+    /// Token embeddings `[batch, seq, hidden]` of `batch`'s new tokens, in the compute dtype.
+    fn embed(&self, batch: &ForwardBatch<B>) -> Tensor<B, 3> {
+        let [b, t] = batch.input_ids.dims();
+        let h = self.embed_tokens.dims()[1];
+        let ids = batch.input_ids.clone().reshape([b * t]);
+        to_dtype(self.embed_tokens.val().select(0, ids), self.compute_dtype()).reshape([b, t, h])
+    }
+
+    /// RoPE tables and the attention mask of one pass over `batch` after `past` cached tokens.
+    fn pass_context(&self, batch: &ForwardBatch<B>, past: usize, key_mask: Option<Tensor<B, 2, burn::tensor::Bool>>) -> (RopeTables<B>, AttentionMask<B>) {
+        let [b, t] = batch.input_ids.dims();
+        let attn = &self.layers[0].self_attn;
+        let rope = self.rope.tables(batch.position_ids.clone(), attn.num_heads, attn.num_kv_heads);
+        let device = batch.input_ids.device();
+        let mask = if t > 1 && self.exec.attention == AttentionImpl::Fused {
+            let valid = match &key_mask {
+                Some(m) => m.clone().float().cast(DType::F32),
+                None => Tensor::<B, 2>::ones([b, past + t], &device).cast(DType::F32),
+            };
+            AttentionMask { bias: None, fused: Some(valid) }
+        } else {
+            AttentionMask { bias: attention_bias(b, t, past, key_mask, &device), fused: None }
+        };
+        (rope, mask)
+    }
+
+    /// Final hidden states `[batch, seq, hidden]` (after the last norm, in the compute dtype) for
+    /// the new tokens of `batch`. With a cache, keys and values of the new tokens are appended to
+    /// it.
+    pub fn forward_hidden(&self, batch: &ForwardBatch<B>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+        let [b, t] = batch.input_ids.dims();
+        let mut x = self.embed(batch);
+        let device = batch.input_ids.device();
+        let (past, key_mask) = match cache.as_ref() {
+            Some(c) => (c.len(), c.combined_mask(batch.key_mask.clone(), b, t, &device)),
+            None => (0, batch.key_mask.clone()),
+        };
+        let (rope, mask) = self.pass_context(batch, past, key_mask.clone());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let slot = cache.as_mut().map(|c| (c.layer_mut(i), past));
+            x = layer.forward(x, &rope, &mask, slot);
+        }
+        if let Some(c) = cache {
+            c.commit(t, key_mask);
+        }
+        self.norm.forward(x)
     }
 
     /// Logits `[batch, seq, vocab]` for hidden states `[batch, seq, hidden]`.
@@ -429,7 +573,7 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
     /// Qwen3-0.6B) on every call, while transposing the small `[tokens, hidden]` side is cheap.
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         let [b, t, h] = hidden.dims();
-        let w = self.head_weight();
+        let w = to_dtype(self.head_weight(), hidden.dtype());
         let v = w.dims()[0];
         w.matmul(hidden.reshape([b * t, h]).transpose())
             .transpose()
@@ -452,3 +596,72 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
     }
 }
 
+
+/// Adds every gradient of `new` into `acc` (parameter by parameter).
+struct MergeGrads<'a> {
+    acc: &'a mut GradientsParams,
+    new: GradientsParams,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for MergeGrads<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.new.remove::<B::InnerBackend, D>(param.id) {
+            let sum = match self.acc.remove::<B::InnerBackend, D>(param.id) {
+                Some(old) => old + g,
+                None => g,
+            };
+            self.acc.register(param.id, sum);
+        }
+    }
+}
+
+impl<B: GrpoOps + AutodiffBackend> Qwen3ForCausalLM<B> {
+    /// Gradients of `loss(hidden)` with respect to every parameter, where `hidden` is
+    /// [`Qwen3ForCausalLM::forward_hidden`] of `batch` (no cache), computed one decoder layer at a
+    /// time: activation checkpointing per layer.
+    ///
+    /// 1. A forward pass without a graph keeps only each layer's input (`layers x tokens x hidden`).
+    /// 2. The head's segment (final norm and `loss`) runs its backward from a leaf at the last
+    ///    layer's output.
+    /// 3. From the top, each layer's forward runs again from its saved input and its own backward
+    ///    turns the gradient at its output into the gradient at its input (plus its parameters').
+    /// 4. The embedding gets the gradient at the first layer's input.
+    ///
+    /// Only one layer's activations are alive at any time, for one extra forward pass. Every
+    /// backward is an ordinary top-level one: burn 0.21 cannot nest a backward inside another
+    /// (its graph cleanup locks every graph, the running one included), and its
+    /// `BalancedCheckpointing` recomputes single cheap ops only, keeping matmul outputs.
+    /// The gradients equal a plain backward's up to f32 summation order.
+    pub fn layerwise_gradients(&self, batch: &ForwardBatch<B>, loss: &mut dyn FnMut(Tensor<B, 3>) -> Tensor<B, 1>) -> GradientsParams {
+        let key_mask = batch.key_mask.clone();
+        let (rope, mask) = self.pass_context(batch, 0, key_mask);
+        // 1. No graph: untracked parameters.
+        let untracked = self.clone().no_grad();
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut x = untracked.embed(batch);
+        for layer in &untracked.layers {
+            inputs.push(x.clone());
+            x = layer.forward(x, &rope, &mask, None);
+        }
+        drop(untracked);
+        // 2. The head's segment.
+        let leaf = x.detach().require_grad();
+        let grads = loss(self.norm.forward(leaf.clone())).backward();
+        let mut upstream = leaf.grad(&grads).expect("the loss depends on the hidden states");
+        let mut acc = GradientsParams::from_grads(grads, self);
+        // 3. Layers from the top.
+        for (layer, input) in self.layers.iter().zip(inputs).rev() {
+            let leaf = input.detach().require_grad();
+            let y = layer.forward(leaf.clone(), &rope, &mask, None);
+            let grads = (y * Tensor::from_inner(upstream)).sum().backward();
+            upstream = leaf.grad(&grads).expect("a layer's output depends on its input");
+            let new = GradientsParams::from_grads(grads, layer);
+            layer.visit(&mut MergeGrads { acc: &mut acc, new });
+        }
+        // 4. The embedding (tied heads add to what the head's segment gave it).
+        let grads = (self.embed(batch) * Tensor::from_inner(upstream)).sum().backward();
+        let new = GradientsParams::from_grads(grads, self);
+        self.visit(&mut MergeGrads { acc: &mut acc, new });
+        acc
+    }
+}

@@ -56,6 +56,12 @@ impl<B: Backend> Qwen3<B> {
         })
     }
 
+    /// The same model running with `exec` (precision, attention, activation checkpointing).
+    pub fn with_execution(mut self, exec: crate::model::Execution) -> Self {
+        self.model = self.model.with_execution(exec);
+        self
+    }
+
     /// Loads from a local directory.
     pub fn load_dir(dir: &Path, device: &B::Device) -> Result<Self> {
         let config_path = dir.join("config.json");
@@ -123,7 +129,10 @@ impl<B: Backend> Qwen3<B> {
     }
 
     /// Batched generation (see [`generate()`]).
-    pub fn generate(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, device: &B::Device) -> Result<Vec<Generation>> {
+    pub fn generate(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, device: &B::Device) -> Result<Vec<Generation>>
+    where
+        B: conrub_kernels::GrpoOps,
+    {
         generate(&self.model, prompts, cfg, self.pad_id(), device)
     }
 }

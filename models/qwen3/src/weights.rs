@@ -299,6 +299,7 @@ pub fn load_weights<B: Backend>(
             head_dim: hd,
             theta: config.rope_theta(),
         },
+        exec: Default::default(),
     })
 }
 

@@ -1,0 +1,854 @@
+//! Memory plan of a `conrub train` run: the predicted peak device memory, and the largest
+//! micro-batch and rollout call that fit. Pure arithmetic on the model shape and the run settings;
+//! no tensor is made.
+//!
+//! The model follows what the training code does (byte counts are `f64`, in bytes):
+//!
+//! - Parameters `P` are counted from the shape ([`ModelShape::parameters`]). Master weights,
+//!   gradients and AdamW's two moments are f32 under both precisions: `4P`, `4P`, `8P`.
+//! - `bf16-mixed` casts each weight to bf16 where it is used: with activation checkpointing only one
+//!   layer's copy and the head's `V x H` copy are alive at once, without it every layer's copy stays
+//!   alive until the backward.
+//! - A micro-batch holds `rows = max(1, micro_batch_tokens / s)` full-length rows of `s` = max
+//!   prompt + max response tokens (rows are padded to the longest, as `plan_micro_batches` does),
+//!   so it has `n = rows x s` tokens. Per token and layer the autodiff tape keeps
+//!   [`ModelShape::layer_activation_bytes`]. With checkpointing each layer keeps only its input
+//!   (`L n H c`) and one layer's tape exists during its recompute and backward, times
+//!   [`LAYER_BACKWARD_FACTOR`] for that layer's gradients; without it every layer's tape is kept
+//!   (plus one layer's gradients during the backward).
+//! - Fused attention keeps `O(n)` per layer (output and lse); the portable block-wise path's
+//!   transient is one block of [`ATTENTION_QUERY_BLOCK`] query rows against `s` keys for every
+//!   head and row of the micro-batch in f32, [`ATTENTION_BLOCK_COPIES`] times, plus the backward's
+//!   f32 `dk`/`dv` accumulators.
+//! - The LM head runs a chunk of tokens at a time: `chunk x V x 4` bytes of f32 logits,
+//!   [`LM_HEAD_COPIES`] times (logits, their gradient, a copy), plus the final hidden states.
+//! - The rollout (no autodiff) keeps master weights and AdamW moments allocated, frees the
+//!   gradients, and under `bf16-mixed` samples with a bf16 copy of the weights (`2P`). Its KV cache
+//!   holds `2 L n_kv d c` bytes per row and position, at the cache's *capacity*: the cache grows by
+//!   doubling in blocks of [`KV_GROW_BLOCK`] positions (see [`kv_cache_capacity`]).
+//! - Training and rollout do not overlap: the peak is the larger of the two.
+//!
+//! A flat [`RUNTIME_RESERVE_BYTES`] stands for the CUDA context, kernels and allocator slack.
+
+use std::fmt::Write as _;
+
+use conrub_qwen3::{Precision, Qwen3Config};
+use serde::Serialize;
+
+/// One decimal gigabyte.
+pub const GB: f64 = 1e9;
+/// GPU memory assumed unless told otherwise (an H200: 141 GB).
+pub const DEFAULT_GPU_MEMORY_GB: f64 = 141.0;
+/// Longest prompt assumed when the config does not say.
+pub const DEFAULT_MAX_PROMPT_TOKENS: usize = 1024;
+/// `max_micro_batch_tokens` is searched in multiples of this.
+pub const MICRO_BATCH_STEP: usize = 1024;
+/// One layer's tape during its backward counts this many times (its activations and their
+/// gradients).
+pub const LAYER_BACKWARD_FACTOR: f64 = 2.0;
+/// Query rows per block of the portable attention (`conrub_kernels`' `QUERY_BLOCK`).
+pub const ATTENTION_QUERY_BLOCK: usize = 256;
+/// f32 copies of one attention block's scores alive at once (scores, exponentials, probabilities).
+pub const ATTENTION_BLOCK_COPIES: f64 = 3.0;
+/// f32 `[chunk, vocab]` tensors of the chunked LM head alive at once (logits, gradient, a copy).
+pub const LM_HEAD_COPIES: f64 = 3.0;
+/// `[tokens, hidden]` tensors around the head: the final hidden states, their response-position
+/// gather, and its gradient.
+pub const FINAL_HIDDEN_COPIES: f64 = 3.0;
+/// f32 copies of the largest parameter alive during the AdamW step.
+pub const OPTIMIZER_STEP_COPIES: f64 = 3.0;
+/// Growth block of the KV cache (`conrub_qwen3`'s cache `GROW_BLOCK`).
+pub const KV_GROW_BLOCK: usize = 256;
+/// f32 copies of a decode step's `[rows, heads, 1, keys]` attention scores.
+pub const DECODE_SCORE_COPIES: f64 = 3.0;
+/// Device bytes per token of the train batch (ids, targets/positions as i64, mask and old
+/// log-probs as f32); 4 more with a reference model.
+pub const TRAIN_BATCH_BYTES_PER_TOKEN: f64 = 28.0;
+/// CUDA context, compiled kernels, workspaces and allocator slack.
+pub const RUNTIME_RESERVE_BYTES: f64 = 2e9;
+
+/// The dimensions of a Qwen3 that memory depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ModelShape {
+    /// Vocabulary size `V`.
+    pub vocab_size: usize,
+    /// Model width `H`.
+    pub hidden_size: usize,
+    /// MLP width `I`.
+    pub intermediate_size: usize,
+    /// Decoder layers `L`.
+    pub num_hidden_layers: usize,
+    /// Query heads `n_h`.
+    pub num_attention_heads: usize,
+    /// Key/value heads `n_kv`.
+    pub num_key_value_heads: usize,
+    /// Per-head width `d`.
+    pub head_dim: usize,
+    /// Whether the LM head is the token embedding.
+    pub tie_word_embeddings: bool,
+}
+
+const fn qwen3(hidden: usize, intermediate: usize, layers: usize, heads: usize, tied: bool) -> ModelShape {
+    ModelShape {
+        vocab_size: 151_936,
+        hidden_size: hidden,
+        intermediate_size: intermediate,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        tie_word_embeddings: tied,
+    }
+}
+
+/// Shapes of the released Qwen3 checkpoints, by hub id (for planning offline, without their
+/// `config.json`).
+pub const KNOWN_SHAPES: &[(&str, ModelShape)] = &[
+    ("Qwen/Qwen3-0.6B", qwen3(1024, 3072, 28, 16, true)),
+    ("Qwen/Qwen3-0.6B-Base", qwen3(1024, 3072, 28, 16, true)),
+    ("Qwen/Qwen3-1.7B", qwen3(2048, 6144, 28, 16, true)),
+    ("Qwen/Qwen3-1.7B-Base", qwen3(2048, 6144, 28, 16, true)),
+    ("Qwen/Qwen3-4B", qwen3(2560, 9728, 36, 32, true)),
+    ("Qwen/Qwen3-4B-Base", qwen3(2560, 9728, 36, 32, true)),
+    ("Qwen/Qwen3-4B-Instruct-2507", qwen3(2560, 9728, 36, 32, true)),
+    ("Qwen/Qwen3-4B-Thinking-2507", qwen3(2560, 9728, 36, 32, true)),
+    ("Qwen/Qwen3-8B", qwen3(4096, 12288, 36, 32, false)),
+    ("Qwen/Qwen3-8B-Base", qwen3(4096, 12288, 36, 32, false)),
+    ("Qwen/Qwen3-14B", qwen3(5120, 17408, 40, 40, false)),
+    ("Qwen/Qwen3-14B-Base", qwen3(5120, 17408, 40, 40, false)),
+    ("Qwen/Qwen3-32B", qwen3(5120, 25600, 64, 64, false)),
+];
+
+impl ModelShape {
+    /// The shape of a parsed `config.json`.
+    pub fn from_config(c: &Qwen3Config) -> Self {
+        Self {
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            intermediate_size: c.intermediate_size,
+            num_hidden_layers: c.num_hidden_layers,
+            num_attention_heads: c.num_attention_heads,
+            num_key_value_heads: c.num_key_value_heads(),
+            head_dim: c.head_dim(),
+            tie_word_embeddings: c.tie_word_embeddings,
+        }
+    }
+
+    /// The shape of a released Qwen3 by hub id (case-insensitive), from [`KNOWN_SHAPES`].
+    pub fn known(hub_id: &str) -> Option<Self> {
+        KNOWN_SHAPES.iter().find(|(id, _)| id.eq_ignore_ascii_case(hub_id)).map(|(_, s)| *s)
+    }
+
+    /// Parameters of one decoder layer: q, k, v, o projections, q/k norms, two layer norms, and
+    /// the SwiGLU MLP (no biases, as in released Qwen3).
+    pub fn layer_parameters(&self) -> u64 {
+        let (h, i) = (self.hidden_size as u64, self.intermediate_size as u64);
+        let q = (self.num_attention_heads * self.head_dim) as u64;
+        let kv = (self.num_key_value_heads * self.head_dim) as u64;
+        h * q + 2 * h * kv + q * h + 2 * self.head_dim as u64 + 2 * h + 3 * h * i
+    }
+
+    /// All parameters: embedding, untied head, layers, final norm.
+    pub fn parameters(&self) -> u64 {
+        let vh = (self.vocab_size * self.hidden_size) as u64;
+        let head = if self.tie_word_embeddings { 0 } else { vh };
+        vh + head + self.num_hidden_layers as u64 * self.layer_parameters() + self.hidden_size as u64
+    }
+
+    /// Elements of the largest parameter tensor.
+    pub fn largest_tensor(&self) -> u64 {
+        let (h, i) = (self.hidden_size as u64, self.intermediate_size as u64);
+        let q = (self.num_attention_heads * self.head_dim) as u64;
+        (self.vocab_size as u64 * h).max(h * i).max(h * q)
+    }
+
+    /// KV cache bytes per row and position, all layers: `2 L n_kv d c_kv`.
+    pub fn kv_bytes_per_position(&self, c_kv: f64) -> f64 {
+        2.0 * (self.num_hidden_layers * self.num_key_value_heads * self.head_dim) as f64 * c_kv
+    }
+
+    /// Bytes the autodiff tape keeps per token for one decoder layer with activations of `c` bytes:
+    /// normed input `H`; q, k, v projections; q and k after their norms and after RoPE; the
+    /// attention output `n_h d` and its lse (`n_h` f32); o projection `H`; residual `H`; post-norm
+    /// `H`; gate, up, silu(gate), product (`I` each); down projection `H`. RMSNorm statistics are
+    /// f32: one inverse RMS per normed row, and below f32 the f32 copy of each norm's input
+    /// (`2H + (n_h + n_kv) d`).
+    pub fn layer_activation_bytes(&self, c: f64) -> f64 {
+        let (h, i, d) = (self.hidden_size as f64, self.intermediate_size as f64, self.head_dim as f64);
+        let (nh, nkv) = (self.num_attention_heads as f64, self.num_key_value_heads as f64);
+        let compute = 5.0 * h + 4.0 * (nh + nkv) * d + 4.0 * i;
+        let lse = nh;
+        let inv_rms = 2.0 + nh + nkv;
+        let f32_copies = if c < 4.0 { 2.0 * h + (nh + nkv) * d } else { 0.0 };
+        c * compute + 4.0 * (lse + inv_rms + f32_copies)
+    }
+
+    /// Bytes alive per token inside one layer of an untracked (inference) forward: the residual
+    /// stream, normed input and projections `3H + (n_h + 2 n_kv) d`, and three `I`-wide MLP tensors,
+    /// plus below f32 the norms' f32 copies (`2H`).
+    pub fn inference_bytes_per_token(&self, c: f64) -> f64 {
+        let (h, i, d) = (self.hidden_size as f64, self.intermediate_size as f64, self.head_dim as f64);
+        let (nh, nkv) = (self.num_attention_heads as f64, self.num_key_value_heads as f64);
+        let f32_copies = if c < 4.0 { 2.0 * h } else { 0.0 };
+        c * (3.0 * h + (nh + 2.0 * nkv) * d + 3.0 * i) + 4.0 * f32_copies
+    }
+}
+
+/// Positions the KV cache holds after a prefill of `prompt` tokens and `max_new_tokens` sampled
+/// ones (the last sampled token is not fed back): the prefill allocates `prompt` rounded up to
+/// [`KV_GROW_BLOCK`], and a full cache doubles (rounded up to the block), as
+/// `conrub_qwen3::cache::append` does.
+pub fn kv_cache_capacity(prompt: usize, max_new_tokens: usize) -> usize {
+    let total = prompt + max_new_tokens.saturating_sub(1);
+    let mut cap = prompt.max(1).next_multiple_of(KV_GROW_BLOCK);
+    while cap < total {
+        cap = (cap + 1).max(2 * cap).next_multiple_of(KV_GROW_BLOCK);
+    }
+    cap
+}
+
+/// What a memory plan is computed from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryPlanInput {
+    /// Model dimensions.
+    pub model: ModelShape,
+    /// Compute precision (`f32` or `bf16-mixed`).
+    pub precision: Precision,
+    /// Whether decoder layers are recomputed in the backward.
+    pub activation_checkpointing: bool,
+    /// `learner.micro_batch_tokens` (padded tokens per micro-batch).
+    pub micro_batch_tokens: usize,
+    /// Tokens per chunk of the LM head (`conrub_kernels::DEFAULT_CHUNK_TOKENS`).
+    pub chunk_tokens: usize,
+    /// `learner.group_size` (responses per prompt).
+    pub group_size: usize,
+    /// `run.prompts_per_step`.
+    pub prompts_per_step: usize,
+    /// `learner.rollout_prompts_per_call` (prompts sampled together).
+    pub rollout_prompts_per_call: usize,
+    /// Longest prompt in tokens.
+    pub max_prompt_tokens: usize,
+    /// `learner.max_response_tokens`.
+    pub max_response_tokens: usize,
+    /// Whether a reference model is kept (`learner.kl_beta != 0`).
+    pub keep_reference: bool,
+    /// Device memory in decimal GB.
+    pub gpu_memory_gb: f64,
+}
+
+impl MemoryPlanInput {
+    /// The defaults of `conrub train` (`LearnerConfig` and `RunConfig` defaults, f32, prompts up to [`DEFAULT_MAX_PROMPT_TOKENS`], a 141 GB device) for `model`.
+    pub fn new(model: ModelShape) -> Self {
+        let learner = crate::LearnerConfig::default();
+        let run = crate::RunConfig::default();
+        Self {
+            model,
+            precision: Precision::F32,
+            activation_checkpointing: learner.activation_checkpointing,
+            micro_batch_tokens: learner.micro_batch_tokens,
+            chunk_tokens: conrub_kernels::DEFAULT_CHUNK_TOKENS,
+            group_size: learner.group_size,
+            prompts_per_step: run.prompts_per_step,
+            rollout_prompts_per_call: learner.rollout_prompts_per_call,
+            max_prompt_tokens: DEFAULT_MAX_PROMPT_TOKENS,
+            max_response_tokens: learner.max_response_tokens,
+            keep_reference: learner.kl_beta != 0.0,
+            gpu_memory_gb: DEFAULT_GPU_MEMORY_GB,
+        }
+    }
+
+    /// Full-length sequence: longest prompt + longest response.
+    pub fn sequence_tokens(&self) -> usize {
+        self.max_prompt_tokens + self.max_response_tokens
+    }
+
+    /// Rows of a step's train batch: prompts per step x group size.
+    pub fn step_rows(&self) -> usize {
+        self.prompts_per_step * self.group_size
+    }
+
+    /// Rows of one sampling call: `min(rollout_prompts_per_call, prompts_per_step) x group_size`.
+    pub fn rollout_rows(&self) -> usize {
+        self.rollout_prompts_per_call.min(self.prompts_per_step).max(1) * self.group_size
+    }
+
+    /// Full-length rows in one micro-batch (at least one; at most the step's rows).
+    pub fn micro_batch_rows(&self) -> usize {
+        let s = self.sequence_tokens().max(1);
+        (self.micro_batch_tokens / s).clamp(1, self.step_rows().max(1))
+    }
+
+    /// Device memory in bytes.
+    pub fn gpu_bytes(&self) -> f64 {
+        self.gpu_memory_gb * GB
+    }
+
+    fn compute_bytes(&self) -> f64 {
+        self.precision.compute_bytes() as f64
+    }
+}
+
+/// When a part is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// For the whole run.
+    Always,
+    /// Through a training step (micro-batches and optimizer step).
+    Training,
+    /// While one micro-batch runs its forward and backward.
+    MicroBatch,
+    /// During the AdamW step (after the micro-batches).
+    OptimizerStep,
+    /// During a rollout call.
+    Rollout,
+}
+
+impl Phase {
+    /// The name printed in the table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Always => "always",
+            Phase::Training => "training",
+            Phase::MicroBatch => "micro-batch",
+            Phase::OptimizerStep => "optimizer step",
+            Phase::Rollout => "rollout",
+        }
+    }
+}
+
+/// One line of the plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Part {
+    /// Key in the JSON output.
+    pub name: &'static str,
+    /// Description in the table.
+    pub label: String,
+    /// When it is allocated.
+    pub phase: Phase,
+    /// Bytes.
+    pub bytes: f64,
+}
+
+/// The predicted memory of a run (see the module docs for the model).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryPlan {
+    /// What it was computed from.
+    pub input: MemoryPlanInput,
+    /// Parameter count.
+    pub parameters: u64,
+    /// Rows of one micro-batch.
+    pub micro_batch_rows: usize,
+    /// Tokens of one micro-batch (rows x sequence tokens).
+    pub micro_batch_tokens_used: usize,
+    /// Rows of one rollout call.
+    pub rollout_rows: usize,
+    /// KV cache positions per row at the end of a full-length rollout.
+    pub kv_cache_capacity: usize,
+    /// The parts; within a phase they add up.
+    pub parts: Vec<Part>,
+    /// `always + training + max(micro-batch, optimizer step)`.
+    pub training_peak: f64,
+    /// `always + rollout`.
+    pub rollout_peak: f64,
+    /// `max(training_peak, rollout_peak)`.
+    pub peak: f64,
+    /// Largest `micro_batch_tokens` (a multiple of [`MICRO_BATCH_STEP`]) whose training peak fits;
+    /// 0 when not even one full-length row does. Capped at the whole step in one micro-batch.
+    pub max_micro_batch_tokens: usize,
+    /// Largest number of full-length rows one rollout call can sample.
+    pub max_rollout_rows: usize,
+}
+
+/// The plan does not fit the device: the message holds the table and what to change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DoesNotFit(pub String);
+
+impl std::fmt::Display for DoesNotFit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DoesNotFit {}
+
+fn part(name: &'static str, label: impl Into<String>, phase: Phase, bytes: f64) -> Part {
+    Part { name, label: label.into(), phase, bytes }
+}
+
+fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
+    let m = &i.model;
+    let c = i.compute_bytes();
+    let p = m.parameters() as f64;
+    let (v, h, l) = (m.vocab_size as f64, m.hidden_size as f64, m.num_hidden_layers as f64);
+    let (nh, nkv, d) = (m.num_attention_heads as f64, m.num_key_value_heads as f64, m.head_dim as f64);
+    let s = i.sequence_tokens() as f64;
+    let n = (i.micro_batch_rows() * i.sequence_tokens()) as f64;
+    let layer = m.layer_activation_bytes(c);
+    let mixed = i.precision == Precision::Bf16Mixed;
+    let mut parts = vec![
+        part("gradients", "gradients (f32)", Phase::Training, 4.0 * p),
+        part(
+            "train_batch",
+            "train batch (ids, mask, old log-probs)",
+            Phase::Training,
+            (i.step_rows() as f64) * s * (TRAIN_BATCH_BYTES_PER_TOKEN + if i.keep_reference { 4.0 } else { 0.0 }),
+        ),
+    ];
+    if mixed {
+        let layer_params = m.layer_parameters() as f64;
+        let (label, bytes) = if i.activation_checkpointing {
+            ("bf16 weight copies (one layer + head)", 2.0 * (layer_params + v * h))
+        } else {
+            ("bf16 weight copies (all layers + head)", 2.0 * (l * layer_params + v * h + h))
+        };
+        parts.push(part("bf16_weight_copies", label, Phase::MicroBatch, bytes));
+    }
+    parts.push(part("layer_inputs", "layer inputs (residual stream, every layer)", Phase::MicroBatch, l * n * h * c));
+    if i.activation_checkpointing {
+        parts.push(part(
+            "layer_activations",
+            "one layer's activations + grads (recompute)",
+            Phase::MicroBatch,
+            n * layer * LAYER_BACKWARD_FACTOR,
+        ));
+    } else {
+        parts.push(part(
+            "layer_activations",
+            "activations of every layer (+ one layer's grads)",
+            Phase::MicroBatch,
+            n * layer * (l + LAYER_BACKWARD_FACTOR - 1.0),
+        ));
+    }
+    let block = (ATTENTION_QUERY_BLOCK as f64).min(s);
+    parts.push(part(
+        "attention_transient",
+        "attention block transient (f32 scores, dk/dv)",
+        Phase::MicroBatch,
+        n * nh * block * 4.0 * ATTENTION_BLOCK_COPIES + 3.0 * n * nkv * d * 4.0,
+    ));
+    parts.push(part(
+        "lm_head_chunk",
+        format!("LM head chunk ({} tokens x vocab, f32)", i.chunk_tokens),
+        Phase::MicroBatch,
+        (i.chunk_tokens as f64).min(n) * v * 4.0 * LM_HEAD_COPIES,
+    ));
+    let norm_f32 = if c < 4.0 { n * h * 4.0 } else { 0.0 } + n * 4.0;
+    parts.push(part("final_hidden", "final hidden states + grad", Phase::MicroBatch, n * h * c * FINAL_HIDDEN_COPIES + norm_f32));
+    parts.push(part(
+        "optimizer_step_transient",
+        "AdamW step transient (largest tensor)",
+        Phase::OptimizerStep,
+        m.largest_tensor() as f64 * 4.0 * OPTIMIZER_STEP_COPIES,
+    ));
+    parts
+}
+
+/// `(kv cache at full length, everything else of the rollout's working set)` for `rows` rows.
+fn rollout_working_set(i: &MemoryPlanInput, rows: usize) -> (f64, f64) {
+    let m = &i.model;
+    let c = i.compute_bytes();
+    let rows = rows as f64;
+    let (v, nh, nkv, d) = (m.vocab_size as f64, m.num_attention_heads as f64, m.num_key_value_heads as f64, m.head_dim as f64);
+    let prompt = i.max_prompt_tokens.max(1);
+    let cap = kv_cache_capacity(prompt, i.max_response_tokens) as f64;
+    let cap_prefill = prompt.next_multiple_of(KV_GROW_BLOCK) as f64;
+    let per_pos = m.kv_bytes_per_position(c);
+    let logits = rows * v * (c + 4.0);
+    // Decode at full length: the whole cache, one layer's K and V buffers copied (growth or
+    // dropping finished rows), the step's f32 scores, the logits and their f32 host copy.
+    let kv_full = rows * cap * per_pos;
+    let decode = rows * (cap * 2.0 * nkv * d * c + nh * cap * 4.0 * DECODE_SCORE_COPIES + m.inference_bytes_per_token(c)) + logits;
+    // Prefill: the prompt-length cache, one layer's activations for every prompt token, the
+    // attention blocks of the prompt, and the last position's logits.
+    let p = prompt as f64;
+    let block = (ATTENTION_QUERY_BLOCK as f64).min(p);
+    let prefill = rows * cap_prefill * per_pos
+        + rows * p * m.inference_bytes_per_token(c)
+        + rows * nh * block * p * 4.0 * ATTENTION_BLOCK_COPIES
+        + logits;
+    (kv_full, (kv_full + decode).max(prefill) - kv_full)
+}
+
+fn always_parts(i: &MemoryPlanInput) -> Vec<Part> {
+    let p = i.model.parameters() as f64;
+    let mut parts = vec![
+        part("weights_f32", "weights (f32 master)", Phase::Always, 4.0 * p),
+        part("adamw_moments", "AdamW moments (f32, 2 per weight)", Phase::Always, 8.0 * p),
+    ];
+    if i.keep_reference {
+        parts.push(part("reference_weights", "reference model (f32, kl_beta > 0)", Phase::Always, 4.0 * p));
+    }
+    parts.push(part("runtime_reserve", "runtime reserve (CUDA context, kernels, slack)", Phase::Always, RUNTIME_RESERVE_BYTES));
+    parts
+}
+
+fn rollout_parts(i: &MemoryPlanInput, rows: usize) -> Vec<Part> {
+    let mut parts = Vec::new();
+    if i.precision == Precision::Bf16Mixed {
+        parts.push(part("rollout_weights_bf16", "rollout weights (bf16 copy)", Phase::Rollout, 2.0 * i.model.parameters() as f64));
+    }
+    let (kv, rest) = rollout_working_set(i, rows);
+    let c = i.precision.compute_bytes();
+    parts.push(part(
+        "kv_cache",
+        format!("rollout KV cache ({rows} rows x {} positions, {})", kv_cache_capacity(i.max_prompt_tokens.max(1), i.max_response_tokens), if c == 2 { "bf16" } else { "f32" }),
+        Phase::Rollout,
+        kv,
+    ));
+    parts.push(part("rollout_transient", "rollout transient (larger of prefill, decode step)", Phase::Rollout, rest));
+    parts
+}
+
+fn sum(parts: &[Part], phase: Phase) -> f64 {
+    parts.iter().filter(|p| p.phase == phase).map(|p| p.bytes).sum()
+}
+
+fn training_peak_of(i: &MemoryPlanInput) -> f64 {
+    let parts: Vec<Part> = always_parts(i).into_iter().chain(training_parts(i)).collect();
+    sum(&parts, Phase::Always) + sum(&parts, Phase::Training) + sum(&parts, Phase::MicroBatch).max(sum(&parts, Phase::OptimizerStep))
+}
+
+fn rollout_peak_of(i: &MemoryPlanInput, rows: usize) -> f64 {
+    let parts: Vec<Part> = always_parts(i).into_iter().chain(rollout_parts(i, rows)).collect();
+    sum(&parts, Phase::Always) + sum(&parts, Phase::Rollout)
+}
+
+/// Largest `k` in `0..=hi` with `ok(k)`, for `ok` monotone (true then false); 0 when none.
+fn largest(hi: usize, ok: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0usize, hi);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if ok(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+impl MemoryPlan {
+    /// Computes the plan.
+    pub fn new(input: MemoryPlanInput) -> Self {
+        let gpu = input.gpu_bytes();
+        let rows = input.rollout_rows();
+        let parts: Vec<Part> = always_parts(&input).into_iter().chain(training_parts(&input)).chain(rollout_parts(&input, rows)).collect();
+        let training_peak = training_peak_of(&input);
+        let rollout_peak = rollout_peak_of(&input, rows);
+        let s = input.sequence_tokens().max(1);
+        let whole_step = (input.step_rows().max(1) * s).next_multiple_of(MICRO_BATCH_STEP) / MICRO_BATCH_STEP;
+        let max_micro_batch_tokens = MICRO_BATCH_STEP
+            * largest(whole_step, |k| k > 0 && training_peak_of(&MemoryPlanInput { micro_batch_tokens: k * MICRO_BATCH_STEP, ..input.clone() }) <= gpu);
+        let max_rollout_rows = largest(1 << 24, |r| r == 0 || rollout_peak_of(&input, r) <= gpu);
+        Self {
+            parameters: input.model.parameters(),
+            micro_batch_rows: input.micro_batch_rows(),
+            micro_batch_tokens_used: input.micro_batch_rows() * input.sequence_tokens(),
+            rollout_rows: rows,
+            kv_cache_capacity: kv_cache_capacity(input.max_prompt_tokens.max(1), input.max_response_tokens),
+            parts,
+            training_peak,
+            rollout_peak,
+            peak: training_peak.max(rollout_peak),
+            max_micro_batch_tokens,
+            max_rollout_rows,
+            input,
+        }
+    }
+
+    /// Whether the training step fits the device.
+    pub fn training_fits(&self) -> bool {
+        self.training_peak <= self.input.gpu_bytes()
+    }
+
+    /// Whether a rollout call fits the device.
+    pub fn rollout_fits(&self) -> bool {
+        self.rollout_peak <= self.input.gpu_bytes()
+    }
+
+    /// Whether the whole run fits the device.
+    pub fn fits(&self) -> bool {
+        self.peak <= self.input.gpu_bytes()
+    }
+
+    /// Largest `rollout_prompts_per_call` whose rollout fits (0 when not even one prompt's group).
+    pub fn max_rollout_prompts_per_call(&self) -> usize {
+        self.max_rollout_rows / self.input.group_size.max(1)
+    }
+
+    /// `Ok` when the plan fits `gpu_bytes` of device memory (recomputed for that size when it
+    /// differs from the input's); otherwise the table and the settings that would fit. For
+    /// `conrub train` to call before the first step.
+    pub fn check(&self, gpu_bytes: u64) -> Result<(), DoesNotFit> {
+        let gb = gpu_bytes as f64 / GB;
+        let plan = if (gb - self.input.gpu_memory_gb).abs() > 1e-9 {
+            MemoryPlan::new(MemoryPlanInput { gpu_memory_gb: gb, ..self.input.clone() })
+        } else {
+            self.clone()
+        };
+        if plan.fits() {
+            return Ok(());
+        }
+        let mut msg = format!("the memory plan predicts a peak of {:.1} GB on a {:.1} GB device:\n{}", plan.peak / GB, gb, plan.table());
+        msg.push_str(&plan.advice());
+        Err(DoesNotFit(msg))
+    }
+
+    /// What to change so that the run fits (empty when it fits).
+    pub fn advice(&self) -> String {
+        let mut out = String::new();
+        if !self.training_fits() {
+            if self.max_micro_batch_tokens > 0 {
+                let _ = writeln!(out, "set learner.micro_batch_tokens <= {} (now {})", self.max_micro_batch_tokens, self.input.micro_batch_tokens);
+            } else {
+                let mut options = Vec::new();
+                if self.input.precision == Precision::F32 {
+                    options.push("precision = \"bf16-mixed\"");
+                }
+                if !self.input.activation_checkpointing {
+                    options.push("learner.activation_checkpointing = true");
+                }
+                options.extend(["shorter sequences (learner.max_response_tokens)", "a larger device"]);
+                let _ = writeln!(
+                    out,
+                    "not even one full-length row ({} tokens) fits a training micro-batch: use {}",
+                    self.input.sequence_tokens(),
+                    options.join(", ")
+                );
+            }
+        }
+        if !self.rollout_fits() {
+            let per_call = self.max_rollout_prompts_per_call();
+            if per_call > 0 {
+                let _ = writeln!(
+                    out,
+                    "set learner.rollout_prompts_per_call <= {per_call} (now {}: {} rows; at most {} full-length rows fit)",
+                    self.input.rollout_prompts_per_call, self.rollout_rows, self.max_rollout_rows
+                );
+            } else {
+                let _ = writeln!(out, "not even one group of {} full-length rows fits a rollout call (at most {} rows)", self.input.group_size, self.max_rollout_rows);
+            }
+        }
+        out
+    }
+
+    /// The human-readable table: parts in GB with their phase, the peaks, the fit, and the
+    /// largest micro-batch and rollout call.
+    pub fn table(&self) -> String {
+        let gb = |b: f64| format!("{:>9.2}", b / GB);
+        let mut out = String::new();
+        let _ = writeln!(out, "{:<52} {:<15} {:>9}", "part", "phase", "GB");
+        for p in &self.parts {
+            let _ = writeln!(out, "{:<52} {:<15} {}", p.label, p.phase.as_str(), gb(p.bytes));
+        }
+        let _ = writeln!(out, "{:<52} {:<15} {}", "training peak", "always+training", gb(self.training_peak));
+        let _ = writeln!(out, "{:<52} {:<15} {}", "rollout peak", "always+rollout", gb(self.rollout_peak));
+        let _ = writeln!(out, "{:<52} {:<15} {}", "peak", "", gb(self.peak));
+        let _ = writeln!(out, "{:<52} {:<15} {}", "GPU memory", "", gb(self.input.gpu_bytes()));
+        let verdict = match (self.training_fits(), self.rollout_fits()) {
+            (true, true) => "yes".to_string(),
+            (false, true) => "no (training)".to_string(),
+            (true, false) => "no (rollout)".to_string(),
+            (false, false) => "no (training and rollout)".to_string(),
+        };
+        let _ = writeln!(out, "{:<52} {:<15} {:>9}", "fits", "", verdict);
+        let _ = writeln!(out, "{:<52} {:<15} {:>9}", "max_micro_batch_tokens", "", self.max_micro_batch_tokens);
+        let _ = writeln!(
+            out,
+            "{:<52} {:<15} {:>9}",
+            format!("max_rollout_rows ({} prompts x {} per call)", self.max_rollout_prompts_per_call(), self.input.group_size),
+            "",
+            self.max_rollout_rows
+        );
+        out
+    }
+
+    /// One JSON object: `fits`, the peaks and `parts` in GB, the maxima, and the inputs.
+    pub fn to_json(&self) -> serde_json::Value {
+        let gb = |b: f64| (b / GB * 1000.0).round() / 1000.0;
+        let parts: serde_json::Map<String, serde_json::Value> = self.parts.iter().map(|p| (p.name.to_string(), gb(p.bytes).into())).collect();
+        let phases: serde_json::Map<String, serde_json::Value> = self.parts.iter().map(|p| (p.name.to_string(), p.phase.as_str().into())).collect();
+        serde_json::json!({
+            "fits": self.fits(),
+            "training_fits": self.training_fits(),
+            "rollout_fits": self.rollout_fits(),
+            "peak_gb": gb(self.peak),
+            "training_peak_gb": gb(self.training_peak),
+            "rollout_peak_gb": gb(self.rollout_peak),
+            "gpu_memory_gb": self.input.gpu_memory_gb,
+            "parts": parts,
+            "part_phases": phases,
+            "max_micro_batch_tokens": self.max_micro_batch_tokens,
+            "max_rollout_rows": self.max_rollout_rows,
+            "max_rollout_prompts_per_call": self.max_rollout_prompts_per_call(),
+            "parameters": self.parameters,
+            "micro_batch_rows": self.micro_batch_rows,
+            "micro_batch_tokens_used": self.micro_batch_tokens_used,
+            "rollout_rows": self.rollout_rows,
+            "sequence_tokens": self.input.sequence_tokens(),
+            "kv_cache_capacity": self.kv_cache_capacity,
+            "inputs": &self.input,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(id: &str) -> ModelShape {
+        ModelShape::known(id).unwrap()
+    }
+
+    fn published(precision: Precision, checkpointing: bool, micro: usize) -> MemoryPlanInput {
+        MemoryPlanInput {
+            precision,
+            activation_checkpointing: checkpointing,
+            micro_batch_tokens: micro,
+            ..MemoryPlanInput::new(shape("Qwen/Qwen3-4B-Instruct-2507"))
+        }
+    }
+
+    #[test]
+    fn parameter_counts_match_the_released_models() {
+        assert_eq!(shape("Qwen/Qwen3-0.6B").parameters(), 596_049_920);
+        assert_eq!(ModelShape::from_config(&Qwen3Config::qwen3_0_6b()).parameters(), 596_049_920);
+        assert_eq!(shape("Qwen/Qwen3-4B").parameters(), 4_022_468_096);
+        assert_eq!(shape("Qwen/Qwen3-4B-Instruct-2507"), shape("qwen/qwen3-4b"));
+        assert_eq!(shape("Qwen/Qwen3-1.7B").parameters(), 1_720_574_976);
+        assert_eq!(shape("Qwen/Qwen3-8B").parameters(), 8_190_735_360);
+        assert_eq!(shape("Qwen/Qwen3-14B").parameters(), 14_768_307_200);
+        assert_eq!(shape("Qwen/Qwen3-32B").parameters(), 32_762_123_264);
+        assert!(ModelShape::known("Qwen/Qwen2.5-7B").is_none());
+    }
+
+    #[test]
+    fn kv_capacity_follows_the_doubling_growth() {
+        assert_eq!(kv_cache_capacity(1024, 8192), 16384);
+        assert_eq!(kv_cache_capacity(1024, 1), 1024);
+        assert_eq!(kv_cache_capacity(1000, 25), 1024);
+        assert_eq!(kv_cache_capacity(1000, 26), 2048);
+        assert_eq!(kv_cache_capacity(100, 0), 256);
+    }
+
+    #[test]
+    fn parts_add_up_to_the_peaks() {
+        let plan = MemoryPlan::new(published(Precision::Bf16Mixed, true, 65536));
+        let s = |ph: Phase| plan.parts.iter().filter(|p| p.phase == ph).map(|p| p.bytes).sum::<f64>();
+        let training = s(Phase::Always) + s(Phase::Training) + s(Phase::MicroBatch).max(s(Phase::OptimizerStep));
+        assert!((plan.training_peak - training).abs() < 1.0);
+        assert!((plan.rollout_peak - s(Phase::Always) - s(Phase::Rollout)).abs() < 1.0);
+        assert_eq!(plan.peak, plan.training_peak.max(plan.rollout_peak));
+        let p = plan.parameters as f64;
+        let get = |name: &str| plan.parts.iter().find(|x| x.name == name).unwrap().bytes;
+        assert_eq!(get("weights_f32"), 4.0 * p);
+        assert_eq!(get("gradients"), 4.0 * p);
+        assert_eq!(get("adamw_moments"), 8.0 * p);
+        assert_eq!(get("rollout_weights_bf16"), 2.0 * p);
+        // 7 full-length rows of 1,024 + 8,192 tokens in a 65,536-token budget.
+        assert_eq!(plan.micro_batch_rows, 7);
+        assert_eq!(plan.micro_batch_tokens_used, 7 * 9216);
+    }
+
+    #[test]
+    fn acceptance_targets_for_qwen3_4b() {
+        let mixed = MemoryPlan::new(published(Precision::Bf16Mixed, true, 16384));
+        assert!(mixed.training_fits(), "{}", mixed.table());
+        assert!(mixed.max_micro_batch_tokens >= 16384, "{}", mixed.table());
+        let f32_plain = MemoryPlan::new(published(Precision::F32, false, 65536));
+        assert!(!f32_plain.training_fits() && !f32_plain.fits(), "{}", f32_plain.table());
+        assert!(f32_plain.check(141_000_000_000).is_err());
+    }
+
+    #[test]
+    fn checkpointing_and_bf16_reduce_activations() {
+        let act = |i: MemoryPlanInput| {
+            let plan = MemoryPlan::new(i);
+            plan.parts.iter().filter(|p| p.phase == Phase::MicroBatch).map(|p| p.bytes).sum::<f64>()
+        };
+        for precision in [Precision::F32, Precision::Bf16Mixed] {
+            let with = act(published(precision, true, 65536));
+            let without = act(published(precision, false, 65536));
+            assert!(with * 5.0 < without, "{precision}: {with} vs {without}");
+        }
+        let f32_layer = shape("Qwen/Qwen3-4B").layer_activation_bytes(4.0);
+        let bf16_layer = shape("Qwen/Qwen3-4B").layer_activation_bytes(2.0);
+        assert!(bf16_layer < f32_layer);
+        assert!(act(published(Precision::Bf16Mixed, false, 65536)) < act(published(Precision::F32, false, 65536)));
+    }
+
+    #[test]
+    fn peaks_grow_with_the_settings() {
+        let mut last = 0.0;
+        for micro in [9216, 18432, 36864, 73728, 147456] {
+            let plan = MemoryPlan::new(published(Precision::Bf16Mixed, true, micro));
+            assert!(plan.training_peak > last);
+            last = plan.training_peak;
+        }
+        let mut last = 0.0;
+        for prompts in [1, 2, 4, 8, 16] {
+            let plan = MemoryPlan::new(MemoryPlanInput { rollout_prompts_per_call: prompts, ..published(Precision::Bf16Mixed, true, 16384) });
+            assert!(plan.rollout_peak > last);
+            last = plan.rollout_peak;
+        }
+        let small = MemoryPlan::new(MemoryPlanInput { max_response_tokens: 1024, ..published(Precision::Bf16Mixed, true, 16384) });
+        let large = MemoryPlan::new(published(Precision::Bf16Mixed, true, 16384));
+        assert!(small.rollout_peak < large.rollout_peak && small.max_rollout_rows > large.max_rollout_rows);
+        let big_gpu = MemoryPlan::new(MemoryPlanInput { gpu_memory_gb: 282.0, ..published(Precision::Bf16Mixed, true, 16384) });
+        assert!(big_gpu.max_micro_batch_tokens > large.max_micro_batch_tokens && big_gpu.max_rollout_rows > large.max_rollout_rows);
+    }
+
+    #[test]
+    fn maxima_are_the_boundaries() {
+        let input = published(Precision::Bf16Mixed, true, 16384);
+        let plan = MemoryPlan::new(input.clone());
+        let gpu = input.gpu_bytes();
+        let at = |tokens: usize| training_peak_of(&MemoryPlanInput { micro_batch_tokens: tokens, ..input.clone() });
+        assert!(at(plan.max_micro_batch_tokens) <= gpu);
+        assert!(at(plan.max_micro_batch_tokens + MICRO_BATCH_STEP) > gpu);
+        assert!(rollout_peak_of(&input, plan.max_rollout_rows) <= gpu);
+        assert!(rollout_peak_of(&input, plan.max_rollout_rows + 1) > gpu);
+        let fitting = MemoryPlan::new(MemoryPlanInput {
+            micro_batch_tokens: plan.max_micro_batch_tokens,
+            rollout_prompts_per_call: plan.max_rollout_prompts_per_call(),
+            ..input
+        });
+        assert!(fitting.fits(), "{}", fitting.table());
+        assert!(fitting.check(141_000_000_000).is_ok());
+        assert!(fitting.advice().is_empty());
+    }
+
+    #[test]
+    fn a_plan_that_fits_nothing_says_so() {
+        let plan = MemoryPlan::new(MemoryPlanInput { gpu_memory_gb: 8.0, ..published(Precision::F32, false, 65536) });
+        assert_eq!(plan.max_micro_batch_tokens, 0);
+        assert_eq!(plan.max_rollout_rows, 0);
+        let err = plan.check(8_000_000_000).unwrap_err().to_string();
+        assert!(err.contains("not even one full-length row") && err.contains("rollout call"), "{err}");
+        assert!(err.contains("bf16-mixed") && err.contains("activation_checkpointing = true"), "{err}");
+        let mixed = MemoryPlan::new(MemoryPlanInput { gpu_memory_gb: 8.0, ..published(Precision::Bf16Mixed, true, 65536) });
+        let err = mixed.check(8_000_000_000).unwrap_err().to_string();
+        assert!(!err.contains("bf16-mixed\"") && !err.contains("activation_checkpointing"), "{err}");
+        // A tiny model fits a small device and the whole step in one micro-batch.
+        let tiny = MemoryPlan::new(MemoryPlanInput {
+            model: ModelShape::from_config(&Qwen3Config::tiny(151_936)),
+            gpu_memory_gb: 80.0,
+            max_response_tokens: 256,
+            ..MemoryPlanInput::new(shape("Qwen/Qwen3-0.6B"))
+        });
+        assert!(tiny.fits(), "{}", tiny.table());
+        assert_eq!(tiny.max_micro_batch_tokens, (tiny.input.step_rows() * 1280).next_multiple_of(1024));
+    }
+
+    #[test]
+    fn json_has_the_documented_keys() {
+        let v = MemoryPlan::new(published(Precision::Bf16Mixed, true, 65536)).to_json();
+        for key in ["fits", "peak_gb", "parts", "max_micro_batch_tokens", "max_rollout_rows", "inputs"] {
+            assert!(v.get(key).is_some(), "{key}");
+        }
+        assert_eq!(v["inputs"]["precision"], "bf16-mixed");
+        assert_eq!(v["inputs"]["model"]["hidden_size"], 2560);
+        assert!(v["parts"]["kv_cache"].as_f64().unwrap() > 0.0);
+    }
+}

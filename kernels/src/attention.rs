@@ -1,0 +1,209 @@
+//! Fused causal attention: the public entry point and the portable block-wise implementation.
+//!
+//! The fallback works on blocks of [`QUERY_BLOCK`] query rows: a block's scores are formed only
+//! against the keys it can see (causality cuts the key range at the block's last row), turned into
+//! probabilities in f32, used, and dropped. Nothing of size `t x s` outlives a block, so the
+//! forward keeps `out` and `lse` only, and the backward rebuilds each block's probabilities from
+//! `lse` (FlashAttention-2's recomputation at block granularity). Grouped-query attention folds
+//! the query heads of one key/value head into the rows of one matrix product, so K and V are never
+//! repeated.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor};
+
+use crate::{float, GrpoOps};
+
+/// Query rows per block of the portable implementation. 256 rows of scores against 8k keys for 32
+/// heads are 268 MB in f32, against 8.6 GB for the whole `[heads, 8k, 8k]` matrix.
+pub const QUERY_BLOCK: usize = 256;
+
+/// The `lse` of a query row that sees no key (a padding row): finite, so nothing downstream
+/// turns into NaN.
+pub const ATTENTION_MASKED_LSE: f32 = -1.0e30;
+
+/// Where the queries sit among the keys, and the score scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionLayout {
+    /// Keys before the first query (a KV cache's length; 0 in training, where `s == t`).
+    pub past: usize,
+    /// Multiplier of `q · k` (Qwen3: `1 / sqrt(head_dim)`).
+    pub scale: f64,
+}
+
+fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+/// Causal attention with a key-padding mask: `softmax(scale · q kᵀ + mask) v` per head.
+///
+/// # Shapes
+/// - `q`: `[batch, heads, t, head_dim]`; `k`, `v`: `[batch, kv_heads, s, head_dim]` with
+///   `heads % kv_heads == 0` and `s >= t`;
+/// - `key_valid`: `[batch, s]`, 1 for keys that may be attended and 0 for padding (any float
+///   dtype; converted to f32);
+/// - output: `[batch, heads, t, head_dim]` in `q`'s dtype.
+///
+/// Query row `i` sees the valid keys `0..=layout.past + i`. A row that sees none outputs zeros.
+/// Under `Autodiff` the output is differentiable with respect to `q`, `k` and `v`.
+pub fn causal_attention<B: GrpoOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    key_valid: Tensor<B, 2>,
+    layout: AttentionLayout,
+) -> Tensor<B, 4> {
+    let [b, nh, t, d] = q.dims();
+    let [bk, nkv, s, dk] = k.dims();
+    assert!(bk == b && dk == d && v.dims() == k.dims(), "causal_attention: q {:?}, k {:?}, v {:?}", q.dims(), k.dims(), v.dims());
+    assert!(nkv > 0 && nh % nkv == 0, "causal_attention: {nh} query heads are not a multiple of {nkv} key/value heads");
+    assert!(s >= t && layout.past + t <= s, "causal_attention: {t} queries after {} past keys need at least that many keys, got {s}", layout.past);
+    assert_eq!(key_valid.dims(), [b, s], "causal_attention: key_valid must be [batch, keys]");
+    let key_valid = key_valid.cast(DType::F32);
+    float(B::causal_attention(prim(q), prim(k), prim(v), prim(key_valid), layout))
+}
+
+/// `[b, 1, 1, rows, keys]` additive f32 bias (0 visible, -1e30 hidden) and `[b, 1, rows]` 0/1 row
+/// validity for query rows `i0..i1` against keys `0..s_end`.
+fn block_mask<B: Backend>(
+    key_valid: &Tensor<B, 2>,
+    i0: usize,
+    i1: usize,
+    s_end: usize,
+    past: usize,
+) -> (Tensor<B, 5>, Tensor<B, 3>) {
+    let [b, _] = key_valid.dims();
+    let device = key_valid.device();
+    let rows = i1 - i0;
+    // causal[r, j] = 1 when key j <= past + i0 + r.
+    let qpos = Tensor::<B, 1, burn::tensor::Int>::arange((past + i0) as i64..(past + i1) as i64, &device).reshape([rows, 1]);
+    let kpos = Tensor::<B, 1, burn::tensor::Int>::arange(0..s_end as i64, &device).reshape([1, s_end]);
+    let causal = kpos.lower_equal(qpos).float().cast(DType::F32);
+    let kv = key_valid.clone().slice([0..b, 0..s_end]).reshape([b, 1, s_end]);
+    let visible = causal.unsqueeze_dim::<3>(0) * kv; // [b, rows, s_end]
+    let row_valid = visible.clone().max_dim(2).reshape([b, 1, rows]);
+    let bias = (visible - 1.0).mul_scalar(1.0e30).reshape([b, 1, 1, rows, s_end]);
+    (bias, row_valid)
+}
+
+/// Scaled, masked f32 scores of one query block: `[b, kv, group, rows, s_end]`.
+fn block_scores<B: Backend>(
+    qb: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    bias: &Tensor<B, 5>,
+    group: usize,
+    scale: f64,
+) -> Tensor<B, 5> {
+    let [b, nh, rows, d] = qb.dims();
+    let [_, nkv, s_end, _] = k.dims();
+    let _ = nh;
+    let qf = qb.clone().reshape([b, nkv, group * rows, d]);
+    let scores = qf.matmul(k.clone().swap_dims(2, 3)).cast(DType::F32).mul_scalar(scale);
+    scores.reshape([b, nkv, group, rows, s_end]) + bias.clone()
+}
+
+/// The block-wise forward (see the module docs).
+pub fn fallback_forward<B: GrpoOps>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    key_valid: FloatTensor<B>,
+    layout: AttentionLayout,
+) -> [FloatTensor<B>; 2] {
+    let q: Tensor<B, 4> = float(q);
+    let k: Tensor<B, 4> = float(k);
+    let v: Tensor<B, 4> = float(v);
+    let key_valid: Tensor<B, 2> = float::<B, 2>(key_valid).cast(DType::F32);
+    let [b, nh, t, d] = q.dims();
+    let [_, nkv, _, _] = k.dims();
+    let group = nh / nkv;
+    let dtype = q.dtype();
+    let mut outs = Vec::new();
+    let mut lses = Vec::new();
+    for i0 in (0..t).step_by(QUERY_BLOCK) {
+        let i1 = (i0 + QUERY_BLOCK).min(t);
+        let rows = i1 - i0;
+        let s_end = layout.past + i1;
+        let (bias, row_valid) = block_mask(&key_valid, i0, i1, s_end, layout.past);
+        let kb = k.clone().slice([0..b, 0..nkv, 0..s_end, 0..d]);
+        let vb = v.clone().slice([0..b, 0..nkv, 0..s_end, 0..d]);
+        let qb = q.clone().slice([0..b, 0..nh, i0..i1, 0..d]);
+        let scores = block_scores(&qb, &kb, &bias, group, layout.scale);
+        let m = scores.clone().max_dim(4);
+        let e = (scores - m.clone()).exp();
+        let l = e.clone().sum_dim(4);
+        // Rows that see no key: probabilities 0, lse the masked sentinel.
+        let rv = row_valid.reshape([b, 1, 1, rows, 1]);
+        let p = (e / l.clone()) * rv.clone();
+        let lse = (m + l.log()) * rv.clone() + (rv.neg() + 1.0).mul_scalar(ATTENTION_MASKED_LSE as f64);
+        let out = p.cast(dtype).reshape([b, nkv, group * rows, s_end]).matmul(vb).reshape([b, nh, rows, d]);
+        outs.push(out);
+        lses.push(lse.reshape([b, nh, rows]));
+    }
+    [prim(Tensor::cat(outs, 2)), prim(Tensor::cat(lses, 2))]
+}
+
+/// The block-wise backward: per block, `p = exp(s - lse)`, `dv += pᵀ do`, `ds = p (do vᵀ - D)` with
+/// `D = rowsum(do * out)`, `dq = scale ds k`, `dk += scale dsᵀ q`; dk and dv accumulate in f32.
+#[allow(clippy::too_many_arguments)]
+pub fn fallback_backward<B: GrpoOps>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    key_valid: FloatTensor<B>,
+    out: FloatTensor<B>,
+    lse: FloatTensor<B>,
+    d_out: FloatTensor<B>,
+    layout: AttentionLayout,
+) -> [FloatTensor<B>; 3] {
+    let q: Tensor<B, 4> = float(q);
+    let k: Tensor<B, 4> = float(k);
+    let v: Tensor<B, 4> = float(v);
+    let key_valid: Tensor<B, 2> = float::<B, 2>(key_valid).cast(DType::F32);
+    let out: Tensor<B, 4> = float(out);
+    let lse: Tensor<B, 3> = float::<B, 3>(lse).cast(DType::F32);
+    let d_out: Tensor<B, 4> = float(d_out);
+    let [b, nh, t, d] = q.dims();
+    let [_, nkv, s, _] = k.dims();
+    let group = nh / nkv;
+    let dtype = q.dtype();
+    let device = q.device();
+    let delta = (d_out.clone().cast(DType::F32) * out.cast(DType::F32)).sum_dim(3); // [b, nh, t, 1]
+    let mut dk = Tensor::<B, 4>::zeros([b, nkv, s, d], &device).cast(DType::F32);
+    let mut dv = dk.clone();
+    let mut dqs = Vec::new();
+    for i0 in (0..t).step_by(QUERY_BLOCK) {
+        let i1 = (i0 + QUERY_BLOCK).min(t);
+        let rows = i1 - i0;
+        let s_end = layout.past + i1;
+        let (bias, row_valid) = block_mask(&key_valid, i0, i1, s_end, layout.past);
+        let kb = k.clone().slice([0..b, 0..nkv, 0..s_end, 0..d]);
+        let vb = v.clone().slice([0..b, 0..nkv, 0..s_end, 0..d]);
+        let qb = q.clone().slice([0..b, 0..nh, i0..i1, 0..d]);
+        let dob = d_out.clone().slice([0..b, 0..nh, i0..i1, 0..d]);
+        let scores = block_scores(&qb, &kb, &bias, group, layout.scale);
+        let lb = lse.clone().slice([0..b, 0..nh, i0..i1]).reshape([b, nkv, group, rows, 1]);
+        let rv = row_valid.reshape([b, 1, 1, rows, 1]);
+        let p = (scores - lb).exp() * rv; // [b, kv, g, rows, s_end], f32
+        let p2 = p.clone().reshape([b, nkv, group * rows, s_end]);
+        let do2 = dob.reshape([b, nkv, group * rows, d]);
+        // dv[:s_end] += pᵀ do (the GQA sum over the group is the sum over the folded rows).
+        let dv_part = p2.clone().cast(dtype).swap_dims(2, 3).matmul(do2.clone()).cast(DType::F32);
+        let dp = do2.matmul(vb.swap_dims(2, 3)).cast(DType::F32).reshape([b, nkv, group, rows, s_end]);
+        let db = delta.clone().slice([0..b, 0..nh, i0..i1, 0..1]).reshape([b, nkv, group, rows, 1]);
+        let ds = (p * (dp - db)).mul_scalar(layout.scale).reshape([b, nkv, group * rows, s_end]).cast(dtype);
+        dqs.push(ds.clone().matmul(kb).reshape([b, nh, rows, d]));
+        let qf = qb.reshape([b, nkv, group * rows, d]);
+        let dk_part = ds.swap_dims(2, 3).matmul(qf).cast(DType::F32);
+        let range = [0..b, 0..nkv, 0..s_end, 0..d];
+        if s_end == s {
+            dk = dk + dk_part;
+            dv = dv + dv_part;
+        } else {
+            dk = dk.clone().slice_assign(range.clone(), dk.slice(range.clone()) + dk_part);
+            dv = dv.clone().slice_assign(range.clone(), dv.slice(range) + dv_part);
+        }
+    }
+    let dq = Tensor::cat(dqs, 2).cast(dtype);
+    [prim(dq), prim(dk.cast(dtype)), prim(dv.cast(dtype))]
+}
