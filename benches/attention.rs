@@ -12,90 +12,18 @@
 //! `CONRUB_BENCH_ITERS` timed updates, default 1 after one warm-up).
 
 use std::process::Command;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
-
-use burn::backend::{Autodiff, Flex};
-use burn::tensor::{Tensor, TensorData};
-use conrub_grpo::memory::{MemoryPlan, MemoryPlanInput, ModelShape, Phase};
-use conrub_grpo::{Policy, TokenBatch, Update, UpdateConfig};
-use conrub_qwen3::{AttentionImpl, Execution, Qwen3Config, Qwen3ForCausalLM};
 
 #[path = "common/peak.rs"]
 mod peak;
-use peak::{CURRENT, PEAK};
 
-type A = Autodiff<Flex>;
-const MODES: [&str; 3] = ["naive", "fused", "fused+ckpt"];
-
-/// Qwen3-0.6B's head geometry (16 query heads, 8 KV heads, head_dim 128) on a narrow, 2-layer
-/// body with a small vocabulary, so attention is what grows with T.
-fn config() -> Qwen3Config {
-    let mut c = Qwen3Config::tiny(4096);
-    c.hidden_size = 256;
-    c.intermediate_size = 768;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 16;
-    c.num_key_value_heads = Some(8);
-    c.head_dim = Some(128);
-    c
-}
-
-fn exec(mode: &str) -> Execution {
-    match mode {
-        "naive" => Execution { attention: AttentionImpl::Naive, ..Default::default() },
-        "fused" => Execution { attention: AttentionImpl::Fused, ..Default::default() },
-        _ => Execution { attention: AttentionImpl::Fused, activation_checkpointing: true, ..Default::default() },
-    }
-}
+#[path = "common/attention_update.rs"]
+mod attention_update;
+use attention_update::{config, measure, predicted, MODES};
 
 fn child(mode: &str, t: usize) {
-    let dev = Default::default();
     let iters: usize = std::env::var("CONRUB_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let mut policy = Qwen3ForCausalLM::<A>::random(&config(), 0.02, 0, &dev).with_execution(exec(mode));
-    let prompt: Vec<u32> = (0..16).map(|i| (i * 131 % 4096) as u32).collect();
-    let response: Vec<u32> = (0..t - 16).map(|i| ((i * 7919 + 3) % 4096) as u32).collect();
-    let tf = TokenBatch::<A>::new(std::iter::once((prompt.as_slice(), response.as_slice())), &dev);
-    let mut update = Update::<A, Qwen3ForCausalLM<A>>::new(UpdateConfig { lr: 3e-6, weight_decay: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8, max_grad_norm: 1.0 });
-    let weight = Tensor::<A, 2>::from_data(TensorData::new(vec![-1.0f32 / (t - 16) as f32; t - 16], [1, t - 16]), &dev);
-    let mut step = |policy: Qwen3ForCausalLM<A>| {
-        let start = Instant::now();
-        let grads = policy.loss_gradients(&tf, &mut |lp| (lp.logprobs * weight.clone()).sum());
-        let (next, norm) = update.apply(policy, grads);
-        let _ = norm.into_scalar();
-        (next, start.elapsed().as_secs_f64())
-    };
-    // Warm-up: also allocates the AdamW moments, which then belong to the baseline.
-    policy = step(policy).0;
-    let base = CURRENT.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
-    let mut times = Vec::new();
-    for _ in 0..iters.max(1) {
-        let (next, secs) = step(policy);
-        policy = next;
-        times.push(secs);
-    }
-    times.sort_by(f64::total_cmp);
-    println!("RESULT {} {}", times[times.len() / 2], PEAK.load(Ordering::Relaxed).saturating_sub(base));
-}
-
-/// `conrub plan`'s prediction of the same peak (what a training step allocates beyond the weights
-/// and the AdamW moments: gradients, then the larger of a micro-batch and the optimizer step).
-fn predicted(mode: &str, t: usize) -> Option<f64> {
-    if mode == "naive" {
-        return None; // the plan models the fused attention only
-    }
-    let mut input = MemoryPlanInput::new(ModelShape::from_config(&config()));
-    input.activation_checkpointing = mode == "fused+ckpt";
-    input.micro_batch_tokens = t;
-    input.max_prompt_tokens = 16;
-    input.max_response_tokens = t - 16;
-    input.group_size = 1;
-    input.prompts_per_step = 1;
-    input.rollout_prompts_per_call = 1;
-    let plan = MemoryPlan::new(input);
-    let sum = |p: Phase| plan.parts.iter().filter(|x| x.phase == p).map(|x| x.bytes).sum::<f64>();
-    Some(sum(Phase::Training) + sum(Phase::MicroBatch).max(sum(Phase::OptimizerStep)))
+    let (secs, peak) = measure(mode, t, iters);
+    println!("RESULT {secs} {peak}");
 }
 
 fn run_child(mode: &str, t: usize) -> Result<(f64, u64), String> {

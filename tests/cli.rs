@@ -95,6 +95,11 @@ fn logprobs_json_matches_transformers() {
     for (g, e) in got.iter().zip(&expected) {
         assert!((g.as_f64().unwrap() - e).abs() < 1e-4, "{g} vs {e}");
     }
+    // `--precision bf16-mixed`: bf16 activations move the log-probs, within bf16's resolution.
+    let mixed = json_ok(&["logprobs", "--model", testdata(name).to_str().unwrap(), "--ids", &ids_arg(seq), "--json", "--precision", "bf16-mixed"]);
+    let mixed = mixed["token_logprobs"].as_array().unwrap();
+    let worst = mixed.iter().zip(&expected).map(|(g, e)| (g.as_f64().unwrap() - e).abs()).fold(0.0, f64::max);
+    assert!(worst > 0.0 && worst < 0.1, "bf16-mixed log-probs differ by {worst}");
 }
 
 #[test]
@@ -128,6 +133,8 @@ fn bad_input_gives_clear_errors() {
     assert!(err.contains("tokenizer.json") && err.contains("--ids"), "{err}");
     let err = stderr_of_failure(&["generate", "--model", m, "--ids", "1", "--top-p", "1.5"]);
     assert!(err.contains("top_p"), "{err}");
+    let err = stderr_of_failure(&["logprobs", "--model", m, "--ids", "1", "--precision", "fp8"]);
+    assert!(err.contains("`fp8` is not a precision (allowed: f32, bf16-mixed)"), "{err}");
     let err = stderr_of_failure(&["logprobs", "--model", m, "--ids", "1", "--device", "tpu"]);
     assert!(err.contains("unknown device `tpu`"), "{err}");
     #[cfg(not(feature = "cuda"))]

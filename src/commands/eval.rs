@@ -56,6 +56,9 @@ pub struct RubricArgs {
     /// Device.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
+    #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
+    pub precision: conrub_qwen3::Precision,
     /// Grade only the points rubric, not our three-state score.
     #[arg(long)]
     pub skip_three_state: bool,
@@ -142,7 +145,7 @@ impl BackendTask for RubricArgs {
         }
         // The grader config is read before the model loads, so a bad config fails fast.
         let grader = crate::commands::judging::load_config(&self.grader)?;
-        let qwen = Qwen3::<B>::load(&self.model, &device)?;
+        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(crate::backend::inference_execution(self.precision));
         let tok = qwen.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json", qwen.dir.display()))?;
         let greedy = self.samples <= 1;
         let cfg = SamplingConfig { max_new_tokens: self.max_new_tokens, greedy, seed: self.seed, stop_ids: qwen.stop_ids(), ..Default::default() };
@@ -328,6 +331,9 @@ pub struct McqArgs {
     /// Device.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
+    #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
+    pub precision: conrub_qwen3::Precision,
 }
 
 /// Runs an `eval` subcommand.
@@ -369,7 +375,7 @@ impl BackendTask for McqArgs {
         if items.is_empty() {
             bail!("{}: no questions", self.data.display());
         }
-        let qwen = Qwen3::<B>::load(&self.model, &device)?;
+        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(crate::backend::inference_execution(self.precision));
         let tok = qwen.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json", qwen.dir.display()))?;
         let cfg = SamplingConfig { max_new_tokens: self.max_new_tokens, greedy: true, stop_ids: qwen.stop_ids(), ..Default::default() };
         let start = Instant::now();

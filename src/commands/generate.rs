@@ -56,6 +56,9 @@ pub struct GenerateArgs {
     /// Device: cpu (default), ndarray, flex, wgpu[:N], cuda[:N], tch[:cpu|:cuda:N].
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
+    #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
+    pub precision: conrub_qwen3::Precision,
     /// Print one JSON object: new_tokens, text, token_logprobs, finish_reason.
     #[arg(long)]
     pub json: bool,
@@ -63,7 +66,7 @@ pub struct GenerateArgs {
 
 impl BackendTask for GenerateArgs {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        let qwen = Qwen3::<B>::load(&self.model, &device)?;
+        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(crate::backend::inference_execution(self.precision));
         let tok = qwen.tokenizer.as_ref();
         let prompt: Vec<u32> = if let Some(ids) = &self.ids {
             super::parse_ids(ids)?

@@ -19,6 +19,9 @@ pub struct LogprobsArgs {
     /// Device: cpu (default), ndarray, flex, wgpu[:N], cuda[:N], tch[:cpu|:cuda:N].
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
+    #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
+    pub precision: conrub_qwen3::Precision,
     /// Print `{"token_logprobs": [...], "argmax": [...]}`.
     #[arg(long)]
     pub json: bool,
@@ -28,11 +31,12 @@ struct Task {
     model: String,
     ids: Vec<u32>,
     json: bool,
+    precision: conrub_qwen3::Precision,
 }
 
 impl BackendTask for Task {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        let qwen = Qwen3::<B>::load(&self.model, &device)?;
+        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(crate::backend::inference_execution(self.precision));
         let scores = score_sequences(&qwen.model, &[self.ids], qwen.pad_id(), &device)?
             .pop()
             .expect("one sequence");
@@ -52,5 +56,5 @@ impl BackendTask for Task {
 /// Runs the command.
 pub fn run(args: LogprobsArgs) -> Result<()> {
     let ids = super::parse_ids(&args.ids)?;
-    run_on_device(&args.device, Task { model: args.model, ids, json: args.json })
+    run_on_device(&args.device, Task { model: args.model, ids, json: args.json, precision: args.precision })
 }

@@ -43,15 +43,18 @@ pub const DEFAULT_GPU_MEMORY_GB: f64 = 141.0;
 pub const DEFAULT_MAX_PROMPT_TOKENS: usize = 1024;
 /// `max_micro_batch_tokens` is searched in multiples of this.
 pub const MICRO_BATCH_STEP: usize = 1024;
-/// One layer's tape during its backward counts this many times (its activations and their
-/// gradients).
-pub const LAYER_BACKWARD_FACTOR: f64 = 2.0;
+/// One layer's tape during its backward counts this many times (its activations plus the part of
+/// their gradients alive at once). Fitted to the peaks `benches/attention.rs` measures on flex
+/// (T = 2k..8k, with and without checkpointing: 1.65 puts the plan within +13% / -1% of them).
+pub const LAYER_BACKWARD_FACTOR: f64 = 1.65;
 /// Query rows per block of the portable attention (`conrub_kernels`' `QUERY_BLOCK`).
 pub const ATTENTION_QUERY_BLOCK: usize = 256;
-/// f32 copies of one attention block's scores alive at once (scores, exponentials, probabilities).
-pub const ATTENTION_BLOCK_COPIES: f64 = 3.0;
-/// f32 `[chunk, vocab]` tensors of the chunked LM head alive at once (logits, gradient, a copy).
-pub const LM_HEAD_COPIES: f64 = 3.0;
+/// f32 copies of one attention block's scores alive at once (scores and probabilities; fitted
+/// with [`LAYER_BACKWARD_FACTOR`]).
+pub const ATTENTION_BLOCK_COPIES: f64 = 2.0;
+/// f32 `[chunk, vocab]` tensors of the chunked LM head alive at once (logits and their gradient;
+/// fitted with [`LAYER_BACKWARD_FACTOR`]).
+pub const LM_HEAD_COPIES: f64 = 2.0;
 /// `[tokens, hidden]` tensors around the head: the final hidden states, their response-position
 /// gather, and its gradient.
 pub const FINAL_HIDDEN_COPIES: f64 = 3.0;
