@@ -22,7 +22,7 @@ use attention_update::{config, measure, predicted, MODES};
 
 fn child(mode: &str, t: usize) {
     let iters: usize = std::env::var("CONRUB_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let (secs, peak) = measure(mode, t, iters);
+    let (secs, peak) = measure(mode, t, iters, 1);
     println!("RESULT {secs} {peak}");
 }
 
@@ -69,7 +69,7 @@ fn main() {
             let r = run_child(mode, t);
             match &r {
                 Ok((s, p)) => {
-                    let (plan, ratio) = match predicted(mode, t) {
+                    let (plan, ratio) = match predicted(mode, t, 1) {
                         Some(b) => (format!("{:.1}", b / 1e6), format!("{:.2}", b / *p as f64)),
                         None => ("-".into(), "-".into()),
                     };

@@ -118,7 +118,7 @@ fn local(c: &mut Criterion) {
         model(),
         Default::default(),
         PromptSet::default(),
-        LocalJudgeConfig { mode: LocalMode::Generate, batch_size: 4, max_new_tokens: 48, max_retries: 0, seed: 0 },
+        LocalJudgeConfig { mode: LocalMode::Generate, batch_size: 4, max_new_tokens: 48, max_retries: 0, seed: 0, ..Default::default() },
         None,
     )
     .unwrap();

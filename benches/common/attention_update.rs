@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use burn::backend::{Autodiff, Flex};
+use burn::optim::GradientsAccumulator;
 use burn::tensor::{Tensor, TensorData};
 use conrub_grpo::memory::{MemoryPlan, MemoryPlanInput, ModelShape, Phase};
 use conrub_grpo::{Policy, TokenBatch, Update, UpdateConfig};
@@ -40,8 +41,9 @@ fn exec(mode: &str) -> Execution {
 }
 
 /// Median seconds and peak heap bytes of `iters` updates after one warm-up update (whose
-/// allocations, the AdamW moments among them, are the baseline).
-pub fn measure(mode: &str, t: usize, iters: usize) -> (f64, u64) {
+/// allocations, the AdamW moments among them, are the baseline). Each update sums the gradients
+/// of `micro_batches` one-row micro-batches (as the learner does) before its AdamW step.
+pub fn measure(mode: &str, t: usize, iters: usize, micro_batches: usize) -> (f64, u64) {
     let dev = Default::default();
     let mut policy = Qwen3ForCausalLM::<A>::random(&config(), 0.02, 0, &dev).with_execution(exec(mode));
     let prompt: Vec<u32> = (0..16).map(|i| (i * 131 % 4096) as u32).collect();
@@ -51,7 +53,16 @@ pub fn measure(mode: &str, t: usize, iters: usize) -> (f64, u64) {
     let weight = Tensor::<A, 2>::from_data(TensorData::new(vec![-1.0f32 / (t - 16) as f32; t - 16], [1, t - 16]), &dev);
     let mut step = |policy: Qwen3ForCausalLM<A>| {
         let start = Instant::now();
-        let grads = policy.loss_gradients(&tf, &mut |lp| (lp.logprobs * weight.clone()).sum());
+        let mut loss = |lp: conrub_grpo::ResponseLogprobs<A>| (lp.logprobs * weight.clone()).sum();
+        let grads = if micro_batches <= 1 {
+            policy.loss_gradients(&tf, &mut loss)
+        } else {
+            let mut acc = GradientsAccumulator::new();
+            for _ in 0..micro_batches {
+                acc.accumulate(&policy, policy.loss_gradients(&tf, &mut loss));
+            }
+            acc.grads()
+        };
         let (next, norm) = update.apply(policy, grads);
         let _ = norm.into_scalar();
         (next, start.elapsed().as_secs_f64())
@@ -70,9 +81,9 @@ pub fn measure(mode: &str, t: usize, iters: usize) -> (f64, u64) {
     (times[times.len() / 2], PEAK.load(Ordering::Relaxed).saturating_sub(base) as u64)
 }
 
-/// `conrub plan`'s prediction of the same peak (what a training step allocates beyond the weights
-/// and the AdamW moments: gradients, then the larger of a micro-batch and the optimizer step).
-pub fn predicted(mode: &str, t: usize) -> Option<f64> {
+/// `conrub plan`'s prediction of the same peak: its training peak less what is allocated for the
+/// whole run (weights, AdamW moments, the runtime reserve).
+pub fn predicted(mode: &str, t: usize, micro_batches: usize) -> Option<f64> {
     if mode == "naive" {
         return None; // the plan models the fused attention only
     }
@@ -82,10 +93,10 @@ pub fn predicted(mode: &str, t: usize) -> Option<f64> {
     input.max_prompt_tokens = 16;
     input.max_response_tokens = t - 16;
     input.group_size = 1;
-    input.prompts_per_step = 1;
+    input.prompts_per_step = micro_batches.max(1);
     input.rollout_prompts_per_call = 1;
     let plan = MemoryPlan::new(input);
-    let sum = |p: Phase| plan.parts.iter().filter(|x| x.phase == p).map(|x| x.bytes).sum::<f64>();
-    Some(sum(Phase::Training) + sum(Phase::MicroBatch).max(sum(Phase::OptimizerStep)))
+    let always = plan.parts.iter().filter(|x| x.phase == Phase::Always).map(|x| x.bytes).sum::<f64>();
+    Some(plan.training_peak - always)
 }
 

@@ -102,6 +102,33 @@ fn block_scores<B: Backend>(
     scores.reshape([b, nkv, group, rows, s_end]) + bias.clone()
 }
 
+/// One block of query rows `i0..i1` with the keys it can see (`0..s_end`) and its masked f32 scores.
+struct QueryBlock<B: Backend> {
+    i1: usize,
+    rows: usize,
+    s_end: usize,
+    /// `[b, 1, rows]`: 1 where the row sees at least one key.
+    row_valid: Tensor<B, 3>,
+    qb: Tensor<B, 4>,
+    kb: Tensor<B, 4>,
+    vb: Tensor<B, 4>,
+    /// `[b, kv, group, rows, s_end]`.
+    scores: Tensor<B, 5>,
+}
+
+fn query_block<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>, v: &Tensor<B, 4>, key_valid: &Tensor<B, 2>, i0: usize, layout: AttentionLayout) -> QueryBlock<B> {
+    let [b, nh, t, d] = q.dims();
+    let nkv = k.dims()[1];
+    let i1 = (i0 + QUERY_BLOCK).min(t);
+    let s_end = layout.past + i1;
+    let (bias, row_valid) = block_mask(key_valid, i0, i1, s_end, layout.past);
+    let kb = k.clone().slice([0..b, 0..nkv, 0..s_end, 0..d]);
+    let vb = v.clone().slice([0..b, 0..nkv, 0..s_end, 0..d]);
+    let qb = q.clone().slice([0..b, 0..nh, i0..i1, 0..d]);
+    let scores = block_scores(&qb, &kb, &bias, nh / nkv, layout.scale);
+    QueryBlock { i1, rows: i1 - i0, s_end, row_valid, qb, kb, vb, scores }
+}
+
 /// The block-wise forward (see the module docs).
 pub fn fallback_forward<B: GrpoOps>(
     q: FloatTensor<B>,
@@ -121,14 +148,7 @@ pub fn fallback_forward<B: GrpoOps>(
     let mut outs = Vec::new();
     let mut lses = Vec::new();
     for i0 in (0..t).step_by(QUERY_BLOCK) {
-        let i1 = (i0 + QUERY_BLOCK).min(t);
-        let rows = i1 - i0;
-        let s_end = layout.past + i1;
-        let (bias, row_valid) = block_mask(&key_valid, i0, i1, s_end, layout.past);
-        let kb = k.clone().slice([0..b, 0..nkv, 0..s_end, 0..d]);
-        let vb = v.clone().slice([0..b, 0..nkv, 0..s_end, 0..d]);
-        let qb = q.clone().slice([0..b, 0..nh, i0..i1, 0..d]);
-        let scores = block_scores(&qb, &kb, &bias, group, layout.scale);
+        let QueryBlock { rows, s_end, row_valid, vb, scores, .. } = query_block(&q, &k, &v, &key_valid, i0, layout);
         let m = scores.clone().max_dim(4);
         let e = (scores - m.clone()).exp();
         let l = e.clone().sum_dim(4);
@@ -173,15 +193,8 @@ pub fn fallback_backward<B: GrpoOps>(
     let mut dv = dk.clone();
     let mut dqs = Vec::new();
     for i0 in (0..t).step_by(QUERY_BLOCK) {
-        let i1 = (i0 + QUERY_BLOCK).min(t);
-        let rows = i1 - i0;
-        let s_end = layout.past + i1;
-        let (bias, row_valid) = block_mask(&key_valid, i0, i1, s_end, layout.past);
-        let kb = k.clone().slice([0..b, 0..nkv, 0..s_end, 0..d]);
-        let vb = v.clone().slice([0..b, 0..nkv, 0..s_end, 0..d]);
-        let qb = q.clone().slice([0..b, 0..nh, i0..i1, 0..d]);
+        let QueryBlock { i1, rows, s_end, row_valid, qb, kb, vb, scores, .. } = query_block(&q, &k, &v, &key_valid, i0, layout);
         let dob = d_out.clone().slice([0..b, 0..nh, i0..i1, 0..d]);
-        let scores = block_scores(&qb, &kb, &bias, group, layout.scale);
         let lb = lse.clone().slice([0..b, 0..nh, i0..i1]).reshape([b, nkv, group, rows, 1]);
         let rv = row_valid.reshape([b, 1, 1, rows, 1]);
         let p = (scores - lb).exp() * rv; // [b, kv, g, rows, s_end], f32

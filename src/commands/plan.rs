@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::commands::train::apply_override;
+use crate::commands::train::{apply_override, RandomModel};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use conrub_grpo::memory::{MemoryPlan, MemoryPlanInput, ModelShape, DEFAULT_GPU_MEMORY_GB, DEFAULT_MAX_PROMPT_TOKENS, GB, KNOWN_SHAPES};
@@ -51,17 +51,7 @@ struct PlanConfig {
 #[serde(default)]
 struct PlanModel {
     path: Option<String>,
-    random: Option<PlanRandom>,
-}
-
-#[derive(Debug, Deserialize)]
-struct PlanRandom {
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    num_key_value_heads: usize,
-    head_dim: usize,
+    random: Option<RandomModel>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -77,6 +67,7 @@ struct PlanLearner {
     max_response_tokens: Option<usize>,
     max_prompt_tokens: Option<usize>,
     micro_batch_tokens: Option<usize>,
+    mini_batches: Option<usize>,
     rollout_prompts_per_call: Option<usize>,
     activation_checkpointing: Option<bool>,
     kl_beta: Option<f64>,
@@ -138,13 +129,7 @@ fn resolve_model(model: &PlanModel, rel: &dyn Fn(&Path) -> PathBuf) -> Result<Mo
         }
         (None, Some(r)) => {
             // The same shape `conrub train` builds for `[model.random]`.
-            let mut c = Qwen3Config::tiny(151_936);
-            c.hidden_size = r.hidden_size;
-            c.intermediate_size = r.intermediate_size;
-            c.num_hidden_layers = r.num_hidden_layers;
-            c.num_attention_heads = r.num_attention_heads;
-            c.num_key_value_heads = Some(r.num_key_value_heads);
-            c.head_dim = Some(r.head_dim);
+            let c = r.config();
             c.validate().map_err(|e| anyhow!("[model.random]: {e}"))?;
             Ok(ModelSource { name: "random Qwen3".into(), source: "[model.random]".into(), shape: ModelShape::from_config(&c) })
         }
@@ -183,6 +168,9 @@ fn plan_input(a: &PlanArgs) -> Result<(MemoryPlanInput, ModelSource, PlanConfig)
     }
     if let Some(v) = with_file(positive("learner.micro_batch_tokens", l.micro_batch_tokens))? {
         input.micro_batch_tokens = v;
+    }
+    if let Some(v) = with_file(positive("learner.mini_batches", l.mini_batches))? {
+        input.mini_batches = v;
     }
     if let Some(v) = with_file(positive("learner.group_size", l.group_size))? {
         input.group_size = v;

@@ -91,9 +91,10 @@ fn default_save_dtype() -> String {
     "f32".into()
 }
 
+/// `[model.random]`: a randomly initialised Qwen3 of the given shape with a tokenizer from disk.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RandomModel {
+pub(crate) struct RandomModel {
     tokenizer: PathBuf,
     hidden_size: usize,
     intermediate_size: usize,
@@ -109,6 +110,20 @@ struct RandomModel {
 
 fn default_std() -> f64 {
     0.02
+}
+
+impl RandomModel {
+    /// The Qwen3 config of this shape (Qwen3's vocabulary; the rest as `Qwen3Config::tiny`).
+    pub(crate) fn config(&self) -> Qwen3Config {
+        let mut c = Qwen3Config::tiny(151_936);
+        c.hidden_size = self.hidden_size;
+        c.intermediate_size = self.intermediate_size;
+        c.num_hidden_layers = self.num_hidden_layers;
+        c.num_attention_heads = self.num_attention_heads;
+        c.num_key_value_heads = Some(self.num_key_value_heads);
+        c.head_dim = Some(self.head_dim);
+        c
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -215,16 +230,7 @@ fn load_policy<B: GrpoOps>(model: &ModelSection, rel: &dyn Fn(&Path) -> PathBuf,
                 Qwen3::<Autodiff<B>>::load(p, device)?
             }
         }
-        (None, Some(r)) => {
-            let mut c = Qwen3Config::tiny(151_936);
-            c.hidden_size = r.hidden_size;
-            c.intermediate_size = r.intermediate_size;
-            c.num_hidden_layers = r.num_hidden_layers;
-            c.num_attention_heads = r.num_attention_heads;
-            c.num_key_value_heads = Some(r.num_key_value_heads);
-            c.head_dim = Some(r.head_dim);
-            Qwen3::random(c, &rel(&r.tokenizer), r.std, r.seed, device)?
-        }
+        (None, Some(r)) => Qwen3::random(r.config(), &rel(&r.tokenizer), r.std, r.seed, device)?,
         _ => bail!("[model] needs exactly one of `path` or `[model.random]`"),
     };
     if q.tokenizer.is_none() {

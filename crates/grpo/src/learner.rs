@@ -82,8 +82,10 @@ pub struct LearnerConfig {
     pub micro_batch_tokens: usize,
     /// Activation checkpointing per decoder layer: keep only each layer's input and recompute
     /// its forward during the backward (one extra forward per micro-batch; memory linear in
-    /// layers x tokens x hidden). The learner reaches it through [`Policy::loss_gradients`];
-    /// `conrub train` applies it to Qwen3's `Execution`.
+    /// layers x tokens x hidden). `true` makes [`LearnerBuilder::build`] call
+    /// [`Policy::enable_activation_checkpointing`] (an error for a policy that cannot); `false`
+    /// leaves the policy as it was built (a Qwen3 built with checkpointing in its `Execution`
+    /// keeps it).
     pub activation_checkpointing: bool,
     /// Run seed.
     pub seed: u64,
@@ -331,9 +333,12 @@ where
     }
 
     /// The learner, with a fresh AdamW.
-    pub fn build(self) -> Result<Learner<B, P>> {
+    pub fn build(mut self) -> Result<Learner<B, P>> {
         let cfg = self.cfg;
         cfg.validate()?;
+        if cfg.activation_checkpointing {
+            self.policy.enable_activation_checkpointing().map_err(|e| GrpoError::config("learner.activation_checkpointing", e))?;
+        }
         let codec = self.codec.ok_or_else(|| GrpoError::config("learner", "no codec: call LearnerBuilder::codec"))?;
         let rewards = self.rewards.ok_or_else(|| GrpoError::config("learner", "no reward source: call LearnerBuilder::rewards"))?;
         let breaker: Box<dyn TieBreaker> = match (self.tie_breaker, cfg.tie_mode) {

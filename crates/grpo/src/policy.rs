@@ -56,6 +56,14 @@ pub trait Policy<B: Backend>: Module<B> {
     {
         GradientsParams::from_grads(loss(self.response_logprobs(batch)).backward(), self)
     }
+
+    /// Turns per-layer activation checkpointing on for [`Policy::loss_gradients`]
+    /// ([`LearnerConfig::activation_checkpointing`](crate::LearnerConfig) calls it when the learner
+    /// is built). `Err` says why the model cannot; the default (no layers to recompute) always
+    /// refuses.
+    fn enable_activation_checkpointing(&mut self) -> std::result::Result<(), String> {
+        Err("this policy does not implement Policy::enable_activation_checkpointing (per-layer recomputation in loss_gradients)".into())
+    }
 }
 
 /// The default sampler of [`Policy::sample`]: row `i` draws from [`sequence_rng`]`(cfg.seed, i)`, so
@@ -106,6 +114,11 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
             return GradientsParams::from_grads(loss(self.response_logprobs(batch)).backward(), self);
         }
         self.layerwise_gradients(&teacher_forcing(batch), &mut |hidden| loss(head_logprobs(self, hidden, batch)))
+    }
+
+    fn enable_activation_checkpointing(&mut self) -> std::result::Result<(), String> {
+        self.exec.activation_checkpointing = true;
+        Ok(())
     }
 
 

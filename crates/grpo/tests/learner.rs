@@ -223,3 +223,30 @@ fn aggregation_and_reward_scaling_parse_as_documented() {
     let e = serde_json::from_str::<LearnerConfig>(r#"{"scale_rewards": "batch"}"#).unwrap_err().to_string();
     assert!(e.contains("`group`") && e.contains("`none`"), "{e}");
 }
+
+/// `learner.activation_checkpointing` reaches the policy through
+/// `Policy::enable_activation_checkpointing` (an embedder sets it on the learner, not on the
+/// model), and two steps with it match two steps without it (the same gradients up to f32
+/// summation order).
+#[tokio::test]
+async fn checkpointing_set_on_the_learner_reaches_the_policy_and_keeps_the_run() {
+    let recs = records();
+    let refs: Vec<&RubricRecord> = recs.iter().collect();
+    let mut runs = Vec::new();
+    for on in [false, true] {
+        let mut l = learner(LearnerConfig { activation_checkpointing: on, ..config() });
+        assert_eq!(l.policy().exec.activation_checkpointing, on);
+        let mut m = Vec::new();
+        for _ in 0..2 {
+            m.push(l.step(&refs).await.unwrap().metrics);
+        }
+        runs.push(m);
+    }
+    for (off, on) in runs[0].iter().zip(&runs[1]) {
+        assert_eq!(off.reward_mean, on.reward_mean, "step {}: same rollouts", off.step);
+        assert!((off.loss - on.loss).abs() <= 1e-5 * off.loss.abs().max(1e-3), "step {}: loss {} vs {}", off.step, off.loss, on.loss);
+        for (a, b) in off.grad_norms.iter().zip(&on.grad_norms) {
+            assert!((a - b).abs() <= 1e-4 * a.abs().max(1e-6), "step {}: grad norm {a} vs {b}", off.step);
+        }
+    }
+}

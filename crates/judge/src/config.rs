@@ -14,6 +14,7 @@
 //! criteria_three_state = "prompts/my-three-state.toml"
 //! [local]                         # kind = "local" only
 //! mode = "generate"               # or "logprob-margin"
+//! precision = "f32"               # or "bf16-mixed"
 //! ```
 //!
 //! The lexical test double takes one setting of its own, its keyword file (see [`crate::lexical`]):
@@ -258,6 +259,13 @@ mod tests {
         assert!(c.client_config().unwrap_err().to_string().starts_with("url:"));
         let c = JudgeConfig::from_toml("kind = \"openai\"\nurl = \"localhost:1\"\nmodel = \"m\"\n", Path::new(".")).unwrap();
         assert!(c.client_config().unwrap_err().to_string().contains("not an http(s) URL"));
+        #[cfg(feature = "local")]
+        {
+            let c = JudgeConfig::from_toml("kind = \"local\"\nmodel = \"m\"\n[local]\nprecision = \"bf16-mixed\"\n", Path::new(".")).unwrap();
+            assert_eq!(c.local.precision, conrub_qwen3::Precision::Bf16Mixed);
+            let e = JudgeConfig::from_toml("kind = \"local\"\nmodel = \"m\"\n[local]\nprecision = \"bf16\"\n", Path::new(".")).unwrap_err();
+            assert!(e.contains("precision") && e.contains("bf16-mixed") && e.contains("line 4"), "{e}");
+        }
     }
 
     #[test]

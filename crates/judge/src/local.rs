@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use burn::tensor::activation::log_softmax;
 use conrub_kernels::GrpoOps;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
-use conrub_qwen3::{ChatOptions, Message, ForwardBatch, KvCache, PaddedBatch, Padding, Qwen3, SamplingConfig};
+use conrub_qwen3::{ChatOptions, Execution, ForwardBatch, KvCache, Message, PaddedBatch, Padding, Precision, Qwen3, SamplingConfig};
 use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 
@@ -52,11 +52,14 @@ pub struct LocalJudgeConfig {
     pub max_retries: u32,
     /// Seed of the retry sampling.
     pub seed: u64,
+    /// Compute precision of the judge model: `f32` or `bf16-mixed` (bf16 activations and
+    /// matmuls; norms, softmax and log-probabilities in f32).
+    pub precision: Precision,
 }
 
 impl Default for LocalJudgeConfig {
     fn default() -> Self {
-        Self { mode: LocalMode::Generate, max_new_tokens: 512, batch_size: 8, max_retries: 2, seed: 0 }
+        Self { mode: LocalMode::Generate, max_new_tokens: 512, batch_size: 8, max_retries: 2, seed: 0, precision: Precision::F32 }
     }
 }
 
@@ -100,8 +103,11 @@ fn log_sum_exp(xs: impl Iterator<Item = f64>) -> f64 {
 }
 
 impl<B: GrpoOps> LocalJudge<B> {
-    /// A judge around a loaded model (which must have its tokenizer).
+    /// A judge around a loaded model (which must have its tokenizer), running at
+    /// `cfg.precision`.
     pub fn new(model: Qwen3<B>, device: B::Device, prompts: PromptSet, cfg: LocalJudgeConfig, cache: Option<Arc<JudgeCache>>) -> Result<Self> {
+        let exec = Execution { precision: cfg.precision, ..model.model.exec };
+        let model = model.with_execution(exec);
         if model.tokenizer.is_none() {
             return Err(JudgeError::Model(format!("{}: the in-process judge needs tokenizer.json", model.dir.display())));
         }
@@ -120,7 +126,11 @@ impl<B: GrpoOps> LocalJudge<B> {
             LocalMode::Generate => "generate",
             LocalMode::LogprobMargin => "logprob-margin",
         };
-        let name = format!("local:{}:{mode}", model.dir.display());
+        // Verdicts depend on the precision: the cache keeps them apart (f32 keeps its old name).
+        let name = match cfg.precision {
+            Precision::F32 => format!("local:{}:{mode}", model.dir.display()),
+            p => format!("local:{}:{mode}:{p}", model.dir.display()),
+        };
         Ok(Self { model: Mutex::new(model), device, prompts, cfg, label_tokens, cache, name })
     }
 

@@ -7,7 +7,7 @@ use burn::backend::Flex;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::DType;
 use conrub_judge::{CriterionJudge, CriterionRequest, JudgeCache, LocalJudge, LocalJudgeConfig, LocalMode, PromptSet};
-use conrub_qwen3::{ChatOptions, Message, PaddedBatch, Padding, Qwen3, Qwen3Config, Qwen3ForCausalLM, Qwen3Tokenizer};
+use conrub_qwen3::{ChatOptions, Message, PaddedBatch, Padding, Precision, Qwen3, Qwen3Config, Qwen3ForCausalLM, Qwen3Tokenizer};
 use conrub_rubric::{Label, ScoringMode};
 
 type B = Flex;
@@ -98,11 +98,38 @@ async fn logprob_margin_matches_an_unbatched_reference_and_is_batch_invariant() 
     }
 }
 
+/// `precision = "bf16-mixed"` runs the judge model in bf16 (its margins move, by less than bf16
+/// rounding of a random model's log-probabilities can explain) and names itself apart, so a
+/// shared cache never replays f32 verdicts for it.
+#[tokio::test]
+async fn bf16_mixed_judge_runs_in_bf16_and_caches_apart() {
+    let prompts = PromptSet::default();
+    let reqs = requests();
+    let judge_at = |precision| {
+        let cfg = LocalJudgeConfig { mode: LocalMode::LogprobMargin, batch_size: 4, precision, ..Default::default() };
+        LocalJudge::new(tiny_model(7), Default::default(), prompts.clone(), cfg, None).unwrap()
+    };
+    let (f32_judge, bf16_judge) = (judge_at(Precision::F32), judge_at(Precision::Bf16Mixed));
+    assert_ne!(CriterionJudge::id(&f32_judge), CriterionJudge::id(&bf16_judge));
+    assert!(CriterionJudge::id(&bf16_judge).ends_with(":bf16-mixed"));
+    let (a, b) = (f32_judge.judge_batch(&reqs).await, bf16_judge.judge_batch(&reqs).await);
+    let (mut worst, mut moved) = (0.0f64, false);
+    for (x, y) in a.iter().zip(&b) {
+        assert!(y.labels.is_some());
+        for (m, n) in x.margins.iter().zip(&y.margins) {
+            worst = worst.max((m - n).abs());
+            moved |= m != n;
+        }
+    }
+    assert!(moved, "bf16-mixed margins equal f32's bit for bit: the precision was not applied");
+    assert!(worst < 0.25, "bf16-mixed margins differ from f32 by up to {worst}");
+}
+
 #[tokio::test]
 async fn generate_mode_parses_or_ends_unscored_and_the_cache_replays() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Arc::new(JudgeCache::open(&dir.path().join("c.sqlite")).unwrap());
-    let cfg = LocalJudgeConfig { mode: LocalMode::Generate, max_new_tokens: 6, max_retries: 1, batch_size: 4, seed: 3 };
+    let cfg = LocalJudgeConfig { mode: LocalMode::Generate, max_new_tokens: 6, max_retries: 1, batch_size: 4, seed: 3, ..Default::default() };
     let judge = LocalJudge::new(tiny_model(1), Default::default(), PromptSet::default(), cfg, Some(cache.clone())).unwrap();
     let reqs = requests();
     let verdicts = judge.judge_batch(&reqs).await;
