@@ -11,8 +11,9 @@
 # and bf16), then fused vs naive timings of token_logprobs (4,096 x 151,936 x 1,024), of the
 # clipped surrogate (64 x 8,192) and of a Qwen3-0.6B-shaped forward/backward step (4 x 1,024
 # tokens), and one Qwen3-0.6B-shaped train step of the published recipe at 8,192 tokens
-# (bf16-mixed, fused attention, per-layer activation checkpointing, AdamW). It exits non-zero
-# when parity fails.
+# (bf16-mixed, fused attention, per-layer activation checkpointing, AdamW), and one rollout of the
+# paged engine at Qwen3-0.6B shape (64 rows = 8 prompts x 8, 256-token prompts, 1,024 new tokens,
+# bf16-mixed: tokens/s, prefills, KV blocks, preemptions). It exits non-zero when parity fails.
 set -euo pipefail
 BIN="${1:-./target/release/conrub}"
 DEV="${2:-0}"

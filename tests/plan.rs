@@ -100,7 +100,7 @@ fn human_table_names_the_parts_and_the_verdict() {
     let out = conrub(&[&["plan", "--config", c.to_str().unwrap()][..], &MIXED].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
-    for needle in ["weights (f32 master)", "gradients (f32)", "AdamW moments", "bf16 weight copies", "LM head chunk", "rollout KV cache", "training peak", "rollout peak", "fits", "max_micro_batch_tokens", "max_rollout_rows", "Qwen/Qwen3-4B-Instruct-2507"] {
+    for needle in ["weights (f32 master)", "gradients (f32)", "AdamW moments", "bf16 weight copies", "LM head chunk", "rollout KV pool", "KV pool:", "training peak", "rollout peak", "fits", "max_micro_batch_tokens", "max_rollout_rows", "Qwen/Qwen3-4B-Instruct-2507"] {
         assert!(text.contains(needle), "missing `{needle}`:\n{text}");
     }
 }

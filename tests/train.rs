@@ -112,6 +112,37 @@ fn train_resume_and_export() {
     assert_eq!(report["summary"]["n"], 3);
 }
 
+/// A rollout KV pool that holds about a quarter of a step's rows at full length: the engine
+/// queues and preempts, and the run writes the same per-step rewards and lengths as with the
+/// default pool (every row at once).
+#[test]
+fn a_tiny_kv_budget_gives_the_same_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wide, tight) = (dir.path().join("wide"), dir.path().join("tight"));
+    // Same block size in both runs (it sets the attended key lengths): only the budget differs.
+    let longer = ["--set", "run.max_steps=2", "--set", "learner.max_response_tokens=32", "--set", "rollout.block_size=4"];
+    train(&wide, &longer);
+    // Demo model: 2 layers x 2 KV heads x 16 x (k, v) x 4 bytes = 512 bytes a position. The 16
+    // rows of a step (4 prompts of ~30-40 tokens x 4, 32 new tokens) hold ~1,100 positions at
+    // full length unshared, ~650 with their prompts shared; the pool gets 68 blocks of 4 (272
+    // positions, 140 KB): a quarter of the rows.
+    let log = train(&tight, &[&longer[..], &["--set", "rollout.kv_cache_gb=0.00014"]].concat());
+    assert!(log.contains("rollout KV pool: 68 blocks of 4 positions"), "{log}");
+    let (a, b) = (steps(&wide), steps(&tight));
+    assert_eq!((a.len(), b.len()), (2, 2));
+    for (x, y) in a.iter().zip(&b) {
+        // The mean next-token entropy over the response tokens is a function of the sampled
+        // tokens themselves: equal to the last digit, the responses are the same.
+        for key in ["reward_mean", "reward_histogram", "response_len_mean", "response_len_max", "truncated", "response_tokens", "entropy", "loss", "grad_norms"] {
+            assert_eq!(x[key], y[key], "step {}: {key}", x["step"]);
+        }
+        assert_eq!(x["rollout_preemptions"], 0, "{x}");
+        assert!(y["rollout_preemptions"].as_u64().unwrap() > 0, "{y}");
+        assert!(y["rollout_peak_kv_blocks"].as_u64().unwrap() <= 68);
+        assert!(y["rollout_mean_running_rows"].as_f64() < x["rollout_mean_running_rows"].as_f64(), "{x}\n{y}");
+    }
+}
+
 #[test]
 fn config_errors_name_the_key_and_the_allowed_values() {
     let run = |set: &str| {

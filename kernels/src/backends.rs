@@ -1,7 +1,20 @@
 //! The CPU backends and libtorch run the portable fallback.
 
 #[cfg(feature = "flex")]
-impl crate::GrpoOps for burn::backend::Flex {}
+impl crate::GrpoOps for burn::backend::Flex {
+    fn kv_write(pool: burn::tensor::ops::FloatTensor<Self>, slots: &[u32], values: burn::tensor::ops::FloatTensor<Self>) -> burn::tensor::ops::FloatTensor<Self> {
+        crate::kv::write_flex(pool, slots, values)
+    }
+
+    fn sample_rows(
+        logits: burn::tensor::ops::FloatTensor<Self>,
+        params: &crate::sampling::SampleParams,
+        uniforms: &[f64],
+    ) -> (burn::tensor::ops::IntTensor<Self>, burn::tensor::ops::FloatTensor<Self>) {
+        let (t, l) = crate::sampling::sample_rows_flex(burn::tensor::Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(logits)), params, uniforms);
+        (t.into_primitive(), l.into_primitive().tensor())
+    }
+}
 
 #[cfg(feature = "ndarray")]
 mod ndarray {
@@ -12,6 +25,9 @@ mod ndarray {
         NdArrayTensor: From<SharedArray<E>>,
         NdArrayTensor: From<SharedArray<I>>,
     {
+        fn kv_write(pool: burn::tensor::ops::FloatTensor<Self>, slots: &[u32], values: burn::tensor::ops::FloatTensor<Self>) -> burn::tensor::ops::FloatTensor<Self> {
+            crate::kv::write_by_runs::<Self>(pool, slots, values)
+        }
     }
 }
 

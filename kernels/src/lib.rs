@@ -26,6 +26,8 @@ mod cube;
 #[cfg(feature = "cube")]
 mod cube_attention;
 pub mod fallback;
+pub mod kv;
+pub mod sampling;
 #[cfg(feature = "cube")]
 mod fusion;
 pub mod reference;
@@ -72,6 +74,20 @@ pub trait GrpoOps: Backend {
     /// read views correctly and return the tensor as it is.
     fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
         tensor
+    }
+
+    /// Writes `values` `[n, width]` into rows `slots` of a paged KV cache pool `[slots, width]`
+    /// (in place where the backend can; see [`kv`]). Slots are distinct.
+    fn kv_write(pool: FloatTensor<Self>, slots: &[u32], values: FloatTensor<Self>) -> FloatTensor<Self> {
+        kv::write_by_scatter::<Self>(pool, slots, values)
+    }
+
+    /// One token per row of `logits` `[rows, vocab]` and its log-probability under `params`
+    /// (`uniforms[r]` is row `r`'s draw; see [`sampling`]), computed where the logits are: only
+    /// `rows` ids and `rows` f32 leave the device.
+    fn sample_rows(logits: FloatTensor<Self>, params: &sampling::SampleParams, uniforms: &[f64]) -> (IntTensor<Self>, FloatTensor<Self>) {
+        let (t, l) = sampling::sample_rows_by_tensors::<Self>(Tensor::from_primitive(TensorPrimitive::Float(logits)), params, uniforms);
+        (t.into_primitive(), l.into_primitive().tensor())
     }
 
     /// Logits `[rows, vocab]` of hidden states `[rows, hidden]` against the head `[vocab, hidden]`.
@@ -211,6 +227,12 @@ pub struct TokenLogprobs<B: Backend> {
     pub logprobs: Tensor<B, 1>,
     /// Entropy of the next-token distribution per token `[tokens]` (telemetry; not differentiable).
     pub entropy: Tensor<B, 1>,
+}
+
+/// [`GrpoOps::kv_write`] on tensors: rows `slots` of `pool` `[slots, width]` become `values`
+/// `[slots.len(), width]`.
+pub fn kv_write<B: GrpoOps>(pool: Tensor<B, 2>, slots: &[u32], values: Tensor<B, 2>) -> Tensor<B, 2> {
+    Tensor::from_primitive(TensorPrimitive::Float(B::kv_write(pool.into_primitive().tensor(), slots, values.into_primitive().tensor())))
 }
 
 /// `log p(targets[t] | hidden[t])` for hidden states `[tokens, hidden]` and an LM head

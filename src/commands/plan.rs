@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::commands::train::{apply_override, RandomModel};
+use crate::commands::train::{apply_override, RandomModel, RolloutSection};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use conrub_grpo::memory::{MemoryPlan, MemoryPlanInput, ModelShape, DEFAULT_GPU_MEMORY_GB, DEFAULT_MAX_PROMPT_TOKENS, GB, KNOWN_SHAPES};
@@ -45,6 +45,7 @@ struct PlanConfig {
     data: PlanData,
     learner: PlanLearner,
     run: PlanRun,
+    rollout: RolloutSection,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -193,6 +194,10 @@ fn plan_input(a: &PlanArgs) -> Result<(MemoryPlanInput, ModelSource, PlanConfig)
             .or(with_file(positive("data.max_prompt_tokens", cfg.data.max_prompt_tokens))?),
     };
     input.max_prompt_tokens = prompt.unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);
+    cfg.rollout.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    input.kv_cache_gb = cfg.rollout.kv_cache_gb;
+    input.kv_block_size = cfg.rollout.block_size;
+    input.rollout_max_rows = cfg.rollout.max_rows;
     if !(a.gpu_memory_gb.is_finite() && a.gpu_memory_gb > 0.0) {
         bail!("--gpu-memory-gb: {} must be a positive number of GB", a.gpu_memory_gb);
     }
@@ -247,14 +252,23 @@ pub fn run(a: PlanArgs) -> Result<()> {
             i.chunk_tokens
         ),
         format!(
-            "rollout: {} prompts x {} per call = {} rows, KV cache capacity {} positions per row; step: {} prompts x {} = {} rows",
+            "rollout: {} prompts x {} per call = {} rows ({} decoding at once at most); step: {} prompts x {} = {} rows",
             i.rollout_prompts_per_call.min(i.prompts_per_step),
             i.group_size,
             plan.rollout_rows,
-            plan.kv_cache_capacity,
+            i.decode_rows(),
             i.prompts_per_step,
             i.group_size,
             i.step_rows()
+        ),
+        format!(
+            "KV pool: {} blocks of {} positions = {:.2} GB ({}), {} full-length rows of {} tokens at once",
+            plan.kv_pool_blocks,
+            i.kv_block_size,
+            plan.kv_pool_bytes() / GB,
+            if i.kv_cache_gb.is_some() { "rollout.kv_cache_gb" } else { "budget rule: 90% of what the rollout leaves free" },
+            plan.max_rollout_rows,
+            i.sequence_tokens()
         ),
         String::new(),
     ];

@@ -12,7 +12,7 @@ use conrub_grpo::{
     TieMode,
 };
 use conrub_judge::{JudgeConfig, JudgeKind};
-use conrub_qwen3::{save_pretrained, AttentionImpl, Execution, Precision, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+use conrub_qwen3::{save_pretrained, AttentionImpl, EngineConfig, Execution, Precision, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
 use conrub_rubric::{read_rubrics, LengthPenalty, RubricDropout, ScoringMode};
 use serde::Deserialize;
 
@@ -59,6 +59,51 @@ struct TrainConfig {
     run: RunConfig,
     #[serde(default)]
     warmup: Option<WarmupSection>,
+    #[serde(default)]
+    rollout: RolloutSection,
+}
+
+/// `[rollout]`: the rollout engine (`conrub_qwen3::engine`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RolloutSection {
+    /// KV pool in decimal GB. Unset: on devices with a known size (`cuda`, or `--gpu-memory-gb`)
+    /// the memory plan's budget rule (90% of what the rollout leaves free); elsewhere enough for
+    /// every row of a call at full length.
+    pub kv_cache_gb: Option<f64>,
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// Sequences decoded at once at most.
+    pub max_rows: usize,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        let e = EngineConfig::default();
+        Self { kv_cache_gb: None, block_size: e.block_size, max_rows: e.max_rows }
+    }
+}
+
+impl RolloutSection {
+    /// Checks the values; errors name the key.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if let Some(gb) = self.kv_cache_gb {
+            if !(gb.is_finite() && gb > 0.0) {
+                bail!("rollout.kv_cache_gb: {gb} must be a positive number of GB");
+            }
+        }
+        for (key, v) in [("block_size", self.block_size), ("max_rows", self.max_rows)] {
+            if v == 0 {
+                bail!("rollout.{key}: must be at least 1");
+            }
+        }
+        Ok(())
+    }
+
+    /// The engine settings, the pool left to the caller.
+    pub(crate) fn engine(&self) -> EngineConfig {
+        EngineConfig { block_size: self.block_size, kv_blocks: None, max_rows: self.max_rows }
+    }
 }
 
 fn default_device() -> String {
@@ -186,6 +231,7 @@ fn load_config(path: &Path, overrides: &[String]) -> Result<(TrainConfig, PathBu
         .try_into()
         .map_err(|e: toml::de::Error| anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
     cfg.learner.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    cfg.rollout.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     Ok((cfg, base))
 }
@@ -195,14 +241,17 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let (cfg, base) = load_config(&a.config, &a.overrides)?;
     let device = a.device.clone().unwrap_or_else(|| cfg.device.clone());
     let gpu_gb = a.gpu_memory_gb.or_else(|| device.starts_with("cuda").then_some(141.0));
+    let mut kv_pool_blocks = None;
     if let Some(gb) = gpu_gb {
         // Stop before loading anything when the run cannot fit (the table says what to change).
         let mut overrides = a.overrides.clone();
         overrides.push(format!("device=\"{device}\""));
         let plan = super::plan::plan_for_config(&a.config, &overrides, gb)?;
         plan.check((gb * 1e9) as u64).map_err(|e| anyhow!("{}: the run does not fit in {gb} GB:\n{e}", a.config.display()))?;
+        // The engine gets the pool the plan budgeted.
+        kv_pool_blocks = Some(plan.kv_pool_blocks);
     }
-    run_on_device(&device, TrainTask { cfg, base, resume: a.resume, device_name: device.clone() })
+    run_on_device(&device, TrainTask { cfg, base, resume: a.resume, device_name: device.clone(), kv_pool_blocks })
 }
 
 struct TrainTask {
@@ -210,6 +259,8 @@ struct TrainTask {
     base: PathBuf,
     resume: Option<PathBuf>,
     device_name: String,
+    /// The memory plan's KV pool, when the device size is known.
+    kv_pool_blocks: Option<usize>,
 }
 
 impl BackendTask for TrainTask {
@@ -314,7 +365,7 @@ impl<B: GrpoOps> RunHooks<Qwen3ForCausalLM<Autodiff<B>>> for Hooks<B> {
 }
 
 fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
-    let TrainTask { cfg, base, resume, device_name } = task;
+    let TrainTask { mut cfg, base, resume, device_name, kv_pool_blocks } = task;
     let rel = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
     let rubrics = read_rubrics(&rel(&cfg.data.rubrics))?;
     let records: Vec<_> = rubrics.iter().cloned().collect();
@@ -373,6 +424,20 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
         );
     }
 
+    // The rollout engine's KV pool: `kv_cache_gb`, else the plan's, else every row at full length.
+    let mut engine = cfg.rollout.engine();
+    engine = match cfg.rollout.kv_cache_gb {
+        Some(gb) => engine.with_kv_bytes((gb * 1e9) as u64, &model),
+        None => EngineConfig { kv_blocks: kv_pool_blocks, ..engine },
+    };
+    if let Some(blocks) = engine.kv_blocks {
+        eprintln!(
+            "rollout KV pool: {blocks} blocks of {} positions ({:.2} GB)",
+            engine.block_size,
+            blocks as f64 * conrub_qwen3::kv_block_bytes(&model, engine.block_size) as f64 / 1e9
+        );
+    }
+    cfg.learner.rollout_engine = engine;
     let builder = Learner::builder(model, cfg.learner.clone(), device.clone()).codec(codec).rewards(rewards).stop_ids(stop_ids);
     let mut learner = match cfg.learner.tie_mode {
         TieMode::Off => builder.build(),

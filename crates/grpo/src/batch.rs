@@ -19,6 +19,8 @@ pub struct RolloutBatch {
     pub responses: Vec<Vec<u32>>,
     /// Per row: the response hit the length limit without a stop token.
     pub truncated: Vec<bool>,
+    /// What the rollout engine did (empty for policies without one).
+    pub engine: conrub_qwen3::RolloutStats,
 }
 
 impl RolloutBatch {

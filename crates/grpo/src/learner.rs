@@ -17,7 +17,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::SamplingConfig;
+use conrub_qwen3::{EngineConfig, SamplingConfig};
 use conrub_rubric::{ResponseScore, RubricRecord};
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +49,11 @@ pub struct LearnerConfig {
     pub top_k: Option<usize>,
     /// Prompts sampled together in one generation call (rows = prompts x k).
     pub rollout_prompts_per_call: usize,
+    /// The rollout engine: KV block size and pool (`kv_blocks`; `None` holds every row at full
+    /// length), sequences decoded at once, prefill pass size. Set by the caller (`conrub train`
+    /// reads `[rollout]`); not part of the `[learner]` table.
+    #[serde(skip)]
+    pub rollout_engine: EngineConfig,
     /// Learning rate.
     pub lr: f64,
     /// AdamW weight decay.
@@ -100,6 +105,7 @@ impl Default for LearnerConfig {
             top_p: 1.0,
             top_k: None,
             rollout_prompts_per_call: 32,
+            rollout_engine: EngineConfig::default(),
             lr: 3e-6,
             weight_decay: 0.1,
             beta1: 0.9,
@@ -224,6 +230,27 @@ pub struct StepMetrics {
     pub response_tokens: usize,
     /// Seconds sampling.
     pub rollout_secs: f64,
+    /// Rollout engine: sequences preempted (their KV blocks given back and recomputed later).
+    #[serde(default)]
+    pub rollout_preemptions: usize,
+    /// Rollout engine: blocks in the KV pool.
+    #[serde(default)]
+    pub rollout_kv_blocks: usize,
+    /// Rollout engine: most KV blocks in use at once.
+    #[serde(default)]
+    pub rollout_peak_kv_blocks: usize,
+    /// Rollout engine: most sequences decoded in one step.
+    #[serde(default)]
+    pub rollout_peak_running_rows: usize,
+    /// Rollout engine: mean sequences per decode step.
+    #[serde(default)]
+    pub rollout_mean_running_rows: f64,
+    /// Rollout engine: tokens through prefill passes (prompts once each, plus recomputation).
+    #[serde(default)]
+    pub rollout_prefill_tokens: usize,
+    /// Rollout engine: decode steps.
+    #[serde(default)]
+    pub rollout_decode_steps: usize,
     /// Seconds judging (rewards and tie breaking).
     pub judge_secs: f64,
     /// Seconds of optimisation (old log-probs included).
@@ -347,7 +374,7 @@ where
             (None, mode) => return Err(GrpoError::config("learner.tie_mode", format!("{mode:?} needs a tie breaker: call LearnerBuilder::tie_breaker"))),
         };
         let estimator = self.estimator.unwrap_or_else(|| Box::new(GroupRelative { scale: cfg.scale_rewards }));
-        let rollout = self.rollout.unwrap_or_else(|| Box::new(GroupSampler { prompts_per_call: cfg.rollout_prompts_per_call }));
+        let rollout = self.rollout.unwrap_or_else(|| Box::new(GroupSampler { prompts_per_call: cfg.rollout_prompts_per_call, engine: cfg.rollout_engine.clone() }));
         let update = Update::new(UpdateConfig {
             lr: cfg.lr,
             weight_decay: cfg.weight_decay,
@@ -704,6 +731,9 @@ where
         m.response_len_p90 = lens.get(((0.9 * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1).copied().unwrap_or(0);
         m.response_len_max = lens.last().copied().unwrap_or(0);
         m.truncated = rollout.truncated.iter().filter(|t| **t).count();
+        let e = &rollout.engine;
+        (m.rollout_preemptions, m.rollout_kv_blocks, m.rollout_peak_kv_blocks, m.rollout_peak_running_rows) = (e.preemptions, e.kv_blocks, e.peak_kv_blocks, e.peak_running_rows);
+        (m.rollout_mean_running_rows, m.rollout_prefill_tokens, m.rollout_decode_steps) = (e.mean_running_rows, e.prefill_tokens, e.decode_steps);
         m.judge_retries = scores.iter().map(|g| g.judge_retries as u64).sum();
         m.judge_latency_ms = scores.iter().map(|g| g.judge_latency_ms).sum::<f64>() / n.max(1) as f64;
         m

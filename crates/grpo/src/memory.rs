@@ -28,9 +28,16 @@
 //!   micro-batches, the running sum (`4P`) is alive through every micro-batch, and at the end of
 //!   each backward a second `4P` exists until it is added in.
 //! - The rollout (no autodiff) keeps master weights and AdamW moments allocated, frees the
-//!   gradients, and under `bf16-mixed` samples with a bf16 copy of the weights (`2P`). Its KV cache
-//!   holds `2 L n_kv d c` bytes per row and position, at the cache's *capacity*: the cache grows by
-//!   doubling in blocks of [`KV_GROW_BLOCK`] positions (see [`kv_cache_capacity`]).
+//!   gradients, and under `bf16-mixed` samples with a bf16 copy of the weights (`2P`). The rollout
+//!   engine (`conrub_qwen3::engine`) holds its KV cache in one pool of blocks of
+//!   `kv_block_size` positions at `2 L n_kv d c` bytes each, allocated once: `kv_cache_gb` when
+//!   set, otherwise the engine's budget rule [`MemoryPlan::kv_pool_bytes`]: [`AUTO_KV_SHARE`] of
+//!   what the rollout leaves free, and never more than every row of a call at full length. The
+//!   engine queues what does not fit and preempts, so the pool needs to hold only one full-length
+//!   row; `max_rollout_rows` is how many it holds at once. Its transient is the larger of a
+//!   decode step (each running row's keys and values of one layer gathered to the attended length
+//!   [`conrub_qwen3::attended_blocks`], the f32 scores, the logits and the sampler's f32 copies)
+//!   and a prefill pass.
 //! - Training and rollout do not overlap: the peak is the larger of the two.
 //!
 //! A flat [`RUNTIME_RESERVE_BYTES`] stands for the CUDA context, kernels and allocator slack.
@@ -65,8 +72,12 @@ pub const LM_HEAD_COPIES: f64 = 2.0;
 pub const FINAL_HIDDEN_COPIES: f64 = 3.0;
 /// f32 copies of the largest parameter alive during the AdamW step.
 pub const OPTIMIZER_STEP_COPIES: f64 = 3.0;
-/// Growth block of the KV cache (`conrub_qwen3`'s cache `GROW_BLOCK`).
-pub const KV_GROW_BLOCK: usize = 256;
+/// Share of the memory a rollout leaves free that the engine's KV pool takes when
+/// `kv_cache_gb` is not set (the rest is slack for fragmentation).
+pub const AUTO_KV_SHARE: f64 = 0.9;
+/// f32 `[rows, vocab]` tensors of on-device sampling alive at once (logits, exponentials, their
+/// cumulative sums).
+pub const SAMPLING_COPIES: f64 = 3.0;
 /// f32 copies of a decode step's `[rows, heads, 1, keys]` attention scores.
 pub const DECODE_SCORE_COPIES: f64 = 3.0;
 /// Device bytes per token of the train batch (ids, targets/positions as i64, mask and old
@@ -202,19 +213,6 @@ impl ModelShape {
     }
 }
 
-/// Positions the KV cache holds after a prefill of `prompt` tokens and `max_new_tokens` sampled
-/// ones (the last sampled token is not fed back): the prefill allocates `prompt` rounded up to
-/// [`KV_GROW_BLOCK`], and a full cache doubles (rounded up to the block), as
-/// `conrub_qwen3::cache::append` does.
-pub fn kv_cache_capacity(prompt: usize, max_new_tokens: usize) -> usize {
-    let total = prompt + max_new_tokens.saturating_sub(1);
-    let mut cap = prompt.max(1).next_multiple_of(KV_GROW_BLOCK);
-    while cap < total {
-        cap = (cap + 1).max(2 * cap).next_multiple_of(KV_GROW_BLOCK);
-    }
-    cap
-}
-
 /// What a memory plan is computed from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MemoryPlanInput {
@@ -243,6 +241,12 @@ pub struct MemoryPlanInput {
     pub max_response_tokens: usize,
     /// Whether a reference model is kept (`learner.kl_beta != 0`).
     pub keep_reference: bool,
+    /// `rollout.kv_cache_gb`: the engine's KV pool in decimal GB (`None`: the budget rule).
+    pub kv_cache_gb: Option<f64>,
+    /// `rollout.block_size`: positions per KV block.
+    pub kv_block_size: usize,
+    /// `rollout.max_rows`: sequences the engine decodes at once at most.
+    pub rollout_max_rows: usize,
     /// Device memory in decimal GB.
     pub gpu_memory_gb: f64,
 }
@@ -265,6 +269,9 @@ impl MemoryPlanInput {
             max_prompt_tokens: DEFAULT_MAX_PROMPT_TOKENS,
             max_response_tokens: learner.max_response_tokens,
             keep_reference: learner.kl_beta != 0.0,
+            kv_cache_gb: None,
+            kv_block_size: learner.rollout_engine.block_size,
+            rollout_max_rows: learner.rollout_engine.max_rows,
             gpu_memory_gb: DEFAULT_GPU_MEMORY_GB,
         }
     }
@@ -282,6 +289,21 @@ impl MemoryPlanInput {
     /// Rows of one sampling call: `min(rollout_prompts_per_call, prompts_per_step) x group_size`.
     pub fn rollout_rows(&self) -> usize {
         self.rollout_prompts_per_call.min(self.prompts_per_step).max(1) * self.group_size
+    }
+
+    /// Rows the engine decodes at once at most: `min(rollout_rows, rollout_max_rows)`.
+    pub fn decode_rows(&self) -> usize {
+        self.rollout_rows().min(self.rollout_max_rows.max(1))
+    }
+
+    /// Bytes of one KV block.
+    pub fn kv_block_bytes(&self) -> f64 {
+        self.kv_block_size.max(1) as f64 * self.model.kv_bytes_per_position(self.compute_bytes())
+    }
+
+    /// KV blocks of one full-length row.
+    pub fn full_row_blocks(&self) -> usize {
+        self.sequence_tokens().div_ceil(self.kv_block_size.max(1)).max(1)
     }
 
     /// Full-length rows in one micro-batch (at least one; at most the step's rows).
@@ -373,8 +395,8 @@ pub struct MemoryPlan {
     pub micro_batch_tokens_used: usize,
     /// Rows of one rollout call.
     pub rollout_rows: usize,
-    /// KV cache positions per row at the end of a full-length rollout.
-    pub kv_cache_capacity: usize,
+    /// Blocks of the engine's KV pool (see [`MemoryPlan::kv_pool_bytes`]).
+    pub kv_pool_blocks: usize,
     /// The parts; within a phase they add up.
     pub parts: Vec<Part>,
     /// `always + training + max(micro-batch + max(head backward, layer backward), gradient sum,
@@ -387,7 +409,8 @@ pub struct MemoryPlan {
     /// Largest `micro_batch_tokens` (a multiple of [`MICRO_BATCH_STEP`]) whose training peak fits;
     /// 0 when not even one full-length row does. Capped at the whole step in one micro-batch.
     pub max_micro_batch_tokens: usize,
-    /// Largest number of full-length rows one rollout call can sample.
+    /// Full-length rows the KV pool holds at once (the engine queues and preempts the rest; 0:
+    /// not even one, and the rollout cannot run).
     pub max_rollout_rows: usize,
 }
 
@@ -493,30 +516,23 @@ pub fn training_peak_of_parts(parts: &[Part]) -> f64 {
     s(Phase::Always) + s(Phase::Training) + micro.max(s(Phase::GradientSum)).max(s(Phase::OptimizerStep))
 }
 
-/// `(kv cache at full length, everything else of the rollout's working set)` for `rows` rows.
-fn rollout_working_set(i: &MemoryPlanInput, rows: usize) -> (f64, f64) {
+/// The engine's transient at `rows` running rows: the larger of a decode step at full length and
+/// a prefill pass.
+fn rollout_transient(i: &MemoryPlanInput) -> f64 {
     let m = &i.model;
     let c = i.compute_bytes();
-    let rows = rows as f64;
+    let rows = i.decode_rows() as f64;
     let (v, nh, nkv, d) = (m.vocab_size as f64, m.num_attention_heads as f64, m.num_key_value_heads as f64, m.head_dim as f64);
-    let prompt = i.max_prompt_tokens.max(1);
-    let cap = kv_cache_capacity(prompt, i.max_response_tokens) as f64;
-    let cap_prefill = prompt.next_multiple_of(KV_GROW_BLOCK) as f64;
-    let per_pos = m.kv_bytes_per_position(c);
-    let logits = rows * v * (c + 4.0);
-    // Decode at full length: the whole cache, one layer's K and V buffers copied (growth or
-    // dropping finished rows), the step's f32 scores, the logits and their f32 host copy.
-    let kv_full = rows * cap * per_pos;
-    let decode = rows * (cap * 2.0 * nkv * d * c + nh * cap * 4.0 * DECODE_SCORE_COPIES + m.inference_bytes_per_token(c)) + logits;
-    // Prefill: the prompt-length cache, one layer's activations for every prompt token, the
-    // attention blocks of the prompt, and the last position's logits.
-    let p = prompt as f64;
+    // Decode: one layer's keys and values of every row gathered to the attended length, the f32
+    // scores, one token's activations, the logits and the sampler's f32 copies.
+    let keys = (conrub_qwen3::attended_blocks(i.full_row_blocks()) * i.kv_block_size.max(1)) as f64;
+    let decode = rows * (keys * 2.0 * nkv * d * c + nh * keys * 4.0 * DECODE_SCORE_COPIES + m.inference_bytes_per_token(c)) + rows * v * (c + 4.0 * SAMPLING_COPIES);
+    // Prefill: one prompt (the engine prefills each alone) through one layer, its attention
+    // blocks, and one row of logits.
+    let p = i.max_prompt_tokens.max(1) as f64;
     let block = (ATTENTION_QUERY_BLOCK as f64).min(p);
-    let prefill = rows * cap_prefill * per_pos
-        + rows * p * m.inference_bytes_per_token(c)
-        + rows * nh * block * p * 4.0 * ATTENTION_BLOCK_COPIES
-        + logits;
-    (kv_full, (kv_full + decode).max(prefill) - kv_full)
+    let prefill = p * m.inference_bytes_per_token(c) + nh * block * p * 4.0 * ATTENTION_BLOCK_COPIES + v * (c + 4.0);
+    decode.max(prefill)
 }
 
 fn always_parts(i: &MemoryPlanInput) -> Vec<Part> {
@@ -532,20 +548,46 @@ fn always_parts(i: &MemoryPlanInput) -> Vec<Part> {
     parts
 }
 
-fn rollout_parts(i: &MemoryPlanInput, rows: usize) -> Vec<Part> {
+fn rollout_weights(i: &MemoryPlanInput) -> f64 {
+    if i.precision == Precision::Bf16Mixed {
+        2.0 * i.model.parameters() as f64
+    } else {
+        0.0
+    }
+}
+
+/// The engine's KV pool: `kv_cache_gb` when set, else [`AUTO_KV_SHARE`] of what the rollout
+/// leaves free, capped at every row of a call at full length plus its prompts; whole blocks.
+fn kv_pool_bytes(i: &MemoryPlanInput) -> f64 {
+    let block = i.kv_block_bytes();
+    let bytes = match i.kv_cache_gb {
+        Some(gb) => gb * GB,
+        None => {
+            let always: f64 = always_parts(i).iter().map(|p| p.bytes).sum();
+            let room = (i.gpu_bytes() - always - rollout_weights(i) - rollout_transient(i)).max(0.0) * AUTO_KV_SHARE;
+            let prompts = i.rollout_prompts_per_call.min(i.prompts_per_step).max(1);
+            let need = (i.rollout_rows() * i.full_row_blocks() + prompts * i.max_prompt_tokens.div_ceil(i.kv_block_size.max(1))) as f64 * block;
+            room.min(need)
+        }
+    };
+    (bytes / block).floor() * block
+}
+
+fn rollout_parts(i: &MemoryPlanInput) -> Vec<Part> {
     let mut parts = Vec::new();
     if i.precision == Precision::Bf16Mixed {
-        parts.push(part("rollout_weights_bf16", "rollout weights (bf16 copy)", Phase::Rollout, 2.0 * i.model.parameters() as f64));
+        parts.push(part("rollout_weights_bf16", "rollout weights (bf16 copy)", Phase::Rollout, rollout_weights(i)));
     }
-    let (kv, rest) = rollout_working_set(i, rows);
+    let pool = kv_pool_bytes(i);
+    let blocks = (pool / i.kv_block_bytes()).round() as usize;
     let c = i.precision.compute_bytes();
     parts.push(part(
         "kv_cache",
-        format!("rollout KV cache ({rows} rows x {} positions, {})", kv_cache_capacity(i.max_prompt_tokens.max(1), i.max_response_tokens), if c == 2 { "bf16" } else { "f32" }),
+        format!("rollout KV pool ({blocks} blocks x {}, {})", i.kv_block_size, if c == 2 { "bf16" } else { "f32" }),
         Phase::Rollout,
-        kv,
+        pool,
     ));
-    parts.push(part("rollout_transient", "rollout transient (larger of prefill, decode step)", Phase::Rollout, rest));
+    parts.push(part("rollout_transient", format!("rollout transient ({} rows decoding, or a prefill)", i.decode_rows()), Phase::Rollout, rollout_transient(i)));
     parts
 }
 
@@ -558,8 +600,8 @@ fn training_peak_of(i: &MemoryPlanInput) -> f64 {
     training_peak_of_parts(&parts)
 }
 
-fn rollout_peak_of(i: &MemoryPlanInput, rows: usize) -> f64 {
-    let parts: Vec<Part> = always_parts(i).into_iter().chain(rollout_parts(i, rows)).collect();
+fn rollout_peak_of(i: &MemoryPlanInput) -> f64 {
+    let parts: Vec<Part> = always_parts(i).into_iter().chain(rollout_parts(i)).collect();
     sum(&parts, Phase::Always) + sum(&parts, Phase::Rollout)
 }
 
@@ -582,20 +624,21 @@ impl MemoryPlan {
     pub fn new(input: MemoryPlanInput) -> Self {
         let gpu = input.gpu_bytes();
         let rows = input.rollout_rows();
-        let parts: Vec<Part> = always_parts(&input).into_iter().chain(training_parts(&input)).chain(rollout_parts(&input, rows)).collect();
+        let parts: Vec<Part> = always_parts(&input).into_iter().chain(training_parts(&input)).chain(rollout_parts(&input)).collect();
         let training_peak = training_peak_of(&input);
-        let rollout_peak = rollout_peak_of(&input, rows);
+        let rollout_peak = rollout_peak_of(&input);
+        let kv_pool_blocks = (kv_pool_bytes(&input) / input.kv_block_bytes()).round() as usize;
         let s = input.sequence_tokens().max(1);
         let whole_step = (input.step_rows().max(1) * s).next_multiple_of(MICRO_BATCH_STEP) / MICRO_BATCH_STEP;
         let max_micro_batch_tokens = MICRO_BATCH_STEP
             * largest(whole_step, |k| k > 0 && training_peak_of(&MemoryPlanInput { micro_batch_tokens: k * MICRO_BATCH_STEP, ..input.clone() }) <= gpu);
-        let max_rollout_rows = largest(1 << 24, |r| r == 0 || rollout_peak_of(&input, r) <= gpu);
+        let max_rollout_rows = kv_pool_blocks / input.full_row_blocks();
         Self {
             parameters: input.model.parameters(),
             micro_batch_rows: input.micro_batch_rows(),
             micro_batch_tokens_used: input.micro_batch_rows() * input.sequence_tokens(),
             rollout_rows: rows,
-            kv_cache_capacity: kv_cache_capacity(input.max_prompt_tokens.max(1), input.max_response_tokens),
+            kv_pool_blocks,
             parts,
             training_peak,
             rollout_peak,
@@ -611,9 +654,17 @@ impl MemoryPlan {
         self.training_peak <= self.input.gpu_bytes()
     }
 
-    /// Whether a rollout call fits the device.
+    /// Whether the rollout fits the device: its peak does, and the KV pool holds at least one
+    /// full-length row.
     pub fn rollout_fits(&self) -> bool {
-        self.rollout_peak <= self.input.gpu_bytes()
+        self.rollout_peak <= self.input.gpu_bytes() && self.max_rollout_rows >= 1
+    }
+
+    /// The engine's KV pool in bytes (whole blocks): `kv_cache_gb` when set, else
+    /// [`AUTO_KV_SHARE`] of the memory the rollout leaves free, capped at every row of a call at
+    /// full length. `conrub train` gives the engine this pool on devices with a known size.
+    pub fn kv_pool_bytes(&self) -> f64 {
+        self.kv_pool_blocks as f64 * self.input.kv_block_bytes()
     }
 
     /// Whether the whole run fits the device.
@@ -668,15 +719,18 @@ impl MemoryPlan {
             }
         }
         if !self.rollout_fits() {
-            let per_call = self.max_rollout_prompts_per_call();
-            if per_call > 0 {
+            let row = self.input.full_row_blocks() as f64 * self.input.kv_block_bytes();
+            let room = self.input.gpu_bytes() - (self.rollout_peak - self.kv_pool_bytes());
+            if self.input.kv_cache_gb.is_some() && room >= row {
+                let _ = writeln!(out, "set rollout.kv_cache_gb <= {:.2} (now {:.2}; the rest of the rollout takes {:.2} GB)", room / GB, self.kv_pool_bytes() / GB, (self.rollout_peak - self.kv_pool_bytes()) / GB);
+            } else {
                 let _ = writeln!(
                     out,
-                    "set learner.rollout_prompts_per_call <= {per_call} (now {}: {} rows; at most {} full-length rows fit)",
-                    self.input.rollout_prompts_per_call, self.rollout_rows, self.max_rollout_rows
+                    "the rollout KV pool cannot hold one full-length row ({} tokens, {:.2} GB) in a rollout call: use shorter sequences, fewer rows decoded at once (rollout.max_rows, now {}), or a larger device",
+                    self.input.sequence_tokens(),
+                    row / GB,
+                    self.input.rollout_max_rows
                 );
-            } else {
-                let _ = writeln!(out, "not even one group of {} full-length rows fits a rollout call (at most {} rows)", self.input.group_size, self.max_rollout_rows);
             }
         }
         out
@@ -706,7 +760,7 @@ impl MemoryPlan {
         let _ = writeln!(
             out,
             "{:<52} {:<15} {:>9}",
-            format!("max_rollout_rows ({} prompts x {} per call)", self.max_rollout_prompts_per_call(), self.input.group_size),
+            "max_rollout_rows (full-length rows in the KV pool)".to_string(),
             "",
             self.max_rollout_rows
         );
@@ -736,7 +790,9 @@ impl MemoryPlan {
             "micro_batch_tokens_used": self.micro_batch_tokens_used,
             "rollout_rows": self.rollout_rows,
             "sequence_tokens": self.input.sequence_tokens(),
-            "kv_cache_capacity": self.kv_cache_capacity,
+            "kv_pool_blocks": self.kv_pool_blocks,
+            "kv_pool_gb": gb(self.kv_pool_bytes()),
+            "kv_block_size": self.input.kv_block_size,
             "inputs": &self.input,
         })
     }
@@ -773,12 +829,29 @@ mod tests {
     }
 
     #[test]
-    fn kv_capacity_follows_the_doubling_growth() {
-        assert_eq!(kv_cache_capacity(1024, 8192), 16384);
-        assert_eq!(kv_cache_capacity(1024, 1), 1024);
-        assert_eq!(kv_cache_capacity(1000, 25), 1024);
-        assert_eq!(kv_cache_capacity(1000, 26), 2048);
-        assert_eq!(kv_cache_capacity(100, 0), 256);
+    fn the_kv_pool_follows_the_engine_budget_rule() {
+        let input = published(Precision::Bf16Mixed, true, 65536);
+        // Qwen3-4B in bf16: 36 layers x 8 KV heads x 128 x 2 x 2 bytes = 144 KiB per position.
+        assert_eq!(input.model.kv_bytes_per_position(2.0), 147_456.0);
+        assert_eq!(input.kv_block_bytes(), 16.0 * 147_456.0);
+        assert_eq!(input.full_row_blocks(), 576);
+        let plan = MemoryPlan::new(input.clone());
+        // What the rollout leaves free, 90% of it, in whole blocks.
+        let always: f64 = always_parts(&input).iter().map(|p| p.bytes).sum();
+        let room = (input.gpu_bytes() - always - rollout_weights(&input) - rollout_transient(&input)) * AUTO_KV_SHARE;
+        assert!(plan.kv_pool_bytes() <= room && plan.kv_pool_bytes() > room - input.kv_block_bytes());
+        assert_eq!(plan.max_rollout_rows, plan.kv_pool_blocks / 576);
+        assert!(plan.rollout_fits() && plan.rollout_peak <= input.gpu_bytes(), "{}", plan.table());
+        // A set budget is taken as it is (whole blocks), and one that leaves no room is refused
+        // with the largest that fits.
+        let set = MemoryPlan::new(MemoryPlanInput { kv_cache_gb: Some(10.0), ..input.clone() });
+        assert_eq!(set.kv_pool_blocks, (10e9 / input.kv_block_bytes()) as usize);
+        let huge = MemoryPlan::new(MemoryPlanInput { kv_cache_gb: Some(200.0), ..input.clone() });
+        assert!(!huge.rollout_fits());
+        assert!(huge.advice().contains("set rollout.kv_cache_gb <="), "{}", huge.advice());
+        // A small call needs no more than its rows at full length.
+        let small = MemoryPlan::new(MemoryPlanInput { rollout_prompts_per_call: 1, group_size: 2, ..input });
+        assert_eq!(small.kv_pool_blocks, 2 * 576 + 64);
     }
 
     #[test]
@@ -835,15 +908,19 @@ mod tests {
         // training peak grows weakly at first, and strictly once activations dominate.
         let peaks: Vec<f64> = [9216, 18432, 36864, 73728, 147456].iter().map(|&m| MemoryPlan::new(published(Precision::Bf16Mixed, true, m)).training_peak).collect();
         assert!(peaks.windows(2).all(|w| w[1] >= w[0]) && peaks[4] > peaks[2] && peaks[2] > peaks[0], "{peaks:?}");
-        let mut last = 0.0;
-        for prompts in [1, 2, 4, 8, 16] {
+        // A small call's pool is capped at its rows at full length; beyond that, more rows
+        // decoding at once mean a larger transient, so fewer full-length rows in the pool.
+        let four = MemoryPlan::new(MemoryPlanInput { rollout_prompts_per_call: 4, ..published(Precision::Bf16Mixed, true, 16384) });
+        assert_eq!(four.max_rollout_rows, 32, "{}", four.table());
+        let mut last = usize::MAX;
+        for prompts in [8, 16, 32] {
             let plan = MemoryPlan::new(MemoryPlanInput { rollout_prompts_per_call: prompts, ..published(Precision::Bf16Mixed, true, 16384) });
-            assert!(plan.rollout_peak > last);
-            last = plan.rollout_peak;
+            assert!(plan.max_rollout_rows <= last && plan.rollout_fits(), "{}", plan.table());
+            last = plan.max_rollout_rows;
         }
         let small = MemoryPlan::new(MemoryPlanInput { max_response_tokens: 1024, ..published(Precision::Bf16Mixed, true, 16384) });
         let large = MemoryPlan::new(published(Precision::Bf16Mixed, true, 16384));
-        assert!(small.rollout_peak < large.rollout_peak && small.max_rollout_rows > large.max_rollout_rows);
+        assert!(small.max_rollout_rows > large.max_rollout_rows);
         let big_gpu = MemoryPlan::new(MemoryPlanInput { gpu_memory_gb: 282.0, ..published(Precision::Bf16Mixed, true, 16384) });
         assert!(big_gpu.max_micro_batch_tokens > large.max_micro_batch_tokens && big_gpu.max_rollout_rows > large.max_rollout_rows);
     }
@@ -856,8 +933,9 @@ mod tests {
         let at = |tokens: usize| training_peak_of(&MemoryPlanInput { micro_batch_tokens: tokens, ..input.clone() });
         assert!(at(plan.max_micro_batch_tokens) <= gpu);
         assert!(at(plan.max_micro_batch_tokens + MICRO_BATCH_STEP) > gpu);
-        assert!(rollout_peak_of(&input, plan.max_rollout_rows) <= gpu);
-        assert!(rollout_peak_of(&input, plan.max_rollout_rows + 1) > gpu);
+        assert!(plan.max_rollout_rows * input.full_row_blocks() <= plan.kv_pool_blocks);
+        assert!((plan.max_rollout_rows + 1) * input.full_row_blocks() > plan.kv_pool_blocks);
+        assert!(rollout_peak_of(&input) <= gpu);
         let fitting = MemoryPlan::new(MemoryPlanInput {
             micro_batch_tokens: plan.max_micro_batch_tokens,
             rollout_prompts_per_call: plan.max_rollout_prompts_per_call(),

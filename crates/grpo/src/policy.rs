@@ -7,7 +7,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::{token_logprobs, GrpoOps, DEFAULT_CHUNK_TOKENS};
-use conrub_qwen3::{sample_token, sequence_rng, ForwardBatch, Generation, Qwen3ForCausalLM, SamplingConfig};
+use conrub_qwen3::{sample_token, sequence_rng, EngineConfig, ForwardBatch, Generation, Qwen3ForCausalLM, Rollout, RolloutStats, SamplingConfig};
 
 use crate::batch::TokenBatch;
 use crate::error::{GrpoError, Result};
@@ -44,6 +44,15 @@ pub trait Policy<B: Backend>: Module<B> {
     /// models with a KV cache override it (Qwen3 does).
     fn sample(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, device: &B::Device) -> Result<Vec<Generation>> {
         sample_by_recomputation(self, prompts, cfg, device)
+    }
+
+    /// Samples one continuation per prompt with the rollout engine's settings `engine` and says
+    /// what the engine did. The default has no engine: it runs [`Policy::sample`] and reports
+    /// empty telemetry. Qwen3 runs [`conrub_qwen3::rollout`] (paged KV pool, continuous
+    /// batching, shared prompt prefixes, sampling on the device).
+    fn sample_rollout(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, engine: &EngineConfig, device: &B::Device) -> Result<Rollout> {
+        let _ = engine;
+        Ok(Rollout { generations: self.sample(prompts, cfg, device)?, stats: RolloutStats::default() })
     }
 
     /// The parameters' gradients of `loss(self.response_logprobs(batch))`. The default is one
@@ -128,8 +137,11 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
     }
 
     fn sample(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, device: &B::Device) -> Result<Vec<Generation>> {
-        let pad = cfg.stop_ids.first().copied().unwrap_or(0);
-        conrub_qwen3::generate(self, prompts, cfg, pad, device).map_err(|e| GrpoError::Sampling(e.to_string()))
+        self.sample_rollout(prompts, cfg, &EngineConfig::default(), device).map(|r| r.generations)
+    }
+
+    fn sample_rollout(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, engine: &EngineConfig, device: &B::Device) -> Result<Rollout> {
+        conrub_qwen3::rollout(self, prompts, cfg, engine, device).map_err(|e| GrpoError::Sampling(e.to_string()))
     }
 }
 

@@ -119,6 +119,10 @@ async fn reward_rises_and_telemetry_is_complete() {
         assert_eq!(x.truncated, 32, "no stop ids: every response hits the limit");
         assert_eq!(x.reward_histogram.iter().sum::<u64>(), 32);
         assert_eq!(x.ties.groups, 4);
+        // Rollout engine telemetry: 4 prompts x 8 rows per call, each prompt prefilled once.
+        assert!(x.rollout_decode_steps > 0 && x.rollout_kv_blocks > 0 && x.rollout_peak_kv_blocks > 0, "{x:?}");
+        assert_eq!((x.rollout_peak_running_rows, x.rollout_preemptions), (32, 0));
+        assert!(x.rollout_prefill_tokens > 0 && x.rollout_mean_running_rows > 0.0);
     }
     // Once every response earns the full reward, groups tie exactly and go to the pairwise judge.
     let end = m.last().unwrap();

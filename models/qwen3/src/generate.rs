@@ -110,79 +110,16 @@ impl Default for Generation {
     }
 }
 
-/// Picks the next token from one row of logits; returns `(token, logprob)`.
-pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut ChaCha8Rng) -> (u32, f32) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if cfg.greedy {
-        let (tok, _) = logits
-            .iter()
-            .enumerate()
-            .fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best });
-        let lse = logsumexp(logits.iter().map(|&x| x as f64), max as f64);
-        return (tok as u32, (logits[tok] as f64 - lse) as f32);
-    }
-    let inv_t = 1.0 / cfg.temperature;
-    let scaled = |x: f32| (x as f64 - max as f64) * inv_t;
-    let restricted = cfg.top_k.is_some_and(|k| k < logits.len()) || cfg.top_p < 1.0;
-    if !restricted {
-        // Full distribution: one pass for the normaliser, one for the inverse CDF.
-        let total: f64 = logits.iter().map(|&x| scaled(x).exp()).sum();
-        let target = rng.random::<f64>() * total;
-        let mut acc = 0.0;
-        let mut tok = logits.len() - 1;
-        for (i, &x) in logits.iter().enumerate() {
-            acc += scaled(x).exp();
-            if acc > target {
-                tok = i;
-                break;
-            }
-        }
-        while logits[tok] == f32::NEG_INFINITY && tok > 0 {
-            tok -= 1;
-        }
-        return (tok as u32, (scaled(logits[tok]) - total.ln()) as f32);
-    }
-    // Candidates sorted by descending logit (ties by id), then top-k, then top-p.
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    let by_logit = |a: &u32, b: &u32| {
-        logits[*b as usize]
-            .total_cmp(&logits[*a as usize])
-            .then(a.cmp(b))
-    };
-    if let Some(k) = cfg.top_k.filter(|&k| k < idx.len()) {
-        idx.select_nth_unstable_by(k - 1, by_logit);
-        idx.truncate(k);
-    }
-    idx.sort_unstable_by(by_logit);
-    let weights: Vec<f64> = idx.iter().map(|&i| scaled(logits[i as usize]).exp()).collect();
-    let total: f64 = weights.iter().sum();
-    let mut keep = weights.len();
-    if cfg.top_p < 1.0 {
-        let mut acc = 0.0;
-        for (n, w) in weights.iter().enumerate() {
-            acc += w / total;
-            if acc >= cfg.top_p {
-                keep = n + 1;
-                break;
-            }
-        }
-    }
-    let kept_total: f64 = weights[..keep].iter().sum();
-    let target = rng.random::<f64>() * kept_total;
-    let mut acc = 0.0;
-    let mut choice = keep - 1;
-    for (n, w) in weights[..keep].iter().enumerate() {
-        acc += w;
-        if acc > target {
-            choice = n;
-            break;
-        }
-    }
-    (idx[choice], (weights[choice] / kept_total).ln() as f32)
+/// The kernels' sampling settings of `cfg`.
+pub fn sample_params(cfg: &SamplingConfig) -> conrub_kernels::sampling::SampleParams {
+    conrub_kernels::sampling::SampleParams { greedy: cfg.greedy, temperature: cfg.temperature, top_k: cfg.top_k, top_p: cfg.top_p }
 }
 
-fn logsumexp(xs: impl Iterator<Item = f64>, max: f64) -> f64 {
-    max + xs.map(|x| (x - max).exp()).sum::<f64>().ln()
+/// Picks the next token from one row of logits; returns `(token, logprob)`. Draws one uniform
+/// from `rng` unless greedy (the rule is `conrub_kernels::sampling::sample_row`).
+pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut ChaCha8Rng) -> (u32, f32) {
+    let u = if cfg.greedy { 0.0 } else { rng.random::<f64>() };
+    conrub_kernels::sampling::sample_row(logits, &sample_params(cfg), u)
 }
 
 /// The RNG stream of sequence `row` for a call seeded with `seed`.
@@ -198,7 +135,7 @@ fn to_host<B: Backend>(logits: Tensor<B, 2>) -> Vec<f32> {
 }
 
 /// Rejects empty sequences and ids outside the vocabulary; `arg` names the argument in the error.
-fn check_sequences(seqs: &[Vec<u32>], vocab: usize, arg: &str) -> Result<()> {
+pub(crate) fn check_sequences(seqs: &[Vec<u32>], vocab: usize, arg: &str) -> Result<()> {
     if let Some(i) = seqs.iter().position(Vec::is_empty) {
         return Err(Qwen3Error::arg(arg, format!("sequence {i} is empty")));
     }
@@ -208,11 +145,26 @@ fn check_sequences(seqs: &[Vec<u32>], vocab: usize, arg: &str) -> Result<()> {
     Ok(())
 }
 
-/// Generates a continuation for every prompt in one batch.
-///
-/// Prompts are left-padded with `pad_id` and prefilled together; decoding then feeds one token per
-/// unfinished sequence, and finished sequences are dropped from the batch and the cache.
+/// Generates a continuation for every prompt with the rollout engine ([`crate::engine`]) and a KV
+/// pool that holds every sequence at full length. The engine prefills each prompt unpadded, so
+/// `pad_id` is not used (it is [`generate_dense`]'s). For a memory
+/// budget and telemetry call [`crate::rollout`].
 pub fn generate<B: conrub_kernels::GrpoOps>(
+    model: &Qwen3ForCausalLM<B>,
+    prompts: &[Vec<u32>],
+    cfg: &SamplingConfig,
+    _pad_id: u32,
+    device: &B::Device,
+) -> Result<Vec<Generation>> {
+    crate::engine::rollout(model, prompts, cfg, &crate::engine::EngineConfig::default(), device).map(|r| r.generations)
+}
+
+/// The engine before [`crate::engine`], kept as the reference it is tested and benchmarked
+/// against: every prompt in one static batch, left padded with `pad_id` and prefilled together
+/// (a group's shared prompt once per row), a dense KV cache per row that grows by doubling, and
+/// `[rows, vocab]` logits copied to the host every step and sampled there. Finished sequences
+/// are dropped from the batch and the cache.
+pub fn generate_dense<B: conrub_kernels::GrpoOps>(
     model: &Qwen3ForCausalLM<B>,
     prompts: &[Vec<u32>],
     cfg: &SamplingConfig,

@@ -16,6 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::batch::{attention_bias, ForwardBatch};
 use crate::cache::{append, KvCache, LayerCache};
 use crate::config::Qwen3Config;
+use crate::paged::{PagedKv, PagedPass};
 
 /// Value added to attention scores of masked keys. Finite, so a query row whose keys are all masked
 /// (a padding position) yields a uniform distribution instead of NaNs that would leak into values.
@@ -268,6 +269,14 @@ impl<B: Backend> RopeTables<B> {
     }
 }
 
+/// Where one layer's keys and values go and come from in a pass.
+pub(crate) enum KvSlot<'a, B: Backend> {
+    /// The dense cache and the positions already in it.
+    Dense(&'a mut LayerCache<B>, usize),
+    /// One layer of a paged pool and what the pass does with it.
+    Paged(&'a mut (Option<Tensor<B, 2>>, Option<Tensor<B, 2>>), &'a PagedPass<B>),
+}
+
 /// Grouped-query self-attention with per-head RMSNorm on queries and keys.
 #[derive(Module, Debug)]
 pub struct Attention<B: Backend> {
@@ -314,7 +323,7 @@ impl<B: Backend> Attention<B> {
     }
 
     /// `x`: `[batch, seq, hidden]`; `mask`: what the new tokens may attend to.
-    fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &AttentionMask<B>, cache: Option<(&mut LayerCache<B>, usize)>) -> Tensor<B, 3>
+    fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &AttentionMask<B>, cache: Option<KvSlot<'_, B>>) -> Tensor<B, 3>
     where
         B: GrpoOps,
     {
@@ -325,11 +334,41 @@ impl<B: Backend> Attention<B> {
         let v = project(&self.v_proj, x).reshape([b, t, nkv, hd]);
         // Norm and rotate in the contiguous [batch, seq, heads, dim] layout, then move heads first.
         let q = rope.apply_q(self.q_norm.forward(q)).swap_dims(1, 2);
-        let k = rope.apply_k(self.k_norm.forward(k)).swap_dims(1, 2);
+        let k = rope.apply_k(self.k_norm.forward(k));
+        let scale = 1.0 / (hd as f64).sqrt();
+        if let Some(KvSlot::Paged(layer, pass)) = cache {
+            // New keys and values into their pool slots, then attend: a prefill to its own keys,
+            // a decode step to every row's cached keys read through its block table.
+            let w = nkv * hd;
+            let (mut kr, mut vr) = (k.clone().reshape([b * t, w]), v.clone().reshape([b * t, w]));
+            if let Some(rows) = &pass.write_rows {
+                kr = kr.select(0, rows.clone());
+                vr = vr.select(0, rows.clone());
+            }
+            let kp = conrub_kernels::kv_write(layer.0.take().expect("pool present"), &pass.write_slots, kr);
+            let vp = conrub_kernels::kv_write(layer.1.take().expect("pool present"), &pass.write_slots, vr);
+            let out = match &pass.read {
+                Some((slots, key_valid)) => {
+                    let s = key_valid.dims()[1];
+                    let kg = kp.clone().select(0, slots.clone()).reshape([b, s, nkv, hd]).swap_dims(1, 2);
+                    let vg = vp.clone().select(0, slots.clone()).reshape([b, s, nkv, hd]).swap_dims(1, 2);
+                    causal_attention(q, kg, vg, key_valid.clone(), AttentionLayout { past: s - t, scale })
+                }
+                None => {
+                    let key_valid = mask.fused.clone().unwrap_or_else(|| Tensor::<B, 2>::ones([b, t], &kp.device()).cast(DType::F32));
+                    causal_attention(q, k.swap_dims(1, 2), v.swap_dims(1, 2), key_valid, AttentionLayout { past: 0, scale })
+                }
+            };
+            layer.0 = Some(kp);
+            layer.1 = Some(vp);
+            let out = out.swap_dims(1, 2).reshape([b, t, nh * hd]);
+            return project(&self.o_proj, out);
+        }
+        let k = k.swap_dims(1, 2);
         let v = v.swap_dims(1, 2);
 
         let (k, v) = match cache {
-            Some((slot, past)) => {
+            Some(KvSlot::Dense(slot, past)) => {
                 let kb = append(slot.0.take(), k, past);
                 let vb = append(slot.1.take(), v, past);
                 let s = past + t;
@@ -339,10 +378,9 @@ impl<B: Backend> Attention<B> {
                 slot.1 = Some(vb);
                 (k, v)
             }
-            None => (k, v),
+            _ => (k, v),
         };
         let s = k.dims()[2];
-        let scale = 1.0 / (hd as f64).sqrt();
         let out = match &mask.fused {
             Some(key_valid) => causal_attention(q, k, v, key_valid.clone(), AttentionLayout { past: s - t, scale }),
             None => {
@@ -425,7 +463,7 @@ impl<B: Backend> DecoderLayer<B> {
     }
 
     /// `x + attn(norm(x))`, then `+ mlp(norm(.))`.
-    fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &AttentionMask<B>, cache: Option<(&mut LayerCache<B>, usize)>) -> Tensor<B, 3>
+    fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &AttentionMask<B>, cache: Option<KvSlot<'_, B>>) -> Tensor<B, 3>
     where
         B: GrpoOps,
     {
@@ -557,13 +595,42 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
         };
         let (rope, mask) = self.pass_context(batch, past, key_mask.clone());
         for (i, layer) in self.layers.iter().enumerate() {
-            let slot = cache.as_mut().map(|c| (c.layer_mut(i), past));
+            let slot = cache.as_mut().map(|c| KvSlot::Dense(c.layer_mut(i), past));
             x = layer.forward(x, &rope, &mask, slot);
         }
         if let Some(c) = cache {
             c.commit(t, key_mask);
         }
         self.norm.forward(x)
+    }
+
+    /// Final hidden states of `batch`'s new tokens with the paged cache `kv`: `pass` says where
+    /// the new keys and values go and, for a decode step, which cached keys each row reads (see
+    /// [`crate::engine`]). A prefill (`pass.read` is `None`) attends to its own tokens under
+    /// `batch.key_mask`; a decode step is one new token per row.
+    pub fn forward_hidden_paged(&self, batch: &ForwardBatch<B>, kv: &mut PagedKv<B>, pass: &PagedPass<B>) -> Tensor<B, 3> {
+        let [b, t] = batch.input_ids.dims();
+        let mut x = self.embed(batch);
+        let attn = &self.layers[0].self_attn;
+        let rope = self.rope.tables(batch.position_ids.clone(), attn.num_heads, attn.num_kv_heads);
+        let fused = batch.key_mask.clone().map(|m| m.float().cast(DType::F32));
+        let mask = AttentionMask { bias: None, fused };
+        debug_assert!(pass.read.is_none() || t == 1, "decode steps feed one token per row");
+        let _ = b;
+        for (layer, slot) in self.layers.iter().zip(kv.layers.iter_mut()) {
+            x = layer.forward(x, &rope, &mask, Some(KvSlot::Paged(slot, pass)));
+        }
+        self.norm.forward(x)
+    }
+
+    /// Next-token logits `[batch, vocab]` (last column) of a paged pass
+    /// ([`Qwen3ForCausalLM::forward_hidden_paged`]).
+    pub fn forward_last_paged(&self, batch: &ForwardBatch<B>, kv: &mut PagedKv<B>, pass: &PagedPass<B>) -> Tensor<B, 2> {
+        let hidden = self.forward_hidden_paged(batch, kv, pass);
+        let [b, t, h] = hidden.dims();
+        let logits = self.logits(hidden.slice([0..b, t - 1..t, 0..h]));
+        let v = logits.dims()[2];
+        logits.reshape([b, v])
     }
 
     /// Logits `[batch, seq, vocab]` for hidden states `[batch, seq, hidden]`.

@@ -1,0 +1,220 @@
+//! Token sampling from logits: one rule ([`sample_row`], what `conrub_qwen3::sample_token`
+//! applies on the host), and [`crate::GrpoOps::sample_rows`], which applies it to a `[rows, vocab]`
+//! tensor where the logits are and returns only token ids and log-probabilities: as tensor ops by
+//! default ([`sample_rows_by_tensors`], cumulative sums in f32), on burn-flex straight on the
+//! logits' buffer with the host rule ([`sample_rows_flex`]).
+//!
+//! Greedy takes the argmax and reports the model's own log-probability; sampling scales by the
+//! temperature, keeps the `top_k` most likely tokens and then the smallest prefix (by descending
+//! probability) whose mass reaches `top_p`, and draws by inverting the cumulative distribution at
+//! `u x total` for the row's uniform draw `u`. Every row is computed on its own.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Int, Tensor, TensorData};
+
+/// The sampling settings of one call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleParams {
+    /// Always take the most likely token.
+    pub greedy: bool,
+    /// Softmax temperature (> 0; ignored when greedy).
+    pub temperature: f64,
+    /// Keep only the `k` most likely tokens.
+    pub top_k: Option<usize>,
+    /// Nucleus threshold in (0, 1]; 1 disables it.
+    pub top_p: f64,
+}
+
+/// Picks the next token from one row of logits with the uniform draw `u` in `[0, 1)` (unused
+/// when greedy); returns `(token, logprob)`.
+pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if cfg.greedy {
+        let (tok, _) = logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best });
+        let lse = logsumexp(logits.iter().map(|&x| x as f64), max as f64);
+        return (tok as u32, (logits[tok] as f64 - lse) as f32);
+    }
+    let inv_t = 1.0 / cfg.temperature;
+    let scaled = |x: f32| (x as f64 - max as f64) * inv_t;
+    let restricted = cfg.top_k.is_some_and(|k| k < logits.len()) || cfg.top_p < 1.0;
+    if !restricted {
+        // Full distribution: one pass for the normaliser, one for the inverse CDF.
+        let total: f64 = logits.iter().map(|&x| scaled(x).exp()).sum();
+        let target = u * total;
+        let mut acc = 0.0;
+        let mut tok = logits.len() - 1;
+        for (i, &x) in logits.iter().enumerate() {
+            acc += scaled(x).exp();
+            if acc > target {
+                tok = i;
+                break;
+            }
+        }
+        while logits[tok] == f32::NEG_INFINITY && tok > 0 {
+            tok -= 1;
+        }
+        return (tok as u32, (scaled(logits[tok]) - total.ln()) as f32);
+    }
+    // Candidates sorted by descending logit (ties by id), then top-k, then top-p.
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    if let Some(k) = cfg.top_k.filter(|&k| k < idx.len()) {
+        idx.select_nth_unstable_by(k - 1, by_logit);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(by_logit);
+    let weights: Vec<f64> = idx.iter().map(|&i| scaled(logits[i as usize]).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let mut keep = weights.len();
+    if cfg.top_p < 1.0 {
+        let mut acc = 0.0;
+        for (n, w) in weights.iter().enumerate() {
+            acc += w / total;
+            if acc >= cfg.top_p {
+                keep = n + 1;
+                break;
+            }
+        }
+    }
+    let kept_total: f64 = weights[..keep].iter().sum();
+    let target = u * kept_total;
+    let mut acc = 0.0;
+    let mut choice = keep - 1;
+    for (n, w) in weights[..keep].iter().enumerate() {
+        acc += w;
+        if acc > target {
+            choice = n;
+            break;
+        }
+    }
+    (idx[choice], (weights[choice] / kept_total).ln() as f32)
+}
+
+fn logsumexp(xs: impl Iterator<Item = f64>, max: f64) -> f64 {
+    max + xs.map(|x| (x - max).exp()).sum::<f64>().ln()
+}
+
+/// [`sample_row`]'s rule as tensor ops on any backend (the default of
+/// [`crate::GrpoOps::sample_rows`]). `uniforms[r]` is row `r`'s draw (unused when greedy).
+pub fn sample_rows_by_tensors<B: Backend>(logits: Tensor<B, 2>, cfg: &SampleParams, uniforms: &[f64]) -> (Tensor<B, 1, Int>, Tensor<B, 1>) {
+    let logits = logits.cast(DType::F32);
+    let [n, v] = logits.dims();
+    let device = logits.device();
+    let max = logits.clone().max_dim(1);
+    if cfg.greedy {
+        let tok = logits.clone().argmax(1);
+        let lse = (logits.clone() - max.clone()).exp().sum_dim(1).log() + max;
+        let lp = logits.gather(1, tok.clone()) - lse;
+        return (tok.reshape([n]), lp.reshape([n]));
+    }
+    assert_eq!(uniforms.len(), n, "one uniform draw per row");
+    let u = Tensor::<B, 2>::from_data(TensorData::new(uniforms.iter().map(|&x| x as f32).collect::<Vec<_>>(), [n, 1]), &device).cast(DType::F32);
+    let z = (logits - max).div_scalar(cfg.temperature);
+    let top_k = cfg.top_k.filter(|&k| k < v);
+    if top_k.is_none() && cfg.top_p >= 1.0 {
+        // The whole vocabulary in id order.
+        let c = z.clone().exp().cumsum(1);
+        let total = c.clone().slice([0..n, v - 1..v]);
+        let target = u * total.clone();
+        let tok = c.lower_equal(target).int().sum_dim(1).clamp_max((v - 1) as i64);
+        let lp = z.gather(1, tok.clone()) - total.log();
+        return (tok.reshape([n]), lp.reshape([n]));
+    }
+    // Candidates by descending probability: top-k, then the top-p prefix.
+    let (vals, idx) = match top_k {
+        Some(k) => z.topk_with_indices(k, 1),
+        None => z.sort_descending_with_indices(1),
+    };
+    let m = vals.dims()[1];
+    let w = vals.exp();
+    let c = w.clone().cumsum(1);
+    let total = c.clone().slice([0..n, m - 1..m]);
+    let keep = if cfg.top_p < 1.0 {
+        // The first n whose cumulative share reaches top_p closes the prefix: keep = n + 1.
+        let share = c.clone() / total;
+        (share.lower_elem(cfg.top_p).int().sum_dim(1) + 1).clamp_max(m as i64)
+    } else {
+        Tensor::<B, 2, Int>::full([n, 1], m as i64, &device)
+    };
+    let last = keep - 1;
+    let kept_total = c.clone().gather(1, last.clone());
+    let target = u * kept_total.clone();
+    let choice = c.lower_equal(target).int().sum_dim(1).min_pair(last);
+    let tok = idx.gather(1, choice.clone());
+    let lp = (w.gather(1, choice) / kept_total).log();
+    (tok.reshape([n]), lp.reshape([n]))
+}
+
+/// [`sample_row`] on every row of a burn-flex `[rows, vocab]` tensor, reading its buffer in place
+/// (no copy of the logits), rows split over the available cores.
+#[cfg(feature = "flex")]
+pub fn sample_rows_flex(logits: Tensor<burn::backend::Flex, 2>, cfg: &SampleParams, uniforms: &[f64]) -> (Tensor<burn::backend::Flex, 1, Int>, Tensor<burn::backend::Flex, 1>) {
+    let [n, v] = logits.dims();
+    let device = logits.device();
+    let t = logits.cast(DType::F32).into_primitive().tensor().to_contiguous();
+    let off = t.layout().start_offset();
+    let data = &t.storage::<f32>()[off..off + n * v];
+    let mut out = vec![(0u32, 0f32); n];
+    let threads = std::thread::available_parallelism().map_or(1, |p| p.get()).min(n.max(1));
+    let per = n.div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        for (c, chunk) in out.chunks_mut(per).enumerate() {
+            s.spawn(move || {
+                for (i, slot) in chunk.iter_mut().enumerate() {
+                    let r = c * per + i;
+                    *slot = sample_row(&data[r * v..(r + 1) * v], cfg, if cfg.greedy { 0.0 } else { uniforms[r] });
+                }
+            });
+        }
+    });
+    let toks: Vec<i64> = out.iter().map(|x| x.0 as i64).collect();
+    let lps: Vec<f32> = out.iter().map(|x| x.1).collect();
+    (Tensor::from_data(TensorData::new(toks, [n]), &device), Tensor::from_data(TensorData::new(lps, [n]), &device))
+}
+
+#[cfg(all(test, feature = "flex"))]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    /// The tensor version (what CubeCL backends run) picks what the row rule picks, for every
+    /// mode, on logits far enough apart that f32 and f64 sums agree; so does the flex one.
+    #[test]
+    fn tensor_and_flex_samplers_follow_the_row_rule() {
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 37 % 50) as f32 * 0.13) - 3.0).collect();
+        let rows = 8;
+        let all: Vec<f32> = (0..rows).flat_map(|r| logits.iter().map(move |x| x + r as f32 * 0.01)).collect();
+        let cfgs = [
+            SampleParams { greedy: true, temperature: 1.0, top_k: None, top_p: 1.0 },
+            SampleParams { greedy: false, temperature: 1.0, top_k: None, top_p: 1.0 },
+            SampleParams { greedy: false, temperature: 0.7, top_k: None, top_p: 1.0 },
+            SampleParams { greedy: false, temperature: 1.0, top_k: Some(5), top_p: 1.0 },
+            SampleParams { greedy: false, temperature: 0.8, top_k: None, top_p: 0.6 },
+            SampleParams { greedy: false, temperature: 1.0, top_k: Some(12), top_p: 0.9 },
+            SampleParams { greedy: false, temperature: 1.0, top_k: Some(1), top_p: 1.0 },
+        ];
+        for cfg in &cfgs {
+            for round in 0..5 {
+                let u: Vec<f64> = (0..rows).map(|r| ((r * 7 + round * 13) % 40) as f64 / 40.0 + 0.01).collect();
+                let t = Tensor::<Flex, 2>::from_data(TensorData::new(all.clone(), [rows, 50]), &Default::default());
+                let (tt, tl) = sample_rows_by_tensors(t.clone(), cfg, &u);
+                let (ft, fl) = sample_rows_flex(t, cfg, &u);
+                let host = |x: Tensor<Flex, 1, Int>| x.into_data().convert::<i64>().into_vec::<i64>().unwrap();
+                let hostf = |x: Tensor<Flex, 1>| x.into_data().convert::<f32>().into_vec::<f32>().unwrap();
+                let (tt, ft, tl, fl) = (host(tt), host(ft), hostf(tl), hostf(fl));
+                for r in 0..rows {
+                    let (tok, lp) = sample_row(&all[r * 50..(r + 1) * 50], cfg, u[r]);
+                    assert_eq!((tt[r] as u32, ft[r] as u32), (tok, tok), "{cfg:?} row {r}");
+                    assert!((tl[r] - lp).abs() < 1e-4 && fl[r] == lp, "{cfg:?} row {r}: {} {} vs {lp}", tl[r], fl[r]);
+                }
+            }
+        }
+    }
+}
