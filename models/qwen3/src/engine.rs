@@ -399,9 +399,14 @@ impl<B: GrpoOps> Engine<'_, B> {
         Ok(())
     }
 
+    /// Pool slot of position `pos` of a block table.
+    fn slot(table: &[u32], pos: usize, bs: usize) -> u32 {
+        table[pos / bs] * bs as u32 + (pos % bs) as u32
+    }
+
     /// Pool slots of positions `0..len` of a block table.
     fn slots(table: &[u32], len: usize, bs: usize) -> Vec<u32> {
-        (0..len).map(|p| table[p / bs] * bs as u32 + (p % bs) as u32).collect()
+        (0..len).map(|p| Self::slot(table, p, bs)).collect()
     }
 
     /// Prefills one prompt (unpadded) into the blocks `table`; returns its next-token logits
@@ -517,7 +522,7 @@ impl<B: GrpoOps> Engine<'_, B> {
             let s = &self.seqs[id];
             tokens.push(*self.out[id].tokens.last().expect("a sampled token") as i64);
             positions.push(s.cached as i64);
-            write_slots.push(s.blocks[s.cached / bs] * bs as u32 + (s.cached % bs) as u32);
+            write_slots.push(Self::slot(&s.blocks, s.cached, bs));
             lens.push(s.cached + 1);
             tables.push(s.blocks.clone());
         }
