@@ -9,7 +9,7 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
-use crate::{float, AttentionLayout, Clip, GrpoOps, Reduce};
+use crate::{float, AttentionLayout, Clip, GrpoOps, PagedLayout, Reduce};
 
 #[derive(Debug)]
 struct AttentionBackward;
@@ -80,6 +80,19 @@ impl<B: GrpoOps> Backward<B, 1> for SurrogateBackward {
 }
 
 impl<B: GrpoOps, C: CheckpointStrategy> GrpoOps for Autodiff<B, C> {
+    /// Runs on `B` (its kernel where it has one); the output carries no gradient.
+    fn paged_decode_attention(
+        q: FloatTensor<Self>,
+        k_pool: FloatTensor<Self>,
+        v_pool: FloatTensor<Self>,
+        tables: IntTensor<Self>,
+        lens: IntTensor<Self>,
+        layout: PagedLayout,
+    ) -> FloatTensor<Self> {
+        let out = B::paged_decode_attention(q.primitive, k_pool.primitive, v_pool.primitive, tables, lens, layout);
+        <Autodiff<B, C> as AutodiffBackend>::from_inner(out)
+    }
+
     fn causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

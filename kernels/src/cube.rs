@@ -10,7 +10,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use crate::{AttentionLayout, Clip, GrpoOps, Reduce};
+use crate::{AttentionLayout, Clip, GrpoOps, PagedLayout, Reduce};
 
 /// Threads per cube of the row kernels (a power of two).
 const ROW_BLOCK: u32 = 256;
@@ -266,6 +266,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GrpoOps fo
         layout: AttentionLayout,
     ) -> [FloatTensor<Self>; 3] {
         crate::cube_attention::backward(q, k, v, key_valid, out, lse, d_out, layout)
+    }
+
+    fn paged_decode_attention(
+        q: FloatTensor<Self>,
+        k_pool: FloatTensor<Self>,
+        v_pool: FloatTensor<Self>,
+        tables: IntTensor<Self>,
+        lens: IntTensor<Self>,
+        layout: PagedLayout,
+    ) -> FloatTensor<Self> {
+        crate::cube_paged::paged_decode(q, k_pool, v_pool, tables, lens, layout)
     }
 
     fn logits_row_stats(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> [FloatTensor<Self>; 3] {

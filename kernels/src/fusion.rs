@@ -12,7 +12,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
-use crate::{AttentionLayout, Clip, GrpoOps, Reduce};
+use crate::{AttentionLayout, Clip, GrpoOps, PagedLayout, Reduce};
 
 /// Which hook a custom operation runs.
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +24,7 @@ enum Hook {
     SurrogateBackward(Clip),
     AttentionForward(AttentionLayout),
     AttentionBackward(AttentionLayout),
+    PagedDecode(PagedLayout),
 }
 
 #[derive(Clone, Debug)]
@@ -78,6 +79,11 @@ impl<B: FusionBackend + GrpoOps> Operation<B::FusionRuntime> for HookOp<B> {
                 for (o, t) in outs.iter().zip(B::attention_backward(q, k, v, valid, out, lse, d_out, layout)) {
                     h.register_float_tensor::<B>(&o.id, t);
                 }
+            }
+            Hook::PagedDecode(layout) => {
+                let (q, k, v) = (f(h, 0), f(h, 1), f(h, 2));
+                let (tables, lens) = (h.get_int_tensor::<B>(&ins[3]), h.get_int_tensor::<B>(&ins[4]));
+                h.register_float_tensor::<B>(&outs[0].id, B::paged_decode_attention(q, k, v, tables, lens, layout));
             }
         }
     }
@@ -197,5 +203,18 @@ impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
             &grads,
         );
         outs.try_into().expect("three outputs")
+    }
+
+    fn paged_decode_attention(
+        q: FloatTensor<Self>,
+        k_pool: FloatTensor<Self>,
+        v_pool: FloatTensor<Self>,
+        tables: IntTensor<Self>,
+        lens: IntTensor<Self>,
+        layout: PagedLayout,
+    ) -> FloatTensor<Self> {
+        let out = (q.shape.clone(), q.dtype);
+        let mut outs = register::<B>("conrub_paged_decode", Hook::PagedDecode(layout), vec![q, k_pool, v_pool, tables, lens], &[out]);
+        outs.remove(0)
     }
 }

@@ -25,8 +25,11 @@ mod backends;
 mod cube;
 #[cfg(feature = "cube")]
 mod cube_attention;
+#[cfg(feature = "cube")]
+mod cube_paged;
 pub mod fallback;
 pub mod kv;
+pub mod paged_attention;
 pub mod sampling;
 #[cfg(feature = "cube")]
 mod fusion;
@@ -41,6 +44,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
 pub use attention::{causal_attention, AttentionLayout, ATTENTION_MASKED_LSE};
+pub use paged_attention::{paged_decode_attention, PagedLayout};
 
 /// Asymmetric clipping of the probability ratio: `[1 - low, 1 + high]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -192,6 +196,21 @@ pub trait GrpoOps: Backend {
         layout: AttentionLayout,
     ) -> [FloatTensor<Self>; 3] {
         attention::fallback_backward::<Self>(q, k, v, key_valid, out, lse, d_out, layout)
+    }
+
+    /// Decode attention of one query per row against its keys in a paged KV pool (see
+    /// [`paged_decode_attention`] for shapes): `[rows, heads, 1, head_dim]` in `q`'s dtype. The
+    /// default gathers each row's keys and runs [`GrpoOps::attention_forward`]; CubeCL backends
+    /// read the block table in place. Not differentiable.
+    fn paged_decode_attention(
+        q: FloatTensor<Self>,
+        k_pool: FloatTensor<Self>,
+        v_pool: FloatTensor<Self>,
+        tables: IntTensor<Self>,
+        lens: IntTensor<Self>,
+        layout: PagedLayout,
+    ) -> FloatTensor<Self> {
+        paged_attention::fallback_paged_decode::<Self>(q, k_pool, v_pool, tables, lens, layout)
     }
 
     /// Causal attention's output; under autodiff it is differentiable with respect to `q`, `k`, `v`

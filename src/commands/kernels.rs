@@ -125,6 +125,42 @@ impl BackendTask for KernelsArgs {
             ensure!(ok, "kernel parity failed on {}", self.device);
             table.clear();
         }
+        // 2a. Decode attention over the paged pool: the backend's op (the kernel on CubeCL) vs
+        // the gather fallback, Qwen3-4B heads (32 over 8, head_dim 128), 64 rows of up to 2k keys.
+        {
+            use conrub_kernels::paged_attention::fallback_paged_decode;
+            use conrub_kernels::PagedLayout;
+            let (rows, nh, nkv, d, bs) = (64usize, 32usize, 8usize, 128usize, 16usize);
+            let lens: Vec<usize> = (0..rows).map(|r| 2048 - (r * 29) % 1500).collect();
+            let blocks = 2048 / bs;
+            let slots = rows * blocks * bs;
+            // Row r owns blocks r, r + rows, r + 2 rows, ...: interleaved, as a busy pool is.
+            let block_ids: Vec<i64> = (0..rows).flat_map(|r| (0..blocks).map(move |j| (j * rows + r) as i64)).collect();
+            for dtype in [burn::tensor::DType::F32, burn::tensor::DType::BF16] {
+                let q = Tensor::<B, 4>::from_data(TensorData::new(seeded_uniform(rows * nh * d, 31, 1.0), [rows, nh, 1, d]), &device).cast(dtype);
+                let kp = Tensor::<B, 2>::from_data(TensorData::new(seeded_uniform(slots * nkv * d, 32, 1.0), [slots, nkv * d]), &device).cast(dtype);
+                let vp = Tensor::<B, 2>::from_data(TensorData::new(seeded_uniform(slots * nkv * d, 33, 1.0), [slots, nkv * d]), &device).cast(dtype);
+                let tables = Tensor::<B, 2, Int>::from_data(TensorData::new(block_ids.clone(), [rows, blocks]), &device);
+                let lt = Tensor::<B, 1, Int>::from_data(TensorData::new(lens.iter().map(|&l| l as i64).collect::<Vec<_>>(), [rows]), &device);
+                let layout = PagedLayout { block_size: bs, scale: 1.0 / (d as f64).sqrt() };
+                let run = |kernel: bool| -> Tensor<B, 4> {
+                    let (q, k, v, t, l) = (q.clone().into_primitive().tensor(), kp.clone().into_primitive().tensor(), vp.clone().into_primitive().tensor(), tables.clone().into_primitive(), lt.clone().into_primitive());
+                    let out = if kernel { B::paged_decode_attention(q, k, v, t, l, layout) } else { fallback_paged_decode::<B>(q, k, v, t, l, layout) };
+                    Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(out))
+                };
+                let e = relative_error(&host(run(true).cast(burn::tensor::DType::F32)), &host(run(false).cast(burn::tensor::DType::F32)));
+                let bound = if dtype == burn::tensor::DType::F32 { 1e-4 } else { 3e-2 };
+                ensure!(e <= bound, "paged decode attention ({dtype:?}) differs from the gather fallback by {e:.2e} on {}", self.device);
+                let kernel = time(self.iters, || sync(run(true)));
+                let gather = time(self.iters, || sync(run(false)));
+                table.push((format!("parity: paged decode attention ({dtype:?})"), format!("{e:.2e}"), format!("ok (bound {bound:.0e})")));
+                table.push((
+                    format!("paged decode attention, {rows} rows x up to 2,048 keys, {dtype:?}"),
+                    format!("{:.3} ms", kernel * 1e3),
+                    format!("gather fallback {:.3} ms, op/gather {:.2}x", gather * 1e3, kernel / gather),
+                ));
+            }
+        }
         // 2. token_logprobs, fused vs naive.
         let (n, hd) = (self.tokens, self.hidden);
         let h0 = Tensor::<B, 2>::from_data(TensorData::new(seeded_uniform(n * hd, 6, 1.0), [n, hd]), &device);

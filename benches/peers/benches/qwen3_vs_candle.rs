@@ -1,6 +1,7 @@
 //! conrub (burn, on each CPU backend compiled in) vs candle-transformers' Qwen3 (CPU, f32) on the
-//! same random Qwen3-0.6B-shaped safetensors: single-sequence prefill and batched KV-cache decode,
-//! measured in the same run. Also checks that both produce the same last-position logits.
+//! same random Qwen3-0.6B-shaped safetensors: single-sequence prefill and KV-cache decode at batch
+//! 1 and 8 (conrub's dense cache, conrub's rollout engine, candle), measured in the same run.
+//! Also checks that both produce the same last-position logits.
 //!
 //! `cargo bench -p conrub-bench-peers` (flex, the default CPU backend); add `--features ndarray` to
 //! measure burn-ndarray too. `CONRUB_BENCH_LAYERS=N` shortens the model (default: all 28 layers).
@@ -11,11 +12,13 @@ use burn::tensor::backend::Backend;
 use burn::tensor::DType;
 use candle_core::{Device as CandleDevice, Tensor as CandleTensor};
 use conrub_bench_peers::{load_candle, write_checkpoint};
-use conrub_qwen3::{ForwardBatch, KvCache, Qwen3};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use conrub_kernels::GrpoOps;
+use conrub_qwen3::{rollout, EngineConfig, ForwardBatch, KvCache, Qwen3, Qwen3ForCausalLM, SamplingConfig};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 
 const PREFILL_LEN: usize = 256;
-const DECODE_BATCH: usize = 8;
+const DECODE_BATCHES: [usize; 2] = [1, 8];
 const DECODE_PROMPT: usize = 16;
 const DECODE_STEPS: usize = 8;
 
@@ -31,7 +34,7 @@ fn candle_ids(ids: &[Vec<u32>]) -> CandleTensor {
     CandleTensor::from_vec(flat, (b, t), &CandleDevice::Cpu).unwrap()
 }
 
-fn run<B: Backend>(c: &mut Criterion, name: &str) {
+fn run<B: GrpoOps>(c: &mut Criterion, name: &str) {
     let layers = std::env::var("CONRUB_BENCH_LAYERS").ok().and_then(|v| v.parse().ok());
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_checkpoint::<B>(dir.path(), layers);
@@ -69,17 +72,29 @@ fn run<B: Backend>(c: &mut Criterion, name: &str) {
         })
     });
 
-    group.throughput(Throughput::Elements((DECODE_BATCH * DECODE_STEPS) as u64));
-    let prompt = ids(DECODE_BATCH, DECODE_PROMPT, 2);
-    group.bench_function(format!("conrub decode {DECODE_BATCH}x{DECODE_STEPS}"), |b| {
+    for batch in DECODE_BATCHES {
+        decode_benches::<B>(&mut group, &ours, &mut candle, batch, &device);
+    }
+    group.finish();
+}
+
+/// Batched decode, `DECODE_STEPS` tokens per row after a `DECODE_PROMPT`-token prompt (prefill
+/// not timed), three ways: conrub's dense KV cache (`forward` per step, logits to the host), the
+/// rollout engine (paged pool, decode attention over block tables, greedy sampling on the device;
+/// its decode time is a run of `DECODE_STEPS + 1` tokens minus a run of 1, both prefilling the
+/// same prompts), and candle's KV cache (logits to the host).
+fn decode_benches<B: GrpoOps>(group: &mut BenchmarkGroup<'_, WallTime>, ours: &Qwen3ForCausalLM<B>, candle: &mut candle_transformers::models::qwen3::ModelForCausalLM, n: usize, device: &B::Device) {
+    group.throughput(Throughput::Elements((n * DECODE_STEPS) as u64));
+    let prompt = ids(n, DECODE_PROMPT, 2);
+    group.bench_function(format!("conrub decode {n}x{DECODE_STEPS}"), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let mut cache = KvCache::new(ours.num_layers());
-                ours.forward(&ForwardBatch::<B>::contiguous(&prompt, 0, &device), Some(&mut cache)).into_data();
+                ours.forward(&ForwardBatch::<B>::contiguous(&prompt, 0, device), Some(&mut cache)).into_data();
                 let start = Instant::now();
                 for step in 0..DECODE_STEPS {
-                    let batch = ForwardBatch::<B>::contiguous(&ids(DECODE_BATCH, 1, step as u32), DECODE_PROMPT + step, &device);
+                    let batch = ForwardBatch::<B>::contiguous(&ids(n, 1, step as u32), DECODE_PROMPT + step, device);
                     let _ = ours.forward(&batch, Some(&mut cache)).into_data();
                 }
                 total += start.elapsed();
@@ -87,8 +102,26 @@ fn run<B: Backend>(c: &mut Criterion, name: &str) {
             total
         })
     });
+    let engine = EngineConfig::default();
+    let greedy = |tokens: usize| SamplingConfig { greedy: true, max_new_tokens: tokens, stop_ids: vec![], ..Default::default() };
+    let (short, long) = (greedy(1), greedy(DECODE_STEPS + 1));
+    group.bench_function(format!("conrub engine decode {n}x{DECODE_STEPS}"), |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                let out = rollout(ours, &prompt, &long, &engine, device).unwrap();
+                let with_decode = start.elapsed();
+                assert_eq!(out.stats.generated_tokens, n * (DECODE_STEPS + 1), "every row decodes every step");
+                let start = Instant::now();
+                rollout(ours, &prompt, &short, &engine, device).unwrap();
+                total += with_decode.saturating_sub(start.elapsed());
+            }
+            total
+        })
+    });
     let input = candle_ids(&prompt);
-    group.bench_function(format!("candle decode {DECODE_BATCH}x{DECODE_STEPS}"), |b| {
+    group.bench_function(format!("candle decode {n}x{DECODE_STEPS}"), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
@@ -100,7 +133,7 @@ fn run<B: Backend>(c: &mut Criterion, name: &str) {
                 }
                 let start = Instant::now();
                 for step in 0..DECODE_STEPS {
-                    let next = candle_ids(&ids(DECODE_BATCH, 1, step as u32));
+                    let next = candle_ids(&ids(n, 1, step as u32));
                     let _ = candle.forward(&next, DECODE_PROMPT + step).unwrap().to_vec3::<f32>().unwrap();
                 }
                 total += start.elapsed();
@@ -108,7 +141,6 @@ fn run<B: Backend>(c: &mut Criterion, name: &str) {
             total
         })
     });
-    group.finish();
 }
 
 fn benches(c: &mut Criterion) {

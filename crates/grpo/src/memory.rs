@@ -35,8 +35,8 @@
 //!   what the rollout leaves free, and never more than every row of a call at full length. The
 //!   engine queues what does not fit and preempts, so the pool needs to hold only one full-length
 //!   row; `max_rollout_rows` is how many it holds at once. Its transient is the larger of a
-//!   decode step (each running row's keys and values of one layer gathered to the attended length
-//!   [`conrub_qwen3::attended_blocks`], the f32 scores, the logits and the sampler's f32 copies)
+//!   decode step (one token's activations per row, the logits and the sampler's f32 copies: the
+//!   decode attention kernel `conrub_kernels::paged_decode_attention` reads the pool in place)
 //!   and a prefill pass.
 //! - Training and rollout do not overlap: the peak is the larger of the two.
 //!
@@ -78,8 +78,6 @@ pub const AUTO_KV_SHARE: f64 = 0.9;
 /// f32 `[rows, vocab]` tensors of on-device sampling alive at once (logits, exponentials, their
 /// cumulative sums).
 pub const SAMPLING_COPIES: f64 = 3.0;
-/// f32 copies of a decode step's `[rows, heads, 1, keys]` attention scores.
-pub const DECODE_SCORE_COPIES: f64 = 3.0;
 /// Device bytes per token of the train batch (ids, targets/positions as i64, mask and old
 /// log-probs as f32); 4 more with a reference model.
 pub const TRAIN_BATCH_BYTES_PER_TOKEN: f64 = 28.0;
@@ -522,11 +520,12 @@ fn rollout_transient(i: &MemoryPlanInput) -> f64 {
     let m = &i.model;
     let c = i.compute_bytes();
     let rows = i.decode_rows() as f64;
-    let (v, nh, nkv, d) = (m.vocab_size as f64, m.num_attention_heads as f64, m.num_key_value_heads as f64, m.head_dim as f64);
-    // Decode: one layer's keys and values of every row gathered to the attended length, the f32
-    // scores, one token's activations, the logits and the sampler's f32 copies.
-    let keys = (conrub_qwen3::attended_blocks(i.full_row_blocks()) * i.kv_block_size.max(1)) as f64;
-    let decode = rows * (keys * 2.0 * nkv * d * c + nh * keys * 4.0 * DECODE_SCORE_COPIES + m.inference_bytes_per_token(c)) + rows * v * (c + 4.0 * SAMPLING_COPIES);
+    let (v, nh) = (m.vocab_size as f64, m.num_attention_heads as f64);
+    // Decode: the paged attention kernel reads the pool in place (nothing gathered, scores in
+    // shared memory), so one token's activations per row, the block tables, the logits and the
+    // sampler's f32 copies.
+    let table = (conrub_qwen3::attended_blocks(i.full_row_blocks()) * 8) as f64;
+    let decode = rows * (m.inference_bytes_per_token(c) + table) + rows * v * (c + 4.0 * SAMPLING_COPIES);
     // Prefill: one prompt (the engine prefills each alone) through one layer, its attention
     // blocks, and one row of logits.
     let p = i.max_prompt_tokens.max(1) as f64;

@@ -39,7 +39,7 @@ use crate::device_sampling::sample_on_device;
 use crate::error::{Qwen3Error, Result};
 use crate::generate::{check_sequences, sequence_rng, Generation, SamplingConfig};
 use crate::model::Qwen3ForCausalLM;
-use crate::paged::{BlockAllocator, PagedKv, PagedPass};
+use crate::paged::{BlockAllocator, PagedKv, PagedPass, PagedRead};
 
 /// Positions per KV block unless told otherwise.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -527,7 +527,7 @@ impl<B: GrpoOps> Engine<'_, B> {
             tables.push(s.blocks.clone());
         }
         let blocks = attended_blocks(tables.iter().map(Vec::len).max().unwrap_or(1));
-        let read = PagedPass::<B>::decode_read(&tables, blocks, bs, &lens, self.device);
+        let read = PagedRead::new(&tables, blocks, bs, &lens, self.device);
         let pass = PagedPass { write_slots, write_rows: None, read: Some(read) };
         let batch = ForwardBatch {
             input_ids: Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [n, 1]), self.device),

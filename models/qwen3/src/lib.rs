@@ -48,7 +48,7 @@ pub use error::{Qwen3Error, Result};
 pub use generate::{generate, generate_dense, sample_token, score_sequences, sequence_rng, FinishReason, Generation, SamplingConfig, SequenceScores};
 pub use hub::resolve_model_dir;
 pub use model::{AttentionImpl, Execution, Precision, Qwen3ForCausalLM};
-pub use paged::{BlockAllocator, PagedKv, PagedPass};
+pub use paged::{BlockAllocator, PagedKv, PagedPass, PagedRead};
 pub use pretrained::{save_pretrained, Qwen3};
 pub use tokenizer::{ChatOptions, Message, Qwen3Tokenizer};
 pub use weights::{load_weights, SaveDtype, WeightFiles};

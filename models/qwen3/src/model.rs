@@ -9,7 +9,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn::module::ModuleVisitor;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use conrub_kernels::{causal_attention, AttentionLayout, GrpoOps};
+use conrub_kernels::{causal_attention, paged_decode_attention, AttentionLayout, GrpoOps, PagedLayout};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -348,11 +348,9 @@ impl<B: Backend> Attention<B> {
             let kp = conrub_kernels::kv_write(layer.0.take().expect("pool present"), &pass.write_slots, kr);
             let vp = conrub_kernels::kv_write(layer.1.take().expect("pool present"), &pass.write_slots, vr);
             let out = match &pass.read {
-                Some((slots, key_valid)) => {
-                    let s = key_valid.dims()[1];
-                    let kg = kp.clone().select(0, slots.clone()).reshape([b, s, nkv, hd]).swap_dims(1, 2);
-                    let vg = vp.clone().select(0, slots.clone()).reshape([b, s, nkv, hd]).swap_dims(1, 2);
-                    causal_attention(q, kg, vg, key_valid.clone(), AttentionLayout { past: s - t, scale })
+                Some(read) => {
+                    let layout = PagedLayout { block_size: read.block_size, scale };
+                    paged_decode_attention(q, kp.clone(), vp.clone(), read.tables.clone(), read.lens.clone(), layout)
                 }
                 None => {
                     let key_valid = mask.fused.clone().unwrap_or_else(|| Tensor::<B, 2>::ones([b, t], &kp.device()).cast(DType::F32));

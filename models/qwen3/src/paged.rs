@@ -104,30 +104,37 @@ pub struct PagedPass<B: Backend> {
     /// Flat indices (`row * seq + column`) of the real new tokens among the batch's `rows x seq`
     /// positions; `None` when every position is real.
     pub write_rows: Option<Tensor<B, 1, Int>>,
-    /// For decode steps: the keys every row attends to, as pool slots `[rows * keys]` (each row's
-    /// block table expanded), and their validity `[rows, keys]` (1 = a cached or new position).
-    /// `None` for a prefill, which attends to its own new keys only.
-    pub read: Option<(Tensor<B, 1, Int>, Tensor<B, 2>)>,
+    /// For decode steps: the block table and length of every row, read in place by
+    /// [`conrub_kernels::paged_decode_attention`]. `None` for a prefill, which attends to its own
+    /// new keys only.
+    pub read: Option<PagedRead<B>>,
 }
 
-impl<B: Backend> PagedPass<B> {
+/// What a decode step reads: every row's block table and how many keys it attends to.
+#[derive(Debug, Clone)]
+pub struct PagedRead<B: Backend> {
+    /// `[rows, blocks]` block ids, each row padded with block 0.
+    pub tables: Tensor<B, 2, Int>,
+    /// `[rows]` keys per row (its cached positions and the new one).
+    pub lens: Tensor<B, 1, Int>,
+    /// Positions per block.
+    pub block_size: usize,
+}
+
+impl<B: Backend> PagedRead<B> {
     /// The decode-step read of rows whose block tables are `tables` (each padded with block 0 to
-    /// `blocks` entries) and which hold `lens[r]` valid positions (the new one included).
-    pub fn decode_read(tables: &[Vec<u32>], blocks: usize, block_size: usize, lens: &[usize], device: &B::Device) -> (Tensor<B, 1, Int>, Tensor<B, 2>) {
+    /// `blocks` entries) and which hold `lens[r]` valid positions (the new one included): the
+    /// tables and lengths go to the device once per step, a few words a row.
+    pub fn new(tables: &[Vec<u32>], blocks: usize, block_size: usize, lens: &[usize], device: &B::Device) -> Self {
         let n = tables.len();
         let mut flat = Vec::with_capacity(n * blocks);
         for t in tables {
             flat.extend(t.iter().map(|&b| b as i64));
             flat.extend(std::iter::repeat_n(0i64, blocks - t.len()));
         }
-        let keys = blocks * block_size;
-        let table = Tensor::<B, 3, Int>::from_data(TensorData::new(flat, [n, blocks, 1]), device);
-        let offsets = Tensor::<B, 1, Int>::arange(0..block_size as i64, device).reshape([1, 1, block_size]);
-        let slots = (table.mul_scalar(block_size as i64) + offsets).reshape([n * keys]);
-        let lens = Tensor::<B, 2, Int>::from_data(TensorData::new(lens.iter().map(|&l| l as i64).collect::<Vec<_>>(), [n, 1]), device);
-        let positions = Tensor::<B, 1, Int>::arange(0..keys as i64, device).reshape([1, keys]);
-        let valid = positions.lower(lens).float().cast(DType::F32);
-        (slots, valid)
+        let tables = Tensor::<B, 2, Int>::from_data(TensorData::new(flat, [n, blocks]), device);
+        let lens = Tensor::<B, 1, Int>::from_data(TensorData::new(lens.iter().map(|&l| l as i64).collect::<Vec<_>>(), [n]), device);
+        Self { tables, lens, block_size }
     }
 }
 

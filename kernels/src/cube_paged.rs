@@ -1,0 +1,251 @@
+//! Decode attention over a paged KV pool as one CubeCL kernel (CUDA, HIP and wgpu from one
+//! source), used by `GrpoOps::paged_decode_attention` for `CubeBackend`. Nothing is gathered: the
+//! kernel reads each row's block table and the pool in place.
+//!
+//! One cube per (query head, row) of `units` units. The cube walks the row's keys a tile at a
+//! time:
+//! 1. units look up the pool slot of each key of the tile in the row's block table (shared);
+//! 2. units stage the tile's keys of the row's key/value head into shared memory (f32),
+//!    neighbouring units reading neighbouring channels of one key, so loads are coalesced;
+//! 3. each unit scores one key of the tile against the scaled query (staged once, shared);
+//! 4. every unit takes the tile's maximum, rescales its running sum, and accumulates `p · v` for
+//!    the channels it owns (`c = unit + i · units`), reading the values straight from the pool
+//!    (neighbouring units, neighbouring channels).
+//!
+//! Every unit runs the same online softmax over the same scores, so each ends with the same
+//! denominator and writes its own channels: no reduction across units is needed. Scores, softmax
+//! and accumulation are f32 whatever F is.
+//!
+//! Shared memory: `(tile · head_dim + head_dim + 2 · tile) · 4` bytes, the tile sized to the
+//! device's limit (at most 48 KiB, at most 64 keys): 62 keys at head_dim 128 under lavapipe's
+//! 32 KiB. Lavapipe's loop limiter (65,535 iterations per invocation, see `cube_attention`)
+//! allows about `65,535 / (tile · head_dim / units + 3 · tile)` tiles: some 9,000 keys per row at
+//! head_dim 128; GPU drivers have no such limit.
+
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_cubecl::kernel::cast;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+use cubecl::prelude::*;
+
+use crate::cube_attention::MAX_HEAD_DIM;
+use crate::paged_attention::PagedLayout;
+
+/// Units per cube, at most.
+const UNITS: usize = 64;
+/// Keys per staged tile, at most.
+const MAX_TILE: usize = 64;
+/// Shared memory asked for, at most.
+const MAX_SHARED_BYTES: usize = 48 * 1024;
+/// The running maximum before any key.
+const NEG: f32 = crate::ATTENTION_MASKED_LSE;
+
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn paged_decode_kernel<F: Float, I: Numeric>(
+    q: &Tensor<F>,
+    k_pool: &Tensor<F>,
+    v_pool: &Tensor<F>,
+    tables: &Tensor<I>,
+    lens: &Tensor<I>,
+    out: &mut Tensor<F>,
+    block_size: u32,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] units: usize,
+    #[comptime] tile: usize,
+    #[comptime] unroll: usize,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let h = CUBE_POS_X as usize;
+    let r = CUBE_POS_Y as usize;
+    let unit = UNIT_POS_X as usize;
+    let heads = q.shape(1);
+    let kv_heads = k_pool.shape(1) / head_dim;
+    let hk = h / (heads / kv_heads);
+    let bs = block_size as usize;
+    let len = u32::cast_from(lens[r * lens.stride(0)]) as usize;
+    let tb = r * tables.stride(0);
+    let t1 = tables.stride(1);
+    let k0 = k_pool.stride(0);
+    let k1 = k_pool.stride(1);
+    let v0 = v_pool.stride(0);
+    let v1 = v_pool.stride(1);
+    let kc = hk * head_dim;
+
+    let mut qs = SharedMemory::<f32>::new(head_dim);
+    let mut ks = SharedMemory::<f32>::new(comptime!(tile * head_dim));
+    let mut ps = SharedMemory::<f32>::new(tile);
+    let mut slot = SharedMemory::<u32>::new(tile);
+
+    let qb = r * q.stride(0) + h * q.stride(1);
+    let mut c = unit;
+    while c < head_dim {
+        qs[c] = f32::cast_from(q[qb + c * q.stride(3)]) * scale;
+        c += units;
+    }
+
+    let per_unit = comptime!(head_dim.div_ceil(units));
+    let mut acc = Array::<f32>::new(per_unit);
+    #[unroll]
+    for i in 0..per_unit {
+        acc[i] = f32::new(0.0);
+    }
+    let mut m = f32::new(NEG);
+    let mut l = f32::new(0.0);
+    let mut j0 = 0usize;
+    while j0 < len {
+        // 1. Slots of the tile's keys.
+        let mut jj = unit;
+        while jj < tile {
+            let p = j0 + jj;
+            let mut s = 0u32;
+            if p < len {
+                let b = u32::cast_from(tables[tb + (p / bs) * t1]);
+                s = b * block_size + u32::cast_from(p % bs);
+            }
+            slot[jj] = s;
+            jj += units;
+        }
+        sync_cube();
+        // 2. The tile's keys, channel-fastest.
+        let mut idx = unit;
+        while idx < comptime!(tile * head_dim) {
+            let j = idx / head_dim;
+            let mut x = f32::new(0.0);
+            if j0 + j < len {
+                x = f32::cast_from(k_pool[slot[j] as usize * k0 + (kc + idx % head_dim) * k1]);
+            }
+            ks[idx] = x;
+            idx += units;
+        }
+        sync_cube();
+        // 3. One score per key.
+        let mut jj = unit;
+        while jj < tile {
+            let mut sc = f32::new(NEG);
+            if j0 + jj < len {
+                let mut dot = f32::new(0.0);
+                for c0 in 0..comptime!(head_dim / unroll) {
+                    #[unroll]
+                    for u in 0..unroll {
+                        let c = c0 * unroll + u;
+                        dot += qs[c] * ks[jj * head_dim + c];
+                    }
+                }
+                sc = dot;
+            }
+            ps[jj] = sc;
+            jj += units;
+        }
+        sync_cube();
+        // 4. Online softmax over the tile, values of this unit's channels.
+        let mut n = len - j0;
+        if n > tile {
+            n = tile;
+        }
+        let mut tmax = f32::new(NEG);
+        for jj in 0..n {
+            tmax = f32::max(tmax, ps[jj]);
+        }
+        let mn = f32::max(m, tmax);
+        let alpha = (m - mn).exp();
+        l *= alpha;
+        #[unroll]
+        for i in 0..per_unit {
+            acc[i] = acc[i] * alpha;
+        }
+        for jj in 0..n {
+            let p = (ps[jj] - mn).exp();
+            l += p;
+            let vb = slot[jj] as usize * v0;
+            #[unroll]
+            for i in 0..per_unit {
+                let c = unit + i * units;
+                if c < head_dim {
+                    acc[i] += p * f32::cast_from(v_pool[vb + (kc + c) * v1]);
+                }
+            }
+        }
+        m = mn;
+        sync_cube();
+        j0 += tile;
+    }
+
+    let mut inv = f32::new(0.0);
+    if l > f32::new(0.0) {
+        inv = f32::new(1.0) / l;
+    }
+    let ob = r * out.stride(0) + h * out.stride(1);
+    #[unroll]
+    for i in 0..per_unit {
+        let c = unit + i * units;
+        if c < head_dim {
+            out[ob + c * out.stride(3)] = F::cast_from(acc[i] * inv);
+        }
+    }
+}
+
+/// Units per cube and keys per tile for `head_dim` on this device.
+fn geometry<R: CubeRuntime>(t: &CubeTensor<R>, head_dim: usize) -> (usize, usize) {
+    let hw = &t.client.properties().hardware;
+    let mut units = UNITS;
+    while units > 1 && (units as u32 > hw.max_cube_dim.0 || units as u32 > hw.max_units_per_cube) {
+        units /= 2;
+    }
+    let budget = hw.max_shared_memory_size.clamp(4 * 1024, MAX_SHARED_BYTES);
+    let tile = ((budget / 4).saturating_sub(head_dim) / (head_dim + 2)).clamp(1, MAX_TILE);
+    (units, tile)
+}
+
+fn to_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
+    if t.dtype == dtype {
+        t
+    } else {
+        cast(t, dtype)
+    }
+}
+
+/// The kernel's launch (see `GrpoOps::paged_decode_attention`; shapes are checked by the caller).
+pub(crate) fn paged_decode<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k_pool: CubeTensor<R>,
+    v_pool: CubeTensor<R>,
+    tables: CubeTensor<R>,
+    lens: CubeTensor<R>,
+    layout: PagedLayout,
+) -> CubeTensor<R> {
+    let [rows, heads, _, d] = q.shape().dims::<4>();
+    assert!((1..=MAX_HEAD_DIM).contains(&d), "paged_decode_attention: head_dim {d} outside 1..={MAX_HEAD_DIM}");
+    let dtype = q.dtype;
+    let (k_pool, v_pool) = (to_dtype(k_pool, dtype), to_dtype(v_pool, dtype));
+    assert_eq!(lens.dtype, tables.dtype, "paged_decode_attention: tables and lens differ in dtype");
+    let out = empty_device_dtype::<R>(q.client.clone(), q.device.clone(), Shape::new([rows, heads, 1, d]), dtype);
+    if rows * heads == 0 {
+        return out;
+    }
+    let (units, tile) = geometry(&q, d);
+    let unroll = [8, 4, 2, 1].into_iter().find(|u| d.is_multiple_of(*u)).unwrap_or(1);
+    let dtypes = [dtype.into(), tables.dtype.into()];
+    let client = q.client.clone();
+    paged_decode_kernel::launch::<R>(
+        &client,
+        CubeCount::Static(heads as u32, rows as u32, 1),
+        CubeDim::new_1d(units as u32),
+        q.into_tensor_arg(),
+        k_pool.into_tensor_arg(),
+        v_pool.into_tensor_arg(),
+        tables.into_tensor_arg(),
+        lens.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        layout.block_size as u32,
+        layout.scale as f32,
+        d,
+        units,
+        tile,
+        unroll,
+        dtypes,
+    );
+    out
+}
