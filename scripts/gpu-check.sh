@@ -8,7 +8,9 @@
 # It prints one table: parity of the fused ops on CUDA against the CPU fallback (values and
 # gradients at the full 151,936 vocabulary), parity of the fused causal attention against the
 # naive graph on the GPU (out, dq, dk, dv; GQA 16/8, head_dim 128, 300 queries, padded keys; f32
-# and bf16), then fused vs naive timings of token_logprobs (4,096 x 151,936 x 1,024), of the
+# and bf16), parity and timing of the paged decode attention kernel against its gather fallback
+# (Qwen3-4B heads 32/8 x 128, 64 rows of up to 2,048 keys in an interleaved pool; f32 and bf16),
+# then fused vs naive timings of token_logprobs (4,096 x 151,936 x 1,024), of the
 # clipped surrogate (64 x 8,192) and of a Qwen3-0.6B-shaped forward/backward step (4 x 1,024
 # tokens), and one Qwen3-0.6B-shaped train step of the published recipe at 8,192 tokens
 # (bf16-mixed, fused attention, per-layer activation checkpointing, AdamW), and one rollout of the

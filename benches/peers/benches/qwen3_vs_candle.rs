@@ -8,7 +8,6 @@
 
 use std::time::{Duration, Instant};
 
-use burn::tensor::backend::Backend;
 use burn::tensor::DType;
 use candle_core::{Device as CandleDevice, Tensor as CandleTensor};
 use conrub_bench_peers::{load_candle, write_checkpoint};
