@@ -49,7 +49,7 @@ const ROWS_PER_CUBE: usize = 64;
 /// Rows of a staged tile, at most.
 const MAX_TILE: usize = 64;
 /// Shared memory a kernel asks for, at most (CUDA's static limit without opt-in).
-const MAX_SHARED_BYTES: usize = 48 * 1024;
+pub(crate) const MAX_SHARED_BYTES: usize = 48 * 1024;
 /// Largest supported head dimension (the local arrays are sized at compile time).
 pub const MAX_HEAD_DIM: usize = 256;
 
@@ -553,11 +553,11 @@ fn geometry<R: CubeRuntime>(t: &CubeTensor<R>, head_dim: usize) -> (usize, usize
 /// The head-dimension loops run `head_dim / unroll` times over an unrolled body of `unroll`
 /// steps: fewer loop iterations (Mesa's lavapipe, the CI device, ends every loop of an invocation
 /// once 65,535 iterations have run in all) without the compile time of a full unroll.
-fn unroll_factor(head_dim: usize) -> usize {
+pub(crate) fn unroll_factor(head_dim: usize) -> usize {
     [8, 4, 2, 1].into_iter().find(|u| head_dim.is_multiple_of(*u)).unwrap_or(1)
 }
 
-fn to_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
+pub(crate) fn to_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
     if t.dtype == dtype {
         t
     } else {

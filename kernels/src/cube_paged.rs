@@ -22,22 +22,19 @@
 //! allows about `65,535 / (tile · head_dim / units + 3 · tile)` tiles: some 9,000 keys per row at
 //! head_dim 128; GPU drivers have no such limit.
 
-use burn::tensor::{DType, Shape, TensorMetadata};
-use burn_cubecl::kernel::cast;
+use burn::tensor::{Shape, TensorMetadata};
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 
-use crate::cube_attention::MAX_HEAD_DIM;
+use crate::cube_attention::{to_dtype, unroll_factor, MAX_HEAD_DIM, MAX_SHARED_BYTES};
 use crate::paged_attention::PagedLayout;
 
 /// Units per cube, at most.
 const UNITS: usize = 64;
 /// Keys per staged tile, at most.
 const MAX_TILE: usize = 64;
-/// Shared memory asked for, at most.
-const MAX_SHARED_BYTES: usize = 48 * 1024;
 /// The running maximum before any key.
 const NEG: f32 = crate::ATTENTION_MASKED_LSE;
 
@@ -199,14 +196,6 @@ fn geometry<R: CubeRuntime>(t: &CubeTensor<R>, head_dim: usize) -> (usize, usize
     (units, tile)
 }
 
-fn to_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
-    if t.dtype == dtype {
-        t
-    } else {
-        cast(t, dtype)
-    }
-}
-
 /// The kernel's launch (see `GrpoOps::paged_decode_attention`; shapes are checked by the caller).
 pub(crate) fn paged_decode<R: CubeRuntime>(
     q: CubeTensor<R>,
@@ -226,7 +215,6 @@ pub(crate) fn paged_decode<R: CubeRuntime>(
         return out;
     }
     let (units, tile) = geometry(&q, d);
-    let unroll = [8, 4, 2, 1].into_iter().find(|u| d.is_multiple_of(*u)).unwrap_or(1);
     let dtypes = [dtype.into(), tables.dtype.into()];
     let client = q.client.clone();
     paged_decode_kernel::launch::<R>(
@@ -244,7 +232,7 @@ pub(crate) fn paged_decode<R: CubeRuntime>(
         d,
         units,
         tile,
-        unroll,
+        unroll_factor(d),
         dtypes,
     );
     out
