@@ -166,3 +166,31 @@ fn config_errors_name_the_key_and_the_allowed_values() {
     let e = run("judge.device=\"cuda:1\"");
     assert!(e.contains("[judge] device = \"cuda:1\"") && e.contains("remove the key"), "{e}");
 }
+
+/// The shrunk demo on libtorch's CPU device (feature `tch`, run by `scripts/test-tch.sh`): it
+/// trains four steps, its losses, rewards and gradient norms are finite, and it resumes
+/// bit-identically from a checkpoint like the flex run above.
+#[cfg(feature = "tch")]
+#[test]
+fn demo_trains_on_libtorch() {
+    let dir = tempfile::tempdir().unwrap();
+    let straight = dir.path().join("tch");
+    let log = train(&straight, &["--set", "run.max_steps=4", "--device", "tch:cpu"]);
+    assert!(log.contains("step 4/4"), "{log}");
+    let a = steps(&straight);
+    assert_eq!(a.len(), 4);
+    for s in &a {
+        for key in ["reward_mean", "loss"] {
+            assert!(s[key].as_f64().is_some_and(f64::is_finite), "step {}: {key} = {}", s["step"], s[key]);
+        }
+        assert!(s["grad_norms"].as_array().is_some_and(|g| !g.is_empty() && g.iter().all(|x| x.as_f64().is_some_and(f64::is_finite))), "{}", s["grad_norms"]);
+    }
+    let split = dir.path().join("split");
+    train(&split, &["--set", "run.max_steps=2", "--device", "tch:cpu"]);
+    train(&split, &["--set", "run.max_steps=4", "--device", "tch:cpu", "--resume", split.join("checkpoint-000002").to_str().unwrap()]);
+    for (x, y) in a.iter().zip(&steps(&split)) {
+        for key in ["reward_mean", "loss", "grad_norms"] {
+            assert_eq!(x[key], y[key], "step {}: {key}", x["step"]);
+        }
+    }
+}

@@ -21,6 +21,12 @@
 mod attention;
 mod autodiff;
 mod backends;
+#[cfg(any(feature = "flex", feature = "ndarray"))]
+pub mod cpu_head;
+#[cfg(any(feature = "flex", feature = "ndarray"))]
+mod host_head;
+#[cfg(any(feature = "flex", feature = "ndarray"))]
+pub use host_head::{host_head_enabled, set_host_head, HOST_HEAD_ENV};
 #[cfg(feature = "cube")]
 mod cube;
 #[cfg(feature = "cube")]

@@ -41,13 +41,16 @@ pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
     let scaled = |x: f32| (x as f64 - max as f64) * inv_t;
     let restricted = cfg.top_k.is_some_and(|k| k < logits.len()) || cfg.top_p < 1.0;
     if !restricted {
-        // Full distribution: one pass for the normaliser, one for the inverse CDF.
-        let total: f64 = logits.iter().map(|&x| scaled(x).exp()).sum();
+        // Full distribution: one pass for the normaliser, one for the inverse CDF. Each weight is
+        // computed once and kept for the scan (the same values summed in the same order as
+        // recomputing them, so the same token, at one exponential per logit instead of up to two).
+        let weights: Vec<f64> = logits.iter().map(|&x| scaled(x).exp()).collect();
+        let total: f64 = weights.iter().sum();
         let target = u * total;
         let mut acc = 0.0;
         let mut tok = logits.len() - 1;
-        for (i, &x) in logits.iter().enumerate() {
-            acc += scaled(x).exp();
+        for (i, &w) in weights.iter().enumerate() {
+            acc += w;
             if acc > target {
                 tok = i;
                 break;

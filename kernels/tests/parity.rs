@@ -279,6 +279,40 @@ mod flex {
     }
 }
 
+/// libtorch's CPU device runs the portable fallback (`scripts/test-tch.sh`).
+#[cfg(feature = "tch")]
+mod tch {
+    use burn::backend::LibTorch;
+
+    #[test]
+    fn token_logprobs_on_tch() {
+        super::token_logprobs_matches_autodiff::<LibTorch<f32>>(&Default::default(), 37, 24, 16, 1e-5);
+    }
+
+    #[test]
+    fn row_hooks_on_tch() {
+        super::row_hooks_match_fallback::<LibTorch<f32>>(&Default::default(), 5);
+    }
+
+    #[test]
+    fn surrogate_on_tch() {
+        for len in [45, 300] {
+            super::surrogate_matches_autodiff::<LibTorch<f32>>(&Default::default(), len);
+        }
+    }
+}
+
+/// burn-ndarray runs the fused host head, like flex.
+#[cfg(feature = "ndarray")]
+mod ndarray {
+    use burn::backend::NdArray;
+
+    #[test]
+    fn token_logprobs_on_ndarray() {
+        super::token_logprobs_matches_autodiff::<NdArray>(&Default::default(), 37, 24, 16, 1e-5);
+    }
+}
+
 #[cfg(feature = "wgpu")]
 mod wgpu {
     use burn::backend::wgpu::{Wgpu, WgpuDevice};

@@ -5,7 +5,7 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 use burn::module::ModuleVisitor;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
@@ -631,18 +631,18 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
         logits.reshape([b, v])
     }
 
-    /// Logits `[batch, seq, vocab]` for hidden states `[batch, seq, hidden]`.
-    ///
-    /// Computed as `(W · hᵀ)ᵀ` so the `[vocab, hidden]` weight is used in its stored layout: backends
-    /// that need contiguous matmul operands (ndarray) would otherwise copy the whole head (622 MB for
-    /// Qwen3-0.6B) on every call, while transposing the small `[tokens, hidden]` side is cheap.
+    /// Logits `[batch, seq, vocab]` for hidden states `[batch, seq, hidden]`, through the backend's
+    /// [`GrpoOps::chunk_logits`]: by default `(W · hᵀ)ᵀ`, so the `[vocab, hidden]` weight is used in
+    /// its stored layout (backends that need contiguous matmul operands, such as ndarray, would
+    /// otherwise copy the whole head, 622 MB for Qwen3-0.6B, on every call); burn-flex reads the
+    /// head through its strides and returns contiguous logits.
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         let [b, t, h] = hidden.dims();
         let w = to_dtype(self.head_weight(), hidden.dtype());
         let v = w.dims()[0];
-        w.matmul(hidden.reshape([b * t, h]).transpose())
-            .transpose()
-            .reshape([b, t, v])
+        let rows = hidden.reshape([b * t, h]).into_primitive().tensor();
+        let logits: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(B::chunk_logits(rows, w.into_primitive().tensor())));
+        logits.reshape([b, t, v])
     }
 
     /// Logits `[batch, seq, vocab]` of the new tokens.

@@ -1,5 +1,6 @@
 //! Parity with Hugging Face transformers (float64 reference, see testdata/generate_fixtures.py),
-//! padding, KV-cache and loading tests on the CPU backend with f32 compute.
+//! padding, KV-cache and loading tests on the CPU backend with f32 compute: burn-flex, or libtorch's
+//! CPU device with feature `tch` (`scripts/test-tch.sh`).
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +11,10 @@ use conrub_qwen3::{
 };
 use safetensors::SafeTensors;
 
+#[cfg(not(feature = "tch"))]
 type B = burn::backend::Flex;
+#[cfg(feature = "tch")]
+type B = burn::backend::LibTorch<f32>;
 
 const MODELS: &[&str] = &["tied-gqa-f32", "untied-mqa-bf16", "tied-mha-bf16-sharded"];
 
