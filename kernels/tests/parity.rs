@@ -302,14 +302,16 @@ mod tch {
     }
 }
 
-/// burn-ndarray runs the fused host head, like flex.
+/// burn-ndarray runs the fused host head, like flex. The gradient bound is 1e-4 as on wgpu: the
+/// textbook reference's hidden-state gradient is a 151,936-term f32 dot product in ndarray's
+/// matmul, 5.1e-5 from f64 (the host head's is 1.3e-6 from f64).
 #[cfg(feature = "ndarray")]
 mod ndarray {
     use burn::backend::NdArray;
 
     #[test]
     fn token_logprobs_on_ndarray() {
-        super::token_logprobs_matches_autodiff::<NdArray>(&Default::default(), 37, 24, 16, 1e-5);
+        super::token_logprobs_matches_autodiff::<NdArray>(&Default::default(), 37, 24, 16, 1e-4);
     }
 }
 
