@@ -18,6 +18,7 @@
 //! processor has them, chosen at run time): relative error below 3e-7 over the range used.
 //! Inputs are f32 row-major slices; tokens with `grad = 0` still cost their share of the work.
 
+use std::ops::Range;
 use std::thread;
 
 /// Hidden-state rows per block of a tile's product.
@@ -183,6 +184,18 @@ struct Partial {
     target: Vec<f32>,
 }
 
+/// Calls `f(vs..ve, rs..re)` for every (head tile, hidden-state row block) of the vocabulary range
+/// `v0..v1`: tiles of `tile` head rows on the outside (each stays in cache while every row block
+/// passes over it), blocks of [`ROW_BLOCK`] tokens inside.
+#[inline(always)]
+fn for_each_tile(v0: usize, v1: usize, tokens: usize, tile: usize, mut f: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>)) {
+    for vs in (v0..v1).step_by(tile) {
+        for rs in (0..tokens).step_by(ROW_BLOCK) {
+            f(vs..(vs + tile).min(v1), rs..(rs + ROW_BLOCK).min(tokens));
+        }
+    }
+}
+
 #[inline(always)]
 fn forward_part_body(h: &[f32], w: &[f32], targets: &[u32], shape: HeadShape, (v0, v1): (usize, usize)) -> Partial {
     let HeadShape { tokens, hidden, .. } = shape;
@@ -194,36 +207,30 @@ fn forward_part_body(h: &[f32], w: &[f32], targets: &[u32], shape: HeadShape, (v
         target: vec![f32::NAN; tokens],
     };
     let mut buf = vec![0f32; ROW_BLOCK.min(tokens) * tile];
-    for vs in (v0..v1).step_by(tile) {
-        let ve = (vs + tile).min(v1);
-        let n = ve - vs;
-        let wt = &w[vs * hidden..ve * hidden];
-        for rs in (0..tokens).step_by(ROW_BLOCK) {
-            let re = (rs + ROW_BLOCK).min(tokens);
-            let rows = re - rs;
-            tile_logits(&mut buf, &h[rs * hidden..re * hidden], wt, rows, n, hidden);
-            for r in 0..rows {
-                let t = rs + r;
-                let row = &buf[r * n..(r + 1) * n];
-                let (m, s, sx) = row_softmax_sums(row);
-                let old = p.max[t];
-                if m > old {
-                    let scale = (old as f64 - m as f64).exp();
-                    p.sum[t] = p.sum[t] * scale + s as f64;
-                    p.sum_x[t] = p.sum_x[t] * scale + sx as f64;
-                    p.max[t] = m;
-                } else {
-                    let scale = (m as f64 - old as f64).exp();
-                    p.sum[t] += s as f64 * scale;
-                    p.sum_x[t] += sx as f64 * scale;
-                }
-                let target = targets[t] as usize;
-                if (vs..ve).contains(&target) {
-                    p.target[t] = row[target - vs];
-                }
+    for_each_tile(v0, v1, tokens, tile, |Range { start: vs, end: ve }, Range { start: rs, end: re }| {
+        let (n, rows) = (ve - vs, re - rs);
+        tile_logits(&mut buf, &h[rs * hidden..re * hidden], &w[vs * hidden..ve * hidden], rows, n, hidden);
+        for r in 0..rows {
+            let t = rs + r;
+            let row = &buf[r * n..(r + 1) * n];
+            let (m, s, sx) = row_softmax_sums(row);
+            let old = p.max[t];
+            if m > old {
+                let scale = (old as f64 - m as f64).exp();
+                p.sum[t] = p.sum[t] * scale + s as f64;
+                p.sum_x[t] = p.sum_x[t] * scale + sx as f64;
+                p.max[t] = m;
+            } else {
+                let scale = (m as f64 - old as f64).exp();
+                p.sum[t] += s as f64 * scale;
+                p.sum_x[t] += sx as f64 * scale;
+            }
+            let target = targets[t] as usize;
+            if (vs..ve).contains(&target) {
+                p.target[t] = row[target - vs];
             }
         }
-    }
+    });
     p
 }
 
@@ -243,35 +250,29 @@ fn backward_part_body(
     let HeadShape { tokens, hidden, .. } = shape;
     let tile = tile_rows(hidden);
     let mut buf = vec![0f32; ROW_BLOCK.min(tokens) * tile];
-    for vs in (v0..v1).step_by(tile) {
-        let ve = (vs + tile).min(v1);
-        let n = ve - vs;
-        let wt = &w[vs * hidden..ve * hidden];
-        for rs in (0..tokens).step_by(ROW_BLOCK) {
-            let re = (rs + ROW_BLOCK).min(tokens);
-            let rows = re - rs;
-            if grad[rs..re].iter().all(|&g| g == 0.0) {
-                continue;
-            }
-            let hb = &h[rs * hidden..re * hidden];
-            tile_logits(&mut buf, hb, wt, rows, n, hidden);
-            for r in 0..rows {
-                let t = rs + r;
-                let row = &mut buf[r * n..(r + 1) * n];
-                row_softmax_grad(row, lse[t], grad[t]);
-                let target = targets[t] as usize;
-                if (vs..ve).contains(&target) {
-                    row[target - vs] += grad[t];
-                }
-            }
-            if let Some(gh) = gh.as_deref_mut() {
-                acc_hidden_grad(&mut gh[rs * hidden..re * hidden], &buf, wt, rows, n, hidden);
-            }
-            if let Some(gw) = gw.as_deref_mut() {
-                acc_head_grad(&mut gw[(vs - v0) * hidden..(ve - v0) * hidden], &buf, hb, rows, n, hidden);
+    for_each_tile(v0, v1, tokens, tile, |Range { start: vs, end: ve }, Range { start: rs, end: re }| {
+        if grad[rs..re].iter().all(|&g| g == 0.0) {
+            return;
+        }
+        let (n, rows) = (ve - vs, re - rs);
+        let (wt, hb) = (&w[vs * hidden..ve * hidden], &h[rs * hidden..re * hidden]);
+        tile_logits(&mut buf, hb, wt, rows, n, hidden);
+        for r in 0..rows {
+            let t = rs + r;
+            let row = &mut buf[r * n..(r + 1) * n];
+            row_softmax_grad(row, lse[t], grad[t]);
+            let target = targets[t] as usize;
+            if (vs..ve).contains(&target) {
+                row[target - vs] += grad[t];
             }
         }
-    }
+        if let Some(gh) = gh.as_deref_mut() {
+            acc_hidden_grad(&mut gh[rs * hidden..re * hidden], &buf, wt, rows, n, hidden);
+        }
+        if let Some(gw) = gw.as_deref_mut() {
+            acc_head_grad(&mut gw[(vs - v0) * hidden..(ve - v0) * hidden], &buf, hb, rows, n, hidden);
+        }
+    });
 }
 
 /// Defines `fn $name(args) -> ret` that runs `$body(args)` compiled for AVX2 + FMA when the

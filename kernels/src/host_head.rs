@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata};
 
 use crate::cpu_head::{self, HeadShape};
 use crate::GrpoOps;
@@ -44,10 +44,10 @@ pub(crate) trait HostF32: Backend {
 }
 
 /// A row-major f32 copy of any backend's float tensor.
-#[allow(dead_code)]
+#[cfg(feature = "ndarray")]
 pub(crate) fn to_host_f32<B: Backend>(tensor: FloatTensor<B>) -> Vec<f32> {
     let dims = tensor.shape().num_elements();
-    let t = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(tensor)).reshape([dims]);
+    let t = Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(tensor)).reshape([dims]);
     t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 after convert")
 }
 
