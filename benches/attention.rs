@@ -21,15 +21,33 @@ mod attention_update;
 use attention_update::{config, measure, predicted, MODES};
 
 fn child(mode: &str, t: usize) {
-    let iters: usize = std::env::var("CONRUB_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let iters: usize = std::env::var("CONRUB_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     let (secs, peak) = measure(mode, t, iters, 1);
     println!("RESULT {secs} {peak}");
 }
 
 fn run_child(mode: &str, t: usize) -> Result<(f64, u64), String> {
-    let out = Command::new(std::env::current_exe().unwrap()).args(["--child", mode, &t.to_string()]).output().map_err(|e| e.to_string())?;
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--child", mode, &t.to_string()])
+        .output()
+        .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.starts_with("RESULT ")).ok_or_else(|| format!("failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")))?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .ok_or_else(|| {
+            format!(
+                "failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            )
+        })?;
     let f: Vec<&str> = line.split_whitespace().collect();
     Ok((f[1].parse().unwrap(), f[2].parse().unwrap()))
 }
@@ -38,7 +56,10 @@ fn run_child(mode: &str, t: usize) -> Result<(f64, u64), String> {
 fn exponent(points: &[(usize, u64)]) -> f64 {
     let xs: Vec<f64> = points.iter().map(|p| (p.0 as f64).ln()).collect();
     let ys: Vec<f64> = points.iter().map(|p| (p.1.max(1) as f64).ln()).collect();
-    let (mx, my) = (xs.iter().sum::<f64>() / xs.len() as f64, ys.iter().sum::<f64>() / ys.len() as f64);
+    let (mx, my) = (
+        xs.iter().sum::<f64>() / xs.len() as f64,
+        ys.iter().sum::<f64>() / ys.len() as f64,
+    );
     let num: f64 = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum();
     let den: f64 = xs.iter().map(|x| (x - mx).powi(2)).sum();
     num / den
@@ -62,7 +83,10 @@ fn main() {
         "one update of a Qwen3-shaped model (hidden {}, {} layers, {} heads / {} KV heads x {}, vocab {}), 1 sequence, flex CPU",
         c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads(), c.head_dim(), c.vocab_size
     );
-    println!("{:<11} {:>6} {:>9} {:>12} {:>12} {:>12}", "mode", "T", "seconds", "peak MB", "plan MB", "plan/peak");
+    println!(
+        "{:<11} {:>6} {:>9} {:>12} {:>12} {:>12}",
+        "mode", "T", "seconds", "peak MB", "plan MB", "plan/peak"
+    );
     let mut results: Vec<Vec<Option<(f64, u64)>>> = vec![Vec::new(); MODES.len()];
     for &t in &ts {
         for (m, mode) in MODES.iter().enumerate() {
@@ -73,7 +97,10 @@ fn main() {
                         Some(b) => (format!("{:.1}", b / 1e6), format!("{:.2}", b / *p as f64)),
                         None => ("-".into(), "-".into()),
                     };
-                    println!("{mode:<11} {t:>6} {s:>9.3} {:>12.1} {plan:>12} {ratio:>12}", *p as f64 / 1e6)
+                    println!(
+                        "{mode:<11} {t:>6} {s:>9.3} {:>12.1} {plan:>12} {ratio:>12}",
+                        *p as f64 / 1e6
+                    )
                 }
                 Err(e) => println!("{mode:<11} {t:>6} {e}"),
             }
@@ -81,15 +108,31 @@ fn main() {
         }
     }
     for (m, mode) in MODES.iter().enumerate() {
-        let pts: Vec<(usize, u64)> = ts.iter().zip(&results[m]).filter(|(t, _)| **t >= 1024).filter_map(|(t, r)| r.map(|r| (*t, r.1))).collect();
+        let pts: Vec<(usize, u64)> = ts
+            .iter()
+            .zip(&results[m])
+            .filter(|(t, _)| **t >= 1024)
+            .filter_map(|(t, r)| r.map(|r| (*t, r.1)))
+            .collect();
         if pts.len() >= 2 {
-            println!("{mode:<11} peak memory grows as T^{:.2} (T >= 1024)", exponent(&pts));
+            println!(
+                "{mode:<11} peak memory grows as T^{:.2} (T >= 1024)",
+                exponent(&pts)
+            );
         }
     }
     for (i, &t) in ts.iter().enumerate() {
         if let Some((naive, _)) = results[0][i] {
-            let ratio = |m: usize| results[m][i].map(|r| format!("{:.2}x", r.0 / naive)).unwrap_or_else(|| "-".into());
-            println!("T = {t:>5}: time vs naive: fused {}, fused+ckpt {}", ratio(1), ratio(2));
+            let ratio = |m: usize| {
+                results[m][i]
+                    .map(|r| format!("{:.2}x", r.0 / naive))
+                    .unwrap_or_else(|| "-".into())
+            };
+            println!(
+                "T = {t:>5}: time vs naive: fused {}, fused+ckpt {}",
+                ratio(1),
+                ratio(2)
+            );
         }
     }
 }

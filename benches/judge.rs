@@ -15,8 +15,8 @@ use std::time::Duration;
 use burn::backend::Flex;
 use conrub_judge::testing::ScriptedServer;
 use conrub_judge::{
-    score_jobs, ChatClient, ClientConfig, CriterionJudge, CriterionRequest, JudgeCache, LocalJudge, LocalJudgeConfig,
-    LocalMode, OpenAiJudge, PromptSet, ScoreJob,
+    score_jobs, ChatClient, ClientConfig, CriterionJudge, CriterionRequest, JudgeCache, LocalJudge,
+    LocalJudgeConfig, LocalMode, OpenAiJudge, PromptSet, ScoreJob,
 };
 use conrub_qwen3::{Qwen3, Qwen3Config, Qwen3ForCausalLM, Qwen3Tokenizer};
 use conrub_rubric::{LengthPenalty, ScoringMode};
@@ -39,26 +39,48 @@ fn jobs(tag: &str) -> Vec<ScoreJob> {
 }
 
 fn http(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let server = rt.block_on(ScriptedServer::start(0, 0));
-    let cfg = ClientConfig { urls: vec![server.url.clone()], concurrency: 16, ..ClientConfig::new("x", "bench") };
+    let cfg = ClientConfig {
+        urls: vec![server.url.clone()],
+        concurrency: 16,
+        ..ClientConfig::new("x", "bench")
+    };
     let mut g = c.benchmark_group("judge-http");
-    g.throughput(Throughput::Elements(N as u64)).sample_size(10).measurement_time(Duration::from_secs(8));
+    g.throughput(Throughput::Elements(N as u64))
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(8));
 
     // Baseline: bare POSTs of the same prompt size, 16 in flight, body read but not parsed.
     let http = reqwest::Client::new();
     let sem = Arc::new(tokio::sync::Semaphore::new(16));
-    let (system, user) = PromptSet::default().render_criteria(ScoringMode::ThreeState, "q", &jobs("")[0].request.response, &jobs("")[0].request.criteria);
+    let (system, user) = PromptSet::default().render_criteria(
+        ScoringMode::ThreeState,
+        "q",
+        &jobs("")[0].request.response,
+        &jobs("")[0].request.criteria,
+    );
     let body = serde_json::json!({"model": "bench", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]});
     let endpoint = format!("{}/chat/completions", server.url);
     g.bench_function("bare-reqwest-baseline", |b| {
         b.iter(|| {
             rt.block_on(async {
                 let calls = (0..N).map(|_| {
-                    let (http, sem, body, endpoint) = (http.clone(), sem.clone(), body.clone(), endpoint.clone());
+                    let (http, sem, body, endpoint) =
+                        (http.clone(), sem.clone(), body.clone(), endpoint.clone());
                     async move {
                         let _p = sem.acquire().await.unwrap();
-                        http.post(&endpoint).json(&body).send().await.unwrap().bytes().await.unwrap()
+                        http.post(&endpoint)
+                            .json(&body)
+                            .send()
+                            .await
+                            .unwrap()
+                            .bytes()
+                            .await
+                            .unwrap()
                     }
                 });
                 futures::future::join_all(calls).await
@@ -70,7 +92,16 @@ fn http(c: &mut Criterion) {
     let judge = OpenAiJudge::new(client, PromptSet::default(), None);
     let work = jobs("");
     g.bench_function("openai-judge-no-cache", |b| {
-        b.iter(|| rt.block_on(score_jobs(&judge, &work, &LengthPenalty::default(), None, 64, &|_| {})))
+        b.iter(|| {
+            rt.block_on(score_jobs(
+                &judge,
+                &work,
+                &LengthPenalty::default(),
+                None,
+                64,
+                &|_| {},
+            ))
+        })
     });
 
     let dir = tempfile::tempdir().unwrap();
@@ -81,23 +112,57 @@ fn http(c: &mut Criterion) {
             round += 1;
             let work = jobs(&format!("round {round}"));
             let cache = Arc::new(JudgeCache::open(&dir.path().join("w.sqlite")).unwrap());
-            let judge = OpenAiJudge::new(Arc::new(ChatClient::new(cfg.clone()).unwrap()), PromptSet::default(), Some(cache));
-            rt.block_on(score_jobs(&judge, &work, &LengthPenalty::default(), None, 64, &|_| {}))
+            let judge = OpenAiJudge::new(
+                Arc::new(ChatClient::new(cfg.clone()).unwrap()),
+                PromptSet::default(),
+                Some(cache),
+            );
+            rt.block_on(score_jobs(
+                &judge,
+                &work,
+                &LengthPenalty::default(),
+                None,
+                64,
+                &|_| {},
+            ))
         })
     });
 
     let cache = Arc::new(JudgeCache::open(&dir.path().join("hits.sqlite")).unwrap());
-    let judge = OpenAiJudge::new(Arc::new(ChatClient::new(cfg.clone()).unwrap()), PromptSet::default(), Some(cache));
-    rt.block_on(score_jobs(&judge, &work, &LengthPenalty::default(), None, 64, &|_| {}));
+    let judge = OpenAiJudge::new(
+        Arc::new(ChatClient::new(cfg.clone()).unwrap()),
+        PromptSet::default(),
+        Some(cache),
+    );
+    rt.block_on(score_jobs(
+        &judge,
+        &work,
+        &LengthPenalty::default(),
+        None,
+        64,
+        &|_| {},
+    ));
     g.bench_function("openai-judge-all-cache-hits", |b| {
-        b.iter(|| rt.block_on(score_jobs(&judge, &work, &LengthPenalty::default(), None, 64, &|_| {})))
+        b.iter(|| {
+            rt.block_on(score_jobs(
+                &judge,
+                &work,
+                &LengthPenalty::default(),
+                None,
+                64,
+                &|_| {},
+            ))
+        })
     });
     g.finish();
 }
 
 fn local(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let tok_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/qwen3/testdata/qwen3-tokenizer");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let tok_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/qwen3/testdata/qwen3-tokenizer");
     let model = || {
         let config = Qwen3Config::tiny(151_936);
         Qwen3::<Flex> {
@@ -111,18 +176,42 @@ fn local(c: &mut Criterion) {
     let reqs: Vec<CriterionRequest> = jobs("").into_iter().take(4).map(|j| j.request).collect();
     let criteria = (reqs.len() * reqs[0].criteria.len()) as u64;
     let mut g = c.benchmark_group("judge-local-tiny");
-    g.throughput(Throughput::Elements(criteria)).sample_size(10).measurement_time(Duration::from_secs(10));
-    let margin = LocalJudge::new(model(), Default::default(), PromptSet::default(), LocalJudgeConfig { mode: LocalMode::LogprobMargin, batch_size: 8, ..Default::default() }, None).unwrap();
-    g.bench_function("logprob-margin", |b| b.iter(|| rt.block_on(margin.judge_batch(&reqs))));
+    g.throughput(Throughput::Elements(criteria))
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(10));
+    let margin = LocalJudge::new(
+        model(),
+        Default::default(),
+        PromptSet::default(),
+        LocalJudgeConfig {
+            mode: LocalMode::LogprobMargin,
+            batch_size: 8,
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    g.bench_function("logprob-margin", |b| {
+        b.iter(|| rt.block_on(margin.judge_batch(&reqs)))
+    });
     let generate = LocalJudge::new(
         model(),
         Default::default(),
         PromptSet::default(),
-        LocalJudgeConfig { mode: LocalMode::Generate, batch_size: 4, max_new_tokens: 48, max_retries: 0, seed: 0, ..Default::default() },
+        LocalJudgeConfig {
+            mode: LocalMode::Generate,
+            batch_size: 4,
+            max_new_tokens: 48,
+            max_retries: 0,
+            seed: 0,
+            ..Default::default()
+        },
         None,
     )
     .unwrap();
-    g.bench_function("generate-48-tokens", |b| b.iter(|| rt.block_on(generate.judge_batch(&reqs))));
+    g.bench_function("generate-48-tokens", |b| {
+        b.iter(|| rt.block_on(generate.judge_batch(&reqs)))
+    });
     g.finish();
 }
 

@@ -30,16 +30,29 @@ use peak::{CURRENT, PEAK};
 const VOCAB: usize = 151_936;
 
 fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// One forward + backward; returns seconds.
-fn step<B: GrpoOps>(h0: &Tensor<B, 2>, w0: &Tensor<B, 2>, t: &Tensor<B, 1, Int>, fused: bool, chunk: usize) -> f64 {
+fn step<B: GrpoOps>(
+    h0: &Tensor<B, 2>,
+    w0: &Tensor<B, 2>,
+    t: &Tensor<B, 1, Int>,
+    fused: bool,
+    chunk: usize,
+) -> f64 {
     let start = Instant::now();
     let h = Tensor::<Autodiff<B>, 2>::from_inner(h0.clone()).require_grad();
     let w = Tensor::<Autodiff<B>, 2>::from_inner(w0.clone()).require_grad();
     let tt = Tensor::<Autodiff<B>, 1, Int>::from_inner(t.clone());
-    let lp = if fused { token_logprobs(h.clone(), w.clone(), tt, chunk).logprobs } else { naive_token_logprobs(h.clone(), w.clone(), tt) };
+    let lp = if fused {
+        token_logprobs(h.clone(), w.clone(), tt, chunk).logprobs
+    } else {
+        naive_token_logprobs(h.clone(), w.clone(), tt)
+    };
     let grads = lp.sum().backward();
     // Reading one value of each gradient waits for the device.
     let gh = h.grad(&grads).unwrap();
@@ -50,7 +63,12 @@ fn step<B: GrpoOps>(h0: &Tensor<B, 2>, w0: &Tensor<B, 2>, t: &Tensor<B, 1, Int>,
 }
 
 /// Child process: one path on one backend; prints `RESULT <median secs> <peak bytes>`.
-fn measure<B: GrpoOps>(device: &B::Device, fused: bool, (tokens, hidden, chunk): (usize, usize, usize), memory: impl Fn() -> u64) {
+fn measure<B: GrpoOps>(
+    device: &B::Device,
+    fused: bool,
+    (tokens, hidden, chunk): (usize, usize, usize),
+    memory: impl Fn() -> u64,
+) {
     let iters = env("CONRUB_BENCH_ITERS", 2);
     let h = seeded_uniform(tokens * hidden, 1, 0.5);
     let w = seeded_uniform(VOCAB * hidden, 2, 0.05);
@@ -64,11 +82,17 @@ fn measure<B: GrpoOps>(device: &B::Device, fused: bool, (tokens, hidden, chunk):
     PEAK.store(CURRENT.load(Ordering::Relaxed), Ordering::Relaxed);
     let base_heap = CURRENT.load(Ordering::Relaxed) as u64;
     step(&h, &w, &t, fused, chunk);
-    let mut times: Vec<f64> = (0..iters.max(1)).map(|_| step(&h, &w, &t, fused, chunk)).collect();
+    let mut times: Vec<f64> = (0..iters.max(1))
+        .map(|_| step(&h, &w, &t, fused, chunk))
+        .collect();
     times.sort_by(f64::total_cmp);
     let device_peak = memory().saturating_sub(base);
     let heap_peak = PEAK.load(Ordering::Relaxed) as u64 - base_heap;
-    println!("RESULT {} {}", times[times.len() / 2], device_peak.max(heap_peak));
+    println!(
+        "RESULT {} {}",
+        times[times.len() / 2],
+        device_peak.max(heap_peak)
+    );
 }
 
 fn child(backend: &str, fused: bool, shape: (usize, usize, usize)) {
@@ -78,23 +102,44 @@ fn child(backend: &str, fused: bool, shape: (usize, usize, usize)) {
         "wgpu" => {
             use burn::backend::wgpu::{Wgpu, WgpuDevice, WgpuRuntime};
             let device = WgpuDevice::DefaultDevice;
-            measure::<Wgpu>(&device, fused, shape, || conrub_kernels::cube_memory_usage::<WgpuRuntime>(&device).map(|u| u.1).unwrap_or(0))
+            measure::<Wgpu>(&device, fused, shape, || {
+                conrub_kernels::cube_memory_usage::<WgpuRuntime>(&device)
+                    .map(|u| u.1)
+                    .unwrap_or(0)
+            })
         }
         other => panic!("backend {other} is not built in"),
     }
 }
 
-fn run_child(backend: &str, path: &str, (tokens, hidden, chunk): (usize, usize, usize)) -> Result<(f64, u64), String> {
+fn run_child(
+    backend: &str,
+    path: &str,
+    (tokens, hidden, chunk): (usize, usize, usize),
+) -> Result<(f64, u64), String> {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--child", backend, path, &tokens.to_string(), &hidden.to_string(), &chunk.to_string()])
+        .args([
+            "--child",
+            backend,
+            path,
+            &tokens.to_string(),
+            &hidden.to_string(),
+            &chunk.to_string(),
+        ])
         .output()
         .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.starts_with("RESULT ")).ok_or_else(|| {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let why = err.lines().find(|l| l.contains("Err") || l.contains("panicked at") && !l.contains("note:")).unwrap_or("");
-        format!("failed ({}): {}", out.status, why.trim())
-    })?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .ok_or_else(|| {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let why = err
+                .lines()
+                .find(|l| l.contains("Err") || l.contains("panicked at") && !l.contains("note:"))
+                .unwrap_or("");
+            format!("failed ({}): {}", out.status, why.trim())
+        })?;
     let f: Vec<&str> = line.split_whitespace().collect();
     Ok((f[1].parse().unwrap(), f[2].parse().unwrap()))
 }
@@ -113,18 +158,31 @@ fn main() {
         rows.push(("wgpu", (192, 128, 128), (192, 128, 128)));
     }
     println!("token_logprobs forward + backward against log_softmax(h W^T).gather under autodiff, vocab {VOCAB}");
-    println!("{:<6} {:<6} {:>7} {:>7} {:>6} {:>10} {:>14}", "device", "path", "tokens", "hidden", "chunk", "seconds", "peak memory");
+    println!(
+        "{:<6} {:<6} {:>7} {:>7} {:>6} {:>10} {:>14}",
+        "device", "path", "tokens", "hidden", "chunk", "seconds", "peak memory"
+    );
     for (b, fs, ns) in rows {
         let fused = run_child(b, "fused", fs);
         let naive = run_child(b, "naive", ns);
         for (name, r, s) in [("fused", &fused, fs), ("naive", &naive, ns)] {
             match r {
-                Ok((t, m)) => println!("{b:<6} {name:<6} {:>7} {:>7} {:>6} {t:>10.3} {:>11.1} MB", s.0, s.1, s.2, *m as f64 / 1e6),
+                Ok((t, m)) => println!(
+                    "{b:<6} {name:<6} {:>7} {:>7} {:>6} {t:>10.3} {:>11.1} MB",
+                    s.0,
+                    s.1,
+                    s.2,
+                    *m as f64 / 1e6
+                ),
                 Err(e) => println!("{b:<6} {name:<6} {:>7} {:>7} {:>6} {e}", s.0, s.1, s.2),
             }
         }
         if let (Ok((sf, mf)), Ok((sn, mn))) = (&fused, &naive) {
-            println!("{b:<6} ratio  time fused/naive {:.2}x, peak memory naive/fused {:.1}x", sf / sn, *mn as f64 / (*mf).max(1) as f64);
+            println!(
+                "{b:<6} ratio  time fused/naive {:.2}x, peak memory naive/fused {:.1}x",
+                sf / sn,
+                *mn as f64 / (*mf).max(1) as f64
+            );
         }
     }
 }

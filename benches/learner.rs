@@ -16,10 +16,12 @@ use std::time::{Duration, Instant};
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
-use conrub_grpo::{Aggregation, ClipRange, Policy, PolicyLoss, SurrogateBatch, TokenBatch, Update, UpdateConfig};
+use conrub_grpo::{
+    Aggregation, ClipRange, Policy, PolicyLoss, SurrogateBatch, TokenBatch, Update, UpdateConfig,
+};
+use conrub_judge::{score_jobs, CriterionRequest, LexicalJudge, ScoreJob};
 use conrub_kernels::GrpoOps;
 use conrub_qwen3::SamplingConfig;
-use conrub_judge::{score_jobs, CriterionRequest, LexicalJudge, ScoreJob};
 use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
 use conrub_rubric::{read_rubrics, LengthPenalty, ScoringMode};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -40,18 +42,42 @@ fn bench(c: &mut Criterion) {
     let dev = Default::default();
     let cfg = demo_config();
     let model = Qwen3ForCausalLM::<B>::random(&cfg, 0.02, 0, &dev);
-    let prompts: Vec<Vec<u32>> = (0..ROWS).map(|i| (0..PROMPT).map(|t| ((i * 7919 + t * 104_729) % 150_000) as u32).collect()).collect();
+    let prompts: Vec<Vec<u32>> = (0..ROWS)
+        .map(|i| {
+            (0..PROMPT)
+                .map(|t| ((i * 7919 + t * 104_729) % 150_000) as u32)
+                .collect()
+        })
+        .collect();
     let tokens = (ROWS * RESPONSE) as u64;
     let mut g = c.benchmark_group("learner-demo-model");
-    g.throughput(Throughput::Elements(tokens)).sample_size(10).measurement_time(Duration::from_secs(20));
+    g.throughput(Throughput::Elements(tokens))
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(20));
 
     let inner = model.valid();
-    let settings = SamplingConfig { max_new_tokens: RESPONSE, seed: 1, ..Default::default() };
-    g.bench_function("rollout", |b| b.iter(|| inner.sample(&prompts, &settings, &dev).unwrap()));
+    let settings = SamplingConfig {
+        max_new_tokens: RESPONSE,
+        seed: 1,
+        ..Default::default()
+    };
+    g.bench_function("rollout", |b| {
+        b.iter(|| inner.sample(&prompts, &settings, &dev).unwrap())
+    });
 
     let samples = inner.sample(&prompts, &settings, &dev).unwrap();
-    let rubrics = read_rubrics(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/data/samples/rubrics.jsonl"))).unwrap();
-    let judge = Arc::new(LexicalJudge::from_file(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/data/samples/lexical-keywords.jsonl"))).unwrap());
+    let rubrics = read_rubrics(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/samples/rubrics.jsonl"
+    )))
+    .unwrap();
+    let judge = Arc::new(
+        LexicalJudge::from_file(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/data/samples/lexical-keywords.jsonl"
+        )))
+        .unwrap(),
+    );
     let record = rubrics.iter().next().unwrap();
     let jobs: Vec<ScoreJob> = samples
         .iter()
@@ -65,23 +91,47 @@ fn bench(c: &mut Criterion) {
             response_tokens: Some(s.tokens.len() as u32),
         })
         .collect();
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     g.bench_function("scoring-lexical", |b| {
-        b.iter(|| rt.block_on(score_jobs(judge.as_ref(), &jobs, &LengthPenalty::default(), None, 64, &|_| {})))
+        b.iter(|| {
+            rt.block_on(score_jobs(
+                judge.as_ref(),
+                &jobs,
+                &LengthPenalty::default(),
+                None,
+                64,
+                &|_| {},
+            ))
+        })
     });
 
     g.finish();
 
     // The update (timed by hand: a step takes seconds), on flex with the fused host head and with
     // the chunked fallback it replaced, and on ndarray with `--features ndarray`.
-    let rows: Vec<(&[u32], &[u32])> = prompts.iter().map(Vec::as_slice).zip(samples.iter().map(|s| s.tokens.as_slice())).collect();
-    let before = time_update::<Flex>(&cfg, &rows, "flex, chunked tensor-op fallback: the head before the fused host head", false);
+    let rows: Vec<(&[u32], &[u32])> = prompts
+        .iter()
+        .map(Vec::as_slice)
+        .zip(samples.iter().map(|s| s.tokens.as_slice()))
+        .collect();
+    let before = time_update::<Flex>(
+        &cfg,
+        &rows,
+        "flex, chunked tensor-op fallback: the head before the fused host head",
+        false,
+    );
     let ours = time_update::<Flex>(&cfg, &rows, "flex, fused host head", true);
     println!("fused host head / fallback on flex: {:.2}x", ours / before);
     #[cfg(feature = "ndarray")]
     {
-        let nd = time_update::<burn::backend::NdArray>(&cfg, &rows, "ndarray, fused host head", true);
-        println!("ndarray / flex (both with the fused host head): {:.2}x", nd / ours);
+        let nd =
+            time_update::<burn::backend::NdArray>(&cfg, &rows, "ndarray, fused host head", true);
+        println!(
+            "ndarray / flex (both with the fused host head): {:.2}x",
+            nd / ours
+        );
     }
 
     // PyTorch baseline of the update, same run.
@@ -89,9 +139,16 @@ fn bench(c: &mut Criterion) {
     let python = torch_python();
     let start = Instant::now();
     let o = std::process::Command::new(&python)
-        .args([script, &ROWS.to_string(), &PROMPT.to_string(), &RESPONSE.to_string()])
+        .args([
+            script,
+            &ROWS.to_string(),
+            &PROMPT.to_string(),
+            &RESPONSE.to_string(),
+        ])
         .output()
-        .unwrap_or_else(|e| panic!("the PyTorch baseline needs {python} with torch, transformers and trl: {e}"));
+        .unwrap_or_else(|e| {
+            panic!("the PyTorch baseline needs {python} with torch, transformers and trl: {e}")
+        });
     let stdout = String::from_utf8_lossy(&o.stdout);
     println!("{}", stdout.trim());
     assert!(
@@ -99,20 +156,31 @@ fn bench(c: &mut Criterion) {
         "the PyTorch baseline failed ({python} needs torch, transformers and trl; scripts/test-tch.sh sets up torch in .tch/venv): {}",
         String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
     );
-    println!("(torch baseline wall time incl. start-up {:.1} s)", start.elapsed().as_secs_f64());
+    println!(
+        "(torch baseline wall time incl. start-up {:.1} s)",
+        start.elapsed().as_secs_f64()
+    );
     let torch: f64 = stdout
         .lines()
         .find_map(|l| l.strip_prefix("best: "))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|x| x.parse().ok())
         .expect("torch_update.py ends with `best: NAME TOKENS_PER_S`");
-    println!("update: conrub {ours:.1} tok/s, torch {torch:.1} tok/s, ratio {:.2}", ours / torch);
+    println!(
+        "update: conrub {ours:.1} tok/s, torch {torch:.1} tok/s, ratio {:.2}",
+        ours / torch
+    );
 }
 
 /// Response tokens/s of the learner's update stages (fused log-probs, the policy loss, backward,
 /// global clipping at the published max_grad_norm = 1, AdamW) on `Autodiff<Bk>`: one warm-up step,
 /// then three timed.
-fn time_update<Bk: GrpoOps>(cfg: &Qwen3Config, rows: &[(&[u32], &[u32])], label: &str, host_head: bool) -> f64
+fn time_update<Bk: GrpoOps>(
+    cfg: &Qwen3Config,
+    rows: &[(&[u32], &[u32])],
+    label: &str,
+    host_head: bool,
+) -> f64
 where
     Qwen3ForCausalLM<Autodiff<Bk>>: Policy<Autodiff<Bk>>,
 {
@@ -122,10 +190,27 @@ where
     let mut policy = Qwen3ForCausalLM::<A<Bk>>::random(cfg, 0.02, 0, &dev);
     let tf = TokenBatch::<A<Bk>>::new(rows.iter().copied(), &dev);
     let old = policy.valid().response_logprobs(&tf.inner()).logprobs;
-    let adv: Vec<f32> = (0..rows.len()).map(|i| ((i % 8) as f32 - 3.5) / 2.3).collect();
-    let advantages = burn::tensor::Tensor::<A<Bk>, 1>::from_data(burn::tensor::TensorData::new(adv, [rows.len()]), &dev);
-    let loss = PolicyLoss { clip: ClipRange::default(), aggregation: Aggregation::SequenceMean, kl_beta: 0.0, max_response_tokens: RESPONSE };
-    let mut update = Update::<A<Bk>, Qwen3ForCausalLM<A<Bk>>>::new(UpdateConfig { lr: 3e-6, weight_decay: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8, max_grad_norm: 1.0 });
+    let adv: Vec<f32> = (0..rows.len())
+        .map(|i| ((i % 8) as f32 - 3.5) / 2.3)
+        .collect();
+    let advantages = burn::tensor::Tensor::<A<Bk>, 1>::from_data(
+        burn::tensor::TensorData::new(adv, [rows.len()]),
+        &dev,
+    );
+    let loss = PolicyLoss {
+        clip: ClipRange::default(),
+        aggregation: Aggregation::SequenceMean,
+        kl_beta: 0.0,
+        max_response_tokens: RESPONSE,
+    };
+    let mut update = Update::<A<Bk>, Qwen3ForCausalLM<A<Bk>>>::new(UpdateConfig {
+        lr: 3e-6,
+        weight_decay: 0.1,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        max_grad_norm: 1.0,
+    });
     let mut step = || {
         let batch = SurrogateBatch {
             logp: policy.response_logprobs(&tf).logprobs,
@@ -148,7 +233,10 @@ where
     let per = t.elapsed().as_secs_f64() / 3.0;
     let tokens: usize = rows.iter().map(|r| r.1.len()).sum();
     let tps = tokens as f64 / per;
-    println!("update ({label}): {:.1} ms/step, {tps:.1} response tokens/s", per * 1e3);
+    println!(
+        "update ({label}): {:.1} ms/step, {tps:.1} response tokens/s",
+        per * 1e3
+    );
     tps
 }
 

@@ -18,7 +18,9 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{generate_dense, rollout, EngineConfig, Qwen3Config, Qwen3ForCausalLM, SamplingConfig};
+use conrub_qwen3::{
+    generate_dense, rollout, EngineConfig, Qwen3Config, Qwen3ForCausalLM, SamplingConfig,
+};
 
 #[path = "common/peak.rs"]
 mod peak;
@@ -44,21 +46,36 @@ struct Measured {
     tokens: usize,
 }
 
-fn measure<B: GrpoOps>(name: &str, vocab: usize, new_tokens: usize, device: &B::Device) -> (Measured, Measured) {
+fn measure<B: GrpoOps>(
+    name: &str,
+    vocab: usize,
+    new_tokens: usize,
+    device: &B::Device,
+) -> (Measured, Measured) {
     let cfg = demo_config(vocab);
     let model = Qwen3ForCausalLM::<B>::random(&cfg, 0.02, 0, device);
     let prompts: Vec<Vec<u32>> = (0..PROMPTS)
         .flat_map(|p| {
-            let ids: Vec<u32> = (0..PROMPT_LEN).map(|t| ((p * 7919 + t * 104_729) % (vocab - 1)) as u32).collect();
+            let ids: Vec<u32> = (0..PROMPT_LEN)
+                .map(|t| ((p * 7919 + t * 104_729) % (vocab - 1)) as u32)
+                .collect();
             std::iter::repeat_n(ids, GROUP)
         })
         .collect();
     let rows = prompts.len();
-    let sampling = SamplingConfig { max_new_tokens: new_tokens, seed: 1, ..Default::default() };
-    let per_pos = (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads() * cfg.head_dim() * 4) as f64;
+    let sampling = SamplingConfig {
+        max_new_tokens: new_tokens,
+        seed: 1,
+        ..Default::default()
+    };
+    let per_pos =
+        (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads() * cfg.head_dim() * 4) as f64;
 
     // Warm-up (allocator pools, autotune) on a short run of each.
-    let short = SamplingConfig { max_new_tokens: 2, ..sampling.clone() };
+    let short = SamplingConfig {
+        max_new_tokens: 2,
+        ..sampling.clone()
+    };
     let _ = generate_dense(&model, &prompts, &short, 0, device).unwrap();
     let _ = rollout(&model, &prompts, &short, &EngineConfig::default(), device).unwrap();
 
@@ -79,12 +96,25 @@ fn measure<B: GrpoOps>(name: &str, vocab: usize, new_tokens: usize, device: &B::
             (rows * cap) as f64 * per_pos
         })
         .collect();
-    let dense_m = Measured { secs: dense_secs, peak_bytes: dense_peak, host_bytes_per_step: (rows * vocab * 4) as f64, kv_curve: dense_curve, tokens: dense.iter().map(|g| g.tokens.len()).sum() };
+    let dense_m = Measured {
+        secs: dense_secs,
+        peak_bytes: dense_peak,
+        host_bytes_per_step: (rows * vocab * 4) as f64,
+        kv_curve: dense_curve,
+        tokens: dense.iter().map(|g| g.tokens.len()).sum(),
+    };
 
     let base = CURRENT.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
     let t0 = Instant::now();
-    let out = rollout(&model, &prompts, &sampling, &EngineConfig::default(), device).unwrap();
+    let out = rollout(
+        &model,
+        &prompts,
+        &sampling,
+        &EngineConfig::default(),
+        device,
+    )
+    .unwrap();
     let engine_secs = t0.elapsed().as_secs_f64();
     let engine_peak = PEAK.load(Ordering::Relaxed).saturating_sub(base) as u64;
     let s = &out.stats;
@@ -93,7 +123,11 @@ fn measure<B: GrpoOps>(name: &str, vocab: usize, new_tokens: usize, device: &B::
         secs: engine_secs,
         peak_bytes: engine_peak,
         host_bytes_per_step: s.host_bytes_read as f64 / (s.decode_steps + 1) as f64,
-        kv_curve: s.steps.iter().map(|&(_, blocks)| blocks as f64 * block_bytes).collect(),
+        kv_curve: s
+            .steps
+            .iter()
+            .map(|&(_, blocks)| blocks as f64 * block_bytes)
+            .collect(),
         tokens: out.generations.iter().map(|g| g.tokens.len()).sum(),
     };
     println!(
@@ -112,9 +146,18 @@ fn measure<B: GrpoOps>(name: &str, vocab: usize, new_tokens: usize, device: &B::
 
 fn report(name: &str, rows: usize, new_tokens: usize, dense: &Measured, engine: &Measured) {
     println!("[{name}] {rows} rows ({PROMPTS} prompts x {GROUP}) x {new_tokens} new tokens, prompt {PROMPT_LEN} tokens");
-    println!("{:<8} {:>10} {:>12} {:>14} {:>22}", "engine", "seconds", "tokens/s", "peak heap MB", "host bytes/decode step");
+    println!(
+        "{:<8} {:>10} {:>12} {:>14} {:>22}",
+        "engine", "seconds", "tokens/s", "peak heap MB", "host bytes/decode step"
+    );
     for (label, m) in [("dense", dense), ("paged", engine)] {
-        println!("{label:<8} {:>10.2} {:>12.1} {:>14.1} {:>22.0}", m.secs, m.tokens as f64 / m.secs, m.peak_bytes as f64 / 1e6, m.host_bytes_per_step);
+        println!(
+            "{label:<8} {:>10.2} {:>12.1} {:>14.1} {:>22.0}",
+            m.secs,
+            m.tokens as f64 / m.secs,
+            m.peak_bytes as f64 / 1e6,
+            m.host_bytes_per_step
+        );
     }
     println!(
         "[{name}] paged vs dense: tokens/s {:.2}x, peak heap {:.2}x, host bytes per decode step {:.5}x",
@@ -124,10 +167,21 @@ fn report(name: &str, rows: usize, new_tokens: usize, dense: &Measured, engine: 
     );
     println!("[{name}] KV memory (MB) by decode step: step, dense (rows x capacity), paged (blocks in use), tokens alive");
     let steps = engine.kv_curve.len().min(dense.kv_curve.len());
-    for s in [0, steps / 8, steps / 4, steps / 2, 3 * steps / 4, steps.saturating_sub(1)] {
+    for s in [
+        0,
+        steps / 8,
+        steps / 4,
+        steps / 2,
+        3 * steps / 4,
+        steps.saturating_sub(1),
+    ] {
         if s < steps {
             let alive = rows * (PROMPT_LEN + s + 1);
-            println!("  {s:>5} {:>10.2} {:>10.2} {alive:>8}", dense.kv_curve[s] / 1e6, engine.kv_curve[s] / 1e6);
+            println!(
+                "  {s:>5} {:>10.2} {:>10.2} {alive:>8}",
+                dense.kv_curve[s] / 1e6,
+                engine.kv_curve[s] / 1e6
+            );
         }
     }
 }
@@ -141,7 +195,10 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let tokens: usize = std::env::var("CONRUB_BENCH_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(256);
+    let tokens: usize = std::env::var("CONRUB_BENCH_TOKENS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
     run_on::<burn::backend::Flex>("flex CPU", 151_936, tokens, &Default::default());
     #[cfg(feature = "wgpu")]
     {

@@ -31,11 +31,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     std::fs::write(&input, lines.join("\n"))?;
     let cfg = servers.config(30.0, "");
-    let req = BuildRequest { input, format: InputFormat::Prompts, out_dir: dir.path().join("out"), limit: None };
+    let req = BuildRequest {
+        input,
+        format: InputFormat::Prompts,
+        out_dir: dir.path().join("out"),
+        limit: None,
+    };
     let progress = Arc::new(Progress::default());
     let summary = build(cfg, &req, progress.clone()).await?;
     println!("{}", progress.line());
-    println!("{}", std::fs::read_to_string(summary.out_dir.join("card.md"))?);
+    println!(
+        "{}",
+        std::fs::read_to_string(summary.out_dir.join("card.md"))?
+    );
     for line in std::fs::read_to_string(summary.out_dir.join("rubrics.jsonl"))?.lines() {
         let r: conrub_rubric::RubricRecord = serde_json::from_str(line)?;
         println!("{}: {:?}", r.id, r.criterion_texts());

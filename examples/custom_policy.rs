@@ -11,8 +11,13 @@ use burn::module::{Module, Param};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use conrub_grpo::{GroupScores, Learner, LearnerConfig, Policy, ResponseLogprobs, RewardSource, TextCodec, TieMode, TokenBatch};
-use conrub_rubric::{score_labels, Label, LengthPenalty, Message, ResponseScore, RubricRecord, ScoringMode};
+use conrub_grpo::{
+    GroupScores, Learner, LearnerConfig, Policy, ResponseLogprobs, RewardSource, TextCodec,
+    TieMode, TokenBatch,
+};
+use conrub_rubric::{
+    score_labels, Label, LengthPenalty, Message, ResponseScore, RubricRecord, ScoringMode,
+};
 
 const VOCAB: usize = 16;
 
@@ -24,7 +29,9 @@ struct Bigram<B: Backend> {
 
 impl<B: Backend> Bigram<B> {
     fn new(device: &B::Device) -> Self {
-        Self { table: Param::from_tensor(Tensor::zeros([VOCAB, VOCAB], device)) }
+        Self {
+            table: Param::from_tensor(Tensor::zeros([VOCAB, VOCAB], device)),
+        }
     }
 }
 
@@ -34,15 +41,30 @@ impl<B: Backend> Policy<B> for Bigram<B> {
     fn response_logprobs(&self, batch: &TokenBatch<B>) -> ResponseLogprobs<B> {
         let [n, r] = batch.targets.dims();
         // The token before each response slot is the one at its predicting position.
-        let prev = batch.tokens.clone().gather(1, batch.positions.clone()).reshape([n * r]);
+        let prev = batch
+            .tokens
+            .clone()
+            .gather(1, batch.positions.clone())
+            .reshape([n * r]);
         let logp = log_softmax(self.table.val().select(0, prev), 1);
-        let picked = logp.gather(1, batch.targets.clone().reshape([n * r, 1])).reshape([n, r]);
-        ResponseLogprobs { logprobs: picked * batch.mask.clone(), entropy: None }
+        let picked = logp
+            .gather(1, batch.targets.clone().reshape([n * r, 1]))
+            .reshape([n, r]);
+        ResponseLogprobs {
+            logprobs: picked * batch.mask.clone(),
+            entropy: None,
+        }
     }
 
     fn next_token_logits(&self, sequences: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2> {
-        let last: Vec<i64> = sequences.iter().map(|s| *s.last().unwrap_or(&0) as i64).collect();
-        self.table.val().select(0, Tensor::<B, 1, Int>::from_data(TensorData::new(last, [sequences.len()]), device))
+        let last: Vec<i64> = sequences
+            .iter()
+            .map(|s| *s.last().unwrap_or(&0) as i64)
+            .collect();
+        self.table.val().select(
+            0,
+            Tensor::<B, 1, Int>::from_data(TensorData::new(last, [sequences.len()]), device),
+        )
     }
 }
 
@@ -63,24 +85,64 @@ struct EvenTokens;
 
 #[async_trait]
 impl RewardSource for EvenTokens {
-    async fn score_group(&self, _record: &RubricRecord, responses: &[String], lengths: &[u32], _step: u64) -> GroupScores {
+    async fn score_group(
+        &self,
+        _record: &RubricRecord,
+        responses: &[String],
+        lengths: &[u32],
+        _step: u64,
+    ) -> GroupScores {
         let scores = responses
             .iter()
             .zip(lengths)
             .map(|(r, &len)| {
-                let labels: Vec<Label> = r.split(' ').map(|t| if t.parse::<u32>().unwrap_or(1) % 2 == 0 { Label::Yes } else { Label::No }).collect();
-                ResponseScore::Scored(score_labels(&labels, labels.len(), ScoringMode::Binary, len, &LengthPenalty::disabled()).unwrap())
+                let labels: Vec<Label> = r
+                    .split(' ')
+                    .map(|t| {
+                        if t.parse::<u32>().unwrap_or(1) % 2 == 0 {
+                            Label::Yes
+                        } else {
+                            Label::No
+                        }
+                    })
+                    .collect();
+                ResponseScore::Scored(
+                    score_labels(
+                        &labels,
+                        labels.len(),
+                        ScoringMode::Binary,
+                        len,
+                        &LengthPenalty::disabled(),
+                    )
+                    .unwrap(),
+                )
             })
             .collect();
-        GroupScores { scores, criteria: vec![], judge_retries: 0, judge_latency_ms: 0.0 }
+        GroupScores {
+            scores,
+            criteria: vec![],
+            judge_retries: 0,
+            judge_latency_ms: 0.0,
+        }
     }
 }
 
 fn main() {
     type B = Autodiff<Flex>;
     let device = Default::default();
-    let cfg = LearnerConfig { group_size: 8, max_response_tokens: 10, lr: 0.2, weight_decay: 0.0, tie_mode: TieMode::Off, ..Default::default() };
-    let mut learner = Learner::<B, _>::builder(Bigram::new(&device), cfg, device).codec(Ids).rewards(EvenTokens).build().expect("valid config");
+    let cfg = LearnerConfig {
+        group_size: 8,
+        max_response_tokens: 10,
+        lr: 0.2,
+        weight_decay: 0.0,
+        tie_mode: TieMode::Off,
+        ..Default::default()
+    };
+    let mut learner = Learner::<B, _>::builder(Bigram::new(&device), cfg, device)
+        .codec(Ids)
+        .rewards(EvenTokens)
+        .build()
+        .expect("valid config");
     let records: Vec<RubricRecord> = (0..4)
         .map(|i| RubricRecord {
             id: format!("p{i}"),
@@ -95,6 +157,10 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     for _ in 0..15 {
         let out = rt.block_on(learner.step(&refs)).expect("step");
-        println!("step {:2}  reward {:.3}", out.metrics.step + 1, out.metrics.reward_mean);
+        println!(
+            "step {:2}  reward {:.3}",
+            out.metrics.step + 1,
+            out.metrics.reward_mean
+        );
     }
 }

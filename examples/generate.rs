@@ -11,12 +11,22 @@
 use conrub_kernels::GrpoOps;
 use conrub_qwen3::{ChatOptions, Message, Qwen3, SamplingConfig};
 
-fn answer<B: GrpoOps>(model: &str, question: &str, device: &B::Device) -> Result<(), Box<dyn std::error::Error>> {
+fn answer<B: GrpoOps>(
+    model: &str,
+    question: &str,
+    device: &B::Device,
+) -> Result<(), Box<dyn std::error::Error>> {
     let qwen = Qwen3::<B>::load(model, device)?;
-    let tokenizer = qwen.tokenizer.as_ref().ok_or("the model directory has no tokenizer.json")?;
+    let tokenizer = qwen
+        .tokenizer
+        .as_ref()
+        .ok_or("the model directory has no tokenizer.json")?;
     let prompt = tokenizer.apply_chat_template(
         &[Message::user(question)],
-        ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) },
+        ChatOptions {
+            add_generation_prompt: true,
+            enable_thinking: Some(false),
+        },
     )?;
     let cfg = SamplingConfig {
         max_new_tokens: 256,
@@ -30,7 +40,11 @@ fn answer<B: GrpoOps>(model: &str, question: &str, device: &B::Device) -> Result
     let out = qwen.generate(&[prompt], &cfg, device)?.remove(0);
     println!("{}", tokenizer.decode(&out.tokens, true)?);
     let mean_lp = out.logprobs.iter().sum::<f32>() / out.logprobs.len().max(1) as f32;
-    eprintln!("{} tokens, finish reason {:?}, mean log-prob {mean_lp:.3}", out.tokens.len(), out.finish_reason);
+    eprintln!(
+        "{} tokens, finish reason {:?}, mean log-prob {mean_lp:.3}",
+        out.tokens.len(),
+        out.finish_reason
+    );
     Ok(())
 }
 

@@ -13,8 +13,14 @@ use conrub_rubric::{read_rubrics, LengthPenalty, ScoringMode};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let rubrics_path = PathBuf::from(args.next().unwrap_or_else(|| "data/samples/rubrics.jsonl".into()));
-    let judge_path = PathBuf::from(args.next().unwrap_or_else(|| "configs/judge-lexical.toml".into()));
+    let rubrics_path = PathBuf::from(
+        args.next()
+            .unwrap_or_else(|| "data/samples/rubrics.jsonl".into()),
+    );
+    let judge_path = PathBuf::from(
+        args.next()
+            .unwrap_or_else(|| "configs/judge-lexical.toml".into()),
+    );
     let rubrics = read_rubrics(&rubrics_path)?;
     let judges = JudgeConfig::from_file(&judge_path)?.build(&rubrics)?;
     let record = rubrics.iter().next().ok_or("empty rubric file")?;
@@ -35,13 +41,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     let rt = tokio::runtime::Runtime::new()?;
-    let (results, summary) = rt.block_on(score_jobs(judges.criterion.as_ref(), &jobs, &LengthPenalty::default(), None, 16, &|_| {}));
+    let (results, summary) = rt.block_on(score_jobs(
+        judges.criterion.as_ref(),
+        &jobs,
+        &LengthPenalty::default(),
+        None,
+        16,
+        &|_| {},
+    ));
     for (a, r) in answers.iter().zip(&results) {
         match r.score.reward() {
             Some(x) => println!("{x:+.3}  {a}"),
             None => println!("unscored  {a}"),
         }
     }
-    println!("{} scored, {} unscored, judge {}", summary.scored, summary.unscored, judges.criterion.id());
+    println!(
+        "{} scored, {} unscored, judge {}",
+        summary.scored,
+        summary.unscored,
+        judges.criterion.id()
+    );
     Ok(())
 }

@@ -11,13 +11,21 @@ pub trait BackendTask {
 
 /// `--precision` of the commands that load a model: `f32` or `bf16-mixed`.
 pub fn parse_precision(s: &str) -> std::result::Result<conrub_qwen3::Precision, String> {
-    conrub_qwen3::Precision::parse(s).ok_or_else(|| format!("`{s}` is not a precision (allowed: {})", conrub_qwen3::Precision::NAMES))
+    conrub_qwen3::Precision::parse(s).ok_or_else(|| {
+        format!(
+            "`{s}` is not a precision (allowed: {})",
+            conrub_qwen3::Precision::NAMES
+        )
+    })
 }
 
 /// The model's execution settings for `--precision` (fused attention, no checkpointing: these
 /// commands do not train).
 pub fn inference_execution(precision: conrub_qwen3::Precision) -> conrub_qwen3::Execution {
-    conrub_qwen3::Execution { precision, ..Default::default() }
+    conrub_qwen3::Execution {
+        precision,
+        ..Default::default()
+    }
 }
 
 /// Devices accepted by `--device`.

@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn testdata(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("models/qwen3/testdata").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/qwen3/testdata")
+        .join(name)
 }
 
 fn conrub(args: &[&str]) -> Output {
@@ -17,8 +19,17 @@ fn conrub(args: &[&str]) -> Output {
 
 fn json_ok(args: &[&str]) -> serde_json::Value {
     let out = conrub(args);
-    assert!(out.status.success(), "conrub {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    assert!(
+        out.status.success(),
+        "conrub {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 fn stderr_of_failure(args: &[&str]) -> String {
@@ -28,11 +39,17 @@ fn stderr_of_failure(args: &[&str]) -> String {
 }
 
 fn reference(name: &str) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(testdata(name).join("reference.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(testdata(name).join("reference.json")).unwrap())
+        .unwrap()
 }
 
 fn ids_arg(v: &serde_json::Value) -> String {
-    v.as_array().unwrap().iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[test]
@@ -41,8 +58,15 @@ fn generate_greedy_json_matches_transformers() {
         let r = reference(name);
         let model = testdata(name);
         let out = json_ok(&[
-            "generate", "--model", model.to_str().unwrap(), "--ids", &ids_arg(&r["greedy_prompt"]),
-            "--greedy", "--max-new-tokens", "20", "--json",
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            &ids_arg(&r["greedy_prompt"]),
+            "--greedy",
+            "--max-new-tokens",
+            "20",
+            "--json",
         ]);
         assert_eq!(out["new_tokens"], r["greedy_tokens"], "{name}");
         assert_eq!(out["finish_reason"], "length");
@@ -58,19 +82,56 @@ fn generate_sampling_is_seeded_and_stops_on_stop_ids() {
     let model = testdata("tied-gqa-f32");
     let m = model.to_str().unwrap();
     let args = |seed: &str| {
-        json_ok(&["generate", "--model", m, "--ids", "1,2,3", "--temperature", "0.9", "--top-p", "0.9",
-                  "--top-k", "40", "--seed", seed, "--max-new-tokens", "16", "--json"])
+        json_ok(&[
+            "generate",
+            "--model",
+            m,
+            "--ids",
+            "1,2,3",
+            "--temperature",
+            "0.9",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "40",
+            "--seed",
+            seed,
+            "--max-new-tokens",
+            "16",
+            "--json",
+        ])
     };
     let a = args("7");
     assert_eq!(a, args("7"));
     assert_ne!(a["new_tokens"], args("8")["new_tokens"]);
     let first = a["new_tokens"][2].as_u64().unwrap().to_string();
-    let stopped = json_ok(&["generate", "--model", m, "--ids", "1,2,3", "--temperature", "0.9", "--top-p", "0.9",
-                            "--top-k", "40", "--seed", "7", "--max-new-tokens", "16", "--stop-ids", &first, "--json"]);
+    let stopped = json_ok(&[
+        "generate",
+        "--model",
+        m,
+        "--ids",
+        "1,2,3",
+        "--temperature",
+        "0.9",
+        "--top-p",
+        "0.9",
+        "--top-k",
+        "40",
+        "--seed",
+        "7",
+        "--max-new-tokens",
+        "16",
+        "--stop-ids",
+        &first,
+        "--json",
+    ]);
     assert_eq!(stopped["finish_reason"], "stop");
     let n = stopped["new_tokens"].as_array().unwrap().len();
     assert!(n <= 3);
-    assert_eq!(stopped["new_tokens"].as_array().unwrap()[..], a["new_tokens"].as_array().unwrap()[..n]);
+    assert_eq!(
+        stopped["new_tokens"].as_array().unwrap()[..],
+        a["new_tokens"].as_array().unwrap()[..n]
+    );
 }
 
 #[test]
@@ -78,10 +139,20 @@ fn logprobs_json_matches_transformers() {
     let name = "tied-mha-bf16-sharded";
     let r = reference(name);
     let seq = &r["sequences"][1];
-    let out = json_ok(&["logprobs", "--model", testdata(name).to_str().unwrap(), "--ids", &ids_arg(seq), "--json"]);
+    let out = json_ok(&[
+        "logprobs",
+        "--model",
+        testdata(name).to_str().unwrap(),
+        "--ids",
+        &ids_arg(seq),
+        "--json",
+    ]);
     let got = out["token_logprobs"].as_array().unwrap();
     assert_eq!(got.len(), seq.as_array().unwrap().len() - 1);
-    assert_eq!(out["argmax"].as_array().unwrap().len(), seq.as_array().unwrap().len());
+    assert_eq!(
+        out["argmax"].as_array().unwrap().len(),
+        seq.as_array().unwrap().len()
+    );
     // The float64 transformers reference.
     let bytes = std::fs::read(testdata(name).join("reference.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -96,28 +167,63 @@ fn logprobs_json_matches_transformers() {
         assert!((g.as_f64().unwrap() - e).abs() < 1e-4, "{g} vs {e}");
     }
     // `--precision bf16-mixed`: bf16 activations move the log-probs, within bf16's resolution.
-    let mixed = json_ok(&["logprobs", "--model", testdata(name).to_str().unwrap(), "--ids", &ids_arg(seq), "--json", "--precision", "bf16-mixed"]);
+    let mixed = json_ok(&[
+        "logprobs",
+        "--model",
+        testdata(name).to_str().unwrap(),
+        "--ids",
+        &ids_arg(seq),
+        "--json",
+        "--precision",
+        "bf16-mixed",
+    ]);
     let mixed = mixed["token_logprobs"].as_array().unwrap();
-    let worst = mixed.iter().zip(&expected).map(|(g, e)| (g.as_f64().unwrap() - e).abs()).fold(0.0, f64::max);
-    assert!(worst > 0.0 && worst < 0.1, "bf16-mixed log-probs differ by {worst}");
+    let worst = mixed
+        .iter()
+        .zip(&expected)
+        .map(|(g, e)| (g.as_f64().unwrap() - e).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst > 0.0 && worst < 0.1,
+        "bf16-mixed log-probs differ by {worst}"
+    );
 }
 
 #[test]
 fn tokenize_matches_chat_fixtures() {
     let tok = testdata("qwen3-tokenizer");
-    let cases: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(testdata("chat_template_cases.json")).unwrap()).unwrap();
+    let cases: Vec<serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(testdata("chat_template_cases.json")).unwrap(),
+    )
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    for case in cases.iter().filter(|c| c["add_generation_prompt"] == true && c["enable_thinking"] != true) {
+    for case in cases
+        .iter()
+        .filter(|c| c["add_generation_prompt"] == true && c["enable_thinking"] != true)
+    {
         let path = dir.path().join("messages.json");
         std::fs::write(&path, case["messages"].to_string()).unwrap();
-        let mut args = vec!["tokenize", "--model", tok.to_str().unwrap(), "--messages", path.to_str().unwrap(), "--json"];
+        let mut args = vec![
+            "tokenize",
+            "--model",
+            tok.to_str().unwrap(),
+            "--messages",
+            path.to_str().unwrap(),
+            "--json",
+        ];
         if case["enable_thinking"] == false {
             args.push("--no-thinking");
         }
         assert_eq!(json_ok(&args)["ids"], case["ids"], "{}", case["name"]);
     }
-    let out = json_ok(&["tokenize", "--model", tok.to_str().unwrap(), "--text", "Hello, doctor", "--json"]);
+    let out = json_ok(&[
+        "tokenize",
+        "--model",
+        tok.to_str().unwrap(),
+        "--text",
+        "Hello, doctor",
+        "--json",
+    ]);
     assert_eq!(out["ids"], serde_json::json!([9707, 11, 10668]));
 }
 
@@ -128,21 +234,38 @@ fn bad_input_gives_clear_errors() {
     let err = stderr_of_failure(&["generate", "--model", m, "--ids", "1,x,3"]);
     assert!(err.contains("--ids") && err.contains("`x`"), "{err}");
     let err = stderr_of_failure(&["generate", "--model", m, "--ids", "999999"]);
-    assert!(err.contains("999999") && err.contains("vocabulary"), "{err}");
+    assert!(
+        err.contains("999999") && err.contains("vocabulary"),
+        "{err}"
+    );
     let err = stderr_of_failure(&["generate", "--model", m, "--prompt", "hello"]);
-    assert!(err.contains("tokenizer.json") && err.contains("--ids"), "{err}");
+    assert!(
+        err.contains("tokenizer.json") && err.contains("--ids"),
+        "{err}"
+    );
     let err = stderr_of_failure(&["generate", "--model", m, "--ids", "1", "--top-p", "1.5"]);
     assert!(err.contains("top_p"), "{err}");
     let err = stderr_of_failure(&["logprobs", "--model", m, "--ids", "1", "--precision", "fp8"]);
-    assert!(err.contains("`fp8` is not a precision (allowed: f32, bf16-mixed)"), "{err}");
+    assert!(
+        err.contains("`fp8` is not a precision (allowed: f32, bf16-mixed)"),
+        "{err}"
+    );
     let err = stderr_of_failure(&["logprobs", "--model", m, "--ids", "1", "--device", "tpu"]);
     assert!(err.contains("unknown device `tpu`"), "{err}");
     #[cfg(not(feature = "cuda"))]
     {
-        let err = stderr_of_failure(&["logprobs", "--model", m, "--ids", "1,2", "--device", "cuda:0"]);
+        let err = stderr_of_failure(&[
+            "logprobs", "--model", m, "--ids", "1,2", "--device", "cuda:0",
+        ]);
         assert!(err.contains("--features cuda"), "{err}");
     }
     let err = stderr_of_failure(&["generate", "--model", "Qwen/Qwen3-0.6B", "--ids", "1"]);
-    assert!(err.contains("HF_HUB_OFFLINE") && err.contains("local directory"), "{err}");
-    assert!(!err.contains("stack backtrace") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("HF_HUB_OFFLINE") && err.contains("local directory"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("stack backtrace") && !err.contains("panicked"),
+        "{err}"
+    );
 }

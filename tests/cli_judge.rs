@@ -16,41 +16,70 @@ fn sample(name: &str) -> String {
 }
 
 fn conrub(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_conrub")).args(args).env("HF_HUB_OFFLINE", "1").output().expect("binary runs")
+    Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .expect("binary runs")
 }
 
 fn ok(args: &[&str]) -> Output {
     let out = conrub(args);
-    assert!(out.status.success(), "conrub {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "conrub {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
 fn rows(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[test]
 fn validate_accepts_samples_and_names_the_problem() {
     let out = ok(&["rubrics", "validate", &sample("rubrics.jsonl")]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("8 records, 52 criteria (36 content + 16 global controls)"), "{text}");
+    assert!(
+        text.contains("8 records, 52 criteria (36 content + 16 global controls)"),
+        "{text}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.jsonl");
-    let first = std::fs::read_to_string(sample("rubrics.jsonl")).unwrap().lines().next().unwrap().to_string();
+    let first = std::fs::read_to_string(sample("rubrics.jsonl"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
     let mut v: serde_json::Value = serde_json::from_str(&first).unwrap();
     v["criteria"][2]["text"] = "The response does not recommend ibuprofen.".into();
     std::fs::write(&bad, format!("{first}\n{v}\n")).unwrap();
     let out = conrub(&["rubrics", "validate", bad.to_str().unwrap()]);
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("line 2 (id med-0001): id: duplicate id (first on line 1)"), "{text}");
-    assert!(text.contains("line 2 (id med-0001): criteria[2].text: rewards absence"), "{text}");
+    assert!(
+        text.contains("line 2 (id med-0001): id: duplicate id (first on line 1)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("line 2 (id med-0001): criteria[2].text: rewards absence"),
+        "{text}"
+    );
 
     std::fs::write(&bad, "{\"id\": \"x\", \"question\": \"q\", \"criteria\": [{\"text\": \"t\", \"kind\": \"content\", \"reference_coverage\": \"maybe\"}]}\n").unwrap();
     let out = conrub(&["rubrics", "validate", bad.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bad.jsonl:1: criteria[0].reference_coverage: unknown variant `maybe`"), "{err}");
+    assert!(
+        err.contains("bad.jsonl:1: criteria[0].reference_coverage: unknown variant `maybe`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -58,7 +87,14 @@ fn import_each_public_format() {
     let dir = tempfile::tempdir().unwrap();
     for (format, records) in [("rar", 2), ("rubrichub", 2), ("healthbench", 2)] {
         let out_path = dir.path().join(format!("{format}.jsonl"));
-        let out = ok(&["rubrics", "import", "--format", format, &sample(&format!("{format}.jsonl")), out_path.to_str().unwrap()]);
+        let out = ok(&[
+            "rubrics",
+            "import",
+            "--format",
+            format,
+            &sample(&format!("{format}.jsonl")),
+            out_path.to_str().unwrap(),
+        ]);
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("validation: 0 errors"), "{text}");
         let recs = rows(&out_path);
@@ -69,8 +105,14 @@ fn import_each_public_format() {
             assert_eq!(r["criteria"][n - 1]["kind"], "global_control");
         }
     }
-    let err = String::from_utf8_lossy(&conrub(&["rubrics", "import", "--format", "csv", "a", "b"]).stderr).into_owned();
-    assert!(err.contains("allowed: rar, rubrichub, healthbench"), "{err}");
+    let err = String::from_utf8_lossy(
+        &conrub(&["rubrics", "import", "--format", "csv", "a", "b"]).stderr,
+    )
+    .into_owned();
+    assert!(
+        err.contains("allowed: rar, rubrichub, healthbench"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -79,10 +121,24 @@ fn score_with_the_lexical_judge_and_token_counts() {
     let out_path = dir.path().join("scores.jsonl");
     let tok = root().join("models/qwen3/testdata/qwen3-tokenizer");
     let out = ok(&[
-        "score", "--rubrics", &sample("rubrics.jsonl"), "--responses", &sample("responses.jsonl"),
-        "--judge", &root().join("configs/judge-lexical.toml").display().to_string(),
-        "--tokenizer", tok.to_str().unwrap(), "--max-response-tokens", "50", "--length-buffer", "20",
-        "--out", out_path.to_str().unwrap(),
+        "score",
+        "--rubrics",
+        &sample("rubrics.jsonl"),
+        "--responses",
+        &sample("responses.jsonl"),
+        "--judge",
+        &root()
+            .join("configs/judge-lexical.toml")
+            .display()
+            .to_string(),
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--max-response-tokens",
+        "50",
+        "--length-buffer",
+        "20",
+        "--out",
+        out_path.to_str().unwrap(),
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("scored 6/6 responses"), "{err}");
@@ -96,7 +152,13 @@ fn score_with_the_lexical_judge_and_token_counts() {
     for x in &r {
         let tokens = x["response_tokens"].as_u64().unwrap();
         let pen = x["length_penalty"].as_f64().unwrap();
-        let want = if tokens <= 30 { 0.0 } else if tokens > 50 { -1.0 } else { (30.0 - tokens as f64) / 20.0 };
+        let want = if tokens <= 30 {
+            0.0
+        } else if tokens > 50 {
+            -1.0
+        } else {
+            (30.0 - tokens as f64) / 20.0
+        };
         assert!((pen - want).abs() < 1e-12, "{tokens} tokens: penalty {pen}");
         let mean = x["criteria_mean"].as_f64().unwrap();
         assert!((x["reward"]["value"].as_f64().unwrap() - (mean + pen)).abs() < 1e-12);
@@ -133,22 +195,40 @@ fn score_and_judge_pair_against_a_loopback_server_with_cache() {
     let out1 = dir.path().join("a.jsonl");
     let args = |out: &Path| {
         vec![
-            "score".to_string(), "--rubrics".into(), sample("rubrics.jsonl"), "--responses".into(), responses.display().to_string(),
-            "--judge".into(), cfg.display().to_string(), "--out".into(), out.display().to_string(),
+            "score".to_string(),
+            "--rubrics".into(),
+            sample("rubrics.jsonl"),
+            "--responses".into(),
+            responses.display().to_string(),
+            "--judge".into(),
+            cfg.display().to_string(),
+            "--out".into(),
+            out.display().to_string(),
         ]
     };
     let a1: Vec<String> = args(&out1);
     let out = ok(&a1.iter().map(String::as_str).collect::<Vec<_>>());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("scored 3/4 responses (1 unscored)"), "{err}");
-    assert!(err.contains("unscored: 1 of 4 responses (no valid judge output within the retry budget); first: "), "{err}");
-    assert!(err.contains(":1 (prompt_id `med-0003`, response 1) after 3 attempts: "), "{err}");
+    assert!(
+        err.contains(
+            "unscored: 1 of 4 responses (no valid judge output within the retry budget); first: "
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains(":1 (prompt_id `med-0003`, response 1) after 3 attempts: "),
+        "{err}"
+    );
     let r = rows(&out1);
     // med-0003 has 4 content criteria + 2 controls: correct, missing, wrong, correct, missing, wrong.
     assert_eq!(r[0]["reward"]["value"], 0.0);
     assert_eq!(r[1]["status"], "unscored");
     assert_eq!(r[1]["attempts"], 3);
-    assert!(r[1].get("reward").is_none(), "unscored rows carry no reward");
+    assert!(
+        r[1].get("reward").is_none(),
+        "unscored rows carry no reward"
+    );
     assert_eq!(r[2]["attempts"], 3);
     assert_eq!(r[3]["reward"]["value"], 1.0);
     let calls = server.requests();
@@ -158,7 +238,11 @@ fn score_and_judge_pair_against_a_loopback_server_with_cache() {
     let out = ok(&a2.iter().map(String::as_str).collect::<Vec<_>>());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("3 from cache"), "{err}");
-    assert_eq!(server.requests(), calls + 3, "only the unscored response is asked again (3 attempts)");
+    assert_eq!(
+        server.requests(),
+        calls + 3,
+        "only the unscored response is asked again (3 attempts)"
+    );
     let r2 = rows(&out2);
     for (x, y) in r.iter().zip(&r2) {
         assert_eq!(x["labels"], y["labels"]);
@@ -169,13 +253,25 @@ fn score_and_judge_pair_against_a_loopback_server_with_cache() {
     std::fs::write(&fa, "A vague answer.").unwrap();
     std::fs::write(&fb, "A good answer: metformin.").unwrap();
     let out = ok(&[
-        "judge-pair", "--rubrics", &sample("rubrics.jsonl"), "--prompt-id", "med-0003", "--a", fa.to_str().unwrap(),
-        "--b", fb.to_str().unwrap(), "--judge", cfg.to_str().unwrap(),
+        "judge-pair",
+        "--rubrics",
+        &sample("rubrics.jsonl"),
+        "--prompt-id",
+        "med-0003",
+        "--a",
+        fa.to_str().unwrap(),
+        "--b",
+        fb.to_str().unwrap(),
+        "--judge",
+        cfg.to_str().unwrap(),
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("A shown first: verdict B"), "{text}");
     assert!(text.contains("B shown first: verdict A"), "{text}");
-    assert!(text.contains("accepted: PreferB (advantages A -1, B +1)"), "{text}");
+    assert!(
+        text.contains("accepted: PreferB (advantages A -1, B +1)"),
+        "{text}"
+    );
     assert!(text.contains("raw: ```json"), "{text}");
 }
 
@@ -189,17 +285,31 @@ fn score_fails_when_nothing_could_be_scored_but_writes_the_rows() {
     std::fs::write(&responses, "{\"prompt_id\": \"med-0003\", \"responses\": [\"[[garbage]] one\", \"[[garbage]] two\"]}\n").unwrap();
     let out_path = dir.path().join("scores.jsonl");
     let out = conrub(&[
-        "score", "--rubrics", &sample("rubrics.jsonl"), "--responses", responses.to_str().unwrap(), "--judge",
-        cfg.to_str().unwrap(), "--out", out_path.to_str().unwrap(),
+        "score",
+        "--rubrics",
+        &sample("rubrics.jsonl"),
+        "--responses",
+        responses.to_str().unwrap(),
+        "--judge",
+        cfg.to_str().unwrap(),
+        "--out",
+        out_path.to_str().unwrap(),
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "every response unscored must fail the command: {err}");
+    assert!(
+        !out.status.success(),
+        "every response unscored must fail the command: {err}"
+    );
     assert!(err.contains("scored 0/2 responses (2 unscored)"), "{err}");
     assert!(err.contains("unscored: 2 of 2 responses"), "{err}");
     assert!(err.contains("error: no response could be scored (2 of 2 unscored); the unscored rows were written to"), "{err}");
     let r = rows(&out_path);
     assert_eq!(r.len(), 2, "the output is written before the command fails");
-    assert!(r.iter().all(|x| x["status"] == "unscored" && x["attempts"] == 3), "{r:?}");
+    assert!(
+        r.iter()
+            .all(|x| x["status"] == "unscored" && x["attempts"] == 3),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -210,13 +320,30 @@ fn score_with_the_in_process_judge_in_logprob_margin_mode() {
     let model_dir = dir.path().join("tiny-judge");
     let config = Qwen3Config::tiny(151_936);
     let model = Qwen3ForCausalLM::<Flex>::random(&config, 0.5, 11, &Default::default());
-    save_pretrained(&model, &config, None, Some(&root().join("models/qwen3/testdata/qwen3-tokenizer")), &model_dir, SaveDtype::F32).unwrap();
+    save_pretrained(
+        &model,
+        &config,
+        None,
+        Some(&root().join("models/qwen3/testdata/qwen3-tokenizer")),
+        &model_dir,
+        SaveDtype::F32,
+    )
+    .unwrap();
     let cfg = dir.path().join("judge.toml");
     std::fs::write(&cfg, "kind = \"local\"\nmodel = \"tiny-judge\"\n[local]\nmode = \"logprob-margin\"\nbatch_size = 4\n").unwrap();
     let out_path = dir.path().join("s.jsonl");
     let out = ok(&[
-        "score", "--rubrics", &sample("rubrics.jsonl"), "--responses", &sample("responses.jsonl"), "--judge",
-        cfg.to_str().unwrap(), "--mode", "binary", "--out", out_path.to_str().unwrap(),
+        "score",
+        "--rubrics",
+        &sample("rubrics.jsonl"),
+        "--responses",
+        &sample("responses.jsonl"),
+        "--judge",
+        cfg.to_str().unwrap(),
+        "--mode",
+        "binary",
+        "--out",
+        out_path.to_str().unwrap(),
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("scored 6/6 responses"));
     for r in rows(&out_path) {

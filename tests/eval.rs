@@ -12,7 +12,15 @@ fn tiny_model(dir: &Path, seed: u64) -> std::path::PathBuf {
     let model = dir.join("tiny");
     let config = Qwen3Config::tiny(151_936);
     let m = Qwen3ForCausalLM::<Flex>::random(&config, 0.02, seed, &Default::default());
-    save_pretrained(&m, &config, None, Some(&root.join("models/qwen3/testdata/qwen3-tokenizer")), &model, SaveDtype::F32).unwrap();
+    save_pretrained(
+        &m,
+        &config,
+        None,
+        Some(&root.join("models/qwen3/testdata/qwen3-tokenizer")),
+        &model,
+        SaveDtype::F32,
+    )
+    .unwrap();
     model
 }
 
@@ -24,7 +32,16 @@ fn mcq_reports_are_consistent_for_every_format() {
     for format in ["medmcqa", "pubmedqa", "mmlu"] {
         let out = dir.path().join(format);
         let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
-            .args(["eval", "mcq", "--format", format, "--max-new-tokens", "6", "--batch-size", "3"])
+            .args([
+                "eval",
+                "mcq",
+                "--format",
+                format,
+                "--max-new-tokens",
+                "6",
+                "--batch-size",
+                "3",
+            ])
             .arg("--data")
             .arg(root.join(format!("data/samples/eval/{format}.jsonl")))
             .arg("--model")
@@ -33,10 +50,19 @@ fn mcq_reports_are_consistent_for_every_format() {
             .arg(&out)
             .output()
             .unwrap();
-        assert!(o.status.success(), "{format}: {}", String::from_utf8_lossy(&o.stderr));
-        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
-        let rows: Vec<serde_json::Value> =
-            std::fs::read_to_string(out.join("examples.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert!(
+            o.status.success(),
+            "{format}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap())
+                .unwrap();
+        let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("examples.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         assert_eq!(rows.len(), 3);
         let s = &report["summary"];
         assert_eq!(s["n"], 3);
@@ -44,7 +70,9 @@ fn mcq_reports_are_consistent_for_every_format() {
         let invalid = rows.iter().filter(|r| r["extracted"].is_null()).count();
         assert_eq!(s["correct"].as_u64().unwrap() as usize, correct);
         assert_eq!(s["invalid"].as_u64().unwrap() as usize, invalid);
-        assert!(rows.iter().all(|r| r["response_tokens"].as_u64().unwrap() <= 6));
+        assert!(rows
+            .iter()
+            .all(|r| r["response_tokens"].as_u64().unwrap() <= 6));
         assert_eq!(report["settings"]["decoding"], "greedy");
         let gold: Vec<&str> = rows.iter().map(|r| r["gold"].as_str().unwrap()).collect();
         let want: &[&str] = match format {
@@ -65,7 +93,10 @@ fn mcq_reports_are_consistent_for_every_format() {
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success() && table.contains("accuracy") && table.contains("B - A"), "{table}");
+    assert!(
+        o.status.success() && table.contains("accuracy") && table.contains("B - A"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -75,7 +106,16 @@ fn rubric_grading_report_on_healthbench_samples() {
     let model = tiny_model(dir.path(), 4);
     let out = dir.path().join("hb");
     let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
-        .args(["eval", "rubric", "--samples", "2", "--max-new-tokens", "6", "--seed", "5"])
+        .args([
+            "eval",
+            "rubric",
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--seed",
+            "5",
+        ])
         .arg("--data")
         .arg(root.join("data/samples/healthbench.jsonl"))
         .arg("--model")
@@ -87,16 +127,27 @@ fn rubric_grading_report_on_healthbench_samples() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["kind"], "rubric");
     assert_eq!(report["summary"]["examples"], 4, "2 examples x 2 samples");
     let score = report["summary"]["score"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&score));
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("examples.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("examples.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(rows.len(), 4);
-    assert_eq!(rows[0]["items"].as_array().unwrap().len(), 4, "every rubric item graded, the negative one included");
+    assert_eq!(
+        rows[0]["items"].as_array().unwrap().len(),
+        4,
+        "every rubric item graded, the negative one included"
+    );
     assert_eq!(rows[2]["items"].as_array().unwrap().len(), 2);
-    assert!(report["summary"]["by_example_tag"].get("theme:emergency_referrals").is_some());
+    assert!(report["summary"]["by_example_tag"]
+        .get("theme:emergency_referrals")
+        .is_some());
 }
 
 /// The grader is a scripted OpenAI-compatible server on loopback. It labels criterion `i` by `i % 3`
@@ -118,8 +169,18 @@ fn rubric_grading_through_a_loopback_grader_is_exact_and_cached() {
     .unwrap();
     // One HealthBench row and one of our rubric records in the same file.
     let data = dir.path().join("mixed.jsonl");
-    let hb = std::fs::read_to_string(root.join("data/samples/healthbench.jsonl")).unwrap().lines().next().unwrap().to_string();
-    let ours = std::fs::read_to_string(root.join("data/samples/rubrics.jsonl")).unwrap().lines().nth(2).unwrap().to_string();
+    let hb = std::fs::read_to_string(root.join("data/samples/healthbench.jsonl"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    let ours = std::fs::read_to_string(root.join("data/samples/rubrics.jsonl"))
+        .unwrap()
+        .lines()
+        .nth(2)
+        .unwrap()
+        .to_string();
     std::fs::write(&data, format!("{hb}\n{ours}\n")).unwrap();
     let run = |out: &Path| {
         let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
@@ -135,7 +196,9 @@ fn rubric_grading_through_a_loopback_grader_is_exact_and_cached() {
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap())
+                .unwrap();
         report
     };
     let first = run(&dir.path().join("a"));
@@ -144,12 +207,18 @@ fn rubric_grading_through_a_loopback_grader_is_exact_and_cached() {
     // HealthBench row: items 10, 9, 5, -6 graded yes, no, no, yes: (10 - 6) / 24.
     // Our record med-0003: 4 content criteria, 1 point each, graded yes, no, no, yes: 2 / 4.
     let s = &first["summary"];
-    assert!((s["score"].as_f64().unwrap() - (4.0 / 24.0 + 0.5) / 2.0).abs() < 1e-12, "{s}");
+    assert!(
+        (s["score"].as_f64().unwrap() - (4.0 / 24.0 + 0.5) / 2.0).abs() < 1e-12,
+        "{s}"
+    );
     // Three-state: HealthBench row has 3 positive items + 2 controls: +1, 0, -1, +1, 0 -> 1/5;
     // med-0003 has 4 + 2 criteria: +1, 0, -1, +1, 0, -1 -> 0.
     let t = &first["three_state"];
     assert!((t["mean"].as_f64().unwrap() - 0.1).abs() < 1e-12, "{t}");
-    assert!((t["labels"]["wrong"].as_f64().unwrap() - 3.0 / 11.0).abs() < 1e-12, "{t}");
+    assert!(
+        (t["labels"]["wrong"].as_f64().unwrap() - 3.0 / 11.0).abs() < 1e-12,
+        "{t}"
+    );
     assert_eq!(first["timings"]["grader_calls"], 4);
     assert_eq!(first["model"]["checkpoint_step"], serde_json::Value::Null);
 

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn config(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("configs").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("configs")
+        .join(name)
 }
 
 fn conrub(args: &[&str]) -> Output {
@@ -25,8 +27,17 @@ fn plan_json(config: &Path, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["plan", "--config", config.to_str().unwrap(), "--json"];
     args.extend_from_slice(extra);
     let out = conrub(&args);
-    assert!(out.status.success(), "conrub {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    assert!(
+        out.status.success(),
+        "conrub {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON object ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 fn failure(args: &[&str]) -> String {
@@ -35,21 +46,50 @@ fn failure(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-const MIXED: [&str; 4] = ["--set", "precision=\"bf16-mixed\"", "--set", "learner.activation_checkpointing=true"];
-const F32_PLAIN: [&str; 4] = ["--set", "precision=\"f32\"", "--set", "learner.activation_checkpointing=false"];
+const MIXED: [&str; 4] = [
+    "--set",
+    "precision=\"bf16-mixed\"",
+    "--set",
+    "learner.activation_checkpointing=true",
+];
+const F32_PLAIN: [&str; 4] = [
+    "--set",
+    "precision=\"f32\"",
+    "--set",
+    "learner.activation_checkpointing=false",
+];
 
 #[test]
 fn published_config_json_shape_and_targets() {
     let v = plan_json(&config("conrub-med-qwen3-4b.toml"), &MIXED);
     assert!(v.is_object());
-    assert!(v["fits"].is_boolean() && v["training_fits"].is_boolean() && v["rollout_fits"].is_boolean(), "{v:#}");
+    assert!(
+        v["fits"].is_boolean() && v["training_fits"].is_boolean() && v["rollout_fits"].is_boolean(),
+        "{v:#}"
+    );
     assert!(v["peak_gb"].as_f64().unwrap() > 0.0);
     let parts = v["parts"].as_object().unwrap();
-    for key in ["weights_f32", "gradients", "adamw_moments", "bf16_weight_copies", "layer_inputs", "layer_activations", "lm_head_chunk", "kv_cache", "rollout_weights_bf16"] {
+    for key in [
+        "weights_f32",
+        "gradients",
+        "adamw_moments",
+        "bf16_weight_copies",
+        "layer_inputs",
+        "layer_activations",
+        "lm_head_chunk",
+        "kv_cache",
+        "rollout_weights_bf16",
+    ] {
         assert!(parts[key].as_f64().unwrap() > 0.0, "parts.{key}: {v:#}");
     }
     let peak = v["peak_gb"].as_f64().unwrap();
-    assert_eq!(peak, v["training_peak_gb"].as_f64().unwrap().max(v["rollout_peak_gb"].as_f64().unwrap()));
+    assert_eq!(
+        peak,
+        v["training_peak_gb"]
+            .as_f64()
+            .unwrap()
+            .max(v["rollout_peak_gb"].as_f64().unwrap())
+    );
     // The inputs used.
     let inputs = &v["inputs"];
     assert_eq!(inputs["precision"], "bf16-mixed");
@@ -64,18 +104,30 @@ fn published_config_json_shape_and_targets() {
     assert_eq!(inputs["model"]["num_hidden_layers"], 36);
     assert_eq!(v["parameters"], 4_022_468_096u64);
     assert_eq!(v["model"]["path"], "Qwen/Qwen3-4B-Instruct-2507");
-    assert!(v["model"]["source"].as_str().unwrap().contains("built-in"), "{v:#}");
+    assert!(
+        v["model"]["source"].as_str().unwrap().contains("built-in"),
+        "{v:#}"
+    );
     // Acceptance: bf16-mixed + checkpointing trains Qwen3-4B in 141 GB with >= 16k-token micro-batches.
     assert!(v["training_fits"].as_bool().unwrap(), "{v:#}");
-    assert!(v["max_micro_batch_tokens"].as_u64().unwrap() >= 16384, "{v:#}");
+    assert!(
+        v["max_micro_batch_tokens"].as_u64().unwrap() >= 16384,
+        "{v:#}"
+    );
     assert!(v["max_rollout_rows"].as_u64().unwrap() >= 8, "{v:#}");
 
     // With the rollout call and micro-batch the plan suggests, the whole run fits.
-    let per_call = v["max_rollout_prompts_per_call"].as_u64().unwrap().to_string();
+    let per_call = v["max_rollout_prompts_per_call"]
+        .as_u64()
+        .unwrap()
+        .to_string();
     let micro = v["max_micro_batch_tokens"].as_u64().unwrap().to_string();
     let per_call_set = format!("learner.rollout_prompts_per_call={per_call}");
     let micro_set = format!("learner.micro_batch_tokens={micro}");
-    let fitted = plan_json(&config("conrub-med-qwen3-4b.toml"), &[&MIXED[..], &["--set", &per_call_set, "--set", &micro_set]].concat());
+    let fitted = plan_json(
+        &config("conrub-med-qwen3-4b.toml"),
+        &[&MIXED[..], &["--set", &per_call_set, "--set", &micro_set]].concat(),
+    );
     assert_eq!(fitted["fits"], true, "{fitted:#}");
 }
 
@@ -89,7 +141,10 @@ fn f32_without_checkpointing_does_not_fit_and_still_exits_zero() {
     assert!(v["peak_gb"].as_f64().unwrap() > 141.0);
     // A larger device moves the limits up.
     let mixed = plan_json(&config("conrub-med-qwen3-4b.toml"), &MIXED);
-    let big = plan_json(&config("conrub-med-qwen3-4b.toml"), &[&MIXED[..], &["--gpu-memory-gb", "282"]].concat());
+    let big = plan_json(
+        &config("conrub-med-qwen3-4b.toml"),
+        &[&MIXED[..], &["--gpu-memory-gb", "282"]].concat(),
+    );
     assert!(big["max_micro_batch_tokens"].as_u64() > mixed["max_micro_batch_tokens"].as_u64());
     assert!(big["max_rollout_rows"].as_u64() > mixed["max_rollout_rows"].as_u64());
 }
@@ -98,9 +153,27 @@ fn f32_without_checkpointing_does_not_fit_and_still_exits_zero() {
 fn human_table_names_the_parts_and_the_verdict() {
     let c = config("conrub-med-qwen3-4b.toml");
     let out = conrub(&[&["plan", "--config", c.to_str().unwrap()][..], &MIXED].concat());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
-    for needle in ["weights (f32 master)", "gradients (f32)", "AdamW moments", "bf16 weight copies", "LM head chunk", "rollout KV pool", "KV pool:", "training peak", "rollout peak", "fits", "max_micro_batch_tokens", "max_rollout_rows", "Qwen/Qwen3-4B-Instruct-2507"] {
+    for needle in [
+        "weights (f32 master)",
+        "gradients (f32)",
+        "AdamW moments",
+        "bf16 weight copies",
+        "LM head chunk",
+        "rollout KV pool",
+        "KV pool:",
+        "training peak",
+        "rollout peak",
+        "fits",
+        "max_micro_batch_tokens",
+        "max_rollout_rows",
+        "Qwen/Qwen3-4B-Instruct-2507",
+    ] {
         assert!(text.contains(needle), "missing `{needle}`:\n{text}");
     }
 }
@@ -115,14 +188,24 @@ fn random_and_local_models_plan() {
     // A local checkpoint directory, relative to the config file: its config.json gives the shape.
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("ckpt")).unwrap();
-    std::fs::write(dir.path().join("ckpt/config.json"), conrub_qwen3::config::QWEN3_0_6B_CONFIG).unwrap();
+    std::fs::write(
+        dir.path().join("ckpt/config.json"),
+        conrub_qwen3::config::QWEN3_0_6B_CONFIG,
+    )
+    .unwrap();
     let toml = dir.path().join("train.toml");
     std::fs::write(&toml, "device = \"cuda:0\"\nfuture_key = 1\n[model]\npath = \"ckpt\"\n[learner]\nmicro_batch_tokens = 32768\nnew_knob = \"x\"\n[run]\nprompts_per_step = 4\n").unwrap();
     let v = plan_json(&toml, &["--max-prompt-tokens", "512"]);
     assert_eq!(v["parameters"], 596_049_920u64);
     assert_eq!(v["inputs"]["max_prompt_tokens"], 512);
     assert_eq!(v["inputs"]["prompts_per_step"], 4);
-    assert!(v["model"]["source"].as_str().unwrap().ends_with("config.json"), "{v:#}");
+    assert!(
+        v["model"]["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("config.json"),
+        "{v:#}"
+    );
 }
 
 #[test]
@@ -132,11 +215,32 @@ fn errors_name_the_file_and_the_key() {
     let err = failure(&["plan", "--config", "no/such/train.toml"]);
     assert!(err.contains("no/such/train.toml"), "{err}");
     let err = failure(&["plan", "--config", c, "--set", "precision=\"fp8\""]);
-    assert!(err.contains("precision") && err.contains("fp8") && err.contains("bf16-mixed"), "{err}");
-    let err = failure(&["plan", "--config", c, "--set", "learner.micro_batch_tokens=\"many\""]);
-    assert!(err.contains("micro_batch_tokens") && err.contains("conrub-med-qwen3-4b.toml"), "{err}");
-    let err = failure(&["plan", "--config", c, "--set", "model.path=\"Qwen/Qwen9-1T\""]);
-    assert!(err.contains("model.path") && err.contains("Qwen/Qwen3-4B"), "{err}");
+    assert!(
+        err.contains("precision") && err.contains("fp8") && err.contains("bf16-mixed"),
+        "{err}"
+    );
+    let err = failure(&[
+        "plan",
+        "--config",
+        c,
+        "--set",
+        "learner.micro_batch_tokens=\"many\"",
+    ]);
+    assert!(
+        err.contains("micro_batch_tokens") && err.contains("conrub-med-qwen3-4b.toml"),
+        "{err}"
+    );
+    let err = failure(&[
+        "plan",
+        "--config",
+        c,
+        "--set",
+        "model.path=\"Qwen/Qwen9-1T\"",
+    ]);
+    assert!(
+        err.contains("model.path") && err.contains("Qwen/Qwen3-4B"),
+        "{err}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "[learner\nmicro_batch_tokens = 1\n").unwrap();

@@ -10,7 +10,14 @@ use std::time::{Duration, Instant};
 use conrub_construct::testing::BuildServers;
 use conrub_judge::JudgeCache;
 
-const FILES: [&str; 6] = ["rubrics.jsonl", "raw.jsonl", "clusters.jsonl", "validation.json", "stats.json", "card.md"];
+const FILES: [&str; 6] = [
+    "rubrics.jsonl",
+    "raw.jsonl",
+    "clusters.jsonl",
+    "validation.json",
+    "stats.json",
+    "card.md",
+];
 
 /// Per-call timeout of every build here: far beyond any wait of the tests, so that a held request
 /// is never given up (and retried, or failed) before the test kills its client.
@@ -20,7 +27,12 @@ const CALL_TIMEOUT_SECS: f64 = 900.0;
 /// so on a slow machine they are reached later, never missed.
 const WAIT_LIMIT: Duration = Duration::from_secs(600);
 
-fn write_inputs(dir: &Path, servers: &BuildServers, prompts: usize, plan_extra: &str) -> (String, String) {
+fn write_inputs(
+    dir: &Path,
+    servers: &BuildServers,
+    prompts: usize,
+    plan_extra: &str,
+) -> (String, String) {
     let topics = "t1 t2 t3 t4 t5 t6 t7";
     let lines: Vec<String> = (0..prompts)
         .map(|i| {
@@ -32,13 +44,26 @@ fn write_inputs(dir: &Path, servers: &BuildServers, prompts: usize, plan_extra: 
     let input = dir.join("prompts.jsonl");
     std::fs::write(&input, lines.join("\n")).unwrap();
     let config = dir.join("build.toml");
-    std::fs::write(&config, servers.config_toml(CALL_TIMEOUT_SECS, "[build]\nprompt_concurrency = 4\n")).unwrap();
+    std::fs::write(
+        &config,
+        servers.config_toml(CALL_TIMEOUT_SECS, "[build]\nprompt_concurrency = 4\n"),
+    )
+    .unwrap();
     (input.display().to_string(), config.display().to_string())
 }
 
 fn spawn(input: &str, config: &str, out: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_conrub"))
-        .args(["rubrics", "build", "--quiet", "--config", config, "--out", &out.display().to_string(), input])
+        .args([
+            "rubrics",
+            "build",
+            "--quiet",
+            "--config",
+            config,
+            "--out",
+            &out.display().to_string(),
+            input,
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -50,14 +75,22 @@ fn spawn(input: &str, config: &str, out: &Path) -> Child {
 async fn wait_until(what: &str, mut done: impl FnMut() -> bool, now: impl Fn() -> String) {
     let start = Instant::now();
     while !done() {
-        assert!(start.elapsed() < WAIT_LIMIT, "{what}: not reached after {WAIT_LIMIT:?} ({})", now());
+        assert!(
+            start.elapsed() < WAIT_LIMIT,
+            "{what}: not reached after {WAIT_LIMIT:?} ({})",
+            now()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 fn finish(child: Child) -> std::process::Output {
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "build failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "build failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
@@ -70,11 +103,17 @@ async fn killed_build_resumes_without_repeating_calls_and_writes_the_same_bytes(
     let (input, config) = write_inputs(dir.path(), &clean_servers, 12, "");
     let clean_out = dir.path().join("clean");
     let child = spawn(&input, &config, &clean_out);
-    let out = tokio::task::spawn_blocking(move || finish(child)).await.unwrap();
+    let out = tokio::task::spawn_blocking(move || finish(child))
+        .await
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("12 prompts -> 12 rubrics"), "{text}");
     let clean_calls = clean_servers.answered();
-    assert_eq!(clean_calls, 12 * 8, "3 generations, 3 reviews, a grouping and an audit per prompt");
+    assert_eq!(
+        clean_calls,
+        12 * 8,
+        "3 generations, 3 reviews, a grouping and an audit per prompt"
+    );
 
     // The same build on fresh servers, killed once the reviewer has answered exactly 10 calls and
     // every answered call is in the cache.
@@ -86,19 +125,40 @@ async fn killed_build_resumes_without_repeating_calls_and_writes_the_same_bytes(
     servers.reviewer.hold_after(10);
     let mut child = spawn(&input, &config, &out_dir);
     let state = || {
-        let s: Vec<String> = servers.all().iter().map(|s| format!("{}/{}/{}", s.requests(), s.answered(), s.held())).collect();
-        format!("requests/answered/held per server (generators A B C, reviewer): {}", s.join(" "))
+        let s: Vec<String> = servers
+            .all()
+            .iter()
+            .map(|s| format!("{}/{}/{}", s.requests(), s.answered(), s.held()))
+            .collect();
+        format!(
+            "requests/answered/held per server (generators A B C, reviewer): {}",
+            s.join(" ")
+        )
     };
     // The reviewer let its 10 calls through and holds the next one (the flag stays set).
-    wait_until("the reviewer holds a request", || servers.reviewer.state.holding.load(Ordering::SeqCst), &state).await;
+    wait_until(
+        "the reviewer holds a request",
+        || servers.reviewer.state.holding.load(Ordering::SeqCst),
+        &state,
+    )
+    .await;
     // From now on every server holds every new request, so answers can only come from requests
     // already let through; once none is left on any server, no answer can come before the kill.
     for g in &servers.generators {
         g.hold_after(0);
     }
-    wait_until("no request is being answered", || servers.all().iter().all(|s| s.settled()), &state).await;
+    wait_until(
+        "no request is being answered",
+        || servers.all().iter().all(|s| s.settled()),
+        &state,
+    )
+    .await;
     let paid_before_kill = servers.answered();
-    assert_eq!(servers.reviewer.answered(), 10, "the reviewer stops at its hold point");
+    assert_eq!(
+        servers.reviewer.answered(),
+        10,
+        "the reviewer stops at its hold point"
+    );
     // The client caches each answer after receiving it; the count only grows, up to what was paid.
     let mut cache = None;
     let cached = std::cell::Cell::new(0);
@@ -117,24 +177,44 @@ async fn killed_build_resumes_without_repeating_calls_and_writes_the_same_bytes(
     drop(cache);
     child.kill().unwrap();
     child.wait().unwrap();
-    assert_eq!(servers.answered(), paid_before_kill, "nothing was answered after the servers settled");
-    assert!(paid_before_kill > 10 && paid_before_kill < clean_calls, "killed mid-run: {paid_before_kill} of {clean_calls}");
-    assert!(!out_dir.join("rubrics.jsonl").exists(), "nothing is written before the end");
+    assert_eq!(
+        servers.answered(),
+        paid_before_kill,
+        "nothing was answered after the servers settled"
+    );
+    assert!(
+        paid_before_kill > 10 && paid_before_kill < clean_calls,
+        "killed mid-run: {paid_before_kill} of {clean_calls}"
+    );
+    assert!(
+        !out_dir.join("rubrics.jsonl").exists(),
+        "nothing is written before the end"
+    );
 
     // Restart: the held requests are refused unanswered (their client is gone).
     for s in servers.all() {
         s.hold_after(usize::MAX);
     }
     let child = spawn(&input, &config, &out_dir);
-    let out = tokio::task::spawn_blocking(move || finish(child)).await.unwrap();
+    let out = tokio::task::spawn_blocking(move || finish(child))
+        .await
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("reviewer 60 calls (10 cached"), "{text}");
-    assert_eq!(servers.answered(), clean_calls, "the restart paid only for what the killed run had not received");
+    assert_eq!(
+        servers.answered(),
+        clean_calls,
+        "the restart paid only for what the killed run had not received"
+    );
     for s in servers.all() {
         assert_eq!(s.max_repeats(), 1, "a request body was answered twice");
     }
     for f in FILES {
-        assert_eq!(std::fs::read(out_dir.join(f)).unwrap(), std::fs::read(clean_out.join(f)).unwrap(), "{f} differs");
+        assert_eq!(
+            std::fs::read(out_dir.join(f)).unwrap(),
+            std::fs::read(clean_out.join(f)).unwrap(),
+            "{f} differs"
+        );
     }
 }
 
@@ -145,16 +225,25 @@ async fn failed_calls_exit_non_zero_after_writing_the_artifacts() {
     let (input, config) = write_inputs(dir.path(), &servers, 2, "B!: fail");
     let out_dir = dir.path().join("out");
     let child = spawn(&input, &config, &out_dir);
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("2 prompts stopped on failed model calls") && err.contains("run the same command again"), "{err}");
+    assert!(
+        err.contains("2 prompts stopped on failed model calls")
+            && err.contains("run the same command again"),
+        "{err}"
+    );
     for f in FILES.iter().chain(&["manifest.json"]) {
         assert!(out_dir.join(f).exists(), "{f} missing");
     }
     let bad = Command::new(env!("CARGO_BIN_EXE_conrub"))
-        .args(["rubrics", "build", "--config", &config, "--out", "x", "--format", "parquet", &input])
+        .args([
+            "rubrics", "build", "--config", &config, "--out", "x", "--format", "parquet", &input,
+        ])
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("format: `parquet` is not a known input format"));
+    assert!(String::from_utf8_lossy(&bad.stderr)
+        .contains("format: `parquet` is not a known input format"));
 }

@@ -15,7 +15,11 @@ fn root() -> &'static Path {
 }
 
 fn train(out: &Path, extra: &[&str]) -> String {
-    let mut args: Vec<String> = vec!["train".into(), "--config".into(), root().join("configs/demo-cpu.toml").display().to_string()];
+    let mut args: Vec<String> = vec![
+        "train".into(),
+        "--config".into(),
+        root().join("configs/demo-cpu.toml").display().to_string(),
+    ];
     for s in [
         format!("run.output_dir=\"{}\"", out.display()),
         "learner.group_size=4".into(),
@@ -29,7 +33,10 @@ fn train(out: &Path, extra: &[&str]) -> String {
         args.push(s);
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    let o = Command::new(env!("CARGO_BIN_EXE_conrub")).args(&args).output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(&args)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "conrub {args:?}: {err}");
     err
@@ -53,14 +60,42 @@ fn train_resume_and_export() {
     let dir = tempfile::tempdir().unwrap();
     let straight = dir.path().join("straight");
     let log = train(&straight, &["--set", "run.max_steps=4"]);
-    assert!(log.contains("step 4/4") && log.contains("warm-up: 8 steps"), "{log}");
-    assert!(log.lines().any(|l| l.starts_with("warm-up: 4/8 steps, loss ") && l.contains(", ETA ")), "warm-up shows progress with an ETA: {log}");
+    assert!(
+        log.contains("step 4/4") && log.contains("warm-up: 8 steps"),
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with("warm-up: 4/8 steps, loss ") && l.contains(", ETA ")),
+        "warm-up shows progress with an ETA: {log}"
+    );
     let a = steps(&straight);
     assert_eq!(a.len(), 4);
-    for f in ["reward.svg", "tie_rate.svg", "accepted_pairs.svg", "response_length.svg"] {
-        assert!(std::fs::read_to_string(straight.join(f)).unwrap().contains("<polyline"), "{f}");
+    for f in [
+        "reward.svg",
+        "tie_rate.svg",
+        "accepted_pairs.svg",
+        "response_length.svg",
+    ] {
+        assert!(
+            std::fs::read_to_string(straight.join(f))
+                .unwrap()
+                .contains("<polyline"),
+            "{f}"
+        );
     }
-    for key in ["reward_mean", "reward_histogram", "ties", "clip_low", "clip_high", "grad_norms", "truncated", "judge_latency_ms", "response_len_p90", "entropy"] {
+    for key in [
+        "reward_mean",
+        "reward_histogram",
+        "ties",
+        "clip_low",
+        "clip_high",
+        "grad_norms",
+        "truncated",
+        "judge_latency_ms",
+        "response_len_p90",
+        "entropy",
+    ] {
         assert!(a[0].get(key).is_some(), "metrics lack {key}");
     }
 
@@ -68,15 +103,44 @@ fn train_resume_and_export() {
     // written), then resume from the step-2 checkpoint for the next two.
     let split = dir.path().join("split");
     train(&split, &["--set", "run.max_steps=3"]);
-    assert_eq!(lines(&split, "epoch").len(), 2, "epoch 0 and the partial epoch 1");
+    assert_eq!(
+        lines(&split, "epoch").len(),
+        2,
+        "epoch 0 and the partial epoch 1"
+    );
     let ckpt: PathBuf = split.join("checkpoint-000002");
-    assert!(ckpt.join("model.safetensors").exists() && ckpt.join("training_state/state.json").exists());
-    train(&split, &["--set", "run.max_steps=4", "--resume", ckpt.to_str().unwrap()]);
+    assert!(
+        ckpt.join("model.safetensors").exists() && ckpt.join("training_state/state.json").exists()
+    );
+    train(
+        &split,
+        &[
+            "--set",
+            "run.max_steps=4",
+            "--resume",
+            ckpt.to_str().unwrap(),
+        ],
+    );
     let b = steps(&split);
-    assert_eq!(b.len(), 4, "no duplicate or missing step lines after resume");
-    assert_eq!(lines(&split, "epoch"), lines(&straight, "epoch"), "one summary per epoch, as in the straight run");
+    assert_eq!(
+        b.len(),
+        4,
+        "no duplicate or missing step lines after resume"
+    );
+    assert_eq!(
+        lines(&split, "epoch"),
+        lines(&straight, "epoch"),
+        "one summary per epoch, as in the straight run"
+    );
     for (x, y) in a.iter().zip(&b) {
-        for key in ["reward_mean", "loss", "grad_norms", "response_len_mean", "clip_low", "clip_high"] {
+        for key in [
+            "reward_mean",
+            "loss",
+            "grad_norms",
+            "response_len_mean",
+            "clip_low",
+            "clip_high",
+        ] {
             assert_eq!(x[key], y[key], "step {}: {key}", x["step"]);
         }
     }
@@ -86,18 +150,40 @@ fn train_resume_and_export() {
     let dev = Default::default();
     let hf = Qwen3::<Flex>::load_dir(&last, &dev).unwrap();
     let state = Qwen3ForCausalLM::<Flex>::random(&hf.config, 0.02, 77, &dev)
-        .load_file(last.join("training_state/policy"), &NamedMpkFileRecorder::<FullPrecisionSettings>::new(), &dev)
+        .load_file(
+            last.join("training_state/policy"),
+            &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
+            &dev,
+        )
         .unwrap();
     let ids = vec![vec![151644u32, 872, 198, 3838, 374, 264, 3092, 30]];
     let batch = ForwardBatch::contiguous(&ids, 0, &dev);
-    let x: Vec<f32> = hf.model.forward(&batch, None).into_data().convert::<f32>().into_vec().unwrap();
-    let y: Vec<f32> = state.forward(&batch, None).into_data().convert::<f32>().into_vec().unwrap();
+    let x: Vec<f32> = hf
+        .model
+        .forward(&batch, None)
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .unwrap();
+    let y: Vec<f32> = state
+        .forward(&batch, None)
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .unwrap();
     assert_eq!(x, y, "identical logits");
 
     // `conrub eval` takes the checkpoint folder as the model and names its step.
     let out = dir.path().join("eval");
     let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
-        .args(["eval", "mcq", "--format", "medmcqa", "--max-new-tokens", "4"])
+        .args([
+            "eval",
+            "mcq",
+            "--format",
+            "medmcqa",
+            "--max-new-tokens",
+            "4",
+        ])
         .arg("--data")
         .arg(root().join("data/samples/eval/medmcqa.jsonl"))
         .arg("--model")
@@ -107,7 +193,8 @@ fn train_resume_and_export() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["model"]["checkpoint_step"], 4);
     assert_eq!(report["summary"]["n"], 3);
 }
@@ -120,26 +207,52 @@ fn a_tiny_kv_budget_gives_the_same_run() {
     let dir = tempfile::tempdir().unwrap();
     let (wide, tight) = (dir.path().join("wide"), dir.path().join("tight"));
     // Same block size in both runs (it sets the attended key lengths): only the budget differs.
-    let longer = ["--set", "run.max_steps=2", "--set", "learner.max_response_tokens=32", "--set", "rollout.block_size=4"];
+    let longer = [
+        "--set",
+        "run.max_steps=2",
+        "--set",
+        "learner.max_response_tokens=32",
+        "--set",
+        "rollout.block_size=4",
+    ];
     train(&wide, &longer);
     // Demo model: 2 layers x 2 KV heads x 16 x (k, v) x 4 bytes = 512 bytes a position. The 16
     // rows of a step (4 prompts of ~30-40 tokens x 4, 32 new tokens) hold ~1,100 positions at
     // full length unshared, ~650 with their prompts shared; the pool gets 68 blocks of 4 (272
     // positions, 140 KB): a quarter of the rows.
-    let log = train(&tight, &[&longer[..], &["--set", "rollout.kv_cache_gb=0.00014"]].concat());
-    assert!(log.contains("rollout KV pool: 68 blocks of 4 positions"), "{log}");
+    let log = train(
+        &tight,
+        &[&longer[..], &["--set", "rollout.kv_cache_gb=0.00014"]].concat(),
+    );
+    assert!(
+        log.contains("rollout KV pool: 68 blocks of 4 positions"),
+        "{log}"
+    );
     let (a, b) = (steps(&wide), steps(&tight));
     assert_eq!((a.len(), b.len()), (2, 2));
     for (x, y) in a.iter().zip(&b) {
         // The mean next-token entropy over the response tokens is a function of the sampled
         // tokens themselves: equal to the last digit, the responses are the same.
-        for key in ["reward_mean", "reward_histogram", "response_len_mean", "response_len_max", "truncated", "response_tokens", "entropy", "loss", "grad_norms"] {
+        for key in [
+            "reward_mean",
+            "reward_histogram",
+            "response_len_mean",
+            "response_len_max",
+            "truncated",
+            "response_tokens",
+            "entropy",
+            "loss",
+            "grad_norms",
+        ] {
             assert_eq!(x[key], y[key], "step {}: {key}", x["step"]);
         }
         assert_eq!(x["rollout_preemptions"], 0, "{x}");
         assert!(y["rollout_preemptions"].as_u64().unwrap() > 0, "{y}");
         assert!(y["rollout_peak_kv_blocks"].as_u64().unwrap() <= 68);
-        assert!(y["rollout_mean_running_rows"].as_f64() < x["rollout_mean_running_rows"].as_f64(), "{x}\n{y}");
+        assert!(
+            y["rollout_mean_running_rows"].as_f64() < x["rollout_mean_running_rows"].as_f64(),
+            "{x}\n{y}"
+        );
     }
 }
 
@@ -147,24 +260,42 @@ fn a_tiny_kv_budget_gives_the_same_run() {
 fn config_errors_name_the_key_and_the_allowed_values() {
     let run = |set: &str| {
         let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
-            .args(["train", "--config", root().join("configs/demo-cpu.toml").to_str().unwrap(), "--set", set])
+            .args([
+                "train",
+                "--config",
+                root().join("configs/demo-cpu.toml").to_str().unwrap(),
+                "--set",
+                set,
+            ])
             .output()
             .unwrap();
         assert!(!o.status.success());
         String::from_utf8_lossy(&o.stderr).into_owned()
     };
     let e = run("learner.lrr=0.1");
-    assert!(e.contains("lrr") && e.contains("expected one of") && e.contains("`lr`"), "{e}");
+    assert!(
+        e.contains("lrr") && e.contains("expected one of") && e.contains("`lr`"),
+        "{e}"
+    );
     let e = run("learner.tie_mode=\"sometimes\"");
-    assert!(e.contains("sometimes") && e.contains("pairwise") && e.contains("grpo-dpo"), "{e}");
+    assert!(
+        e.contains("sometimes") && e.contains("pairwise") && e.contains("grpo-dpo"),
+        "{e}"
+    );
     let e = run("learner.group_size=1");
     assert!(e.contains("learner.group_size: must be at least 2"), "{e}");
     let e = run("reward.mode=\"ternary\"");
     assert!(e.contains("ternary") && e.contains("three-state"), "{e}");
     let e = run("learner.aggregation=\"token-mean\"");
-    assert!(e.contains("token-mean") && e.contains("global-token-mean") && e.contains("dr-grpo"), "{e}");
+    assert!(
+        e.contains("token-mean") && e.contains("global-token-mean") && e.contains("dr-grpo"),
+        "{e}"
+    );
     let e = run("judge.device=\"cuda:1\"");
-    assert!(e.contains("[judge] device = \"cuda:1\"") && e.contains("remove the key"), "{e}");
+    assert!(
+        e.contains("[judge] device = \"cuda:1\"") && e.contains("remove the key"),
+        "{e}"
+    );
 }
 
 /// The shrunk demo on libtorch's CPU device (feature `tch`, run by `scripts/test-tch.sh`): it
@@ -175,19 +306,43 @@ fn config_errors_name_the_key_and_the_allowed_values() {
 fn demo_trains_on_libtorch() {
     let dir = tempfile::tempdir().unwrap();
     let straight = dir.path().join("tch");
-    let log = train(&straight, &["--set", "run.max_steps=4", "--device", "tch:cpu"]);
+    let log = train(
+        &straight,
+        &["--set", "run.max_steps=4", "--device", "tch:cpu"],
+    );
     assert!(log.contains("step 4/4"), "{log}");
     let a = steps(&straight);
     assert_eq!(a.len(), 4);
     for s in &a {
         for key in ["reward_mean", "loss"] {
-            assert!(s[key].as_f64().is_some_and(f64::is_finite), "step {}: {key} = {}", s["step"], s[key]);
+            assert!(
+                s[key].as_f64().is_some_and(f64::is_finite),
+                "step {}: {key} = {}",
+                s["step"],
+                s[key]
+            );
         }
-        assert!(s["grad_norms"].as_array().is_some_and(|g| !g.is_empty() && g.iter().all(|x| x.as_f64().is_some_and(f64::is_finite))), "{}", s["grad_norms"]);
+        assert!(
+            s["grad_norms"].as_array().is_some_and(
+                |g| !g.is_empty() && g.iter().all(|x| x.as_f64().is_some_and(f64::is_finite))
+            ),
+            "{}",
+            s["grad_norms"]
+        );
     }
     let split = dir.path().join("split");
     train(&split, &["--set", "run.max_steps=2", "--device", "tch:cpu"]);
-    train(&split, &["--set", "run.max_steps=4", "--device", "tch:cpu", "--resume", split.join("checkpoint-000002").to_str().unwrap()]);
+    train(
+        &split,
+        &[
+            "--set",
+            "run.max_steps=4",
+            "--device",
+            "tch:cpu",
+            "--resume",
+            split.join("checkpoint-000002").to_str().unwrap(),
+        ],
+    );
     for (x, y) in a.iter().zip(&steps(&split)) {
         for key in ["reward_mean", "loss", "grad_norms"] {
             assert_eq!(x[key], y[key], "step {}: {key}", x["step"]);

@@ -15,12 +15,15 @@ use burn::backend::wgpu::{Wgpu, WgpuDevice};
 use conrub_qwen3::{generate, score_sequences, Qwen3, SamplingConfig};
 
 fn testdata(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("models/qwen3/testdata").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/qwen3/testdata")
+        .join(name)
 }
 
 fn reference(dir: &Path) -> (serde_json::Value, Vec<u8>) {
     (
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap(),
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap(),
         std::fs::read(dir.join("reference.safetensors")).unwrap(),
     )
 }
@@ -48,7 +51,11 @@ fn wgpu_matches_transformers() {
         let qwen = Qwen3::<Wgpu>::load_dir(&dir, &device).unwrap();
         let want = ids(&r["greedy_tokens"]);
         let n = GREEDY_TOKENS.min(want.len());
-        let cfg = SamplingConfig { greedy: true, max_new_tokens: n, ..Default::default() };
+        let cfg = SamplingConfig {
+            greedy: true,
+            max_new_tokens: n,
+            ..Default::default()
+        };
         let out = generate(&qwen.model, &[ids(&r["greedy_prompt"])], &cfg, 0, &device).unwrap();
         assert_eq!(out[0].tokens, want[..n], "{name}: greedy tokens on wgpu");
 
@@ -65,7 +72,12 @@ fn wgpu_matches_transformers() {
                 .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
                 .collect();
             assert_eq!(s.token_logprobs.len(), expected.len());
-            let d = s.token_logprobs.iter().zip(&expected).map(|(g, e)| (*g as f64 - e).abs()).fold(0.0, f64::max);
+            let d = s
+                .token_logprobs
+                .iter()
+                .zip(&expected)
+                .map(|(g, e)| (*g as f64 - e).abs())
+                .fold(0.0, f64::max);
             eprintln!("{name} seq {i} on wgpu: max |logprob diff| vs transformers {d:e}");
             assert!(d < 1e-4, "{name} seq {i}: {d:e}");
         }
@@ -79,15 +91,39 @@ fn cli_runs_on_wgpu() {
     }
     let dir = testdata("tied-gqa-f32");
     let (r, _) = reference(&dir);
-    let prompt = ids(&r["greedy_prompt"]).iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let prompt = ids(&r["greedy_prompt"])
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     let out = Command::new(env!("CARGO_BIN_EXE_conrub"))
-        .args(["generate", "--model", dir.to_str().unwrap(), "--ids", &prompt, "--greedy"])
-        .args(["--max-new-tokens", &CLI_TOKENS.to_string(), "--json", "--device", "wgpu"])
+        .args([
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--ids",
+            &prompt,
+            "--greedy",
+        ])
+        .args([
+            "--max-new-tokens",
+            &CLI_TOKENS.to_string(),
+            "--json",
+            "--device",
+            "wgpu",
+        ])
         .output()
         .expect("binary runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(ids(&json["new_tokens"]), ids(&r["greedy_tokens"])[..CLI_TOKENS]);
+    assert_eq!(
+        ids(&json["new_tokens"]),
+        ids(&r["greedy_tokens"])[..CLI_TOKENS]
+    );
 }
 
 /// burn 0.21's CubeCL matmul is wrong for some transposed-view operands (see conrub-kernels);
@@ -107,10 +143,29 @@ fn lm_head_matches_flex_at_full_vocabulary() {
     let on_cpu = Qwen3ForCausalLM::<Flex>::random(&cfg, 0.02, 3, &Default::default());
     let h = cfg.hidden_size;
     for rows in [1usize, 8, 16, 37] {
-        let v: Vec<f32> = (0..rows * h).map(|i| ((i * 7919) % 13) as f32 / 13.0 - 0.5).collect();
-        let a: Vec<f32> = on_wgpu.logits(Tensor::from_data(TensorData::new(v.clone(), [1, rows, h]), &device)).into_data().into_vec().unwrap();
-        let b: Vec<f32> = on_cpu.logits(Tensor::from_data(TensorData::new(v, [1, rows, h]), &Default::default())).into_data().into_vec().unwrap();
-        let worst = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        let v: Vec<f32> = (0..rows * h)
+            .map(|i| ((i * 7919) % 13) as f32 / 13.0 - 0.5)
+            .collect();
+        let a: Vec<f32> = on_wgpu
+            .logits(Tensor::from_data(
+                TensorData::new(v.clone(), [1, rows, h]),
+                &device,
+            ))
+            .into_data()
+            .into_vec()
+            .unwrap();
+        let b: Vec<f32> = on_cpu
+            .logits(Tensor::from_data(
+                TensorData::new(v, [1, rows, h]),
+                &Default::default(),
+            ))
+            .into_data()
+            .into_vec()
+            .unwrap();
+        let worst = a
+            .iter()
+            .zip(&b)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
         assert!(worst < 1e-4, "{rows} rows: logits differ by up to {worst}");
     }
 }

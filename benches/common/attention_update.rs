@@ -34,9 +34,19 @@ pub fn config() -> Qwen3Config {
 
 fn exec(mode: &str) -> Execution {
     match mode {
-        "naive" => Execution { attention: AttentionImpl::Naive, ..Default::default() },
-        "fused" => Execution { attention: AttentionImpl::Fused, ..Default::default() },
-        _ => Execution { attention: AttentionImpl::Fused, activation_checkpointing: true, ..Default::default() },
+        "naive" => Execution {
+            attention: AttentionImpl::Naive,
+            ..Default::default()
+        },
+        "fused" => Execution {
+            attention: AttentionImpl::Fused,
+            ..Default::default()
+        },
+        _ => Execution {
+            attention: AttentionImpl::Fused,
+            activation_checkpointing: true,
+            ..Default::default()
+        },
     }
 }
 
@@ -45,12 +55,28 @@ fn exec(mode: &str) -> Execution {
 /// of `micro_batches` one-row micro-batches (as the learner does) before its AdamW step.
 pub fn measure(mode: &str, t: usize, iters: usize, micro_batches: usize) -> (f64, u64) {
     let dev = Default::default();
-    let mut policy = Qwen3ForCausalLM::<A>::random(&config(), 0.02, 0, &dev).with_execution(exec(mode));
+    let mut policy =
+        Qwen3ForCausalLM::<A>::random(&config(), 0.02, 0, &dev).with_execution(exec(mode));
     let prompt: Vec<u32> = (0..16).map(|i| (i * 131 % 4096) as u32).collect();
-    let response: Vec<u32> = (0..t - 16).map(|i| ((i * 7919 + 3) % 4096) as u32).collect();
-    let tf = TokenBatch::<A>::new(std::iter::once((prompt.as_slice(), response.as_slice())), &dev);
-    let mut update = Update::<A, Qwen3ForCausalLM<A>>::new(UpdateConfig { lr: 3e-6, weight_decay: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8, max_grad_norm: 1.0 });
-    let weight = Tensor::<A, 2>::from_data(TensorData::new(vec![-1.0f32 / (t - 16) as f32; t - 16], [1, t - 16]), &dev);
+    let response: Vec<u32> = (0..t - 16)
+        .map(|i| ((i * 7919 + 3) % 4096) as u32)
+        .collect();
+    let tf = TokenBatch::<A>::new(
+        std::iter::once((prompt.as_slice(), response.as_slice())),
+        &dev,
+    );
+    let mut update = Update::<A, Qwen3ForCausalLM<A>>::new(UpdateConfig {
+        lr: 3e-6,
+        weight_decay: 0.1,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        max_grad_norm: 1.0,
+    });
+    let weight = Tensor::<A, 2>::from_data(
+        TensorData::new(vec![-1.0f32 / (t - 16) as f32; t - 16], [1, t - 16]),
+        &dev,
+    );
     let mut step = |policy: Qwen3ForCausalLM<A>| {
         let start = Instant::now();
         let mut loss = |lp: conrub_grpo::ResponseLogprobs<A>| (lp.logprobs * weight.clone()).sum();
@@ -78,7 +104,10 @@ pub fn measure(mode: &str, t: usize, iters: usize, micro_batches: usize) -> (f64
         times.push(secs);
     }
     times.sort_by(f64::total_cmp);
-    (times[times.len() / 2], PEAK.load(Ordering::Relaxed).saturating_sub(base) as u64)
+    (
+        times[times.len() / 2],
+        PEAK.load(Ordering::Relaxed).saturating_sub(base) as u64,
+    )
 }
 
 /// `conrub plan`'s prediction of the same peak: its training peak less what is allocated for the
@@ -96,7 +125,11 @@ pub fn predicted(mode: &str, t: usize, micro_batches: usize) -> Option<f64> {
     input.prompts_per_step = micro_batches.max(1);
     input.rollout_prompts_per_call = 1;
     let plan = MemoryPlan::new(input);
-    let always = plan.parts.iter().filter(|x| x.phase == Phase::Always).map(|x| x.bytes).sum::<f64>();
+    let always = plan
+        .parts
+        .iter()
+        .filter(|x| x.phase == Phase::Always)
+        .map(|x| x.bytes)
+        .sum::<f64>();
     Some(plan.training_peak - always)
 }
-

@@ -55,12 +55,35 @@ pub fn causal_attention<B: GrpoOps>(
 ) -> Tensor<B, 4> {
     let [b, nh, t, d] = q.dims();
     let [bk, nkv, s, dk] = k.dims();
-    assert!(bk == b && dk == d && v.dims() == k.dims(), "causal_attention: q {:?}, k {:?}, v {:?}", q.dims(), k.dims(), v.dims());
-    assert!(nkv > 0 && nh % nkv == 0, "causal_attention: {nh} query heads are not a multiple of {nkv} key/value heads");
-    assert!(s >= t && layout.past + t <= s, "causal_attention: {t} queries after {} past keys need at least that many keys, got {s}", layout.past);
-    assert_eq!(key_valid.dims(), [b, s], "causal_attention: key_valid must be [batch, keys]");
+    assert!(
+        bk == b && dk == d && v.dims() == k.dims(),
+        "causal_attention: q {:?}, k {:?}, v {:?}",
+        q.dims(),
+        k.dims(),
+        v.dims()
+    );
+    assert!(
+        nkv > 0 && nh % nkv == 0,
+        "causal_attention: {nh} query heads are not a multiple of {nkv} key/value heads"
+    );
+    assert!(
+        s >= t && layout.past + t <= s,
+        "causal_attention: {t} queries after {} past keys need at least that many keys, got {s}",
+        layout.past
+    );
+    assert_eq!(
+        key_valid.dims(),
+        [b, s],
+        "causal_attention: key_valid must be [batch, keys]"
+    );
     let key_valid = key_valid.cast(DType::F32);
-    float(B::causal_attention(prim(q), prim(k), prim(v), prim(key_valid), layout))
+    float(B::causal_attention(
+        prim(q),
+        prim(k),
+        prim(v),
+        prim(key_valid),
+        layout,
+    ))
 }
 
 /// `[b, 1, 1, rows, keys]` additive f32 bias (0 visible, -1e30 hidden) and `[b, 1, rows]` 0/1 row
@@ -76,13 +99,21 @@ fn block_mask<B: Backend>(
     let device = key_valid.device();
     let rows = i1 - i0;
     // causal[r, j] = 1 when key j <= past + i0 + r.
-    let qpos = Tensor::<B, 1, burn::tensor::Int>::arange((past + i0) as i64..(past + i1) as i64, &device).reshape([rows, 1]);
-    let kpos = Tensor::<B, 1, burn::tensor::Int>::arange(0..s_end as i64, &device).reshape([1, s_end]);
+    let qpos =
+        Tensor::<B, 1, burn::tensor::Int>::arange((past + i0) as i64..(past + i1) as i64, &device)
+            .reshape([rows, 1]);
+    let kpos =
+        Tensor::<B, 1, burn::tensor::Int>::arange(0..s_end as i64, &device).reshape([1, s_end]);
     let causal = kpos.lower_equal(qpos).float().cast(DType::F32);
-    let kv = key_valid.clone().slice([0..b, 0..s_end]).reshape([b, 1, s_end]);
+    let kv = key_valid
+        .clone()
+        .slice([0..b, 0..s_end])
+        .reshape([b, 1, s_end]);
     let visible = causal.unsqueeze_dim::<3>(0) * kv; // [b, rows, s_end]
     let row_valid = visible.clone().max_dim(2).reshape([b, 1, rows]);
-    let bias = (visible - 1.0).mul_scalar(1.0e30).reshape([b, 1, 1, rows, s_end]);
+    let bias = (visible - 1.0)
+        .mul_scalar(1.0e30)
+        .reshape([b, 1, 1, rows, s_end]);
     (bias, row_valid)
 }
 
@@ -98,7 +129,10 @@ fn block_scores<B: Backend>(
     let [_, nkv, s_end, _] = k.dims();
     let _ = nh;
     let qf = qb.clone().reshape([b, nkv, group * rows, d]);
-    let scores = qf.matmul(k.clone().swap_dims(2, 3)).cast(DType::F32).mul_scalar(scale);
+    let scores = qf
+        .matmul(k.clone().swap_dims(2, 3))
+        .cast(DType::F32)
+        .mul_scalar(scale);
     scores.reshape([b, nkv, group, rows, s_end]) + bias.clone()
 }
 
@@ -116,7 +150,14 @@ struct QueryBlock<B: Backend> {
     scores: Tensor<B, 5>,
 }
 
-fn query_block<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>, v: &Tensor<B, 4>, key_valid: &Tensor<B, 2>, i0: usize, layout: AttentionLayout) -> QueryBlock<B> {
+fn query_block<B: Backend>(
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    v: &Tensor<B, 4>,
+    key_valid: &Tensor<B, 2>,
+    i0: usize,
+    layout: AttentionLayout,
+) -> QueryBlock<B> {
     let [b, nh, t, d] = q.dims();
     let nkv = k.dims()[1];
     let i1 = (i0 + QUERY_BLOCK).min(t);
@@ -126,7 +167,16 @@ fn query_block<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>, v: &Tensor<B, 4>,
     let vb = v.clone().slice([0..b, 0..nkv, 0..s_end, 0..d]);
     let qb = q.clone().slice([0..b, 0..nh, i0..i1, 0..d]);
     let scores = block_scores(&qb, &kb, &bias, nh / nkv, layout.scale);
-    QueryBlock { i1, rows: i1 - i0, s_end, row_valid, qb, kb, vb, scores }
+    QueryBlock {
+        i1,
+        rows: i1 - i0,
+        s_end,
+        row_valid,
+        qb,
+        kb,
+        vb,
+        scores,
+    }
 }
 
 /// The block-wise forward (see the module docs).
@@ -148,15 +198,27 @@ pub fn fallback_forward<B: GrpoOps>(
     let mut outs = Vec::new();
     let mut lses = Vec::new();
     for i0 in (0..t).step_by(QUERY_BLOCK) {
-        let QueryBlock { rows, s_end, row_valid, vb, scores, .. } = query_block(&q, &k, &v, &key_valid, i0, layout);
+        let QueryBlock {
+            rows,
+            s_end,
+            row_valid,
+            vb,
+            scores,
+            ..
+        } = query_block(&q, &k, &v, &key_valid, i0, layout);
         let m = scores.clone().max_dim(4);
         let e = (scores - m.clone()).exp();
         let l = e.clone().sum_dim(4);
         // Rows that see no key: probabilities 0, lse the masked sentinel.
         let rv = row_valid.reshape([b, 1, 1, rows, 1]);
         let p = (e / l.clone()) * rv.clone();
-        let lse = (m + l.log()) * rv.clone() + (rv.neg() + 1.0).mul_scalar(ATTENTION_MASKED_LSE as f64);
-        let out = p.cast(dtype).reshape([b, nkv, group * rows, s_end]).matmul(vb).reshape([b, nh, rows, d]);
+        let lse =
+            (m + l.log()) * rv.clone() + (rv.neg() + 1.0).mul_scalar(ATTENTION_MASKED_LSE as f64);
+        let out = p
+            .cast(dtype)
+            .reshape([b, nkv, group * rows, s_end])
+            .matmul(vb)
+            .reshape([b, nh, rows, d]);
         outs.push(out);
         lses.push(lse.reshape([b, nh, rows]));
     }
@@ -193,18 +255,45 @@ pub fn fallback_backward<B: GrpoOps>(
     let mut dv = dk.clone();
     let mut dqs = Vec::new();
     for i0 in (0..t).step_by(QUERY_BLOCK) {
-        let QueryBlock { i1, rows, s_end, row_valid, qb, kb, vb, scores, .. } = query_block(&q, &k, &v, &key_valid, i0, layout);
+        let QueryBlock {
+            i1,
+            rows,
+            s_end,
+            row_valid,
+            qb,
+            kb,
+            vb,
+            scores,
+            ..
+        } = query_block(&q, &k, &v, &key_valid, i0, layout);
         let dob = d_out.clone().slice([0..b, 0..nh, i0..i1, 0..d]);
-        let lb = lse.clone().slice([0..b, 0..nh, i0..i1]).reshape([b, nkv, group, rows, 1]);
+        let lb = lse
+            .clone()
+            .slice([0..b, 0..nh, i0..i1])
+            .reshape([b, nkv, group, rows, 1]);
         let rv = row_valid.reshape([b, 1, 1, rows, 1]);
         let p = (scores - lb).exp() * rv; // [b, kv, g, rows, s_end], f32
         let p2 = p.clone().reshape([b, nkv, group * rows, s_end]);
         let do2 = dob.reshape([b, nkv, group * rows, d]);
         // dv[:s_end] += pᵀ do (the GQA sum over the group is the sum over the folded rows).
-        let dv_part = p2.clone().cast(dtype).swap_dims(2, 3).matmul(do2.clone()).cast(DType::F32);
-        let dp = do2.matmul(vb.swap_dims(2, 3)).cast(DType::F32).reshape([b, nkv, group, rows, s_end]);
-        let db = delta.clone().slice([0..b, 0..nh, i0..i1, 0..1]).reshape([b, nkv, group, rows, 1]);
-        let ds = (p * (dp - db)).mul_scalar(layout.scale).reshape([b, nkv, group * rows, s_end]).cast(dtype);
+        let dv_part = p2
+            .clone()
+            .cast(dtype)
+            .swap_dims(2, 3)
+            .matmul(do2.clone())
+            .cast(DType::F32);
+        let dp = do2
+            .matmul(vb.swap_dims(2, 3))
+            .cast(DType::F32)
+            .reshape([b, nkv, group, rows, s_end]);
+        let db = delta
+            .clone()
+            .slice([0..b, 0..nh, i0..i1, 0..1])
+            .reshape([b, nkv, group, rows, 1]);
+        let ds = (p * (dp - db))
+            .mul_scalar(layout.scale)
+            .reshape([b, nkv, group * rows, s_end])
+            .cast(dtype);
         dqs.push(ds.clone().matmul(kb).reshape([b, nh, rows, d]));
         let qf = qb.reshape([b, nkv, group * rows, d]);
         let dk_part = ds.swap_dims(2, 3).matmul(qf).cast(DType::F32);
@@ -213,8 +302,12 @@ pub fn fallback_backward<B: GrpoOps>(
             dk = dk + dk_part;
             dv = dv + dv_part;
         } else {
-            dk = dk.clone().slice_assign(range.clone(), dk.slice(range.clone()) + dk_part);
-            dv = dv.clone().slice_assign(range.clone(), dv.slice(range) + dv_part);
+            dk = dk
+                .clone()
+                .slice_assign(range.clone(), dk.slice(range.clone()) + dk_part);
+            dv = dv
+                .clone()
+                .slice_assign(range.clone(), dv.slice(range) + dv_part);
         }
     }
     let dq = Tensor::cat(dqs, 2).cast(dtype);

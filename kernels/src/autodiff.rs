@@ -16,9 +16,22 @@ struct AttentionBackward;
 
 impl<B: GrpoOps> Backward<B, 3> for AttentionBackward {
     /// `q`, `k`, `v`, `key_valid`, `out`, `lse`, layout.
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, AttentionLayout);
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        AttentionLayout,
+    );
 
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
         let grad = grads.consume::<B>(&ops.node);
         let (q, k, v, key_valid, out, lse, layout) = ops.state;
         let gs = B::attention_backward(q, k, v, key_valid, out, lse, grad, layout);
@@ -37,14 +50,26 @@ impl<B: GrpoOps> Backward<B, 2> for TokenLogprobsBackward {
     /// Checkpointed hidden states and head, targets, log-sum-exp per token, chunk size.
     type State = (NodeId, NodeId, IntTensor<B>, FloatTensor<B>, usize);
 
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
         let [node_h, node_w] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         let (h_id, w_id, targets, lse, chunk) = ops.state;
         let hidden: FloatTensor<B> = checkpointer.retrieve_node_output(h_id);
         let weight: FloatTensor<B> = checkpointer.retrieve_node_output(w_id);
-        let (gh, gw) =
-            B::token_logprobs_backward(hidden, weight, targets, lse, grad, chunk, (node_h.is_some(), node_w.is_some()));
+        let (gh, gw) = B::token_logprobs_backward(
+            hidden,
+            weight,
+            targets,
+            lse,
+            grad,
+            chunk,
+            (node_h.is_some(), node_w.is_some()),
+        );
         if let (Some(node), Some(g)) = (node_h, gh) {
             grads.register::<B>(node.id, g);
         }
@@ -59,9 +84,21 @@ struct SurrogateBackward;
 
 impl<B: GrpoOps> Backward<B, 1> for SurrogateBackward {
     /// `logp`, `logp_old`, advantages, mask, clip range, reduction.
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, (f64, f64), bool);
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        (f64, f64),
+        bool,
+    );
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
         let [node] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         let Some(node) = node else { return };
@@ -89,7 +126,14 @@ impl<B: GrpoOps, C: CheckpointStrategy> GrpoOps for Autodiff<B, C> {
         lens: IntTensor<Self>,
         layout: PagedLayout,
     ) -> FloatTensor<Self> {
-        let out = B::paged_decode_attention(q.primitive, k_pool.primitive, v_pool.primitive, tables, lens, layout);
+        let out = B::paged_decode_attention(
+            q.primitive,
+            k_pool.primitive,
+            v_pool.primitive,
+            tables,
+            lens,
+            layout,
+        );
         <Autodiff<B, C> as AutodiffBackend>::from_inner(out)
     }
 
@@ -100,10 +144,28 @@ impl<B: GrpoOps, C: CheckpointStrategy> GrpoOps for Autodiff<B, C> {
         key_valid: FloatTensor<Self>,
         layout: AttentionLayout,
     ) -> FloatTensor<Self> {
-        let [out, lse] = B::attention_forward(q.primitive.clone(), k.primitive.clone(), v.primitive.clone(), key_valid.primitive.clone(), layout);
-        match AttentionBackward.prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()]).compute_bound().stateful() {
+        let [out, lse] = B::attention_forward(
+            q.primitive.clone(),
+            k.primitive.clone(),
+            v.primitive.clone(),
+            key_valid.primitive.clone(),
+            layout,
+        );
+        match AttentionBackward
+            .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(prep) => {
-                let state = (q.primitive, k.primitive, v.primitive, key_valid.primitive, out.clone(), lse, layout);
+                let state = (
+                    q.primitive,
+                    k.primitive,
+                    v.primitive,
+                    key_valid.primitive,
+                    out.clone(),
+                    lse,
+                    layout,
+                );
                 prep.finish(state, out)
             }
             OpsKind::UnTracked(prep) => prep.finish(out),
@@ -116,9 +178,18 @@ impl<B: GrpoOps, C: CheckpointStrategy> GrpoOps for Autodiff<B, C> {
         targets: IntTensor<Self>,
         chunk_tokens: usize,
     ) -> [FloatTensor<Self>; 3] {
-        let [lp, ent, lse] = B::token_logprobs(hidden.primitive.clone(), weight.primitive.clone(), targets.clone(), chunk_tokens);
+        let [lp, ent, lse] = B::token_logprobs(
+            hidden.primitive.clone(),
+            weight.primitive.clone(),
+            targets.clone(),
+            chunk_tokens,
+        );
         let untracked = |t: FloatTensor<B>| <Autodiff<B, C> as AutodiffBackend>::from_inner(t);
-        match TokenLogprobsBackward.prepare::<C>([hidden.node.clone(), weight.node.clone()]).compute_bound().stateful() {
+        match TokenLogprobsBackward
+            .prepare::<C>([hidden.node.clone(), weight.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(mut prep) => {
                 let h = prep.checkpoint(&hidden);
                 let w = prep.checkpoint(&weight);
@@ -146,7 +217,11 @@ impl<B: GrpoOps, C: CheckpointStrategy> GrpoOps for Autodiff<B, C> {
             reduce,
         );
         let untracked = |t: FloatTensor<B>| <Autodiff<B, C> as AutodiffBackend>::from_inner(t);
-        match SurrogateBackward.prepare::<C>([logp.node.clone()]).compute_bound().stateful() {
+        match SurrogateBackward
+            .prepare::<C>([logp.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(prep) => {
                 let state = (
                     logp.primitive,

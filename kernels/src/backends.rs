@@ -7,7 +7,11 @@ impl crate::host_head::HostF32 for burn::backend::Flex {
     /// states are); a cast or a contiguous copy otherwise.
     fn with_f32<R>(tensor: burn::tensor::ops::FloatTensor<Self>, f: impl FnOnce(&[f32]) -> R) -> R {
         use burn::tensor::ops::FloatTensorOps;
-        let t = if tensor.dtype() == burn::tensor::DType::F32 { tensor } else { Self::float_cast(tensor, burn::tensor::FloatDType::F32) };
+        let t = if tensor.dtype() == burn::tensor::DType::F32 {
+            tensor
+        } else {
+            Self::float_cast(tensor, burn::tensor::FloatDType::F32)
+        };
         let t = t.to_contiguous();
         let (off, n) = (t.layout().start_offset(), t.layout().num_elements());
         f(&t.storage::<f32>()[off..off + n])
@@ -19,7 +23,10 @@ impl crate::GrpoOps for burn::backend::Flex {
     /// `h · Wᵀ` with the head read through its strides (burn-flex's gemm takes any strides, so
     /// nothing is copied): the logits come out contiguous `[rows, vocab]`, which the sampler reads
     /// in place, where the default's `(W · hᵀ)ᵀ` view cost a strided copy per decode step.
-    fn chunk_logits(hidden: burn::tensor::ops::FloatTensor<Self>, weight: burn::tensor::ops::FloatTensor<Self>) -> burn::tensor::ops::FloatTensor<Self> {
+    fn chunk_logits(
+        hidden: burn::tensor::ops::FloatTensor<Self>,
+        weight: burn::tensor::ops::FloatTensor<Self>,
+    ) -> burn::tensor::ops::FloatTensor<Self> {
         let h = crate::float::<Self, 2>(hidden);
         let w = crate::float::<Self, 2>(weight);
         h.matmul(w.transpose()).into_primitive().tensor()
@@ -42,11 +49,26 @@ impl crate::GrpoOps for burn::backend::Flex {
         grad: burn::tensor::ops::FloatTensor<Self>,
         chunk_tokens: usize,
         want: (bool, bool),
-    ) -> (Option<burn::tensor::ops::FloatTensor<Self>>, Option<burn::tensor::ops::FloatTensor<Self>>) {
-        crate::host_head::token_logprobs_backward::<Self>(hidden, weight, targets, lse, grad, chunk_tokens, want)
+    ) -> (
+        Option<burn::tensor::ops::FloatTensor<Self>>,
+        Option<burn::tensor::ops::FloatTensor<Self>>,
+    ) {
+        crate::host_head::token_logprobs_backward::<Self>(
+            hidden,
+            weight,
+            targets,
+            lse,
+            grad,
+            chunk_tokens,
+            want,
+        )
     }
 
-    fn kv_write(pool: burn::tensor::ops::FloatTensor<Self>, slots: &[u32], values: burn::tensor::ops::FloatTensor<Self>) -> burn::tensor::ops::FloatTensor<Self> {
+    fn kv_write(
+        pool: burn::tensor::ops::FloatTensor<Self>,
+        slots: &[u32],
+        values: burn::tensor::ops::FloatTensor<Self>,
+    ) -> burn::tensor::ops::FloatTensor<Self> {
         crate::kv::write_flex(pool, slots, values)
     }
 
@@ -54,18 +76,28 @@ impl crate::GrpoOps for burn::backend::Flex {
         logits: burn::tensor::ops::FloatTensor<Self>,
         params: &crate::sampling::SampleParams,
         uniforms: &[f64],
-    ) -> (burn::tensor::ops::IntTensor<Self>, burn::tensor::ops::FloatTensor<Self>) {
-        let (t, l) = crate::sampling::sample_rows_flex(burn::tensor::Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(logits)), params, uniforms);
+    ) -> (
+        burn::tensor::ops::IntTensor<Self>,
+        burn::tensor::ops::FloatTensor<Self>,
+    ) {
+        let (t, l) = crate::sampling::sample_rows_flex(
+            burn::tensor::Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(logits)),
+            params,
+            uniforms,
+        );
         (t.into_primitive(), l.into_primitive().tensor())
     }
 }
 
 #[cfg(feature = "ndarray")]
 mod ndarray {
-    use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, NdArray, NdArrayTensor, QuantElement, SharedArray};
+    use burn::backend::ndarray::{
+        FloatNdArrayElement, IntNdArrayElement, NdArray, NdArrayTensor, QuantElement, SharedArray,
+    };
     use burn::tensor::ops::{FloatTensor, IntTensor};
 
-    impl<E: FloatNdArrayElement, I: IntNdArrayElement, Q: QuantElement> crate::host_head::HostF32 for NdArray<E, I, Q>
+    impl<E: FloatNdArrayElement, I: IntNdArrayElement, Q: QuantElement> crate::host_head::HostF32
+        for NdArray<E, I, Q>
     where
         NdArrayTensor: From<SharedArray<E>>,
         NdArrayTensor: From<SharedArray<I>>,
@@ -76,12 +108,18 @@ mod ndarray {
         }
     }
 
-    impl<E: FloatNdArrayElement, I: IntNdArrayElement, Q: QuantElement> crate::GrpoOps for NdArray<E, I, Q>
+    impl<E: FloatNdArrayElement, I: IntNdArrayElement, Q: QuantElement> crate::GrpoOps
+        for NdArray<E, I, Q>
     where
         NdArrayTensor: From<SharedArray<E>>,
         NdArrayTensor: From<SharedArray<I>>,
     {
-        fn token_logprobs(hidden: FloatTensor<Self>, weight: FloatTensor<Self>, targets: IntTensor<Self>, chunk_tokens: usize) -> [FloatTensor<Self>; 3] {
+        fn token_logprobs(
+            hidden: FloatTensor<Self>,
+            weight: FloatTensor<Self>,
+            targets: IntTensor<Self>,
+            chunk_tokens: usize,
+        ) -> [FloatTensor<Self>; 3] {
             crate::host_head::token_logprobs::<Self>(hidden, weight, targets, chunk_tokens)
         }
 
@@ -94,10 +132,22 @@ mod ndarray {
             chunk_tokens: usize,
             want: (bool, bool),
         ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
-            crate::host_head::token_logprobs_backward::<Self>(hidden, weight, targets, lse, grad, chunk_tokens, want)
+            crate::host_head::token_logprobs_backward::<Self>(
+                hidden,
+                weight,
+                targets,
+                lse,
+                grad,
+                chunk_tokens,
+                want,
+            )
         }
 
-        fn kv_write(pool: burn::tensor::ops::FloatTensor<Self>, slots: &[u32], values: burn::tensor::ops::FloatTensor<Self>) -> burn::tensor::ops::FloatTensor<Self> {
+        fn kv_write(
+            pool: burn::tensor::ops::FloatTensor<Self>,
+            slots: &[u32],
+            values: burn::tensor::ops::FloatTensor<Self>,
+        ) -> burn::tensor::ops::FloatTensor<Self> {
             crate::kv::write_by_runs::<Self>(pool, slots, values)
         }
     }

@@ -148,7 +148,9 @@ fn surrogate_forward_kernel<F: Float>(
     let mut j = unit;
     while j < len {
         let w = mask[row * mask.stride(0) + j * mask.stride(1)];
-        let r = (logp[row * logp.stride(0) + j * logp.stride(1)] - logp_old[row * logp_old.stride(0) + j * logp_old.stride(1)]).exp();
+        let r = (logp[row * logp.stride(0) + j * logp.stride(1)]
+            - logp_old[row * logp_old.stride(0) + j * logp_old.stride(1)])
+        .exp();
         let un = r * a;
         let cl = F::min(F::max(r, lo), hi) * a;
         sum += (zero - F::min(un, cl)) * w;
@@ -213,12 +215,19 @@ fn surrogate_backward_kernel<F: Float>(
         terminate!();
     }
     let a = adv[row * adv.stride(0)];
-    let r = (logp[row * logp.stride(0) + j * logp.stride(1)] - logp_old[row * logp_old.stride(0) + j * logp_old.stride(1)]).exp();
+    let r = (logp[row * logp.stride(0) + j * logp.stride(1)]
+        - logp_old[row * logp_old.stride(0) + j * logp_old.stride(1)])
+    .exp();
     let un = r * a;
-    let cl = F::min(F::max(r, F::cast_from(1.0 - eps_low)), F::cast_from(1.0 + eps_high)) * a;
+    let cl = F::min(
+        F::max(r, F::cast_from(1.0 - eps_low)),
+        F::cast_from(1.0 + eps_high),
+    ) * a;
     let mut g = F::new(0.0);
     if un <= cl {
-        g = (F::new(0.0) - un) * mask[row * mask.stride(0) + j * mask.stride(1)] * scale[row * scale.stride(0)];
+        g = (F::new(0.0) - un)
+            * mask[row * mask.stride(0) + j * mask.stride(1)]
+            * scale[row * scale.stride(0)];
     }
     out[row * out.stride(0) + j * out.stride(1)] = g;
 }
@@ -237,10 +246,15 @@ fn row_block<R: CubeRuntime>(t: &CubeTensor<R>) -> u32 {
 }
 
 fn elementwise_grid(cols: usize, rows: usize, block: u32) -> (CubeCount, CubeDim) {
-    (CubeCount::Static((cols as u32).div_ceil(block), rows as u32, 1), CubeDim::new_1d(block))
+    (
+        CubeCount::Static((cols as u32).div_ceil(block), rows as u32, 1),
+        CubeDim::new_1d(block),
+    )
 }
 
-impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GrpoOps for CubeBackend<R, F, I, BT> {
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GrpoOps
+    for CubeBackend<R, F, I, BT>
+{
     fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
         burn_cubecl::kernel::into_contiguous(tensor)
     }
@@ -279,7 +293,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GrpoOps fo
         crate::cube_paged::paged_decode(q, k_pool, v_pool, tables, lens, layout)
     }
 
-    fn logits_row_stats(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> [FloatTensor<Self>; 3] {
+    fn logits_row_stats(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
         let rows = logits.shape().dims::<2>()[0];
         let outs = [(); 3].map(|_| empty_like(&logits, Shape::new([rows])));
         let block = row_block(&logits);

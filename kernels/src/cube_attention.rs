@@ -554,7 +554,10 @@ fn geometry<R: CubeRuntime>(t: &CubeTensor<R>, head_dim: usize) -> (usize, usize
 /// steps: fewer loop iterations (Mesa's lavapipe, the CI device, ends every loop of an invocation
 /// once 65,535 iterations have run in all) without the compile time of a full unroll.
 pub(crate) fn unroll_factor(head_dim: usize) -> usize {
-    [8, 4, 2, 1].into_iter().find(|u| head_dim.is_multiple_of(*u)).unwrap_or(1)
+    [8, 4, 2, 1]
+        .into_iter()
+        .find(|u| head_dim.is_multiple_of(*u))
+        .unwrap_or(1)
 }
 
 pub(crate) fn to_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
@@ -578,15 +581,48 @@ struct Dims {
     d: usize,
 }
 
-fn dims<R: CubeRuntime>(q: &CubeTensor<R>, k: &CubeTensor<R>, v: &CubeTensor<R>, key_valid: &CubeTensor<R>, layout: AttentionLayout) -> Dims {
+fn dims<R: CubeRuntime>(
+    q: &CubeTensor<R>,
+    k: &CubeTensor<R>,
+    v: &CubeTensor<R>,
+    key_valid: &CubeTensor<R>,
+    layout: AttentionLayout,
+) -> Dims {
     let [b, heads, t, d] = q.shape().dims::<4>();
     let [bk, kv_heads, s, dk] = k.shape().dims::<4>();
-    assert!(bk == b && dk == d && v.shape().dims::<4>() == [b, kv_heads, s, d], "attention: q {:?}, k {:?}, v {:?}", q.shape(), k.shape(), v.shape());
-    assert!(kv_heads > 0 && heads % kv_heads == 0, "attention: {heads} query heads are not a multiple of {kv_heads} key/value heads");
-    assert!(layout.past + t <= s, "attention: {t} queries after {} past keys need at least that many keys, got {s}", layout.past);
-    assert_eq!(key_valid.shape().dims::<2>(), [b, s], "attention: key_valid must be [batch, keys]");
-    assert!((1..=MAX_HEAD_DIM).contains(&d), "attention: head_dim {d} outside 1..={MAX_HEAD_DIM}");
-    Dims { b, heads, kv_heads, t, s, d }
+    assert!(
+        bk == b && dk == d && v.shape().dims::<4>() == [b, kv_heads, s, d],
+        "attention: q {:?}, k {:?}, v {:?}",
+        q.shape(),
+        k.shape(),
+        v.shape()
+    );
+    assert!(
+        kv_heads > 0 && heads % kv_heads == 0,
+        "attention: {heads} query heads are not a multiple of {kv_heads} key/value heads"
+    );
+    assert!(
+        layout.past + t <= s,
+        "attention: {t} queries after {} past keys need at least that many keys, got {s}",
+        layout.past
+    );
+    assert_eq!(
+        key_valid.shape().dims::<2>(),
+        [b, s],
+        "attention: key_valid must be [batch, keys]"
+    );
+    assert!(
+        (1..=MAX_HEAD_DIM).contains(&d),
+        "attention: head_dim {d} outside 1..={MAX_HEAD_DIM}"
+    );
+    Dims {
+        b,
+        heads,
+        kv_heads,
+        t,
+        s,
+        d,
+    }
 }
 
 /// `[out, lse]` of causal attention (see `GrpoOps::attention_forward`).
@@ -599,7 +635,11 @@ pub(crate) fn forward<R: CubeRuntime>(
 ) -> [CubeTensor<R>; 2] {
     let Dims { b, heads, t, d, .. } = dims(&q, &k, &v, &key_valid, layout);
     let dtype = q.dtype;
-    let (k, v, key_valid) = (to_dtype(k, dtype), to_dtype(v, dtype), to_dtype(key_valid, DType::F32));
+    let (k, v, key_valid) = (
+        to_dtype(k, dtype),
+        to_dtype(v, dtype),
+        to_dtype(key_valid, DType::F32),
+    );
     let out = empty(&q, Shape::new([b, heads, t, d]), dtype);
     let lse = empty(&q, Shape::new([b, heads, t]), DType::F32);
     if b * heads * t == 0 {
@@ -640,10 +680,29 @@ pub(crate) fn backward<R: CubeRuntime>(
     d_out: CubeTensor<R>,
     layout: AttentionLayout,
 ) -> [CubeTensor<R>; 3] {
-    let Dims { b, heads, kv_heads, t, s, d } = dims(&q, &k, &v, &key_valid, layout);
-    assert_eq!(out.shape().dims::<4>(), [b, heads, t, d], "attention_backward: out must have q's shape");
-    assert_eq!(d_out.shape().dims::<4>(), [b, heads, t, d], "attention_backward: d_out must have q's shape");
-    assert_eq!(lse.shape().dims::<3>(), [b, heads, t], "attention_backward: lse must be [batch, heads, t]");
+    let Dims {
+        b,
+        heads,
+        kv_heads,
+        t,
+        s,
+        d,
+    } = dims(&q, &k, &v, &key_valid, layout);
+    assert_eq!(
+        out.shape().dims::<4>(),
+        [b, heads, t, d],
+        "attention_backward: out must have q's shape"
+    );
+    assert_eq!(
+        d_out.shape().dims::<4>(),
+        [b, heads, t, d],
+        "attention_backward: d_out must have q's shape"
+    );
+    assert_eq!(
+        lse.shape().dims::<3>(),
+        [b, heads, t],
+        "attention_backward: lse must be [batch, heads, t]"
+    );
     let dtype = q.dtype;
     let (k_dtype, v_dtype) = (k.dtype, v.dtype);
     let (k, v) = (to_dtype(k, dtype), to_dtype(v, dtype));

@@ -206,11 +206,22 @@ pub(crate) fn paged_decode<R: CubeRuntime>(
     layout: PagedLayout,
 ) -> CubeTensor<R> {
     let [rows, heads, _, d] = q.shape().dims::<4>();
-    assert!((1..=MAX_HEAD_DIM).contains(&d), "paged_decode_attention: head_dim {d} outside 1..={MAX_HEAD_DIM}");
+    assert!(
+        (1..=MAX_HEAD_DIM).contains(&d),
+        "paged_decode_attention: head_dim {d} outside 1..={MAX_HEAD_DIM}"
+    );
     let dtype = q.dtype;
     let (k_pool, v_pool) = (to_dtype(k_pool, dtype), to_dtype(v_pool, dtype));
-    assert_eq!(lens.dtype, tables.dtype, "paged_decode_attention: tables and lens differ in dtype");
-    let out = empty_device_dtype::<R>(q.client.clone(), q.device.clone(), Shape::new([rows, heads, 1, d]), dtype);
+    assert_eq!(
+        lens.dtype, tables.dtype,
+        "paged_decode_attention: tables and lens differ in dtype"
+    );
+    let out = empty_device_dtype::<R>(
+        q.client.clone(),
+        q.device.clone(),
+        Shape::new([rows, heads, 1, d]),
+        dtype,
+    );
     if rows * heads == 0 {
         return out;
     }

@@ -21,7 +21,10 @@ pub fn chunk_logits<B: GrpoOps>(hidden: FloatTensor<B>, weight: FloatTensor<B>) 
 }
 
 /// Row max, log-sum-exp, target gather and entropy `lse - sum(p x)`.
-pub fn logits_row_stats<B: Backend>(logits: FloatTensor<B>, targets: IntTensor<B>) -> [FloatTensor<B>; 3] {
+pub fn logits_row_stats<B: Backend>(
+    logits: FloatTensor<B>,
+    targets: IntTensor<B>,
+) -> [FloatTensor<B>; 3] {
     let x: Tensor<B, 2> = float(logits);
     let [rows, _] = x.dims();
     let t = int::<B, 1>(targets).reshape([rows, 1]);
@@ -32,7 +35,11 @@ pub fn logits_row_stats<B: Backend>(logits: FloatTensor<B>, targets: IntTensor<B
     let px = (e * x.clone()).sum_dim(1) / s;
     let logp = x.gather(1, t) - lse.clone();
     let entropy = lse.clone() - px;
-    [prim(logp.reshape([rows])), prim(entropy.reshape([rows])), prim(lse.reshape([rows]))]
+    [
+        prim(logp.reshape([rows])),
+        prim(entropy.reshape([rows])),
+        prim(lse.reshape([rows])),
+    ]
 }
 
 /// `grad[r] * (onehot(target_r) - exp(logits_r - lse_r))`.
@@ -72,9 +79,15 @@ pub fn surrogate_forward<B: Backend>(
     if reduce == Reduce::MeanPerResponse {
         loss = loss / mask.clone().sum_dim(1).clamp_min(1.0);
     }
-    let low = ratio.clone().lower_elem(1.0 - clip.low).float() * a.clone().lower_elem(0.0).float() * mask.clone();
+    let low = ratio.clone().lower_elem(1.0 - clip.low).float()
+        * a.clone().lower_elem(0.0).float()
+        * mask.clone();
     let high = ratio.greater_elem(1.0 + clip.high).float() * a.greater_elem(0.0).float() * mask;
-    [prim(loss.reshape([n])), prim(low.sum_dim(1).reshape([n])), prim(high.sum_dim(1).reshape([n]))]
+    [
+        prim(loss.reshape([n])),
+        prim(low.sum_dim(1).reshape([n])),
+        prim(high.sum_dim(1).reshape([n])),
+    ]
 }
 
 /// `d loss / d logp = -A * rho` where the unclipped term is the minimum, else 0; times
@@ -109,7 +122,9 @@ fn to_f32<B: Backend>(logits: FloatTensor<B>) -> FloatTensor<B> {
 }
 
 fn chunks(n: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..n).step_by(chunk.max(1)).map(move |s| (s, (s + chunk.max(1)).min(n)))
+    (0..n)
+        .step_by(chunk.max(1))
+        .map(move |s| (s, (s + chunk.max(1)).min(n)))
 }
 
 /// The chunked forward through the backend's own row hooks.
@@ -162,7 +177,11 @@ pub fn token_logprobs_backward<B: GrpoOps>(
             prim(g.clone().slice(s..e).cast(DType::F32)),
         ));
         // Back to the compute dtype for the two products (a no-op in f32).
-        let gl = if gl.dtype() == hc.dtype() { gl } else { gl.cast(hc.dtype()) };
+        let gl = if gl.dtype() == hc.dtype() {
+            gl
+        } else {
+            gl.cast(hc.dtype())
+        };
         if want.0 {
             gh.push(gl.clone().matmul(w.clone()));
         }
@@ -176,6 +195,10 @@ pub fn token_logprobs_backward<B: GrpoOps>(
         }
     }
     let gh = want.0.then(|| prim(Tensor::cat(gh, 0)));
-    let gw = if want.1 { Some(prim(gw.unwrap_or_else(|| w.zeros_like()))) } else { None };
+    let gw = if want.1 {
+        Some(prim(gw.unwrap_or_else(|| w.zeros_like())))
+    } else {
+        None
+    };
     (gh, gw)
 }

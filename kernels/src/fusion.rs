@@ -55,35 +55,55 @@ impl<B: FusionBackend + GrpoOps> Operation<B::FusionRuntime> for HookOp<B> {
                 let logits = f(h, 0);
                 let targets = h.get_int_tensor::<B>(&ins[1]);
                 let (lse, grad) = (f(h, 2), f(h, 3));
-                h.register_float_tensor::<B>(&outs[0].id, B::logits_grad(logits, targets, lse, grad));
+                h.register_float_tensor::<B>(
+                    &outs[0].id,
+                    B::logits_grad(logits, targets, lse, grad),
+                );
             }
             Hook::SurrogateForward(clip, reduce) => {
                 let (a, b, c, d) = (f(h, 0), f(h, 1), f(h, 2), f(h, 3));
-                for (o, t) in outs.iter().zip(B::surrogate_forward(a, b, c, d, clip, reduce)) {
+                for (o, t) in outs
+                    .iter()
+                    .zip(B::surrogate_forward(a, b, c, d, clip, reduce))
+                {
                     h.register_float_tensor::<B>(&o.id, t);
                 }
             }
             Hook::SurrogateBackward(clip) => {
                 let (a, b, c, d, e) = (f(h, 0), f(h, 1), f(h, 2), f(h, 3), f(h, 4));
-                h.register_float_tensor::<B>(&outs[0].id, B::surrogate_backward(a, b, c, d, clip, e));
+                h.register_float_tensor::<B>(
+                    &outs[0].id,
+                    B::surrogate_backward(a, b, c, d, clip, e),
+                );
             }
             Hook::AttentionForward(layout) => {
                 let (q, k, v, valid) = (f(h, 0), f(h, 1), f(h, 2), f(h, 3));
-                for (o, t) in outs.iter().zip(B::attention_forward(q, k, v, valid, layout)) {
+                for (o, t) in outs
+                    .iter()
+                    .zip(B::attention_forward(q, k, v, valid, layout))
+                {
                     h.register_float_tensor::<B>(&o.id, t);
                 }
             }
             Hook::AttentionBackward(layout) => {
                 let (q, k, v, valid) = (f(h, 0), f(h, 1), f(h, 2), f(h, 3));
                 let (out, lse, d_out) = (f(h, 4), f(h, 5), f(h, 6));
-                for (o, t) in outs.iter().zip(B::attention_backward(q, k, v, valid, out, lse, d_out, layout)) {
+                for (o, t) in outs.iter().zip(B::attention_backward(
+                    q, k, v, valid, out, lse, d_out, layout,
+                )) {
                     h.register_float_tensor::<B>(&o.id, t);
                 }
             }
             Hook::PagedDecode(layout) => {
                 let (q, k, v) = (f(h, 0), f(h, 1), f(h, 2));
-                let (tables, lens) = (h.get_int_tensor::<B>(&ins[3]), h.get_int_tensor::<B>(&ins[4]));
-                h.register_float_tensor::<B>(&outs[0].id, B::paged_decode_attention(q, k, v, tables, lens, layout));
+                let (tables, lens) = (
+                    h.get_int_tensor::<B>(&ins[3]),
+                    h.get_int_tensor::<B>(&ins[4]),
+                );
+                h.register_float_tensor::<B>(
+                    &outs[0].id,
+                    B::paged_decode_attention(q, k, v, tables, lens, layout),
+                );
             }
         }
     }
@@ -98,25 +118,52 @@ fn register<B: FusionBackend + GrpoOps>(
 ) -> Vec<FloatTensor<Fusion<B>>> {
     let client = inputs[0].client.clone();
     let streams = OperationStreams::with_inputs(inputs.iter());
-    let outs: Vec<TensorIr> =
-        outputs.iter().map(|(s, dtype)| TensorIr::uninit(client.create_empty_handle(), s.clone(), *dtype)).collect();
+    let outs: Vec<TensorIr> = outputs
+        .iter()
+        .map(|(s, dtype)| TensorIr::uninit(client.create_empty_handle(), s.clone(), *dtype))
+        .collect();
     let ins: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
     let desc = CustomOpIr::new(name, &ins, &outs);
-    client.register(streams, OperationIr::Custom(desc.clone()), HookOp::<B> { desc, hook, _b: PhantomData })
+    client.register(
+        streams,
+        OperationIr::Custom(desc.clone()),
+        HookOp::<B> {
+            desc,
+            hook,
+            _b: PhantomData,
+        },
+    )
 }
 
 impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
     fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
         let shape = tensor.shape.clone();
         let dtype = tensor.dtype;
-        let mut out = register::<B>("conrub_contiguous", Hook::Contiguous, vec![tensor], &[(shape, dtype)]);
+        let mut out = register::<B>(
+            "conrub_contiguous",
+            Hook::Contiguous,
+            vec![tensor],
+            &[(shape, dtype)],
+        );
         out.remove(0)
     }
 
-    fn logits_row_stats(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> [FloatTensor<Self>; 3] {
+    fn logits_row_stats(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
         let rows = logits.shape.dims::<2>()[0];
         let dtype = logits.dtype;
-        let out = register::<B>("conrub_row_stats", Hook::RowStats, vec![logits, targets], &[(Shape::new([rows]), dtype), (Shape::new([rows]), dtype), (Shape::new([rows]), dtype)]);
+        let out = register::<B>(
+            "conrub_row_stats",
+            Hook::RowStats,
+            vec![logits, targets],
+            &[
+                (Shape::new([rows]), dtype),
+                (Shape::new([rows]), dtype),
+                (Shape::new([rows]), dtype),
+            ],
+        );
         out.try_into().expect("three outputs")
     }
 
@@ -128,7 +175,12 @@ impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
     ) -> FloatTensor<Self> {
         let shape = logits.shape.clone();
         let dtype = logits.dtype;
-        let mut out = register::<B>("conrub_logits_grad", Hook::LogitsGrad, vec![logits, targets, lse, grad], &[(shape, dtype)]);
+        let mut out = register::<B>(
+            "conrub_logits_grad",
+            Hook::LogitsGrad,
+            vec![logits, targets, lse, grad],
+            &[(shape, dtype)],
+        );
         out.remove(0)
     }
 
@@ -181,7 +233,12 @@ impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
         let [b, heads, t, _] = q.shape.dims::<4>();
         let out = (q.shape.clone(), q.dtype);
         let lse = (Shape::new([b, heads, t]), DType::F32);
-        let outs = register::<B>("conrub_attention_forward", Hook::AttentionForward(layout), vec![q, k, v, key_valid], &[out, lse]);
+        let outs = register::<B>(
+            "conrub_attention_forward",
+            Hook::AttentionForward(layout),
+            vec![q, k, v, key_valid],
+            &[out, lse],
+        );
         outs.try_into().expect("two outputs")
     }
 
@@ -195,7 +252,11 @@ impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
         d_out: FloatTensor<Self>,
         layout: AttentionLayout,
     ) -> [FloatTensor<Self>; 3] {
-        let grads = [(q.shape.clone(), q.dtype), (k.shape.clone(), k.dtype), (v.shape.clone(), v.dtype)];
+        let grads = [
+            (q.shape.clone(), q.dtype),
+            (k.shape.clone(), k.dtype),
+            (v.shape.clone(), v.dtype),
+        ];
         let outs = register::<B>(
             "conrub_attention_backward",
             Hook::AttentionBackward(layout),
@@ -214,7 +275,12 @@ impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
         layout: PagedLayout,
     ) -> FloatTensor<Self> {
         let out = (q.shape.clone(), q.dtype);
-        let mut outs = register::<B>("conrub_paged_decode", Hook::PagedDecode(layout), vec![q, k_pool, v_pool, tables, lens], &[out]);
+        let mut outs = register::<B>(
+            "conrub_paged_decode",
+            Hook::PagedDecode(layout),
+            vec![q, k_pool, v_pool, tables, lens],
+            &[out],
+        );
         outs.remove(0)
     }
 }

@@ -36,7 +36,6 @@ pub fn set_host_head(on: bool) {
     STATE.store(if on { 1 } else { 2 }, Ordering::Relaxed);
 }
 
-
 /// A backend whose float tensors can be read as host f32 slices.
 pub(crate) trait HostF32: Backend {
     /// Calls `f` with the row-major f32 elements of `tensor`.
@@ -47,12 +46,20 @@ pub(crate) trait HostF32: Backend {
 #[cfg(feature = "ndarray")]
 pub(crate) fn to_host_f32<B: Backend>(tensor: FloatTensor<B>) -> Vec<f32> {
     let dims = tensor.shape().num_elements();
-    let t = Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(tensor)).reshape([dims]);
-    t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 after convert")
+    let t = Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(tensor))
+        .reshape([dims]);
+    t.into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("f32 after convert")
 }
 
 fn targets_u32<B: Backend>(targets: IntTensor<B>) -> Vec<u32> {
-    Tensor::<B, 1, Int>::from_primitive(targets).into_data().iter::<i64>().map(|t| u32::try_from(t).expect("target ids are non-negative")).collect()
+    Tensor::<B, 1, Int>::from_primitive(targets)
+        .into_data()
+        .iter::<i64>()
+        .map(|t| u32::try_from(t).expect("target ids are non-negative"))
+        .collect()
 }
 
 fn dims2(shape: &burn::tensor::Shape, what: &str) -> [usize; 2] {
@@ -60,7 +67,12 @@ fn dims2(shape: &burn::tensor::Shape, what: &str) -> [usize; 2] {
     [shape[0], shape[1]]
 }
 
-fn to_backend<B: Backend>(values: Vec<f32>, shape: [usize; 2], dtype: DType, device: &B::Device) -> FloatTensor<B> {
+fn to_backend<B: Backend>(
+    values: Vec<f32>,
+    shape: [usize; 2],
+    dtype: DType,
+    device: &B::Device,
+) -> FloatTensor<B> {
     let t = Tensor::<B, 2>::from_data(TensorData::new(values, shape), device);
     let t = if t.dtype() == dtype { t } else { t.cast(dtype) };
     t.into_primitive().tensor()
@@ -68,7 +80,12 @@ fn to_backend<B: Backend>(values: Vec<f32>, shape: [usize; 2], dtype: DType, dev
 
 /// What the CPU backends run for [`GrpoOps::token_logprobs`](crate::GrpoOps::token_logprobs): the
 /// fused host head, or the chunked fallback when [`host_head_enabled`] says no.
-pub(crate) fn token_logprobs<B: HostF32 + GrpoOps>(hidden: FloatTensor<B>, weight: FloatTensor<B>, targets: IntTensor<B>, chunk_tokens: usize) -> [FloatTensor<B>; 3] {
+pub(crate) fn token_logprobs<B: HostF32 + GrpoOps>(
+    hidden: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    targets: IntTensor<B>,
+    chunk_tokens: usize,
+) -> [FloatTensor<B>; 3] {
     if host_head_enabled() {
         forward::<B>(hidden, weight, targets)
     } else {
@@ -92,22 +109,44 @@ pub(crate) fn token_logprobs_backward<B: HostF32 + GrpoOps>(
     if host_head_enabled() {
         backward::<B>(hidden, weight, targets, lse, grad, want)
     } else {
-        crate::fallback::token_logprobs_backward::<B>(hidden, weight, targets, lse, grad, chunk_tokens, want)
+        crate::fallback::token_logprobs_backward::<B>(
+            hidden,
+            weight,
+            targets,
+            lse,
+            grad,
+            chunk_tokens,
+            want,
+        )
     }
 }
 
 /// The fused host head's forward: `[log p, entropy, lse]`.
-fn forward<B: HostF32>(hidden: FloatTensor<B>, weight: FloatTensor<B>, targets: IntTensor<B>) -> [FloatTensor<B>; 3] {
+fn forward<B: HostF32>(
+    hidden: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    targets: IntTensor<B>,
+) -> [FloatTensor<B>; 3] {
     let [tokens, h] = dims2(&hidden.shape(), "hidden states");
     let [vocab, hw] = dims2(&weight.shape(), "LM head");
     assert_eq!(h, hw, "hidden size {h} against a head of width {hw}");
     let device = B::float_device(&hidden);
     let targets = targets_u32::<B>(targets);
-    let shape = HeadShape { tokens, hidden: h, vocab };
-    let stats = B::with_f32(hidden, |hs| B::with_f32(weight, |ws| cpu_head::forward(hs, ws, &targets, shape)));
+    let shape = HeadShape {
+        tokens,
+        hidden: h,
+        vocab,
+    };
+    let stats = B::with_f32(hidden, |hs| {
+        B::with_f32(weight, |ws| cpu_head::forward(hs, ws, &targets, shape))
+    });
     [stats.logprobs, stats.entropy, stats.lse].map(|v| {
         let t = Tensor::<B, 1>::from_data(TensorData::new(v, [tokens]), &device);
-        let t = if t.dtype() == DType::F32 { t } else { t.cast(DType::F32) };
+        let t = if t.dtype() == DType::F32 {
+            t
+        } else {
+            t.cast(DType::F32)
+        };
         t.into_primitive().tensor()
     })
 }
@@ -126,9 +165,22 @@ fn backward<B: HostF32>(
     let (hd, wd) = (hidden.dtype(), weight.dtype());
     let device = B::float_device(&hidden);
     let targets = targets_u32::<B>(targets);
-    let shape = HeadShape { tokens, hidden: h, vocab };
+    let shape = HeadShape {
+        tokens,
+        hidden: h,
+        vocab,
+    };
     let (gh, gw) = B::with_f32(lse, |l| {
-        B::with_f32(grad, |g| B::with_f32(hidden, |hs| B::with_f32(weight, |ws| cpu_head::backward(hs, ws, &targets, l, g, shape, want.0, want.1))))
+        B::with_f32(grad, |g| {
+            B::with_f32(hidden, |hs| {
+                B::with_f32(weight, |ws| {
+                    cpu_head::backward(hs, ws, &targets, l, g, shape, want.0, want.1)
+                })
+            })
+        })
     });
-    (gh.map(|v| to_backend::<B>(v, [tokens, h], hd, &device)), gw.map(|v| to_backend::<B>(v, [vocab, h], wd, &device)))
+    (
+        gh.map(|v| to_backend::<B>(v, [tokens, h], hd, &device)),
+        gw.map(|v| to_backend::<B>(v, [vocab, h], wd, &device)),
+    )
 }

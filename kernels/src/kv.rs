@@ -32,7 +32,11 @@ pub fn runs(slots: &[u32]) -> Vec<(usize, usize, usize)> {
 }
 
 /// One `scatter_nd` of every row.
-pub fn write_by_scatter<B: GrpoOps>(pool: FloatTensor<B>, slots: &[u32], values: FloatTensor<B>) -> FloatTensor<B> {
+pub fn write_by_scatter<B: GrpoOps>(
+    pool: FloatTensor<B>,
+    slots: &[u32],
+    values: FloatTensor<B>,
+) -> FloatTensor<B> {
     let pool = float::<B>(pool);
     let values = float::<B>(values);
     if slots.is_empty() {
@@ -46,12 +50,19 @@ pub fn write_by_scatter<B: GrpoOps>(pool: FloatTensor<B>, slots: &[u32], values:
 }
 
 /// One `slice_assign` per run of consecutive slots.
-pub fn write_by_runs<B: GrpoOps>(pool: FloatTensor<B>, slots: &[u32], values: FloatTensor<B>) -> FloatTensor<B> {
+pub fn write_by_runs<B: GrpoOps>(
+    pool: FloatTensor<B>,
+    slots: &[u32],
+    values: FloatTensor<B>,
+) -> FloatTensor<B> {
     let mut pool = float::<B>(pool);
     let values = float::<B>(values).cast(pool.dtype());
     let w = pool.dims()[1];
     for (slot, row, len) in runs(slots) {
-        pool = pool.slice_assign([slot..slot + len, 0..w], values.clone().slice([row..row + len, 0..w]));
+        pool = pool.slice_assign(
+            [slot..slot + len, 0..w],
+            values.clone().slice([row..row + len, 0..w]),
+        );
     }
     prim(pool)
 }
@@ -62,7 +73,10 @@ mod tests {
 
     #[test]
     fn runs_split_where_slots_or_rows_jump() {
-        assert_eq!(runs(&[4, 5, 6, 9, 10, 2]), vec![(4, 0, 3), (9, 3, 2), (2, 5, 1)]);
+        assert_eq!(
+            runs(&[4, 5, 6, 9, 10, 2]),
+            vec![(4, 0, 3), (9, 3, 2), (2, 5, 1)]
+        );
         assert!(runs(&[]).is_empty());
     }
 }
@@ -72,7 +86,11 @@ mod tests {
 /// `slice_assign` keeps a second reference to its input while it writes). Falls back to
 /// [`write_by_runs`] for a pool that is a view.
 #[cfg(feature = "flex")]
-pub fn write_flex(pool: FloatTensor<burn::backend::Flex>, slots: &[u32], values: FloatTensor<burn::backend::Flex>) -> FloatTensor<burn::backend::Flex> {
+pub fn write_flex(
+    pool: FloatTensor<burn::backend::Flex>,
+    slots: &[u32],
+    values: FloatTensor<burn::backend::Flex>,
+) -> FloatTensor<burn::backend::Flex> {
     use burn::backend::Flex;
     use burn::tensor::{bf16, f16, DType};
     let mut pool = pool;
@@ -114,19 +132,34 @@ mod flex_tests {
     fn in_place_writes_equal_the_portable_ones() {
         let dev = Default::default();
         for dtype in [DType::F32, DType::BF16] {
-            let pool = Tensor::<Flex, 2>::from_data(TensorData::new((0..40).map(|i| i as f32).collect::<Vec<_>>(), [10, 4]), &dev).cast(dtype);
-            let values = Tensor::<Flex, 2>::from_data(TensorData::new((0..12).map(|i| -(i as f32)).collect::<Vec<_>>(), [3, 4]), &dev);
+            let pool = Tensor::<Flex, 2>::from_data(
+                TensorData::new((0..40).map(|i| i as f32).collect::<Vec<_>>(), [10, 4]),
+                &dev,
+            )
+            .cast(dtype);
+            let values = Tensor::<Flex, 2>::from_data(
+                TensorData::new((0..12).map(|i| -(i as f32)).collect::<Vec<_>>(), [3, 4]),
+                &dev,
+            );
             let slots = [7u32, 2, 3];
             let a = crate::kv_write::<Flex>(pool.clone(), &slots, values.clone());
-            let b = Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(super::write_by_scatter::<Flex>(
-                pool.clone().into_primitive().tensor(),
-                &slots,
-                values.into_primitive().tensor(),
-            )));
+            let b = Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(
+                super::write_by_scatter::<Flex>(
+                    pool.clone().into_primitive().tensor(),
+                    &slots,
+                    values.into_primitive().tensor(),
+                ),
+            ));
             assert_eq!(a.dtype(), dtype);
-            assert_eq!(a.into_data().convert::<f32>().into_vec::<f32>().unwrap(), b.into_data().convert::<f32>().into_vec::<f32>().unwrap());
+            assert_eq!(
+                a.into_data().convert::<f32>().into_vec::<f32>().unwrap(),
+                b.into_data().convert::<f32>().into_vec::<f32>().unwrap()
+            );
             // The input pool (still referenced here) is not changed.
-            assert_eq!(pool.into_data().convert::<f32>().into_vec::<f32>().unwrap()[28], 28.0);
+            assert_eq!(
+                pool.into_data().convert::<f32>().into_vec::<f32>().unwrap()[28],
+                28.0
+            );
         }
     }
 }

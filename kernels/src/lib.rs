@@ -34,12 +34,12 @@ mod cube_attention;
 #[cfg(feature = "cube")]
 mod cube_paged;
 pub mod fallback;
-pub mod kv;
-pub mod paged_attention;
-pub mod sampling;
 #[cfg(feature = "cube")]
 mod fusion;
+pub mod kv;
+pub mod paged_attention;
 pub mod reference;
+pub mod sampling;
 #[cfg(feature = "wgpu")]
 mod wgpu_probe;
 #[cfg(feature = "wgpu")]
@@ -88,15 +88,27 @@ pub trait GrpoOps: Backend {
 
     /// Writes `values` `[n, width]` into rows `slots` of a paged KV cache pool `[slots, width]`
     /// (in place where the backend can; see [`kv`]). Slots are distinct.
-    fn kv_write(pool: FloatTensor<Self>, slots: &[u32], values: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn kv_write(
+        pool: FloatTensor<Self>,
+        slots: &[u32],
+        values: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
         kv::write_by_scatter::<Self>(pool, slots, values)
     }
 
     /// One token per row of `logits` `[rows, vocab]` and its log-probability under `params`
     /// (`uniforms[r]` is row `r`'s draw; see [`sampling`]), computed where the logits are: only
     /// `rows` ids and `rows` f32 leave the device.
-    fn sample_rows(logits: FloatTensor<Self>, params: &sampling::SampleParams, uniforms: &[f64]) -> (IntTensor<Self>, FloatTensor<Self>) {
-        let (t, l) = sampling::sample_rows_by_tensors::<Self>(Tensor::from_primitive(TensorPrimitive::Float(logits)), params, uniforms);
+    fn sample_rows(
+        logits: FloatTensor<Self>,
+        params: &sampling::SampleParams,
+        uniforms: &[f64],
+    ) -> (IntTensor<Self>, FloatTensor<Self>) {
+        let (t, l) = sampling::sample_rows_by_tensors::<Self>(
+            Tensor::from_primitive(TensorPrimitive::Float(logits)),
+            params,
+            uniforms,
+        );
         (t.into_primitive(), l.into_primitive().tensor())
     }
 
@@ -106,7 +118,10 @@ pub trait GrpoOps: Backend {
     }
 
     /// Per row of `logits` `[rows, vocab]`: `[log p(target), entropy, log-sum-exp]`, each `[rows]`.
-    fn logits_row_stats(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> [FloatTensor<Self>; 3] {
+    fn logits_row_stats(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
         fallback::logits_row_stats::<Self>(logits, targets)
     }
 
@@ -167,7 +182,15 @@ pub trait GrpoOps: Backend {
         chunk_tokens: usize,
         want: (bool, bool),
     ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
-        fallback::token_logprobs_backward::<Self>(hidden, weight, targets, lse, grad, chunk_tokens, want)
+        fallback::token_logprobs_backward::<Self>(
+            hidden,
+            weight,
+            targets,
+            lse,
+            grad,
+            chunk_tokens,
+            want,
+        )
     }
 
     /// Forward of causal attention: `[out, lse]`. `q` is `[batch, heads, t, head_dim]`, `k` and `v`
@@ -256,8 +279,16 @@ pub struct TokenLogprobs<B: Backend> {
 
 /// [`GrpoOps::kv_write`] on tensors: rows `slots` of `pool` `[slots, width]` become `values`
 /// `[slots.len(), width]`.
-pub fn kv_write<B: GrpoOps>(pool: Tensor<B, 2>, slots: &[u32], values: Tensor<B, 2>) -> Tensor<B, 2> {
-    Tensor::from_primitive(TensorPrimitive::Float(B::kv_write(pool.into_primitive().tensor(), slots, values.into_primitive().tensor())))
+pub fn kv_write<B: GrpoOps>(
+    pool: Tensor<B, 2>,
+    slots: &[u32],
+    values: Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    Tensor::from_primitive(TensorPrimitive::Float(B::kv_write(
+        pool.into_primitive().tensor(),
+        slots,
+        values.into_primitive().tensor(),
+    )))
 }
 
 /// `log p(targets[t] | hidden[t])` for hidden states `[tokens, hidden]` and an LM head
@@ -270,9 +301,16 @@ pub fn token_logprobs<B: GrpoOps>(
     targets: Tensor<B, 1, Int>,
     chunk_tokens: usize,
 ) -> TokenLogprobs<B> {
-    let [lp, ent, _lse] =
-        B::token_logprobs(hidden.into_primitive().tensor(), weight.into_primitive().tensor(), targets.into_primitive(), chunk_tokens.max(1));
-    TokenLogprobs { logprobs: float(lp), entropy: float(ent) }
+    let [lp, ent, _lse] = B::token_logprobs(
+        hidden.into_primitive().tensor(),
+        weight.into_primitive().tensor(),
+        targets.into_primitive(),
+        chunk_tokens.max(1),
+    );
+    TokenLogprobs {
+        logprobs: float(lp),
+        entropy: float(ent),
+    }
 }
 
 /// Outputs of [`clipped_surrogate`].
@@ -304,7 +342,11 @@ pub fn clipped_surrogate<B: GrpoOps>(
         clip,
         reduce,
     );
-    SurrogateLoss { per_response: float(loss), clip_low: float(low), clip_high: float(high) }
+    SurrogateLoss {
+        per_response: float(loss),
+        clip_low: float(low),
+        clip_high: float(high),
+    }
 }
 
 pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {

@@ -47,11 +47,30 @@ pub fn paged_decode_attention<B: GrpoOps>(
     let [rows, heads, t, d] = q.dims();
     let [_, width] = k_pool.dims();
     assert_eq!(t, 1, "paged_decode_attention: one query per row, got {t}");
-    assert!(d > 0 && width % d == 0 && width > 0, "paged_decode_attention: pool width {width} is not a multiple of head_dim {d}");
-    assert!(heads % (width / d) == 0, "paged_decode_attention: {heads} query heads are not a multiple of {} key/value heads", width / d);
-    assert_eq!(v_pool.dims(), k_pool.dims(), "paged_decode_attention: k_pool and v_pool differ");
-    assert!(tables.dims()[0] == rows && lens.dims() == [rows], "paged_decode_attention: tables {:?} and lens {:?} must have {rows} rows", tables.dims(), lens.dims());
-    assert!(layout.block_size > 0, "paged_decode_attention: block_size 0");
+    assert!(
+        d > 0 && width % d == 0 && width > 0,
+        "paged_decode_attention: pool width {width} is not a multiple of head_dim {d}"
+    );
+    assert!(
+        heads % (width / d) == 0,
+        "paged_decode_attention: {heads} query heads are not a multiple of {} key/value heads",
+        width / d
+    );
+    assert_eq!(
+        v_pool.dims(),
+        k_pool.dims(),
+        "paged_decode_attention: k_pool and v_pool differ"
+    );
+    assert!(
+        tables.dims()[0] == rows && lens.dims() == [rows],
+        "paged_decode_attention: tables {:?} and lens {:?} must have {rows} rows",
+        tables.dims(),
+        lens.dims()
+    );
+    assert!(
+        layout.block_size > 0,
+        "paged_decode_attention: block_size 0"
+    );
     let out = B::paged_decode_attention(
         q.into_primitive().tensor(),
         k_pool.into_primitive().tensor(),
@@ -83,16 +102,29 @@ pub fn fallback_paged_decode<B: GrpoOps>(
     let keys = blocks * bs;
     let device = q.device();
     let offsets = Tensor::<B, 1, Int>::arange(0..bs as i64, &device).reshape([1, 1, bs]);
-    let slots = (tables.reshape([n, blocks, 1]).mul_scalar(bs as i64) + offsets).reshape([n * keys]);
+    let slots =
+        (tables.reshape([n, blocks, 1]).mul_scalar(bs as i64) + offsets).reshape([n * keys]);
     let positions = Tensor::<B, 1, Int>::arange(0..keys as i64, &device).reshape([1, keys]);
-    let valid = positions.lower(lens.reshape([n, 1])).float().cast(DType::F32);
-    let gather = |pool: Tensor<B, 2>| pool.select(0, slots.clone()).reshape([n, keys, nkv, d]).swap_dims(1, 2).into_primitive().tensor();
+    let valid = positions
+        .lower(lens.reshape([n, 1]))
+        .float()
+        .cast(DType::F32);
+    let gather = |pool: Tensor<B, 2>| {
+        pool.select(0, slots.clone())
+            .reshape([n, keys, nkv, d])
+            .swap_dims(1, 2)
+            .into_primitive()
+            .tensor()
+    };
     let [out, _lse] = B::attention_forward(
         q.into_primitive().tensor(),
         gather(k_pool),
         gather(v_pool),
         valid.into_primitive().tensor(),
-        AttentionLayout { past: keys.saturating_sub(1), scale: layout.scale },
+        AttentionLayout {
+            past: keys.saturating_sub(1),
+            scale: layout.scale,
+        },
     );
     out
 }

@@ -8,10 +8,16 @@ use burn::tensor::{Int, Tensor};
 use crate::{Clip, Reduce};
 
 /// `log_softmax(h · Wᵀ).gather(targets)`: materialises the whole `[tokens, vocab]` matrix (twice).
-pub fn naive_token_logprobs<B: Backend>(hidden: Tensor<B, 2>, weight: Tensor<B, 2>, targets: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+pub fn naive_token_logprobs<B: Backend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+) -> Tensor<B, 1> {
     let [n, _] = hidden.dims();
     let logits = hidden.matmul(weight.transpose());
-    log_softmax(logits, 1).gather(1, targets.reshape([n, 1])).reshape([n])
+    log_softmax(logits, 1)
+        .gather(1, targets.reshape([n, 1]))
+        .reshape([n])
 }
 
 /// Entropy `-sum p log p` of each row's softmax.
@@ -33,7 +39,9 @@ pub fn naive_clipped_surrogate<B: Backend>(
     let [n, _] = logp.dims();
     let a = advantages.reshape([n, 1]);
     let ratio = (logp - logp_old).exp();
-    let per = (ratio.clone() * a.clone()).min_pair(ratio.clamp(1.0 - clip.low, 1.0 + clip.high) * a).neg();
+    let per = (ratio.clone() * a.clone())
+        .min_pair(ratio.clamp(1.0 - clip.low, 1.0 + clip.high) * a)
+        .neg();
     let sum = (per * mask.clone()).sum_dim(1);
     let out = match reduce {
         Reduce::SumPerResponse => sum,
@@ -62,8 +70,14 @@ pub fn relative_error(got: &[f32], want: &[f32]) -> f64 {
     if got.iter().any(|x| !x.is_finite()) {
         return f64::INFINITY;
     }
-    let scale = want.iter().fold(0f64, |m, x| m.max(x.abs() as f64)).max(1e-30);
-    got.iter().zip(want).fold(0f64, |m, (a, b)| m.max((*a as f64 - *b as f64).abs())) / scale
+    let scale = want
+        .iter()
+        .fold(0f64, |m, x| m.max(x.abs() as f64))
+        .max(1e-30);
+    got.iter()
+        .zip(want)
+        .fold(0f64, |m, (a, b)| m.max((*a as f64 - *b as f64).abs()))
+        / scale
 }
 
 /// Causal attention as the textbook writes it: K and V repeated to every query head, the full
@@ -85,13 +99,28 @@ pub fn naive_causal_attention<B: Backend>(
     let [_, nkv, s, _] = k.dims();
     let group = nh / nkv;
     let dtype = q.dtype();
-    let repeat = |x: Tensor<B, 4>| x.reshape([b, nkv, 1, s, d]).repeat_dim(2, group).reshape([b, nh, s, d]);
+    let repeat = |x: Tensor<B, 4>| {
+        x.reshape([b, nkv, 1, s, d])
+            .repeat_dim(2, group)
+            .reshape([b, nh, s, d])
+    };
     let (k, v) = (repeat(k), repeat(v));
     let device = q.device();
-    let qpos = Tensor::<B, 1, Int>::arange(layout.past as i64..(layout.past + t) as i64, &device).reshape([t, 1]);
+    let qpos = Tensor::<B, 1, Int>::arange(layout.past as i64..(layout.past + t) as i64, &device)
+        .reshape([t, 1]);
     let kpos = Tensor::<B, 1, Int>::arange(0..s as i64, &device).reshape([1, s]);
-    let causal = kpos.lower_equal(qpos).float().cast(DType::F32).reshape([1, 1, t, s]);
+    let causal = kpos
+        .lower_equal(qpos)
+        .float()
+        .cast(DType::F32)
+        .reshape([1, 1, t, s]);
     let visible = causal * key_valid.cast(DType::F32).reshape([b, 1, 1, s]);
-    let scores = q.matmul(k.swap_dims(2, 3)).cast(DType::F32).mul_scalar(layout.scale) + (visible - 1.0).mul_scalar(1.0e30);
-    burn::tensor::activation::softmax(scores, 3).cast(dtype).matmul(v)
+    let scores = q
+        .matmul(k.swap_dims(2, 3))
+        .cast(DType::F32)
+        .mul_scalar(layout.scale)
+        + (visible - 1.0).mul_scalar(1.0e30);
+    burn::tensor::activation::softmax(scores, 3)
+        .cast(dtype)
+        .matmul(v)
 }

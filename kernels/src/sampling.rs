@@ -33,7 +33,13 @@ pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
         let (tok, _) = logits
             .iter()
             .enumerate()
-            .fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best });
+            .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+                if x > best.1 {
+                    (i, x)
+                } else {
+                    best
+                }
+            });
         let lse = logsumexp(logits.iter().map(|&x| x as f64), max as f64);
         return (tok as u32, (logits[tok] as f64 - lse) as f32);
     }
@@ -73,7 +79,10 @@ pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
         idx.truncate(k);
     }
     idx.sort_unstable_by(by_logit);
-    let weights: Vec<f64> = idx.iter().map(|&i| scaled(logits[i as usize]).exp()).collect();
+    let weights: Vec<f64> = idx
+        .iter()
+        .map(|&i| scaled(logits[i as usize]).exp())
+        .collect();
     let total: f64 = weights.iter().sum();
     let mut keep = weights.len();
     if cfg.top_p < 1.0 {
@@ -106,7 +115,11 @@ fn logsumexp(xs: impl Iterator<Item = f64>, max: f64) -> f64 {
 
 /// [`sample_row`]'s rule as tensor ops on any backend (the default of
 /// [`crate::GrpoOps::sample_rows`]). `uniforms[r]` is row `r`'s draw (unused when greedy).
-pub fn sample_rows_by_tensors<B: Backend>(logits: Tensor<B, 2>, cfg: &SampleParams, uniforms: &[f64]) -> (Tensor<B, 1, Int>, Tensor<B, 1>) {
+pub fn sample_rows_by_tensors<B: Backend>(
+    logits: Tensor<B, 2>,
+    cfg: &SampleParams,
+    uniforms: &[f64],
+) -> (Tensor<B, 1, Int>, Tensor<B, 1>) {
     let logits = logits.cast(DType::F32);
     let [n, v] = logits.dims();
     let device = logits.device();
@@ -118,7 +131,14 @@ pub fn sample_rows_by_tensors<B: Backend>(logits: Tensor<B, 2>, cfg: &SamplePara
         return (tok.reshape([n]), lp.reshape([n]));
     }
     assert_eq!(uniforms.len(), n, "one uniform draw per row");
-    let u = Tensor::<B, 2>::from_data(TensorData::new(uniforms.iter().map(|&x| x as f32).collect::<Vec<_>>(), [n, 1]), &device).cast(DType::F32);
+    let u = Tensor::<B, 2>::from_data(
+        TensorData::new(
+            uniforms.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+            [n, 1],
+        ),
+        &device,
+    )
+    .cast(DType::F32);
     let z = (logits - max).div_scalar(cfg.temperature);
     let top_k = cfg.top_k.filter(|&k| k < v);
     if top_k.is_none() && cfg.top_p >= 1.0 {
@@ -126,7 +146,11 @@ pub fn sample_rows_by_tensors<B: Backend>(logits: Tensor<B, 2>, cfg: &SamplePara
         let c = z.clone().exp().cumsum(1);
         let total = c.clone().slice([0..n, v - 1..v]);
         let target = u * total.clone();
-        let tok = c.lower_equal(target).int().sum_dim(1).clamp_max((v - 1) as i64);
+        let tok = c
+            .lower_equal(target)
+            .int()
+            .sum_dim(1)
+            .clamp_max((v - 1) as i64);
         let lp = z.gather(1, tok.clone()) - total.log();
         return (tok.reshape([n]), lp.reshape([n]));
     }
@@ -158,28 +182,48 @@ pub fn sample_rows_by_tensors<B: Backend>(logits: Tensor<B, 2>, cfg: &SamplePara
 /// [`sample_row`] on every row of a burn-flex `[rows, vocab]` tensor, reading its buffer in place
 /// (no copy of the logits), rows split over the available cores.
 #[cfg(feature = "flex")]
-pub fn sample_rows_flex(logits: Tensor<burn::backend::Flex, 2>, cfg: &SampleParams, uniforms: &[f64]) -> (Tensor<burn::backend::Flex, 1, Int>, Tensor<burn::backend::Flex, 1>) {
+pub fn sample_rows_flex(
+    logits: Tensor<burn::backend::Flex, 2>,
+    cfg: &SampleParams,
+    uniforms: &[f64],
+) -> (
+    Tensor<burn::backend::Flex, 1, Int>,
+    Tensor<burn::backend::Flex, 1>,
+) {
     let [n, v] = logits.dims();
     let device = logits.device();
-    let t = logits.cast(DType::F32).into_primitive().tensor().to_contiguous();
+    let t = logits
+        .cast(DType::F32)
+        .into_primitive()
+        .tensor()
+        .to_contiguous();
     let off = t.layout().start_offset();
     let data = &t.storage::<f32>()[off..off + n * v];
     let mut out = vec![(0u32, 0f32); n];
-    let threads = std::thread::available_parallelism().map_or(1, |p| p.get()).min(n.max(1));
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |p| p.get())
+        .min(n.max(1));
     let per = n.div_ceil(threads.max(1)).max(1);
     std::thread::scope(|s| {
         for (c, chunk) in out.chunks_mut(per).enumerate() {
             s.spawn(move || {
                 for (i, slot) in chunk.iter_mut().enumerate() {
                     let r = c * per + i;
-                    *slot = sample_row(&data[r * v..(r + 1) * v], cfg, if cfg.greedy { 0.0 } else { uniforms[r] });
+                    *slot = sample_row(
+                        &data[r * v..(r + 1) * v],
+                        cfg,
+                        if cfg.greedy { 0.0 } else { uniforms[r] },
+                    );
                 }
             });
         }
     });
     let toks: Vec<i64> = out.iter().map(|x| x.0 as i64).collect();
     let lps: Vec<f32> = out.iter().map(|x| x.1).collect();
-    (Tensor::from_data(TensorData::new(toks, [n]), &device), Tensor::from_data(TensorData::new(lps, [n]), &device))
+    (
+        Tensor::from_data(TensorData::new(toks, [n]), &device),
+        Tensor::from_data(TensorData::new(lps, [n]), &device),
+    )
 }
 
 #[cfg(all(test, feature = "flex"))]
@@ -191,31 +235,83 @@ mod tests {
     /// mode, on logits far enough apart that f32 and f64 sums agree; so does the flex one.
     #[test]
     fn tensor_and_flex_samplers_follow_the_row_rule() {
-        let logits: Vec<f32> = (0..50).map(|i| ((i * 37 % 50) as f32 * 0.13) - 3.0).collect();
+        let logits: Vec<f32> = (0..50)
+            .map(|i| ((i * 37 % 50) as f32 * 0.13) - 3.0)
+            .collect();
         let rows = 8;
-        let all: Vec<f32> = (0..rows).flat_map(|r| logits.iter().map(move |x| x + r as f32 * 0.01)).collect();
+        let all: Vec<f32> = (0..rows)
+            .flat_map(|r| logits.iter().map(move |x| x + r as f32 * 0.01))
+            .collect();
         let cfgs = [
-            SampleParams { greedy: true, temperature: 1.0, top_k: None, top_p: 1.0 },
-            SampleParams { greedy: false, temperature: 1.0, top_k: None, top_p: 1.0 },
-            SampleParams { greedy: false, temperature: 0.7, top_k: None, top_p: 1.0 },
-            SampleParams { greedy: false, temperature: 1.0, top_k: Some(5), top_p: 1.0 },
-            SampleParams { greedy: false, temperature: 0.8, top_k: None, top_p: 0.6 },
-            SampleParams { greedy: false, temperature: 1.0, top_k: Some(12), top_p: 0.9 },
-            SampleParams { greedy: false, temperature: 1.0, top_k: Some(1), top_p: 1.0 },
+            SampleParams {
+                greedy: true,
+                temperature: 1.0,
+                top_k: None,
+                top_p: 1.0,
+            },
+            SampleParams {
+                greedy: false,
+                temperature: 1.0,
+                top_k: None,
+                top_p: 1.0,
+            },
+            SampleParams {
+                greedy: false,
+                temperature: 0.7,
+                top_k: None,
+                top_p: 1.0,
+            },
+            SampleParams {
+                greedy: false,
+                temperature: 1.0,
+                top_k: Some(5),
+                top_p: 1.0,
+            },
+            SampleParams {
+                greedy: false,
+                temperature: 0.8,
+                top_k: None,
+                top_p: 0.6,
+            },
+            SampleParams {
+                greedy: false,
+                temperature: 1.0,
+                top_k: Some(12),
+                top_p: 0.9,
+            },
+            SampleParams {
+                greedy: false,
+                temperature: 1.0,
+                top_k: Some(1),
+                top_p: 1.0,
+            },
         ];
         for cfg in &cfgs {
             for round in 0..5 {
-                let u: Vec<f64> = (0..rows).map(|r| ((r * 7 + round * 13) % 40) as f64 / 40.0 + 0.01).collect();
-                let t = Tensor::<Flex, 2>::from_data(TensorData::new(all.clone(), [rows, 50]), &Default::default());
+                let u: Vec<f64> = (0..rows)
+                    .map(|r| ((r * 7 + round * 13) % 40) as f64 / 40.0 + 0.01)
+                    .collect();
+                let t = Tensor::<Flex, 2>::from_data(
+                    TensorData::new(all.clone(), [rows, 50]),
+                    &Default::default(),
+                );
                 let (tt, tl) = sample_rows_by_tensors(t.clone(), cfg, &u);
                 let (ft, fl) = sample_rows_flex(t, cfg, &u);
-                let host = |x: Tensor<Flex, 1, Int>| x.into_data().convert::<i64>().into_vec::<i64>().unwrap();
-                let hostf = |x: Tensor<Flex, 1>| x.into_data().convert::<f32>().into_vec::<f32>().unwrap();
+                let host = |x: Tensor<Flex, 1, Int>| {
+                    x.into_data().convert::<i64>().into_vec::<i64>().unwrap()
+                };
+                let hostf =
+                    |x: Tensor<Flex, 1>| x.into_data().convert::<f32>().into_vec::<f32>().unwrap();
                 let (tt, ft, tl, fl) = (host(tt), host(ft), hostf(tl), hostf(fl));
                 for r in 0..rows {
                     let (tok, lp) = sample_row(&all[r * 50..(r + 1) * 50], cfg, u[r]);
                     assert_eq!((tt[r] as u32, ft[r] as u32), (tok, tok), "{cfg:?} row {r}");
-                    assert!((tl[r] - lp).abs() < 1e-4 && fl[r] == lp, "{cfg:?} row {r}: {} {} vs {lp}", tl[r], fl[r]);
+                    assert!(
+                        (tl[r] - lp).abs() < 1e-4 && fl[r] == lp,
+                        "{cfg:?} row {r}: {} {} vs {lp}",
+                        tl[r],
+                        fl[r]
+                    );
                 }
             }
         }

@@ -26,7 +26,11 @@ struct Case {
 }
 
 fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.cast(DType::F32).into_data().convert::<f32>().into_vec().unwrap()
+    t.cast(DType::F32)
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .unwrap()
 }
 
 /// Keeps the elements of visible query rows only (`[b, heads, t, d]` layout).
@@ -55,7 +59,9 @@ fn run(c: Case, fused: bool, dtype: DType) -> (Outputs, Vec<bool>) {
     let s = c.past + c.t;
     let (b, nh, nkv, d) = (c.batch, c.heads, c.kv_heads, c.head_dim);
     let mk = |n: usize, shape: [usize; 4], seed: u64| {
-        Tensor::<A, 4>::from_data(TensorData::new(seeded_uniform(n, seed, 1.0), shape), &dev).cast(dtype).require_grad()
+        Tensor::<A, 4>::from_data(TensorData::new(seeded_uniform(n, seed, 1.0), shape), &dev)
+            .cast(dtype)
+            .require_grad()
     };
     let q = mk(b * nh * c.t * d, [b, nh, c.t, d], 11);
     let k = mk(b * nkv * s * d, [b, nkv, s, d], 12);
@@ -72,7 +78,10 @@ fn run(c: Case, fused: bool, dtype: DType) -> (Outputs, Vec<bool>) {
         })
         .collect();
     let key_valid = Tensor::<A, 2>::from_data(TensorData::new(valid, [b, s]), &dev);
-    let layout = AttentionLayout { past: c.past, scale: 1.0 / (d as f64).sqrt() };
+    let layout = AttentionLayout {
+        past: c.past,
+        scale: 1.0 / (d as f64).sqrt(),
+    };
     let out = if fused {
         causal_attention(q.clone(), k.clone(), v.clone(), key_valid, layout)
     } else {
@@ -87,7 +96,9 @@ fn run(c: Case, fused: bool, dtype: DType) -> (Outputs, Vec<bool>) {
         }
     }
     let d_out = Tensor::<A, 4>::from_data(TensorData::new(g, [b, nh, c.t, d]), &dev).cast(dtype);
-    let grads = (out.clone().cast(DType::F32) * d_out.cast(DType::F32)).sum().backward();
+    let grads = (out.clone().cast(DType::F32) * d_out.cast(DType::F32))
+        .sum()
+        .backward();
     let outputs = Outputs {
         out: host(out.inner()),
         dq: host(q.grad(&grads).unwrap()),
@@ -109,7 +120,10 @@ fn check(c: Case, dtype: DType, tol: f64) {
     ];
     println!("{c:?} {dtype:?}: {errs:?}");
     for (what, e) in errs {
-        assert!(e <= tol, "{c:?} {dtype:?}: {what} relative error {e:.3e} > {tol:.0e}");
+        assert!(
+            e <= tol,
+            "{c:?} {dtype:?}: {what} relative error {e:.3e} > {tol:.0e}"
+        );
     }
     // Rows that see no key output exactly zero.
     let [b, nh, t, d] = [c.batch, c.heads, c.t, c.head_dim];
@@ -118,7 +132,10 @@ fn check(c: Case, dtype: DType, tol: f64) {
             for i in 0..t {
                 if !visible[bi * t + i] {
                     let at = ((bi * nh + h) * t + i) * d;
-                    assert!(fused.out[at..at + d].iter().all(|&x| x == 0.0), "row {bi}/{h}/{i} sees no key but is not zero");
+                    assert!(
+                        fused.out[at..at + d].iter().all(|&x| x == 0.0),
+                        "row {bi}/{h}/{i} sees no key but is not zero"
+                    );
                 }
             }
         }
@@ -129,15 +146,55 @@ fn check(c: Case, dtype: DType, tol: f64) {
 fn fused_attention_matches_the_naive_formula_in_f32() {
     let cases = [
         // group 1, two query blocks (300 = 256 + 44), left padding, head_dim 64.
-        Case { batch: 2, heads: 2, kv_heads: 2, t: 300, past: 0, head_dim: 64, pad: 37 },
+        Case {
+            batch: 2,
+            heads: 2,
+            kv_heads: 2,
+            t: 300,
+            past: 0,
+            head_dim: 64,
+            pad: 37,
+        },
         // group 2, head_dim 128.
-        Case { batch: 2, heads: 4, kv_heads: 2, t: 100, past: 0, head_dim: 128, pad: 9 },
+        Case {
+            batch: 2,
+            heads: 4,
+            kv_heads: 2,
+            t: 100,
+            past: 0,
+            head_dim: 128,
+            pad: 9,
+        },
         // group 4, a length that is no multiple of anything.
-        Case { batch: 1, heads: 8, kv_heads: 2, t: 37, past: 0, head_dim: 64, pad: 0 },
+        Case {
+            batch: 1,
+            heads: 8,
+            kv_heads: 2,
+            t: 37,
+            past: 0,
+            head_dim: 64,
+            pad: 0,
+        },
         // group 8, queries after a 30-key prefix whose first 12 keys are padding.
-        Case { batch: 2, heads: 8, kv_heads: 1, t: 5, past: 30, head_dim: 128, pad: 12 },
+        Case {
+            batch: 2,
+            heads: 8,
+            kv_heads: 1,
+            t: 5,
+            past: 30,
+            head_dim: 128,
+            pad: 12,
+        },
         // group 2 after a prefix, across a block boundary.
-        Case { batch: 1, heads: 4, kv_heads: 2, t: 260, past: 7, head_dim: 64, pad: 3 },
+        Case {
+            batch: 1,
+            heads: 4,
+            kv_heads: 2,
+            t: 260,
+            past: 7,
+            head_dim: 64,
+            pad: 3,
+        },
     ];
     for c in cases {
         check(c, DType::F32, 1e-4);
@@ -147,5 +204,17 @@ fn fused_attention_matches_the_naive_formula_in_f32() {
 #[test]
 fn fused_attention_in_bf16_stays_close_to_f32() {
     // bf16 inputs round q, k and v to 8 bits of mantissa; scores, softmax and accumulation are f32.
-    check(Case { batch: 2, heads: 4, kv_heads: 2, t: 70, past: 0, head_dim: 64, pad: 5 }, DType::BF16, 3e-2);
+    check(
+        Case {
+            batch: 2,
+            heads: 4,
+            kv_heads: 2,
+            t: 70,
+            past: 0,
+            head_dim: 64,
+            pad: 5,
+        },
+        DType::BF16,
+        3e-2,
+    );
 }

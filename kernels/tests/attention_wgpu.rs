@@ -76,7 +76,10 @@ impl Case {
         r
     }
     fn layout(&self) -> AttentionLayout {
-        AttentionLayout { past: self.past, scale: 1.0 / (self.d as f64).sqrt() }
+        AttentionLayout {
+            past: self.past,
+            scale: 1.0 / (self.d as f64).sqrt(),
+        }
     }
 }
 
@@ -137,7 +140,14 @@ fn inputs(c: &Case, seed: u64) -> Inputs {
             }
         }
     }
-    Inputs { q, k, v, d_out, valid, visible }
+    Inputs {
+        q,
+        k,
+        v,
+        d_out,
+        valid,
+        visible,
+    }
 }
 
 /// `[out, lse, dq, dk, dv]` in the logical layouts `[b, h, t, d]`, `[b, h, t]`, `[b, kv, s, d]`.
@@ -149,10 +159,25 @@ fn reference(c: &Case, x: &Inputs) -> Results {
     let s = c.s();
     let g = c.heads / c.kv_heads;
     let scale = c.layout().scale;
-    let q = Tensor::<RA, 4>::from_data(TensorData::new(x.q.clone(), [c.b, c.t, c.heads, c.d]), &dev).require_grad();
-    let k = Tensor::<RA, 4>::from_data(TensorData::new(x.k.clone(), [c.b, s, c.kv_heads, c.d]), &dev).require_grad();
-    let v = Tensor::<RA, 4>::from_data(TensorData::new(x.v.clone(), [c.b, s, c.kv_heads, c.d]), &dev).require_grad();
-    let rep = |t: Tensor<RA, 4>| t.swap_dims(1, 2).unsqueeze_dim::<5>(2).repeat_dim(2, g).reshape([c.b, c.heads, s, c.d]);
+    let q =
+        Tensor::<RA, 4>::from_data(TensorData::new(x.q.clone(), [c.b, c.t, c.heads, c.d]), &dev)
+            .require_grad();
+    let k = Tensor::<RA, 4>::from_data(
+        TensorData::new(x.k.clone(), [c.b, s, c.kv_heads, c.d]),
+        &dev,
+    )
+    .require_grad();
+    let v = Tensor::<RA, 4>::from_data(
+        TensorData::new(x.v.clone(), [c.b, s, c.kv_heads, c.d]),
+        &dev,
+    )
+    .require_grad();
+    let rep = |t: Tensor<RA, 4>| {
+        t.swap_dims(1, 2)
+            .unsqueeze_dim::<5>(2)
+            .repeat_dim(2, g)
+            .reshape([c.b, c.heads, s, c.d])
+    };
     let mut bias = vec![0f32; c.b * c.t * s];
     for bi in 0..c.b {
         for i in 0..c.t {
@@ -164,9 +189,17 @@ fn reference(c: &Case, x: &Inputs) -> Results {
         }
     }
     let bias = Tensor::<RA, 4>::from_data(TensorData::new(bias, [c.b, 1, c.t, s]), &dev);
-    let scores = q.clone().swap_dims(1, 2).matmul(rep(k.clone()).swap_dims(2, 3)).mul_scalar(scale) + bias;
+    let scores = q
+        .clone()
+        .swap_dims(1, 2)
+        .matmul(rep(k.clone()).swap_dims(2, 3))
+        .mul_scalar(scale)
+        + bias;
     let out = softmax(scores, 3).matmul(rep(v.clone()));
-    let d_out = Tensor::<RA, 4>::from_data(TensorData::new(x.d_out.clone(), [c.b, c.heads, c.t, c.d]), &dev);
+    let d_out = Tensor::<RA, 4>::from_data(
+        TensorData::new(x.d_out.clone(), [c.b, c.heads, c.t, c.d]),
+        &dev,
+    );
     let grads = (out.clone() * d_out).sum().backward();
     let dq = host(q.grad(&grads).unwrap().swap_dims(1, 2));
     let dk = host(k.grad(&grads).unwrap().swap_dims(1, 2));
@@ -182,12 +215,16 @@ fn reference(c: &Case, x: &Inputs) -> Results {
                     .filter(|&j| x.valid[bi * s + j] > 0.5)
                     .map(|j| {
                         let ko = ((bi * s + j) * c.kv_heads + hk) * c.d;
-                        (0..c.d).map(|e| x.q[qo + e] as f64 * x.k[ko + e] as f64).sum::<f64>() * scale
+                        (0..c.d)
+                            .map(|e| x.q[qo + e] as f64 * x.k[ko + e] as f64)
+                            .sum::<f64>()
+                            * scale
                     })
                     .collect();
                 if !sc.is_empty() {
                     let m = sc.iter().cloned().fold(f64::MIN, f64::max);
-                    lse[(bi * c.heads + h) * c.t + i] = (m + sc.iter().map(|v| (v - m).exp()).sum::<f64>().ln()) as f32;
+                    lse[(bi * c.heads + h) * c.t + i] =
+                        (m + sc.iter().map(|v| (v - m).exp()).sum::<f64>().ln()) as f32;
                 }
             }
         }
@@ -196,13 +233,21 @@ fn reference(c: &Case, x: &Inputs) -> Results {
 }
 
 /// `q`, `k`, `v`, `key_valid`, `d_out` on the device.
-type DeviceInputs = (Tensor<W, 4>, Tensor<W, 4>, Tensor<W, 4>, Tensor<W, 2>, Tensor<W, 4>);
+type DeviceInputs = (
+    Tensor<W, 4>,
+    Tensor<W, 4>,
+    Tensor<W, 4>,
+    Tensor<W, 2>,
+    Tensor<W, 4>,
+);
 
 /// Device tensors of the inputs in `dtype` (`key_valid` in f32), in the host layouts; the callers
 /// pass `q`, `k`, `v` on as `swap_dims(1, 2)` views.
 fn device_inputs(c: &Case, x: &Inputs, dtype: DType, dev: &WgpuDevice) -> DeviceInputs {
     let s = c.s();
-    let mk = |v: &Vec<f32>, shape: [usize; 4]| Tensor::<W, 4>::from_data(TensorData::new(v.clone(), shape), dev).cast(dtype);
+    let mk = |v: &Vec<f32>, shape: [usize; 4]| {
+        Tensor::<W, 4>::from_data(TensorData::new(v.clone(), shape), dev).cast(dtype)
+    };
     let q = mk(&x.q, [c.b, c.t, c.heads, c.d]);
     let k = mk(&x.k, [c.b, s, c.kv_heads, c.d]);
     let v = mk(&x.v, [c.b, s, c.kv_heads, c.d]);
@@ -215,13 +260,23 @@ fn device_inputs(c: &Case, x: &Inputs, dtype: DType, dev: &WgpuDevice) -> Device
 fn rounded(c: &Case, x: &Inputs, dtype: DType, dev: &WgpuDevice) -> Inputs {
     let (q, k, v, _, d_out) = device_inputs(c, x, dtype, dev);
     let f = |t: Tensor<W, 4>| host(t.cast(DType::F32));
-    Inputs { q: f(q), k: f(k), v: f(v), d_out: f(d_out), valid: x.valid.clone(), visible: x.visible.clone() }
+    Inputs {
+        q: f(q),
+        k: f(k),
+        v: f(v),
+        d_out: f(d_out),
+        valid: x.valid.clone(),
+        visible: x.visible.clone(),
+    }
 }
 
 fn poison_for(c: &Case, dev: &WgpuDevice) {
     let (s, n) = (c.s(), c.b * c.heads * c.t * c.d);
     let nk = c.b * c.kv_heads * s * c.d;
-    poison::<W>(&[n, n, nk, nk, c.b * c.heads * c.t, c.b * c.heads * c.t], dev);
+    poison::<W>(
+        &[n, n, nk, nk, c.b * c.heads * c.t, c.b * c.heads * c.t],
+        dev,
+    );
 }
 
 /// `GrpoOps::attention_forward` / `attention_backward` on `Wgpu` directly.
@@ -229,7 +284,13 @@ fn run_direct(c: &Case, x: &Inputs, dtype: DType, dev: &WgpuDevice) -> Results {
     let (q, k, v, valid, d_out) = device_inputs(c, x, dtype, dev);
     let (q, k, v) = (q.swap_dims(1, 2), k.swap_dims(1, 2), v.swap_dims(1, 2));
     poison_for(c, dev);
-    let [out, lse] = W::attention_forward(prim(q.clone()), prim(k.clone()), prim(v.clone()), prim(valid.clone()), c.layout());
+    let [out, lse] = W::attention_forward(
+        prim(q.clone()),
+        prim(k.clone()),
+        prim(v.clone()),
+        prim(valid.clone()),
+        c.layout(),
+    );
     let (out, lse): (Tensor<W, 4>, Tensor<W, 3>) = (float(out), float(lse));
     assert_eq!(out.dtype(), dtype, "out has q's dtype");
     assert_eq!(lse.dtype(), DType::F32, "lse is f32");
@@ -244,7 +305,8 @@ fn run_direct(c: &Case, x: &Inputs, dtype: DType, dev: &WgpuDevice) -> Results {
         prim(d_out),
         c.layout(),
     );
-    let (dq, dk, dv): (Tensor<W, 4>, Tensor<W, 4>, Tensor<W, 4>) = (float(dq), float(dk), float(dv));
+    let (dq, dk, dv): (Tensor<W, 4>, Tensor<W, 4>, Tensor<W, 4>) =
+        (float(dq), float(dk), float(dv));
     for t in [&dq, &dk, &dv] {
         assert_eq!(t.dtype(), dtype, "gradients have the inputs' dtype");
     }
@@ -265,7 +327,9 @@ fn run_autodiff(c: &Case, x: &Inputs, dtype: DType, dev: &WgpuDevice) -> [Vec<f3
         Tensor::<AW, 2>::from_inner(valid),
         c.layout(),
     );
-    let grads = (out.clone() * Tensor::<AW, 4>::from_inner(d_out)).sum().backward();
+    let grads = (out.clone() * Tensor::<AW, 4>::from_inner(d_out))
+        .sum()
+        .backward();
     let g = |t: &Tensor<AW, 4>| host(t.grad(&grads).expect("gradient").swap_dims(1, 2));
     [host(out.inner()), g(&q), g(&k), g(&v)]
 }
@@ -275,7 +339,10 @@ fn rel_err(got: &[f32], want: &[f32], keep: &impl Fn(usize) -> bool) -> f64 {
     assert_eq!(got.len(), want.len());
     let (mut diff, mut scale) = (0f64, 0f64);
     for i in (0..got.len()).filter(|&i| keep(i)) {
-        assert!(got[i].is_finite(), "non-finite output at {i} (unwritten, poisoned memory?)");
+        assert!(
+            got[i].is_finite(),
+            "non-finite output at {i} (unwritten, poisoned memory?)"
+        );
         diff = diff.max((got[i] as f64 - want[i] as f64).abs());
         scale = scale.max((want[i] as f64).abs());
     }
@@ -284,15 +351,29 @@ fn rel_err(got: &[f32], want: &[f32], keep: &impl Fn(usize) -> bool) -> f64 {
 
 /// Appends `what`'s relative error to `log`; past `tol` prints the log and the worst entries and
 /// fails.
-fn check(log: &mut String, what: &str, got: &[f32], want: &[f32], keep: impl Fn(usize) -> bool, tol: f64) -> f64 {
+fn check(
+    log: &mut String,
+    what: &str,
+    got: &[f32],
+    want: &[f32],
+    keep: impl Fn(usize) -> bool,
+    tol: f64,
+) -> f64 {
     let e = rel_err(got, want, &keep);
     log.push_str(&format!(" {what} {e:.1e}"));
     if e > tol {
         println!("{log}");
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let bad: Vec<usize> = (0..got.len()).filter(|&i| keep(i) && ((got[i] - want[i]).abs() as f64) > tol * scale as f64).collect();
-        let show: Vec<(usize, f32, f32)> = bad.iter().take(8).map(|&i| (i, got[i], want[i])).collect();
-        println!("    {} of {} entries off, first (index, got, want): {show:?}", bad.len(), got.len());
+        let bad: Vec<usize> = (0..got.len())
+            .filter(|&i| keep(i) && ((got[i] - want[i]).abs() as f64) > tol * scale as f64)
+            .collect();
+        let show: Vec<(usize, f32, f32)> =
+            bad.iter().take(8).map(|&i| (i, got[i], want[i])).collect();
+        println!(
+            "    {} of {} entries off, first (index, got, want): {show:?}",
+            bad.len(),
+            got.len()
+        );
     }
     assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.0e}");
     e
@@ -303,7 +384,11 @@ fn run_case(c: &Case, dtype: DType, dev: &WgpuDevice) -> f64 {
     let tol = if dtype == DType::F32 { TOL_F32 } else { TOL_16 };
     let mut log = format!("  case `{}` ({dtype:?}): {c:?}\n", c.name);
     let x0 = inputs(c, (c.t * 1000 + c.d * 10 + c.heads) as u64);
-    let x = if dtype == DType::F32 { x0 } else { rounded(c, &x0, dtype, dev) };
+    let x = if dtype == DType::F32 {
+        x0
+    } else {
+        rounded(c, &x0, dtype, dev)
+    };
     let want = reference(c, &x);
     let (t, d) = (c.t, c.d);
     let vis = |row: usize| x.visible[(row / (c.heads * t)) * t + row % t];
@@ -324,7 +409,10 @@ fn run_case(c: &Case, dtype: DType, dev: &WgpuDevice) -> f64 {
         assert_eq!(got[2][e], 0.0, "dq of a row that sees no key is 0");
     }
     for e in (0..got[1].len()).filter(|&e| !keep_lse(e)) {
-        assert_eq!(got[1][e], ATTENTION_MASKED_LSE, "lse of a row that sees no key");
+        assert_eq!(
+            got[1][e], ATTENTION_MASKED_LSE,
+            "lse of a row that sees no key"
+        );
     }
     let got = run_autodiff(c, &x, dtype, dev);
     log.push_str("\n    causal_attention under Autodiff<Wgpu>:");
@@ -341,27 +429,67 @@ fn device(test: &str) -> Option<WgpuDevice> {
         return None;
     }
     let device = WgpuDevice::DefaultDevice;
-    println!("{test}: backend `{}` (device {device:?})", <W as Backend>::name(&device));
+    println!(
+        "{test}: backend `{}` (device {device:?})",
+        <W as Backend>::name(&device)
+    );
     Some(device)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn case(name: &'static str, b: usize, heads: usize, kv_heads: usize, t: usize, past: usize, d: usize, pad: &[usize]) -> Case {
-    Case { name, b, heads, kv_heads, t, past, extra_keys: 0, d, pad: pad.to_vec(), holes: vec![] }
+fn case(
+    name: &'static str,
+    b: usize,
+    heads: usize,
+    kv_heads: usize,
+    t: usize,
+    past: usize,
+    d: usize,
+    pad: &[usize],
+) -> Case {
+    Case {
+        name,
+        b,
+        heads,
+        kv_heads,
+        t,
+        past,
+        extra_keys: 0,
+        d,
+        pad: pad.to_vec(),
+        holes: vec![],
+    }
 }
 
 #[test]
 fn attention_f32_head_dim_64() {
-    let Some(dev) = device("attention_f32_head_dim_64") else { return };
+    let Some(dev) = device("attention_f32_head_dim_64") else {
+        return;
+    };
     let mut worst = 0f64;
     let cases = [
         // Left padding: batch row 1's first 5 keys are padding, so its rows 0..5 see no key.
-        Case { holes: vec![20], ..case("left padding, GQA 2, t = s = 37", 2, 4, 2, 37, 0, 64, &[0, 5]) },
+        Case {
+            holes: vec![20],
+            ..case(
+                "left padding, GQA 2, t = s = 37",
+                2,
+                4,
+                2,
+                37,
+                0,
+                64,
+                &[0, 5],
+            )
+        },
         // Decode-like: 5 queries after 30 cached keys; row 1 pads past the cache, so its first 3
         // rows see nothing; every query head shares one key/value head.
         case("past 30, t 5, GQA 8", 2, 8, 1, 5, 30, 64, &[2, 33]),
         // Multi-head (group 1), keys beyond the last query, t and s no multiple of 16/32/64.
-        Case { extra_keys: 4, ..case("MHA, past 7, 4 unseen keys", 2, 2, 2, 37, 7, 64, &[3, 0]) },
+        Case {
+            extra_keys: 4,
+            ..case("MHA, past 7, 4 unseen keys", 2, 2, 2, 37, 7, 64, &[3, 0])
+        },
     ];
     for c in &cases {
         worst = worst.max(run_case(c, DType::F32, &dev));
@@ -371,7 +499,9 @@ fn attention_f32_head_dim_64() {
 
 #[test]
 fn attention_f32_head_dim_128() {
-    let Some(dev) = device("attention_f32_head_dim_128") else { return };
+    let Some(dev) = device("attention_f32_head_dim_128") else {
+        return;
+    };
     let mut worst = 0f64;
     let cases = [
         // Longer than one block of 64 rows and one key tile; GQA 4.
@@ -389,9 +519,14 @@ fn attention_f32_head_dim_128() {
 
 #[test]
 fn attention_f32_other_head_dims() {
-    let Some(dev) = device("attention_f32_other_head_dims") else { return };
+    let Some(dev) = device("attention_f32_other_head_dims") else {
+        return;
+    };
     let mut worst = 0f64;
-    let cases = [case("head_dim 256", 1, 2, 1, 20, 3, 256, &[2]), case("head_dim 40", 2, 4, 4, 19, 0, 40, &[0, 1])];
+    let cases = [
+        case("head_dim 256", 1, 2, 1, 20, 3, 256, &[2]),
+        case("head_dim 40", 2, 4, 4, 19, 0, 40, &[0, 1]),
+    ];
     for c in &cases {
         worst = worst.max(run_case(c, DType::F32, &dev));
     }
@@ -402,8 +537,12 @@ fn attention_f32_other_head_dims() {
 /// burn's wgpu backend compiles WGSL, which has no bf16, so on lavapipe this runs in f16.
 #[test]
 fn attention_half_precision() {
-    let Some(dev) = device("attention_half_precision") else { return };
-    let dtype = [DType::BF16, DType::F16].into_iter().find(|&d| W::supports_dtype(&dev, d));
+    let Some(dev) = device("attention_half_precision") else {
+        return;
+    };
+    let dtype = [DType::BF16, DType::F16]
+        .into_iter()
+        .find(|&d| W::supports_dtype(&dev, d));
     let Some(dtype) = dtype else {
         eprintln!("attention_half_precision: SKIPPED, the device supports neither bf16 nor f16");
         return;
@@ -413,4 +552,3 @@ fn attention_half_precision() {
     let worst = run_case(&c, dtype, &dev);
     println!("attention_half_precision: every check passed in {dtype:?}, worst relative error {worst:.2e}");
 }
-

@@ -11,7 +11,9 @@
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use conrub_kernels::reference::{naive_clipped_surrogate, naive_entropy, naive_token_logprobs, relative_error};
+use conrub_kernels::reference::{
+    naive_clipped_surrogate, naive_entropy, naive_token_logprobs, relative_error,
+};
 use conrub_kernels::{clipped_surrogate, fallback, token_logprobs, Clip, GrpoOps, Reduce};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -35,7 +37,10 @@ fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
 }
 
 fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    assert!(got.iter().all(|x| x.is_finite()), "non-finite output (unwritten, poisoned memory?)");
+    assert!(
+        got.iter().all(|x| x.is_finite()),
+        "non-finite output (unwritten, poisoned memory?)"
+    );
     relative_error(got, want)
 }
 
@@ -61,7 +66,10 @@ fn float1<B: Backend>(t: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, 1> {
 fn host_row_stats(x: &[f32], targets: &[i64], vocab: usize) -> [Vec<f32>; 3] {
     let mut want = [Vec::new(), Vec::new(), Vec::new()];
     for (r, t) in targets.iter().enumerate() {
-        let row: Vec<f64> = x[r * vocab..(r + 1) * vocab].iter().map(|v| *v as f64).collect();
+        let row: Vec<f64> = x[r * vocab..(r + 1) * vocab]
+            .iter()
+            .map(|v| *v as f64)
+            .collect();
         let m = row.iter().cloned().fold(f64::MIN, f64::max);
         let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
         let lse = m + s.ln();
@@ -73,7 +81,13 @@ fn host_row_stats(x: &[f32], targets: &[i64], vocab: usize) -> [Vec<f32>; 3] {
     want
 }
 
-fn random<B: Backend, const D: usize>(rng: &mut ChaCha8Rng, shape: [usize; D], mean: f32, std: f32, device: &B::Device) -> Tensor<B, D> {
+fn random<B: Backend, const D: usize>(
+    rng: &mut ChaCha8Rng,
+    shape: [usize; D],
+    mean: f32,
+    std: f32,
+    device: &B::Device,
+) -> Tensor<B, D> {
     let n = shape.iter().product();
     let v: Vec<f32> = (0..n).map(|_| normal(rng, mean, std)).collect();
     Tensor::from_data(TensorData::new(v, shape), device)
@@ -86,13 +100,21 @@ fn random<B: Backend, const D: usize>(rng: &mut ChaCha8Rng, shape: [usize; D], m
 /// and against burn's textbook autodiff on the same backend: 1e-5 on CPU; on wgpu the hidden-state
 /// gradient is a 151,936-term f32 dot product inside burn's matmul (ours and the textbook's alike),
 /// which lands ~5e-5 from f64 on lavapipe, so the bound there is 1e-4.
-pub fn token_logprobs_matches_autodiff<B: GrpoOps>(device: &B::Device, tokens: usize, hidden: usize, chunk: usize, grad_tol: f64) {
+pub fn token_logprobs_matches_autodiff<B: GrpoOps>(
+    device: &B::Device,
+    tokens: usize,
+    hidden: usize,
+    chunk: usize,
+    grad_tol: f64,
+) {
     type A<B> = Autodiff<B>;
     let mut rng = ChaCha8Rng::seed_from_u64(tokens as u64);
     let h0 = random::<B, 2>(&mut rng, [tokens, hidden], 0.0, 1.0, device);
     let w0 = random::<B, 2>(&mut rng, [VOCAB, hidden], 0.0, 0.5, device);
     // Targets include the first and last vocabulary ids.
-    let mut t: Vec<i64> = (0..tokens).map(|_| rng.random_range(0..VOCAB as i64)).collect();
+    let mut t: Vec<i64> = (0..tokens)
+        .map(|_| rng.random_range(0..VOCAB as i64))
+        .collect();
     t[0] = 0;
     t[tokens - 1] = VOCAB as i64 - 1;
     let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(t, [tokens]), device);
@@ -109,10 +131,17 @@ pub fn token_logprobs_matches_autodiff<B: GrpoOps>(device: &B::Device, tokens: u
         } else {
             (naive_token_logprobs(h.clone(), w.clone(), tt), None)
         };
-        let grads = (lp.clone() * Tensor::from_inner(g.clone())).sum().backward();
+        let grads = (lp.clone() * Tensor::from_inner(g.clone()))
+            .sum()
+            .backward();
         let gh = h.grad(&grads).unwrap();
         let gw = w.grad(&grads).unwrap();
-        (host(lp.inner()), ent.map(|e| host(e.inner())), host(gh), host(gw))
+        (
+            host(lp.inner()),
+            ent.map(|e| host(e.inner())),
+            host(gh),
+            host(gw),
+        )
     };
     let (lp, ent, gh, gw) = run(true);
     let (lp_ref, _, gh_ref, gw_ref) = run(false);
@@ -121,12 +150,17 @@ pub fn token_logprobs_matches_autodiff<B: GrpoOps>(device: &B::Device, tokens: u
     let mut logits = vec![0f32; tokens * VOCAB];
     for t in 0..tokens {
         for v in 0..VOCAB {
-            logits[t * VOCAB + v] = (0..hidden).map(|k| hh[t * hidden + k] as f64 * wh[v * hidden + k] as f64).sum::<f64>() as f32;
+            logits[t * VOCAB + v] = (0..hidden)
+                .map(|k| hh[t * hidden + k] as f64 * wh[v * hidden + k] as f64)
+                .sum::<f64>() as f32;
         }
     }
     let tv: Vec<i64> = targets.into_data().convert::<i64>().into_vec().unwrap();
     let want = host_row_stats(&logits, &tv, VOCAB);
-    println!("  textbook log-probabilities on this backend vs f64: {:.2e}", rel_err(&lp_ref, &want[0]));
+    println!(
+        "  textbook log-probabilities on this backend vs f64: {:.2e}",
+        rel_err(&lp_ref, &want[0])
+    );
     assert_close("log-probabilities vs f64", &lp, &want[0]);
     // f64 gradients: d h[t] = g[t] (W[target_t] - sum_v p W[v]); d W[v] = sum_t g[t] (1[v = target_t] - p) h[t].
     let gv = host(g.clone());
@@ -154,14 +188,20 @@ pub fn token_logprobs_matches_autodiff<B: GrpoOps>(device: &B::Device, tokens: u
     let check = |what: &str, a: &[f32], b: &[f32], truth: &[f32], tol: f64| {
         let (e, ef, et) = (rel_err(a, b), rel_err(a, truth), rel_err(b, truth));
         println!("  {what}: fused vs textbook autodiff {e:.2e}, fused vs f64 {ef:.2e}, textbook vs f64 {et:.2e}");
-        assert!(e <= tol && ef <= tol, "{what}: {e:.3e} / {ef:.3e} > {tol:.0e}");
+        assert!(
+            e <= tol && ef <= tol,
+            "{what}: {e:.3e} / {ef:.3e} > {tol:.0e}"
+        );
     };
     check("log-probabilities", &lp, &lp_ref, &want[0], TOL);
     check("d hidden", &gh, &gh_ref, &gh64, grad_tol);
     check("d head weight", &gw, &gw_ref, &gw64, grad_tol);
     assert_close("entropy vs f64", &ent.unwrap(), &want[1]);
     let naive_ent = host(naive_entropy(h0, w0));
-    println!("  (textbook entropy in f32 on this backend vs f64: {:.2e})", rel_err(&naive_ent, &want[1]));
+    println!(
+        "  (textbook entropy in f32 on this backend vs f64: {:.2e})",
+        rel_err(&naive_ent, &want[1])
+    );
 }
 
 /// The backend's row hooks against the fallback on the same backend, on a strided (transposed)
@@ -170,28 +210,61 @@ pub fn row_hooks_match_fallback<B: GrpoOps>(device: &B::Device, rows: usize) {
     let mut rng = ChaCha8Rng::seed_from_u64(7 + rows as u64);
     // `[vocab, rows]` transposed to a `[rows, vocab]` view with strides (1, rows).
     let logits = random::<B, 2>(&mut rng, [VOCAB, rows], 0.0, 3.0, device).transpose();
-    let t: Vec<i64> = (0..rows).map(|_| rng.random_range(0..VOCAB as i64)).collect();
+    let t: Vec<i64> = (0..rows)
+        .map(|_| rng.random_range(0..VOCAB as i64))
+        .collect();
     let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(t, [rows]), device);
     let g = random::<B, 1>(&mut rng, [rows], 0.0, 1.0, device);
     let prim = |x: Tensor<B, 2>| x.into_primitive().tensor();
     poison::<B>(&[rows, rows, rows, rows * VOCAB], device);
-    let want = host_row_stats(&host(logits.clone()), &targets.clone().into_data().convert::<i64>().into_vec().unwrap(), VOCAB);
+    let want = host_row_stats(
+        &host(logits.clone()),
+        &targets
+            .clone()
+            .into_data()
+            .convert::<i64>()
+            .into_vec()
+            .unwrap(),
+        VOCAB,
+    );
     let got = B::logits_row_stats(prim(logits.clone()), targets.clone().into_primitive());
-    let fb = fallback::logits_row_stats::<B>(prim(logits.clone()), targets.clone().into_primitive());
-    for (i, (name, (a, b))) in ["log-probabilities", "entropy", "log-sum-exp"].iter().zip(got.into_iter().zip(fb)).enumerate() {
+    let fb =
+        fallback::logits_row_stats::<B>(prim(logits.clone()), targets.clone().into_primitive());
+    for (i, (name, (a, b))) in ["log-probabilities", "entropy", "log-sum-exp"]
+        .iter()
+        .zip(got.into_iter().zip(fb))
+        .enumerate()
+    {
         let (a, b) = (host(float1::<B>(a)), host(float1::<B>(b)));
         assert_close(&format!("row {name}, backend hook vs f64"), &a, &want[i]);
         // burn's own f32 reductions on wgpu lose ~1e-4 on the entropy (a difference of two sums over
         // 151,936 terms): the fallback is held to its own precision there, the hook to 1e-5.
         let e = rel_err(&b, &want[i]);
         println!("  row {name}, fallback vs f64: relative error {e:.2e}");
-        assert!(e <= if i == 1 { 5e-4 } else { TOL }, "fallback {name}: {e:.3e}");
+        assert!(
+            e <= if i == 1 { 5e-4 } else { TOL },
+            "fallback {name}: {e:.3e}"
+        );
     }
-    let lse = fallback::logits_row_stats::<B>(prim(logits.clone()), targets.clone().into_primitive())[2].clone();
-    let gl = B::logits_grad(prim(logits.clone()), targets.clone().into_primitive(), lse.clone(), g.clone().into_primitive().tensor());
-    let gl_ref = fallback::logits_grad::<B>(prim(logits), targets.into_primitive(), lse, g.into_primitive().tensor());
-    let (a, b): (Tensor<B, 2>, Tensor<B, 2>) =
-        (Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(gl)), Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(gl_ref)));
+    let lse =
+        fallback::logits_row_stats::<B>(prim(logits.clone()), targets.clone().into_primitive())[2]
+            .clone();
+    let gl = B::logits_grad(
+        prim(logits.clone()),
+        targets.clone().into_primitive(),
+        lse.clone(),
+        g.clone().into_primitive().tensor(),
+    );
+    let gl_ref = fallback::logits_grad::<B>(
+        prim(logits),
+        targets.into_primitive(),
+        lse,
+        g.into_primitive().tensor(),
+    );
+    let (a, b): (Tensor<B, 2>, Tensor<B, 2>) = (
+        Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(gl)),
+        Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(gl_ref)),
+    );
     assert_close("logit gradients", &host(a), &host(b));
 }
 
@@ -215,7 +288,10 @@ pub fn surrogate_matches_autodiff<B: GrpoOps>(device: &B::Device, len: usize) {
     }
     let mask = Tensor::<B, 2>::from_data(TensorData::new(m.clone(), [n, len]), device);
     let g = random::<B, 1>(&mut rng, [n], 0.0, 1.0, device);
-    let clip = Clip { low: 0.2, high: 0.28 };
+    let clip = Clip {
+        low: 0.2,
+        high: 0.28,
+    };
     // Expected clip counts, from the host copies.
     let (lp_h, old_h) = (host(logp0.clone()), host(old0.clone()));
     let mut want_low = vec![0f32; n];
@@ -229,7 +305,10 @@ pub fn surrogate_matches_autodiff<B: GrpoOps>(device: &B::Device, len: usize) {
             }
         }
     }
-    assert!(want_low.iter().sum::<f32>() > 0.0 && want_high.iter().sum::<f32>() > 0.0, "both clip sides are hit");
+    assert!(
+        want_low.iter().sum::<f32>() > 0.0 && want_high.iter().sum::<f32>() > 0.0,
+        "both clip sides are hit"
+    );
     for reduce in [Reduce::MeanPerResponse, Reduce::SumPerResponse] {
         let run = |fused: bool| {
             let lp = Tensor::<A<B>, 2>::from_inner(logp0.clone()).require_grad();
@@ -239,11 +318,19 @@ pub fn surrogate_matches_autodiff<B: GrpoOps>(device: &B::Device, len: usize) {
             let (loss, counts) = if fused {
                 poison::<B>(&[n, n, n, n * len], device);
                 let out = clipped_surrogate(lp.clone(), old, a, mk, clip, reduce);
-                (out.per_response, Some((host(out.clip_low.inner()), host(out.clip_high.inner()))))
+                (
+                    out.per_response,
+                    Some((host(out.clip_low.inner()), host(out.clip_high.inner()))),
+                )
             } else {
-                (naive_clipped_surrogate(lp.clone(), old, a, mk, clip, reduce), None)
+                (
+                    naive_clipped_surrogate(lp.clone(), old, a, mk, clip, reduce),
+                    None,
+                )
             };
-            let grads = (loss.clone() * Tensor::from_inner(g.clone())).sum().backward();
+            let grads = (loss.clone() * Tensor::from_inner(g.clone()))
+                .sum()
+                .backward();
             (host(loss.inner()), host(lp.grad(&grads).unwrap()), counts)
         };
         let (loss, grad, counts) = run(true);
@@ -286,7 +373,13 @@ mod tch {
 
     #[test]
     fn token_logprobs_on_tch() {
-        super::token_logprobs_matches_autodiff::<LibTorch<f32>>(&Default::default(), 37, 24, 16, 1e-5);
+        super::token_logprobs_matches_autodiff::<LibTorch<f32>>(
+            &Default::default(),
+            37,
+            24,
+            16,
+            1e-5,
+        );
     }
 
     #[test]
@@ -327,12 +420,18 @@ mod wgpu {
             return;
         }
         let device = WgpuDevice::DefaultDevice;
-        println!("wgpu kernels on backend `{}` (device {device:?})", <Wgpu as Backend>::name(&device));
+        println!(
+            "wgpu kernels on backend `{}` (device {device:?})",
+            <Wgpu as Backend>::name(&device)
+        );
         super::row_hooks_match_fallback::<Wgpu>(&device, 5);
         super::token_logprobs_matches_autodiff::<Wgpu>(&device, 37, 24, 16, 1e-4);
         for len in [45, 300] {
             super::surrogate_matches_autodiff::<Wgpu>(&device, len);
         }
-        println!("wgpu kernels: every check passed on `{}`", <Wgpu as Backend>::name(&device));
+        println!(
+            "wgpu kernels: every check passed on `{}`",
+            <Wgpu as Backend>::name(&device)
+        );
     }
 }

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use conrub_kernels::GrpoOps;
 use clap::{Args, Subcommand};
 use conrub_eval::{extract_choice, load_items, McqFormat, McqSummary};
+use conrub_kernels::GrpoOps;
 use conrub_qwen3::{ChatOptions, Qwen3, SamplingConfig};
 use conrub_rubric::import::{HealthBenchItem, HealthBenchRow};
 use conrub_rubric::io::{write_bytes_atomic, write_jsonl_atomic};
@@ -80,9 +80,24 @@ impl EvalExample {
     /// controls form the three-state rubric (negative items describe behaviour to avoid, which
     /// SPEC's criteria never reward).
     fn from_healthbench(row: HealthBenchRow) -> Self {
-        let mut criteria: Vec<String> = row.rubrics.iter().filter(|i| i.points > 0.0).map(|i| i.criterion.clone()).collect();
-        criteria.extend(conrub_rubric::record::global_controls().into_iter().map(|c| c.text));
-        Self { id: row.prompt_id, prompt: row.prompt, example_tags: row.example_tags, items: row.rubrics, criteria }
+        let mut criteria: Vec<String> = row
+            .rubrics
+            .iter()
+            .filter(|i| i.points > 0.0)
+            .map(|i| i.criterion.clone())
+            .collect();
+        criteria.extend(
+            conrub_rubric::record::global_controls()
+                .into_iter()
+                .map(|c| c.text),
+        );
+        Self {
+            id: row.prompt_id,
+            prompt: row.prompt,
+            example_tags: row.example_tags,
+            items: row.rubrics,
+            criteria,
+        }
     }
 
     /// One of our rubric records: content criteria are the points items (their imported points, else
@@ -93,7 +108,11 @@ impl EvalExample {
             .criteria
             .iter()
             .filter(|c| c.kind == CriterionKind::Content)
-            .map(|c| HealthBenchItem { criterion: c.text.clone(), points: c.provenance.source_points.unwrap_or(1.0), tags: c.provenance.source_tags.clone() })
+            .map(|c| HealthBenchItem {
+                criterion: c.text.clone(),
+                points: c.provenance.source_points.unwrap_or(1.0),
+                tags: c.provenance.source_tags.clone(),
+            })
             .collect();
         let example_tags = r
             .provenance
@@ -102,23 +121,46 @@ impl EvalExample {
             .and_then(|e| e.get("example_tags"))
             .and_then(|t| serde_json::from_value(t.clone()).ok())
             .unwrap_or_default();
-        Self { criteria: r.criterion_texts(), id: Some(r.id), prompt: r.question, example_tags, items }
+        Self {
+            criteria: r.criterion_texts(),
+            id: Some(r.id),
+            prompt: r.question,
+            example_tags,
+            items,
+        }
     }
 }
 
 /// Reads HealthBench rows (with `rubrics`) or our rubric records (with `criteria`), line by line.
 fn read_eval_examples(path: &std::path::Path) -> Result<Vec<EvalExample>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let v: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("{}:{}: not a JSON object", path.display(), i + 1))?;
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not a JSON object", path.display(), i + 1))?;
         if v.get("rubrics").is_some() {
-            out.push(EvalExample::from_healthbench(HealthBenchRow::parse(line, path, i + 1)?));
+            out.push(EvalExample::from_healthbench(HealthBenchRow::parse(
+                line,
+                path,
+                i + 1,
+            )?));
         } else if v.get("criteria").is_some() {
-            out.push(EvalExample::from_record(conrub_rubric::io::parse_line(line, path, i + 1)?));
+            out.push(EvalExample::from_record(conrub_rubric::io::parse_line(
+                line,
+                path,
+                i + 1,
+            )?));
         } else {
-            bail!("{}:{}: neither a HealthBench row (`rubrics`) nor a rubric record (`criteria`)", path.display(), i + 1);
+            bail!(
+                "{}:{}: neither a HealthBench row (`rubrics`) nor a rubric record (`criteria`)",
+                path.display(),
+                i + 1
+            );
         }
     }
     Ok(out)
@@ -127,7 +169,11 @@ fn read_eval_examples(path: &std::path::Path) -> Result<Vec<EvalExample>> {
 /// What the report says about the model: the argument, the directory it resolved to, and the
 /// training step when it is a `checkpoint-NNNNNN` folder.
 fn model_info(arg: &str, dir: &std::path::Path) -> serde_json::Value {
-    let step = dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("checkpoint-")).and_then(|s| s.parse::<u64>().ok());
+    let step = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("checkpoint-"))
+        .and_then(|s| s.parse::<u64>().ok());
     json!({"id": arg, "dir": dir.display().to_string(), "checkpoint_step": step})
 }
 
@@ -145,14 +191,30 @@ impl BackendTask for RubricArgs {
         }
         // The grader config is read before the model loads, so a bad config fails fast.
         let grader = crate::commands::judging::load_config(&self.grader)?;
-        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(crate::backend::inference_execution(self.precision));
-        let tok = qwen.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json", qwen.dir.display()))?;
+        let qwen = Qwen3::<B>::load(&self.model, &device)?
+            .with_execution(crate::backend::inference_execution(self.precision));
+        let tok = qwen
+            .tokenizer
+            .as_ref()
+            .with_context(|| format!("{}: no tokenizer.json", qwen.dir.display()))?;
         let greedy = self.samples <= 1;
-        let cfg = SamplingConfig { max_new_tokens: self.max_new_tokens, greedy, seed: self.seed, stop_ids: qwen.stop_ids(), ..Default::default() };
+        let cfg = SamplingConfig {
+            max_new_tokens: self.max_new_tokens,
+            greedy,
+            seed: self.seed,
+            stop_ids: qwen.stop_ids(),
+            ..Default::default()
+        };
         let start = Instant::now();
         let mut responses: Vec<(usize, String, usize)> = Vec::new();
         for (k, row) in rows.iter().enumerate() {
-            let ids = tok.apply_chat_template(&row.prompt, ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) })?;
+            let ids = tok.apply_chat_template(
+                &row.prompt,
+                ChatOptions {
+                    add_generation_prompt: true,
+                    enable_thinking: Some(false),
+                },
+            )?;
             let prompts = vec![ids; self.samples.max(1)];
             for g in qwen.generate(&prompts, &cfg, &device)? {
                 responses.push((k, tok.decode(&g.tokens, true)?, g.tokens.len()));
@@ -166,29 +228,51 @@ impl BackendTask for RubricArgs {
             JudgeKind::Local => grader.build_local::<B>(&device)?,
             _ => grader.build(&empty)?,
         };
-        let request = |k: usize, response: &str, criteria: Vec<String>, mode: ScoringMode| CriterionRequest {
-            question: conrub_rubric::record::messages_text(&rows[k].prompt),
-            response: response.to_string(),
-            criteria,
-            mode,
-        };
+        let request =
+            |k: usize, response: &str, criteria: Vec<String>, mode: ScoringMode| CriterionRequest {
+                question: conrub_rubric::record::messages_text(&rows[k].prompt),
+                response: response.to_string(),
+                criteria,
+                mode,
+            };
         let points_requests: Vec<CriterionRequest> = responses
             .iter()
-            .map(|(k, r, _)| request(*k, r, rows[*k].items.iter().map(|i| i.criterion.clone()).collect(), ScoringMode::Binary))
+            .map(|(k, r, _)| {
+                request(
+                    *k,
+                    r,
+                    rows[*k].items.iter().map(|i| i.criterion.clone()).collect(),
+                    ScoringMode::Binary,
+                )
+            })
             .collect();
         let three_requests: Vec<CriterionRequest> = if self.skip_three_state {
             Vec::new()
         } else {
-            responses.iter().map(|(k, r, _)| request(*k, r, rows[*k].criteria.clone(), ScoringMode::ThreeState)).collect()
+            responses
+                .iter()
+                .map(|(k, r, _)| request(*k, r, rows[*k].criteria.clone(), ScoringMode::ThreeState))
+                .collect()
         };
         let grade_start = Instant::now();
         let rt = crate::commands::judging::runtime()?;
         let (points_verdicts, three_verdicts) = rt.block_on(async {
-            tokio::join!(judges.criterion.judge_batch(&points_requests), judges.criterion.judge_batch(&three_requests))
+            tokio::join!(
+                judges.criterion.judge_batch(&points_requests),
+                judges.criterion.judge_batch(&three_requests)
+            )
         });
         let grade_secs = grade_start.elapsed().as_secs_f64();
-        let from_cache = points_verdicts.iter().chain(&three_verdicts).filter(|v| v.cached).count();
-        let grader_calls: u32 = points_verdicts.iter().chain(&three_verdicts).map(|v| v.attempts).sum();
+        let from_cache = points_verdicts
+            .iter()
+            .chain(&three_verdicts)
+            .filter(|v| v.cached)
+            .count();
+        let grader_calls: u32 = points_verdicts
+            .iter()
+            .chain(&three_verdicts)
+            .map(|v| v.attempts)
+            .sum();
         let mut examples = Vec::new();
         let mut three_rows = Vec::new();
         let mut out_rows = Vec::new();
@@ -202,7 +286,11 @@ impl BackendTask for RubricArgs {
                         .items
                         .iter()
                         .zip(labels)
-                        .map(|(i, l)| GradedItem { points: i.points, met: *l == Label::Yes, tags: i.tags.clone() })
+                        .map(|(i, l)| GradedItem {
+                            points: i.points,
+                            met: *l == Label::Yes,
+                            tags: i.tags.clone(),
+                        })
                         .collect();
                     out["graded"] = json!(true);
                     out["score"] = json!(conrub_eval::example_score(&items));
@@ -227,7 +315,8 @@ impl BackendTask for RubricArgs {
             out_rows.push(out);
         }
         let summary = summarize(&examples, 1000, self.seed);
-        let three = (!self.skip_three_state).then(|| summarize_three_state(&three_rows, 1000, self.seed));
+        let three =
+            (!self.skip_three_state).then(|| summarize_three_state(&three_rows, 1000, self.seed));
         let report = json!({
             "kind": "rubric",
             "data": self.data.display().to_string(),
@@ -249,8 +338,13 @@ impl BackendTask for RubricArgs {
         });
         std::fs::create_dir_all(&self.out).with_context(|| self.out.display().to_string())?;
         write_jsonl_atomic(&self.out.join("examples.jsonl"), &out_rows)?;
-        write_bytes_atomic(&self.out.join("report.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
-        let three_line = three.map(|t| format!("; three-state {:.4} +- {:.4}", t.mean, t.bootstrap_std)).unwrap_or_default();
+        write_bytes_atomic(
+            &self.out.join("report.json"),
+            serde_json::to_string_pretty(&report)?.as_bytes(),
+        )?;
+        let three_line = three
+            .map(|t| format!("; three-state {:.4} +- {:.4}", t.mean, t.bootstrap_std))
+            .unwrap_or_default();
         println!(
             "rubric score {:.4} +- {:.4} (bootstrap std) on {} graded responses ({} ungraded){}; {} grader answers from cache, {} grader calls; report {}",
             summary.score,
@@ -278,20 +372,48 @@ pub struct CompareArgs {
 /// Numeric leaves of a JSON value as `(dotted path, value)`, in document order.
 fn numeric_leaves(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, f64)>) {
     match v {
-        serde_json::Value::Number(n) => out.push((prefix.to_string(), n.as_f64().unwrap_or(f64::NAN))),
-        serde_json::Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| numeric_leaves(&format!("{prefix}[{i}]"), x, out)),
-        serde_json::Value::Object(o) => o.iter().for_each(|(k, x)| numeric_leaves(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, x, out)),
+        serde_json::Value::Number(n) => {
+            out.push((prefix.to_string(), n.as_f64().unwrap_or(f64::NAN)))
+        }
+        serde_json::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .for_each(|(i, x)| numeric_leaves(&format!("{prefix}[{i}]"), x, out)),
+        serde_json::Value::Object(o) => o.iter().for_each(|(k, x)| {
+            numeric_leaves(
+                &if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                },
+                x,
+                out,
+            )
+        }),
         _ => {}
     }
 }
 
 /// The comparison table.
-pub fn compare_reports(a: &serde_json::Value, b: &serde_json::Value, names: (&str, &str)) -> String {
+pub fn compare_reports(
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+    names: (&str, &str),
+) -> String {
     let (mut la, mut lb) = (Vec::new(), Vec::new());
     numeric_leaves("", &a["summary"], &mut la);
     numeric_leaves("", &b["summary"], &mut lb);
-    let width = la.iter().chain(&lb).map(|(k, _)| k.len()).max().unwrap_or(6).max(6);
-    let mut t = format!("{:width$}  {:>12}  {:>12}  {:>10}\n", "metric", names.0, names.1, "B - A");
+    let width = la
+        .iter()
+        .chain(&lb)
+        .map(|(k, _)| k.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    let mut t = format!(
+        "{:width$}  {:>12}  {:>12}  {:>10}\n",
+        "metric", names.0, names.1, "B - A"
+    );
     for (k, x) in &la {
         match lb.iter().find(|(kb, _)| kb == k) {
             Some((_, y)) => t += &format!("{k:width$}  {x:>12.4}  {y:>12.4}  {:>+10.4}\n", y - x),
@@ -349,15 +471,36 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
         }
         EvalCommand::Compare(c) => {
             let read = |p: &PathBuf| -> Result<serde_json::Value> {
-                serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?)
-                    .with_context(|| format!("{}: not a JSON report", p.display()))
+                serde_json::from_str(
+                    &std::fs::read_to_string(p)
+                        .with_context(|| format!("cannot read {}", p.display()))?,
+                )
+                .with_context(|| format!("{}: not a JSON report", p.display()))
             };
             let (a, b) = (read(&c.a)?, read(&c.b)?);
             if a["kind"] != b["kind"] {
-                bail!("{} is a {} report but {} is a {} report", c.a.display(), a["kind"], c.b.display(), b["kind"]);
+                bail!(
+                    "{} is a {} report but {} is a {} report",
+                    c.a.display(),
+                    a["kind"],
+                    c.b.display(),
+                    b["kind"]
+                );
             }
-            let model = |r: &serde_json::Value| r["model"]["id"].as_str().or(r["model"].as_str()).unwrap_or("?").to_string();
-            println!("A = {} ({})\nB = {} ({})", c.a.display(), model(&a), c.b.display(), model(&b));
+            let model = |r: &serde_json::Value| {
+                r["model"]["id"]
+                    .as_str()
+                    .or(r["model"].as_str())
+                    .unwrap_or("?")
+                    .to_string()
+            };
+            println!(
+                "A = {} ({})\nB = {} ({})",
+                c.a.display(),
+                model(&a),
+                c.b.display(),
+                model(&b)
+            );
             print!("{}", compare_reports(&a, &b, ("A", "B")));
             Ok(())
         }
@@ -366,18 +509,34 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
 
 impl BackendTask for McqArgs {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        let format: McqFormat = self.format.parse().map_err(anyhow::Error::msg).context("--format")?;
-        let text = std::fs::read_to_string(&self.data).with_context(|| format!("cannot read {}", self.data.display()))?;
-        let mut items = load_items(format, &text).map_err(anyhow::Error::msg).with_context(|| self.data.display().to_string())?;
+        let format: McqFormat = self
+            .format
+            .parse()
+            .map_err(anyhow::Error::msg)
+            .context("--format")?;
+        let text = std::fs::read_to_string(&self.data)
+            .with_context(|| format!("cannot read {}", self.data.display()))?;
+        let mut items = load_items(format, &text)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| self.data.display().to_string())?;
         if let Some(n) = self.limit {
             items.truncate(n);
         }
         if items.is_empty() {
             bail!("{}: no questions", self.data.display());
         }
-        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(crate::backend::inference_execution(self.precision));
-        let tok = qwen.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json", qwen.dir.display()))?;
-        let cfg = SamplingConfig { max_new_tokens: self.max_new_tokens, greedy: true, stop_ids: qwen.stop_ids(), ..Default::default() };
+        let qwen = Qwen3::<B>::load(&self.model, &device)?
+            .with_execution(crate::backend::inference_execution(self.precision));
+        let tok = qwen
+            .tokenizer
+            .as_ref()
+            .with_context(|| format!("{}: no tokenizer.json", qwen.dir.display()))?;
+        let cfg = SamplingConfig {
+            max_new_tokens: self.max_new_tokens,
+            greedy: true,
+            stop_ids: qwen.stop_ids(),
+            ..Default::default()
+        };
         let start = Instant::now();
         let mut rows = Vec::with_capacity(items.len());
         let mut answers = Vec::with_capacity(items.len());
@@ -385,7 +544,15 @@ impl BackendTask for McqArgs {
         for chunk in items.chunks(self.batch_size.max(1)) {
             let prompts: Vec<Vec<u32>> = chunk
                 .iter()
-                .map(|it| tok.apply_chat_template(&[conrub_rubric::Message::user(it.prompt.as_str())], ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) }))
+                .map(|it| {
+                    tok.apply_chat_template(
+                        &[conrub_rubric::Message::user(it.prompt.as_str())],
+                        ChatOptions {
+                            add_generation_prompt: true,
+                            enable_thinking: Some(false),
+                        },
+                    )
+                })
                 .collect::<Result<_, _>>()?;
             for (it, g) in chunk.iter().zip(qwen.generate(&prompts, &cfg, &device)?) {
                 let response = tok.decode(&g.tokens, true)?;
@@ -406,14 +573,17 @@ impl BackendTask for McqArgs {
             eprintln!("{}/{} questions", rows.len(), items.len());
         }
         let summary = McqSummary::from_answers(&answers);
-        let mut per_subject: std::collections::BTreeMap<String, Vec<(Option<usize>, usize)>> = Default::default();
+        let mut per_subject: std::collections::BTreeMap<String, Vec<(Option<usize>, usize)>> =
+            Default::default();
         for (it, a) in items.iter().zip(&answers) {
             if let Some(s) = &it.subject {
                 per_subject.entry(s.clone()).or_default().push(*a);
             }
         }
-        let by_subject: std::collections::BTreeMap<String, McqSummary> =
-            per_subject.into_iter().map(|(k, v)| (k, McqSummary::from_answers(&v))).collect();
+        let by_subject: std::collections::BTreeMap<String, McqSummary> = per_subject
+            .into_iter()
+            .map(|(k, v)| (k, McqSummary::from_answers(&v)))
+            .collect();
         let secs = start.elapsed().as_secs_f64();
         let report = json!({
             "kind": "mcq",
@@ -427,7 +597,10 @@ impl BackendTask for McqArgs {
         });
         std::fs::create_dir_all(&self.out).with_context(|| self.out.display().to_string())?;
         write_jsonl_atomic(&self.out.join("examples.jsonl"), &rows)?;
-        write_bytes_atomic(&self.out.join("report.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+        write_bytes_atomic(
+            &self.out.join("report.json"),
+            serde_json::to_string_pretty(&report)?.as_bytes(),
+        )?;
         println!(
             "{}: accuracy {:.2}% (95% CI {:.2}-{:.2}%) on {} questions, {} invalid ({:.1}%); report {}",
             self.format,
@@ -456,13 +629,26 @@ mod tests {
         let good = r#"{"prompt_id":"a","prompt":"Is it safe?","rubrics":[{"criterion":"Says yes.","points":5},{"criterion":"Is rude.","points":-2}],"example_tags":["theme:t"]}"#;
         std::fs::write(&p, format!("{good}\n")).unwrap();
         let rows = read_eval_examples(&p).unwrap();
-        assert_eq!(rows[0].prompt, vec![conrub_rubric::Message::user("Is it safe?")]);
+        assert_eq!(
+            rows[0].prompt,
+            vec![conrub_rubric::Message::user("Is it safe?")]
+        );
         assert_eq!(rows[0].items.len(), 2, "every item is graded for points");
-        assert_eq!(rows[0].criteria.len(), 1 + 2, "positive items plus the two global controls");
+        assert_eq!(
+            rows[0].criteria.len(),
+            1 + 2,
+            "positive items plus the two global controls"
+        );
         let bad = r#"{"prompt":[{"role":"user","content":"q"}],"rubrics":[{"criterion":"A.","points":1},{"criterion":"B.","points":"high"}]}"#;
         std::fs::write(&p, format!("{good}\n{bad}\n")).unwrap();
         let e = format!("{:#}", read_eval_examples(&p).err().unwrap());
-        assert_eq!(e, format!("{}:2: rubrics[1].points: invalid type: string \"high\", expected f64", p.display()));
+        assert_eq!(
+            e,
+            format!(
+                "{}:2: rubrics[1].points: invalid type: string \"high\", expected f64",
+                p.display()
+            )
+        );
     }
 
     #[test]
@@ -470,7 +656,12 @@ mod tests {
         let a = json!({"summary": {"n": 100, "accuracy": 0.25, "ci95": [0.17, 0.34], "invalid_rate": 0.5}});
         let b = json!({"summary": {"n": 100, "accuracy": 0.40, "ci95": [0.31, 0.50], "invalid_rate": 0.1, "extra": 1}});
         let t = compare_reports(&a, &b, ("A", "B"));
-        let line = |k: &str| t.lines().find(|l| l.starts_with(k)).unwrap_or_else(|| panic!("{k} missing:\n{t}")).to_string();
+        let line = |k: &str| {
+            t.lines()
+                .find(|l| l.starts_with(k))
+                .unwrap_or_else(|| panic!("{k} missing:\n{t}"))
+                .to_string()
+        };
         assert!(line("accuracy").ends_with("+0.1500"), "{t}");
         assert!(line("invalid_rate").ends_with("-0.4000"), "{t}");
         assert!(line("ci95[1]").contains("0.5000"), "{t}");

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use conrub_kernels::GrpoOps;
 use clap::Args;
+use conrub_kernels::GrpoOps;
 use conrub_qwen3::{ChatOptions, Message, Qwen3, SamplingConfig};
 
 use crate::backend::{run_on_device, BackendTask};
@@ -66,13 +66,17 @@ pub struct GenerateArgs {
 
 impl BackendTask for GenerateArgs {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(crate::backend::inference_execution(self.precision));
+        let qwen = Qwen3::<B>::load(&self.model, &device)?
+            .with_execution(crate::backend::inference_execution(self.precision));
         let tok = qwen.tokenizer.as_ref();
         let prompt: Vec<u32> = if let Some(ids) = &self.ids {
             super::parse_ids(ids)?
         } else {
             let tok = tok.with_context(|| {
-                format!("{}: no tokenizer.json; pass --ids instead of text", qwen.dir.display())
+                format!(
+                    "{}: no tokenizer.json; pass --ids instead of text",
+                    qwen.dir.display()
+                )
             })?;
             let opts = ChatOptions {
                 add_generation_prompt: true,
@@ -81,7 +85,9 @@ impl BackendTask for GenerateArgs {
             match (&self.prompt, &self.messages) {
                 (Some(text), _) if self.raw || tok.chat_template().is_none() => tok.encode(text)?,
                 (Some(text), _) => tok.apply_chat_template(&[Message::user(text)], opts)?,
-                (None, Some(path)) => tok.apply_chat_template(&super::read_messages(path)?, opts)?,
+                (None, Some(path)) => {
+                    tok.apply_chat_template(&super::read_messages(path)?, opts)?
+                }
                 (None, None) => bail!("one of --prompt, --messages or --ids is required"),
             }
         };
@@ -99,7 +105,10 @@ impl BackendTask for GenerateArgs {
             seed: self.seed,
             stop_ids,
         };
-        let out = qwen.generate(&[prompt], &cfg, &device)?.pop().expect("one generation");
+        let out = qwen
+            .generate(&[prompt], &cfg, &device)?
+            .pop()
+            .expect("one generation");
         let text = match tok {
             Some(t) => Some(t.decode(&out.tokens, true)?),
             None => None,
@@ -117,9 +126,20 @@ impl BackendTask for GenerateArgs {
         } else {
             match text {
                 Some(t) => println!("{t}"),
-                None => println!("{}", out.tokens.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+                None => println!(
+                    "{}",
+                    out.tokens
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
             }
-            eprintln!("[{} tokens, finish_reason={:?}]", out.tokens.len(), out.finish_reason);
+            eprintln!(
+                "[{} tokens, finish_reason={:?}]",
+                out.tokens.len(),
+                out.finish_reason
+            );
         }
         Ok(())
     }

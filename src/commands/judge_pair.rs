@@ -41,11 +41,17 @@ fn describe(name: &str, v: &PairVerdict) -> String {
             "{name}: verdict {:?}, per criterion {:?}, confidence {}, reason: {}{}",
             a.verdict,
             a.criteria,
-            a.confidence.map(|c| format!("{c:.2}")).unwrap_or_else(|| "-".into()),
+            a.confidence
+                .map(|c| format!("{c:.2}"))
+                .unwrap_or_else(|| "-".into()),
             a.reason.as_deref().unwrap_or("-"),
             if v.cached { " (cached)" } else { "" }
         ),
-        None => format!("{name}: invalid after {} attempts: {}", v.attempts, v.error.as_deref().unwrap_or("-")),
+        None => format!(
+            "{name}: invalid after {} attempts: {}",
+            v.attempts,
+            v.error.as_deref().unwrap_or("-")
+        ),
     }
 }
 
@@ -54,9 +60,17 @@ pub fn run(a: JudgePairArgs) -> Result<()> {
     let rubrics = read_rubrics(&a.rubrics)?;
     let record = rubrics
         .get(&a.prompt_id)
-        .with_context(|| format!("prompt_id `{}` is not in {}", a.prompt_id, a.rubrics.display()))?
+        .with_context(|| {
+            format!(
+                "prompt_id `{}` is not in {}",
+                a.prompt_id,
+                a.rubrics.display()
+            )
+        })?
         .clone();
-    let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+    };
     let (ra, rb) = (read(&a.a)?, read(&a.b)?);
     let cfg = load_config(&a.judge)?;
     let rt = runtime()?;
@@ -80,7 +94,10 @@ pub fn run(a: JudgePairArgs) -> Result<()> {
                 println!("  raw: {}", raw.replace('\n', "\n       "));
             }
             let (adv_a, adv_b) = c.outcome.advantages();
-            println!("accepted: {:?} (advantages A {adv_a:+}, B {adv_b:+})", c.outcome);
+            println!(
+                "accepted: {:?} (advantages A {adv_a:+}, B {adv_b:+})",
+                c.outcome
+            );
         }
         Ok(())
     })

@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use conrub_kernels::GrpoOps;
 use conrub_judge::{JudgeConfig, JudgeKind, Judges};
+use conrub_kernels::GrpoOps;
 use conrub_rubric::RubricSet;
 
 use crate::backend::{run_on_device, BackendTask};
@@ -16,7 +16,10 @@ pub fn load_config(path: &Path) -> Result<JudgeConfig> {
 
 /// A multi-threaded tokio runtime for judge calls.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
 
 struct LocalTask<'a, F> {
@@ -26,17 +29,28 @@ struct LocalTask<'a, F> {
 
 impl<F: FnOnce(Judges) -> Result<()>> BackendTask for LocalTask<'_, F> {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        let judges = self.cfg.build_local::<B>(&device).context("building the in-process judge")?;
+        let judges = self
+            .cfg
+            .build_local::<B>(&device)
+            .context("building the in-process judge")?;
         (self.f)(judges)
     }
 }
 
 /// Builds the configured judges and hands them to `f`. The in-process judge runs on
 /// `device` (else the config's `device`, else the CPU).
-pub fn with_judges(cfg: &JudgeConfig, rubrics: &RubricSet, device: Option<&str>, f: impl FnOnce(Judges) -> Result<()>) -> Result<()> {
+pub fn with_judges(
+    cfg: &JudgeConfig,
+    rubrics: &RubricSet,
+    device: Option<&str>,
+    f: impl FnOnce(Judges) -> Result<()>,
+) -> Result<()> {
     match cfg.kind {
         JudgeKind::Local => {
-            let device = device.or(cfg.device.as_deref()).unwrap_or("cpu").to_string();
+            let device = device
+                .or(cfg.device.as_deref())
+                .unwrap_or("cpu")
+                .to_string();
             run_on_device(&device, LocalTask { cfg, f })
         }
         _ => f(cfg.build(rubrics).context("building the judge")?),

@@ -9,7 +9,9 @@ use burn::backend::Autodiff;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
-use conrub_kernels::reference::{naive_clipped_surrogate, naive_token_logprobs, relative_error, seeded_uniform};
+use conrub_kernels::reference::{
+    naive_clipped_surrogate, naive_token_logprobs, relative_error, seeded_uniform,
+};
 use conrub_kernels::{clipped_surrogate, token_logprobs, Clip, GrpoOps, Reduce};
 use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
 
@@ -48,23 +50,57 @@ fn host<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> V
 fn parity_run<B: GrpoOps>(device: &B::Device, tokens: usize) -> Vec<Vec<f32>> {
     type A<B> = Autodiff<B>;
     let hidden = 64;
-    let h = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded_uniform(tokens * hidden, 1, 1.0), [tokens, hidden]), device).require_grad();
-    let w = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded_uniform(VOCAB * hidden, 2, 0.3), [VOCAB, hidden]), device).require_grad();
-    let t: Vec<i64> = (0..tokens).map(|i| ((i * 7919 + 13) % VOCAB) as i64).collect();
+    let h = Tensor::<A<B>, 2>::from_data(
+        TensorData::new(seeded_uniform(tokens * hidden, 1, 1.0), [tokens, hidden]),
+        device,
+    )
+    .require_grad();
+    let w = Tensor::<A<B>, 2>::from_data(
+        TensorData::new(seeded_uniform(VOCAB * hidden, 2, 0.3), [VOCAB, hidden]),
+        device,
+    )
+    .require_grad();
+    let t: Vec<i64> = (0..tokens)
+        .map(|i| ((i * 7919 + 13) % VOCAB) as i64)
+        .collect();
     let t = Tensor::<A<B>, 1, Int>::from_data(TensorData::new(t, [tokens]), device);
     let out = token_logprobs(h.clone(), w.clone(), t, 128);
-    let g = Tensor::<A<B>, 1>::from_data(TensorData::new(seeded_uniform(tokens, 3, 1.0), [tokens]), device);
+    let g = Tensor::<A<B>, 1>::from_data(
+        TensorData::new(seeded_uniform(tokens, 3, 1.0), [tokens]),
+        device,
+    );
     let grads = (out.logprobs.clone() * g).sum().backward();
     let (n, len) = (6, 1000);
-    let lp = Tensor::<A<B>, 2>::from_data(TensorData::new(seeded_uniform(n * len, 4, 1.0), [n, len]), device).require_grad();
-    let old = lp.clone().detach() - Tensor::from_data(TensorData::new(seeded_uniform(n * len, 5, 0.6), [n, len]), device);
-    let adv = Tensor::<A<B>, 1>::from_data(TensorData::new(vec![1.0f32, -0.5, 0.7, -1.2, 0.0, 0.3], [n]), device);
+    let lp = Tensor::<A<B>, 2>::from_data(
+        TensorData::new(seeded_uniform(n * len, 4, 1.0), [n, len]),
+        device,
+    )
+    .require_grad();
+    let old = lp.clone().detach()
+        - Tensor::from_data(
+            TensorData::new(seeded_uniform(n * len, 5, 0.6), [n, len]),
+            device,
+        );
+    let adv = Tensor::<A<B>, 1>::from_data(
+        TensorData::new(vec![1.0f32, -0.5, 0.7, -1.2, 0.0, 0.3], [n]),
+        device,
+    );
     let mut m = vec![0f32; n * len];
     for (i, l) in [1000usize, 513, 0, 999, 7, 300].iter().enumerate() {
         m[i * len..i * len + l].fill(1.0);
     }
     let mask = Tensor::<A<B>, 2>::from_data(TensorData::new(m, [n, len]), device);
-    let s = clipped_surrogate(lp.clone(), old, adv, mask, Clip { low: 0.2, high: 0.28 }, Reduce::MeanPerResponse);
+    let s = clipped_surrogate(
+        lp.clone(),
+        old,
+        adv,
+        mask,
+        Clip {
+            low: 0.2,
+            high: 0.28,
+        },
+        Reduce::MeanPerResponse,
+    );
     let sg = s.per_response.clone().sum().backward();
     vec![
         host(out.logprobs.inner()),
@@ -106,19 +142,42 @@ impl BackendTask for KernelsArgs {
         {
             let got = parity_run::<B>(&device, self.parity_tokens);
             let want = parity_run::<burn::backend::Flex>(&Default::default(), self.parity_tokens);
-            let names = ["log-probabilities", "entropy", "d hidden", "d head", "surrogate loss", "surrogate d logp", "clip low counts", "clip high counts"];
+            let names = [
+                "log-probabilities",
+                "entropy",
+                "d hidden",
+                "d head",
+                "surrogate loss",
+                "surrogate d logp",
+                "clip low counts",
+                "clip high counts",
+            ];
             let tol = [1e-5, 1e-4, 1e-4, 1e-4, 1e-5, 1e-5, 0.0, 0.0];
             let mut ok = true;
             for ((name, t), (a, b)) in names.iter().zip(tol).zip(got.iter().zip(&want)) {
                 let e = relative_error(a, b);
                 ok &= e <= t;
-                table.push((format!("parity: {name}"), format!("{e:.2e}"), format!("{} (bound {t:.0e})", if e <= t { "ok" } else { "FAIL" })));
+                table.push((
+                    format!("parity: {name}"),
+                    format!("{e:.2e}"),
+                    format!("{} (bound {t:.0e})", if e <= t { "ok" } else { "FAIL" }),
+                ));
             }
             // Fused causal attention against the textbook graph on the same device.
-            for (dtype, bound) in [(burn::tensor::DType::F32, 1e-4), (burn::tensor::DType::BF16, 3e-2)] {
+            for (dtype, bound) in [
+                (burn::tensor::DType::F32, 1e-4),
+                (burn::tensor::DType::BF16, 3e-2),
+            ] {
                 for (name, e) in attention_parity::<B>(&device, dtype) {
                     ok &= e <= bound;
-                    table.push((format!("parity: attention {name} ({dtype:?})"), format!("{e:.2e}"), format!("{} (bound {bound:.0e})", if e <= bound { "ok" } else { "FAIL" })));
+                    table.push((
+                        format!("parity: attention {name} ({dtype:?})"),
+                        format!("{e:.2e}"),
+                        format!(
+                            "{} (bound {bound:.0e})",
+                            if e <= bound { "ok" } else { "FAIL" }
+                        ),
+                    ));
                 }
             }
             print_table(&table);
@@ -135,42 +194,108 @@ impl BackendTask for KernelsArgs {
             let blocks = 2048 / bs;
             let slots = rows * blocks * bs;
             // Row r owns blocks r, r + rows, r + 2 rows, ...: interleaved, as a busy pool is.
-            let block_ids: Vec<i64> = (0..rows).flat_map(|r| (0..blocks).map(move |j| (j * rows + r) as i64)).collect();
+            let block_ids: Vec<i64> = (0..rows)
+                .flat_map(|r| (0..blocks).map(move |j| (j * rows + r) as i64))
+                .collect();
             for dtype in [burn::tensor::DType::F32, burn::tensor::DType::BF16] {
-                let q = Tensor::<B, 4>::from_data(TensorData::new(seeded_uniform(rows * nh * d, 31, 1.0), [rows, nh, 1, d]), &device).cast(dtype);
-                let kp = Tensor::<B, 2>::from_data(TensorData::new(seeded_uniform(slots * nkv * d, 32, 1.0), [slots, nkv * d]), &device).cast(dtype);
-                let vp = Tensor::<B, 2>::from_data(TensorData::new(seeded_uniform(slots * nkv * d, 33, 1.0), [slots, nkv * d]), &device).cast(dtype);
-                let tables = Tensor::<B, 2, Int>::from_data(TensorData::new(block_ids.clone(), [rows, blocks]), &device);
-                let lt = Tensor::<B, 1, Int>::from_data(TensorData::new(lens.iter().map(|&l| l as i64).collect::<Vec<_>>(), [rows]), &device);
-                let layout = PagedLayout { block_size: bs, scale: 1.0 / (d as f64).sqrt() };
+                let q = Tensor::<B, 4>::from_data(
+                    TensorData::new(seeded_uniform(rows * nh * d, 31, 1.0), [rows, nh, 1, d]),
+                    &device,
+                )
+                .cast(dtype);
+                let kp = Tensor::<B, 2>::from_data(
+                    TensorData::new(seeded_uniform(slots * nkv * d, 32, 1.0), [slots, nkv * d]),
+                    &device,
+                )
+                .cast(dtype);
+                let vp = Tensor::<B, 2>::from_data(
+                    TensorData::new(seeded_uniform(slots * nkv * d, 33, 1.0), [slots, nkv * d]),
+                    &device,
+                )
+                .cast(dtype);
+                let tables = Tensor::<B, 2, Int>::from_data(
+                    TensorData::new(block_ids.clone(), [rows, blocks]),
+                    &device,
+                );
+                let lt = Tensor::<B, 1, Int>::from_data(
+                    TensorData::new(lens.iter().map(|&l| l as i64).collect::<Vec<_>>(), [rows]),
+                    &device,
+                );
+                let layout = PagedLayout {
+                    block_size: bs,
+                    scale: 1.0 / (d as f64).sqrt(),
+                };
                 let run = |kernel: bool| -> Tensor<B, 4> {
-                    let (q, k, v, t, l) = (q.clone().into_primitive().tensor(), kp.clone().into_primitive().tensor(), vp.clone().into_primitive().tensor(), tables.clone().into_primitive(), lt.clone().into_primitive());
-                    let out = if kernel { B::paged_decode_attention(q, k, v, t, l, layout) } else { fallback_paged_decode::<B>(q, k, v, t, l, layout) };
+                    let (q, k, v, t, l) = (
+                        q.clone().into_primitive().tensor(),
+                        kp.clone().into_primitive().tensor(),
+                        vp.clone().into_primitive().tensor(),
+                        tables.clone().into_primitive(),
+                        lt.clone().into_primitive(),
+                    );
+                    let out = if kernel {
+                        B::paged_decode_attention(q, k, v, t, l, layout)
+                    } else {
+                        fallback_paged_decode::<B>(q, k, v, t, l, layout)
+                    };
                     Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(out))
                 };
-                let e = relative_error(&host(run(true).cast(burn::tensor::DType::F32)), &host(run(false).cast(burn::tensor::DType::F32)));
-                let bound = if dtype == burn::tensor::DType::F32 { 1e-4 } else { 3e-2 };
+                let e = relative_error(
+                    &host(run(true).cast(burn::tensor::DType::F32)),
+                    &host(run(false).cast(burn::tensor::DType::F32)),
+                );
+                let bound = if dtype == burn::tensor::DType::F32 {
+                    1e-4
+                } else {
+                    3e-2
+                };
                 ensure!(e <= bound, "paged decode attention ({dtype:?}) differs from the gather fallback by {e:.2e} on {}", self.device);
                 let kernel = time(self.iters, || sync(run(true)));
                 let gather = time(self.iters, || sync(run(false)));
-                table.push((format!("parity: paged decode attention ({dtype:?})"), format!("{e:.2e}"), format!("ok (bound {bound:.0e})")));
+                table.push((
+                    format!("parity: paged decode attention ({dtype:?})"),
+                    format!("{e:.2e}"),
+                    format!("ok (bound {bound:.0e})"),
+                ));
                 table.push((
                     format!("paged decode attention, {rows} rows x up to 2,048 keys, {dtype:?}"),
                     format!("{:.3} ms", kernel * 1e3),
-                    format!("gather fallback {:.3} ms, op/gather {:.2}x", gather * 1e3, kernel / gather),
+                    format!(
+                        "gather fallback {:.3} ms, op/gather {:.2}x",
+                        gather * 1e3,
+                        kernel / gather
+                    ),
                 ));
             }
         }
         // 2. token_logprobs, fused vs naive.
         let (n, hd) = (self.tokens, self.hidden);
-        let h0 = Tensor::<B, 2>::from_data(TensorData::new(seeded_uniform(n * hd, 6, 1.0), [n, hd]), &device);
-        let w0 = Tensor::<B, 2>::from_data(TensorData::new(seeded_uniform(VOCAB * hd, 7, 0.05), [VOCAB, hd]), &device);
-        let t0 = Tensor::<B, 1, Int>::from_data(TensorData::new((0..n).map(|i| ((i * 31) % VOCAB) as i64).collect::<Vec<_>>(), [n]), &device);
+        let h0 = Tensor::<B, 2>::from_data(
+            TensorData::new(seeded_uniform(n * hd, 6, 1.0), [n, hd]),
+            &device,
+        );
+        let w0 = Tensor::<B, 2>::from_data(
+            TensorData::new(seeded_uniform(VOCAB * hd, 7, 0.05), [VOCAB, hd]),
+            &device,
+        );
+        let t0 = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(
+                (0..n)
+                    .map(|i| ((i * 31) % VOCAB) as i64)
+                    .collect::<Vec<_>>(),
+                [n],
+            ),
+            &device,
+        );
         let logprob_step = |fused: bool| {
             let h = Tensor::<A<B>, 2>::from_inner(h0.clone()).require_grad();
             let w = Tensor::<A<B>, 2>::from_inner(w0.clone()).require_grad();
             let t = Tensor::<A<B>, 1, Int>::from_inner(t0.clone());
-            let lp = if fused { token_logprobs(h.clone(), w.clone(), t, 512).logprobs } else { naive_token_logprobs(h.clone(), w.clone(), t) };
+            let lp = if fused {
+                token_logprobs(h.clone(), w.clone(), t, 512).logprobs
+            } else {
+                naive_token_logprobs(h.clone(), w.clone(), t)
+            };
             let g = lp.sum().backward();
             sync(w.grad(&g).unwrap());
             sync(h.grad(&g).unwrap());
@@ -178,20 +303,46 @@ impl BackendTask for KernelsArgs {
         let fused = time(self.iters, || logprob_step(true));
         let naive = time(self.iters, || logprob_step(false));
         let shape = format!("{n} x {VOCAB} x {hd}");
-        table.push((format!("token_logprobs fwd+bwd, fused ({shape})"), format!("{:.2} ms", fused * 1e3), String::new()));
-        table.push((format!("token_logprobs fwd+bwd, naive ({shape})"), format!("{:.2} ms", naive * 1e3), format!("fused/naive {:.2}x", fused / naive)));
+        table.push((
+            format!("token_logprobs fwd+bwd, fused ({shape})"),
+            format!("{:.2} ms", fused * 1e3),
+            String::new(),
+        ));
+        table.push((
+            format!("token_logprobs fwd+bwd, naive ({shape})"),
+            format!("{:.2} ms", naive * 1e3),
+            format!("fused/naive {:.2}x", fused / naive),
+        ));
         // 3. clipped surrogate, fused vs naive: 64 responses x 8,192 tokens.
         let (rows, len) = (64, 8192);
-        let lp0 = Tensor::<B, 2>::from_data(TensorData::new(seeded_uniform(rows * len, 8, 1.0), [rows, len]), &device);
-        let old0 = lp0.clone() - Tensor::from_data(TensorData::new(seeded_uniform(rows * len, 9, 0.3), [rows, len]), &device);
-        let adv0 = Tensor::<B, 1>::from_data(TensorData::new(seeded_uniform(rows, 10, 1.0), [rows]), &device);
+        let lp0 = Tensor::<B, 2>::from_data(
+            TensorData::new(seeded_uniform(rows * len, 8, 1.0), [rows, len]),
+            &device,
+        );
+        let old0 = lp0.clone()
+            - Tensor::from_data(
+                TensorData::new(seeded_uniform(rows * len, 9, 0.3), [rows, len]),
+                &device,
+            );
+        let adv0 = Tensor::<B, 1>::from_data(
+            TensorData::new(seeded_uniform(rows, 10, 1.0), [rows]),
+            &device,
+        );
         let mask0 = Tensor::<B, 2>::ones([rows, len], &device);
         let surrogate_step = |fused: bool| {
             let lp = Tensor::<A<B>, 2>::from_inner(lp0.clone()).require_grad();
-            let (old, adv, mask) = (Tensor::from_inner(old0.clone()), Tensor::from_inner(adv0.clone()), Tensor::from_inner(mask0.clone()));
-            let clip = Clip { low: 0.2, high: 0.28 };
+            let (old, adv, mask) = (
+                Tensor::from_inner(old0.clone()),
+                Tensor::from_inner(adv0.clone()),
+                Tensor::from_inner(mask0.clone()),
+            );
+            let clip = Clip {
+                low: 0.2,
+                high: 0.28,
+            };
             let loss = if fused {
-                clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::MeanPerResponse).per_response
+                clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::MeanPerResponse)
+                    .per_response
             } else {
                 naive_clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::MeanPerResponse)
             };
@@ -199,28 +350,55 @@ impl BackendTask for KernelsArgs {
         };
         let fused = time(self.iters, || surrogate_step(true));
         let naive = time(self.iters, || surrogate_step(false));
-        table.push((format!("clipped_surrogate fwd+bwd, fused ({rows} x {len})"), format!("{:.3} ms", fused * 1e3), String::new()));
-        table.push((format!("clipped_surrogate fwd+bwd, naive ({rows} x {len})"), format!("{:.3} ms", naive * 1e3), format!("fused/naive {:.2}x", fused / naive)));
+        table.push((
+            format!("clipped_surrogate fwd+bwd, fused ({rows} x {len})"),
+            format!("{:.3} ms", fused * 1e3),
+            String::new(),
+        ));
+        table.push((
+            format!("clipped_surrogate fwd+bwd, naive ({rows} x {len})"),
+            format!("{:.3} ms", naive * 1e3),
+            format!("fused/naive {:.2}x", fused / naive),
+        ));
         drop((h0, w0, t0, lp0, old0, adv0, mask0));
         // 4. A Qwen3-0.6B-shaped step: 4 sequences of 1,024 tokens, log-probs of the last 768.
         if !self.skip_model {
             let cfg = Qwen3Config::qwen3_0_6b();
             let model = Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, &device);
             let (b, seq, resp) = (4usize, 1024usize, 768usize);
-            let seqs: Vec<Vec<u32>> = (0..b).map(|r| (0..seq).map(|i| ((i * 7 + r * 13) % 150_000) as u32).collect()).collect();
+            let seqs: Vec<Vec<u32>> = (0..b)
+                .map(|r| {
+                    (0..seq)
+                        .map(|i| ((i * 7 + r * 13) % 150_000) as u32)
+                        .collect()
+                })
+                .collect();
             let prompts: Vec<Vec<u32>> = seqs.iter().map(|s| s[..seq - resp].to_vec()).collect();
             let responses: Vec<Vec<u32>> = seqs.iter().map(|s| s[seq - resp..].to_vec()).collect();
-            let tf = conrub_grpo::TokenBatch::<A<B>>::new(prompts.iter().map(Vec::as_slice).zip(responses.iter().map(Vec::as_slice)), &device);
+            let tf = conrub_grpo::TokenBatch::<A<B>>::new(
+                prompts
+                    .iter()
+                    .map(Vec::as_slice)
+                    .zip(responses.iter().map(Vec::as_slice)),
+                &device,
+            );
             let model_step = |fused: bool| {
                 use conrub_grpo::Policy;
                 let lp = if fused {
                     model.response_logprobs(&tf).logprobs
                 } else {
-                    let padded = conrub_qwen3::PaddedBatch::new(&seqs, 0, conrub_qwen3::Padding::Right);
+                    let padded =
+                        conrub_qwen3::PaddedBatch::new(&seqs, 0, conrub_qwen3::Padding::Right);
                     let logits = model.forward(&padded.to_device(&device), None);
                     let [bb, s, _] = logits.dims();
-                    let targets: Vec<i64> = seqs.iter().flat_map(|x| x[1..].iter().map(|&t| t as i64).chain([0])).collect();
-                    let targets = Tensor::<A<B>, 3, Int>::from_data(TensorData::new(targets, [bb, s, 1]), &device);
+                    let targets: Vec<i64> = seqs
+                        .iter()
+                        .flat_map(|x| x[1..].iter().map(|&t| t as i64).chain([0]))
+                        .collect();
+                    let targets = Tensor::<A<B>, 3, Int>::from_data(
+                        TensorData::new(targets, [bb, s, 1]),
+                        &device,
+                    );
                     log_softmax(logits, 2).gather(2, targets).reshape([bb, s])
                 };
                 let grads = lp.sum().backward();
@@ -228,22 +406,46 @@ impl BackendTask for KernelsArgs {
             };
             let fused = time(self.iters, || model_step(true));
             let naive = time(self.iters, || model_step(false));
-            table.push((format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, fused head"), format!("{:.1} ms", fused * 1e3), String::new()));
-            table.push((format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, full logits"), format!("{:.1} ms", naive * 1e3), format!("fused/naive {:.2}x", fused / naive)));
+            table.push((
+                format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, fused head"),
+                format!("{:.1} ms", fused * 1e3),
+                String::new(),
+            ));
+            table.push((
+                format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, full logits"),
+                format!("{:.1} ms", naive * 1e3),
+                format!("fused/naive {:.2}x", fused / naive),
+            ));
         }
         // 5. One learner micro-batch of the published recipe at Qwen3-0.6B shape: 8,192 tokens,
         // bf16-mixed, fused attention, per-layer activation checkpointing, AdamW.
         if !self.skip_model {
             use conrub_grpo::{Policy, Update, UpdateConfig};
             let cfg = Qwen3Config::qwen3_0_6b();
-            let exec = conrub_qwen3::Execution { precision: conrub_qwen3::Precision::Bf16Mixed, attention: conrub_qwen3::AttentionImpl::Fused, activation_checkpointing: true };
-            let mut model = Some(Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, &device).with_execution(exec));
+            let exec = conrub_qwen3::Execution {
+                precision: conrub_qwen3::Precision::Bf16Mixed,
+                attention: conrub_qwen3::AttentionImpl::Fused,
+                activation_checkpointing: true,
+            };
+            let mut model = Some(
+                Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, &device).with_execution(exec),
+            );
             let (prompt, resp) = (1024usize, 7168usize);
             let p: Vec<u32> = (0..prompt).map(|i| ((i * 7) % 150_000) as u32).collect();
             let r: Vec<u32> = (0..resp).map(|i| ((i * 13 + 5) % 150_000) as u32).collect();
-            let tf = conrub_grpo::TokenBatch::<A<B>>::new(std::iter::once((p.as_slice(), r.as_slice())), &device);
+            let tf = conrub_grpo::TokenBatch::<A<B>>::new(
+                std::iter::once((p.as_slice(), r.as_slice())),
+                &device,
+            );
             let w = Tensor::<A<B>, 2>::full([1, resp], -1.0 / resp as f32, &device);
-            let mut update = Update::<A<B>, Qwen3ForCausalLM<A<B>>>::new(UpdateConfig { lr: 3e-6, weight_decay: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8, max_grad_norm: 1.0 });
+            let mut update = Update::<A<B>, Qwen3ForCausalLM<A<B>>>::new(UpdateConfig {
+                lr: 3e-6,
+                weight_decay: 0.1,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                max_grad_norm: 1.0,
+            });
             let secs = time(self.iters, || {
                 let m = model.take().expect("model");
                 let grads = m.loss_gradients(&tf, &mut |lp| (lp.logprobs * w.clone()).sum());
@@ -261,12 +463,31 @@ impl BackendTask for KernelsArgs {
         // tokens (no stop token), bf16-mixed, the rollout engine with its default pool.
         if !self.skip_model {
             let cfg = Qwen3Config::qwen3_0_6b();
-            let exec = conrub_qwen3::Execution { precision: conrub_qwen3::Precision::Bf16Mixed, ..Default::default() };
+            let exec = conrub_qwen3::Execution {
+                precision: conrub_qwen3::Precision::Bf16Mixed,
+                ..Default::default()
+            };
             let model = Qwen3ForCausalLM::<B>::random(&cfg, 0.02, 13, &device).with_execution(exec);
-            let prompts: Vec<Vec<u32>> = (0..64).map(|r| (0..256).map(|i| (((r / 8) * 7919 + i * 13) % 150_000) as u32).collect()).collect();
-            let sampling = conrub_qwen3::SamplingConfig { max_new_tokens: 1024, seed: 3, ..Default::default() };
+            let prompts: Vec<Vec<u32>> = (0..64)
+                .map(|r| {
+                    (0..256)
+                        .map(|i| (((r / 8) * 7919 + i * 13) % 150_000) as u32)
+                        .collect()
+                })
+                .collect();
+            let sampling = conrub_qwen3::SamplingConfig {
+                max_new_tokens: 1024,
+                seed: 3,
+                ..Default::default()
+            };
             let start = std::time::Instant::now();
-            let out = conrub_qwen3::rollout(&model, &prompts, &sampling, &conrub_qwen3::EngineConfig::default(), &device)?;
+            let out = conrub_qwen3::rollout(
+                &model,
+                &prompts,
+                &sampling,
+                &conrub_qwen3::EngineConfig::default(),
+                &device,
+            )?;
             let secs = start.elapsed().as_secs_f64();
             let s = &out.stats;
             table.push((
@@ -291,30 +512,62 @@ impl BackendTask for KernelsArgs {
 /// Relative errors of fused attention against the naive graph on `B` (out, dq, dk, dv) for a
 /// GQA batch (16 query heads over 8 KV heads, head_dim 128, 300 queries across two blocks) with
 /// padded keys in one row.
-fn attention_parity<B: GrpoOps>(device: &B::Device, dtype: burn::tensor::DType) -> Vec<(&'static str, f64)> {
+fn attention_parity<B: GrpoOps>(
+    device: &B::Device,
+    dtype: burn::tensor::DType,
+) -> Vec<(&'static str, f64)> {
     use burn::tensor::DType;
     use conrub_kernels::{causal_attention, reference::naive_causal_attention, AttentionLayout};
     let (b, nh, nkv, t, d) = (2usize, 16usize, 8usize, 300usize, 128usize);
     let mk = |shape: [usize; 4], seed: u64| {
         let n = shape.iter().product();
-        Tensor::<Autodiff<B>, 4>::from_data(TensorData::new(seeded_uniform(n, seed, 1.0), shape), device).cast(dtype).require_grad()
+        Tensor::<Autodiff<B>, 4>::from_data(
+            TensorData::new(seeded_uniform(n, seed, 1.0), shape),
+            device,
+        )
+        .cast(dtype)
+        .require_grad()
     };
     let mut valid = vec![1.0f32; b * t];
     for j in 5..40 {
         valid[t + j] = 0.0; // keys 5..40 of row 1 are padding; key 0 keeps every query row visible
     }
     let run = |fused: bool| {
-        let (q, k, v) = (mk([b, nh, t, d], 21), mk([b, nkv, t, d], 22), mk([b, nkv, t, d], 23));
-        let kv = Tensor::<Autodiff<B>, 2>::from_data(TensorData::new(valid.clone(), [b, t]), device);
-        let layout = AttentionLayout { past: 0, scale: 1.0 / (d as f64).sqrt() };
-        let out = if fused { causal_attention(q.clone(), k.clone(), v.clone(), kv, layout) } else { naive_causal_attention(q.clone(), k.clone(), v.clone(), kv, layout) };
-        let g = Tensor::<Autodiff<B>, 4>::from_data(TensorData::new(seeded_uniform(b * nh * t * d, 24, 1.0), [b, nh, t, d]), device);
+        let (q, k, v) = (
+            mk([b, nh, t, d], 21),
+            mk([b, nkv, t, d], 22),
+            mk([b, nkv, t, d], 23),
+        );
+        let kv =
+            Tensor::<Autodiff<B>, 2>::from_data(TensorData::new(valid.clone(), [b, t]), device);
+        let layout = AttentionLayout {
+            past: 0,
+            scale: 1.0 / (d as f64).sqrt(),
+        };
+        let out = if fused {
+            causal_attention(q.clone(), k.clone(), v.clone(), kv, layout)
+        } else {
+            naive_causal_attention(q.clone(), k.clone(), v.clone(), kv, layout)
+        };
+        let g = Tensor::<Autodiff<B>, 4>::from_data(
+            TensorData::new(seeded_uniform(b * nh * t * d, 24, 1.0), [b, nh, t, d]),
+            device,
+        );
         let grads = (out.clone().cast(DType::F32) * g).sum().backward();
         let f = |x: Tensor<B, 4>| host(x.cast(DType::F32));
-        [f(out.inner()), f(q.grad(&grads).unwrap()), f(k.grad(&grads).unwrap()), f(v.grad(&grads).unwrap())]
+        [
+            f(out.inner()),
+            f(q.grad(&grads).unwrap()),
+            f(k.grad(&grads).unwrap()),
+            f(v.grad(&grads).unwrap()),
+        ]
     };
     let (fused, naive) = (run(true), run(false));
-    ["out", "d q", "d k", "d v"].into_iter().zip(fused.iter().zip(&naive)).map(|(n, (a, b))| (n, relative_error(a, b))).collect()
+    ["out", "d q", "d k", "d v"]
+        .into_iter()
+        .zip(fused.iter().zip(&naive))
+        .map(|(n, (a, b))| (n, relative_error(a, b)))
+        .collect()
 }
 
 fn print_table(rows: &[(String, String, String)]) {

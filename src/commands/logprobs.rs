@@ -1,8 +1,8 @@
 //! `conrub logprobs`.
 
 use anyhow::Result;
-use conrub_kernels::GrpoOps;
 use clap::Args;
+use conrub_kernels::GrpoOps;
 use conrub_qwen3::{score_sequences, Qwen3};
 
 use crate::backend::{run_on_device, BackendTask};
@@ -36,7 +36,8 @@ struct Task {
 
 impl BackendTask for Task {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(crate::backend::inference_execution(self.precision));
+        let qwen = Qwen3::<B>::load(&self.model, &device)?
+            .with_execution(crate::backend::inference_execution(self.precision));
         let scores = score_sequences(&qwen.model, &[self.ids], qwen.pad_id(), &device)?
             .pop()
             .expect("one sequence");
@@ -56,5 +57,13 @@ impl BackendTask for Task {
 /// Runs the command.
 pub fn run(args: LogprobsArgs) -> Result<()> {
     let ids = super::parse_ids(&args.ids)?;
-    run_on_device(&args.device, Task { model: args.model, ids, json: args.json, precision: args.precision })
+    run_on_device(
+        &args.device,
+        Task {
+            model: args.model,
+            ids,
+            json: args.json,
+            precision: args.precision,
+        },
+    )
 }

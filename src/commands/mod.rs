@@ -54,7 +54,8 @@ pub fn parse_ids(text: &str) -> Result<Vec<u32>> {
 
 /// Reads a JSON array of `{role, content}` messages.
 pub fn read_messages(path: &Path) -> Result<Vec<Message>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let messages: Vec<Message> = serde_json::from_str(&text).with_context(|| {
         format!(
             "{}: expected a JSON array of {{\"role\": ..., \"content\": ...}} messages",

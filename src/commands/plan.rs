@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use crate::commands::train::{apply_override, RandomModel, RolloutSection};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use conrub_grpo::memory::{MemoryPlan, MemoryPlanInput, ModelShape, DEFAULT_GPU_MEMORY_GB, DEFAULT_MAX_PROMPT_TOKENS, GB, KNOWN_SHAPES};
+use conrub_grpo::memory::{
+    MemoryPlan, MemoryPlanInput, ModelShape, DEFAULT_GPU_MEMORY_GB, DEFAULT_MAX_PROMPT_TOKENS, GB,
+    KNOWN_SHAPES,
+};
 use conrub_qwen3::{Precision, Qwen3Config};
 use serde::Deserialize;
 
@@ -80,7 +83,6 @@ struct PlanRun {
     prompts_per_step: Option<usize>,
 }
 
-
 /// Where the model shape came from.
 struct ModelSource {
     name: String,
@@ -90,7 +92,11 @@ struct ModelSource {
 
 /// The hub cache's `config.json` of `model` (`owner/name`), without touching the network.
 fn cached_hub_config(model: &str) -> Option<PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     let hub = env("HF_HUB_CACHE")
         .or_else(|| env("HF_HOME").map(|h| h.join("hub")))
         .or_else(|| env("HOME").map(|h| h.join(".cache/huggingface/hub")))?;
@@ -102,7 +108,11 @@ fn cached_hub_config(model: &str) -> Option<PathBuf> {
             return Some(config);
         }
     }
-    std::fs::read_dir(&snapshots).ok()?.flatten().map(|e| e.path().join("config.json")).find(|p| p.is_file())
+    std::fs::read_dir(&snapshots)
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("config.json"))
+        .find(|p| p.is_file())
 }
 
 fn resolve_model(model: &PlanModel, rel: &dyn Fn(&Path) -> PathBuf) -> Result<ModelSource> {
@@ -111,15 +121,29 @@ fn resolve_model(model: &PlanModel, rel: &dyn Fn(&Path) -> PathBuf) -> Result<Mo
             let local = rel(Path::new(p));
             if local.is_dir() {
                 let file = local.join("config.json");
-                let config = Qwen3Config::from_file(&file).with_context(|| format!("model.path = \"{p}\""))?;
-                return Ok(ModelSource { name: p.clone(), source: file.display().to_string(), shape: ModelShape::from_config(&config) });
+                let config = Qwen3Config::from_file(&file)
+                    .with_context(|| format!("model.path = \"{p}\""))?;
+                return Ok(ModelSource {
+                    name: p.clone(),
+                    source: file.display().to_string(),
+                    shape: ModelShape::from_config(&config),
+                });
             }
             if let Some(file) = cached_hub_config(p) {
-                let config = Qwen3Config::from_file(&file).with_context(|| format!("model.path = \"{p}\""))?;
-                return Ok(ModelSource { name: p.clone(), source: format!("hub cache {}", file.display()), shape: ModelShape::from_config(&config) });
+                let config = Qwen3Config::from_file(&file)
+                    .with_context(|| format!("model.path = \"{p}\""))?;
+                return Ok(ModelSource {
+                    name: p.clone(),
+                    source: format!("hub cache {}", file.display()),
+                    shape: ModelShape::from_config(&config),
+                });
             }
             if let Some(shape) = ModelShape::known(p) {
-                return Ok(ModelSource { name: p.clone(), source: "built-in Qwen3 shape; no config.json on disk".into(), shape });
+                return Ok(ModelSource {
+                    name: p.clone(),
+                    source: "built-in Qwen3 shape; no config.json on disk".into(),
+                    shape,
+                });
             }
             let known: Vec<&str> = KNOWN_SHAPES.iter().map(|(id, _)| *id).collect();
             bail!(
@@ -132,7 +156,11 @@ fn resolve_model(model: &PlanModel, rel: &dyn Fn(&Path) -> PathBuf) -> Result<Mo
             // The same shape `conrub train` builds for `[model.random]`.
             let c = r.config();
             c.validate().map_err(|e| anyhow!("[model.random]: {e}"))?;
-            Ok(ModelSource { name: "random Qwen3".into(), source: "[model.random]".into(), shape: ModelShape::from_config(&c) })
+            Ok(ModelSource {
+                name: "random Qwen3".into(),
+                source: "[model.random]".into(),
+                shape: ModelShape::from_config(&c),
+            })
         }
         _ => bail!("[model] needs exactly one of `path` or `[model.random]`"),
     }
@@ -148,21 +176,37 @@ fn positive(key: &str, v: Option<usize>) -> Result<Option<usize>> {
 /// Reads the config (with overrides) into a plan input; errors name the file and the key.
 fn plan_input(a: &PlanArgs) -> Result<(MemoryPlanInput, ModelSource, PlanConfig)> {
     let path = &a.config;
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut table: toml::Table = toml::from_str(&text).map_err(|e| anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut table: toml::Table = toml::from_str(&text)
+        .map_err(|e| anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
     for o in &a.overrides {
         apply_override(&mut table, o)?;
     }
-    let cfg: PlanConfig = table.try_into().map_err(|e: toml::de::Error| anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+    let cfg: PlanConfig = table.try_into().map_err(|e: toml::de::Error| {
+        anyhow!("{}: {}", path.display(), e.to_string().trim_end())
+    })?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let rel = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
-    let model = resolve_model(&cfg.model, &rel).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
+    let rel = |p: &Path| {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            base.join(p)
+        }
+    };
+    let model =
+        resolve_model(&cfg.model, &rel).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
     let with_file = |r: Result<Option<usize>>| r.map_err(|e| anyhow!("{}: {e}", path.display()));
     let l = &cfg.learner;
     let mut input = MemoryPlanInput::new(model.shape);
     if let Some(p) = &cfg.precision {
-        input.precision = Precision::parse(p)
-            .ok_or_else(|| anyhow!("{}: precision: `{p}` is not allowed (allowed: {})", path.display(), Precision::NAMES))?;
+        input.precision = Precision::parse(p).ok_or_else(|| {
+            anyhow!(
+                "{}: precision: `{p}` is not allowed (allowed: {})",
+                path.display(),
+                Precision::NAMES
+            )
+        })?;
     }
     if let Some(v) = l.activation_checkpointing {
         input.activation_checkpointing = v;
@@ -176,10 +220,16 @@ fn plan_input(a: &PlanArgs) -> Result<(MemoryPlanInput, ModelSource, PlanConfig)
     if let Some(v) = with_file(positive("learner.group_size", l.group_size))? {
         input.group_size = v;
     }
-    if let Some(v) = with_file(positive("learner.max_response_tokens", l.max_response_tokens))? {
+    if let Some(v) = with_file(positive(
+        "learner.max_response_tokens",
+        l.max_response_tokens,
+    ))? {
         input.max_response_tokens = v;
     }
-    if let Some(v) = with_file(positive("learner.rollout_prompts_per_call", l.rollout_prompts_per_call))? {
+    if let Some(v) = with_file(positive(
+        "learner.rollout_prompts_per_call",
+        l.rollout_prompts_per_call,
+    ))? {
         input.rollout_prompts_per_call = v;
     }
     if let Some(v) = with_file(positive("run.prompts_per_step", cfg.run.prompts_per_step))? {
@@ -190,24 +240,42 @@ fn plan_input(a: &PlanArgs) -> Result<(MemoryPlanInput, ModelSource, PlanConfig)
     }
     let prompt = match a.max_prompt_tokens {
         Some(v) => with_file(positive("--max-prompt-tokens", Some(v)))?,
-        None => with_file(positive("learner.max_prompt_tokens", l.max_prompt_tokens))?
-            .or(with_file(positive("data.max_prompt_tokens", cfg.data.max_prompt_tokens))?),
+        None => {
+            with_file(positive("learner.max_prompt_tokens", l.max_prompt_tokens))?.or(with_file(
+                positive("data.max_prompt_tokens", cfg.data.max_prompt_tokens),
+            )?)
+        }
     };
     input.max_prompt_tokens = prompt.unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);
-    cfg.rollout.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    cfg.rollout
+        .validate()
+        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
     input.kv_cache_gb = cfg.rollout.kv_cache_gb;
     input.kv_block_size = cfg.rollout.block_size;
     input.rollout_max_rows = cfg.rollout.max_rows;
     if !(a.gpu_memory_gb.is_finite() && a.gpu_memory_gb > 0.0) {
-        bail!("--gpu-memory-gb: {} must be a positive number of GB", a.gpu_memory_gb);
+        bail!(
+            "--gpu-memory-gb: {} must be a positive number of GB",
+            a.gpu_memory_gb
+        );
     }
     input.gpu_memory_gb = a.gpu_memory_gb;
     Ok((input, model, cfg))
 }
 
 /// The plan of a train config, for `conrub train` to check before its first step.
-pub fn plan_for_config(config: &Path, overrides: &[String], gpu_memory_gb: f64) -> Result<MemoryPlan> {
-    let args = PlanArgs { config: config.to_path_buf(), gpu_memory_gb, max_prompt_tokens: None, overrides: overrides.to_vec(), json: false };
+pub fn plan_for_config(
+    config: &Path,
+    overrides: &[String],
+    gpu_memory_gb: f64,
+) -> Result<MemoryPlan> {
+    let args = PlanArgs {
+        config: config.to_path_buf(),
+        gpu_memory_gb,
+        max_prompt_tokens: None,
+        overrides: overrides.to_vec(),
+        json: false,
+    };
     Ok(MemoryPlan::new(plan_input(&args)?.0))
 }
 

@@ -92,7 +92,12 @@ fn build(a: BuildArgs) -> Result<()> {
 
     let cfg = BuildConfig::from_file(&a.config).context("build config")?;
     let format: InputFormat = a.format.parse()?;
-    let req = BuildRequest { input: a.input.clone(), format, out_dir: a.out.clone(), limit: a.limit };
+    let req = BuildRequest {
+        input: a.input.clone(),
+        format,
+        out_dir: a.out.clone(),
+        limit: a.limit,
+    };
     let progress = Arc::new(Progress::default());
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ticker = (!a.quiet).then(|| {
@@ -100,8 +105,10 @@ fn build(a: BuildArgs) -> Result<()> {
         std::thread::spawn(move || {
             let bar = indicatif::ProgressBar::new(0);
             bar.set_style(
-                indicatif::ProgressStyle::with_template("building {bar:30} {pos}/{len} prompts, {per_sec}, ETA {eta}\n{msg}")
-                    .expect("valid template"),
+                indicatif::ProgressStyle::with_template(
+                    "building {bar:30} {pos}/{len} prompts, {per_sec}, ETA {eta}\n{msg}",
+                )
+                .expect("valid template"),
             );
             while !done.load(Ordering::Relaxed) {
                 bar.set_length(progress.total.load(Ordering::Relaxed));
@@ -112,7 +119,8 @@ fn build(a: BuildArgs) -> Result<()> {
             bar.finish_and_clear();
         })
     });
-    let result = super::judging::runtime()?.block_on(conrub_construct::build(cfg, &req, progress.clone()));
+    let result =
+        super::judging::runtime()?.block_on(conrub_construct::build(cfg, &req, progress.clone()));
     done.store(true, Ordering::Relaxed);
     if let Some(t) = ticker {
         let _ = t.join();
@@ -122,7 +130,12 @@ fn build(a: BuildArgs) -> Result<()> {
     let calls: Vec<String> = summary
         .roles
         .iter()
-        .map(|(k, r)| format!("{k} {} calls ({} cached, {} failed, {} retries)", r.calls, r.cached, r.failed, r.retries))
+        .map(|(k, r)| {
+            format!(
+                "{k} {} calls ({} cached, {} failed, {} retries)",
+                r.calls, r.cached, r.failed, r.retries
+            )
+        })
         .collect();
     println!(
         "{}: {} prompts -> {} rubrics ({} dropped, {} failed); {} content criteria + {} global controls; per prompt mean {:.2}, median {}, p90 {}, max {}; validation {} errors, {} warnings; {:.1} s",
@@ -149,7 +162,11 @@ fn build(a: BuildArgs) -> Result<()> {
         );
     }
     if s.validation_errors > 0 {
-        bail!("the validator found {} errors in {} (see validation.json)", s.validation_errors, summary.out_dir.join("rubrics.jsonl").display());
+        bail!(
+            "the validator found {} errors in {} (see validation.json)",
+            s.validation_errors,
+            summary.out_dir.join("rubrics.jsonl").display()
+        );
     }
     Ok(())
 }
@@ -177,7 +194,8 @@ fn import(a: ImportArgs) -> Result<()> {
         max_content: a.max_content,
     };
     let (records, rep) = import_file(&a.input, &opts)?;
-    write_jsonl_atomic(&a.output, &records).with_context(|| format!("writing {}", a.output.display()))?;
+    write_jsonl_atomic(&a.output, &records)
+        .with_context(|| format!("writing {}", a.output.display()))?;
     println!(
         "{} -> {}: {} rows, {} records, {} content criteria; dropped: {} duplicate prompts, {} negative items, {} empty items, {} over --max-content, {} rows without criteria",
         a.input.display(),
@@ -191,7 +209,11 @@ fn import(a: ImportArgs) -> Result<()> {
         rep.capped_dropped,
         rep.no_criteria
     );
-    let numbered: Vec<(usize, RubricRecord)> = records.into_iter().enumerate().map(|(i, r)| (i + 1, r)).collect();
+    let numbered: Vec<(usize, RubricRecord)> = records
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| (i + 1, r))
+        .collect();
     let report = validate_records(&numbered);
     println!(
         "validation: {} errors, {} warnings{}",

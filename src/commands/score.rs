@@ -83,13 +83,23 @@ pub fn run(a: ScoreArgs) -> Result<()> {
     let penalty = if a.no_length_penalty {
         LengthPenalty::disabled()
     } else {
-        LengthPenalty { enabled: true, max_tokens: a.max_response_tokens, buffer_tokens: a.length_buffer }
+        LengthPenalty {
+            enabled: true,
+            max_tokens: a.max_response_tokens,
+            buffer_tokens: a.length_buffer,
+        }
     };
     penalty.validate()?;
     let rubrics = read_rubrics(&a.rubrics)?;
-    let tokenizer = a.tokenizer.as_ref().map(|d| Qwen3Tokenizer::from_dir(d)).transpose().context("--tokenizer")?;
+    let tokenizer = a
+        .tokenizer
+        .as_ref()
+        .map(|d| Qwen3Tokenizer::from_dir(d))
+        .transpose()
+        .context("--tokenizer")?;
 
-    let text = std::fs::read_to_string(&a.responses).with_context(|| format!("cannot read {}", a.responses.display()))?;
+    let text = std::fs::read_to_string(&a.responses)
+        .with_context(|| format!("cannot read {}", a.responses.display()))?;
     let mut jobs = Vec::new();
     let mut meta: Vec<(String, usize, usize)> = Vec::new();
     let mut counted = 0usize;
@@ -99,12 +109,22 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         }
         let row: ResponseRow = parse_line(line, &a.responses, i + 1)?;
         let record = rubrics.get(&row.prompt_id).with_context(|| {
-            format!("{}:{}: prompt_id `{}` is not in {}", a.responses.display(), i + 1, row.prompt_id, a.rubrics.display())
+            format!(
+                "{}:{}: prompt_id `{}` is not in {}",
+                a.responses.display(),
+                i + 1,
+                row.prompt_id,
+                a.rubrics.display()
+            )
         })?;
         let group = match (row.response, row.responses) {
             (Some(r), None) => vec![r],
             (None, Some(g)) if !g.is_empty() => g,
-            _ => bail!("{}:{}: give exactly one of `response` or a non-empty `responses`", a.responses.display(), i + 1),
+            _ => bail!(
+                "{}:{}: give exactly one of `response` or a non-empty `responses`",
+                a.responses.display(),
+                i + 1
+            ),
         };
         let single = group.len() == 1;
         for (k, response) in group.into_iter().enumerate() {
@@ -112,12 +132,21 @@ pub fn run(a: ScoreArgs) -> Result<()> {
                 (_, Some(t)) if single => Some(t),
                 (Some(tok), _) => {
                     counted += 1;
-                    Some(tok.encode(&response).map_err(|e| anyhow::anyhow!("{e}"))?.len() as u32)
+                    Some(
+                        tok.encode(&response)
+                            .map_err(|e| anyhow::anyhow!("{e}"))?
+                            .len() as u32,
+                    )
                 }
                 _ => None,
             };
             jobs.push(ScoreJob {
-                request: CriterionRequest { question: record.question_text(), response, criteria: record.criterion_texts(), mode },
+                request: CriterionRequest {
+                    question: record.question_text(),
+                    response,
+                    criteria: record.criterion_texts(),
+                    mode,
+                },
                 response_tokens: tokens,
             });
             meta.push((row.prompt_id.clone(), i + 1, k));
@@ -133,37 +162,51 @@ pub fn run(a: ScoreArgs) -> Result<()> {
     with_judges(&cfg, &rubrics, a.device.as_deref(), |judges| {
         let bar = indicatif::ProgressBar::new(jobs.len() as u64);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("judging {bar:30} {pos}/{len} responses, {per_sec}, ETA {eta}")
-                .expect("valid template"),
+            indicatif::ProgressStyle::with_template(
+                "judging {bar:30} {pos}/{len} responses, {per_sec}, ETA {eta}",
+            )
+            .expect("valid template"),
         );
         let batch = matches!(cfg.kind, conrub_judge::JudgeKind::Local).then_some(cfg_batch(&cfg));
         let progress = {
             let bar = bar.clone();
             move |done: usize| bar.set_position(done as u64)
         };
-        let (results, summary) =
-            rt.block_on(score_jobs(judges.criterion.as_ref(), &jobs, &penalty, batch, 4 * cfg.concurrency.max(1), &progress));
+        let (results, summary) = rt.block_on(score_jobs(
+            judges.criterion.as_ref(),
+            &jobs,
+            &penalty,
+            batch,
+            4 * cfg.concurrency.max(1),
+            &progress,
+        ));
         bar.finish_and_clear();
         let rows: Vec<ScoreRow> = results
             .iter()
             .zip(&meta)
             .zip(&jobs)
-            .map(|((r, (pid, line, k)), job): ((&ScoredJob, _), &ScoreJob)| ScoreRow {
-                prompt_id: pid,
-                line: *line,
-                index: *k,
-                score: &r.score,
-                response_tokens: job.response_tokens,
-                attempts: r.verdict.attempts,
-                cached: r.verdict.cached,
-                judge_latency_ms: r.verdict.latency_ms,
-                margins: &r.verdict.margins,
-                raw_outputs: &r.verdict.raw_outputs,
-            })
+            .map(
+                |((r, (pid, line, k)), job): ((&ScoredJob, _), &ScoreJob)| ScoreRow {
+                    prompt_id: pid,
+                    line: *line,
+                    index: *k,
+                    score: &r.score,
+                    response_tokens: job.response_tokens,
+                    attempts: r.verdict.attempts,
+                    cached: r.verdict.cached,
+                    judge_latency_ms: r.verdict.latency_ms,
+                    margins: &r.verdict.margins,
+                    raw_outputs: &r.verdict.raw_outputs,
+                },
+            )
             .collect();
         match &a.out {
-            Some(path) => write_jsonl_atomic(path, &rows).with_context(|| format!("writing {}", path.display()))?,
-            None => super::print_lines(rows.iter().map(|r| serde_json::to_string(r).expect("rows serialise")))?,
+            Some(path) => write_jsonl_atomic(path, &rows)
+                .with_context(|| format!("writing {}", path.display()))?,
+            None => super::print_lines(
+                rows.iter()
+                    .map(|r| serde_json::to_string(r).expect("rows serialise")),
+            )?,
         }
         eprintln!(
             "scored {}/{} responses ({} unscored), mean reward {:.4} ({} mode), {} from cache, {} judge retries, mean judge latency {:.1} ms, {:.2} s ({:.1} responses/s) with judge {}",
@@ -184,7 +227,13 @@ pub fn run(a: ScoreArgs) -> Result<()> {
                 "note: {without_length} responses have no token count (no `response_tokens`, no --tokenizer): no overlength penalty for them"
             );
         } else if counted > 0 {
-            eprintln!("token counts from {}", a.tokenizer.as_ref().map(|p| p.display().to_string()).unwrap_or_default());
+            eprintln!(
+                "token counts from {}",
+                a.tokenizer
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            );
         }
         if let Some(c) = &judges.client {
             let s = c.stats();
@@ -195,7 +244,14 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         }
         if let Some(c) = &judges.cache {
             let s = c.stats();
-            eprintln!("cache {}: {} hits, {} misses, {} writes, {} database errors", c.path().display(), s.hits, s.misses, s.writes, s.errors);
+            eprintln!(
+                "cache {}: {} hits, {} misses, {} writes, {} database errors",
+                c.path().display(),
+                s.hits,
+                s.misses,
+                s.writes,
+                s.errors
+            );
         }
         // Always say how many responses ended unscored, and why the first one did.
         let first_unscored = results.iter().zip(&meta).find_map(|(r, m)| match &r.score {

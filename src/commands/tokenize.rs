@@ -46,7 +46,10 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
     if args.json {
         println!("{}", serde_json::json!({ "ids": ids }));
     } else {
-        println!("{}", ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+        println!(
+            "{}",
+            ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+        );
     }
     Ok(())
 }

@@ -5,14 +5,17 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
-use conrub_kernels::GrpoOps;
 use clap::Args;
 use conrub_grpo::{
-    sft_warmup, train, warmup_pairs, ChatTemplateCodec, GrpoError, JudgeRewards, Learner, LearnerConfig, PairwiseTieBreaker, RunConfig, RunHooks,
-    TieMode,
+    sft_warmup, train, warmup_pairs, ChatTemplateCodec, GrpoError, JudgeRewards, Learner,
+    LearnerConfig, PairwiseTieBreaker, RunConfig, RunHooks, TieMode,
 };
 use conrub_judge::{JudgeConfig, JudgeKind};
-use conrub_qwen3::{save_pretrained, AttentionImpl, EngineConfig, Execution, Precision, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+use conrub_kernels::GrpoOps;
+use conrub_qwen3::{
+    save_pretrained, AttentionImpl, EngineConfig, Execution, Precision, Qwen3, Qwen3Config,
+    Qwen3ForCausalLM, SaveDtype,
+};
 use conrub_rubric::{read_rubrics, LengthPenalty, RubricDropout, ScoringMode};
 use serde::Deserialize;
 
@@ -80,7 +83,11 @@ pub(crate) struct RolloutSection {
 impl Default for RolloutSection {
     fn default() -> Self {
         let e = EngineConfig::default();
-        Self { kv_cache_gb: None, block_size: e.block_size, max_rows: e.max_rows }
+        Self {
+            kv_cache_gb: None,
+            block_size: e.block_size,
+            max_rows: e.max_rows,
+        }
     }
 }
 
@@ -102,7 +109,11 @@ impl RolloutSection {
 
     /// The engine settings, the pool left to the caller.
     pub(crate) fn engine(&self) -> EngineConfig {
-        EngineConfig { block_size: self.block_size, kv_blocks: None, max_rows: self.max_rows }
+        EngineConfig {
+            block_size: self.block_size,
+            kv_blocks: None,
+            max_rows: self.max_rows,
+        }
     }
 }
 
@@ -188,7 +199,12 @@ struct RewardSection {
 
 impl Default for RewardSection {
     fn default() -> Self {
-        Self { mode: ScoringMode::ThreeState, length_penalty: true, length_buffer_tokens: 1024, dropout: None }
+        Self {
+            mode: ScoringMode::ThreeState,
+            length_penalty: true,
+            length_buffer_tokens: 1024,
+            dropout: None,
+        }
     }
 }
 
@@ -202,7 +218,9 @@ struct WarmupSection {
 /// Sets `a.b.c = value` in a TOML table (the value parsed as TOML, else taken as a string); also
 /// `conrub plan --set`.
 pub(crate) fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
-    let (key, raw) = spec.split_once('=').ok_or_else(|| anyhow!("--set {spec}: expected KEY=VALUE"))?;
+    let (key, raw) = spec
+        .split_once('=')
+        .ok_or_else(|| anyhow!("--set {spec}: expected KEY=VALUE"))?;
     let value: toml::Value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
         Ok(mut t) => t.remove("v").expect("parsed"),
         Err(_) => toml::Value::String(raw.to_string()),
@@ -221,17 +239,22 @@ pub(crate) fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> 
 }
 
 fn load_config(path: &Path, overrides: &[String]) -> Result<(TrainConfig, PathBuf)> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut table: toml::Table = toml::from_str(&text).map_err(|e| anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut table: toml::Table = toml::from_str(&text)
+        .map_err(|e| anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
     for o in overrides {
         apply_override(&mut table, o)?;
     }
-    let cfg: TrainConfig = table
-        .clone()
-        .try_into()
-        .map_err(|e: toml::de::Error| anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
-    cfg.learner.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
-    cfg.rollout.validate().map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let cfg: TrainConfig = table.clone().try_into().map_err(|e: toml::de::Error| {
+        anyhow!("{}: {}", path.display(), e.to_string().trim_end())
+    })?;
+    cfg.learner
+        .validate()
+        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    cfg.rollout
+        .validate()
+        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     Ok((cfg, base))
 }
@@ -240,18 +263,34 @@ fn load_config(path: &Path, overrides: &[String]) -> Result<(TrainConfig, PathBu
 pub fn run(a: TrainArgs) -> Result<()> {
     let (cfg, base) = load_config(&a.config, &a.overrides)?;
     let device = a.device.clone().unwrap_or_else(|| cfg.device.clone());
-    let gpu_gb = a.gpu_memory_gb.or_else(|| device.starts_with("cuda").then_some(141.0));
+    let gpu_gb = a
+        .gpu_memory_gb
+        .or_else(|| device.starts_with("cuda").then_some(141.0));
     let mut kv_pool_blocks = None;
     if let Some(gb) = gpu_gb {
         // Stop before loading anything when the run cannot fit (the table says what to change).
         let mut overrides = a.overrides.clone();
         overrides.push(format!("device=\"{device}\""));
         let plan = super::plan::plan_for_config(&a.config, &overrides, gb)?;
-        plan.check((gb * 1e9) as u64).map_err(|e| anyhow!("{}: the run does not fit in {gb} GB:\n{e}", a.config.display()))?;
+        plan.check((gb * 1e9) as u64).map_err(|e| {
+            anyhow!(
+                "{}: the run does not fit in {gb} GB:\n{e}",
+                a.config.display()
+            )
+        })?;
         // The engine gets the pool the plan budgeted.
         kv_pool_blocks = Some(plan.kv_pool_blocks);
     }
-    run_on_device(&device, TrainTask { cfg, base, resume: a.resume, device_name: device.clone(), kv_pool_blocks })
+    run_on_device(
+        &device,
+        TrainTask {
+            cfg,
+            base,
+            resume: a.resume,
+            device_name: device.clone(),
+            kv_pool_blocks,
+        },
+    )
 }
 
 struct TrainTask {
@@ -271,7 +310,11 @@ impl BackendTask for TrainTask {
 
 /// Loads the policy named by `[model]` (a checkpoint directory or hub id, or a random Qwen3 with
 /// the given tokenizer) with its configs and tokenizer.
-fn load_policy<B: GrpoOps>(model: &ModelSection, rel: &dyn Fn(&Path) -> PathBuf, device: &B::Device) -> Result<Qwen3<Autodiff<B>>> {
+fn load_policy<B: GrpoOps>(
+    model: &ModelSection,
+    rel: &dyn Fn(&Path) -> PathBuf,
+    device: &B::Device,
+) -> Result<Qwen3<Autodiff<B>>> {
     let q = match (&model.path, &model.random) {
         (Some(p), None) => {
             let local = rel(Path::new(p));
@@ -292,10 +335,16 @@ fn load_policy<B: GrpoOps>(model: &ModelSection, rel: &dyn Fn(&Path) -> PathBuf,
 
 /// The judge config of `[judge]`: either `config = "FILE"` alone or the judge table inline. `conrub
 /// train` runs a local judge on the training device, so a `device` key is an error.
-fn judge_config(table: &toml::Table, base: &Path, rel: &dyn Fn(&Path) -> PathBuf, device: &str) -> Result<JudgeConfig> {
+fn judge_config(
+    table: &toml::Table,
+    base: &Path,
+    rel: &dyn Fn(&Path) -> PathBuf,
+    device: &str,
+) -> Result<JudgeConfig> {
     let cfg = match table.get("config").and_then(toml::Value::as_str) {
         Some(path) if table.len() == 1 => JudgeConfig::from_file(&rel(Path::new(path)))?,
-        _ => JudgeConfig::from_toml(&toml::to_string(table)?, base).map_err(|e| anyhow!("[judge]: {e}"))?,
+        _ => JudgeConfig::from_toml(&toml::to_string(table)?, base)
+            .map_err(|e| anyhow!("[judge]: {e}"))?,
     };
     if let Some(d) = &cfg.device {
         bail!(
@@ -320,10 +369,17 @@ impl PhaseProgress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::new(total as u64);
             let template = format!("{name} {{bar:30}} {{pos}}/{{len}} steps, {{msg}}, ETA {{eta}}");
-            bar.set_style(indicatif::ProgressStyle::with_template(&template).expect("valid template"));
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(&template).expect("valid template"),
+            );
             bar
         });
-        Self { name, total, bar, started: std::time::Instant::now() }
+        Self {
+            name,
+            total,
+            bar,
+            started: std::time::Instant::now(),
+        }
     }
 
     fn update(&mut self, done: usize, message: &str) {
@@ -336,8 +392,12 @@ impl PhaseProgress {
                 }
             }
             None if done % self.total.div_ceil(10).max(1) == 0 && done < self.total => {
-                let eta = self.started.elapsed().as_secs_f64() / done as f64 * (self.total - done) as f64;
-                eprintln!("{}: {done}/{} steps, {message}, ETA {:.0} s", self.name, self.total, eta);
+                let eta =
+                    self.started.elapsed().as_secs_f64() / done as f64 * (self.total - done) as f64;
+                eprintln!(
+                    "{}: {done}/{} steps, {message}, ETA {:.0} s",
+                    self.name, self.total, eta
+                );
             }
             None => {}
         }
@@ -354,9 +414,23 @@ struct Hooks<B: burn::tensor::backend::Backend> {
 }
 
 impl<B: GrpoOps> RunHooks<Qwen3ForCausalLM<Autodiff<B>>> for Hooks<B> {
-    fn export(&mut self, policy: &Qwen3ForCausalLM<Autodiff<B>>, dir: &Path) -> conrub_grpo::Result<()> {
-        save_pretrained(&policy.valid(), &self.config, self.generation_config.as_ref(), Some(&self.tokenizer_dir), dir, self.dtype)
-            .map_err(|e| GrpoError::Export { path: dir.to_path_buf(), message: e.to_string() })
+    fn export(
+        &mut self,
+        policy: &Qwen3ForCausalLM<Autodiff<B>>,
+        dir: &Path,
+    ) -> conrub_grpo::Result<()> {
+        save_pretrained(
+            &policy.valid(),
+            &self.config,
+            self.generation_config.as_ref(),
+            Some(&self.tokenizer_dir),
+            dir,
+            self.dtype,
+        )
+        .map_err(|e| GrpoError::Export {
+            path: dir.to_path_buf(),
+            message: e.to_string(),
+        })
     }
 
     fn progress(&mut self, line: &str) {
@@ -365,8 +439,20 @@ impl<B: GrpoOps> RunHooks<Qwen3ForCausalLM<Autodiff<B>>> for Hooks<B> {
 }
 
 fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
-    let TrainTask { mut cfg, base, resume, device_name, kv_pool_blocks } = task;
-    let rel = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+    let TrainTask {
+        mut cfg,
+        base,
+        resume,
+        device_name,
+        kv_pool_blocks,
+    } = task;
+    let rel = |p: &Path| {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            base.join(p)
+        }
+    };
     let rubrics = read_rubrics(&rel(&cfg.data.rubrics))?;
     let records: Vec<_> = rubrics.iter().cloned().collect();
     let save_dtype = match cfg.model.save_dtype.as_str() {
@@ -376,13 +462,31 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
     };
     let judge_cfg = judge_config(&cfg.judge, &base, &rel, &device_name)?;
 
-    let precision = Precision::parse(&cfg.precision)
-        .ok_or_else(|| anyhow!("precision: `{}` is not allowed (allowed: {})", cfg.precision, Precision::NAMES))?;
-    let exec = Execution { precision, attention: AttentionImpl::Fused, activation_checkpointing: cfg.learner.activation_checkpointing };
+    let precision = Precision::parse(&cfg.precision).ok_or_else(|| {
+        anyhow!(
+            "precision: `{}` is not allowed (allowed: {})",
+            cfg.precision,
+            Precision::NAMES
+        )
+    })?;
+    let exec = Execution {
+        precision,
+        attention: AttentionImpl::Fused,
+        activation_checkpointing: cfg.learner.activation_checkpointing,
+    };
     let qwen = load_policy::<B>(&cfg.model, &rel, &device)?.with_execution(exec);
     let stop_ids = qwen.stop_ids();
-    let Qwen3 { model, config: model_config, generation_config, tokenizer, dir: model_dir } = qwen;
-    let codec = ChatTemplateCodec { tokenizer: tokenizer.expect("checked in load_policy"), enable_thinking: cfg.model.enable_thinking };
+    let Qwen3 {
+        model,
+        config: model_config,
+        generation_config,
+        tokenizer,
+        dir: model_dir,
+    } = qwen;
+    let codec = ChatTemplateCodec {
+        tokenizer: tokenizer.expect("checked in load_policy"),
+        enable_thinking: cfg.model.enable_thinking,
+    };
     let tokenizer_dir = match &cfg.model.random {
         Some(r) => rel(&r.tokenizer),
         None => model_dir,
@@ -395,24 +499,39 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
     let penalty = LengthPenalty {
         enabled: cfg.reward.length_penalty,
         max_tokens: cfg.learner.max_response_tokens as u32,
-        buffer_tokens: cfg.reward.length_buffer_tokens.min(cfg.learner.max_response_tokens as u32),
+        buffer_tokens: cfg
+            .reward
+            .length_buffer_tokens
+            .min(cfg.learner.max_response_tokens as u32),
     };
     penalty.validate()?;
     if let Some(d) = &cfg.reward.dropout {
         d.validate()?;
     }
-    let rewards = JudgeRewards { judge: judges.criterion.clone(), mode: cfg.reward.mode, penalty, dropout: cfg.reward.dropout, seed: cfg.learner.seed };
+    let rewards = JudgeRewards {
+        judge: judges.criterion.clone(),
+        mode: cfg.reward.mode,
+        penalty,
+        dropout: cfg.reward.dropout,
+        seed: cfg.learner.seed,
+    };
 
     // Optional supervised warm-up on reference answers (fresh runs only).
     let mut model = model;
     if let (Some(w), None) = (&cfg.warmup, &resume) {
-        let pairs = warmup_pairs(&records, &codec, &stop_ids).map_err(|e| anyhow!("[warmup]: {e}"))?;
+        let pairs =
+            warmup_pairs(&records, &codec, &stop_ids).map_err(|e| anyhow!("[warmup]: {e}"))?;
         if pairs.is_empty() {
-            bail!("[warmup]: no record in {} has a reference_answer", cfg.data.rubrics.display());
+            bail!(
+                "[warmup]: no record in {} has a reference_answer",
+                cfg.data.rubrics.display()
+            );
         }
         let (m, losses) = {
             let mut progress = PhaseProgress::new("warm-up", w.steps);
-            sft_warmup(model, &pairs, w.steps, w.lr, &device, &mut |done, loss| progress.update(done, &format!("loss {loss:.3}")))
+            sft_warmup(model, &pairs, w.steps, w.lr, &device, &mut |done, loss| {
+                progress.update(done, &format!("loss {loss:.3}"))
+            })
         };
         model = m;
         eprintln!(
@@ -428,7 +547,10 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
     let mut engine = cfg.rollout.engine();
     engine = match cfg.rollout.kv_cache_gb {
         Some(gb) => engine.with_kv_bytes((gb * 1e9) as u64, &model),
-        None => EngineConfig { kv_blocks: kv_pool_blocks, ..engine },
+        None => EngineConfig {
+            kv_blocks: kv_pool_blocks,
+            ..engine
+        },
     };
     if let Some(blocks) = engine.kv_blocks {
         eprintln!(
@@ -438,16 +560,32 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
         );
     }
     cfg.learner.rollout_engine = engine;
-    let builder = Learner::builder(model, cfg.learner.clone(), device.clone()).codec(codec).rewards(rewards).stop_ids(stop_ids);
+    let builder = Learner::builder(model, cfg.learner.clone(), device.clone())
+        .codec(codec)
+        .rewards(rewards)
+        .stop_ids(stop_ids);
     let mut learner = match cfg.learner.tie_mode {
         TieMode::Off => builder.build(),
-        _ => builder.tie_breaker(PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed)).build(),
+        _ => builder
+            .tie_breaker(PairwiseTieBreaker::new(
+                judges.pairwise.clone(),
+                cfg.learner.seed,
+            ))
+            .build(),
     }
     .map_err(|e| anyhow!("{e}"))?;
     let mut run = cfg.run;
     run.output_dir = rel(&run.output_dir);
-    let mut hooks = Hooks::<B> { config: model_config, generation_config, tokenizer_dir, dtype: save_dtype, _b: std::marker::PhantomData };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut hooks = Hooks::<B> {
+        config: model_config,
+        generation_config,
+        tokenizer_dir,
+        dtype: save_dtype,
+        _b: std::marker::PhantomData,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     eprintln!(
         "training on {} prompts from {} with judge {} ({} mode, ties: {:?}) -> {}",
         records.len(),
@@ -457,7 +595,15 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
         cfg.learner.tie_mode,
         run.output_dir.display()
     );
-    let summary = rt.block_on(train(&mut learner, &records, &run, resume.as_deref(), &mut hooks)).map_err(|e| anyhow!(e))?;
+    let summary = rt
+        .block_on(train(
+            &mut learner,
+            &records,
+            &run,
+            resume.as_deref(),
+            &mut hooks,
+        ))
+        .map_err(|e| anyhow!(e))?;
     for e in &summary.epochs {
         eprintln!(
             "epoch {}: {} steps, reward {:+.3}, ties {}/{} ({} accepted, {} same, {} order flips, {} invalid), mean length {:.1}",
@@ -470,7 +616,11 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
         summary.steps_run,
         run.output_dir.join("metrics.jsonl").display(),
         run.output_dir.display(),
-        summary.last_checkpoint.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+        summary
+            .last_checkpoint
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
     );
     Ok(())
 }

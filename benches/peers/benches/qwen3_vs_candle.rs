@@ -12,7 +12,9 @@ use burn::tensor::DType;
 use candle_core::{Device as CandleDevice, Tensor as CandleTensor};
 use conrub_bench_peers::{load_candle, write_checkpoint};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{rollout, EngineConfig, ForwardBatch, KvCache, Qwen3, Qwen3ForCausalLM, SamplingConfig};
+use conrub_qwen3::{
+    rollout, EngineConfig, ForwardBatch, KvCache, Qwen3, Qwen3ForCausalLM, SamplingConfig,
+};
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 
@@ -23,7 +25,11 @@ const DECODE_STEPS: usize = 8;
 
 fn ids(batch: usize, len: usize, salt: u32) -> Vec<Vec<u32>> {
     (0..batch)
-        .map(|b| (0..len as u32).map(|i| (i * 7919 + b as u32 * 104_729 + salt) % 151_000).collect())
+        .map(|b| {
+            (0..len as u32)
+                .map(|i| (i * 7919 + b as u32 * 104_729 + salt) % 151_000)
+                .collect()
+        })
         .collect()
 }
 
@@ -34,7 +40,9 @@ fn candle_ids(ids: &[Vec<u32>]) -> CandleTensor {
 }
 
 fn run<B: GrpoOps>(c: &mut Criterion, name: &str) {
-    let layers = std::env::var("CONRUB_BENCH_LAYERS").ok().and_then(|v| v.parse().ok());
+    let layers = std::env::var("CONRUB_BENCH_LAYERS")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_checkpoint::<B>(dir.path(), layers);
     let device = B::Device::default();
@@ -44,15 +52,35 @@ fn run<B: GrpoOps>(c: &mut Criterion, name: &str) {
     // Same checkpoint, same numbers: compare the last-position logits once.
     let prompt = ids(1, 32, 3);
     let batch = ForwardBatch::<B>::contiguous(&prompt, 0, &device);
-    let ours_logits: Vec<f32> = ours.forward(&batch, None).slice([0..1, 31..32, 0..cfg.vocab_size]).cast(DType::F32).into_data().convert::<f32>().into_vec().unwrap();
+    let ours_logits: Vec<f32> = ours
+        .forward(&batch, None)
+        .slice([0..1, 31..32, 0..cfg.vocab_size])
+        .cast(DType::F32)
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .unwrap();
     candle.clear_kv_cache();
-    let theirs: Vec<f32> = candle.forward(&candle_ids(&prompt), 0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-    let diff = ours_logits.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let theirs: Vec<f32> = candle
+        .forward(&candle_ids(&prompt), 0)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let diff = ours_logits
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
     eprintln!("[{name}] max |logit difference| conrub vs candle: {diff:e}");
     assert!(diff < 1e-3, "implementations disagree");
 
     let mut group = c.benchmark_group(format!("qwen3-0.6b-peers/{name}"));
-    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(20));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(20));
 
     group.throughput(Throughput::Elements(PREFILL_LEN as u64));
     let prompt = ids(1, PREFILL_LEN, 1);
@@ -82,7 +110,13 @@ fn run<B: GrpoOps>(c: &mut Criterion, name: &str) {
 /// rollout engine (paged pool, decode attention over block tables, greedy sampling on the device;
 /// its decode time is a run of `DECODE_STEPS + 1` tokens minus a run of 1, both prefilling the
 /// same prompts), and candle's KV cache (logits to the host).
-fn decode_benches<B: GrpoOps>(group: &mut BenchmarkGroup<'_, WallTime>, ours: &Qwen3ForCausalLM<B>, candle: &mut candle_transformers::models::qwen3::ModelForCausalLM, n: usize, device: &B::Device) {
+fn decode_benches<B: GrpoOps>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    ours: &Qwen3ForCausalLM<B>,
+    candle: &mut candle_transformers::models::qwen3::ModelForCausalLM,
+    n: usize,
+    device: &B::Device,
+) {
     group.throughput(Throughput::Elements((n * DECODE_STEPS) as u64));
     let prompt = ids(n, DECODE_PROMPT, 2);
     group.bench_function(format!("conrub decode {n}x{DECODE_STEPS}"), |b| {
@@ -90,10 +124,18 @@ fn decode_benches<B: GrpoOps>(group: &mut BenchmarkGroup<'_, WallTime>, ours: &Q
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let mut cache = KvCache::new(ours.num_layers());
-                ours.forward(&ForwardBatch::<B>::contiguous(&prompt, 0, device), Some(&mut cache)).into_data();
+                ours.forward(
+                    &ForwardBatch::<B>::contiguous(&prompt, 0, device),
+                    Some(&mut cache),
+                )
+                .into_data();
                 let start = Instant::now();
                 for step in 0..DECODE_STEPS {
-                    let batch = ForwardBatch::<B>::contiguous(&ids(n, 1, step as u32), DECODE_PROMPT + step, device);
+                    let batch = ForwardBatch::<B>::contiguous(
+                        &ids(n, 1, step as u32),
+                        DECODE_PROMPT + step,
+                        device,
+                    );
                     let _ = ours.forward(&batch, Some(&mut cache)).into_data();
                 }
                 total += start.elapsed();
@@ -102,7 +144,12 @@ fn decode_benches<B: GrpoOps>(group: &mut BenchmarkGroup<'_, WallTime>, ours: &Q
         })
     });
     let engine = EngineConfig::default();
-    let greedy = |tokens: usize| SamplingConfig { greedy: true, max_new_tokens: tokens, stop_ids: vec![], ..Default::default() };
+    let greedy = |tokens: usize| SamplingConfig {
+        greedy: true,
+        max_new_tokens: tokens,
+        stop_ids: vec![],
+        ..Default::default()
+    };
     let (short, long) = (greedy(1), greedy(DECODE_STEPS + 1));
     group.bench_function(format!("conrub engine decode {n}x{DECODE_STEPS}"), |b| {
         b.iter_custom(|iters| {
@@ -111,7 +158,11 @@ fn decode_benches<B: GrpoOps>(group: &mut BenchmarkGroup<'_, WallTime>, ours: &Q
                 let start = Instant::now();
                 let out = rollout(ours, &prompt, &long, &engine, device).unwrap();
                 let with_decode = start.elapsed();
-                assert_eq!(out.stats.generated_tokens, n * (DECODE_STEPS + 1), "every row decodes every step");
+                assert_eq!(
+                    out.stats.generated_tokens,
+                    n * (DECODE_STEPS + 1),
+                    "every row decodes every step"
+                );
                 let start = Instant::now();
                 rollout(ours, &prompt, &short, &engine, device).unwrap();
                 total += with_decode.saturating_sub(start.elapsed());
@@ -128,12 +179,18 @@ fn decode_benches<B: GrpoOps>(group: &mut BenchmarkGroup<'_, WallTime>, ours: &Q
                 // candle's Qwen3 builds its causal mask for one sequence only, so the batched
                 // prompt is fed one position at a time (no mask is needed then).
                 for pos in 0..DECODE_PROMPT {
-                    candle.forward(&input.narrow(1, pos, 1).unwrap(), pos).unwrap();
+                    candle
+                        .forward(&input.narrow(1, pos, 1).unwrap(), pos)
+                        .unwrap();
                 }
                 let start = Instant::now();
                 for step in 0..DECODE_STEPS {
                     let next = candle_ids(&ids(n, 1, step as u32));
-                    let _ = candle.forward(&next, DECODE_PROMPT + step).unwrap().to_vec3::<f32>().unwrap();
+                    let _ = candle
+                        .forward(&next, DECODE_PROMPT + step)
+                        .unwrap()
+                        .to_vec3::<f32>()
+                        .unwrap();
                 }
                 total += start.elapsed();
             }

@@ -41,12 +41,20 @@ pub fn candle_config(cfg: &Qwen3Config) -> candle_transformers::models::qwen3::C
 }
 
 /// Loads the checkpoint with candle on the CPU in f32.
-pub fn load_candle(dir: &Path, cfg: &Qwen3Config) -> candle_transformers::models::qwen3::ModelForCausalLM {
+pub fn load_candle(
+    dir: &Path,
+    cfg: &Qwen3Config,
+) -> candle_transformers::models::qwen3::ModelForCausalLM {
     let device = candle_core::Device::Cpu;
     // SAFETY: the checkpoint was just written by this process and is not modified while mapped.
     let vb = unsafe {
-        candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], candle_core::DType::F32, &device)
+        candle_nn::VarBuilder::from_mmaped_safetensors(
+            &[dir.join("model.safetensors")],
+            candle_core::DType::F32,
+            &device,
+        )
     }
     .expect("candle var builder");
-    candle_transformers::models::qwen3::ModelForCausalLM::new(&candle_config(cfg), vb).expect("candle model")
+    candle_transformers::models::qwen3::ModelForCausalLM::new(&candle_config(cfg), vb)
+        .expect("candle model")
 }

@@ -90,37 +90,72 @@ pub struct StatsAcc {
 impl StatsAcc {
     /// Starts from the input report.
     pub fn new(input: &InputReport) -> Self {
-        let mut st = BuildStats { input: input.clone(), ..Default::default() };
+        let mut st = BuildStats {
+            input: input.clone(),
+            ..Default::default()
+        };
         for (name, c) in &input.by_source {
-            st.by_source.insert(name.clone(), SourceOutcome { input: c.read, quota: c.quota, selected: c.selected, ..Default::default() });
+            st.by_source.insert(
+                name.clone(),
+                SourceOutcome {
+                    input: c.read,
+                    quota: c.quota,
+                    selected: c.selected,
+                    ..Default::default()
+                },
+            );
         }
-        Self { st, ..Default::default() }
+        Self {
+            st,
+            ..Default::default()
+        }
     }
 
     /// Adds one finished prompt.
     pub fn add(&mut self, r: &PromptResult) {
         let st = &mut self.st;
         st.counts.add(&r.counts);
-        let src = st.by_source.entry(r.clusters.source.clone().unwrap_or_else(|| "(none)".into())).or_default();
+        let src = st
+            .by_source
+            .entry(r.clusters.source.clone().unwrap_or_else(|| "(none)".into()))
+            .or_default();
         match r.clusters.outcome.status {
             "kept" => src.kept += 1,
             "failed" => src.failed += 1,
             _ => src.dropped += 1,
         }
         if r.clusters.outcome.status != "kept" {
-            *st.not_kept.entry(format!("{}/{}", r.clusters.outcome.status, r.clusters.outcome.stage)).or_default() += 1;
+            *st.not_kept
+                .entry(format!(
+                    "{}/{}",
+                    r.clusters.outcome.status, r.clusters.outcome.stage
+                ))
+                .or_default() += 1;
         }
         for c in &r.clusters.clusters {
             if let Some(a) = &c.audit {
-                *st.audit_categories.entry(if a.category.is_empty() { "(none)".into() } else { a.category.clone() }).or_default() += 1;
+                *st.audit_categories
+                    .entry(if a.category.is_empty() {
+                        "(none)".into()
+                    } else {
+                        a.category.clone()
+                    })
+                    .or_default() += 1;
                 if c.outcome == "kept" {
                     *st.dimensions.entry(a.dimension.clone()).or_default() += 1;
                 }
             }
         }
         if let Some(rec) = &r.record {
-            let content: Vec<_> = rec.criteria.iter().filter(|c| c.kind == CriterionKind::Content).collect();
-            self.full_support += content.iter().filter(|c| c.provenance.generators.len() == 3).count();
+            let content: Vec<_> = rec
+                .criteria
+                .iter()
+                .filter(|c| c.kind == CriterionKind::Content)
+                .collect();
+            self.full_support += content
+                .iter()
+                .filter(|c| c.provenance.generators.len() == 3)
+                .count();
             self.contents.push(content.len());
         }
     }
@@ -134,8 +169,11 @@ impl StatsAcc {
         st.global_controls = validation.global_controls;
         st.criteria_per_prompt = validation.criteria_per_prompt.clone();
         st.content_per_prompt = PerPromptStats::of(self.contents);
-        st.three_generator_support =
-            if st.content_criteria > 0 { self.full_support as f64 / st.content_criteria as f64 } else { 0.0 };
+        st.three_generator_support = if st.content_criteria > 0 {
+            self.full_support as f64 / st.content_criteria as f64
+        } else {
+            0.0
+        };
         st.coverage_tags = validation.coverage_tags.clone();
         st.validation_errors = validation.errors();
         st.validation_warnings = validation.warnings();
@@ -165,31 +203,53 @@ impl StreamWriter {
         })
     }
 
-    fn put<T: Serialize>(line: &mut Vec<u8>, out: &mut AtomicFile, hash: &mut Sha256, v: &T) -> Result<()> {
+    fn put<T: Serialize>(
+        line: &mut Vec<u8>,
+        out: &mut AtomicFile,
+        hash: &mut Sha256,
+        v: &T,
+    ) -> Result<()> {
         line.clear();
         serde_json::to_writer(&mut *line, v).expect("serialisable");
         line.push(b'\n');
         hash.update(&line[..]);
-        out.write_all(line).map_err(|e| ConstructError::file(out.path(), e))
+        out.write_all(line)
+            .map_err(|e| ConstructError::file(out.path(), e))
     }
 
     /// Appends one prompt's lines.
     pub fn push(&mut self, r: &PromptResult) -> Result<()> {
         Self::put(&mut self.line, &mut self.raw, &mut self.raw_hash, &r.raw)?;
-        Self::put(&mut self.line, &mut self.clusters, &mut self.clusters_hash, &r.clusters)
+        Self::put(
+            &mut self.line,
+            &mut self.clusters,
+            &mut self.clusters_hash,
+            &r.clusters,
+        )
     }
 
     /// Syncs and renames both files; `(file name, sha256)` of each.
     pub fn commit(self) -> Result<Vec<(String, String)>> {
         self.raw.commit()?;
         self.clusters.commit()?;
-        let hex = |h: Sha256| h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>();
-        Ok(vec![("raw.jsonl".into(), hex(self.raw_hash)), ("clusters.jsonl".into(), hex(self.clusters_hash))])
+        let hex = |h: Sha256| {
+            h.finalize()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        Ok(vec![
+            ("raw.jsonl".into(), hex(self.raw_hash)),
+            ("clusters.jsonl".into(), hex(self.clusters_hash)),
+        ])
     }
 }
 
 fn stats_line(s: &PerPromptStats) -> String {
-    format!("mean {:.2}, median {}, p90 {}, min {}, max {}", s.mean, s.median, s.p90, s.min, s.max)
+    format!(
+        "mean {:.2}, median {}, p90 {}, min {}, max {}",
+        s.mean, s.median, s.p90, s.min, s.max
+    )
 }
 
 /// The dataset card: sources, sizes, filter counts at every step, audit outcome and validation.
@@ -218,7 +278,11 @@ pub fn card(st: &BuildStats, models: &[(String, String)], versions: &[(&str, Str
     let _ = writeln!(s, "## Sources\n\n| source | unique prompts | quota | built | kept | dropped | failed |\n|---|---|---|---|---|---|---|");
     for (k, o) in &st.by_source {
         let q = o.quota.map_or("-".to_string(), |q| q.to_string());
-        let _ = writeln!(s, "| {k} | {} | {q} | {} | {} | {} | {} |", o.input, o.selected, o.kept, o.dropped, o.failed);
+        let _ = writeln!(
+            s,
+            "| {k} | {} | {q} | {} | {} | {} | {} |",
+            o.input, o.selected, o.kept, o.dropped, o.failed
+        );
     }
     let i = &st.input;
     let _ = writeln!(
@@ -226,16 +290,27 @@ pub fn card(st: &BuildStats, models: &[(String, String)], versions: &[(&str, Str
         "\nInput rows {}, duplicate prompts removed {}, over quota {}, strata without a quota {}, over --limit {}.\n",
         i.rows, i.duplicate_prompts, i.over_quota, i.skipped_no_quota, i.over_limit
     );
-    let _ = writeln!(s, "## Filter counts\n\n| step | counter | value |\n|---|---|---|");
+    let _ = writeln!(
+        s,
+        "## Filter counts\n\n| step | counter | value |\n|---|---|---|"
+    );
     for (k, v) in st.counts.pairs() {
         let step = match k {
             k if k.starts_with("prompts") => "prompts",
             "samples" | "samples_failed" | "candidates_proposed" => "1 generate",
-            k if k.starts_with("candidates_") && k != "candidates_ungrouped" || k == "samples_under_specified" => "2 checks",
+            k if k.starts_with("candidates_") && k != "candidates_ungrouped"
+                || k == "samples_under_specified" =>
+            {
+                "2 checks"
+            }
             k if k.starts_with("review") || k.starts_with("samples_") => "3 review",
-            k if k.starts_with("group") || k == "candidates_ungrouped" || k == "clusters" => "4 grouping",
+            k if k.starts_with("group") || k == "candidates_ungrouped" || k == "clusters" => {
+                "4 grouping"
+            }
             k if k.starts_with("clusters_") => "5 consensus",
-            k if k.starts_with("audit") || k == "rewrites_invalid" || k == "negatives_dropped" => "6 audit",
+            k if k.starts_with("audit") || k == "rewrites_invalid" || k == "negatives_dropped" => {
+                "6 audit"
+            }
             _ => "7 finish",
         };
         let _ = writeln!(s, "| {step} | {k} | {v} |");
@@ -244,13 +319,29 @@ pub fn card(st: &BuildStats, models: &[(String, String)], versions: &[(&str, Str
     for (k, v) in &st.not_kept {
         let _ = writeln!(s, "| {k} | {v} |");
     }
-    let _ = writeln!(s, "\n## Kept criteria\n\n| dimension | criteria |\n|---|---|");
+    let _ = writeln!(
+        s,
+        "\n## Kept criteria\n\n| dimension | criteria |\n|---|---|"
+    );
     for (k, v) in &st.dimensions {
         let _ = writeln!(s, "| {k} | {v} |");
     }
-    let tags: Vec<String> = st.coverage_tags.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let cats: Vec<String> = st.audit_categories.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let _ = writeln!(s, "\nReference-coverage tags: {}.\n\nAudit categories: {}.\n", tags.join(", "), cats.join(", "));
+    let tags: Vec<String> = st
+        .coverage_tags
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    let cats: Vec<String> = st
+        .audit_categories
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "\nReference-coverage tags: {}.\n\nAudit categories: {}.\n",
+        tags.join(", "),
+        cats.join(", ")
+    );
     let _ = writeln!(
         s,
         "## Validation\n\n`conrub rubrics validate`: {} errors, {} warnings (report in `validation.json`).",
@@ -261,7 +352,10 @@ pub fn card(st: &BuildStats, models: &[(String, String)], versions: &[(&str, Str
 
 /// SHA-256 of bytes as hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Pretty JSON with a final newline.
@@ -308,4 +402,3 @@ pub fn write_manifest(dir: &Path, manifest: &Value) -> Result<PathBuf> {
     write_bytes_atomic(&path, &pretty(manifest))?;
     Ok(path)
 }
-

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use conrub_judge::JudgeCache;
-use futures::StreamExt;
 use conrub_rubric::{validate_records, RubricRecord};
+use futures::StreamExt;
 use serde::Serialize;
 use serde_json::json;
 
@@ -72,12 +72,28 @@ impl BuildSummary {
 
 /// Runs a build. Every model call goes through the cache at [`BuildConfig::cache_path`], so an
 /// interrupted build started again repeats no answered call and writes the same bytes.
-pub async fn build(cfg: BuildConfig, req: &BuildRequest, progress: Arc<Progress>) -> Result<BuildSummary> {
-    let started_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+pub async fn build(
+    cfg: BuildConfig,
+    req: &BuildRequest,
+    progress: Arc<Progress>,
+) -> Result<BuildSummary> {
+    let started_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let input_bytes = std::fs::read(&req.input).map_err(|e| ConstructError::file(&req.input, e))?;
-    let (prompts, input_report) = read_prompts(&req.input, req.format, &cfg.quotas, cfg.build.seed, req.limit)?;
+    let (prompts, input_report) = read_prompts(
+        &req.input,
+        req.format,
+        &cfg.quotas,
+        cfg.build.seed,
+        req.limit,
+    )?;
     if prompts.is_empty() {
-        return Err(ConstructError::file(&req.input, "no prompts selected (check the file, its format and the quotas)"));
+        return Err(ConstructError::file(
+            &req.input,
+            "no prompts selected (check the file, its format and the quotas)",
+        ));
     }
     std::fs::create_dir_all(&req.out_dir).map_err(|e| ConstructError::file(&req.out_dir, e))?;
     let cache_path = cfg.cache_path(&req.out_dir);
@@ -99,15 +115,30 @@ pub async fn build(cfg: BuildConfig, req: &BuildRequest, progress: Arc<Progress>
     }
     let seconds = t0.elapsed().as_secs_f64();
 
-    let numbered: Vec<(usize, RubricRecord)> = records.iter().cloned().enumerate().map(|(i, r)| (i + 1, r)).collect();
+    let numbered: Vec<(usize, RubricRecord)> = records
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, r)| (i + 1, r))
+        .collect();
     let validation = validate_records(&numbered);
     let stats = acc.finish(&validation);
     let cfg = builder.config();
-    let models: Vec<(String, String)> = builder.roles().iter().map(|r| (r.name.clone(), r.client.config().model.clone())).collect();
+    let models: Vec<(String, String)> = builder
+        .roles()
+        .iter()
+        .map(|r| (r.name.clone(), r.client.config().model.clone()))
+        .collect();
     let versions = builder.prompts().versions();
     let card = artifacts::card(&stats, &models, &versions);
     let mut files = writer.commit()?;
-    files.extend(artifacts::write_outputs(&req.out_dir, &records, &validation, &stats, &card)?);
+    files.extend(artifacts::write_outputs(
+        &req.out_dir,
+        &records,
+        &validation,
+        &stats,
+        &card,
+    )?);
 
     let mut roles = BTreeMap::new();
     let mut models_json = serde_json::Map::new();
@@ -168,13 +199,27 @@ pub async fn build(cfg: BuildConfig, req: &BuildRequest, progress: Arc<Progress>
         "files": files.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
     });
     artifacts::write_manifest(&req.out_dir, &manifest)?;
-    Ok(BuildSummary { stats, files, roles, seconds, out_dir: req.out_dir.clone() })
+    Ok(BuildSummary {
+        stats,
+        files,
+        roles,
+        seconds,
+        out_dir: req.out_dir.clone(),
+    })
 }
 
 /// Paths of a build's artifacts in `dir`.
 pub fn artifact_paths(dir: &Path) -> Vec<PathBuf> {
-    ["rubrics.jsonl", "raw.jsonl", "clusters.jsonl", "validation.json", "stats.json", "card.md", "manifest.json"]
-        .iter()
-        .map(|f| dir.join(f))
-        .collect()
+    [
+        "rubrics.jsonl",
+        "raw.jsonl",
+        "clusters.jsonl",
+        "validation.json",
+        "stats.json",
+        "card.md",
+        "manifest.json",
+    ]
+    .iter()
+    .map(|f| dir.join(f))
+    .collect()
 }

@@ -36,7 +36,11 @@ pub struct CallLog {
 impl CallLog {
     /// The log of a finished call.
     pub fn of<T>(r: &CallRecord<T>) -> Self {
-        Self { attempts: r.attempts, raw_outputs: r.raw_outputs.clone(), error: None }
+        Self {
+            attempts: r.attempts,
+            raw_outputs: r.raw_outputs.clone(),
+            error: None,
+        }
     }
 
     /// The final error (empty for a finished call).
@@ -69,7 +73,11 @@ pub struct Role {
 impl Role {
     /// A role on a client.
     pub fn new(name: impl Into<String>, client: Arc<ChatClient>) -> Self {
-        Self { name: name.into(), client, counters: RoleCounters::default() }
+        Self {
+            name: name.into(),
+            client,
+            counters: RoleCounters::default(),
+        }
     }
 
     /// Calls the model (or reads the cache) and parses the answer. The cache key covers the
@@ -84,7 +92,15 @@ impl Role {
     ) -> Result<(CallRecord<T>, bool), CallLog> {
         let cfg = self.client.config();
         let sampling = format!("t={} max_tokens={}", cfg.temperature, cfg.max_tokens);
-        let key = CacheKey::of(&["conrub-construct", kind, &cfg.model, &sampling, version, system, user]);
+        let key = CacheKey::of(&[
+            "conrub-construct",
+            kind,
+            &cfg.model,
+            &sampling,
+            version,
+            system,
+            user,
+        ]);
         self.counters.calls.fetch_add(1, Ordering::Relaxed);
         if let Some((record, _)) = cache.get_parsed::<CallRecord<T>>(&key) {
             self.counters.cached.fetch_add(1, Ordering::Relaxed);
@@ -93,14 +109,22 @@ impl Role {
         let out = self.client.chat_parsed(system, user, parse).await;
         match out.result {
             Ok(answer) => {
-                let record = CallRecord { answer, raw_outputs: out.raw_outputs, attempts: out.attempts };
+                let record = CallRecord {
+                    answer,
+                    raw_outputs: out.raw_outputs,
+                    attempts: out.attempts,
+                };
                 let last = record.raw_outputs.last().map_or("", String::as_str);
                 cache.put_parsed(&key, &cfg.model, kind, &record, last);
                 Ok((record, false))
             }
             Err(error) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                Err(CallLog { error: Some(error), raw_outputs: out.raw_outputs, attempts: out.attempts })
+                Err(CallLog {
+                    error: Some(error),
+                    raw_outputs: out.raw_outputs,
+                    attempts: out.attempts,
+                })
             }
         }
     }

@@ -99,10 +99,17 @@ impl Default for BuildSettings {
 
 /// The dimensions the audit assigns and their default caps per prompt.
 pub fn default_dimensions() -> BTreeMap<String, usize> {
-    [("diagnosis", 4), ("management", 4), ("safety", 3), ("practical", 3), ("communication", 2), ("other", 2)]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
+    [
+        ("diagnosis", 4),
+        ("management", 4),
+        ("safety", 3),
+        ("practical", 3),
+        ("communication", 2),
+        ("other", 2),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 /// A whole build config.
@@ -131,7 +138,8 @@ pub struct BuildConfig {
 impl BuildConfig {
     /// Parses TOML; `base_dir` resolves relative paths.
     pub fn from_toml(text: &str, base_dir: &Path) -> std::result::Result<Self, String> {
-        let mut cfg: BuildConfig = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
+        let mut cfg: BuildConfig =
+            toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
         cfg.base_dir = base_dir.to_path_buf();
         cfg.validate().map_err(|e| e.to_string())?;
         Ok(cfg)
@@ -146,9 +154,11 @@ impl BuildConfig {
 
     /// Checks ranges and that the three generators are different models.
     pub fn validate(&self) -> Result<()> {
-        let named = |role: &str, e: conrub_judge::JudgeError| ConstructError::config(role, e.to_string());
+        let named =
+            |role: &str, e: conrub_judge::JudgeError| ConstructError::config(role, e.to_string());
         for (letter, g) in self.generators.lettered() {
-            g.validate().map_err(|e| named(&format!("generators.{letter}"), e))?;
+            g.validate()
+                .map_err(|e| named(&format!("generators.{letter}"), e))?;
         }
         self.reviewer.validate().map_err(|e| named("reviewer", e))?;
         let gens = self.generators.lettered();
@@ -157,26 +167,44 @@ impl BuildConfig {
                 if gens[i].1.model == gens[j].1.model {
                     return Err(ConstructError::config(
                         format!("generators.{}.model", gens[i].0),
-                        format!("`{}` is also generator {}; consensus needs three different LLMs", gens[i].1.model, gens[j].0),
+                        format!(
+                            "`{}` is also generator {}; consensus needs three different LLMs",
+                            gens[i].1.model, gens[j].0
+                        ),
                     ));
                 }
             }
         }
         let b = &self.build;
         if b.min_review_score > 10 {
-            return Err(ConstructError::config("build.min_review_score", "scores run from 0 to 10"));
+            return Err(ConstructError::config(
+                "build.min_review_score",
+                "scores run from 0 to 10",
+            ));
         }
         if b.candidates_min == 0 || b.candidates_min > b.candidates_max {
-            return Err(ConstructError::config("build.candidates_min", "need 1 <= candidates_min <= candidates_max"));
+            return Err(ConstructError::config(
+                "build.candidates_min",
+                "need 1 <= candidates_min <= candidates_max",
+            ));
         }
         if b.max_content == 0 || b.max_content > conrub_rubric::validate::MAX_CONTENT {
-            return Err(ConstructError::config("build.max_content", "must be 1-10 (a record holds at most 10 content criteria)"));
+            return Err(ConstructError::config(
+                "build.max_content",
+                "must be 1-10 (a record holds at most 10 content criteria)",
+            ));
         }
         if b.prompt_concurrency == 0 {
-            return Err(ConstructError::config("build.prompt_concurrency", "must be at least 1"));
+            return Err(ConstructError::config(
+                "build.prompt_concurrency",
+                "must be at least 1",
+            ));
         }
         if !self.dimensions.contains_key("other") {
-            return Err(ConstructError::config("dimensions.other", "an `other` cap is needed for criteria without a known dimension"));
+            return Err(ConstructError::config(
+                "dimensions.other",
+                "an `other` cap is needed for criteria without a known dimension",
+            ));
         }
         Ok(())
     }
@@ -197,7 +225,9 @@ mod tests {
     fn toml_for(models: [&str; 3]) -> String {
         let mut s = String::new();
         for (l, m) in ['A', 'B', 'C'].iter().zip(models) {
-            s.push_str(&format!("[generators.{l}]\nurls = [\"http://127.0.0.1:1/v1\"]\nmodel = \"{m}\"\n"));
+            s.push_str(&format!(
+                "[generators.{l}]\nurls = [\"http://127.0.0.1:1/v1\"]\nmodel = \"{m}\"\n"
+            ));
         }
         s.push_str("[reviewer]\nurls = [\"http://127.0.0.1:1/v1\"]\nmodel = \"rev\"\n");
         s
@@ -206,16 +236,34 @@ mod tests {
     #[test]
     fn defaults_and_errors_name_the_key() {
         let c = BuildConfig::from_toml(&toml_for(["a", "b", "c"]), Path::new("/cfg")).unwrap();
-        assert_eq!((c.build.min_review_score, c.build.max_content, c.build.seed), (8, 10, 1234));
+        assert_eq!(
+            (c.build.min_review_score, c.build.max_content, c.build.seed),
+            (8, 10, 1234)
+        );
         assert_eq!(c.dimensions["safety"], 3);
-        assert_eq!(c.cache_path(Path::new("/out")), PathBuf::from("/out/cache.sqlite"));
+        assert_eq!(
+            c.cache_path(Path::new("/out")),
+            PathBuf::from("/out/cache.sqlite")
+        );
         let same = BuildConfig::from_toml(&toml_for(["a", "b", "a"]), Path::new("")).unwrap_err();
-        assert!(same.contains("generators.C.model") && same.contains("three different"), "{same}");
-        let typo = BuildConfig::from_toml(&format!("{}[build]\nmin_reveiw_score = 7\n", toml_for(["a", "b", "c"])), Path::new(""))
-            .unwrap_err();
+        assert!(
+            same.contains("generators.C.model") && same.contains("three different"),
+            "{same}"
+        );
+        let typo = BuildConfig::from_toml(
+            &format!(
+                "{}[build]\nmin_reveiw_score = 7\n",
+                toml_for(["a", "b", "c"])
+            ),
+            Path::new(""),
+        )
+        .unwrap_err();
         assert!(typo.contains("min_reveiw_score"), "{typo}");
-        let bad = BuildConfig::from_toml(&format!("{}[build]\nmax_content = 12\n", toml_for(["a", "b", "c"])), Path::new(""))
-            .unwrap_err();
+        let bad = BuildConfig::from_toml(
+            &format!("{}[build]\nmax_content = 12\n", toml_for(["a", "b", "c"])),
+            Path::new(""),
+        )
+        .unwrap_err();
         assert!(bad.contains("build.max_content"), "{bad}");
     }
 }

@@ -22,11 +22,17 @@ pub enum ConstructError {
 
 impl ConstructError {
     pub(crate) fn config(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Config { field: field.into(), message: message.into() }
+        Self::Config {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 
     pub(crate) fn file(path: impl Into<PathBuf>, message: impl ToString) -> Self {
-        Self::File { path: path.into(), message: message.to_string() }
+        Self::File {
+            path: path.into(),
+            message: message.to_string(),
+        }
     }
 }
 

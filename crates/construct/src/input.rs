@@ -7,7 +7,7 @@ use std::path::Path;
 
 use conrub_rubric::import::{import_file, prompt_key, ImportFormat, ImportOptions};
 use conrub_rubric::io::parse_line;
-use conrub_rubric::{Message, RubricRecord, RubricError, SourceProvenance};
+use conrub_rubric::{Message, RubricError, RubricRecord, SourceProvenance};
 use serde::{Deserialize, Deserializer, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -72,7 +72,12 @@ impl std::str::FromStr for InputFormat {
 #[serde(deny_unknown_fields)]
 struct PromptRow {
     id: IdValue,
-    #[serde(default, alias = "messages", alias = "prompt", deserialize_with = "opt_messages")]
+    #[serde(
+        default,
+        alias = "messages",
+        alias = "prompt",
+        deserialize_with = "opt_messages"
+    )]
     question: Option<Vec<Message>>,
     #[serde(default, alias = "reference")]
     reference_answer: Option<String>,
@@ -87,7 +92,9 @@ enum IdValue {
     Number(u64),
 }
 
-fn opt_messages<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Vec<Message>>, D::Error> {
+fn opt_messages<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Vec<Message>>, D::Error> {
     conrub_rubric::record::question_messages(d).map(Some)
 }
 
@@ -138,29 +145,56 @@ fn from_record(r: RubricRecord) -> PromptInput {
 }
 
 fn read_all(path: &Path, format: InputFormat) -> Result<(Vec<(usize, PromptInput)>, usize)> {
-    let file = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let file = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     match format {
         InputFormat::Prompts => {
             let text = std::fs::read_to_string(path).map_err(|e| ConstructError::file(path, e))?;
             let mut out = Vec::new();
-            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            for (i, line) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
                 let row: PromptRow = parse_line(line, path, i + 1)?;
                 let id = match row.id {
                     IdValue::Text(s) => s,
                     IdValue::Number(n) => n.to_string(),
                 };
-                let invalid = |message: &str| RubricError::Invalid { path: path.into(), line: i + 1, message: message.into() };
-                let question = row.question.ok_or_else(|| invalid("question: missing (also read as `messages` or `prompt`)"))?;
+                let invalid = |message: &str| RubricError::Invalid {
+                    path: path.into(),
+                    line: i + 1,
+                    message: message.into(),
+                };
+                let question = row.question.ok_or_else(|| {
+                    invalid("question: missing (also read as `messages` or `prompt`)")
+                })?;
                 if id.trim().is_empty() {
                     return Err(invalid("id: empty").into());
                 }
                 if question.iter().all(|m| m.content.trim().is_empty()) {
                     return Err(invalid("question: empty").into());
                 }
-                let provenance =
-                    SourceProvenance { format: "prompts".into(), file: file.clone(), line: i + 1, original_id: Some(id.clone()), extra: None };
+                let provenance = SourceProvenance {
+                    format: "prompts".into(),
+                    file: file.clone(),
+                    line: i + 1,
+                    original_id: Some(id.clone()),
+                    extra: None,
+                };
                 let reference_answer = row.reference_answer.filter(|s| !s.trim().is_empty());
-                out.push((i + 1, PromptInput { id, question, reference_answer, source: row.source, provenance }));
+                out.push((
+                    i + 1,
+                    PromptInput {
+                        id,
+                        question,
+                        reference_answer,
+                        source: row.source,
+                        provenance,
+                    },
+                ));
             }
             let n = out.len();
             Ok((out, n))
@@ -168,12 +202,23 @@ fn read_all(path: &Path, format: InputFormat) -> Result<(Vec<(usize, PromptInput
         InputFormat::Rubrics => {
             let rows: Vec<(usize, RubricRecord)> = conrub_rubric::read_jsonl(path)?;
             let n = rows.len();
-            Ok((rows.into_iter().map(|(l, r)| (l, from_record(r))).collect(), n))
+            Ok((
+                rows.into_iter().map(|(l, r)| (l, from_record(r))).collect(),
+                n,
+            ))
         }
         InputFormat::Import(f) => {
-            let opts = ImportOptions { format: f, add_global_controls: false, keep_negative: true, max_content: None };
+            let opts = ImportOptions {
+                format: f,
+                add_global_controls: false,
+                keep_negative: true,
+                max_content: None,
+            };
             let (records, rep) = import_file(path, &opts)?;
-            let rows = records.into_iter().map(|r| (r.provenance.as_ref().map_or(0, |p| p.line), from_record(r))).collect();
+            let rows = records
+                .into_iter()
+                .map(|r| (r.provenance.as_ref().map_or(0, |p| p.line), from_record(r)))
+                .collect();
             Ok((rows, rep.rows))
         }
     }
@@ -197,7 +242,10 @@ pub fn read_prompts(
     limit: Option<usize>,
 ) -> Result<(Vec<PromptInput>, InputReport)> {
     let (rows, n_rows) = read_all(path, format)?;
-    let mut rep = InputReport { rows: n_rows, ..Default::default() };
+    let mut rep = InputReport {
+        rows: n_rows,
+        ..Default::default()
+    };
     let mut ids: HashMap<String, usize> = HashMap::new();
     let mut seen = HashSet::new();
     let mut unique = Vec::new();
@@ -214,16 +262,26 @@ pub fn read_prompts(
             rep.duplicate_prompts += 1;
             continue;
         }
-        rep.by_source.entry(p.stratum().to_string()).or_default().read += 1;
+        rep.by_source
+            .entry(p.stratum().to_string())
+            .or_default()
+            .read += 1;
         unique.push(p);
     }
     // Per stratum, the ids with the `quota` smallest ranks are taken.
     let mut chosen: HashSet<String> = HashSet::new();
     for (stratum, count) in rep.by_source.iter_mut() {
         let members: Vec<&PromptInput> = unique.iter().filter(|p| p.stratum() == stratum).collect();
-        let take = if quotas.is_empty() { members.len() } else { quotas.get(stratum).copied().unwrap_or(0).min(members.len()) };
+        let take = if quotas.is_empty() {
+            members.len()
+        } else {
+            quotas.get(stratum).copied().unwrap_or(0).min(members.len())
+        };
         count.quota = quotas.get(stratum).copied();
-        let mut ranked: Vec<([u8; 32], &str)> = members.iter().map(|p| (rank(seed, &p.id), p.id.as_str())).collect();
+        let mut ranked: Vec<([u8; 32], &str)> = members
+            .iter()
+            .map(|p| (rank(seed, &p.id), p.id.as_str()))
+            .collect();
         ranked.sort();
         chosen.extend(ranked.into_iter().take(take).map(|(_, id)| id.to_string()));
         if !quotas.is_empty() && !quotas.contains_key(stratum) {
@@ -232,13 +290,19 @@ pub fn read_prompts(
             rep.over_quota += members.len() - take;
         }
     }
-    let mut selected: Vec<PromptInput> = unique.into_iter().filter(|p| chosen.contains(&p.id)).collect();
+    let mut selected: Vec<PromptInput> = unique
+        .into_iter()
+        .filter(|p| chosen.contains(&p.id))
+        .collect();
     if let Some(n) = limit {
         rep.over_limit = selected.len().saturating_sub(n);
         selected.truncate(n);
     }
     for p in &selected {
-        rep.by_source.get_mut(p.stratum()).expect("counted above").selected += 1;
+        rep.by_source
+            .get_mut(p.stratum())
+            .expect("counted above")
+            .selected += 1;
     }
     rep.selected = selected.len();
     Ok((selected, rep))
@@ -264,8 +328,12 @@ mod tests {
             r#"{"id":7,"question":"Q four","source":"y"}"#,
             r#"{"id":"e","question":"Q five"}"#,
         ]);
-        let (all, rep) = read_prompts(f.path(), InputFormat::Prompts, &BTreeMap::new(), 1, None).unwrap();
-        assert_eq!(all.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["a", "c", "d", "7", "e"]);
+        let (all, rep) =
+            read_prompts(f.path(), InputFormat::Prompts, &BTreeMap::new(), 1, None).unwrap();
+        assert_eq!(
+            all.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+            ["a", "c", "d", "7", "e"]
+        );
         assert_eq!((rep.rows, rep.duplicate_prompts, rep.selected), (6, 1, 5));
         assert_eq!(all[1].reference_answer.as_deref(), Some("R"));
         assert_eq!(all[0].provenance.line, 1);
@@ -273,7 +341,14 @@ mod tests {
         let quotas: BTreeMap<String, usize> = [("x".to_string(), 2), ("y".to_string(), 5)].into();
         let (sel, rep) = read_prompts(f.path(), InputFormat::Prompts, &quotas, 1, None).unwrap();
         assert_eq!(sel.iter().filter(|p| p.stratum() == "x").count(), 2);
-        assert_eq!((rep.over_quota, rep.skipped_no_quota, rep.by_source["y"].selected), (1, 1, 1));
+        assert_eq!(
+            (
+                rep.over_quota,
+                rep.skipped_no_quota,
+                rep.by_source["y"].selected
+            ),
+            (1, 1, 1)
+        );
         // The sample depends on the seed and the ids only: the same under another file order.
         let g = write(&[
             r#"{"id":"d","question":"Q three","source":"x"}"#,
@@ -281,17 +356,37 @@ mod tests {
             r#"{"id":"a","question":"Q one","source":"x"}"#,
         ]);
         let (sel2, _) = read_prompts(g.path(), InputFormat::Prompts, &quotas, 1, None).unwrap();
-        let mut ids1: Vec<_> = sel.iter().filter(|p| p.stratum() == "x").map(|p| p.id.clone()).collect();
+        let mut ids1: Vec<_> = sel
+            .iter()
+            .filter(|p| p.stratum() == "x")
+            .map(|p| p.id.clone())
+            .collect();
         let mut ids2: Vec<_> = sel2.iter().map(|p| p.id.clone()).collect();
         ids1.sort();
         ids2.sort();
         assert_eq!(ids1, ids2);
 
-        let bad = write(&[r#"{"id":"a","question":"Q"}"#, r#"{"id":"b","qestion":"Q"}"#]);
-        let e = read_prompts(bad.path(), InputFormat::Prompts, &BTreeMap::new(), 1, None).unwrap_err().to_string();
+        let bad = write(&[
+            r#"{"id":"a","question":"Q"}"#,
+            r#"{"id":"b","qestion":"Q"}"#,
+        ]);
+        let e = read_prompts(bad.path(), InputFormat::Prompts, &BTreeMap::new(), 1, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(":2:") && e.contains("qestion"), "{e}");
-        let rep_id = write(&[r#"{"id":"a","question":"Q"}"#, r#"{"id":"a","question":"R"}"#]);
-        let e = read_prompts(rep_id.path(), InputFormat::Prompts, &BTreeMap::new(), 1, None).unwrap_err().to_string();
+        let rep_id = write(&[
+            r#"{"id":"a","question":"Q"}"#,
+            r#"{"id":"a","question":"R"}"#,
+        ]);
+        let e = read_prompts(
+            rep_id.path(),
+            InputFormat::Prompts,
+            &BTreeMap::new(),
+            1,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains(":2:") && e.contains("repeats line 1"), "{e}");
     }
 }

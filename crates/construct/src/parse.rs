@@ -16,7 +16,11 @@ pub struct RawCandidate {
     pub coverage: Option<String>,
 }
 
-fn last_matching<T>(text: &str, what: &str, f: impl Fn(&Value) -> Result<T, String>) -> Result<T, String> {
+fn last_matching<T>(
+    text: &str,
+    what: &str,
+    f: impl Fn(&Value) -> Result<T, String>,
+) -> Result<T, String> {
     let values = json_values(text);
     if values.is_empty() {
         return Err(format!("no JSON found (expected {what})"));
@@ -67,12 +71,21 @@ pub fn parse_generation(text: &str) -> Result<Vec<RawCandidate>, String> {
         Ok(list
             .iter()
             .map(|item| match item {
-                Value::String(s) => RawCandidate { text: Some(s.clone()), coverage: None },
-                Value::Object(o) => RawCandidate {
-                    text: field(o, &["text", "criterion", "description"]).and_then(Value::as_str).map(str::to_string),
-                    coverage: field(o, &["coverage", "reference_coverage", "covered", "tag"]).and_then(coverage_text),
+                Value::String(s) => RawCandidate {
+                    text: Some(s.clone()),
+                    coverage: None,
                 },
-                _ => RawCandidate { text: None, coverage: None },
+                Value::Object(o) => RawCandidate {
+                    text: field(o, &["text", "criterion", "description"])
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    coverage: field(o, &["coverage", "reference_coverage", "covered", "tag"])
+                        .and_then(coverage_text),
+                },
+                _ => RawCandidate {
+                    text: None,
+                    coverage: None,
+                },
             })
             .collect())
     })
@@ -112,20 +125,31 @@ fn as_score(v: &Value) -> Option<u32> {
 pub fn parse_review(text: &str) -> Result<ReviewAnswer, String> {
     last_matching(text, "{\"verdict\", \"score\"}", |v| {
         let o = v.as_object().ok_or("not an object")?;
-        let verdict = match field(o, &["verdict", "decision"]).and_then(Value::as_str).map(|s| s.trim().to_ascii_lowercase()) {
+        let verdict = match field(o, &["verdict", "decision"])
+            .and_then(Value::as_str)
+            .map(|s| s.trim().to_ascii_lowercase())
+        {
             Some(s) if s == "consistent" || s == "pass" || s == "ok" => ReviewVerdict::Consistent,
             Some(s) if s.starts_with("contradict") || s == "reject" => ReviewVerdict::Contradiction,
             Some(s) => return Err(format!("verdict `{s}` is not consistent or contradiction")),
             None => return Err("no `verdict`".into()),
         };
         let score = field(o, &["score", "alignment"]).ok_or("no `score`")?;
-        let score = as_score(score).ok_or_else(|| format!("score `{score}` is not a whole number from 0 to 10"))?;
+        let score = as_score(score)
+            .ok_or_else(|| format!("score `{score}` is not a whole number from 0 to 10"))?;
         let problems = match field(o, &["problems", "issues"]) {
-            Some(Value::Array(a)) => a.iter().map(|p| p.as_str().map_or_else(|| p.to_string(), str::to_string)).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|p| p.as_str().map_or_else(|| p.to_string(), str::to_string))
+                .collect(),
             Some(Value::String(s)) if !s.trim().is_empty() => vec![s.clone()],
             _ => vec![],
         };
-        Ok(ReviewAnswer { verdict, score, problems })
+        Ok(ReviewAnswer {
+            verdict,
+            score,
+            problems,
+        })
     })
 }
 
@@ -146,7 +170,11 @@ pub fn parse_grouping(text: &str) -> Result<Vec<Vec<String>>, String> {
                 };
                 members
                     .iter()
-                    .map(|m| m.as_str().map(|s| s.trim().to_ascii_uppercase()).ok_or_else(|| format!("member `{m}` is not an id")))
+                    .map(|m| {
+                        m.as_str()
+                            .map(|s| s.trim().to_ascii_uppercase())
+                            .ok_or_else(|| format!("member `{m}` is not an id"))
+                    })
                     .collect()
             })
             .collect()
@@ -193,8 +221,20 @@ pub enum AuditAnswer {
 }
 
 const REFUSAL_MARKERS: &[&str] = &[
-    "i can't", "i cannot", "i can not", "i'm sorry", "i am sorry", "i'm unable", "i am unable", "not able to help",
-    "can't assist", "cannot assist", "can't help", "cannot help", "unable to provide", "not able to provide",
+    "i can't",
+    "i cannot",
+    "i can not",
+    "i'm sorry",
+    "i am sorry",
+    "i'm unable",
+    "i am unable",
+    "not able to help",
+    "can't assist",
+    "cannot assist",
+    "can't help",
+    "cannot help",
+    "unable to provide",
+    "not able to provide",
 ];
 
 /// True when output without JSON reads as a refusal.
@@ -204,7 +244,12 @@ pub fn is_refusal(text: &str) -> bool {
 }
 
 fn decision_of(s: &str) -> Option<AuditDecision> {
-    match s.trim().to_ascii_lowercase().replace(['-', ' '], "_").as_str() {
+    match s
+        .trim()
+        .to_ascii_lowercase()
+        .replace(['-', ' '], "_")
+        .as_str()
+    {
         "keep" => Some(AuditDecision::Keep),
         "rewrite" => Some(AuditDecision::Rewrite),
         "drop" => Some(AuditDecision::Drop),
@@ -253,21 +298,43 @@ mod tests {
             "Sure!\n```json\n{\"criteria\": [{\"text\": \"The response names X.\", \"coverage\": \"Yes\"}, {\"criterion\": \"The response gives Y.\", \"covered\": false}, {\"coverage\": \"yes\"}]}\n```",
         )
         .unwrap();
-        assert_eq!(g[0], RawCandidate { text: Some("The response names X.".into()), coverage: Some("yes".into()) });
+        assert_eq!(
+            g[0],
+            RawCandidate {
+                text: Some("The response names X.".into()),
+                coverage: Some("yes".into())
+            }
+        );
         assert_eq!(g[1].coverage.as_deref(), Some("no"));
         assert_eq!(g[2].text, None);
-        assert_eq!(parse_generation("[\"The response a b c.\"]").unwrap()[0].coverage, None);
-        assert!(parse_generation("I think the criteria are obvious.").unwrap_err().contains("no JSON"));
+        assert_eq!(
+            parse_generation("[\"The response a b c.\"]").unwrap()[0].coverage,
+            None
+        );
+        assert!(parse_generation("I think the criteria are obvious.")
+            .unwrap_err()
+            .contains("no JSON"));
         assert!(parse_generation("{\"criteria\": []}").is_err());
     }
 
     #[test]
     fn reviews_groupings_and_audits() {
-        let r = parse_review("{\"verdict\": \"consistent\", \"score\": \"9\", \"problems\": []}").unwrap();
+        let r = parse_review("{\"verdict\": \"consistent\", \"score\": \"9\", \"problems\": []}")
+            .unwrap();
         assert_eq!((r.verdict, r.score), (ReviewVerdict::Consistent, 9));
-        assert_eq!(parse_review("{'verdict': 'Contradiction', 'score': 3}").unwrap().verdict, ReviewVerdict::Contradiction);
-        assert!(parse_review("{\"verdict\": \"consistent\", \"score\": 11}").unwrap_err().contains("0 to 10"));
-        assert_eq!(parse_grouping("{\"groups\": [[\"a1\", \"B2 \"], {\"members\": [\"C3\"]}]}").unwrap(), vec![vec!["A1", "B2"], vec!["C3"]]);
+        assert_eq!(
+            parse_review("{'verdict': 'Contradiction', 'score': 3}")
+                .unwrap()
+                .verdict,
+            ReviewVerdict::Contradiction
+        );
+        assert!(parse_review("{\"verdict\": \"consistent\", \"score\": 11}")
+            .unwrap_err()
+            .contains("0 to 10"));
+        assert_eq!(
+            parse_grouping("{\"groups\": [[\"a1\", \"B2 \"], {\"members\": [\"C3\"]}]}").unwrap(),
+            vec![vec!["A1", "B2"], vec!["C3"]]
+        );
         let a = parse_audit("{\"audit\": [{\"id\": \"R1\", \"category\": \"Safety_constraint\", \"dimension\": \"Safety\", \"decision\": \"Manual review\"}]}")
             .unwrap();
         assert_eq!(
@@ -280,7 +347,14 @@ mod tests {
                 rewrite: None
             }])
         );
-        assert_eq!(parse_audit("I'm sorry, but I can't help with medical dosing questions.").unwrap(), AuditAnswer::Refused);
-        assert!(parse_audit("{\"audit\": [{\"id\": \"R1\", \"decision\": \"maybe\"}]}").unwrap_err().contains("maybe"));
+        assert_eq!(
+            parse_audit("I'm sorry, but I can't help with medical dosing questions.").unwrap(),
+            AuditAnswer::Refused
+        );
+        assert!(
+            parse_audit("{\"audit\": [{\"id\": \"R1\", \"decision\": \"maybe\"}]}")
+                .unwrap_err()
+                .contains("maybe")
+        );
     }
 }

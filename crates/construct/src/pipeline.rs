@@ -16,7 +16,10 @@ use crate::config::BuildConfig;
 use crate::counts::StageCounts;
 use crate::error::Result;
 use crate::input::PromptInput;
-use crate::parse::{parse_audit, parse_generation, parse_grouping, parse_review, AuditAnswer, AuditDecision, AuditItem, ReviewAnswer, ReviewVerdict};
+use crate::parse::{
+    parse_audit, parse_generation, parse_grouping, parse_review, AuditAnswer, AuditDecision,
+    AuditItem, ReviewAnswer, ReviewVerdict,
+};
 use crate::prompts::ConstructPrompts;
 use crate::stages::{self, Candidate, Check, Consensus, Finish};
 
@@ -226,7 +229,15 @@ impl Builder {
         let prompts = ConstructPrompts::default();
         let versions = prompts.versions().into_iter().collect();
         let dimensions = cfg.dimensions.keys().cloned().collect();
-        Ok(Self { cfg, generators, reviewer, cache, prompts, dimensions, versions })
+        Ok(Self {
+            cfg,
+            generators,
+            reviewer,
+            cache,
+            prompts,
+            dimensions,
+            versions,
+        })
     }
 
     /// The config.
@@ -246,13 +257,23 @@ impl Builder {
 
     /// All roles: the generators, then the reviewer.
     pub fn roles(&self) -> Vec<&Role> {
-        self.generators.iter().map(|(_, r)| r).chain([&self.reviewer]).collect()
+        self.generators
+            .iter()
+            .map(|(_, r)| r)
+            .chain([&self.reviewer])
+            .collect()
     }
 
     /// Runs every prompt as its own task (so the work spreads over the runtime's threads), at
     /// most `prompt_concurrency` at once; yields results in input order.
-    pub fn stream(self: &Arc<Self>, prompts: Vec<PromptInput>, progress: Arc<Progress>) -> impl futures::Stream<Item = PromptResult> + Send + 'static {
-        progress.total.store(prompts.len() as u64, Ordering::Relaxed);
+    pub fn stream(
+        self: &Arc<Self>,
+        prompts: Vec<PromptInput>,
+        progress: Arc<Progress>,
+    ) -> impl futures::Stream<Item = PromptResult> + Send + 'static {
+        progress
+            .total
+            .store(prompts.len() as u64, Ordering::Relaxed);
         let me = self.clone();
         futures::stream::iter(prompts)
             .map(move |p| {
@@ -268,8 +289,14 @@ impl Builder {
         let mut cx = Ctx {
             p,
             question: p.question_text(),
-            raw: PromptRaw { id: p.id.clone(), ..Default::default() },
-            counts: StageCounts { prompts: 1, ..Default::default() },
+            raw: PromptRaw {
+                id: p.id.clone(),
+                ..Default::default()
+            },
+            counts: StageCounts {
+                prompts: 1,
+                ..Default::default()
+            },
             samples: BTreeMap::new(),
             candidates: BTreeMap::new(),
             clusters: Vec::new(),
@@ -279,7 +306,14 @@ impl Builder {
             Ok(record) => {
                 cx.counts.prompts_kept = 1;
                 Progress::bump(&progress.kept);
-                (Some(record), Outcome { status: "kept", stage: "finish", reason: String::new() })
+                (
+                    Some(record),
+                    Outcome {
+                        status: "kept",
+                        stage: "finish",
+                        reason: String::new(),
+                    },
+                )
             }
             Err((status, stage, reason)) => {
                 if status == "failed" {
@@ -289,7 +323,14 @@ impl Builder {
                     cx.counts.prompts_dropped = 1;
                     Progress::bump(&progress.dropped);
                 }
-                (None, Outcome { status, stage, reason })
+                (
+                    None,
+                    Outcome {
+                        status,
+                        stage,
+                        reason,
+                    },
+                )
             }
         };
         Progress::bump(&progress.done);
@@ -308,7 +349,11 @@ impl Builder {
         }
     }
 
-    async fn steps(&self, cx: &mut Ctx<'_>, progress: &Progress) -> std::result::Result<RubricRecord, (&'static str, &'static str, String)> {
+    async fn steps(
+        &self,
+        cx: &mut Ctx<'_>,
+        progress: &Progress,
+    ) -> std::result::Result<RubricRecord, (&'static str, &'static str, String)> {
         let s = &self.cfg.build;
         let p = cx.p;
         let reference = p.reference_answer.as_deref();
@@ -316,9 +361,17 @@ impl Builder {
 
         // 1. Generate.
         // The method asks for 20-30 criteria; the upper end follows `candidates_max`.
-        let gen_prompt = self.prompts.render_generate(&cx.question, reference, 20.min(s.candidates_max), s.candidates_max);
+        let gen_prompt = self.prompts.render_generate(
+            &cx.question,
+            reference,
+            20.min(s.candidates_max),
+            s.candidates_max,
+        );
         let version = &self.versions["generate"];
-        let calls = self.generators.iter().map(|(_, role)| role.call(cache, "generate", version, &gen_prompt, parse_generation));
+        let calls = self
+            .generators
+            .iter()
+            .map(|(_, role)| role.call(cache, "generate", version, &gen_prompt, parse_generation));
         let answers = futures::future::join_all(calls).await;
         Progress::bump(&progress.generated);
         let mut failed = Vec::new();
@@ -328,7 +381,8 @@ impl Builder {
             match answer {
                 Ok((rec, _)) => {
                     cx.raw.generate.insert(l.clone(), CallLog::of(&rec));
-                    let checked = stages::check_sample(*letter, &rec.answer, reference.is_some(), s);
+                    let checked =
+                        stages::check_sample(*letter, &rec.answer, reference.is_some(), s);
                     let valid = checked.iter().filter(|c| c.check == Check::Ok).count();
                     cx.counts.candidates_proposed += checked.len() as u64;
                     for c in &checked {
@@ -349,13 +403,29 @@ impl Builder {
                     } else {
                         SampleStatus::NotReviewed
                     };
-                    cx.samples.insert(l.clone(), SampleInfo { proposed: checked.len(), valid, review: None, status });
+                    cx.samples.insert(
+                        l.clone(),
+                        SampleInfo {
+                            proposed: checked.len(),
+                            valid,
+                            review: None,
+                            status,
+                        },
+                    );
                     cx.candidates.insert(l, checked);
                 }
                 Err(f) => {
                     cx.counts.samples_failed += 1;
                     cx.raw.generate.insert(l.clone(), f.clone());
-                    cx.samples.insert(l.clone(), SampleInfo { proposed: 0, valid: 0, review: None, status: SampleStatus::GenerationFailed });
+                    cx.samples.insert(
+                        l.clone(),
+                        SampleInfo {
+                            proposed: 0,
+                            valid: 0,
+                            review: None,
+                            status: SampleStatus::GenerationFailed,
+                        },
+                    );
                     failed.push(format!("generator {l}: {}", f.error()));
                 }
             }
@@ -363,10 +433,19 @@ impl Builder {
         if !failed.is_empty() {
             return Err(("failed", "generate", failed.join("; ")));
         }
-        let short: Vec<&String> = cx.samples.iter().filter(|(_, i)| i.status == SampleStatus::UnderSpecified).map(|(l, _)| l).collect();
+        let short: Vec<&String> = cx
+            .samples
+            .iter()
+            .filter(|(_, i)| i.status == SampleStatus::UnderSpecified)
+            .map(|(l, _)| l)
+            .collect();
         if !short.is_empty() {
             let names: Vec<&str> = short.iter().map(|s| s.as_str()).collect();
-            return Err(("dropped", "checks", format!("under-specified sample from generator {}", names.join(", "))));
+            return Err((
+                "dropped",
+                "checks",
+                format!("under-specified sample from generator {}", names.join(", ")),
+            ));
         }
 
         // 3. Review each sample.
@@ -375,11 +454,21 @@ impl Builder {
             .candidates
             .iter()
             .map(|(l, cands)| {
-                let texts: Vec<&str> = cands.iter().filter(|c| c.check == Check::Ok).map(|c| c.text.as_str()).collect();
-                (l.clone(), self.prompts.render_review(&cx.question, reference, &texts))
+                let texts: Vec<&str> = cands
+                    .iter()
+                    .filter(|c| c.check == Check::Ok)
+                    .map(|c| c.text.as_str())
+                    .collect();
+                (
+                    l.clone(),
+                    self.prompts.render_review(&cx.question, reference, &texts),
+                )
             })
             .collect();
-        let calls = rendered.iter().map(|(_, r)| self.reviewer.call(cache, "review", version, r, parse_review));
+        let calls = rendered.iter().map(|(_, r)| {
+            self.reviewer
+                .call(cache, "review", version, r, parse_review)
+        });
         let reviews = futures::future::join_all(calls).await;
         Progress::bump(&progress.reviewed);
         let mut failed = Vec::new();
@@ -397,7 +486,10 @@ impl Builder {
                         SampleStatus::RejectedContradiction
                     } else if r.score < s.min_review_score {
                         cx.counts.samples_rejected_score += 1;
-                        rejected.push(format!("generator {l}: score {} < {}", r.score, s.min_review_score));
+                        rejected.push(format!(
+                            "generator {l}: score {} < {}",
+                            r.score, s.min_review_score
+                        ));
                         SampleStatus::RejectedScore
                     } else {
                         cx.counts.samples_accepted += 1;
@@ -417,7 +509,11 @@ impl Builder {
             return Err(("failed", "review", failed.join("; ")));
         }
         if !rejected.is_empty() {
-            return Err(("dropped", "review", format!("sample rejected: {}", rejected.join("; "))));
+            return Err((
+                "dropped",
+                "review",
+                format!("sample rejected: {}", rejected.join("; ")),
+            ));
         }
 
         // 4. Group.
@@ -427,11 +523,24 @@ impl Builder {
             .flatten()
             .filter_map(|c| c.id.clone().map(|id| (id, c.text.clone())))
             .collect();
-        let by_id: HashMap<&str, &Candidate> =
-            cx.candidates.values().flatten().filter_map(|c| c.id.as_deref().map(|id| (id, c))).collect();
+        let by_id: HashMap<&str, &Candidate> = cx
+            .candidates
+            .values()
+            .flatten()
+            .filter_map(|c| c.id.as_deref().map(|id| (id, c)))
+            .collect();
         let rendered = self.prompts.render_group(&cx.question, &valid);
         cx.counts.groupings += 1;
-        let grouping = self.reviewer.call(cache, "group", &self.versions["group"], &rendered, parse_grouping).await;
+        let grouping = self
+            .reviewer
+            .call(
+                cache,
+                "group",
+                &self.versions["group"],
+                &rendered,
+                parse_grouping,
+            )
+            .await;
         Progress::bump(&progress.grouped);
         let groups = match grouping {
             Ok((rec, _)) => {
@@ -448,20 +557,28 @@ impl Builder {
         let clean = stages::clean_grouping(&groups, &ids);
         cx.counts.grouping_unknown_ids += clean.unknown_ids as u64;
         cx.counts.grouping_repeated_ids += clean.repeated_ids as u64;
-        cx.counts.candidates_ungrouped += (ids.len() - clean.groups.iter().map(Vec::len).sum::<usize>()) as u64;
+        cx.counts.candidates_ungrouped +=
+            (ids.len() - clean.groups.iter().map(Vec::len).sum::<usize>()) as u64;
         cx.counts.clusters += clean.groups.len() as u64;
 
         // 5. Consensus filter; 6. representatives.
         let n_gen = self.generators.len();
         let mut survivors = Vec::new();
         for (k, members) in clean.groups.into_iter().enumerate() {
-            let tags: Vec<Option<Coverage>> = members.iter().map(|m| by_id[m.as_str()].coverage).collect();
+            let tags: Vec<Option<Coverage>> =
+                members.iter().map(|m| by_id[m.as_str()].coverage).collect();
             let consensus = stages::consensus(&members, &tags, n_gen);
             let (outcome, representative) = match consensus {
                 Consensus::Kept => {
                     cx.counts.clusters_consensus += 1;
                     survivors.push(cx.clusters.len());
-                    ("pending", Some(stages::representative(&members, |id| by_id[id].text.as_str()).to_string()))
+                    (
+                        "pending",
+                        Some(
+                            stages::representative(&members, |id| by_id[id].text.as_str())
+                                .to_string(),
+                        ),
+                    )
                 }
                 Consensus::PartialSupport => {
                     cx.counts.clusters_partial_support += 1;
@@ -474,11 +591,16 @@ impl Builder {
             };
             cx.clusters.push(ClusterInfo {
                 id: format!("K{}", k + 1),
-                support: stages::support(&members).into_iter().map(String::from).collect(),
+                support: stages::support(&members)
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
                 members,
                 tags,
                 consensus,
-                text: representative.as_ref().map(|r| by_id[r.as_str()].text.clone()),
+                text: representative
+                    .as_ref()
+                    .map(|r| by_id[r.as_str()].text.clone()),
                 representative,
                 audit: None,
                 outcome: outcome.into(),
@@ -486,21 +608,48 @@ impl Builder {
             });
         }
         if survivors.is_empty() {
-            return Err(("dropped", "consensus", "no cluster has all three generators and agreeing tags".into()));
+            return Err((
+                "dropped",
+                "consensus",
+                "no cluster has all three generators and agreeing tags".into(),
+            ));
         }
 
         // 6. Audit, asked again without the clinical context after a refusal.
-        let texts: Vec<&str> = survivors.iter().map(|&i| cx.clusters[i].text.as_deref().unwrap_or("")).collect();
+        let texts: Vec<&str> = survivors
+            .iter()
+            .map(|&i| cx.clusters[i].text.as_deref().unwrap_or(""))
+            .collect();
         let dims: Vec<&str> = self.dimensions.iter().map(String::as_str).collect();
-        let rendered = self.prompts.render_audit(Some((&cx.question, reference)), &texts, &dims);
+        let rendered = self
+            .prompts
+            .render_audit(Some((&cx.question, reference)), &texts, &dims);
         cx.counts.audits += 1;
-        let mut audit = self.reviewer.call(cache, "audit", &self.versions["audit"], &rendered, parse_audit).await;
+        let mut audit = self
+            .reviewer
+            .call(
+                cache,
+                "audit",
+                &self.versions["audit"],
+                &rendered,
+                parse_audit,
+            )
+            .await;
         if let Ok((rec, _)) = &audit {
             cx.raw.audit = Some(CallLog::of(rec));
             if rec.answer == AuditAnswer::Refused {
                 cx.counts.audit_refusals += 1;
                 let blind = self.prompts.render_audit(None, &texts, &dims);
-                audit = self.reviewer.call(cache, "audit_blind", &self.versions["audit_blind"], &blind, parse_audit).await;
+                audit = self
+                    .reviewer
+                    .call(
+                        cache,
+                        "audit_blind",
+                        &self.versions["audit_blind"],
+                        &blind,
+                        parse_audit,
+                    )
+                    .await;
                 cx.raw.audit_blind = Some(match &audit {
                     Ok((rec, _)) => CallLog::of(rec),
                     Err(f) => f.clone(),
@@ -509,10 +658,20 @@ impl Builder {
         }
         Progress::bump(&progress.audited);
         let items = match audit {
-            Ok((CallRecord { answer: AuditAnswer::Items(items), .. }, _)) => items,
+            Ok((
+                CallRecord {
+                    answer: AuditAnswer::Items(items),
+                    ..
+                },
+                _,
+            )) => items,
             Ok(_) => {
                 cx.counts.audits_failed += 1;
-                return Err(("failed", "audit", "the audit was refused with and without the clinical context".into()));
+                return Err((
+                    "failed",
+                    "audit",
+                    "the audit was refused with and without the clinical context".into(),
+                ));
             }
             Err(f) => {
                 cx.counts.audits_failed += 1;
@@ -523,11 +682,17 @@ impl Builder {
             }
         };
         // Match items to R1..Rn by id; a list of the right length without usable ids by position.
-        let by_rid: HashMap<&str, &AuditItem> = items.iter().map(|it| (it.id.as_str(), it)).collect();
-        let positional = items.len() == survivors.len() && (1..=survivors.len()).any(|i| !by_rid.contains_key(format!("R{i}").as_str()));
+        let by_rid: HashMap<&str, &AuditItem> =
+            items.iter().map(|it| (it.id.as_str(), it)).collect();
+        let positional = items.len() == survivors.len()
+            && (1..=survivors.len()).any(|i| !by_rid.contains_key(format!("R{i}").as_str()));
         let mut finishing: Vec<(usize, String, String)> = Vec::new();
         for (pos, &ci) in survivors.iter().enumerate() {
-            let item = if positional { items.get(pos) } else { by_rid.get(format!("R{}", pos + 1).as_str()).copied() };
+            let item = if positional {
+                items.get(pos)
+            } else {
+                by_rid.get(format!("R{}", pos + 1).as_str()).copied()
+            };
             let cluster = &mut cx.clusters[ci];
             let Some(item) = item else {
                 cx.counts.audit_missing += 1;
@@ -584,7 +749,10 @@ impl Builder {
         }
 
         // 7. Finish: exact dedup, cap under the dimension quotas, the two global controls.
-        let items: Vec<(String, String)> = finishing.iter().map(|(_, t, d)| (t.clone(), d.clone())).collect();
+        let items: Vec<(String, String)> = finishing
+            .iter()
+            .map(|(_, t, d)| (t.clone(), d.clone()))
+            .collect();
         let decisions = stages::finish(&items, &self.cfg.dimensions, s.max_content);
         let mut criteria = Vec::new();
         for ((ci, text, _), d) in finishing.iter().zip(decisions) {
@@ -604,7 +772,11 @@ impl Builder {
                     cluster.criterion_id = Some(id.clone());
                     criteria.push(Criterion {
                         id: Some(id),
-                        reference_coverage: if reference.is_some() { cluster.tags[0] } else { None },
+                        reference_coverage: if reference.is_some() {
+                            cluster.tags[0]
+                        } else {
+                            None
+                        },
                         provenance: CriterionProvenance {
                             generators: cluster.support.clone(),
                             cluster_id: Some(cluster.id.clone()),
@@ -616,7 +788,11 @@ impl Builder {
             }
         }
         if criteria.is_empty() {
-            return Err(("dropped", "finish", "no criterion survived the audit and the finish".into()));
+            return Err((
+                "dropped",
+                "finish",
+                "no criterion survived the audit and the finish".into(),
+            ));
         }
         cx.counts.content_criteria = criteria.len() as u64;
         criteria.extend(global_controls());

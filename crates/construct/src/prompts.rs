@@ -38,7 +38,8 @@ other, or when a criterion conflicts with the reference answer; otherwise give \
 every criterion is correct, relevant and checkable; below 8 when the list has notable errors, irrelevant or \
 uncheckable items, or misses the point of the question.";
 
-const REVIEW_USER: &str = "QUESTION:\n<<<\n{question}\n>>>\n\nREFERENCE ANSWER:\n<<<\n{reference}\n>>>\n\n\
+const REVIEW_USER: &str =
+    "QUESTION:\n<<<\n{question}\n>>>\n\nREFERENCE ANSWER:\n<<<\n{reference}\n>>>\n\n\
 DRAFT CRITERIA ({n}):\n{candidates}\n\n\
 Reply with JSON only, in this shape:\n\
 {\"verdict\": \"consistent\", \"score\": 9, \"problems\": [\"one short line per problem found\"]}";
@@ -91,7 +92,10 @@ pub struct ConstructPrompts {
 
 impl Default for ConstructPrompts {
     fn default() -> Self {
-        let t = |system: &str, user: &str| PromptTemplate { system: system.into(), user: user.into() };
+        let t = |system: &str, user: &str| PromptTemplate {
+            system: system.into(),
+            user: user.into(),
+        };
         Self {
             generate: t(GENERATE_SYSTEM, GENERATE_USER),
             review: t(REVIEW_SYSTEM, REVIEW_USER),
@@ -119,13 +123,26 @@ impl ConstructPrompts {
 
     /// `(role, version)` of every template, for the manifest and the cache keys.
     pub fn versions(&self) -> Vec<(&'static str, String)> {
-        self.templates().into_iter().map(|(k, t)| (k, t.version())).collect()
+        self.templates()
+            .into_iter()
+            .map(|(k, t)| (k, t.version()))
+            .collect()
     }
 
     /// The generation prompt.
-    pub fn render_generate(&self, question: &str, reference: Option<&str>, min: usize, max: usize) -> Rendered {
+    pub fn render_generate(
+        &self,
+        question: &str,
+        reference: Option<&str>,
+        min: usize,
+        max: usize,
+    ) -> Rendered {
         let (min, max) = (min.to_string(), max.to_string());
-        let rule = if reference.is_some() { COVERAGE_WITH_REFERENCE } else { COVERAGE_WITHOUT_REFERENCE };
+        let rule = if reference.is_some() {
+            COVERAGE_WITH_REFERENCE
+        } else {
+            COVERAGE_WITHOUT_REFERENCE
+        };
         self.generate.render(&[
             ("question", question),
             ("reference", reference.unwrap_or(NO_REFERENCE)),
@@ -136,8 +153,17 @@ impl ConstructPrompts {
     }
 
     /// The review prompt for one generator's candidates (numbered 1..n).
-    pub fn render_review(&self, question: &str, reference: Option<&str>, candidates: &[&str]) -> Rendered {
-        let list: Vec<String> = candidates.iter().enumerate().map(|(i, c)| format!("{}. {c}", i + 1)).collect();
+    pub fn render_review(
+        &self,
+        question: &str,
+        reference: Option<&str>,
+        candidates: &[&str],
+    ) -> Rendered {
+        let list: Vec<String> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{}. {c}", i + 1))
+            .collect();
         let n = candidates.len().to_string();
         self.review.render(&[
             ("question", question),
@@ -149,20 +175,45 @@ impl ConstructPrompts {
 
     /// The grouping prompt over `(id, text)` candidates of all accepted samples.
     pub fn render_group(&self, question: &str, candidates: &[(String, String)]) -> Rendered {
-        let list: Vec<String> = candidates.iter().map(|(id, t)| format!("{id}: {t}")).collect();
+        let list: Vec<String> = candidates
+            .iter()
+            .map(|(id, t)| format!("{id}: {t}"))
+            .collect();
         let n = candidates.len().to_string();
-        self.group.render(&[("question", question), ("n", &n), ("candidates", &list.join("\n"))])
+        self.group.render(&[
+            ("question", question),
+            ("n", &n),
+            ("candidates", &list.join("\n")),
+        ])
     }
 
     /// The audit prompt over representatives `R1..Rn`; `context` is `None` for the blind variant.
-    pub fn render_audit(&self, context: Option<(&str, Option<&str>)>, criteria: &[&str], dimensions: &[&str]) -> Rendered {
-        let list: Vec<String> = criteria.iter().enumerate().map(|(i, c)| format!("R{}: {c}", i + 1)).collect();
-        let (n, list, dims) = (criteria.len().to_string(), list.join("\n"), dimensions.join(", "));
+    pub fn render_audit(
+        &self,
+        context: Option<(&str, Option<&str>)>,
+        criteria: &[&str],
+        dimensions: &[&str],
+    ) -> Rendered {
+        let list: Vec<String> = criteria
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("R{}: {c}", i + 1))
+            .collect();
+        let (n, list, dims) = (
+            criteria.len().to_string(),
+            list.join("\n"),
+            dimensions.join(", "),
+        );
         let system = fill(&self.audit.system, &[("dimensions", &dims)]);
         let user = match context {
             Some((question, reference)) => fill(
                 &self.audit.user,
-                &[("question", question), ("reference", reference.unwrap_or(NO_REFERENCE)), ("n", &n), ("criteria", &list)],
+                &[
+                    ("question", question),
+                    ("reference", reference.unwrap_or(NO_REFERENCE)),
+                    ("n", &n),
+                    ("criteria", &list),
+                ],
             ),
             None => fill(&self.audit_blind.user, &[("n", &n), ("criteria", &list)]),
         };

@@ -47,7 +47,11 @@ pub struct Candidate {
 
 /// Lower-cased, whitespace-collapsed text without a final period: the key of exact duplicates.
 pub fn dedup_key(text: &str) -> String {
-    let t = text.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase();
+    let t = text
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase();
     t.trim_end_matches(['.', ' ']).to_string()
 }
 
@@ -63,7 +67,9 @@ pub fn clean_text(text: &str) -> String {
     }
     let t = t.split_whitespace().collect::<Vec<_>>().join(" ");
     match t.get(..12) {
-        Some(head) if head.eq_ignore_ascii_case("the response") => format!("The response{}", &t[12..]),
+        Some(head) if head.eq_ignore_ascii_case("the response") => {
+            format!("The response{}", &t[12..])
+        }
         _ => t,
     }
 }
@@ -92,14 +98,23 @@ fn coverage_of(tag: Option<&str>) -> Result<Coverage, ()> {
 }
 
 /// Step 2: checks one generator's proposals in order and ids the valid ones `{letter}{n}`.
-pub fn check_sample(letter: char, raw: &[RawCandidate], has_reference: bool, s: &BuildSettings) -> Vec<Candidate> {
+pub fn check_sample(
+    letter: char,
+    raw: &[RawCandidate],
+    has_reference: bool,
+    s: &BuildSettings,
+) -> Vec<Candidate> {
     let mut seen = HashSet::new();
     let mut valid = 0usize;
     raw.iter()
         .map(|r| {
             let original = r.text.clone().unwrap_or_default();
             let text = clean_text(&original);
-            let coverage = if has_reference { coverage_of(r.coverage.as_deref()).ok() } else { None };
+            let coverage = if has_reference {
+                coverage_of(r.coverage.as_deref()).ok()
+            } else {
+                None
+            };
             let check = if text.is_empty() {
                 Check::Empty
             } else if !starts_with_the_response(&text)
@@ -123,7 +138,12 @@ pub fn check_sample(letter: char, raw: &[RawCandidate], has_reference: bool, s: 
                 valid += 1;
                 format!("{letter}{valid}")
             });
-            Candidate { id, text: if text.is_empty() { original } else { text }, coverage, check }
+            Candidate {
+                id,
+                text: if text.is_empty() { original } else { text },
+                coverage,
+                check,
+            }
         })
         .collect()
 }
@@ -175,7 +195,12 @@ pub enum Consensus {
 
 /// The generator letters of a cluster's members, sorted.
 pub fn support(members: &[String]) -> Vec<char> {
-    members.iter().filter_map(|m| m.chars().next()).collect::<BTreeSet<_>>().into_iter().collect()
+    members
+        .iter()
+        .filter_map(|m| m.chars().next())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
 }
 
 /// Step 5: unanimous support, and where tags exist, one tag for all members.
@@ -215,7 +240,11 @@ pub enum Finish {
 /// Step 7: walks `(text, dimension)` in cluster order, removes exact duplicates, and keeps at most
 /// `max_content` criteria with at most `quotas[dimension]` per dimension (unknown dimensions
 /// count as `other`).
-pub fn finish(items: &[(String, String)], quotas: &BTreeMap<String, usize>, max_content: usize) -> Vec<Finish> {
+pub fn finish(
+    items: &[(String, String)],
+    quotas: &BTreeMap<String, usize>,
+    max_content: usize,
+) -> Vec<Finish> {
     let mut seen = HashSet::new();
     let mut used: BTreeMap<&str, usize> = BTreeMap::new();
     let mut kept = 0;
@@ -225,7 +254,11 @@ pub fn finish(items: &[(String, String)], quotas: &BTreeMap<String, usize>, max_
             if !seen.insert(dedup_key(text)) {
                 return Finish::Duplicate;
             }
-            let dim = if quotas.contains_key(dim.as_str()) { dim.as_str() } else { "other" };
+            let dim = if quotas.contains_key(dim.as_str()) {
+                dim.as_str()
+            } else {
+                "other"
+            };
             let n = used.entry(dim).or_insert(0);
             if kept >= max_content || *n >= quotas.get(dim).copied().unwrap_or(0) {
                 return Finish::OverQuota;
@@ -240,7 +273,10 @@ pub fn finish(items: &[(String, String)], quotas: &BTreeMap<String, usize>, max_
 /// Why a rewrite or a kept text cannot stand (`None`: it can).
 pub fn unusable_text(text: &str, s: &BuildSettings) -> Option<&'static str> {
     let t = clean_text(text);
-    if !starts_with_the_response(&t) || t.chars().count() > s.max_chars || t.split_whitespace().count() < s.min_words {
+    if !starts_with_the_response(&t)
+        || t.chars().count() > s.max_chars
+        || t.split_whitespace().count() < s.min_words
+    {
         Some("rewrite_invalid")
     } else if is_problematic_negative(&t) {
         Some("problematic_negative")
@@ -254,37 +290,80 @@ mod tests {
     use super::*;
 
     fn raw(text: &str, cov: Option<&str>) -> RawCandidate {
-        RawCandidate { text: Some(text.into()), coverage: cov.map(str::to_string) }
+        RawCandidate {
+            text: Some(text.into()),
+            coverage: cov.map(str::to_string),
+        }
     }
 
     #[test]
     fn checks_classify_and_number_valid_candidates() {
-        let s = BuildSettings { candidates_max: 3, ..Default::default() };
+        let s = BuildSettings {
+            candidates_max: 3,
+            ..Default::default()
+        };
         let out = check_sample(
             'B',
             &[
-                raw("1. the response names aspirin as the first drug.", Some("yes")),
-                RawCandidate { text: None, coverage: Some("yes".into()) },
+                raw(
+                    "1. the response names aspirin as the first drug.",
+                    Some("yes"),
+                ),
+                RawCandidate {
+                    text: None,
+                    coverage: Some("yes".into()),
+                },
                 raw("Names aspirin as the first drug.", Some("yes")),
                 raw("The response is good.", Some("yes")),
                 raw("The response names aspirin as the first drug", Some("no")),
-                raw("The response gives the dose of aspirin in mg.", Some("maybe")),
-                raw("The response says take it take it take it take it daily.", Some("no")),
+                raw(
+                    "The response gives the dose of aspirin in mg.",
+                    Some("maybe"),
+                ),
+                raw(
+                    "The response says take it take it take it take it daily.",
+                    Some("no"),
+                ),
                 raw("The response gives the dose of aspirin in mg.", Some("no")),
                 raw("The response explains why aspirin helps here.", Some("yes")),
-                raw("The response lists three aspirin side effects clearly.", Some("yes")),
+                raw(
+                    "The response lists three aspirin side effects clearly.",
+                    Some("yes"),
+                ),
             ],
             true,
             &s,
         );
         let checks: Vec<Check> = out.iter().map(|c| c.check).collect();
         use Check::*;
-        assert_eq!(checks, [Ok, Empty, Malformed, UnderSpecified, Duplicate, Malformed, Repetitive, Ok, Ok, OverLimit]);
+        assert_eq!(
+            checks,
+            [
+                Ok,
+                Empty,
+                Malformed,
+                UnderSpecified,
+                Duplicate,
+                Malformed,
+                Repetitive,
+                Ok,
+                Ok,
+                OverLimit
+            ]
+        );
         assert_eq!(out[0].text, "The response names aspirin as the first drug.");
         assert_eq!(out[0].id.as_deref(), Some("B1"));
-        assert_eq!((out[7].id.as_deref(), out[7].coverage), (Some("B2"), Some(Coverage::No)));
+        assert_eq!(
+            (out[7].id.as_deref(), out[7].coverage),
+            (Some("B2"), Some(Coverage::No))
+        );
         // Without a reference the tags are ignored.
-        let no_ref = check_sample('A', &[raw("The response gives the dose in mg.", None)], false, &s);
+        let no_ref = check_sample(
+            'A',
+            &[raw("The response gives the dose in mg.", None)],
+            false,
+            &s,
+        );
         assert_eq!((no_ref[0].check, no_ref[0].coverage), (Ok, None));
     }
 
@@ -292,19 +371,27 @@ mod tests {
     fn grouping_consensus_representative_and_finish() {
         let valid: HashSet<&str> = ["A1", "A2", "B1", "C1", "C2"].into();
         let g = clean_grouping(
-            &[vec!["A1".into(), "B1".into(), "Z9".into(), "C1".into()], vec!["A1".into(), "A2".into()], vec!["Q".into()]],
+            &[
+                vec!["A1".into(), "B1".into(), "Z9".into(), "C1".into()],
+                vec!["A1".into(), "A2".into()],
+                vec!["Q".into()],
+            ],
             &valid,
         );
         assert_eq!(g.groups, vec![vec!["A1", "B1", "C1"], vec!["A2"]]);
         assert_eq!((g.unknown_ids, g.repeated_ids), (2, 1));
         let y = Some(Coverage::Yes);
         assert_eq!(consensus(&g.groups[0], &[y, y, y], 3), Consensus::Kept);
-        assert_eq!(consensus(&g.groups[0], &[y, Some(Coverage::No), y], 3), Consensus::TagDisagreement);
+        assert_eq!(
+            consensus(&g.groups[0], &[y, Some(Coverage::No), y], 3),
+            Consensus::TagDisagreement
+        );
         assert_eq!(consensus(&g.groups[1], &[y], 3), Consensus::PartialSupport);
         let texts: HashMap<&str, &str> = [("A1", "abc"), ("B1", "abcd"), ("C1", "wxyz")].into();
         assert_eq!(representative(&g.groups[0], |id| texts[id]), "B1");
 
-        let q: BTreeMap<String, usize> = [("safety".to_string(), 1), ("other".to_string(), 5)].into();
+        let q: BTreeMap<String, usize> =
+            [("safety".to_string(), 1), ("other".to_string(), 5)].into();
         let items: Vec<(String, String)> = [
             ("The response a.", "safety"),
             ("the response  A", "other"),
@@ -317,14 +404,29 @@ mod tests {
         .map(|(t, d)| (t.to_string(), d.to_string()))
         .collect();
         use Finish::*;
-        assert_eq!(finish(&items, &q, 3), [Kept, Duplicate, OverQuota, Kept, Kept, OverQuota]);
+        assert_eq!(
+            finish(&items, &q, 3),
+            [Kept, Duplicate, OverQuota, Kept, Kept, OverQuota]
+        );
     }
 
     #[test]
     fn unusable_texts() {
         let s = BuildSettings::default();
-        assert_eq!(unusable_text("The response states that warfarin is contraindicated in pregnancy.", &s), None);
-        assert_eq!(unusable_text("The response does not mention herbal remedies at all.", &s), Some("problematic_negative"));
-        assert_eq!(unusable_text("Mentions the dose.", &s), Some("rewrite_invalid"));
+        assert_eq!(
+            unusable_text(
+                "The response states that warfarin is contraindicated in pregnancy.",
+                &s
+            ),
+            None
+        );
+        assert_eq!(
+            unusable_text("The response does not mention herbal remedies at all.", &s),
+            Some("problematic_negative")
+        );
+        assert_eq!(
+            unusable_text("Mentions the dose.", &s),
+            Some("rewrite_invalid")
+        );
     }
 }

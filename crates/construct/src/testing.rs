@@ -36,7 +36,10 @@ fn plan(text: &str) -> HashMap<String, Vec<String>> {
         for line in body.lines() {
             if let Some((k, v)) = line.split_once(':') {
                 if !k.trim().is_empty() && !k.contains(' ') {
-                    out.insert(k.trim().to_string(), v.split_whitespace().map(str::to_string).collect());
+                    out.insert(
+                        k.trim().to_string(),
+                        v.split_whitespace().map(str::to_string).collect(),
+                    );
                 }
             }
         }
@@ -64,11 +67,18 @@ fn letter_of_verb(v: &str) -> Option<char> {
 /// The text generator `letter` writes for a topic token (`t3`, `t3:no`, `t2+`).
 pub fn topic_text(letter: char, token: &str) -> String {
     let name = token.split([':', '+']).next().unwrap_or(token);
-    let plus = if token.contains('+') { " in clear words" } else { "" };
+    let plus = if token.contains('+') {
+        " in clear words"
+    } else {
+        ""
+    };
     if name.starts_with('n') {
         format!("The response does not mention fact {name} about this case.")
     } else {
-        format!("The response {} fact {name} about this case{plus}.", verb(letter))
+        format!(
+            "The response {} fact {name} about this case{plus}.",
+            verb(letter)
+        )
     }
 }
 
@@ -92,12 +102,15 @@ fn has(p: &HashMap<String, Vec<String>>, key: &str, v: &str) -> bool {
 pub fn generator_answer(letter: char, r: &ScriptRequest, slow_ms: u64) -> Reply {
     let p = plan(&r.user);
     let bang = format!("{letter}!");
-    let with_reference = between(&r.user, "REFERENCE ANSWER:\n<<<\n", "\n>>>").is_some_and(|t| t != NO_REFERENCE);
+    let with_reference =
+        between(&r.user, "REFERENCE ANSWER:\n<<<\n", "\n>>>").is_some_and(|t| t != NO_REFERENCE);
     if has(&p, &bang, "fail") {
         return Reply::Status(500, "generator down".into());
     }
     if has(&p, &bang, "garbage-once") && r.attempt == 1 {
-        return Reply::Text("Here are some thoughts on what a good answer should cover, in prose.".into());
+        return Reply::Text(
+            "Here are some thoughts on what a good answer should cover, in prose.".into(),
+        );
     }
     let mut topics: Vec<String> = p.get(&letter.to_string()).cloned().unwrap_or_default();
     if has(&p, &bang, "few") {
@@ -106,12 +119,22 @@ pub fn generator_answer(letter: char, r: &ScriptRequest, slow_ms: u64) -> Reply 
     let mut items: Vec<Value> = topics
         .iter()
         .map(|t| {
-            let cov = if !with_reference { Value::Null } else if t.contains(":no") { json!("no") } else { json!("yes") };
+            let cov = if !with_reference {
+                Value::Null
+            } else if t.contains(":no") {
+                json!("no")
+            } else {
+                json!("yes")
+            };
             json!({"text": topic_text(letter, t), "coverage": cov})
         })
         .collect();
     if has(&p, &bang, "malformed") {
-        let cov = if with_reference { json!("yes") } else { Value::Null };
+        let cov = if with_reference {
+            json!("yes")
+        } else {
+            Value::Null
+        };
         items.push(json!({"text": "", "coverage": cov}));
         items.push(json!({"text": "Mentions fact zz about this case.", "coverage": cov}));
         items.push(json!({"text": "The response is fine.", "coverage": cov}));
@@ -131,8 +154,14 @@ pub fn generator_answer(letter: char, r: &ScriptRequest, slow_ms: u64) -> Reply 
 pub fn reviewer_answer(prompts: &ConstructPrompts, r: &ScriptRequest) -> Reply {
     let p = plan(&r.user);
     if r.system == prompts.review.system {
-        let first = between(&r.user, "):\n1. ", "\n").or_else(|| r.user.split("):\n1. ").nth(1)).unwrap_or("");
-        let letter = first.split_whitespace().nth(2).and_then(letter_of_verb).unwrap_or('?');
+        let first = between(&r.user, "):\n1. ", "\n")
+            .or_else(|| r.user.split("):\n1. ").nth(1))
+            .unwrap_or("");
+        let letter = first
+            .split_whitespace()
+            .nth(2)
+            .and_then(letter_of_verb)
+            .unwrap_or('?');
         let mut score = 9;
         let mut verdict = "consistent";
         for tok in p.get("review").into_iter().flatten() {
@@ -145,7 +174,9 @@ pub fn reviewer_answer(prompts: &ConstructPrompts, r: &ScriptRequest) -> Reply {
                 }
             }
         }
-        return Reply::Text(json!({"verdict": verdict, "score": score, "problems": []}).to_string());
+        return Reply::Text(
+            json!({"verdict": verdict, "score": score, "problems": []}).to_string(),
+        );
     }
     if r.system == prompts.group.system {
         if has(&p, "group", "garbage-once") && r.attempt == 1 {
@@ -154,11 +185,18 @@ pub fn reviewer_answer(prompts: &ConstructPrompts, r: &ScriptRequest) -> Reply {
         let mut order: Vec<String> = Vec::new();
         let mut groups: HashMap<String, Vec<String>> = HashMap::new();
         for line in r.user.lines() {
-            let Some((id, text)) = line.split_once(": ") else { continue };
-            if id.len() < 2 || !id.starts_with(['A', 'B', 'C']) || !id[1..].chars().all(|c| c.is_ascii_digit()) {
+            let Some((id, text)) = line.split_once(": ") else {
+                continue;
+            };
+            if id.len() < 2
+                || !id.starts_with(['A', 'B', 'C'])
+                || !id[1..].chars().all(|c| c.is_ascii_digit())
+            {
                 continue;
             }
-            let Some(topic) = topic_in(text) else { continue };
+            let Some(topic) = topic_in(text) else {
+                continue;
+            };
             if !groups.contains_key(&topic) {
                 order.push(topic.clone());
             }
@@ -175,26 +213,52 @@ pub fn reviewer_answer(prompts: &ConstructPrompts, r: &ScriptRequest) -> Reply {
     if r.system.starts_with(&prompts.audit.system[..60]) {
         let blind = !r.user.contains("QUESTION:");
         if !blind && has(&p, "audit", "refuse") {
-            return Reply::Text("I'm sorry, but I can't help with assessing this medical content.".into());
+            return Reply::Text(
+                "I'm sorry, but I can't help with assessing this medical content.".into(),
+            );
         }
-        let decisions: HashMap<String, String> =
-            p.get("audit").into_iter().flatten().filter_map(|t| t.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect();
-        let dims: HashMap<String, String> =
-            p.get("dims").into_iter().flatten().filter_map(|t| t.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect();
+        let decisions: HashMap<String, String> = p
+            .get("audit")
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.split_once('='))
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        let dims: HashMap<String, String> = p
+            .get("dims")
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.split_once('='))
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
         let mut items = Vec::new();
         for line in r.user.lines() {
-            let Some((id, text)) = line.split_once(": ") else { continue };
-            if !id.starts_with('R') || !id[1..].chars().all(|c| c.is_ascii_digit()) || id.len() < 2 {
+            let Some((id, text)) = line.split_once(": ") else {
+                continue;
+            };
+            if !id.starts_with('R') || !id[1..].chars().all(|c| c.is_ascii_digit()) || id.len() < 2
+            {
                 continue;
             }
             let topic = topic_in(text).unwrap_or_default();
             let d = decisions.get(&topic).map(String::as_str).unwrap_or("keep");
             let (decision, rewrite) = match d.split_once('>') {
                 Some((dec, target)) => (dec, Some(topic_text('C', target))),
-                None if d == "rewrite" => (d, Some(format!("The response clearly explains fact {topic} about this case."))),
+                None if d == "rewrite" => (
+                    d,
+                    Some(format!(
+                        "The response clearly explains fact {topic} about this case."
+                    )),
+                ),
                 None => (d, None),
             };
-            let dimension = if blind { "other".to_string() } else { dims.get(&topic).cloned().unwrap_or_else(|| "diagnosis".into()) };
+            let dimension = if blind {
+                "other".to_string()
+            } else {
+                dims.get(&topic)
+                    .cloned()
+                    .unwrap_or_else(|| "diagnosis".into())
+            };
             items.push(json!({"id": id, "category": "direct_medical_fact", "dimension": dimension, "decision": decision, "rewrite": rewrite}));
         }
         return Reply::Text(json!({"audit": items}).to_string());
@@ -223,7 +287,12 @@ impl BuildServers {
 
     /// Every server, generators first.
     pub fn all(&self) -> [&ScriptedServer; 4] {
-        [&self.generators[0], &self.generators[1], &self.generators[2], &self.reviewer]
+        [
+            &self.generators[0],
+            &self.generators[1],
+            &self.generators[2],
+            &self.reviewer,
+        ]
     }
 
     /// Requests answered by all four servers.
@@ -241,7 +310,11 @@ impl BuildServers {
             )
         };
         for (l, srv) in ['A', 'B', 'C'].iter().zip(&self.generators) {
-            s.push_str(&role(&format!("generators.{l}"), &srv.url, &format!("gen-{}", l.to_ascii_lowercase())));
+            s.push_str(&role(
+                &format!("generators.{l}"),
+                &srv.url,
+                &format!("gen-{}", l.to_ascii_lowercase()),
+            ));
         }
         s.push_str(&role("reviewer", &self.reviewer.url, "reviewer"));
         s.push_str(extra);
@@ -250,6 +323,10 @@ impl BuildServers {
 
     /// The parsed config.
     pub fn config(&self, timeout_secs: f64, extra: &str) -> BuildConfig {
-        BuildConfig::from_toml(&self.config_toml(timeout_secs, extra), std::path::Path::new(".")).expect("valid test config")
+        BuildConfig::from_toml(
+            &self.config_toml(timeout_secs, extra),
+            std::path::Path::new("."),
+        )
+        .expect("valid test config")
     }
 }

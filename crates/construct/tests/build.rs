@@ -44,14 +44,25 @@ fn prompts() -> Vec<String> {
 }
 
 fn texts(r: &RubricRecord) -> Vec<&str> {
-    r.criteria.iter().filter(|c| c.kind == CriterionKind::Content).map(|c| c.text.as_str()).collect()
+    r.criteria
+        .iter()
+        .filter(|c| c.kind == CriterionKind::Content)
+        .map(|c| c.text.as_str())
+        .collect()
 }
 
 fn read_all(dir: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
-    ["rubrics.jsonl", "raw.jsonl", "clusters.jsonl", "validation.json", "stats.json", "card.md"]
-        .iter()
-        .map(|f| (f.to_string(), std::fs::read(dir.join(f)).unwrap()))
-        .collect()
+    [
+        "rubrics.jsonl",
+        "raw.jsonl",
+        "clusters.jsonl",
+        "validation.json",
+        "stats.json",
+        "card.md",
+    ]
+    .iter()
+    .map(|f| (f.to_string(), std::fs::read(dir.join(f)).unwrap()))
+    .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -62,12 +73,24 @@ async fn consensus_build_keeps_exactly_the_agreed_criteria_and_reruns_from_the_c
     std::fs::write(&input, prompts().join("\n")).unwrap();
     let out = dir.path().join("out");
     let cfg = servers.config(2.0, "");
-    let req = BuildRequest { input: input.clone(), format: InputFormat::Prompts, out_dir: out.clone(), limit: None };
+    let req = BuildRequest {
+        input: input.clone(),
+        format: InputFormat::Prompts,
+        out_dir: out.clone(),
+        limit: None,
+    };
     let summary = build(cfg.clone(), &req, Default::default()).await.unwrap();
 
-    let records: Vec<RubricRecord> = read_jsonl(&out.join("rubrics.jsonl")).unwrap().into_iter().map(|(_, r)| r).collect();
+    let records: Vec<RubricRecord> = read_jsonl(&out.join("rubrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect();
     let by_id: BTreeMap<&str, &RubricRecord> = records.iter().map(|r| (r.id.as_str(), r)).collect();
-    assert_eq!(by_id.keys().copied().collect::<Vec<_>>(), ["p-cap", "p-overlap", "p-refuse", "p-timeout"]);
+    assert_eq!(
+        by_id.keys().copied().collect::<Vec<_>>(),
+        ["p-cap", "p-overlap", "p-refuse", "p-timeout"]
+    );
 
     // Overlap: t4 has a tag disagreement, a1/a2/b1 lack support, t5 is dropped by the audit, t3 is
     // rewritten, and t2's representative is B's longer text.
@@ -80,7 +103,9 @@ async fn consensus_build_keeps_exactly_the_agreed_criteria_and_reruns_from_the_c
             "The response clearly explains fact t3 about this case."
         ]
     );
-    assert!(o.criteria[..3].iter().all(|c| c.reference_coverage == Some(Coverage::Yes)));
+    assert!(o.criteria[..3]
+        .iter()
+        .all(|c| c.reference_coverage == Some(Coverage::Yes)));
     assert_eq!(o.criteria[0].provenance.generators, ["A", "B", "C"]);
     assert_eq!(o.criteria[2].provenance.cluster_id.as_deref(), Some("K3"));
     assert_eq!(o.criteria.len(), 5);
@@ -89,14 +114,25 @@ async fn consensus_build_keeps_exactly_the_agreed_criteria_and_reruns_from_the_c
     // Timeout then success; no reference (null tags); the rewrite of t5 duplicates t1; the
     // "does not mention" cluster is dropped by the deterministic check although the audit kept it.
     let t = by_id["p-timeout"];
-    assert_eq!(texts(t), (1..=4).map(|i| format!("The response explains fact t{i} about this case.")).collect::<Vec<_>>());
+    assert_eq!(
+        texts(t),
+        (1..=4)
+            .map(|i| format!("The response explains fact t{i} about this case."))
+            .collect::<Vec<_>>()
+    );
     assert!(t.criteria.iter().all(|c| c.reference_coverage.is_none()));
 
     // Refused audit, asked again blind: everything is `other`, capped at 2.
     assert_eq!(texts(by_id["p-refuse"]).len(), 2);
     // Dimension quotas and the cap of 10.
-    let cap: Vec<String> = texts(by_id["p-cap"]).iter().map(|t| t.split_whitespace().nth(4).unwrap().to_string()).collect();
-    assert_eq!(cap, ["t1", "t2", "t3", "t5", "t6", "t7", "t8", "t10", "t11", "t12"]);
+    let cap: Vec<String> = texts(by_id["p-cap"])
+        .iter()
+        .map(|t| t.split_whitespace().nth(4).unwrap().to_string())
+        .collect();
+    assert_eq!(
+        cap,
+        ["t1", "t2", "t3", "t5", "t6", "t7", "t8", "t10", "t11", "t12"]
+    );
 
     let c = &summary.stats.counts;
     let expect = [
@@ -129,26 +165,50 @@ async fn consensus_build_keeps_exactly_the_agreed_criteria_and_reruns_from_the_c
     for (k, v) in expect {
         assert_eq!(got[k], v, "count {k}");
     }
-    let clusters: Vec<Value> =
-        std::fs::read_to_string(out.join("clusters.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let clusters: Vec<Value> = std::fs::read_to_string(out.join("clusters.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let refuse = clusters.iter().find(|c| c["id"] == "p-refuse").unwrap();
     assert_eq!(refuse["clusters"][2]["outcome"], "over_quota");
     let rej = clusters.iter().find(|c| c["id"] == "p-rejected").unwrap();
     assert_eq!(rej["outcome"]["stage"], "review");
     assert_eq!(rej["samples"]["C"]["status"], "rejected_score");
-    let raw: Vec<Value> = std::fs::read_to_string(out.join("raw.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(raw[0]["generate"]["B"]["attempts"], 2, "garbage once, then valid");
-    assert_eq!(raw[0]["generate"]["B"]["raw_outputs"].as_array().unwrap().len(), 2);
+    let raw: Vec<Value> = std::fs::read_to_string(out.join("raw.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        raw[0]["generate"]["B"]["attempts"], 2,
+        "garbage once, then valid"
+    );
+    assert_eq!(
+        raw[0]["generate"]["B"]["raw_outputs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     assert_eq!(raw[1]["generate"]["A"]["attempts"], 2, "timed out once");
     assert!(raw[4]["audit_blind"].is_object());
-    assert!(raw[7]["generate"]["A"]["error"].as_str().unwrap().contains("HTTP 500"));
-    let stats: Value = serde_json::from_slice(&std::fs::read(out.join("stats.json")).unwrap()).unwrap();
+    assert!(raw[7]["generate"]["A"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("HTTP 500"));
+    let stats: Value =
+        serde_json::from_slice(&std::fs::read(out.join("stats.json")).unwrap()).unwrap();
     assert_eq!(stats["by_source"]["stratum-b"]["kept"], 1);
     assert_eq!(stats["validation_errors"], 0);
     assert_eq!(stats["three_generator_support"], 1.0);
     let card = std::fs::read_to_string(out.join("card.md")).unwrap();
-    assert!(card.contains("| 5 consensus | clusters_tag_disagreement | 1 |"), "{card}");
-    let manifest: Value = serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    assert!(
+        card.contains("| 5 consensus | clusters_tag_disagreement | 1 |"),
+        "{card}"
+    );
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["models"]["generator-B"]["model"], "gen-b");
     assert!(manifest["prompt_versions"]["audit_blind"].is_string());
 
@@ -157,9 +217,16 @@ async fn consensus_build_keeps_exactly_the_agreed_criteria_and_reruns_from_the_c
     let answered: Vec<usize> = servers.all().iter().map(|s| s.answered()).collect();
     let again = build(cfg, &req, Default::default()).await.unwrap();
     let after: Vec<usize> = servers.all().iter().map(|s| s.answered()).collect();
-    assert_eq!(after[0] - answered[0], 4, "only p-fail's generator A is asked again (1 + 3 retries)");
+    assert_eq!(
+        after[0] - answered[0],
+        4,
+        "only p-fail's generator A is asked again (1 + 3 retries)"
+    );
     assert_eq!(&after[1..], &answered[1..]);
-    assert_eq!(again.roles["reviewer"].cached, again.roles["reviewer"].calls);
+    assert_eq!(
+        again.roles["reviewer"].cached,
+        again.roles["reviewer"].calls
+    );
     assert_eq!(read_all(&out), before);
     // Apart from generator A (its failing and timed-out calls), no request body was ever answered twice.
     assert!(servers.all()[1..].iter().all(|s| s.max_repeats() == 1));

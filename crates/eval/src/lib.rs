@@ -14,5 +14,7 @@ pub mod three_state;
 
 pub use mcq::{extract_choice, McqSummary};
 pub use mcq_data::{load_items, McqFormat, McqItem};
-pub use rubric_score::{bootstrap_std, bootstrap_std_clipped, example_score, summarize, GradedItem, RubricSummary};
+pub use rubric_score::{
+    bootstrap_std, bootstrap_std_clipped, example_score, summarize, GradedItem, RubricSummary,
+};
 pub use three_state::{summarize_three_state, three_state_score, ThreeStateSummary};

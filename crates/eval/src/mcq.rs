@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 /// `strict` (outside an explicit "answer is" marker): a one-letter label must have its own case or be
 /// closed by `)`, `]`, `.` or `:`, so the word "a" is not option A.
 fn label_at(s: &str, labels: &[&str], strict: bool) -> Option<usize> {
-    let t = s.trim_start_matches(|c: char| c.is_whitespace() || matches!(c, ':' | '*' | '(' | '[' | '{' | '"' | '\'' | '-' | '='));
+    let t = s.trim_start_matches(|c: char| {
+        c.is_whitespace() || matches!(c, ':' | '*' | '(' | '[' | '{' | '"' | '\'' | '-' | '=')
+    });
     let lower = t.to_lowercase();
     // Longest label first, so "maybe" is not read as a one-letter label.
     let mut order: Vec<usize> = (0..labels.len()).collect();
@@ -19,7 +21,10 @@ fn label_at(s: &str, labels: &[&str], strict: bool) -> Option<usize> {
         }
         let next = lower[l.len()..].chars().next();
         let whole = !next.is_some_and(|c| c.is_alphanumeric());
-        let cased = !strict || labels[i].chars().count() > 1 || t.starts_with(labels[i]) || matches!(next, Some(')' | ']' | '.' | ':'));
+        let cased = !strict
+            || labels[i].chars().count() > 1
+            || t.starts_with(labels[i])
+            || matches!(next, Some(')' | ']' | '.' | ':'));
         whole && cased
     })
 }
@@ -109,7 +114,14 @@ impl McqSummary {
         let denom = 1.0 + z * z / nn;
         let centre = (p + z * z / (2.0 * nn)) / denom;
         let half = z * (p * (1.0 - p) / nn + z * z / (4.0 * nn * nn)).sqrt() / denom;
-        Self { n, correct, invalid, accuracy: p, ci95: ((centre - half).max(0.0), (centre + half).min(1.0)), invalid_rate: invalid as f64 / nn }
+        Self {
+            n,
+            correct,
+            invalid,
+            accuracy: p,
+            ci95: ((centre - half).max(0.0), (centre + half).min(1.0)),
+            invalid_rate: invalid as f64 / nn,
+        }
     }
 }
 
@@ -138,8 +150,14 @@ mod tests {
             assert_eq!(extract_choice(text, ABCD), *want, "{text}");
         }
         let pubmed = &["yes", "no", "maybe"];
-        assert_eq!(extract_choice("Maybe; the evidence is mixed.", pubmed), Some(2));
-        assert_eq!(extract_choice("Based on the trial, the answer is yes.", pubmed), Some(0));
+        assert_eq!(
+            extract_choice("Maybe; the evidence is mixed.", pubmed),
+            Some(2)
+        );
+        assert_eq!(
+            extract_choice("Based on the trial, the answer is yes.", pubmed),
+            Some(0)
+        );
         assert_eq!(extract_choice("No.", pubmed), Some(1));
     }
 
@@ -150,6 +168,10 @@ mod tests {
         assert_eq!(s.accuracy, 0.5);
         assert_eq!(s.invalid_rate, 0.25);
         // Wilson 95% for 2/4: [0.150, 0.850].
-        assert!((s.ci95.0 - 0.1500).abs() < 1e-3 && (s.ci95.1 - 0.8500).abs() < 1e-3, "{:?}", s.ci95);
+        assert!(
+            (s.ci95.0 - 0.1500).abs() < 1e-3 && (s.ci95.1 - 0.8500).abs() < 1e-3,
+            "{:?}",
+            s.ci95
+        );
     }
 }

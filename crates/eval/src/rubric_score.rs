@@ -21,7 +21,11 @@ pub struct GradedItem {
 /// `sum(points of met items) / sum(positive points)`, unclipped (it can be negative); `None` when
 /// the rubric has no positive points.
 pub fn example_score(items: &[GradedItem]) -> Option<f64> {
-    let total: f64 = items.iter().filter(|i| i.points > 0.0).map(|i| i.points).sum();
+    let total: f64 = items
+        .iter()
+        .filter(|i| i.points > 0.0)
+        .map(|i| i.points)
+        .sum();
     if total <= 0.0 {
         return None;
     }
@@ -35,7 +39,12 @@ pub fn bootstrap_std(scores: &[f64], resamples: usize, seed: u64) -> f64 {
 }
 
 /// Standard deviation over `resamples` seeded bootstrap resamples of the mean clipped to `range`.
-pub fn bootstrap_std_clipped(scores: &[f64], resamples: usize, seed: u64, range: (f64, f64)) -> f64 {
+pub fn bootstrap_std_clipped(
+    scores: &[f64],
+    resamples: usize,
+    seed: u64,
+    range: (f64, f64),
+) -> f64 {
     if scores.len() < 2 || resamples < 2 {
         return 0.0;
     }
@@ -79,10 +88,23 @@ pub(crate) fn group_by_tag(scored: &[(&Vec<String>, f64)]) -> BTreeMap<String, V
 }
 
 /// Summarises graded examples `(example tags, items)`.
-pub fn summarize(examples: &[(Vec<String>, Vec<GradedItem>)], resamples: usize, seed: u64) -> RubricSummary {
-    let scored: Vec<(&Vec<String>, f64)> = examples.iter().filter_map(|(t, items)| example_score(items).map(|s| (t, s))).collect();
+pub fn summarize(
+    examples: &[(Vec<String>, Vec<GradedItem>)],
+    resamples: usize,
+    seed: u64,
+) -> RubricSummary {
+    let scored: Vec<(&Vec<String>, f64)> = examples
+        .iter()
+        .filter_map(|(t, items)| example_score(items).map(|s| (t, s)))
+        .collect();
     let scores: Vec<f64> = scored.iter().map(|(_, s)| *s).collect();
-    let clipped_mean = |v: &[f64]| if v.is_empty() { 0.0 } else { (v.iter().sum::<f64>() / v.len() as f64).clamp(0.0, 1.0) };
+    let clipped_mean = |v: &[f64]| {
+        if v.is_empty() {
+            0.0
+        } else {
+            (v.iter().sum::<f64>() / v.len() as f64).clamp(0.0, 1.0)
+        }
+    };
     let by_example_tag = group_by_tag(&scored);
     let mut by_item_tag: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for (_, items) in examples {
@@ -90,7 +112,11 @@ pub fn summarize(examples: &[(Vec<String>, Vec<GradedItem>)], resamples: usize, 
         tags.sort();
         tags.dedup();
         for t in tags {
-            let sub: Vec<GradedItem> = items.iter().filter(|i| i.tags.contains(t)).cloned().collect();
+            let sub: Vec<GradedItem> = items
+                .iter()
+                .filter(|i| i.tags.contains(t))
+                .cloned()
+                .collect();
             if let Some(s) = example_score(&sub) {
                 by_item_tag.entry(t.clone()).or_default().push(s);
             }
@@ -100,8 +126,14 @@ pub fn summarize(examples: &[(Vec<String>, Vec<GradedItem>)], resamples: usize, 
         examples: scores.len(),
         score: clipped_mean(&scores),
         bootstrap_std: bootstrap_std(&scores, resamples, seed),
-        by_example_tag: by_example_tag.into_iter().map(|(k, v)| (k, clipped_mean(&v))).collect(),
-        by_item_tag: by_item_tag.into_iter().map(|(k, v)| (k, clipped_mean(&v))).collect(),
+        by_example_tag: by_example_tag
+            .into_iter()
+            .map(|(k, v)| (k, clipped_mean(&v)))
+            .collect(),
+        by_item_tag: by_item_tag
+            .into_iter()
+            .map(|(k, v)| (k, clipped_mean(&v)))
+            .collect(),
     }
 }
 
@@ -110,23 +142,38 @@ mod tests {
     use super::*;
 
     fn item(points: f64, met: bool, tag: &str) -> GradedItem {
-        GradedItem { points, met, tags: vec![tag.into()] }
+        GradedItem {
+            points,
+            met,
+            tags: vec![tag.into()],
+        }
     }
 
     #[test]
     fn hand_computed_scores_with_negative_points_and_clipping() {
         // Met 5 of 5 + 3 positive points, and the -4 behaviour is present: (5 - 4) / 8.
-        let a = vec![item(5.0, true, "axis:accuracy"), item(3.0, false, "axis:completeness"), item(-4.0, true, "axis:accuracy")];
+        let a = vec![
+            item(5.0, true, "axis:accuracy"),
+            item(3.0, false, "axis:completeness"),
+            item(-4.0, true, "axis:accuracy"),
+        ];
         assert_eq!(example_score(&a), Some(0.125));
         // Only the undesirable behaviour: -6 / 2 = -3 (unclipped per example).
-        let b = vec![item(2.0, false, "axis:completeness"), item(-6.0, true, "axis:accuracy")];
+        let b = vec![
+            item(2.0, false, "axis:completeness"),
+            item(-6.0, true, "axis:accuracy"),
+        ];
         assert_eq!(example_score(&b), Some(-3.0));
         // All met: 1.
         let c = vec![item(10.0, true, "axis:accuracy")];
         assert_eq!(example_score(&c), Some(1.0));
         assert_eq!(example_score(&[item(-1.0, false, "x")]), None);
         let s = summarize(
-            &[(vec!["theme:a".into()], a), (vec!["theme:a".into()], b), (vec!["theme:b".into()], c)],
+            &[
+                (vec!["theme:a".into()], a),
+                (vec!["theme:a".into()], b),
+                (vec!["theme:b".into()], c),
+            ],
             1000,
             42,
         );
@@ -143,7 +190,9 @@ mod tests {
 
     #[test]
     fn bootstrap_is_seeded_and_close_to_the_analytic_value() {
-        let scores: Vec<f64> = (0..400).map(|i| if i % 4 == 0 { 1.0 } else { 0.2 }).collect();
+        let scores: Vec<f64> = (0..400)
+            .map(|i| if i % 4 == 0 { 1.0 } else { 0.2 })
+            .collect();
         let a = bootstrap_std(&scores, 1000, 7);
         assert_eq!(a, bootstrap_std(&scores, 1000, 7));
         // Population std of {1, 0.2, 0.2, 0.2} is sqrt(0.12) = 0.3464; std of the mean ~0.3464 / 20.

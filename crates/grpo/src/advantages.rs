@@ -37,7 +37,12 @@ pub struct GroupRelative {
 
 impl AdvantageEstimator for GroupRelative {
     fn advantages(&self, rewards: &[Option<f64>]) -> Vec<f64> {
-        let scored: Vec<f64> = rewards.iter().flatten().copied().filter(|r| r.is_finite()).collect();
+        let scored: Vec<f64> = rewards
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|r| r.is_finite())
+            .collect();
         // A naive mean of equal values can be off by an ulp, which would give a tied group tiny
         // nonzero advantages: equal bits mean no signal.
         if scored.len() < 2 || scored.iter().all(|r| r.to_bits() == scored[0].to_bits()) {
@@ -46,7 +51,10 @@ impl AdvantageEstimator for GroupRelative {
         let n = scored.len() as f64;
         let mean = scored.iter().sum::<f64>() / n;
         let denom = match self.scale {
-            ScaleRewards::Group => (scored.iter().map(|r| (r - mean) * (r - mean)).sum::<f64>() / (n - 1.0)).sqrt() + ADVANTAGE_EPS,
+            ScaleRewards::Group => {
+                (scored.iter().map(|r| (r - mean) * (r - mean)).sum::<f64>() / (n - 1.0)).sqrt()
+                    + ADVANTAGE_EPS
+            }
             ScaleRewards::None => 1.0,
         };
         rewards
@@ -65,8 +73,13 @@ pub fn is_exact_tie(rewards: &[Option<f64>], k: usize) -> bool {
     if rewards.len() != k || k < 2 {
         return false;
     }
-    let Some(Some(first)) = rewards.first().copied() else { return false };
-    first.is_finite() && rewards.iter().all(|r| matches!(r, Some(x) if x.to_bits() == first.to_bits()))
+    let Some(Some(first)) = rewards.first().copied() else {
+        return false;
+    };
+    first.is_finite()
+        && rewards
+            .iter()
+            .all(|r| matches!(r, Some(x) if x.to_bits() == first.to_bits()))
 }
 
 /// A platform-stable PRNG seed from the run seed and a key.
@@ -100,15 +113,24 @@ mod tests {
     #[test]
     fn vanilla_grpo_with_unscored_responses() {
         let grpo = |r: &[Option<f64>], scale| GroupRelative { scale }.advantages(r);
-        let a = grpo(&[Some(1.0), Some(0.0), None, Some(0.5)], ScaleRewards::Group);
+        let a = grpo(
+            &[Some(1.0), Some(0.0), None, Some(0.5)],
+            ScaleRewards::Group,
+        );
         // Scored: 1, 0, 0.5 -> mean 0.5, unbiased std 0.5.
         assert!((a[0] - 0.5 / 0.5001).abs() < 1e-12);
         assert!((a[1] + 0.5 / 0.5001).abs() < 1e-12);
         assert_eq!(a[2], 0.0);
         assert_eq!(a[3], 0.0);
-        assert_eq!(grpo(&[Some(0.3), None], ScaleRewards::Group), vec![0.0, 0.0]);
+        assert_eq!(
+            grpo(&[Some(0.3), None], ScaleRewards::Group),
+            vec![0.0, 0.0]
+        );
         assert_eq!(grpo(&[Some(0.7); 8], ScaleRewards::Group), vec![0.0; 8]);
-        assert_eq!(grpo(&[Some(1.0), Some(0.0)], ScaleRewards::None), vec![0.5, -0.5]);
+        assert_eq!(
+            grpo(&[Some(1.0), Some(0.0)], ScaleRewards::None),
+            vec![0.5, -0.5]
+        );
     }
 
     #[test]
@@ -120,8 +142,14 @@ mod tests {
         assert!(!is_exact_tie(&near, 8), "a near tie is not a tie");
         let mut incomplete = t;
         incomplete[5] = None;
-        assert!(!is_exact_tie(&incomplete, 8), "an unscored response breaks completeness");
-        assert!(!is_exact_tie(&t[..7], 8), "a removed response breaks completeness");
+        assert!(
+            !is_exact_tie(&incomplete, 8),
+            "an unscored response breaks completeness"
+        );
+        assert!(
+            !is_exact_tie(&t[..7], 8),
+            "a removed response breaks completeness"
+        );
         assert!(!is_exact_tie(&[Some(f64::NAN); 8], 8));
         assert!(!is_exact_tie(&[Some(f64::INFINITY); 8], 8));
         // Equal rationals from the scorer are equal bits.
@@ -132,7 +160,11 @@ mod tests {
     #[test]
     fn pairing_is_a_seeded_disjoint_cover() {
         let p = tie_pairs(8, 1234, "med-0001/epoch-0");
-        assert_eq!(p, tie_pairs(8, 1234, "med-0001/epoch-0"), "deterministic per seed and group");
+        assert_eq!(
+            p,
+            tie_pairs(8, 1234, "med-0001/epoch-0"),
+            "deterministic per seed and group"
+        );
         assert_eq!(p.len(), 4);
         let mut seen: Vec<usize> = p.iter().flat_map(|&(a, b)| [a, b]).collect();
         seen.sort();
@@ -141,7 +173,9 @@ mod tests {
         assert_ne!(p, tie_pairs(8, 1234, "med-0002/epoch-0"));
         assert_eq!(tie_pairs(5, 1, "g").len(), 2);
         // Golden values: the pairing must not change across releases or platforms.
-        assert_eq!(tie_pairs(8, 1234, "g"), vec![(6, 3), (7, 2), (1, 0), (4, 5)]);
+        assert_eq!(
+            tie_pairs(8, 1234, "g"),
+            vec![(6, 3), (7, 2), (1, 0), (4, 5)]
+        );
     }
 }
-

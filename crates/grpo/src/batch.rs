@@ -63,10 +63,18 @@ pub struct TokenBatch<B: Backend> {
 
 impl<B: Backend> TokenBatch<B> {
     /// Uploads `(prompt, response)` rows (four transfers). Every prompt must be non-empty.
-    pub fn new<'a>(rows: impl IntoIterator<Item = (&'a [u32], &'a [u32])>, device: &B::Device) -> Self {
+    pub fn new<'a>(
+        rows: impl IntoIterator<Item = (&'a [u32], &'a [u32])>,
+        device: &B::Device,
+    ) -> Self {
         let rows: Vec<(&[u32], &[u32])> = rows.into_iter().collect();
         let n = rows.len();
-        let s = rows.iter().map(|(p, r)| p.len() + r.len()).max().unwrap_or(0).max(1);
+        let s = rows
+            .iter()
+            .map(|(p, r)| p.len() + r.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
         let r_len = rows.iter().map(|(_, r)| r.len()).max().unwrap_or(0).max(1);
         let mut tokens = vec![0i64; n * s];
         let mut positions = vec![0i64; n * r_len];
@@ -96,7 +104,10 @@ impl<B: Backend> TokenBatch<B> {
     pub fn slice(&self, rows: Range<usize>, seq_len: usize, response_len: usize) -> Self {
         Self {
             tokens: self.tokens.clone().slice([rows.clone(), 0..seq_len]),
-            positions: self.positions.clone().slice([rows.clone(), 0..response_len]),
+            positions: self
+                .positions
+                .clone()
+                .slice([rows.clone(), 0..response_len]),
             targets: self.targets.clone().slice([rows.clone(), 0..response_len]),
             mask: self.mask.clone().slice([rows, 0..response_len]),
         }
@@ -158,11 +169,17 @@ pub struct TrainBatch<B: Backend> {
 impl<B: Backend> TrainBatch<B> {
     /// Rows `rows` as a smaller batch, padding cut to the longest row inside it.
     pub fn slice(&self, rows: Range<usize>) -> Self {
-        let (seq_len, response_len) = (longest(&self.seq_lens, rows.clone()), longest(&self.response_lens, rows.clone()));
+        let (seq_len, response_len) = (
+            longest(&self.seq_lens, rows.clone()),
+            longest(&self.response_lens, rows.clone()),
+        );
         Self {
             tokens: self.tokens.slice(rows.clone(), seq_len, response_len),
             logp_old: self.logp_old.clone().slice([rows.clone(), 0..response_len]),
-            logp_ref: self.logp_ref.as_ref().map(|t| t.clone().slice([rows.clone(), 0..response_len])),
+            logp_ref: self
+                .logp_ref
+                .as_ref()
+                .map(|t| t.clone().slice([rows.clone(), 0..response_len])),
             advantages: self.advantages.clone().slice([rows.clone()]),
             seq_lens: self.seq_lens[rows.clone()].to_vec(),
             response_lens: self.response_lens[rows].to_vec(),
@@ -187,7 +204,11 @@ pub(crate) fn longest(lens: &[usize], rows: impl IntoIterator<Item = usize>) -> 
 
 /// Splits `rows` into consecutive micro-batches whose padded size (rows x longest
 /// `prompt ++ response`) stays within `token_budget`; a micro-batch has at least one row.
-pub fn plan_micro_batches(seq_lens: &[usize], rows: Range<usize>, token_budget: usize) -> Vec<Range<usize>> {
+pub fn plan_micro_batches(
+    seq_lens: &[usize],
+    rows: Range<usize>,
+    token_budget: usize,
+) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let (mut start, mut longest) = (rows.start, 0usize);
     for r in rows.clone() {
@@ -226,10 +247,17 @@ mod tests {
         let dev = Default::default();
         let prompts: [&[u32]; 3] = [&[11, 42, 7], &[5, 9], &[3]];
         let responses: [&[u32]; 3] = [&[199, 3], &[12, 13, 14, 15], &[]];
-        let b = TokenBatch::<Flex>::new(prompts.iter().copied().zip(responses.iter().copied()), &dev);
+        let b =
+            TokenBatch::<Flex>::new(prompts.iter().copied().zip(responses.iter().copied()), &dev);
         assert_eq!(b.tokens.dims(), [3, 6]);
         assert_eq!(b.positions.dims(), [3, 4]);
-        let pos: Vec<i64> = b.positions.clone().into_data().convert::<i64>().into_vec().unwrap();
+        let pos: Vec<i64> = b
+            .positions
+            .clone()
+            .into_data()
+            .convert::<i64>()
+            .into_vec()
+            .unwrap();
         assert_eq!(pos, vec![2, 3, 0, 0, 1, 2, 3, 4, 0, 0, 0, 0]);
         let s = b.slice(0..1, 5, 2);
         let toks: Vec<i64> = s.tokens.into_data().convert::<i64>().into_vec().unwrap();

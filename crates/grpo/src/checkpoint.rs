@@ -40,7 +40,11 @@ fn io(path: &Path, e: impl std::fmt::Display) -> GrpoError {
 }
 
 /// Writes `dir` atomically: everything goes to `dir.tmp`, then `dir` is replaced.
-pub fn save_state<B, P>(learner: &Learner<B, P>, data_cursor: serde_json::Value, dir: &Path) -> Result<()>
+pub fn save_state<B, P>(
+    learner: &Learner<B, P>,
+    data_cursor: serde_json::Value,
+    dir: &Path,
+) -> Result<()>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
@@ -51,17 +55,32 @@ where
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     let rec = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
-    learner.policy.clone().save_file(tmp.join(POLICY), &rec).map_err(|e| io(&tmp.join(POLICY), e))?;
-    rec.record(learner.update.optim.to_record(), tmp.join(OPTIMIZER)).map_err(|e| io(&tmp.join(OPTIMIZER), e))?;
+    learner
+        .policy
+        .clone()
+        .save_file(tmp.join(POLICY), &rec)
+        .map_err(|e| io(&tmp.join(POLICY), e))?;
+    rec.record(learner.update.optim.to_record(), tmp.join(OPTIMIZER))
+        .map_err(|e| io(&tmp.join(OPTIMIZER), e))?;
     if let Some(reference) = &learner.reference {
-        reference.clone().save_file(tmp.join(REFERENCE), &rec).map_err(|e| io(&tmp.join(REFERENCE), e))?;
+        reference
+            .clone()
+            .save_file(tmp.join(REFERENCE), &rec)
+            .map_err(|e| io(&tmp.join(REFERENCE), e))?;
     }
-    let state = TrainingState { step: learner.step, data_cursor, learner: learner.cfg.clone(), format: 1 };
+    let state = TrainingState {
+        step: learner.step,
+        data_cursor,
+        learner: learner.cfg.clone(),
+        format: 1,
+    };
     let json = serde_json::to_vec_pretty(&state).map_err(|e| io(&tmp.join(STATE), e))?;
     std::fs::write(tmp.join(STATE), json).map_err(|e| io(&tmp.join(STATE), e))?;
     for f in std::fs::read_dir(&tmp).map_err(|e| io(&tmp, e))? {
         let f = f.map_err(|e| io(&tmp, e))?.path();
-        std::fs::File::open(&f).and_then(|h| h.sync_all()).map_err(|e| io(&f, e))?;
+        std::fs::File::open(&f)
+            .and_then(|h| h.sync_all())
+            .map_err(|e| io(&f, e))?;
     }
     // The entries of `tmp`, then the swap in the parent, made durable (the file-level twin is
     // `conrub_rubric::io::AtomicFile`).
@@ -88,12 +107,19 @@ where
 {
     // A crash between the two renames of `save_state` leaves the previous state in `dir.old`.
     let old = PathBuf::from(format!("{}.old", dir.display()));
-    let dir = if !dir.join(STATE).exists() && old.join(STATE).exists() { old.as_path() } else { dir };
+    let dir = if !dir.join(STATE).exists() && old.join(STATE).exists() {
+        old.as_path()
+    } else {
+        dir
+    };
     let state_path = dir.join(STATE);
     let text = std::fs::read_to_string(&state_path).map_err(|e| io(&state_path, e))?;
     let state: TrainingState = serde_json::from_str(&text).map_err(|e| io(&state_path, e))?;
     if state.format != 1 {
-        return Err(io(&state_path, format!("unsupported state format {}", state.format)));
+        return Err(io(
+            &state_path,
+            format!("unsupported state format {}", state.format),
+        ));
     }
     let rec = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
     learner.policy = learner
@@ -101,14 +127,22 @@ where
         .clone()
         .load_file(dir.join(POLICY), &rec, &learner.device)
         .map_err(|e| io(&dir.join(POLICY), e))?;
-    let record = rec.load(dir.join(OPTIMIZER), &learner.device).map_err(|e| io(&dir.join(OPTIMIZER), e))?;
+    let record = rec
+        .load(dir.join(OPTIMIZER), &learner.device)
+        .map_err(|e| io(&dir.join(OPTIMIZER), e))?;
     learner.update.optim = learner.update.optim.clone().load_record(record);
     learner.step = state.step;
     // The KL reference is the run's initial policy, saved with the state.
     if learner.cfg.kl_beta != 0.0 {
         let path = dir.join(REFERENCE);
-        let base = learner.reference.clone().unwrap_or_else(|| learner.policy.valid());
-        learner.reference = Some(base.load_file(path.clone(), &rec, &learner.device).map_err(|e| io(&path, e))?);
+        let base = learner
+            .reference
+            .clone()
+            .unwrap_or_else(|| learner.policy.valid());
+        learner.reference = Some(
+            base.load_file(path.clone(), &rec, &learner.device)
+                .map_err(|e| io(&path, e))?,
+        );
     }
     Ok(state)
 }

@@ -26,11 +26,22 @@ pub struct ChatTemplateCodec {
 impl TextCodec for ChatTemplateCodec {
     fn encode_prompt(&self, messages: &[Message]) -> Result<Vec<u32>> {
         self.tokenizer
-            .apply_chat_template(messages, ChatOptions { add_generation_prompt: true, enable_thinking: self.enable_thinking })
-            .map_err(|e| GrpoError::Prompt { id: String::new(), message: e.to_string() })
+            .apply_chat_template(
+                messages,
+                ChatOptions {
+                    add_generation_prompt: true,
+                    enable_thinking: self.enable_thinking,
+                },
+            )
+            .map_err(|e| GrpoError::Prompt {
+                id: String::new(),
+                message: e.to_string(),
+            })
     }
 
     fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.tokenizer.decode(ids, true).map_err(|e| GrpoError::Decode(e.to_string()))
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| GrpoError::Decode(e.to_string()))
     }
 }

@@ -54,12 +54,18 @@ pub enum GrpoError {
 impl GrpoError {
     /// A [`GrpoError::Config`] error.
     pub fn config(key: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Config { key: key.into(), message: message.into() }
+        Self::Config {
+            key: key.into(),
+            message: message.into(),
+        }
     }
 
     /// A [`GrpoError::Io`] error.
     pub fn io(path: impl Into<PathBuf>, cause: impl std::fmt::Display) -> Self {
-        Self::Io { path: path.into(), message: cause.to_string() }
+        Self::Io {
+            path: path.into(),
+            message: cause.to_string(),
+        }
     }
 }
 

@@ -55,8 +55,16 @@ pub struct TieAwareAdvantages {
 
 impl TieAwareAdvantages {
     /// Wraps `estimator`; tied groups go to `breaker` unless `mode` is [`TieMode::Off`].
-    pub fn new(estimator: Box<dyn AdvantageEstimator>, mode: TieMode, breaker: Box<dyn TieBreaker>) -> Self {
-        Self { estimator, mode, breaker }
+    pub fn new(
+        estimator: Box<dyn AdvantageEstimator>,
+        mode: TieMode,
+        breaker: Box<dyn TieBreaker>,
+    ) -> Self {
+        Self {
+            estimator,
+            mode,
+            breaker,
+        }
     }
 
     /// The tie mode.
@@ -65,20 +73,41 @@ impl TieAwareAdvantages {
     }
 
     /// Advantages of one group of `k` responses (`rewards[i]` is `None` when unscored).
-    pub async fn group(&self, rewards: &[Option<f64>], k: usize, group: &TiedGroup<'_>) -> GroupOutcome {
+    pub async fn group(
+        &self,
+        rewards: &[Option<f64>],
+        k: usize,
+        group: &TiedGroup<'_>,
+    ) -> GroupOutcome {
         let estimated = self.estimator.advantages(rewards);
         if !is_exact_tie(rewards, k) {
-            return GroupOutcome { advantages: estimated, status: TieStatus::NotTied, pairs: Vec::new() };
+            return GroupOutcome {
+                advantages: estimated,
+                status: TieStatus::NotTied,
+                pairs: Vec::new(),
+            };
         }
         match self.mode {
-            TieMode::Off => GroupOutcome { advantages: estimated, status: TieStatus::TiedUnbroken, pairs: Vec::new() },
+            TieMode::Off => GroupOutcome {
+                advantages: estimated,
+                status: TieStatus::TiedUnbroken,
+                pairs: Vec::new(),
+            },
             TieMode::Pairwise => {
                 let t = self.breaker.break_tie(group).await;
-                GroupOutcome { advantages: t.advantages, status: TieStatus::Tied, pairs: t.pairs }
+                GroupOutcome {
+                    advantages: t.advantages,
+                    status: TieStatus::Tied,
+                    pairs: t.pairs,
+                }
             }
             TieMode::GrpoDpo => {
                 let t = self.breaker.break_tie(group).await;
-                GroupOutcome { advantages: estimated, status: TieStatus::Tied, pairs: t.pairs }
+                GroupOutcome {
+                    advantages: estimated,
+                    status: TieStatus::Tied,
+                    pairs: t.pairs,
+                }
             }
         }
     }
@@ -163,7 +192,11 @@ impl TieStats {
         if self.tied_reward_histogram.is_empty() {
             self.tied_reward_histogram = vec![0; 20];
         }
-        for (a, b) in self.tied_reward_histogram.iter_mut().zip(other.tied_reward_histogram.iter()) {
+        for (a, b) in self
+            .tied_reward_histogram
+            .iter_mut()
+            .zip(other.tied_reward_histogram.iter())
+        {
             *a += b;
         }
         self.groups += other.groups;

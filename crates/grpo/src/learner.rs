@@ -22,7 +22,9 @@ use conrub_rubric::{ResponseScore, RubricRecord};
 use serde::{Deserialize, Serialize};
 
 use crate::advantages::{stable_seed, AdvantageEstimator, GroupRelative, ScaleRewards};
-use crate::batch::{longest, pad_columns, plan_micro_batches, RolloutBatch, TokenBatch, TrainBatch};
+use crate::batch::{
+    longest, pad_columns, plan_micro_batches, RolloutBatch, TokenBatch, TrainBatch,
+};
 use crate::codec::TextCodec;
 use crate::error::{GrpoError, Result};
 use crate::group::{reward_bin, GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
@@ -149,7 +151,11 @@ impl LearnerConfig {
         if !(self.lr > 0.0) {
             return bad("lr", "must be > 0");
         }
-        for (key, v) in [("ppo_epochs", self.ppo_epochs), ("mini_batches", self.mini_batches), ("rollout_prompts_per_call", self.rollout_prompts_per_call)] {
+        for (key, v) in [
+            ("ppo_epochs", self.ppo_epochs),
+            ("mini_batches", self.mini_batches),
+            ("rollout_prompts_per_call", self.rollout_prompts_per_call),
+        ] {
             if v == 0 {
                 return bad(key, "must be at least 1");
             }
@@ -347,7 +353,10 @@ where
     }
 
     /// The rollout stage (default: [`GroupSampler`] with `rollout_prompts_per_call`).
-    pub fn rollout(mut self, rollout: impl Rollout<B::InnerBackend, P::InnerModule> + 'static) -> Self {
+    pub fn rollout(
+        mut self,
+        rollout: impl Rollout<B::InnerBackend, P::InnerModule> + 'static,
+    ) -> Self {
         self.rollout = Some(Box::new(rollout));
         self
     }
@@ -364,17 +373,37 @@ where
         let cfg = self.cfg;
         cfg.validate()?;
         if cfg.activation_checkpointing {
-            self.policy.enable_activation_checkpointing().map_err(|e| GrpoError::config("learner.activation_checkpointing", e))?;
+            self.policy
+                .enable_activation_checkpointing()
+                .map_err(|e| GrpoError::config("learner.activation_checkpointing", e))?;
         }
-        let codec = self.codec.ok_or_else(|| GrpoError::config("learner", "no codec: call LearnerBuilder::codec"))?;
-        let rewards = self.rewards.ok_or_else(|| GrpoError::config("learner", "no reward source: call LearnerBuilder::rewards"))?;
+        let codec = self
+            .codec
+            .ok_or_else(|| GrpoError::config("learner", "no codec: call LearnerBuilder::codec"))?;
+        let rewards = self.rewards.ok_or_else(|| {
+            GrpoError::config("learner", "no reward source: call LearnerBuilder::rewards")
+        })?;
         let breaker: Box<dyn TieBreaker> = match (self.tie_breaker, cfg.tie_mode) {
             (Some(b), _) => b,
             (None, TieMode::Off) => Box::new(NoTieBreaker),
-            (None, mode) => return Err(GrpoError::config("learner.tie_mode", format!("{mode:?} needs a tie breaker: call LearnerBuilder::tie_breaker"))),
+            (None, mode) => {
+                return Err(GrpoError::config(
+                    "learner.tie_mode",
+                    format!("{mode:?} needs a tie breaker: call LearnerBuilder::tie_breaker"),
+                ))
+            }
         };
-        let estimator = self.estimator.unwrap_or_else(|| Box::new(GroupRelative { scale: cfg.scale_rewards }));
-        let rollout = self.rollout.unwrap_or_else(|| Box::new(GroupSampler { prompts_per_call: cfg.rollout_prompts_per_call, engine: cfg.rollout_engine.clone() }));
+        let estimator = self.estimator.unwrap_or_else(|| {
+            Box::new(GroupRelative {
+                scale: cfg.scale_rewards,
+            })
+        });
+        let rollout = self.rollout.unwrap_or_else(|| {
+            Box::new(GroupSampler {
+                prompts_per_call: cfg.rollout_prompts_per_call,
+                engine: cfg.rollout_engine.clone(),
+            })
+        });
         let update = Update::new(UpdateConfig {
             lr: cfg.lr,
             weight_decay: cfg.weight_decay,
@@ -383,7 +412,12 @@ where
             eps: cfg.adam_eps,
             max_grad_norm: cfg.max_grad_norm,
         });
-        let loss = PolicyLoss { clip: cfg.clip, aggregation: cfg.aggregation, kl_beta: cfg.kl_beta, max_response_tokens: cfg.max_response_tokens };
+        let loss = PolicyLoss {
+            clip: cfg.clip,
+            aggregation: cfg.aggregation,
+            kl_beta: cfg.kl_beta,
+            max_response_tokens: cfg.max_response_tokens,
+        };
         let reference = (cfg.kl_beta != 0.0).then(|| self.policy.valid());
         Ok(Learner {
             policy: self.policy,
@@ -421,7 +455,17 @@ where
 {
     /// Starts building a learner for `policy`.
     pub fn builder(policy: P, cfg: LearnerConfig, device: B::Device) -> LearnerBuilder<B, P> {
-        LearnerBuilder { policy, cfg, device, codec: None, rewards: None, tie_breaker: None, estimator: None, rollout: None, stop_ids: Vec::new() }
+        LearnerBuilder {
+            policy,
+            cfg,
+            device,
+            codec: None,
+            rewards: None,
+            tie_breaker: None,
+            estimator: None,
+            rollout: None,
+            stop_ids: Vec::new(),
+        }
     }
 
     /// The policy being trained.
@@ -449,7 +493,11 @@ where
         let inner = self.policy.valid();
         let rollout = self.rollout_stage(&inner, records)?;
         let rows = records.len() * k;
-        if rollout.group_size != k || rollout.prompts.len() != records.len() || rollout.rows() != rows || rollout.truncated.len() != rows {
+        if rollout.group_size != k
+            || rollout.prompts.len() != records.len()
+            || rollout.rows() != rows
+            || rollout.truncated.len() != rows
+        {
             return Err(GrpoError::Stage(format!(
                 "rollout returned {} prompts x {} (group size {}, {} truncation flags) for {} records x {k}",
                 rollout.prompts.len(),
@@ -459,24 +507,50 @@ where
                 records.len()
             )));
         }
-        let texts: Vec<String> = rollout.responses.iter().map(|r| self.codec.decode(r)).collect::<Result<_>>()?;
+        let texts: Vec<String> = rollout
+            .responses
+            .iter()
+            .map(|r| self.codec.decode(r))
+            .collect::<Result<_>>()?;
         let rollout_secs = t0.elapsed().as_secs_f64();
 
         let t1 = Instant::now();
         let scores = self.reward_stage(records, &rollout, &texts).await;
-        let outcomes = self.advantage_stage(records, &rollout, &texts, &scores).await;
-        if let Some((g, o)) = outcomes.iter().enumerate().find(|(_, o)| o.advantages.len() != k) {
-            return Err(GrpoError::Stage(format!("advantages of group {g} ({}): {} values for {k} responses", records[g].id, o.advantages.len())));
+        let outcomes = self
+            .advantage_stage(records, &rollout, &texts, &scores)
+            .await;
+        if let Some((g, o)) = outcomes
+            .iter()
+            .enumerate()
+            .find(|(_, o)| o.advantages.len() != k)
+        {
+            return Err(GrpoError::Stage(format!(
+                "advantages of group {g} ({}): {} values for {k} responses",
+                records[g].id,
+                o.advantages.len()
+            )));
         }
         if let Some((g, s)) = scores.iter().enumerate().find(|(_, s)| s.scores.len() != k) {
-            return Err(GrpoError::Stage(format!("rewards of group {g} ({}): {} scores for {k} responses", records[g].id, s.scores.len())));
+            return Err(GrpoError::Stage(format!(
+                "rewards of group {g} ({}): {} scores for {k} responses",
+                records[g].id,
+                s.scores.len()
+            )));
         }
         let judge_secs = t1.elapsed().as_secs_f64();
 
         let t2 = Instant::now();
         let batch = self.train_batch(&inner, &rollout, &outcomes);
         let dpo_pairs: Vec<(usize, usize)> = if self.cfg.tie_mode == TieMode::GrpoDpo {
-            outcomes.iter().enumerate().flat_map(|(g, o)| o.accepted_pairs().into_iter().map(move |(w, l)| (g * k + w, g * k + l))).collect()
+            outcomes
+                .iter()
+                .enumerate()
+                .flat_map(|(g, o)| {
+                    o.accepted_pairs()
+                        .into_iter()
+                        .map(move |(w, l)| (g * k + w, g * k + l))
+                })
+                .collect()
         } else {
             Vec::new()
         };
@@ -485,7 +559,11 @@ where
 
         let mut metrics = self.step_metrics(&rollout, &scores, &outcomes, update);
         metrics.dpo_pairs = dpo_pairs.len();
-        (metrics.rollout_secs, metrics.judge_secs, metrics.update_secs) = (rollout_secs, judge_secs, update_secs);
+        (
+            metrics.rollout_secs,
+            metrics.judge_secs,
+            metrics.update_secs,
+        ) = (rollout_secs, judge_secs, update_secs);
         self.step += 1;
         Ok(StepOutput {
             metrics,
@@ -496,44 +574,81 @@ where
     }
 
     /// Stage 1: `group_size` responses per record, sampled on the inner backend.
-    fn rollout_stage(&self, inner: &P::InnerModule, records: &[&RubricRecord]) -> Result<RolloutBatch> {
+    fn rollout_stage(
+        &self,
+        inner: &P::InnerModule,
+        records: &[&RubricRecord],
+    ) -> Result<RolloutBatch> {
         let prompts: Vec<Vec<u32>> = records
             .iter()
             .map(|r| {
-                self.codec.encode_prompt(&r.question).map_err(|e| GrpoError::Prompt {
-                    id: r.id.clone(),
-                    message: match e {
-                        GrpoError::Prompt { message, .. } => message,
-                        other => other.to_string(),
-                    },
-                })
+                self.codec
+                    .encode_prompt(&r.question)
+                    .map_err(|e| GrpoError::Prompt {
+                        id: r.id.clone(),
+                        message: match e {
+                            GrpoError::Prompt { message, .. } => message,
+                            other => other.to_string(),
+                        },
+                    })
             })
             .collect::<Result<_>>()?;
         if let Some(i) = prompts.iter().position(Vec::is_empty) {
-            return Err(GrpoError::Prompt { id: records[i].id.clone(), message: "renders to no tokens".into() });
+            return Err(GrpoError::Prompt {
+                id: records[i].id.clone(),
+                message: "renders to no tokens".into(),
+            });
         }
         let seed = stable_seed(self.cfg.seed, &format!("rollout/{}", self.step));
         let sampling = self.cfg.sampling(seed, &self.stop_ids);
-        self.rollout.rollout(inner, &prompts, self.cfg.group_size, &sampling, &self.device)
+        self.rollout.rollout(
+            inner,
+            &prompts,
+            self.cfg.group_size,
+            &sampling,
+            &self.device,
+        )
     }
 
     /// Stage 2: the rewards of every group, concurrently.
-    async fn reward_stage(&self, records: &[&RubricRecord], rollout: &RolloutBatch, texts: &[String]) -> Vec<GroupScores> {
+    async fn reward_stage(
+        &self,
+        records: &[&RubricRecord],
+        rollout: &RolloutBatch,
+        texts: &[String],
+    ) -> Vec<GroupScores> {
         let k = self.cfg.group_size;
         let lengths = rollout.lengths();
-        futures::future::join_all(
-            records.iter().enumerate().map(|(g, r)| self.rewards.score_group(r, &texts[g * k..(g + 1) * k], &lengths[g * k..(g + 1) * k], self.step)),
-        )
+        futures::future::join_all(records.iter().enumerate().map(|(g, r)| {
+            self.rewards.score_group(
+                r,
+                &texts[g * k..(g + 1) * k],
+                &lengths[g * k..(g + 1) * k],
+                self.step,
+            )
+        }))
         .await
     }
 
     /// Stage 3: advantages of every group; exact ties go to the tie breaker (concurrently).
-    async fn advantage_stage(&self, records: &[&RubricRecord], rollout: &RolloutBatch, texts: &[String], scores: &[GroupScores]) -> Vec<GroupOutcome> {
+    async fn advantage_stage(
+        &self,
+        records: &[&RubricRecord],
+        rollout: &RolloutBatch,
+        texts: &[String],
+        scores: &[GroupScores],
+    ) -> Vec<GroupOutcome> {
         let k = self.cfg.group_size;
         let lengths = rollout.lengths();
-        let keys: Vec<String> = records.iter().map(|r| format!("{}/{}", r.id, self.step)).collect();
+        let keys: Vec<String> = records
+            .iter()
+            .map(|r| format!("{}/{}", r.id, self.step))
+            .collect();
         let questions: Vec<String> = records.iter().map(|r| r.question_text()).collect();
-        let rewards: Vec<Vec<Option<f64>>> = scores.iter().map(|g| g.scores.iter().map(ResponseScore::reward).collect()).collect();
+        let rewards: Vec<Vec<Option<f64>>> = scores
+            .iter()
+            .map(|g| g.scores.iter().map(ResponseScore::reward).collect())
+            .collect();
         futures::future::join_all((0..records.len()).map(|g| {
             let group = TiedGroup {
                 group_key: &keys[g],
@@ -550,10 +665,20 @@ where
 
     /// Stage 4: the train batch on the device: one upload of the layout and the advantages; old
     /// (and reference) log-probs computed micro-batch by micro-batch and kept on the device.
-    fn train_batch(&self, inner: &P::InnerModule, rollout: &RolloutBatch, outcomes: &[GroupOutcome]) -> TrainBatch<B> {
+    fn train_batch(
+        &self,
+        inner: &P::InnerModule,
+        rollout: &RolloutBatch,
+        outcomes: &[GroupOutcome],
+    ) -> TrainBatch<B> {
         let n = rollout.rows();
-        let tokens = TokenBatch::<B>::new((0..n).map(|r| (rollout.prompt(r), rollout.responses[r].as_slice())), &self.device);
-        let seq_lens: Vec<usize> = (0..n).map(|r| rollout.prompt(r).len() + rollout.responses[r].len()).collect();
+        let tokens = TokenBatch::<B>::new(
+            (0..n).map(|r| (rollout.prompt(r), rollout.responses[r].as_slice())),
+            &self.device,
+        );
+        let seq_lens: Vec<usize> = (0..n)
+            .map(|r| rollout.prompt(r).len() + rollout.responses[r].len())
+            .collect();
         let response_lens: Vec<usize> = rollout.responses.iter().map(Vec::len).collect();
         let width = tokens.positions.dims()[1];
         let inner_tokens = tokens.inner();
@@ -562,13 +687,24 @@ where
             let parts: Vec<_> = micro
                 .iter()
                 .map(|m| {
-                    let (s, r) = (longest(&seq_lens, m.clone()), longest(&response_lens, m.clone()));
-                    pad_columns(model.response_logprobs(&inner_tokens.slice(m.clone(), s, r)).logprobs, width)
+                    let (s, r) = (
+                        longest(&seq_lens, m.clone()),
+                        longest(&response_lens, m.clone()),
+                    );
+                    pad_columns(
+                        model
+                            .response_logprobs(&inner_tokens.slice(m.clone(), s, r))
+                            .logprobs,
+                        width,
+                    )
                 })
                 .collect();
             Tensor::from_inner(Tensor::cat(parts, 0))
         };
-        let advantages: Vec<f32> = outcomes.iter().flat_map(|o| o.advantages.iter().map(|&a| a as f32)).collect();
+        let advantages: Vec<f32> = outcomes
+            .iter()
+            .flat_map(|o| o.advantages.iter().map(|&a| a as f32))
+            .collect();
         TrainBatch {
             logp_old: logprobs(inner),
             logp_ref: self.reference.as_ref().map(logprobs),
@@ -595,11 +731,15 @@ where
             for mini in &minis {
                 let mini_tokens: usize = batch.response_lens[mini.clone()].iter().sum();
                 let mut acc = GradientsAccumulator::<P>::new();
-                for micro in plan_micro_batches(&batch.seq_lens, mini.clone(), self.cfg.micro_batch_tokens) {
+                for micro in
+                    plan_micro_batches(&batch.seq_lens, mini.clone(), self.cfg.micro_batch_tokens)
+                {
                     let mb = batch.slice(micro.clone());
                     // Weights that make the sum over micro-batches the mini-batch's aggregate.
                     let weight = match self.cfg.aggregation {
-                        Aggregation::GlobalTokenMean => mb.response_tokens() as f64 / mini_tokens.max(1) as f64,
+                        Aggregation::GlobalTokenMean => {
+                            mb.response_tokens() as f64 / mini_tokens.max(1) as f64
+                        }
                         _ => micro.len() as f64 / mini.len() as f64,
                     };
                     let mut parts: Option<Tensor<B::InnerBackend, 1>> = None;
@@ -615,7 +755,10 @@ where
                         if last {
                             let w = mb.response_tokens() as f64;
                             let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
-                            let zero = || Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device()).cast(DType::F32);
+                            let zero = || {
+                                Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device())
+                                    .cast(DType::F32)
+                            };
                             has_entropy |= out_lp.entropy.is_some();
                             parts = Some(Tensor::cat(
                                 vec![
@@ -640,7 +783,11 @@ where
                     }
                     acc.accumulate(&self.policy, grads);
                 }
-                let pairs: Vec<(usize, usize)> = dpo_pairs.iter().copied().filter(|(w, _)| mini.contains(w)).collect();
+                let pairs: Vec<(usize, usize)> = dpo_pairs
+                    .iter()
+                    .copied()
+                    .filter(|(w, _)| mini.contains(w))
+                    .collect();
                 if !pairs.is_empty() {
                     acc.accumulate(&self.policy, self.dpo_gradients(batch, &pairs));
                 }
@@ -652,8 +799,16 @@ where
         // The one read of the update's numbers.
         let steps = norms.len();
         let mut all = norms;
-        all.push(sums.unwrap_or_else(|| Tensor::<B, 1>::zeros([5], &self.device).inner().cast(DType::F32)));
-        let host: Vec<f64> = Tensor::cat(all, 0).into_data().convert::<f64>().into_vec().expect("f64 metrics");
+        all.push(sums.unwrap_or_else(|| {
+            Tensor::<B, 1>::zeros([5], &self.device)
+                .inner()
+                .cast(DType::F32)
+        }));
+        let host: Vec<f64> = Tensor::cat(all, 0)
+            .into_data()
+            .convert::<f64>()
+            .into_vec()
+            .expect("f64 metrics");
         let (norms, s) = host.split_at(steps);
         let tokens = token_count.max(1) as f64;
         UpdateStats {
@@ -672,9 +827,20 @@ where
         let rows: Vec<usize> = pairs.iter().flat_map(|&(w, l)| [w, l]).collect();
         let index = row_index::<B>(&rows, &self.device);
         // Padding cut to the longest of these rows, as for a micro-batch.
-        let (seq_len, response_len) = (longest(&batch.seq_lens, rows.iter().copied()), longest(&batch.response_lens, rows.iter().copied()));
-        let tokens = batch.tokens.select(index.clone()).slice(0..rows.len(), seq_len, response_len);
-        let old = batch.logp_old.clone().select(0, index).sum_dim(1).reshape([rows.len()]);
+        let (seq_len, response_len) = (
+            longest(&batch.seq_lens, rows.iter().copied()),
+            longest(&batch.response_lens, rows.iter().copied()),
+        );
+        let tokens = batch
+            .tokens
+            .select(index.clone())
+            .slice(0..rows.len(), seq_len, response_len);
+        let old = batch
+            .logp_old
+            .clone()
+            .select(0, index)
+            .sum_dim(1)
+            .reshape([rows.len()]);
         let p = pairs.len();
         let winners = row_index::<B>(&(0..p).map(|i| 2 * i).collect::<Vec<_>>(), &self.device);
         let losers = row_index::<B>(&(0..p).map(|i| 2 * i + 1).collect::<Vec<_>>(), &self.device);
@@ -693,9 +859,18 @@ where
     }
 
     /// Stage 6: the step's metrics (host arithmetic on what the stages returned).
-    fn step_metrics(&self, rollout: &RolloutBatch, scores: &[GroupScores], outcomes: &[GroupOutcome], u: UpdateStats) -> StepMetrics {
+    fn step_metrics(
+        &self,
+        rollout: &RolloutBatch,
+        scores: &[GroupScores],
+        outcomes: &[GroupOutcome],
+        u: UpdateStats,
+    ) -> StepMetrics {
         let n = rollout.rows();
-        let rewards: Vec<Vec<Option<f64>>> = scores.iter().map(|g| g.scores.iter().map(ResponseScore::reward).collect()).collect();
+        let rewards: Vec<Vec<Option<f64>>> = scores
+            .iter()
+            .map(|g| g.scores.iter().map(ResponseScore::reward).collect())
+            .collect();
         let scored: Vec<f64> = rewards.iter().flatten().flatten().copied().collect();
         let mut m = StepMetrics {
             step: self.step,
@@ -715,7 +890,9 @@ where
         if !scored.is_empty() {
             let mean = scored.iter().sum::<f64>() / scored.len() as f64;
             m.reward_mean = mean;
-            m.reward_std_population = (scored.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / scored.len() as f64).sqrt();
+            m.reward_std_population = (scored.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>()
+                / scored.len() as f64)
+                .sqrt();
         }
         m.reward_histogram = vec![0; 20];
         for r in &scored {
@@ -728,14 +905,32 @@ where
         lens.sort_unstable();
         m.response_tokens = lens.iter().sum();
         m.response_len_mean = m.response_tokens as f64 / n.max(1) as f64;
-        m.response_len_p90 = lens.get(((0.9 * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1).copied().unwrap_or(0);
+        m.response_len_p90 = lens
+            .get(((0.9 * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1)
+            .copied()
+            .unwrap_or(0);
         m.response_len_max = lens.last().copied().unwrap_or(0);
         m.truncated = rollout.truncated.iter().filter(|t| **t).count();
         let e = &rollout.engine;
-        (m.rollout_preemptions, m.rollout_kv_blocks, m.rollout_peak_kv_blocks, m.rollout_peak_running_rows) = (e.preemptions, e.kv_blocks, e.peak_kv_blocks, e.peak_running_rows);
-        (m.rollout_mean_running_rows, m.rollout_prefill_tokens, m.rollout_decode_steps) = (e.mean_running_rows, e.prefill_tokens, e.decode_steps);
+        (
+            m.rollout_preemptions,
+            m.rollout_kv_blocks,
+            m.rollout_peak_kv_blocks,
+            m.rollout_peak_running_rows,
+        ) = (
+            e.preemptions,
+            e.kv_blocks,
+            e.peak_kv_blocks,
+            e.peak_running_rows,
+        );
+        (
+            m.rollout_mean_running_rows,
+            m.rollout_prefill_tokens,
+            m.rollout_decode_steps,
+        ) = (e.mean_running_rows, e.prefill_tokens, e.decode_steps);
         m.judge_retries = scores.iter().map(|g| g.judge_retries as u64).sum();
-        m.judge_latency_ms = scores.iter().map(|g| g.judge_latency_ms).sum::<f64>() / n.max(1) as f64;
+        m.judge_latency_ms =
+            scores.iter().map(|g| g.judge_latency_ms).sum::<f64>() / n.max(1) as f64;
         m
     }
 }

@@ -53,14 +53,19 @@ mod trainer;
 mod update;
 mod warmup;
 
-pub use advantages::{is_exact_tie, tie_pairs, AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus, ADVANTAGE_EPS};
+pub use advantages::{
+    is_exact_tie, tie_pairs, AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus,
+    ADVANTAGE_EPS,
+};
 pub use batch::{RolloutBatch, TokenBatch, TrainBatch};
 pub use checkpoint::{load_state, save_state, TrainingState};
 pub use codec::{ChatTemplateCodec, TextCodec};
 pub use error::{GrpoError, Result};
 pub use group::{GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
 pub use learner::{Learner, LearnerBuilder, LearnerConfig, StepMetrics, StepOutput};
-pub use loss::{dpo_pair_loss, Aggregation, ClipRange, PolicyLoss, SurrogateBatch, SurrogateOutput};
+pub use loss::{
+    dpo_pair_loss, Aggregation, ClipRange, PolicyLoss, SurrogateBatch, SurrogateOutput,
+};
 pub use memory::{MemoryPlan, MemoryPlanInput, ModelShape};
 pub use policy::{sample_by_recomputation, Policy, ResponseLogprobs};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};

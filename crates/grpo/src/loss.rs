@@ -25,7 +25,10 @@ pub struct ClipRange {
 
 impl Default for ClipRange {
     fn default() -> Self {
-        Self { low: 0.20, high: 0.28 }
+        Self {
+            low: 0.20,
+            high: 0.28,
+        }
     }
 }
 
@@ -97,7 +100,13 @@ impl PolicyLoss {
     /// # Shapes
     /// See [`SurrogateBatch`] (in) and [`SurrogateOutput`] (out).
     pub fn compute<B: GrpoOps>(&self, batch: SurrogateBatch<B>) -> SurrogateOutput<B> {
-        let SurrogateBatch { logp, logp_old, advantages, mask, logp_ref } = batch;
+        let SurrogateBatch {
+            logp,
+            logp_old,
+            advantages,
+            mask,
+            logp_ref,
+        } = batch;
         let [n, _t] = logp.dims();
         let reduce = match self.aggregation {
             Aggregation::SequenceMean => Reduce::MeanPerResponse,
@@ -108,7 +117,10 @@ impl PolicyLoss {
             logp_old,
             advantages,
             mask.clone(),
-            Clip { low: self.clip.low, high: self.clip.high },
+            Clip {
+                low: self.clip.low,
+                high: self.clip.high,
+            },
             reduce,
         );
         let tokens = mask.clone().sum().clamp_min(1.0);
@@ -116,7 +128,9 @@ impl PolicyLoss {
         let aggregate = |per_response: Tensor<B, 1>| match self.aggregation {
             Aggregation::SequenceMean => per_response.mean(),
             Aggregation::GlobalTokenMean => per_response.sum() / tokens.clone(),
-            Aggregation::DrGrpo => per_response.sum() / (n * self.max_response_tokens.max(1)) as f64,
+            Aggregation::DrGrpo => {
+                per_response.sum() / (n * self.max_response_tokens.max(1)) as f64
+            }
         };
         let mut loss = aggregate(fused.per_response);
         let kl = logp_ref.filter(|_| self.kl_beta != 0.0).map(|r| {
@@ -132,7 +146,12 @@ impl PolicyLoss {
         }
         let frac = |count: Tensor<B, 1>| (count.sum() / tokens.clone()).detach();
         let kl_mean = kl.map(|k| (k.sum() / tokens.clone()).detach());
-        SurrogateOutput { loss, clip_low: frac(fused.clip_low), clip_high: frac(fused.clip_high), kl: kl_mean }
+        SurrogateOutput {
+            loss,
+            clip_low: frac(fused.clip_low),
+            clip_high: frac(fused.clip_high),
+            kl: kl_mean,
+        }
     }
 }
 

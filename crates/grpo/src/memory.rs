@@ -105,7 +105,13 @@ pub struct ModelShape {
     pub tie_word_embeddings: bool,
 }
 
-const fn qwen3(hidden: usize, intermediate: usize, layers: usize, heads: usize, tied: bool) -> ModelShape {
+const fn qwen3(
+    hidden: usize,
+    intermediate: usize,
+    layers: usize,
+    heads: usize,
+    tied: bool,
+) -> ModelShape {
     ModelShape {
         vocab_size: 151_936,
         hidden_size: hidden,
@@ -127,8 +133,14 @@ pub const KNOWN_SHAPES: &[(&str, ModelShape)] = &[
     ("Qwen/Qwen3-1.7B-Base", qwen3(2048, 6144, 28, 16, true)),
     ("Qwen/Qwen3-4B", qwen3(2560, 9728, 36, 32, true)),
     ("Qwen/Qwen3-4B-Base", qwen3(2560, 9728, 36, 32, true)),
-    ("Qwen/Qwen3-4B-Instruct-2507", qwen3(2560, 9728, 36, 32, true)),
-    ("Qwen/Qwen3-4B-Thinking-2507", qwen3(2560, 9728, 36, 32, true)),
+    (
+        "Qwen/Qwen3-4B-Instruct-2507",
+        qwen3(2560, 9728, 36, 32, true),
+    ),
+    (
+        "Qwen/Qwen3-4B-Thinking-2507",
+        qwen3(2560, 9728, 36, 32, true),
+    ),
     ("Qwen/Qwen3-8B", qwen3(4096, 12288, 36, 32, false)),
     ("Qwen/Qwen3-8B-Base", qwen3(4096, 12288, 36, 32, false)),
     ("Qwen/Qwen3-14B", qwen3(5120, 17408, 40, 40, false)),
@@ -153,7 +165,10 @@ impl ModelShape {
 
     /// The shape of a released Qwen3 by hub id (case-insensitive), from [`KNOWN_SHAPES`].
     pub fn known(hub_id: &str) -> Option<Self> {
-        KNOWN_SHAPES.iter().find(|(id, _)| id.eq_ignore_ascii_case(hub_id)).map(|(_, s)| *s)
+        KNOWN_SHAPES
+            .iter()
+            .find(|(id, _)| id.eq_ignore_ascii_case(hub_id))
+            .map(|(_, s)| *s)
     }
 
     /// Parameters of one decoder layer: q, k, v, o projections, q/k norms, two layer norms, and
@@ -169,7 +184,9 @@ impl ModelShape {
     pub fn parameters(&self) -> u64 {
         let vh = (self.vocab_size * self.hidden_size) as u64;
         let head = if self.tie_word_embeddings { 0 } else { vh };
-        vh + head + self.num_hidden_layers as u64 * self.layer_parameters() + self.hidden_size as u64
+        vh + head
+            + self.num_hidden_layers as u64 * self.layer_parameters()
+            + self.hidden_size as u64
     }
 
     /// Elements of the largest parameter tensor.
@@ -191,12 +208,23 @@ impl ModelShape {
     /// f32: one inverse RMS per normed row, and below f32 the f32 copy of each norm's input
     /// (`2H + (n_h + n_kv) d`).
     pub fn layer_activation_bytes(&self, c: f64) -> f64 {
-        let (h, i, d) = (self.hidden_size as f64, self.intermediate_size as f64, self.head_dim as f64);
-        let (nh, nkv) = (self.num_attention_heads as f64, self.num_key_value_heads as f64);
+        let (h, i, d) = (
+            self.hidden_size as f64,
+            self.intermediate_size as f64,
+            self.head_dim as f64,
+        );
+        let (nh, nkv) = (
+            self.num_attention_heads as f64,
+            self.num_key_value_heads as f64,
+        );
         let compute = 5.0 * h + 4.0 * (nh + nkv) * d + 4.0 * i;
         let lse = nh;
         let inv_rms = 2.0 + nh + nkv;
-        let f32_copies = if c < 4.0 { 2.0 * h + (nh + nkv) * d } else { 0.0 };
+        let f32_copies = if c < 4.0 {
+            2.0 * h + (nh + nkv) * d
+        } else {
+            0.0
+        };
         c * compute + 4.0 * (lse + inv_rms + f32_copies)
     }
 
@@ -204,8 +232,15 @@ impl ModelShape {
     /// stream, normed input and projections `3H + (n_h + 2 n_kv) d`, and three `I`-wide MLP tensors,
     /// plus below f32 the norms' f32 copies (`2H`).
     pub fn inference_bytes_per_token(&self, c: f64) -> f64 {
-        let (h, i, d) = (self.hidden_size as f64, self.intermediate_size as f64, self.head_dim as f64);
-        let (nh, nkv) = (self.num_attention_heads as f64, self.num_key_value_heads as f64);
+        let (h, i, d) = (
+            self.hidden_size as f64,
+            self.intermediate_size as f64,
+            self.head_dim as f64,
+        );
+        let (nh, nkv) = (
+            self.num_attention_heads as f64,
+            self.num_key_value_heads as f64,
+        );
         let f32_copies = if c < 4.0 { 2.0 * h } else { 0.0 };
         c * (3.0 * h + (nh + 2.0 * nkv) * d + 3.0 * i) + 4.0 * f32_copies
     }
@@ -286,7 +321,10 @@ impl MemoryPlanInput {
 
     /// Rows of one sampling call: `min(rollout_prompts_per_call, prompts_per_step) x group_size`.
     pub fn rollout_rows(&self) -> usize {
-        self.rollout_prompts_per_call.min(self.prompts_per_step).max(1) * self.group_size
+        self.rollout_prompts_per_call
+            .min(self.prompts_per_step)
+            .max(1)
+            * self.group_size
     }
 
     /// Rows the engine decodes at once at most: `min(rollout_rows, rollout_max_rows)`.
@@ -301,7 +339,9 @@ impl MemoryPlanInput {
 
     /// KV blocks of one full-length row.
     pub fn full_row_blocks(&self) -> usize {
-        self.sequence_tokens().div_ceil(self.kv_block_size.max(1)).max(1)
+        self.sequence_tokens()
+            .div_ceil(self.kv_block_size.max(1))
+            .max(1)
     }
 
     /// Full-length rows in one micro-batch (at least one; at most the step's rows).
@@ -425,15 +465,28 @@ impl std::fmt::Display for DoesNotFit {
 impl std::error::Error for DoesNotFit {}
 
 fn part(name: &'static str, label: impl Into<String>, phase: Phase, bytes: f64) -> Part {
-    Part { name, label: label.into(), phase, bytes }
+    Part {
+        name,
+        label: label.into(),
+        phase,
+        bytes,
+    }
 }
 
 fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
     let m = &i.model;
     let c = i.compute_bytes();
     let p = m.parameters() as f64;
-    let (v, h, l) = (m.vocab_size as f64, m.hidden_size as f64, m.num_hidden_layers as f64);
-    let (nh, nkv, d) = (m.num_attention_heads as f64, m.num_key_value_heads as f64, m.head_dim as f64);
+    let (v, h, l) = (
+        m.vocab_size as f64,
+        m.hidden_size as f64,
+        m.num_hidden_layers as f64,
+    );
+    let (nh, nkv, d) = (
+        m.num_attention_heads as f64,
+        m.num_key_value_heads as f64,
+        m.head_dim as f64,
+    );
     let s = i.sequence_tokens() as f64;
     let n = (i.micro_batch_rows() * i.sequence_tokens()) as f64;
     let layer = m.layer_activation_bytes(c);
@@ -444,20 +497,38 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
         "train_batch",
         "train batch (ids, mask, old log-probs)",
         Phase::Training,
-        (i.step_rows() as f64) * s * (TRAIN_BATCH_BYTES_PER_TOKEN + if i.keep_reference { 4.0 } else { 0.0 }),
+        (i.step_rows() as f64)
+            * s
+            * (TRAIN_BATCH_BYTES_PER_TOKEN + if i.keep_reference { 4.0 } else { 0.0 }),
     )];
     if summing {
-        parts.push(part("gradients", "gradients summed over the step's micro-batches (f32)", Phase::Training, 4.0 * p));
+        parts.push(part(
+            "gradients",
+            "gradients summed over the step's micro-batches (f32)",
+            Phase::Training,
+            4.0 * p,
+        ));
     }
     if mixed {
         let (label, bytes) = if i.activation_checkpointing {
-            ("bf16 weight copies (one layer + head)", 2.0 * (layer_params + v * h))
+            (
+                "bf16 weight copies (one layer + head)",
+                2.0 * (layer_params + v * h),
+            )
         } else {
-            ("bf16 weight copies (all layers + head)", 2.0 * (l * layer_params + v * h + h))
+            (
+                "bf16 weight copies (all layers + head)",
+                2.0 * (l * layer_params + v * h + h),
+            )
         };
         parts.push(part("bf16_weight_copies", label, Phase::MicroBatch, bytes));
     }
-    parts.push(part("layer_inputs", "layer inputs (residual stream, every layer)", Phase::MicroBatch, l * n * h * c));
+    parts.push(part(
+        "layer_inputs",
+        "layer inputs (residual stream, every layer)",
+        Phase::MicroBatch,
+        l * n * h * c,
+    ));
     if i.activation_checkpointing {
         parts.push(part(
             "layer_activations",
@@ -475,9 +546,19 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
     }
     // The backward makes the gradients top down while it frees the tape: at its start (the peak
     // of the tape) only the head's and one layer's exist.
-    parts.push(part("backward_gradients", "gradients made so far (head + one layer, f32)", Phase::MicroBatch, 4.0 * (v * h + layer_params)));
+    parts.push(part(
+        "backward_gradients",
+        "gradients made so far (head + one layer, f32)",
+        Phase::MicroBatch,
+        4.0 * (v * h + layer_params),
+    ));
     let norm_f32 = if c < 4.0 { n * h * 4.0 } else { 0.0 } + n * 4.0;
-    parts.push(part("final_hidden", "final hidden states + grad", Phase::MicroBatch, n * h * c * FINAL_HIDDEN_COPIES + norm_f32));
+    parts.push(part(
+        "final_hidden",
+        "final hidden states + grad",
+        Phase::MicroBatch,
+        n * h * c * FINAL_HIDDEN_COPIES + norm_f32,
+    ));
     parts.push(part(
         "lm_head_chunk",
         format!("LM head chunk ({} tokens x vocab, f32)", i.chunk_tokens),
@@ -493,9 +574,19 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
     ));
     let largest = m.largest_tensor() as f64 * 4.0;
     if summing {
-        parts.push(part("micro_batch_gradients", "one micro-batch's gradients (f32) + sum transient", Phase::GradientSum, 4.0 * p + largest));
+        parts.push(part(
+            "micro_batch_gradients",
+            "one micro-batch's gradients (f32) + sum transient",
+            Phase::GradientSum,
+            4.0 * p + largest,
+        ));
     } else {
-        parts.push(part("micro_batch_gradients", "the micro-batch's gradients (f32)", Phase::OptimizerStep, 4.0 * p));
+        parts.push(part(
+            "micro_batch_gradients",
+            "the micro-batch's gradients (f32)",
+            Phase::OptimizerStep,
+            4.0 * p,
+        ));
     }
     parts.push(part(
         "optimizer_step_transient",
@@ -511,7 +602,11 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
 pub fn training_peak_of_parts(parts: &[Part]) -> f64 {
     let s = |ph: Phase| sum(parts, ph);
     let micro = s(Phase::MicroBatch) + s(Phase::HeadBackward).max(s(Phase::LayerBackward));
-    s(Phase::Always) + s(Phase::Training) + micro.max(s(Phase::GradientSum)).max(s(Phase::OptimizerStep))
+    s(Phase::Always)
+        + s(Phase::Training)
+        + micro
+            .max(s(Phase::GradientSum))
+            .max(s(Phase::OptimizerStep))
 }
 
 /// The engine's transient at `rows` running rows: the larger of a decode step at full length and
@@ -525,25 +620,48 @@ fn rollout_transient(i: &MemoryPlanInput) -> f64 {
     // shared memory), so one token's activations per row, the block tables, the logits and the
     // sampler's f32 copies.
     let table = (conrub_qwen3::attended_blocks(i.full_row_blocks()) * 8) as f64;
-    let decode = rows * (m.inference_bytes_per_token(c) + table) + rows * v * (c + 4.0 * SAMPLING_COPIES);
+    let decode =
+        rows * (m.inference_bytes_per_token(c) + table) + rows * v * (c + 4.0 * SAMPLING_COPIES);
     // Prefill: one prompt (the engine prefills each alone) through one layer, its attention
     // blocks, and one row of logits.
     let p = i.max_prompt_tokens.max(1) as f64;
     let block = (ATTENTION_QUERY_BLOCK as f64).min(p);
-    let prefill = p * m.inference_bytes_per_token(c) + nh * block * p * 4.0 * ATTENTION_BLOCK_COPIES + v * (c + 4.0);
+    let prefill = p * m.inference_bytes_per_token(c)
+        + nh * block * p * 4.0 * ATTENTION_BLOCK_COPIES
+        + v * (c + 4.0);
     decode.max(prefill)
 }
 
 fn always_parts(i: &MemoryPlanInput) -> Vec<Part> {
     let p = i.model.parameters() as f64;
     let mut parts = vec![
-        part("weights_f32", "weights (f32 master)", Phase::Always, 4.0 * p),
-        part("adamw_moments", "AdamW moments (f32, 2 per weight)", Phase::Always, 8.0 * p),
+        part(
+            "weights_f32",
+            "weights (f32 master)",
+            Phase::Always,
+            4.0 * p,
+        ),
+        part(
+            "adamw_moments",
+            "AdamW moments (f32, 2 per weight)",
+            Phase::Always,
+            8.0 * p,
+        ),
     ];
     if i.keep_reference {
-        parts.push(part("reference_weights", "reference model (f32, kl_beta > 0)", Phase::Always, 4.0 * p));
+        parts.push(part(
+            "reference_weights",
+            "reference model (f32, kl_beta > 0)",
+            Phase::Always,
+            4.0 * p,
+        ));
     }
-    parts.push(part("runtime_reserve", "runtime reserve (CUDA context, kernels, slack)", Phase::Always, RUNTIME_RESERVE_BYTES));
+    parts.push(part(
+        "runtime_reserve",
+        "runtime reserve (CUDA context, kernels, slack)",
+        Phase::Always,
+        RUNTIME_RESERVE_BYTES,
+    ));
     parts
 }
 
@@ -563,9 +681,14 @@ fn kv_pool_bytes(i: &MemoryPlanInput) -> f64 {
         Some(gb) => gb * GB,
         None => {
             let always: f64 = always_parts(i).iter().map(|p| p.bytes).sum();
-            let room = (i.gpu_bytes() - always - rollout_weights(i) - rollout_transient(i)).max(0.0) * AUTO_KV_SHARE;
+            let room = (i.gpu_bytes() - always - rollout_weights(i) - rollout_transient(i))
+                .max(0.0)
+                * AUTO_KV_SHARE;
             let prompts = i.rollout_prompts_per_call.min(i.prompts_per_step).max(1);
-            let need = (i.rollout_rows() * i.full_row_blocks() + prompts * i.max_prompt_tokens.div_ceil(i.kv_block_size.max(1))) as f64 * block;
+            let need = (i.rollout_rows() * i.full_row_blocks()
+                + prompts * i.max_prompt_tokens.div_ceil(i.kv_block_size.max(1)))
+                as f64
+                * block;
             room.min(need)
         }
     };
@@ -575,32 +698,59 @@ fn kv_pool_bytes(i: &MemoryPlanInput) -> f64 {
 fn rollout_parts(i: &MemoryPlanInput) -> Vec<Part> {
     let mut parts = Vec::new();
     if i.precision == Precision::Bf16Mixed {
-        parts.push(part("rollout_weights_bf16", "rollout weights (bf16 copy)", Phase::Rollout, rollout_weights(i)));
+        parts.push(part(
+            "rollout_weights_bf16",
+            "rollout weights (bf16 copy)",
+            Phase::Rollout,
+            rollout_weights(i),
+        ));
     }
     let pool = kv_pool_bytes(i);
     let blocks = (pool / i.kv_block_bytes()).round() as usize;
     let c = i.precision.compute_bytes();
     parts.push(part(
         "kv_cache",
-        format!("rollout KV pool ({blocks} blocks x {}, {})", i.kv_block_size, if c == 2 { "bf16" } else { "f32" }),
+        format!(
+            "rollout KV pool ({blocks} blocks x {}, {})",
+            i.kv_block_size,
+            if c == 2 { "bf16" } else { "f32" }
+        ),
         Phase::Rollout,
         pool,
     ));
-    parts.push(part("rollout_transient", format!("rollout transient ({} rows decoding, or a prefill)", i.decode_rows()), Phase::Rollout, rollout_transient(i)));
+    parts.push(part(
+        "rollout_transient",
+        format!(
+            "rollout transient ({} rows decoding, or a prefill)",
+            i.decode_rows()
+        ),
+        Phase::Rollout,
+        rollout_transient(i),
+    ));
     parts
 }
 
 fn sum(parts: &[Part], phase: Phase) -> f64 {
-    parts.iter().filter(|p| p.phase == phase).map(|p| p.bytes).sum()
+    parts
+        .iter()
+        .filter(|p| p.phase == phase)
+        .map(|p| p.bytes)
+        .sum()
 }
 
 fn training_peak_of(i: &MemoryPlanInput) -> f64 {
-    let parts: Vec<Part> = always_parts(i).into_iter().chain(training_parts(i)).collect();
+    let parts: Vec<Part> = always_parts(i)
+        .into_iter()
+        .chain(training_parts(i))
+        .collect();
     training_peak_of_parts(&parts)
 }
 
 fn rollout_peak_of(i: &MemoryPlanInput) -> f64 {
-    let parts: Vec<Part> = always_parts(i).into_iter().chain(rollout_parts(i)).collect();
+    let parts: Vec<Part> = always_parts(i)
+        .into_iter()
+        .chain(rollout_parts(i))
+        .collect();
     sum(&parts, Phase::Always) + sum(&parts, Phase::Rollout)
 }
 
@@ -623,14 +773,25 @@ impl MemoryPlan {
     pub fn new(input: MemoryPlanInput) -> Self {
         let gpu = input.gpu_bytes();
         let rows = input.rollout_rows();
-        let parts: Vec<Part> = always_parts(&input).into_iter().chain(training_parts(&input)).chain(rollout_parts(&input)).collect();
+        let parts: Vec<Part> = always_parts(&input)
+            .into_iter()
+            .chain(training_parts(&input))
+            .chain(rollout_parts(&input))
+            .collect();
         let training_peak = training_peak_of(&input);
         let rollout_peak = rollout_peak_of(&input);
         let kv_pool_blocks = (kv_pool_bytes(&input) / input.kv_block_bytes()).round() as usize;
         let s = input.sequence_tokens().max(1);
-        let whole_step = (input.step_rows().max(1) * s).next_multiple_of(MICRO_BATCH_STEP) / MICRO_BATCH_STEP;
+        let whole_step =
+            (input.step_rows().max(1) * s).next_multiple_of(MICRO_BATCH_STEP) / MICRO_BATCH_STEP;
         let max_micro_batch_tokens = MICRO_BATCH_STEP
-            * largest(whole_step, |k| k > 0 && training_peak_of(&MemoryPlanInput { micro_batch_tokens: k * MICRO_BATCH_STEP, ..input.clone() }) <= gpu);
+            * largest(whole_step, |k| {
+                k > 0
+                    && training_peak_of(&MemoryPlanInput {
+                        micro_batch_tokens: k * MICRO_BATCH_STEP,
+                        ..input.clone()
+                    }) <= gpu
+            });
         let max_rollout_rows = kv_pool_blocks / input.full_row_blocks();
         Self {
             parameters: input.model.parameters(),
@@ -682,14 +843,22 @@ impl MemoryPlan {
     pub fn check(&self, gpu_bytes: u64) -> Result<(), DoesNotFit> {
         let gb = gpu_bytes as f64 / GB;
         let plan = if (gb - self.input.gpu_memory_gb).abs() > 1e-9 {
-            MemoryPlan::new(MemoryPlanInput { gpu_memory_gb: gb, ..self.input.clone() })
+            MemoryPlan::new(MemoryPlanInput {
+                gpu_memory_gb: gb,
+                ..self.input.clone()
+            })
         } else {
             self.clone()
         };
         if plan.fits() {
             return Ok(());
         }
-        let mut msg = format!("the memory plan predicts a peak of {:.1} GB on a {:.1} GB device:\n{}", plan.peak / GB, gb, plan.table());
+        let mut msg = format!(
+            "the memory plan predicts a peak of {:.1} GB on a {:.1} GB device:\n{}",
+            plan.peak / GB,
+            gb,
+            plan.table()
+        );
         msg.push_str(&plan.advice());
         Err(DoesNotFit(msg))
     }
@@ -699,7 +868,11 @@ impl MemoryPlan {
         let mut out = String::new();
         if !self.training_fits() {
             if self.max_micro_batch_tokens > 0 {
-                let _ = writeln!(out, "set learner.micro_batch_tokens <= {} (now {})", self.max_micro_batch_tokens, self.input.micro_batch_tokens);
+                let _ = writeln!(
+                    out,
+                    "set learner.micro_batch_tokens <= {} (now {})",
+                    self.max_micro_batch_tokens, self.input.micro_batch_tokens
+                );
             } else {
                 let mut options = Vec::new();
                 if self.input.precision == Precision::F32 {
@@ -708,7 +881,10 @@ impl MemoryPlan {
                 if !self.input.activation_checkpointing {
                     options.push("learner.activation_checkpointing = true");
                 }
-                options.extend(["shorter sequences (learner.max_response_tokens)", "a larger device"]);
+                options.extend([
+                    "shorter sequences (learner.max_response_tokens)",
+                    "a larger device",
+                ]);
                 let _ = writeln!(
                     out,
                     "not even one full-length row ({} tokens) fits a training micro-batch: use {}",
@@ -742,12 +918,36 @@ impl MemoryPlan {
         let mut out = String::new();
         let _ = writeln!(out, "{:<52} {:<15} {:>9}", "part", "phase", "GB");
         for p in &self.parts {
-            let _ = writeln!(out, "{:<52} {:<15} {}", p.label, p.phase.as_str(), gb(p.bytes));
+            let _ = writeln!(
+                out,
+                "{:<52} {:<15} {}",
+                p.label,
+                p.phase.as_str(),
+                gb(p.bytes)
+            );
         }
-        let _ = writeln!(out, "{:<52} {:<15} {}", "training peak", "always+training", gb(self.training_peak));
-        let _ = writeln!(out, "{:<52} {:<15} {}", "rollout peak", "always+rollout", gb(self.rollout_peak));
+        let _ = writeln!(
+            out,
+            "{:<52} {:<15} {}",
+            "training peak",
+            "always+training",
+            gb(self.training_peak)
+        );
+        let _ = writeln!(
+            out,
+            "{:<52} {:<15} {}",
+            "rollout peak",
+            "always+rollout",
+            gb(self.rollout_peak)
+        );
         let _ = writeln!(out, "{:<52} {:<15} {}", "peak", "", gb(self.peak));
-        let _ = writeln!(out, "{:<52} {:<15} {}", "GPU memory", "", gb(self.input.gpu_bytes()));
+        let _ = writeln!(
+            out,
+            "{:<52} {:<15} {}",
+            "GPU memory",
+            "",
+            gb(self.input.gpu_bytes())
+        );
         let verdict = match (self.training_fits(), self.rollout_fits()) {
             (true, true) => "yes".to_string(),
             (false, true) => "no (training)".to_string(),
@@ -755,7 +955,11 @@ impl MemoryPlan {
             (false, false) => "no (training and rollout)".to_string(),
         };
         let _ = writeln!(out, "{:<52} {:<15} {:>9}", "fits", "", verdict);
-        let _ = writeln!(out, "{:<52} {:<15} {:>9}", "max_micro_batch_tokens", "", self.max_micro_batch_tokens);
+        let _ = writeln!(
+            out,
+            "{:<52} {:<15} {:>9}",
+            "max_micro_batch_tokens", "", self.max_micro_batch_tokens
+        );
         let _ = writeln!(
             out,
             "{:<52} {:<15} {:>9}",
@@ -769,8 +973,16 @@ impl MemoryPlan {
     /// One JSON object: `fits`, the peaks and `parts` in GB, the maxima, and the inputs.
     pub fn to_json(&self) -> serde_json::Value {
         let gb = |b: f64| (b / GB * 1000.0).round() / 1000.0;
-        let parts: serde_json::Map<String, serde_json::Value> = self.parts.iter().map(|p| (p.name.to_string(), gb(p.bytes).into())).collect();
-        let phases: serde_json::Map<String, serde_json::Value> = self.parts.iter().map(|p| (p.name.to_string(), p.phase.as_str().into())).collect();
+        let parts: serde_json::Map<String, serde_json::Value> = self
+            .parts
+            .iter()
+            .map(|p| (p.name.to_string(), gb(p.bytes).into()))
+            .collect();
+        let phases: serde_json::Map<String, serde_json::Value> = self
+            .parts
+            .iter()
+            .map(|p| (p.name.to_string(), p.phase.as_str().into()))
+            .collect();
         serde_json::json!({
             "fits": self.fits(),
             "training_fits": self.training_fits(),
@@ -817,7 +1029,10 @@ mod tests {
     #[test]
     fn parameter_counts_match_the_released_models() {
         assert_eq!(shape("Qwen/Qwen3-0.6B").parameters(), 596_049_920);
-        assert_eq!(ModelShape::from_config(&Qwen3Config::qwen3_0_6b()).parameters(), 596_049_920);
+        assert_eq!(
+            ModelShape::from_config(&Qwen3Config::qwen3_0_6b()).parameters(),
+            596_049_920
+        );
         assert_eq!(shape("Qwen/Qwen3-4B").parameters(), 4_022_468_096);
         assert_eq!(shape("Qwen/Qwen3-4B-Instruct-2507"), shape("qwen/qwen3-4b"));
         assert_eq!(shape("Qwen/Qwen3-1.7B").parameters(), 1_720_574_976);
@@ -837,28 +1052,60 @@ mod tests {
         let plan = MemoryPlan::new(input.clone());
         // What the rollout leaves free, 90% of it, in whole blocks.
         let always: f64 = always_parts(&input).iter().map(|p| p.bytes).sum();
-        let room = (input.gpu_bytes() - always - rollout_weights(&input) - rollout_transient(&input)) * AUTO_KV_SHARE;
-        assert!(plan.kv_pool_bytes() <= room && plan.kv_pool_bytes() > room - input.kv_block_bytes());
+        let room =
+            (input.gpu_bytes() - always - rollout_weights(&input) - rollout_transient(&input))
+                * AUTO_KV_SHARE;
+        assert!(
+            plan.kv_pool_bytes() <= room && plan.kv_pool_bytes() > room - input.kv_block_bytes()
+        );
         assert_eq!(plan.max_rollout_rows, plan.kv_pool_blocks / 576);
-        assert!(plan.rollout_fits() && plan.rollout_peak <= input.gpu_bytes(), "{}", plan.table());
+        assert!(
+            plan.rollout_fits() && plan.rollout_peak <= input.gpu_bytes(),
+            "{}",
+            plan.table()
+        );
         // A set budget is taken as it is (whole blocks), and one that leaves no room is refused
         // with the largest that fits.
-        let set = MemoryPlan::new(MemoryPlanInput { kv_cache_gb: Some(10.0), ..input.clone() });
+        let set = MemoryPlan::new(MemoryPlanInput {
+            kv_cache_gb: Some(10.0),
+            ..input.clone()
+        });
         assert_eq!(set.kv_pool_blocks, (10e9 / input.kv_block_bytes()) as usize);
-        let huge = MemoryPlan::new(MemoryPlanInput { kv_cache_gb: Some(200.0), ..input.clone() });
+        let huge = MemoryPlan::new(MemoryPlanInput {
+            kv_cache_gb: Some(200.0),
+            ..input.clone()
+        });
         assert!(!huge.rollout_fits());
-        assert!(huge.advice().contains("set rollout.kv_cache_gb <="), "{}", huge.advice());
+        assert!(
+            huge.advice().contains("set rollout.kv_cache_gb <="),
+            "{}",
+            huge.advice()
+        );
         // A small call needs no more than its rows at full length.
-        let small = MemoryPlan::new(MemoryPlanInput { rollout_prompts_per_call: 1, group_size: 2, ..input });
+        let small = MemoryPlan::new(MemoryPlanInput {
+            rollout_prompts_per_call: 1,
+            group_size: 2,
+            ..input
+        });
         assert_eq!(small.kv_pool_blocks, 2 * 576 + 64);
     }
 
     #[test]
     fn parts_add_up_to_the_peaks() {
         let plan = MemoryPlan::new(published(Precision::Bf16Mixed, true, 65536));
-        let s = |ph: Phase| plan.parts.iter().filter(|p| p.phase == ph).map(|p| p.bytes).sum::<f64>();
+        let s = |ph: Phase| {
+            plan.parts
+                .iter()
+                .filter(|p| p.phase == ph)
+                .map(|p| p.bytes)
+                .sum::<f64>()
+        };
         let micro = s(Phase::MicroBatch) + s(Phase::HeadBackward).max(s(Phase::LayerBackward));
-        let training = s(Phase::Always) + s(Phase::Training) + micro.max(s(Phase::GradientSum)).max(s(Phase::OptimizerStep));
+        let training = s(Phase::Always)
+            + s(Phase::Training)
+            + micro
+                .max(s(Phase::GradientSum))
+                .max(s(Phase::OptimizerStep));
         assert!((plan.training_peak - training).abs() < 1.0);
         assert!(plan.input.micro_batches_per_optimizer_step() > 1);
         assert!((plan.rollout_peak - s(Phase::Always) - s(Phase::Rollout)).abs() < 1.0);
@@ -880,7 +1127,11 @@ mod tests {
         assert!(mixed.training_fits(), "{}", mixed.table());
         assert!(mixed.max_micro_batch_tokens >= 16384, "{}", mixed.table());
         let f32_plain = MemoryPlan::new(published(Precision::F32, false, 65536));
-        assert!(!f32_plain.training_fits() && !f32_plain.fits(), "{}", f32_plain.table());
+        assert!(
+            !f32_plain.training_fits() && !f32_plain.fits(),
+            "{}",
+            f32_plain.table()
+        );
         assert!(f32_plain.check(141_000_000_000).is_err());
     }
 
@@ -888,7 +1139,11 @@ mod tests {
     fn checkpointing_and_bf16_reduce_activations() {
         let act = |i: MemoryPlanInput| {
             let plan = MemoryPlan::new(i);
-            plan.parts.iter().filter(|p| p.phase == Phase::MicroBatch).map(|p| p.bytes).sum::<f64>()
+            plan.parts
+                .iter()
+                .filter(|p| p.phase == Phase::MicroBatch)
+                .map(|p| p.bytes)
+                .sum::<f64>()
         };
         for precision in [Precision::F32, Precision::Bf16Mixed] {
             let with = act(published(precision, true, 65536));
@@ -898,30 +1153,58 @@ mod tests {
         let f32_layer = shape("Qwen/Qwen3-4B").layer_activation_bytes(4.0);
         let bf16_layer = shape("Qwen/Qwen3-4B").layer_activation_bytes(2.0);
         assert!(bf16_layer < f32_layer);
-        assert!(act(published(Precision::Bf16Mixed, false, 65536)) < act(published(Precision::F32, false, 65536)));
+        assert!(
+            act(published(Precision::Bf16Mixed, false, 65536))
+                < act(published(Precision::F32, false, 65536))
+        );
     }
 
     #[test]
     fn peaks_grow_with_the_settings() {
         // Small micro-batches are bounded by the gradient sum (two sets of f32 gradients), so the
         // training peak grows weakly at first, and strictly once activations dominate.
-        let peaks: Vec<f64> = [9216, 18432, 36864, 73728, 147456].iter().map(|&m| MemoryPlan::new(published(Precision::Bf16Mixed, true, m)).training_peak).collect();
-        assert!(peaks.windows(2).all(|w| w[1] >= w[0]) && peaks[4] > peaks[2] && peaks[2] > peaks[0], "{peaks:?}");
+        let peaks: Vec<f64> = [9216, 18432, 36864, 73728, 147456]
+            .iter()
+            .map(|&m| MemoryPlan::new(published(Precision::Bf16Mixed, true, m)).training_peak)
+            .collect();
+        assert!(
+            peaks.windows(2).all(|w| w[1] >= w[0]) && peaks[4] > peaks[2] && peaks[2] > peaks[0],
+            "{peaks:?}"
+        );
         // A small call's pool is capped at its rows at full length; beyond that, more rows
         // decoding at once mean a larger transient, so fewer full-length rows in the pool.
-        let four = MemoryPlan::new(MemoryPlanInput { rollout_prompts_per_call: 4, ..published(Precision::Bf16Mixed, true, 16384) });
+        let four = MemoryPlan::new(MemoryPlanInput {
+            rollout_prompts_per_call: 4,
+            ..published(Precision::Bf16Mixed, true, 16384)
+        });
         assert_eq!(four.max_rollout_rows, 32, "{}", four.table());
         let mut last = usize::MAX;
         for prompts in [8, 16, 32] {
-            let plan = MemoryPlan::new(MemoryPlanInput { rollout_prompts_per_call: prompts, ..published(Precision::Bf16Mixed, true, 16384) });
-            assert!(plan.max_rollout_rows <= last && plan.rollout_fits(), "{}", plan.table());
+            let plan = MemoryPlan::new(MemoryPlanInput {
+                rollout_prompts_per_call: prompts,
+                ..published(Precision::Bf16Mixed, true, 16384)
+            });
+            assert!(
+                plan.max_rollout_rows <= last && plan.rollout_fits(),
+                "{}",
+                plan.table()
+            );
             last = plan.max_rollout_rows;
         }
-        let small = MemoryPlan::new(MemoryPlanInput { max_response_tokens: 1024, ..published(Precision::Bf16Mixed, true, 16384) });
+        let small = MemoryPlan::new(MemoryPlanInput {
+            max_response_tokens: 1024,
+            ..published(Precision::Bf16Mixed, true, 16384)
+        });
         let large = MemoryPlan::new(published(Precision::Bf16Mixed, true, 16384));
         assert!(small.max_rollout_rows > large.max_rollout_rows);
-        let big_gpu = MemoryPlan::new(MemoryPlanInput { gpu_memory_gb: 282.0, ..published(Precision::Bf16Mixed, true, 16384) });
-        assert!(big_gpu.max_micro_batch_tokens > large.max_micro_batch_tokens && big_gpu.max_rollout_rows > large.max_rollout_rows);
+        let big_gpu = MemoryPlan::new(MemoryPlanInput {
+            gpu_memory_gb: 282.0,
+            ..published(Precision::Bf16Mixed, true, 16384)
+        });
+        assert!(
+            big_gpu.max_micro_batch_tokens > large.max_micro_batch_tokens
+                && big_gpu.max_rollout_rows > large.max_rollout_rows
+        );
     }
 
     #[test]
@@ -929,7 +1212,12 @@ mod tests {
         let input = published(Precision::Bf16Mixed, true, 16384);
         let plan = MemoryPlan::new(input.clone());
         let gpu = input.gpu_bytes();
-        let at = |tokens: usize| training_peak_of(&MemoryPlanInput { micro_batch_tokens: tokens, ..input.clone() });
+        let at = |tokens: usize| {
+            training_peak_of(&MemoryPlanInput {
+                micro_batch_tokens: tokens,
+                ..input.clone()
+            })
+        };
         assert!(at(plan.max_micro_batch_tokens) <= gpu);
         assert!(at(plan.max_micro_batch_tokens + MICRO_BATCH_STEP) > gpu);
         assert!(plan.max_rollout_rows * input.full_row_blocks() <= plan.kv_pool_blocks);
@@ -947,15 +1235,30 @@ mod tests {
 
     #[test]
     fn a_plan_that_fits_nothing_says_so() {
-        let plan = MemoryPlan::new(MemoryPlanInput { gpu_memory_gb: 8.0, ..published(Precision::F32, false, 65536) });
+        let plan = MemoryPlan::new(MemoryPlanInput {
+            gpu_memory_gb: 8.0,
+            ..published(Precision::F32, false, 65536)
+        });
         assert_eq!(plan.max_micro_batch_tokens, 0);
         assert_eq!(plan.max_rollout_rows, 0);
         let err = plan.check(8_000_000_000).unwrap_err().to_string();
-        assert!(err.contains("not even one full-length row") && err.contains("rollout call"), "{err}");
-        assert!(err.contains("bf16-mixed") && err.contains("activation_checkpointing = true"), "{err}");
-        let mixed = MemoryPlan::new(MemoryPlanInput { gpu_memory_gb: 8.0, ..published(Precision::Bf16Mixed, true, 65536) });
+        assert!(
+            err.contains("not even one full-length row") && err.contains("rollout call"),
+            "{err}"
+        );
+        assert!(
+            err.contains("bf16-mixed") && err.contains("activation_checkpointing = true"),
+            "{err}"
+        );
+        let mixed = MemoryPlan::new(MemoryPlanInput {
+            gpu_memory_gb: 8.0,
+            ..published(Precision::Bf16Mixed, true, 65536)
+        });
         let err = mixed.check(8_000_000_000).unwrap_err().to_string();
-        assert!(!err.contains("bf16-mixed\"") && !err.contains("activation_checkpointing"), "{err}");
+        assert!(
+            !err.contains("bf16-mixed\"") && !err.contains("activation_checkpointing"),
+            "{err}"
+        );
         // A tiny model fits a small device and the whole step in one micro-batch.
         let tiny = MemoryPlan::new(MemoryPlanInput {
             model: ModelShape::from_config(&Qwen3Config::tiny(151_936)),
@@ -964,13 +1267,23 @@ mod tests {
             ..MemoryPlanInput::new(shape("Qwen/Qwen3-0.6B"))
         });
         assert!(tiny.fits(), "{}", tiny.table());
-        assert_eq!(tiny.max_micro_batch_tokens, (tiny.input.step_rows() * 1280).next_multiple_of(1024));
+        assert_eq!(
+            tiny.max_micro_batch_tokens,
+            (tiny.input.step_rows() * 1280).next_multiple_of(1024)
+        );
     }
 
     #[test]
     fn json_has_the_documented_keys() {
         let v = MemoryPlan::new(published(Precision::Bf16Mixed, true, 65536)).to_json();
-        for key in ["fits", "peak_gb", "parts", "max_micro_batch_tokens", "max_rollout_rows", "inputs"] {
+        for key in [
+            "fits",
+            "peak_gb",
+            "parts",
+            "max_micro_batch_tokens",
+            "max_rollout_rows",
+            "inputs",
+        ] {
             assert!(v.get(key).is_some(), "{key}");
         }
         assert_eq!(v["inputs"]["precision"], "bf16-mixed");

@@ -7,7 +7,10 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::{token_logprobs, GrpoOps, DEFAULT_CHUNK_TOKENS};
-use conrub_qwen3::{sample_token, sequence_rng, EngineConfig, ForwardBatch, Generation, Qwen3ForCausalLM, Rollout, RolloutStats, SamplingConfig};
+use conrub_qwen3::{
+    sample_token, sequence_rng, EngineConfig, ForwardBatch, Generation, Qwen3ForCausalLM, Rollout,
+    RolloutStats, SamplingConfig,
+};
 
 use crate::batch::TokenBatch;
 use crate::error::{GrpoError, Result};
@@ -42,7 +45,12 @@ pub trait Policy<B: Backend>: Module<B> {
     /// Samples one continuation per prompt under `cfg`. The default recomputes the whole prefix for
     /// every new token through [`Policy::next_token_logits`] and samples with conrub-qwen3's rules;
     /// models with a KV cache override it (Qwen3 does).
-    fn sample(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, device: &B::Device) -> Result<Vec<Generation>> {
+    fn sample(
+        &self,
+        prompts: &[Vec<u32>],
+        cfg: &SamplingConfig,
+        device: &B::Device,
+    ) -> Result<Vec<Generation>> {
         sample_by_recomputation(self, prompts, cfg, device)
     }
 
@@ -50,15 +58,28 @@ pub trait Policy<B: Backend>: Module<B> {
     /// what the engine did. The default has no engine: it runs [`Policy::sample`] and reports
     /// empty telemetry. Qwen3 runs [`conrub_qwen3::rollout`] (paged KV pool, continuous
     /// batching, shared prompt prefixes, sampling on the device).
-    fn sample_rollout(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, engine: &EngineConfig, device: &B::Device) -> Result<Rollout> {
+    fn sample_rollout(
+        &self,
+        prompts: &[Vec<u32>],
+        cfg: &SamplingConfig,
+        engine: &EngineConfig,
+        device: &B::Device,
+    ) -> Result<Rollout> {
         let _ = engine;
-        Ok(Rollout { generations: self.sample(prompts, cfg, device)?, stats: RolloutStats::default() })
+        Ok(Rollout {
+            generations: self.sample(prompts, cfg, device)?,
+            stats: RolloutStats::default(),
+        })
     }
 
     /// The parameters' gradients of `loss(self.response_logprobs(batch))`. The default is one
     /// backward through the whole graph; a model may split it to save memory (Qwen3 with
     /// `activation_checkpointing` goes one decoder layer at a time). `loss` runs exactly once.
-    fn loss_gradients(&self, batch: &TokenBatch<B>, loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>) -> GradientsParams
+    fn loss_gradients(
+        &self,
+        batch: &TokenBatch<B>,
+        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+    ) -> GradientsParams
     where
         B: AutodiffBackend,
         Self: AutodiffModule<B>,
@@ -83,15 +104,29 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B> + ?Sized>(
     cfg: &SamplingConfig,
     device: &B::Device,
 ) -> Result<Vec<Generation>> {
-    cfg.validate().map_err(|e| GrpoError::Sampling(e.to_string()))?;
+    cfg.validate()
+        .map_err(|e| GrpoError::Sampling(e.to_string()))?;
     let mut out: Vec<Generation> = prompts.iter().map(|_| Generation::new()).collect();
-    let mut rngs: Vec<_> = (0..prompts.len()).map(|i| sequence_rng(cfg.seed, i)).collect();
-    let mut active: Vec<usize> = if cfg.max_new_tokens == 0 { Vec::new() } else { (0..prompts.len()).collect() };
+    let mut rngs: Vec<_> = (0..prompts.len())
+        .map(|i| sequence_rng(cfg.seed, i))
+        .collect();
+    let mut active: Vec<usize> = if cfg.max_new_tokens == 0 {
+        Vec::new()
+    } else {
+        (0..prompts.len()).collect()
+    };
     while !active.is_empty() {
-        let seqs: Vec<Vec<u32>> = active.iter().map(|&i| prompts[i].iter().chain(&out[i].tokens).copied().collect()).collect();
+        let seqs: Vec<Vec<u32>> = active
+            .iter()
+            .map(|&i| prompts[i].iter().chain(&out[i].tokens).copied().collect())
+            .collect();
         let logits = policy.next_token_logits(&seqs, device).cast(DType::F32);
         let v = logits.dims()[1];
-        let host: Vec<f32> = logits.into_data().convert::<f32>().into_vec().map_err(|e| GrpoError::Sampling(format!("{e:?}")))?;
+        let host: Vec<f32> = logits
+            .into_data()
+            .convert::<f32>()
+            .into_vec()
+            .map_err(|e| GrpoError::Sampling(format!("{e:?}")))?;
         let mut still = Vec::with_capacity(active.len());
         for (row, &i) in active.iter().enumerate() {
             let (tok, lp) = sample_token(&host[row * v..(row + 1) * v], cfg, &mut rngs[i]);
@@ -111,18 +146,31 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B> + ?Sized>(
 /// generation.
 impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
     fn response_logprobs(&self, batch: &TokenBatch<B>) -> ResponseLogprobs<B> {
-        head_logprobs(self, self.forward_hidden(&teacher_forcing(batch), None), batch)
+        head_logprobs(
+            self,
+            self.forward_hidden(&teacher_forcing(batch), None),
+            batch,
+        )
     }
 
-    fn loss_gradients(&self, batch: &TokenBatch<B>, loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>) -> GradientsParams
+    fn loss_gradients(
+        &self,
+        batch: &TokenBatch<B>,
+        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+    ) -> GradientsParams
     where
         B: AutodiffBackend,
         Self: AutodiffModule<B>,
     {
         if !self.exec.activation_checkpointing {
-            return GradientsParams::from_grads(loss(self.response_logprobs(batch)).backward(), self);
+            return GradientsParams::from_grads(
+                loss(self.response_logprobs(batch)).backward(),
+                self,
+            );
         }
-        self.layerwise_gradients(&teacher_forcing(batch), &mut |hidden| loss(head_logprobs(self, hidden, batch)))
+        self.layerwise_gradients(&teacher_forcing(batch), &mut |hidden| {
+            loss(head_logprobs(self, hidden, batch))
+        })
     }
 
     fn enable_activation_checkpointing(&mut self) -> std::result::Result<(), String> {
@@ -130,18 +178,30 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
         Ok(())
     }
 
-
     fn next_token_logits(&self, sequences: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2> {
         let padded = conrub_qwen3::PaddedBatch::new(sequences, 0, conrub_qwen3::Padding::Left);
         self.forward_last(&padded.to_device(device), None)
     }
 
-    fn sample(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, device: &B::Device) -> Result<Vec<Generation>> {
-        self.sample_rollout(prompts, cfg, &EngineConfig::default(), device).map(|r| r.generations)
+    fn sample(
+        &self,
+        prompts: &[Vec<u32>],
+        cfg: &SamplingConfig,
+        device: &B::Device,
+    ) -> Result<Vec<Generation>> {
+        self.sample_rollout(prompts, cfg, &EngineConfig::default(), device)
+            .map(|r| r.generations)
     }
 
-    fn sample_rollout(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, engine: &EngineConfig, device: &B::Device) -> Result<Rollout> {
-        conrub_qwen3::rollout(self, prompts, cfg, engine, device).map_err(|e| GrpoError::Sampling(e.to_string()))
+    fn sample_rollout(
+        &self,
+        prompts: &[Vec<u32>],
+        cfg: &SamplingConfig,
+        engine: &EngineConfig,
+        device: &B::Device,
+    ) -> Result<Rollout> {
+        conrub_qwen3::rollout(self, prompts, cfg, engine, device)
+            .map_err(|e| GrpoError::Sampling(e.to_string()))
     }
 }
 
@@ -150,19 +210,34 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
 fn teacher_forcing<B: Backend>(batch: &TokenBatch<B>) -> ForwardBatch<B> {
     let [n, s] = batch.tokens.dims();
     let device = batch.tokens.device();
-    let position_ids = Tensor::<B, 1, Int>::arange(0..s as i64, &device).reshape([1, s]).expand([n, s]);
-    ForwardBatch { input_ids: batch.tokens.clone(), position_ids, key_mask: None }
+    let position_ids = Tensor::<B, 1, Int>::arange(0..s as i64, &device)
+        .reshape([1, s])
+        .expand([n, s]);
+    ForwardBatch {
+        input_ids: batch.tokens.clone(),
+        position_ids,
+        key_mask: None,
+    }
 }
 
 /// Log-probabilities of the response tokens from the final hidden states `[rows, S, hidden]`:
 /// only response positions go through the fused head (f32 statistics whatever the precision).
-fn head_logprobs<B: GrpoOps>(model: &Qwen3ForCausalLM<B>, hidden: Tensor<B, 3>, batch: &TokenBatch<B>) -> ResponseLogprobs<B> {
+fn head_logprobs<B: GrpoOps>(
+    model: &Qwen3ForCausalLM<B>,
+    hidden: Tensor<B, 3>,
+    batch: &TokenBatch<B>,
+) -> ResponseLogprobs<B> {
     let [n, _, h] = hidden.dims();
     let r = batch.positions.dims()[1];
     let pos = batch.positions.clone().reshape([n, r, 1]).repeat_dim(2, h);
     let picked = hidden.gather(1, pos).reshape([n * r, h]);
     let head = conrub_qwen3::model::to_dtype(model.head_weight(), picked.dtype());
-    let out = token_logprobs(picked, head, batch.targets.clone().reshape([n * r]), DEFAULT_CHUNK_TOKENS);
+    let out = token_logprobs(
+        picked,
+        head,
+        batch.targets.clone().reshape([n * r]),
+        DEFAULT_CHUNK_TOKENS,
+    );
     ResponseLogprobs {
         logprobs: out.logprobs.reshape([n, r]) * batch.mask.clone(),
         entropy: Some(out.entropy.reshape([n, r]) * batch.mask.clone()),

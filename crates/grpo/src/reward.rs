@@ -24,7 +24,13 @@ pub struct GroupScores {
 #[async_trait]
 pub trait RewardSource: Send + Sync {
     /// Scores `responses` (with their token `lengths`) to `record`'s prompt at training `step`.
-    async fn score_group(&self, record: &RubricRecord, responses: &[String], lengths: &[u32], step: u64) -> GroupScores;
+    async fn score_group(
+        &self,
+        record: &RubricRecord,
+        responses: &[String],
+        lengths: &[u32],
+        step: u64,
+    ) -> GroupScores;
 }
 
 /// Rubric rewards from a criterion judge: optional rubric dropout (one subset per group and step),
@@ -45,9 +51,20 @@ pub struct JudgeRewards {
 
 #[async_trait]
 impl RewardSource for JudgeRewards {
-    async fn score_group(&self, record: &RubricRecord, responses: &[String], lengths: &[u32], step: u64) -> GroupScores {
+    async fn score_group(
+        &self,
+        record: &RubricRecord,
+        responses: &[String],
+        lengths: &[u32],
+        step: u64,
+    ) -> GroupScores {
         let criteria: Vec<String> = match &self.dropout {
-            Some(d) => d.subset(&record.criteria, self.seed, step, &record.id).select(&record.criteria).iter().map(|c| c.text.clone()).collect(),
+            Some(d) => d
+                .subset(&record.criteria, self.seed, step, &record.id)
+                .select(&record.criteria)
+                .iter()
+                .map(|c| c.text.clone())
+                .collect(),
             None => record.criterion_texts(),
         };
         let question = record.question_text();
@@ -55,12 +72,25 @@ impl RewardSource for JudgeRewards {
             .iter()
             .zip(lengths)
             .map(|(r, &len)| ScoreJob {
-                request: CriterionRequest { question: question.clone(), response: r.clone(), criteria: criteria.clone(), mode: self.mode },
+                request: CriterionRequest {
+                    question: question.clone(),
+                    response: r.clone(),
+                    criteria: criteria.clone(),
+                    mode: self.mode,
+                },
                 response_tokens: Some(len),
             })
             .collect();
         // The judge crate's own judge-then-score path, the whole group as one batch.
-        let (scored, summary) = score_jobs(self.judge.as_ref(), &jobs, &self.penalty, Some(jobs.len()), jobs.len(), &|_| {}).await;
+        let (scored, summary) = score_jobs(
+            self.judge.as_ref(),
+            &jobs,
+            &self.penalty,
+            Some(jobs.len()),
+            jobs.len(),
+            &|_| {},
+        )
+        .await;
         GroupScores {
             scores: scored.into_iter().map(|s| s.score).collect(),
             criteria,

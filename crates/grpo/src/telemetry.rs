@@ -50,7 +50,11 @@ pub struct EpochSummary {
 impl EpochSummary {
     /// Sums steps.
     pub fn from_steps(epoch: usize, steps: &[StepMetrics]) -> Self {
-        let mut s = EpochSummary { epoch, steps: steps.len(), ..Default::default() };
+        let mut s = EpochSummary {
+            epoch,
+            steps: steps.len(),
+            ..Default::default()
+        };
         let (mut reward, mut len, mut n) = (0.0, 0.0, 0usize);
         for m in steps {
             reward += m.reward_mean * m.scored as f64;
@@ -61,7 +65,11 @@ impl EpochSummary {
             s.truncated += m.truncated;
             s.ties.merge(&m.ties);
         }
-        s.reward_mean = if s.scored > 0 { reward / s.scored as f64 } else { 0.0 };
+        s.reward_mean = if s.scored > 0 {
+            reward / s.scored as f64
+        } else {
+            0.0
+        };
         s.response_len_mean = if n > 0 { len / n as f64 } else { 0.0 };
         s
     }
@@ -78,7 +86,12 @@ impl MetricsLog {
     /// with exactly one line per step and per epoch: step lines of later steps, summaries ending
     /// after `resume_step`, and summaries of a partial epoch (written when a run stopped early)
     /// unless the resumed run ends right there (`steps_per_epoch` steps per epoch).
-    pub fn open(path: &Path, resume_step: Option<u64>, steps_per_epoch: u64, total_steps: u64) -> Result<Self> {
+    pub fn open(
+        path: &Path,
+        resume_step: Option<u64>,
+        steps_per_epoch: u64,
+        total_steps: u64,
+    ) -> Result<Self> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| GrpoError::io(dir, e))?;
         }
@@ -100,22 +113,32 @@ impl MetricsLog {
                 if !body.is_empty() {
                     body.push('\n');
                 }
-                conrub_rubric::io::write_bytes_atomic(path, body.as_bytes()).map_err(|e| GrpoError::io(path, e))?;
+                conrub_rubric::io::write_bytes_atomic(path, body.as_bytes())
+                    .map_err(|e| GrpoError::io(path, e))?;
             }
             Some(_) => {}
             None => {
-                conrub_rubric::io::write_bytes_atomic(path, b"").map_err(|e| GrpoError::io(path, e))?;
+                conrub_rubric::io::write_bytes_atomic(path, b"")
+                    .map_err(|e| GrpoError::io(path, e))?;
             }
         }
-        Ok(Self { path: path.to_path_buf() })
+        Ok(Self {
+            path: path.to_path_buf(),
+        })
     }
 
     /// Appends one line and flushes it.
     pub fn append(&self, line: &MetricsLine) -> Result<()> {
-        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&self.path).map_err(|e| GrpoError::io(&self.path, e))?;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&self.path)
+            .map_err(|e| GrpoError::io(&self.path, e))?;
         let mut s = serde_json::to_string(line).map_err(|e| GrpoError::io(&self.path, e))?;
         s.push('\n');
-        f.write_all(s.as_bytes()).and_then(|_| f.sync_data()).map_err(|e| GrpoError::io(&self.path, e))
+        f.write_all(s.as_bytes())
+            .and_then(|_| f.sync_data())
+            .map_err(|e| GrpoError::io(&self.path, e))
     }
 
     /// All step metrics in the file, in order.
@@ -163,8 +186,14 @@ pub fn svg_line_chart(title: &str, y_label: &str, points: &[(f64, f64)]) -> Stri
     let (pw, ph) = (w - left - right, h - top - bottom);
     let xs = points.iter().map(|p| p.0);
     let ys = points.iter().map(|p| p.1).filter(|y| y.is_finite());
-    let (x0, x1) = (xs.clone().fold(f64::INFINITY, f64::min), xs.fold(f64::NEG_INFINITY, f64::max));
-    let (mut y0, mut y1) = (ys.clone().fold(f64::INFINITY, f64::min), ys.fold(f64::NEG_INFINITY, f64::max));
+    let (x0, x1) = (
+        xs.clone().fold(f64::INFINITY, f64::min),
+        xs.fold(f64::NEG_INFINITY, f64::max),
+    );
+    let (mut y0, mut y1) = (
+        ys.clone().fold(f64::INFINITY, f64::min),
+        ys.fold(f64::NEG_INFINITY, f64::max),
+    );
     if !y0.is_finite() {
         (y0, y1) = (0.0, 1.0);
     }
@@ -175,7 +204,11 @@ pub fn svg_line_chart(title: &str, y_label: &str, points: &[(f64, f64)]) -> Stri
     let x1 = if x1 - x0 < 1e-12 { x0 + 1.0 } else { x1 };
     let px = |x: f64| left + (x - x0) / (x1 - x0) * pw;
     let py = |y: f64| top + (1.0 - (y - y0) / (y1 - y0)) * ph;
-    let path: Vec<String> = points.iter().filter(|p| p.1.is_finite()).map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
+    let path: Vec<String> = points
+        .iter()
+        .filter(|p| p.1.is_finite())
+        .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+        .collect();
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
@@ -202,33 +235,70 @@ pub fn svg_line_chart(title: &str, y_label: &str, points: &[(f64, f64)]) -> Stri
     }
     for i in 0..=4 {
         let x = x0 + (x1 - x0) * i as f64 / 4.0;
-        s += &format!("<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0}</text>\n", px(x), top + ph + 16.0, x);
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0}</text>\n",
+            px(x),
+            top + ph + 16.0,
+            x
+        );
     }
-    s += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n", left + pw / 2.0, h - 8.0);
+    s += &format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n",
+        left + pw / 2.0,
+        h - 8.0
+    );
     s += &format!("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">{}</text>\n", top + ph / 2.0, top + ph / 2.0, escape(y_label));
     if !path.is_empty() {
-        s += &format!("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n", path.join(" "));
+        s += &format!(
+            "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n",
+            path.join(" ")
+        );
     }
     s + "</svg>\n"
 }
 
 fn escape(t: &str) -> String {
-    t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    t.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// Writes `reward.svg`, `tie_rate.svg`, `accepted_pairs.svg` and `response_length.svg` into `dir`.
 pub fn write_plots(steps: &[StepMetrics], dir: &Path) -> Result<Vec<PathBuf>> {
-    let series = |f: &dyn Fn(&StepMetrics) -> f64| -> Vec<(f64, f64)> { steps.iter().map(|m| ((m.step + 1) as f64, f(m))).collect() };
+    let series = |f: &dyn Fn(&StepMetrics) -> f64| -> Vec<(f64, f64)> {
+        steps.iter().map(|m| ((m.step + 1) as f64, f(m))).collect()
+    };
     let charts: [(&str, &str, &str, Vec<(f64, f64)>); 4] = [
-        ("reward.svg", "Mean reward", "reward", series(&|m| m.reward_mean)),
-        ("tie_rate.svg", "Exact-tie rate", "tied groups / groups", series(&|m| m.ties.tie_rate())),
-        ("accepted_pairs.svg", "Accepted pairwise preferences", "pairs", series(&|m| m.ties.accepted as f64)),
-        ("response_length.svg", "Mean response length", "tokens", series(&|m| m.response_len_mean)),
+        (
+            "reward.svg",
+            "Mean reward",
+            "reward",
+            series(&|m| m.reward_mean),
+        ),
+        (
+            "tie_rate.svg",
+            "Exact-tie rate",
+            "tied groups / groups",
+            series(&|m| m.ties.tie_rate()),
+        ),
+        (
+            "accepted_pairs.svg",
+            "Accepted pairwise preferences",
+            "pairs",
+            series(&|m| m.ties.accepted as f64),
+        ),
+        (
+            "response_length.svg",
+            "Mean response length",
+            "tokens",
+            series(&|m| m.response_len_mean),
+        ),
     ];
     let mut written = Vec::new();
     for (name, title, label, pts) in charts {
         let path = dir.join(name);
-        conrub_rubric::io::write_bytes_atomic(&path, svg_line_chart(title, label, &pts).as_bytes()).map_err(|e| GrpoError::io(&path, e))?;
+        conrub_rubric::io::write_bytes_atomic(&path, svg_line_chart(title, label, &pts).as_bytes())
+            .map_err(|e| GrpoError::io(&path, e))?;
         written.push(path);
     }
     Ok(written)
@@ -239,7 +309,13 @@ mod tests {
     use super::*;
 
     fn step(i: u64, reward: f64) -> StepMetrics {
-        StepMetrics { step: i, reward_mean: reward, responses: 8, scored: 8, ..Default::default() }
+        StepMetrics {
+            step: i,
+            reward_mean: reward,
+            responses: 8,
+            scored: 8,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -249,10 +325,19 @@ mod tests {
         let log = MetricsLog::open(&p, None, 2, 5).unwrap();
         // Two steps per epoch; a run of 5 steps wrote a partial summary of epoch 2 (1 step).
         for i in 0..5 {
-            log.append(&MetricsLine::Step { epoch: i as usize / 2, metrics: Box::new(step(i, i as f64 / 10.0)) }).unwrap();
+            log.append(&MetricsLine::Step {
+                epoch: i as usize / 2,
+                metrics: Box::new(step(i, i as f64 / 10.0)),
+            })
+            .unwrap();
             if i % 2 == 1 || i == 4 {
                 let steps = if i == 4 { 1 } else { 2 };
-                log.append(&MetricsLine::Epoch(EpochSummary { epoch: i as usize / 2, steps, ..Default::default() })).unwrap();
+                log.append(&MetricsLine::Epoch(EpochSummary {
+                    epoch: i as usize / 2,
+                    steps,
+                    ..Default::default()
+                }))
+                .unwrap();
             }
         }
         let epochs = |p: &Path| -> Vec<usize> {
@@ -275,7 +360,14 @@ mod tests {
         // Resumed from the state after 3 steps: epoch 1 ends after 4, so only epoch 0's summary
         // survives, and steps 0-2.
         let log = MetricsLog::open(&p, Some(3), 2, 6).unwrap();
-        assert_eq!(log.steps().unwrap().iter().map(|m| m.step).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(
+            log.steps()
+                .unwrap()
+                .iter()
+                .map(|m| m.step)
+                .collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
         assert_eq!(epochs(&p), vec![0]);
         let e = EpochSummary::from_steps(0, &[step(0, 0.5), step(1, 1.0)]);
         assert_eq!(e.reward_mean, 0.75);
@@ -287,9 +379,14 @@ mod tests {
         let files = write_plots(&[step(0, -0.5), step(1, 0.25), step(2, 0.75)], d.path()).unwrap();
         assert_eq!(files.len(), 4);
         let svg = std::fs::read_to_string(d.path().join("reward.svg")).unwrap();
-        assert!(svg.starts_with("<svg") && svg.contains("<polyline") && svg.contains("Mean reward"));
+        assert!(
+            svg.starts_with("<svg") && svg.contains("<polyline") && svg.contains("Mean reward")
+        );
         assert!(svg.matches(',').count() >= 3, "three points");
         let line = progress_line(&step(2, 0.75), 10, 2.0);
-        assert!(line.starts_with("step 3/10  reward +0.750") && line.contains("ETA 0:00:14"), "{line}");
+        assert!(
+            line.starts_with("step 3/10  reward +0.750") && line.contains("ETA 0:00:14"),
+            "{line}"
+        );
     }
 }

@@ -61,7 +61,10 @@ pub struct NoTieBreaker;
 #[async_trait]
 impl TieBreaker for NoTieBreaker {
     async fn break_tie(&self, group: &TiedGroup<'_>) -> TieOutcome {
-        TieOutcome { advantages: vec![0.0; group.responses.len()], pairs: Vec::new() }
+        TieOutcome {
+            advantages: vec![0.0; group.responses.len()],
+            pairs: Vec::new(),
+        }
     }
 }
 
@@ -85,7 +88,13 @@ impl TieBreaker for PairwiseTieBreaker {
     async fn break_tie(&self, g: &TiedGroup<'_>) -> TieOutcome {
         let pairs = tie_pairs(g.responses.len(), self.run_seed, g.group_key);
         let comparisons = futures::future::join_all(pairs.iter().map(|&(a, b)| {
-            compare_both_orders(self.judge.as_ref(), g.question, g.criteria, &g.responses[a], &g.responses[b])
+            compare_both_orders(
+                self.judge.as_ref(),
+                g.question,
+                g.criteria,
+                &g.responses[a],
+                &g.responses[b],
+            )
         }))
         .await;
         let mut advantages = vec![0.0; g.responses.len()];
@@ -102,10 +111,19 @@ impl TieBreaker for PairwiseTieBreaker {
                     PairOutcome::PreferB => Some(len(b) > len(a)),
                     _ => None,
                 };
-                PairRecord { a, b, outcome: c.outcome, winner_longer, comparison: Some(c) }
+                PairRecord {
+                    a,
+                    b,
+                    outcome: c.outcome,
+                    winner_longer,
+                    comparison: Some(c),
+                }
             })
             .collect();
-        TieOutcome { advantages, pairs: records }
+        TieOutcome {
+            advantages,
+            pairs: records,
+        }
     }
 }
 
@@ -136,7 +154,12 @@ mod tests {
                 Some(Preference::Same)
             };
             PairVerdict {
-                answer: verdict.map(|v| PairAnswer { verdict: v, criteria: vec![], confidence: None, reason: None }),
+                answer: verdict.map(|v| PairAnswer {
+                    verdict: v,
+                    criteria: vec![],
+                    confidence: None,
+                    reason: None,
+                }),
                 error: None,
                 raw_outputs: vec![],
                 attempts: 1,
@@ -148,11 +171,27 @@ mod tests {
 
     #[tokio::test]
     async fn only_order_consistent_pairs_get_directions() {
-        let responses: Vec<String> =
-            ["good long answer", "plain", "biased one", "biased two", "same a", "same b", "broken", "good"].map(String::from).to_vec();
+        let responses: Vec<String> = [
+            "good long answer",
+            "plain",
+            "biased one",
+            "biased two",
+            "same a",
+            "same b",
+            "broken",
+            "good",
+        ]
+        .map(String::from)
+        .to_vec();
         let lengths = [30, 10, 5, 5, 5, 5, 5, 3];
         let breaker = PairwiseTieBreaker::new(Arc::new(Scripted), 1234);
-        let g = TiedGroup { group_key: "p1/step3", question: "q", criteria: &["c".to_string()], responses: &responses, lengths: &lengths };
+        let g = TiedGroup {
+            group_key: "p1/step3",
+            question: "q",
+            criteria: &["c".to_string()],
+            responses: &responses,
+            lengths: &lengths,
+        };
         let out = breaker.break_tie(&g).await;
         assert_eq!(out.pairs.len(), 4);
         assert_eq!(out, breaker.break_tie(&g).await, "deterministic");
@@ -169,16 +208,31 @@ mod tests {
             } else {
                 // "biased" against a neutral answer: A, then the neutral one shown first vs biased: same.
                 PairOutcome::combine(
-                    Some(if x.contains("biased") { Preference::A } else { Preference::Same }),
-                    Some(if y.contains("biased") { Preference::A } else { Preference::Same }),
+                    Some(if x.contains("biased") {
+                        Preference::A
+                    } else {
+                        Preference::Same
+                    }),
+                    Some(if y.contains("biased") {
+                        Preference::A
+                    } else {
+                        Preference::Same
+                    }),
                 )
             };
             assert_eq!(p.outcome, expected, "{x} vs {y}");
             let (ea, eb) = expected.advantages();
             assert_eq!((out.advantages[p.a], out.advantages[p.b]), (ea, eb));
-            assert_eq!(p.winner_longer.is_some(), matches!(expected, PairOutcome::PreferA | PairOutcome::PreferB));
+            assert_eq!(
+                p.winner_longer.is_some(),
+                matches!(expected, PairOutcome::PreferA | PairOutcome::PreferB)
+            );
         }
-        assert_eq!(out.advantages.iter().sum::<f64>(), 0.0, "every +1 has its -1");
+        assert_eq!(
+            out.advantages.iter().sum::<f64>(),
+            0.0,
+            "every +1 has its -1"
+        );
         let off = NoTieBreaker.break_tie(&g).await;
         assert_eq!(off.advantages, vec![0.0; 8]);
     }

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use conrub_rubric::RubricRecord;
 use conrub_rubric::seeded_permutation;
+use conrub_rubric::RubricRecord;
 use serde::{Deserialize, Serialize};
 
 use crate::advantages::stable_seed;
@@ -35,7 +35,13 @@ pub struct RunConfig {
 
 impl Default for RunConfig {
     fn default() -> Self {
-        Self { epochs: 3, prompts_per_step: 32, checkpoint_every: 50, max_steps: None, output_dir: PathBuf::from("runs/conrub") }
+        Self {
+            epochs: 3,
+            prompts_per_step: 32,
+            checkpoint_every: 50,
+            max_steps: None,
+            output_dir: PathBuf::from("runs/conrub"),
+        }
     }
 }
 
@@ -91,11 +97,18 @@ where
         return Err(GrpoError::NoRecords);
     }
     if run.prompts_per_step == 0 {
-        return Err(GrpoError::config("run.prompts_per_step", "must be at least 1"));
+        return Err(GrpoError::config(
+            "run.prompts_per_step",
+            "must be at least 1",
+        ));
     }
     let resume_step = match resume {
         Some(dir) => {
-            let state_dir = if dir.join("training_state").is_dir() { dir.join("training_state") } else { dir.to_path_buf() };
+            let state_dir = if dir.join("training_state").is_dir() {
+                dir.join("training_state")
+            } else {
+                dir.to_path_buf()
+            };
             Some(load_state(learner, &state_dir)?.step)
         }
         None => None,
@@ -106,14 +119,23 @@ where
     if let Some(m) = run.max_steps {
         total = total.min(m);
     }
-    let log = MetricsLog::open(&run.output_dir.join("metrics.jsonl"), resume_step, steps_per_epoch, total)?;
+    let log = MetricsLog::open(
+        &run.output_dir.join("metrics.jsonl"),
+        resume_step,
+        steps_per_epoch,
+        total,
+    )?;
     let mut summary = RunSummary::default();
     let mut history: Vec<StepMetrics> = log.steps()?;
     let started = Instant::now();
-    let save = |learner: &Learner<B, P>, hooks: &mut dyn RunHooks<P>, summary: &mut RunSummary| -> Result<()> {
+    let save = |learner: &Learner<B, P>,
+                hooks: &mut dyn RunHooks<P>,
+                summary: &mut RunSummary|
+     -> Result<()> {
         let dir = checkpoint_dir(&run.output_dir, learner.step);
         hooks.export(&learner.policy, &dir)?;
-        let cursor = serde_json::json!({ "step": learner.step, "steps_per_epoch": steps_per_epoch });
+        let cursor =
+            serde_json::json!({ "step": learner.step, "steps_per_epoch": steps_per_epoch });
         save_state(learner, cursor, &dir.join("training_state"))?;
         summary.last_checkpoint = Some(dir);
         Ok(())
@@ -122,10 +144,17 @@ where
         let epoch = (learner.step / steps_per_epoch) as usize;
         let index = (learner.step % steps_per_epoch) as usize;
         let order = epoch_order(records.len(), learner.cfg.seed, epoch);
-        let batch: Vec<&RubricRecord> =
-            order.iter().skip(index * run.prompts_per_step).take(run.prompts_per_step).map(|&i| &records[i]).collect();
+        let batch: Vec<&RubricRecord> = order
+            .iter()
+            .skip(index * run.prompts_per_step)
+            .take(run.prompts_per_step)
+            .map(|&i| &records[i])
+            .collect();
         let m = learner.step(&batch).await?.metrics;
-        log.append(&MetricsLine::Step { epoch, metrics: Box::new(m.clone()) })?;
+        log.append(&MetricsLine::Step {
+            epoch,
+            metrics: Box::new(m.clone()),
+        })?;
         history.push(m.clone());
         summary.steps_run += 1;
         let per_step = started.elapsed().as_secs_f64() / summary.steps_run as f64;
@@ -133,12 +162,19 @@ where
         write_plots(&history, &run.output_dir)?;
         if index as u64 + 1 == steps_per_epoch || learner.step == total {
             let first = epoch as u64 * steps_per_epoch;
-            let steps: Vec<StepMetrics> = history.iter().filter(|s| s.step >= first && s.step < first + steps_per_epoch).cloned().collect();
+            let steps: Vec<StepMetrics> = history
+                .iter()
+                .filter(|s| s.step >= first && s.step < first + steps_per_epoch)
+                .cloned()
+                .collect();
             let e = EpochSummary::from_steps(epoch, &steps);
             log.append(&MetricsLine::Epoch(e.clone()))?;
             summary.epochs.push(e);
         }
-        if run.checkpoint_every > 0 && learner.step % run.checkpoint_every == 0 && learner.step < total {
+        if run.checkpoint_every > 0
+            && learner.step % run.checkpoint_every == 0
+            && learner.step < total
+        {
             save(learner, hooks, &mut summary)?;
         }
     }

@@ -30,7 +30,8 @@ pub fn fixed_order_sum<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B,
         let len = flat.dims()[0];
         let rows = len.div_ceil(SUM_ROW);
         if rows * SUM_ROW != len {
-            let pad = Tensor::<B, 1>::zeros([rows * SUM_ROW - len], &flat.device()).cast(DType::F32);
+            let pad =
+                Tensor::<B, 1>::zeros([rows * SUM_ROW - len], &flat.device()).cast(DType::F32);
             flat = Tensor::cat(vec![flat, pad], 0);
         }
         flat = flat.reshape([rows, SUM_ROW]).sum_dim(1).reshape([rows]);
@@ -46,7 +47,8 @@ struct SquaredNorms<'a, B: AutodiffBackend> {
 impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorms<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
-            self.parts.push(fixed_order_sum(g.cast(DType::F32).square()));
+            self.parts
+                .push(fixed_order_sum(g.cast(DType::F32).square()));
         }
     }
 }
@@ -69,8 +71,14 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_, B> {
 ///
 /// # Shapes
 /// `[1]`, f32.
-pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M, grads: &GradientsParams) -> Tensor<B::InnerBackend, 1> {
-    let mut v = SquaredNorms::<B> { grads, parts: Vec::new() };
+pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &GradientsParams,
+) -> Tensor<B::InnerBackend, 1> {
+    let mut v = SquaredNorms::<B> {
+        grads,
+        parts: Vec::new(),
+    };
     module.visit(&mut v);
     if v.parts.is_empty() {
         let device = module.devices().first().cloned().unwrap_or_default();
@@ -89,7 +97,10 @@ pub fn clip_global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
 ) -> Tensor<B::InnerBackend, 1> {
     let norm = global_grad_norm(module, grads);
     let coef = (norm.clone().add_scalar(1e-6).recip() * max_norm).clamp_max(1.0);
-    let mut v = Scale::<B> { grads, factor: coef };
+    let mut v = Scale::<B> {
+        grads,
+        factor: coef,
+    };
     module.visit(&mut v);
     norm
 }
@@ -134,7 +145,11 @@ impl<B: AutodiffBackend, P: AutodiffModule<B>> Update<B, P> {
     ///
     /// # Shapes
     /// The norm is `[1]` (f32, on the device).
-    pub fn apply(&mut self, policy: P, mut grads: GradientsParams) -> (P, Tensor<B::InnerBackend, 1>) {
+    pub fn apply(
+        &mut self,
+        policy: P,
+        mut grads: GradientsParams,
+    ) -> (P, Tensor<B::InnerBackend, 1>) {
         let norm = if self.cfg.max_grad_norm > 0.0 {
             clip_global_norm(&policy, &mut grads, self.cfg.max_grad_norm)
         } else {
@@ -161,7 +176,10 @@ mod tests {
     fn global_norm_spans_all_parameters_and_clipping_scales_them_together() {
         let dev = Default::default();
         let lin: Linear<B> = LinearConfig::new(3, 2).init(&dev);
-        let x = Tensor::<B, 2>::from_data(TensorData::new(vec![1.0f32, -2.0, 0.5, 3.0, 0.0, 1.0], [2, 3]), &dev);
+        let x = Tensor::<B, 2>::from_data(
+            TensorData::new(vec![1.0f32, -2.0, 0.5, 3.0, 0.0, 1.0], [2, 3]),
+            &dev,
+        );
         let loss = lin.forward(x).sum();
         let mut grads = GradientsParams::from_grads(loss.backward(), &lin);
         // d(sum(xW + b))/dW[i][j] = sum over rows of x[., i]; db[j] = rows.
@@ -174,7 +192,13 @@ mod tests {
         assert!((before - want).abs() < 1e-5);
         let after = scalar(global_grad_norm::<B, _>(&lin, &grads));
         assert!((after - 1.0).abs() < 1e-5, "{after}");
-        let b = grads.get::<Flex, 1>(lin.bias.as_ref().unwrap().id).unwrap().into_data().convert::<f32>().into_vec::<f32>().unwrap();
+        let b = grads
+            .get::<Flex, 1>(lin.bias.as_ref().unwrap().id)
+            .unwrap()
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .unwrap();
         assert!((b[0] as f64 - 2.0 / (want + 1e-6)).abs() < 1e-6);
         // Below the threshold nothing changes.
         let untouched = scalar(clip_global_norm::<B, _>(&lin, &mut grads, 10.0));
@@ -188,13 +212,33 @@ mod tests {
         // of it adds per-thread partial sums in an order set by rayon's work stealing).
         let dev = Default::default();
         let n = 151_936 * 64;
-        let data: Vec<f32> = (0..n as u64).map(|i| (i.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407) >> 40) as f32 / (1u64 << 24) as f32).collect();
+        let data: Vec<f32> = (0..n as u64)
+            .map(|i| {
+                (i.wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407)
+                    >> 40) as f32
+                    / (1u64 << 24) as f32
+            })
+            .collect();
         let want: f64 = data.iter().map(|&x| x as f64).sum();
         let t = Tensor::<Flex, 2>::from_data(TensorData::new(data, [151_936, 64]), &dev);
-        let in_pool = |threads: usize, f: &(dyn Fn() -> f64 + Sync)| rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f);
-        let ours: Vec<u64> = [1, 2, 3, 5, 8].iter().map(|&k| in_pool(k, &|| scalar(fixed_order_sum(t.clone()))).to_bits()).collect();
+        let in_pool = |threads: usize, f: &(dyn Fn() -> f64 + Sync)| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(f)
+        };
+        let ours: Vec<u64> = [1, 2, 3, 5, 8]
+            .iter()
+            .map(|&k| in_pool(k, &|| scalar(fixed_order_sum(t.clone()))).to_bits())
+            .collect();
         assert!(ours.iter().all(|&b| b == ours[0]), "{ours:?}");
-        assert!((f64::from_bits(ours[0]) - want).abs() < 1e-3 * want.abs().max(1.0), "{} vs {want}", f64::from_bits(ours[0]));
+        assert!(
+            (f64::from_bits(ours[0]) - want).abs() < 1e-3 * want.abs().max(1.0),
+            "{} vs {want}",
+            f64::from_bits(ours[0])
+        );
         for _ in 0..10 {
             assert_eq!(scalar(fixed_order_sum(t.clone())).to_bits(), ours[0]);
         }

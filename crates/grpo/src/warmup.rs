@@ -14,13 +14,28 @@ use crate::error::{GrpoError, Result};
 use crate::policy::Policy;
 
 /// `(prompt, reference answer + stop token)` ids of every record that has a reference answer.
-pub fn warmup_pairs(records: &[RubricRecord], codec: &ChatTemplateCodec, stop_ids: &[u32]) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
+pub fn warmup_pairs(
+    records: &[RubricRecord],
+    codec: &ChatTemplateCodec,
+    stop_ids: &[u32],
+) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
     records
         .iter()
         .filter_map(|r| r.reference_answer.as_ref().map(|a| (r, a)))
         .map(|(r, answer)| {
-            let prompt = codec.encode_prompt(&r.question).map_err(|e| GrpoError::Prompt { id: r.id.clone(), message: e.to_string() })?;
-            let mut ids = codec.tokenizer.encode(answer).map_err(|e| GrpoError::Prompt { id: r.id.clone(), message: format!("reference answer: {e}") })?;
+            let prompt = codec
+                .encode_prompt(&r.question)
+                .map_err(|e| GrpoError::Prompt {
+                    id: r.id.clone(),
+                    message: e.to_string(),
+                })?;
+            let mut ids = codec
+                .tokenizer
+                .encode(answer)
+                .map_err(|e| GrpoError::Prompt {
+                    id: r.id.clone(),
+                    message: format!("reference answer: {e}"),
+                })?;
             ids.extend(stop_ids.first());
             Ok((prompt, ids))
         })
@@ -43,7 +58,10 @@ where
     P: Policy<B> + AutodiffModule<B>,
 {
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, P>();
-    let batch = TokenBatch::<B>::new(pairs.iter().map(|(p, a)| (p.as_slice(), a.as_slice())), device);
+    let batch = TokenBatch::<B>::new(
+        pairs.iter().map(|(p, a)| (p.as_slice(), a.as_slice())),
+        device,
+    );
     let tokens = pairs.iter().map(|(_, a)| a.len()).sum::<usize>().max(1);
     let mut losses = Vec::with_capacity(steps);
     for done in 1..=steps {

@@ -5,10 +5,16 @@ use std::sync::Arc;
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
-use conrub_grpo::{GroupScores, JudgeRewards, Learner, LearnerConfig, PairwiseTieBreaker, RewardSource, TextCodec, TieMode};
+use conrub_grpo::{
+    GroupScores, JudgeRewards, Learner, LearnerConfig, PairwiseTieBreaker, RewardSource, TextCodec,
+    TieMode,
+};
 use conrub_judge::LexicalJudge;
 use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
-use conrub_rubric::{score_labels, Criterion, Label, LengthPenalty, Message, ResponseScore, RubricRecord, ScoringMode};
+use conrub_rubric::{
+    score_labels, Criterion, Label, LengthPenalty, Message, ResponseScore, RubricRecord,
+    ScoringMode,
+};
 
 type B = Autodiff<Flex>;
 
@@ -17,10 +23,19 @@ struct WordCodec;
 
 impl TextCodec for WordCodec {
     fn encode_prompt(&self, messages: &[Message]) -> conrub_grpo::Result<Vec<u32>> {
-        Ok(messages[0].content.bytes().take(5).map(|b| (b % 60) as u32).collect())
+        Ok(messages[0]
+            .content
+            .bytes()
+            .take(5)
+            .map(|b| (b % 60) as u32)
+            .collect())
     }
     fn decode(&self, ids: &[u32]) -> conrub_grpo::Result<String> {
-        Ok(ids.iter().map(|i| format!("t{i}")).collect::<Vec<_>>().join(" "))
+        Ok(ids
+            .iter()
+            .map(|i| format!("t{i}"))
+            .collect::<Vec<_>>()
+            .join(" "))
     }
 }
 
@@ -41,19 +56,43 @@ fn records() -> Vec<RubricRecord> {
 }
 
 fn judge() -> Arc<LexicalJudge> {
-    Arc::new(LexicalJudge::default().with_keywords(SAYS_T7, &["t7"], &[]).with_keywords(SAYS_T9, &["t9"], &["t3"]))
+    Arc::new(
+        LexicalJudge::default()
+            .with_keywords(SAYS_T7, &["t7"], &[])
+            .with_keywords(SAYS_T9, &["t9"], &["t3"]),
+    )
 }
 
-fn learner_with(config: &Qwen3Config, init_seed: u64, cfg: LearnerConfig) -> Learner<B, Qwen3ForCausalLM<B>> {
+fn learner_with(
+    config: &Qwen3Config,
+    init_seed: u64,
+    cfg: LearnerConfig,
+) -> Learner<B, Qwen3ForCausalLM<B>> {
     let judge = judge();
-    let rewards = JudgeRewards { judge: judge.clone(), mode: ScoringMode::ThreeState, penalty: LengthPenalty::disabled(), dropout: None, seed: cfg.seed };
+    let rewards = JudgeRewards {
+        judge: judge.clone(),
+        mode: ScoringMode::ThreeState,
+        penalty: LengthPenalty::disabled(),
+        dropout: None,
+        seed: cfg.seed,
+    };
     learner_rewarded(config, init_seed, cfg, rewards)
 }
 
-fn learner_rewarded(config: &Qwen3Config, init_seed: u64, cfg: LearnerConfig, rewards: impl RewardSource + 'static) -> Learner<B, Qwen3ForCausalLM<B>> {
+fn learner_rewarded(
+    config: &Qwen3Config,
+    init_seed: u64,
+    cfg: LearnerConfig,
+    rewards: impl RewardSource + 'static,
+) -> Learner<B, Qwen3ForCausalLM<B>> {
     let model = Qwen3ForCausalLM::<B>::random(config, 0.1, init_seed, &Default::default());
     let ties = PairwiseTieBreaker::new(judge(), cfg.seed);
-    Learner::builder(model, cfg, Default::default()).codec(WordCodec).rewards(rewards).tie_breaker(ties).build().unwrap()
+    Learner::builder(model, cfg, Default::default())
+        .codec(WordCodec)
+        .rewards(rewards)
+        .tie_breaker(ties)
+        .build()
+        .unwrap()
 }
 
 /// One binary criterion per token: is its id even? (Varied rewards for a random policy over any
@@ -62,16 +101,45 @@ struct EvenIds;
 
 #[async_trait::async_trait]
 impl RewardSource for EvenIds {
-    async fn score_group(&self, _record: &RubricRecord, responses: &[String], lengths: &[u32], _step: u64) -> GroupScores {
+    async fn score_group(
+        &self,
+        _record: &RubricRecord,
+        responses: &[String],
+        lengths: &[u32],
+        _step: u64,
+    ) -> GroupScores {
         let scores = responses
             .iter()
             .zip(lengths)
             .map(|(r, &len)| {
-                let labels: Vec<Label> = r.split(' ').map(|t| if t.trim_start_matches('t').parse::<u32>().unwrap_or(1) % 2 == 0 { Label::Yes } else { Label::No }).collect();
-                ResponseScore::Scored(score_labels(&labels, labels.len(), ScoringMode::Binary, len, &LengthPenalty::disabled()).unwrap())
+                let labels: Vec<Label> = r
+                    .split(' ')
+                    .map(|t| {
+                        if t.trim_start_matches('t').parse::<u32>().unwrap_or(1) % 2 == 0 {
+                            Label::Yes
+                        } else {
+                            Label::No
+                        }
+                    })
+                    .collect();
+                ResponseScore::Scored(
+                    score_labels(
+                        &labels,
+                        labels.len(),
+                        ScoringMode::Binary,
+                        len,
+                        &LengthPenalty::disabled(),
+                    )
+                    .unwrap(),
+                )
             })
             .collect();
-        GroupScores { scores, criteria: vec![], judge_retries: 0, judge_latency_ms: 0.0 }
+        GroupScores {
+            scores,
+            criteria: vec![],
+            judge_retries: 0,
+            judge_latency_ms: 0.0,
+        }
     }
 }
 
@@ -109,42 +177,74 @@ async fn reward_rises_and_telemetry_is_complete() {
     let m = run(14, config()).await;
     let first: f64 = m[..3].iter().map(|x| x.reward_mean).sum::<f64>() / 3.0;
     let last: f64 = m[m.len() - 3..].iter().map(|x| x.reward_mean).sum::<f64>() / 3.0;
-    eprintln!("reward per step: {:?}", m.iter().map(|x| (x.reward_mean * 1000.0).round() / 1000.0).collect::<Vec<_>>());
-    assert!(last > first + 0.1, "reward should rise: first {first:.3}, last {last:.3}");
+    eprintln!(
+        "reward per step: {:?}",
+        m.iter()
+            .map(|x| (x.reward_mean * 1000.0).round() / 1000.0)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        last > first + 0.1,
+        "reward should rise: first {first:.3}, last {last:.3}"
+    );
     for x in &m {
         assert_eq!((x.responses, x.scored, x.unscored), (32, 32, 0));
         assert_eq!(x.optimizer_steps, 2, "two mini-batches, one PPO epoch");
         assert_eq!(x.grad_norms.len(), 2);
         assert!(x.grad_norms.iter().all(|g| g.is_finite()));
-        assert_eq!(x.truncated, 32, "no stop ids: every response hits the limit");
+        assert_eq!(
+            x.truncated, 32,
+            "no stop ids: every response hits the limit"
+        );
         assert_eq!(x.reward_histogram.iter().sum::<u64>(), 32);
         assert_eq!(x.ties.groups, 4);
         // Rollout engine telemetry: 4 prompts x 8 rows per call, each prompt prefilled once.
-        assert!(x.rollout_decode_steps > 0 && x.rollout_kv_blocks > 0 && x.rollout_peak_kv_blocks > 0, "{x:?}");
-        assert_eq!((x.rollout_peak_running_rows, x.rollout_preemptions), (32, 0));
+        assert!(
+            x.rollout_decode_steps > 0 && x.rollout_kv_blocks > 0 && x.rollout_peak_kv_blocks > 0,
+            "{x:?}"
+        );
+        assert_eq!(
+            (x.rollout_peak_running_rows, x.rollout_preemptions),
+            (32, 0)
+        );
         assert!(x.rollout_prefill_tokens > 0 && x.rollout_mean_running_rows > 0.0);
     }
     // Once every response earns the full reward, groups tie exactly and go to the pairwise judge.
     let end = m.last().unwrap();
-    assert!(end.ties.tied_groups > 0 && end.ties.pairwise_calls == 8 * end.ties.tied_groups, "{:?}", end.ties);
+    assert!(
+        end.ties.tied_groups > 0 && end.ties.pairwise_calls == 8 * end.ties.tied_groups,
+        "{:?}",
+        end.ties
+    );
 }
 
 #[tokio::test]
 async fn same_seed_same_run_bit_for_bit() {
-    let cfg = LearnerConfig { tie_mode: TieMode::GrpoDpo, ppo_epochs: 2, ..config() };
+    let cfg = LearnerConfig {
+        tie_mode: TieMode::GrpoDpo,
+        ppo_epochs: 2,
+        ..config()
+    };
     let a = run(2, cfg.clone()).await;
     let b = run(2, cfg).await;
     for (x, y) in a.iter().zip(&b) {
         assert_eq!(x.reward_mean.to_bits(), y.reward_mean.to_bits());
         assert_eq!(x.loss.to_bits(), y.loss.to_bits());
-        assert_eq!(x.grad_norms.iter().map(|g| g.to_bits()).collect::<Vec<_>>(), y.grad_norms.iter().map(|g| g.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            x.grad_norms.iter().map(|g| g.to_bits()).collect::<Vec<_>>(),
+            y.grad_norms.iter().map(|g| g.to_bits()).collect::<Vec<_>>()
+        );
         assert_eq!(x.optimizer_steps, 4);
     }
 }
 
 #[tokio::test]
 async fn resume_continues_bit_identically() {
-    let cfg = LearnerConfig { kl_beta: 0.05, ppo_epochs: 2, ..config() };
+    let cfg = LearnerConfig {
+        kl_beta: 0.05,
+        ppo_epochs: 2,
+        ..config()
+    };
     let recs = records();
     let refs: Vec<&RubricRecord> = recs.iter().collect();
 
@@ -164,16 +264,40 @@ async fn resume_continues_bit_identically() {
     // A learner from a different initialisation: everything must come from the state directory.
     let mut resumed = learner_with(&Qwen3Config::tiny(64), 99, cfg);
     let saved = conrub_grpo::load_state(&mut resumed, &state).unwrap();
-    assert_eq!((saved.step, saved.data_cursor["next_prompt"].as_u64()), (2, Some(8)));
+    assert_eq!(
+        (saved.step, saved.data_cursor["next_prompt"].as_u64()),
+        (2, Some(8))
+    );
     for want in &straight[2..] {
         let got = resumed.step(&refs).await.unwrap().metrics;
         assert_eq!(got.step, want.step);
-        assert_eq!(got.reward_mean.to_bits(), want.reward_mean.to_bits(), "step {}", want.step);
-        assert_eq!(got.loss.to_bits(), want.loss.to_bits(), "step {}", want.step);
-        assert_eq!(got.kl.map(f64::to_bits), want.kl.map(f64::to_bits), "step {}", want.step);
         assert_eq!(
-            got.grad_norms.iter().map(|g| g.to_bits()).collect::<Vec<_>>(),
-            want.grad_norms.iter().map(|g| g.to_bits()).collect::<Vec<_>>(),
+            got.reward_mean.to_bits(),
+            want.reward_mean.to_bits(),
+            "step {}",
+            want.step
+        );
+        assert_eq!(
+            got.loss.to_bits(),
+            want.loss.to_bits(),
+            "step {}",
+            want.step
+        );
+        assert_eq!(
+            got.kl.map(f64::to_bits),
+            want.kl.map(f64::to_bits),
+            "step {}",
+            want.step
+        );
+        assert_eq!(
+            got.grad_norms
+                .iter()
+                .map(|g| g.to_bits())
+                .collect::<Vec<_>>(),
+            want.grad_norms
+                .iter()
+                .map(|g| g.to_bits())
+                .collect::<Vec<_>>(),
             "step {}",
             want.step
         );
@@ -208,23 +332,52 @@ async fn clipped_steps_on_the_full_vocabulary_write_identical_checkpoints() {
         // The exported weights (the training state's record files also hold burn's random
         // parameter ids, so they differ between any two processes).
         let out = dir.path().join(format!("run{run}"));
-        conrub_qwen3::save_pretrained(&l.policy().valid(), &model, None, None, &out, conrub_qwen3::SaveDtype::F32).unwrap();
+        conrub_qwen3::save_pretrained(
+            &l.policy().valid(),
+            &model,
+            None,
+            None,
+            &out,
+            conrub_qwen3::SaveDtype::F32,
+        )
+        .unwrap();
         bytes.push(std::fs::read(out.join("model.safetensors")).unwrap());
         norms.push(n);
     }
     assert_eq!(norms[0].len(), 8);
-    assert!(norms[0].iter().any(|&g| g > 0.2), "some steps must be clipped: {:?}", norms[0]);
-    assert_eq!(norms[0].iter().map(|g| g.to_bits()).collect::<Vec<_>>(), norms[1].iter().map(|g| g.to_bits()).collect::<Vec<_>>());
+    assert!(
+        norms[0].iter().any(|&g| g > 0.2),
+        "some steps must be clipped: {:?}",
+        norms[0]
+    );
+    assert_eq!(
+        norms[0].iter().map(|g| g.to_bits()).collect::<Vec<_>>(),
+        norms[1].iter().map(|g| g.to_bits()).collect::<Vec<_>>()
+    );
     assert!(bytes[0] == bytes[1], "exported weights differ");
 }
 
 #[test]
 fn aggregation_and_reward_scaling_parse_as_documented() {
-    let cfg: LearnerConfig = serde_json::from_str(r#"{"aggregation": "dr-grpo", "scale_rewards": "none"}"#).unwrap();
-    assert_eq!((cfg.aggregation, cfg.scale_rewards), (conrub_grpo::Aggregation::DrGrpo, conrub_grpo::ScaleRewards::None));
-    let e = serde_json::from_str::<LearnerConfig>(r#"{"aggregation": "token-mean"}"#).unwrap_err().to_string();
-    assert!(e.contains("sequence-mean") && e.contains("global-token-mean") && e.contains("dr-grpo"), "{e}");
-    let e = serde_json::from_str::<LearnerConfig>(r#"{"scale_rewards": "batch"}"#).unwrap_err().to_string();
+    let cfg: LearnerConfig =
+        serde_json::from_str(r#"{"aggregation": "dr-grpo", "scale_rewards": "none"}"#).unwrap();
+    assert_eq!(
+        (cfg.aggregation, cfg.scale_rewards),
+        (
+            conrub_grpo::Aggregation::DrGrpo,
+            conrub_grpo::ScaleRewards::None
+        )
+    );
+    let e = serde_json::from_str::<LearnerConfig>(r#"{"aggregation": "token-mean"}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("sequence-mean") && e.contains("global-token-mean") && e.contains("dr-grpo"),
+        "{e}"
+    );
+    let e = serde_json::from_str::<LearnerConfig>(r#"{"scale_rewards": "batch"}"#)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("`group`") && e.contains("`none`"), "{e}");
 }
 
@@ -238,7 +391,10 @@ async fn checkpointing_set_on_the_learner_reaches_the_policy_and_keeps_the_run()
     let refs: Vec<&RubricRecord> = recs.iter().collect();
     let mut runs = Vec::new();
     for on in [false, true] {
-        let mut l = learner(LearnerConfig { activation_checkpointing: on, ..config() });
+        let mut l = learner(LearnerConfig {
+            activation_checkpointing: on,
+            ..config()
+        });
         assert_eq!(l.policy().exec.activation_checkpointing, on);
         let mut m = Vec::new();
         for _ in 0..2 {
@@ -247,10 +403,24 @@ async fn checkpointing_set_on_the_learner_reaches_the_policy_and_keeps_the_run()
         runs.push(m);
     }
     for (off, on) in runs[0].iter().zip(&runs[1]) {
-        assert_eq!(off.reward_mean, on.reward_mean, "step {}: same rollouts", off.step);
-        assert!((off.loss - on.loss).abs() <= 1e-5 * off.loss.abs().max(1e-3), "step {}: loss {} vs {}", off.step, off.loss, on.loss);
+        assert_eq!(
+            off.reward_mean, on.reward_mean,
+            "step {}: same rollouts",
+            off.step
+        );
+        assert!(
+            (off.loss - on.loss).abs() <= 1e-5 * off.loss.abs().max(1e-3),
+            "step {}: loss {} vs {}",
+            off.step,
+            off.loss,
+            on.loss
+        );
         for (a, b) in off.grad_norms.iter().zip(&on.grad_norms) {
-            assert!((a - b).abs() <= 1e-4 * a.abs().max(1e-6), "step {}: grad norm {a} vs {b}", off.step);
+            assert!(
+                (a - b).abs() <= 1e-4 * a.abs().max(1e-6),
+                "step {}: grad norm {a} vs {b}",
+                off.step
+            );
         }
     }
 }

@@ -6,11 +6,11 @@
 //! beyond the weights and AdamW moments (a counting allocator); the plan's is its training peak
 //! less what it allocates for the whole run. They must agree within 15%.
 
-#[path = "../../../benches/common/peak.rs"]
-mod peak;
 #[path = "../../../benches/common/attention_update.rs"]
 #[allow(dead_code)]
 mod attention_update;
+#[path = "../../../benches/common/peak.rs"]
+mod peak;
 
 #[test]
 fn the_memory_plan_predicts_measured_cpu_peaks_within_15_percent() {
@@ -18,7 +18,8 @@ fn the_memory_plan_predicts_measured_cpu_peaks_within_15_percent() {
     for (t, micro_batches) in [(512, 1), (512, 2), (1024, 1), (2048, 1)] {
         for mode in ["fused", "fused+ckpt"] {
             let (_, measured) = attention_update::measure(mode, t, 1, micro_batches);
-            let plan = attention_update::predicted(mode, t, micro_batches).expect("the plan models fused attention");
+            let plan = attention_update::predicted(mode, t, micro_batches)
+                .expect("the plan models fused attention");
             let ratio = plan / measured as f64;
             let line = format!(
                 "{mode} T={t} micro-batches={micro_batches}: measured {:.1} MB, plan {:.1} MB, plan/measured {ratio:.3}",

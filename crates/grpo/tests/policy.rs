@@ -16,12 +16,25 @@ type Rows = (Vec<Vec<u32>>, Vec<Vec<u32>>);
 fn rollouts() -> Rows {
     (
         vec![vec![11, 42, 7], vec![5, 9, 200, 31, 8, 77], vec![3]],
-        vec![vec![199, 3, 50, 61], vec![12], vec![90, 91, 92, 93, 94, 95, 96]],
+        vec![
+            vec![199, 3, 50, 61],
+            vec![12],
+            vec![90, 91, 92, 93, 94, 95, 96],
+        ],
     )
 }
 
-fn batch<B: burn::tensor::backend::Backend>((prompts, responses): &Rows, dev: &B::Device) -> TokenBatch<B> {
-    TokenBatch::new(prompts.iter().map(Vec::as_slice).zip(responses.iter().map(Vec::as_slice)), dev)
+fn batch<B: burn::tensor::backend::Backend>(
+    (prompts, responses): &Rows,
+    dev: &B::Device,
+) -> TokenBatch<B> {
+    TokenBatch::new(
+        prompts
+            .iter()
+            .map(Vec::as_slice)
+            .zip(responses.iter().map(Vec::as_slice)),
+        dev,
+    )
 }
 
 #[test]
@@ -31,8 +44,20 @@ fn response_logprobs_match_teacher_forced_scoring() {
     let rows = rollouts();
     let b = batch::<Flex>(&rows, &dev);
     let r = b.positions.dims()[1];
-    let got: Vec<f32> = m.model.response_logprobs(&b).logprobs.into_data().convert::<f32>().into_vec().unwrap();
-    let sequences: Vec<Vec<u32>> = rows.0.iter().zip(&rows.1).map(|(p, x)| p.iter().chain(x).copied().collect()).collect();
+    let got: Vec<f32> = m
+        .model
+        .response_logprobs(&b)
+        .logprobs
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .unwrap();
+    let sequences: Vec<Vec<u32>> = rows
+        .0
+        .iter()
+        .zip(&rows.1)
+        .map(|(p, x)| p.iter().chain(x).copied().collect())
+        .collect();
     let reference = score_sequences(&m.model, &sequences, 0, &dev).unwrap();
     for (i, (p, resp)) in rows.0.iter().zip(&rows.1).enumerate() {
         for j in 0..r {
@@ -47,9 +72,20 @@ fn response_logprobs_match_teacher_forced_scoring() {
     }
     // A slice of the batch (a micro-batch) gives the same values for its rows.
     let sub = b.slice(1..3, 8, 7);
-    let part: Vec<f32> = m.model.response_logprobs(&sub).logprobs.into_data().convert::<f32>().into_vec().unwrap();
+    let part: Vec<f32> = m
+        .model
+        .response_logprobs(&sub)
+        .logprobs
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .unwrap();
     for (k, x) in part.iter().enumerate() {
-        assert!((x - got[r + k]).abs() < 1e-5, "slot {k}: {x} vs {}", got[r + k]);
+        assert!(
+            (x - got[r + k]).abs() < 1e-5,
+            "slot {k}: {x} vs {}",
+            got[r + k]
+        );
     }
 }
 
@@ -57,18 +93,36 @@ fn response_logprobs_match_teacher_forced_scoring() {
 fn gradients_reach_the_tied_embedding_and_sampling_reports_truncation() {
     let dev = Default::default();
     let m = Qwen3::<Autodiff<Flex>>::load_dir(&fixture(), &dev).unwrap();
-    let loss = m.model.response_logprobs(&batch(&rollouts(), &dev)).logprobs.sum();
+    let loss = m
+        .model
+        .response_logprobs(&batch(&rollouts(), &dev))
+        .logprobs
+        .sum();
     let grads = loss.backward();
-    let g = m.model.embed_tokens.grad(&grads).expect("embedding gradient");
+    let g = m
+        .model
+        .embed_tokens
+        .grad(&grads)
+        .expect("embedding gradient");
     let norm: f32 = g.abs().sum().into_scalar();
     assert!(norm > 0.0);
 
-    let cfg = SamplingConfig { max_new_tokens: 5, seed: 3, ..Default::default() };
+    let cfg = SamplingConfig {
+        max_new_tokens: 5,
+        seed: 3,
+        ..Default::default()
+    };
     let inner = Qwen3::<Flex>::load_dir(&fixture(), &dev).unwrap();
     let prompts = [vec![11, 42], vec![7]];
     let s = inner.model.sample(&prompts, &cfg, &dev).unwrap();
-    assert!(s.iter().all(|x| x.finish_reason == FinishReason::Length && x.tokens.len() == 5 && x.logprobs.len() == 5));
-    assert_eq!(s, inner.model.sample(&prompts, &cfg, &dev).unwrap(), "seeded");
+    assert!(s.iter().all(|x| x.finish_reason == FinishReason::Length
+        && x.tokens.len() == 5
+        && x.logprobs.len() == 5));
+    assert_eq!(
+        s,
+        inner.model.sample(&prompts, &cfg, &dev).unwrap(),
+        "seeded"
+    );
     // The default sampler (no KV cache, the prefix recomputed per token) follows the same rules
     // and streams, so it draws the same tokens as the KV-cache engine.
     let slow = sample_by_recomputation(&inner.model, &prompts, &cfg, &dev).unwrap();

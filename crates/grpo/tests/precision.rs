@@ -10,7 +10,9 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Tensor, TensorData};
-use conrub_grpo::{Aggregation, ClipRange, Policy, PolicyLoss, SurrogateBatch, TokenBatch, Update, UpdateConfig};
+use conrub_grpo::{
+    Aggregation, ClipRange, Policy, PolicyLoss, SurrogateBatch, TokenBatch, Update, UpdateConfig,
+};
 use conrub_qwen3::{Execution, Precision, Qwen3Config, Qwen3ForCausalLM};
 
 type A = Autodiff<Flex>;
@@ -30,7 +32,14 @@ struct Values(Vec<(bool, Vec<f32>)>);
 
 impl ModuleVisitor<A> for Values {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<A, D>>) {
-        let v = param.val().inner().cast(DType::F32).into_data().convert::<f32>().into_vec().unwrap();
+        let v = param
+            .val()
+            .inner()
+            .cast(DType::F32)
+            .into_data()
+            .convert::<f32>()
+            .into_vec()
+            .unwrap();
         self.0.push((D == 1, v));
     }
 }
@@ -42,11 +51,31 @@ fn values(m: &Qwen3ForCausalLM<A>) -> Vec<(bool, Vec<f32>)> {
 }
 
 /// Losses per step and the changed-element mask after `STEPS` steps.
-fn train(mut policy: Qwen3ForCausalLM<A>, tf: &TokenBatch<A>, advantages: &Tensor<A, 1>) -> (Vec<f64>, Vec<(bool, Vec<bool>)>) {
+fn train(
+    mut policy: Qwen3ForCausalLM<A>,
+    tf: &TokenBatch<A>,
+    advantages: &Tensor<A, 1>,
+) -> (Vec<f64>, Vec<(bool, Vec<bool>)>) {
     let before = values(&policy);
-    let loss = PolicyLoss { clip: ClipRange::default(), aggregation: Aggregation::SequenceMean, kl_beta: 0.0, max_response_tokens: 20 };
-    let mut update = Update::<A, Qwen3ForCausalLM<A>>::new(UpdateConfig { lr: 3e-6, weight_decay: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8, max_grad_norm: 1.0 });
-    let old = policy.valid().response_logprobs(&tf.inner()).logprobs.cast(DType::F32);
+    let loss = PolicyLoss {
+        clip: ClipRange::default(),
+        aggregation: Aggregation::SequenceMean,
+        kl_beta: 0.0,
+        max_response_tokens: 20,
+    };
+    let mut update = Update::<A, Qwen3ForCausalLM<A>>::new(UpdateConfig {
+        lr: 3e-6,
+        weight_decay: 0.1,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        max_grad_norm: 1.0,
+    });
+    let old = policy
+        .valid()
+        .response_logprobs(&tf.inner())
+        .logprobs
+        .cast(DType::F32);
     let mut losses = Vec::new();
     for _ in 0..STEPS {
         let out = loss.compute(SurrogateBatch {
@@ -61,7 +90,11 @@ fn train(mut policy: Qwen3ForCausalLM<A>, tf: &TokenBatch<A>, advantages: &Tenso
         policy = update.apply(policy, grads).0;
     }
     let after = values(&policy);
-    let changed = before.iter().zip(&after).map(|((norm, b), (_, a))| (*norm, b.iter().zip(a).map(|(x, y)| x != y).collect())).collect();
+    let changed = before
+        .iter()
+        .zip(&after)
+        .map(|((norm, b), (_, a))| (*norm, b.iter().zip(a).map(|(x, y)| x != y).collect()))
+        .collect();
     (losses, changed)
 }
 
@@ -72,14 +105,33 @@ fn bf16_mixed_moves_what_f32_moves_and_pure_bf16_does_not() {
     cfg.num_hidden_layers = 2;
     let base = Qwen3ForCausalLM::<A>::random(&cfg, 0.02, 7, &dev);
     let rows = 8;
-    let prompts: Vec<Vec<u32>> = (0..rows).map(|r| (0..12).map(|i| ((r * 53 + i * 17) % 512) as u32).collect()).collect();
-    let responses: Vec<Vec<u32>> = (0..rows).map(|r| (0..20 - r).map(|i| ((r * 29 + i * 61 + 5) % 512) as u32).collect()).collect();
-    let tf = TokenBatch::<A>::new(prompts.iter().map(Vec::as_slice).zip(responses.iter().map(Vec::as_slice)), &dev);
-    let adv: Vec<f32> = (0..rows).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+    let prompts: Vec<Vec<u32>> = (0..rows)
+        .map(|r| (0..12).map(|i| ((r * 53 + i * 17) % 512) as u32).collect())
+        .collect();
+    let responses: Vec<Vec<u32>> = (0..rows)
+        .map(|r| {
+            (0..20 - r)
+                .map(|i| ((r * 29 + i * 61 + 5) % 512) as u32)
+                .collect()
+        })
+        .collect();
+    let tf = TokenBatch::<A>::new(
+        prompts
+            .iter()
+            .map(Vec::as_slice)
+            .zip(responses.iter().map(Vec::as_slice)),
+        &dev,
+    );
+    let adv: Vec<f32> = (0..rows)
+        .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
+        .collect();
     let advantages = Tensor::<A, 1>::from_data(TensorData::new(adv, [rows]), &dev);
 
     let (lf, cf) = train(base.clone(), &tf, &advantages);
-    let mixed = base.clone().with_execution(Execution { precision: Precision::Bf16Mixed, ..Default::default() });
+    let mixed = base.clone().with_execution(Execution {
+        precision: Precision::Bf16Mixed,
+        ..Default::default()
+    });
     let (lm, cm) = train(mixed, &tf, &advantages);
     let pure = base.map(&mut ToBf16);
     let (lp, cp) = train(pure, &tf, &advantages);
@@ -98,11 +150,23 @@ fn bf16_mixed_moves_what_f32_moves_and_pure_bf16_does_not() {
         }
         both as f64 / total.max(1) as f64
     };
-    let f32_changed: usize = cf.iter().map(|(_, v)| v.iter().filter(|&&c| c).count()).sum();
+    let f32_changed: usize = cf
+        .iter()
+        .map(|(_, v)| v.iter().filter(|&&c| c).count())
+        .sum();
     let all: usize = cf.iter().map(|(_, v)| v.len()).sum();
     let drop = |l: &[f64]| l[0] - l[STEPS - 1];
-    let worst_gap = lf.iter().zip(&lm).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-    println!("f32 changed {f32_changed} of {all} elements; loss {:.6} -> {:.6} (drop {:.3e})", lf[0], lf[STEPS - 1], drop(&lf));
+    let worst_gap = lf
+        .iter()
+        .zip(&lm)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    println!(
+        "f32 changed {f32_changed} of {all} elements; loss {:.6} -> {:.6} (drop {:.3e})",
+        lf[0],
+        lf[STEPS - 1],
+        drop(&lf)
+    );
     println!(
         "bf16-mixed: {:.2}% of them (norm scales {:.2}%); loss {:.6} -> {:.6} (drop {:.3e}); worst per-step gap to f32 {worst_gap:.3e}",
         100.0 * share(&cm, false),
@@ -119,13 +183,38 @@ fn bf16_mixed_moves_what_f32_moves_and_pure_bf16_does_not() {
         lp[STEPS - 1],
         drop(&lp)
     );
-    assert!(f32_changed as f64 > 0.9 * all as f64, "the f32 run must move most parameters");
-    assert!(share(&cm, false) >= 0.99, "bf16-mixed moved {:.4} of what f32 moved", share(&cm, false));
+    assert!(
+        f32_changed as f64 > 0.9 * all as f64,
+        "the f32 run must move most parameters"
+    );
+    assert!(
+        share(&cm, false) >= 0.99,
+        "bf16-mixed moved {:.4} of what f32 moved",
+        share(&cm, false)
+    );
     assert!(share(&cm, true) >= 0.99, "bf16-mixed norm scales");
     // The loss falls in both runs by about the same amount (bf16 activations shift the level a bit).
-    assert!(drop(&lf) > 0.0 && drop(&lm) > 0.0, "{} {}", drop(&lf), drop(&lm));
-    assert!((drop(&lm) - drop(&lf)).abs() <= 0.25 * drop(&lf), "drops {} vs {}", drop(&lm), drop(&lf));
+    assert!(
+        drop(&lf) > 0.0 && drop(&lm) > 0.0,
+        "{} {}",
+        drop(&lf),
+        drop(&lm)
+    );
+    assert!(
+        (drop(&lm) - drop(&lf)).abs() <= 0.25 * drop(&lf),
+        "drops {} vs {}",
+        drop(&lm),
+        drop(&lf)
+    );
     // Pure bf16 loses most updates, and every update of the norm scales (~1.0: spacing 2^-7).
-    assert!(share(&cp, false) < 0.5, "pure bf16 moved {:.3}", share(&cp, false));
-    assert!(share(&cp, true) < 0.01, "pure bf16 norm scales moved {:.3}", share(&cp, true));
+    assert!(
+        share(&cp, false) < 0.5,
+        "pure bf16 moved {:.3}",
+        share(&cp, false)
+    );
+    assert!(
+        share(&cp, true) < 0.01,
+        "pure bf16 norm scales moved {:.3}",
+        share(&cp, true)
+    );
 }

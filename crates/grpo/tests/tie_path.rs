@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use conrub_grpo::{
-    GroupRelative, JudgeRewards, PairRecord, RewardSource, TieAwareAdvantages, TieBreaker, TieMode, TieOutcome, TieStats, TieStatus, TiedGroup,
+    GroupRelative, JudgeRewards, PairRecord, RewardSource, TieAwareAdvantages, TieBreaker, TieMode,
+    TieOutcome, TieStats, TieStatus, TiedGroup,
 };
 use conrub_judge::{LexicalJudge, PairOutcome};
 use conrub_rubric::{read_rubrics, LengthPenalty, RubricDropout, ScoringMode};
@@ -18,39 +19,85 @@ impl TieBreaker for FixedBreaker {
         let mut advantages = vec![0.0; g.responses.len()];
         advantages[0] = 1.0;
         advantages[1] = -1.0;
-        let rec = |a, b, outcome| PairRecord { a, b, outcome, winner_longer: (outcome == PairOutcome::PreferA).then_some(true), comparison: None };
+        let rec = |a, b, outcome| PairRecord {
+            a,
+            b,
+            outcome,
+            winner_longer: (outcome == PairOutcome::PreferA).then_some(true),
+            comparison: None,
+        };
         TieOutcome {
             advantages,
-            pairs: vec![rec(0, 1, PairOutcome::PreferA), rec(2, 3, PairOutcome::Same), rec(4, 5, PairOutcome::OrderFlip), rec(6, 7, PairOutcome::Invalid)],
+            pairs: vec![
+                rec(0, 1, PairOutcome::PreferA),
+                rec(2, 3, PairOutcome::Same),
+                rec(4, 5, PairOutcome::OrderFlip),
+                rec(6, 7, PairOutcome::Invalid),
+            ],
         }
     }
 }
 
 fn stage(mode: TieMode) -> TieAwareAdvantages {
-    TieAwareAdvantages::new(Box::new(GroupRelative::default()), mode, Box::new(FixedBreaker))
+    TieAwareAdvantages::new(
+        Box::new(GroupRelative::default()),
+        mode,
+        Box::new(FixedBreaker),
+    )
 }
 
 fn group<'a>(responses: &'a [String], lengths: &'a [u32], criteria: &'a [String]) -> TiedGroup<'a> {
-    TiedGroup { group_key: "med-0001/0", question: "q", criteria, responses, lengths }
+    TiedGroup {
+        group_key: "med-0001/0",
+        question: "q",
+        criteria,
+        responses,
+        lengths,
+    }
 }
 
 #[tokio::test]
 async fn judge_rewards_share_one_dropout_subset_per_group() {
-    let rubrics = read_rubrics(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/samples/rubrics.jsonl"))).unwrap();
+    let rubrics = read_rubrics(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../data/samples/rubrics.jsonl"
+    )))
+    .unwrap();
     let record = rubrics.get("med-0001").unwrap();
     let source = JudgeRewards {
-        judge: Arc::new(LexicalJudge::from_file(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/samples/lexical-keywords.jsonl"))).unwrap()),
+        judge: Arc::new(
+            LexicalJudge::from_file(std::path::Path::new(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../data/samples/lexical-keywords.jsonl"
+            )))
+            .unwrap(),
+        ),
         mode: ScoringMode::ThreeState,
-        penalty: LengthPenalty { enabled: true, max_tokens: 100, buffer_tokens: 50 },
+        penalty: LengthPenalty {
+            enabled: true,
+            max_tokens: 100,
+            buffer_tokens: 50,
+        },
         dropout: Some(RubricDropout::default()),
         seed: 1234,
     };
-    let responses: Vec<String> = vec!["Call 911 now, this may be a heart attack; chew aspirin.".into(), "Rest.".into()];
+    let responses: Vec<String> = vec![
+        "Call 911 now, this may be a heart attack; chew aspirin.".into(),
+        "Rest.".into(),
+    ];
     let a = source.score_group(record, &responses, &[10, 75], 3).await;
     let b = source.score_group(record, &responses, &[10, 75], 3).await;
-    assert_eq!((&a.scores, &a.criteria), (&b.scores, &b.criteria), "same step, same subset and scores");
+    assert_eq!(
+        (&a.scores, &a.criteria),
+        (&b.scores, &b.criteria),
+        "same step, same subset and scores"
+    );
     let n = record.criteria.len();
-    assert!(a.criteria.len() < n && a.criteria.len() >= n / 2, "30-50% of {n} dropped: kept {}", a.criteria.len());
+    assert!(
+        a.criteria.len() < n && a.criteria.len() >= n / 2,
+        "30-50% of {n} dropped: kept {}",
+        a.criteria.len()
+    );
     for s in &a.scores {
         match s {
             conrub_rubric::ResponseScore::Scored(x) => assert_eq!(x.labels.len(), a.criteria.len()),
@@ -58,13 +105,20 @@ async fn judge_rewards_share_one_dropout_subset_per_group() {
         }
     }
     // The second response is 75 tokens: penalty (100 - 50 - 75) / 50 = -0.5.
-    let conrub_rubric::ResponseScore::Scored(s) = &a.scores[1] else { panic!() };
+    let conrub_rubric::ResponseScore::Scored(s) = &a.scores[1] else {
+        panic!()
+    };
     assert_eq!(s.length_penalty, -0.5);
     let other_step = source.score_group(record, &responses, &[10, 75], 4).await;
     let differs = (0..20).any(|step| {
-        futures::executor::block_on(source.score_group(record, &responses, &[10, 75], step)).criteria != a.criteria
+        futures::executor::block_on(source.score_group(record, &responses, &[10, 75], step))
+            .criteria
+            != a.criteria
     });
-    assert!(differs || other_step.criteria != a.criteria, "subsets change with the step");
+    assert!(
+        differs || other_step.criteria != a.criteria,
+        "subsets change with the step"
+    );
 }
 
 #[tokio::test]
@@ -81,19 +135,43 @@ async fn tie_modes_and_statistics() {
     assert_eq!(out.accepted_pairs(), vec![(0, 1)]);
 
     let off = stage(TieMode::Off).group(&tied, 8, &g).await;
-    assert_eq!((off.status, off.advantages.clone(), off.pairs.len()), (TieStatus::TiedUnbroken, vec![0.0; 8], 0));
+    assert_eq!(
+        (off.status, off.advantages.clone(), off.pairs.len()),
+        (TieStatus::TiedUnbroken, vec![0.0; 8], 0)
+    );
 
     let dpo = stage(TieMode::GrpoDpo).group(&tied, 8, &g).await;
-    assert_eq!(dpo.advantages, vec![0.0; 8], "GRPO+DPO keeps vanilla advantages");
+    assert_eq!(
+        dpo.advantages,
+        vec![0.0; 8],
+        "GRPO+DPO keeps vanilla advantages"
+    );
     assert_eq!(dpo.accepted_pairs(), vec![(0, 1)]);
 
     let mut incomplete = tied;
     incomplete[7] = None;
     let not_tied = stage(TieMode::Pairwise).group(&incomplete, 8, &g).await;
-    assert_eq!(not_tied.status, TieStatus::NotTied, "an unscored response breaks completeness");
-    assert_eq!(not_tied.advantages, vec![0.0; 8], "equal scored rewards still give vanilla zeros");
+    assert_eq!(
+        not_tied.status,
+        TieStatus::NotTied,
+        "an unscored response breaks completeness"
+    );
+    assert_eq!(
+        not_tied.advantages,
+        vec![0.0; 8],
+        "equal scored rewards still give vanilla zeros"
+    );
 
-    let mixed = [Some(1.0), Some(0.5), Some(1.0), Some(1.0), Some(1.0), Some(1.0), Some(1.0), Some(1.0)];
+    let mixed = [
+        Some(1.0),
+        Some(0.5),
+        Some(1.0),
+        Some(1.0),
+        Some(1.0),
+        Some(1.0),
+        Some(1.0),
+        Some(1.0),
+    ];
     let vanilla = stage(TieMode::Pairwise).group(&mixed, 8, &g).await;
     assert_eq!(vanilla.status, TieStatus::NotTied);
     assert!(vanilla.advantages[1] < 0.0 && vanilla.advantages[0] > 0.0);
@@ -103,9 +181,31 @@ async fn tie_modes_and_statistics() {
     stats.add(&vanilla, None);
     stats.add(&off, Some(0.75));
     assert_eq!((stats.groups, stats.tied_groups), (3, 2));
-    assert_eq!((stats.accepted, stats.same, stats.order_flips, stats.invalid, stats.pairwise_calls), (1, 1, 1, 1, 8));
-    assert_eq!((stats.groups_with_direction, stats.responses_with_direction, stats.winner_longer), (1, 2, 1));
-    assert_eq!(stats.tied_reward_histogram[19], 1, "reward 1.0 lands in the last bin");
-    assert_eq!(stats.tied_reward_histogram[17], 1, "reward 0.75 in [0.7, 0.8)");
+    assert_eq!(
+        (
+            stats.accepted,
+            stats.same,
+            stats.order_flips,
+            stats.invalid,
+            stats.pairwise_calls
+        ),
+        (1, 1, 1, 1, 8)
+    );
+    assert_eq!(
+        (
+            stats.groups_with_direction,
+            stats.responses_with_direction,
+            stats.winner_longer
+        ),
+        (1, 2, 1)
+    );
+    assert_eq!(
+        stats.tied_reward_histogram[19], 1,
+        "reward 1.0 lands in the last bin"
+    );
+    assert_eq!(
+        stats.tied_reward_histogram[17], 1,
+        "reward 0.75 in [0.7, 0.8)"
+    );
     assert!((stats.tie_rate() - 2.0 / 3.0).abs() < 1e-12);
 }

@@ -54,7 +54,10 @@ pub struct CacheStats {
 }
 
 fn is_busy(e: &rusqlite::Error) -> bool {
-    matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy) | Some(rusqlite::ErrorCode::DatabaseLocked))
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy) | Some(rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// The judge cache.
@@ -69,16 +72,24 @@ pub struct JudgeCache {
 
 impl std::fmt::Debug for JudgeCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JudgeCache").field("path", &self.path).finish()
+        f.debug_struct("JudgeCache")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
 impl JudgeCache {
     /// Opens (or creates) the cache database at `path`.
     pub fn open(path: &Path) -> Result<Self> {
-        let err = |e: rusqlite::Error| JudgeError::Cache { path: path.into(), message: e.to_string() };
+        let err = |e: rusqlite::Error| JudgeError::Cache {
+            path: path.into(),
+            message: e.to_string(),
+        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| JudgeError::Cache { path: path.into(), message: e.to_string() })?;
+            std::fs::create_dir_all(dir).map_err(|e| JudgeError::Cache {
+                path: path.into(),
+                message: e.to_string(),
+            })?;
         }
         let conn = Connection::open(path).map_err(err)?;
         conn.busy_timeout(Duration::from_secs(60)).map_err(err)?;
@@ -131,9 +142,16 @@ impl JudgeCache {
     pub fn get(&self, key: &CacheKey) -> Option<CachedAnswer> {
         let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let row = conn
-            .query_row("SELECT raw, parsed FROM judge_cache WHERE key = ?1", params![&key.0[..]], |r| {
-                Ok(CachedAnswer { raw: r.get(0)?, parsed: r.get(1)? })
-            })
+            .query_row(
+                "SELECT raw, parsed FROM judge_cache WHERE key = ?1",
+                params![&key.0[..]],
+                |r| {
+                    Ok(CachedAnswer {
+                        raw: r.get(0)?,
+                        parsed: r.get(1)?,
+                    })
+                },
+            )
             .optional();
         match row {
             Ok(Some(a)) => {
@@ -154,7 +172,10 @@ impl JudgeCache {
 
     /// Stores an answer (replacing an older one with the same key).
     pub fn put(&self, key: &CacheKey, judge: &str, kind: &str, answer: &CachedAnswer) {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let r = conn.execute(
             "INSERT OR REPLACE INTO judge_cache (key, judge, kind, raw, parsed, created_unix) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -167,15 +188,33 @@ impl JudgeCache {
     }
 
     /// Looks a key up and deserialises the stored answer; `(answer, raw output)`.
-    pub fn get_parsed<T: serde::de::DeserializeOwned>(&self, key: &CacheKey) -> Option<(T, String)> {
+    pub fn get_parsed<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &CacheKey,
+    ) -> Option<(T, String)> {
         let hit = self.get(key)?;
         serde_json::from_str(&hit.parsed).ok().map(|v| (v, hit.raw))
     }
 
     /// Stores a parsed answer with the raw output it came from.
-    pub fn put_parsed<T: serde::Serialize>(&self, key: &CacheKey, judge: &str, kind: &str, answer: &T, raw: &str) {
+    pub fn put_parsed<T: serde::Serialize>(
+        &self,
+        key: &CacheKey,
+        judge: &str,
+        kind: &str,
+        answer: &T,
+        raw: &str,
+    ) {
         match serde_json::to_string(answer) {
-            Ok(parsed) => self.put(key, judge, kind, &CachedAnswer { raw: raw.to_string(), parsed }),
+            Ok(parsed) => self.put(
+                key,
+                judge,
+                kind,
+                &CachedAnswer {
+                    raw: raw.to_string(),
+                    parsed,
+                },
+            ),
             Err(_) => {
                 self.errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -185,9 +224,14 @@ impl JudgeCache {
     /// Number of stored answers.
     pub fn len(&self) -> Result<u64> {
         let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        conn.query_row("SELECT COUNT(*) FROM judge_cache", [], |r| r.get::<_, i64>(0))
-            .map(|n| n as u64)
-            .map_err(|e| JudgeError::Cache { path: self.path.clone(), message: e.to_string() })
+        conn.query_row("SELECT COUNT(*) FROM judge_cache", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .map(|n| n as u64)
+        .map_err(|e| JudgeError::Cache {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })
     }
 
     /// True when nothing is stored.
@@ -211,7 +255,10 @@ mod tests {
     use super::*;
 
     fn answer(i: usize) -> CachedAnswer {
-        CachedAnswer { raw: format!("raw {i}"), parsed: format!("[\"{i}\"]") }
+        CachedAnswer {
+            raw: format!("raw {i}"),
+            parsed: format!("[\"{i}\"]"),
+        }
     }
 
     #[test]
@@ -230,7 +277,12 @@ mod tests {
                 std::thread::spawn(move || {
                     let c = JudgeCache::open(&path).unwrap();
                     for i in 0..150 {
-                        c.put(&CacheKey::of(&[&t.to_string(), &i.to_string()]), "m", "criteria", &answer(i));
+                        c.put(
+                            &CacheKey::of(&[&t.to_string(), &i.to_string()]),
+                            "m",
+                            "criteria",
+                            &answer(i),
+                        );
                     }
                     c.stats()
                 })

@@ -95,11 +95,17 @@ impl ClientConfig {
     /// Checks ranges, naming the field.
     pub fn validate(&self) -> Result<()> {
         if self.urls.is_empty() {
-            return Err(JudgeError::config("urls", "at least one base URL is needed"));
+            return Err(JudgeError::config(
+                "urls",
+                "at least one base URL is needed",
+            ));
         }
         for u in &self.urls {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
-                return Err(JudgeError::config("urls", format!("`{u}` is not an http(s) URL")));
+                return Err(JudgeError::config(
+                    "urls",
+                    format!("`{u}` is not an http(s) URL"),
+                ));
             }
         }
         if self.model.trim().is_empty() {
@@ -112,7 +118,10 @@ impl ClientConfig {
             return Err(JudgeError::config("timeout_secs", "must be > 0"));
         }
         if !(self.backoff_base_secs >= 0.0 && self.backoff_max_secs >= self.backoff_base_secs) {
-            return Err(JudgeError::config("backoff_base_secs", "need 0 <= backoff_base_secs <= backoff_max_secs"));
+            return Err(JudgeError::config(
+                "backoff_base_secs",
+                "need 0 <= backoff_base_secs <= backoff_max_secs",
+            ));
         }
         Ok(())
     }
@@ -191,7 +200,10 @@ impl ChatClient {
         cfg.validate()?;
         let api_key = match &cfg.api_key_env {
             Some(var) if !var.is_empty() => Some(std::env::var(var).map_err(|_| {
-                JudgeError::config("api_key_env", format!("environment variable {var} is not set"))
+                JudgeError::config(
+                    "api_key_env",
+                    format!("environment variable {var} is not set"),
+                )
             })?),
             _ => None,
         };
@@ -237,8 +249,13 @@ impl ChatClient {
     }
 
     fn backoff(&self, attempt: u32, floor: Option<Duration>) -> Duration {
-        let ceiling = (self.cfg.backoff_base_secs * 2f64.powi(attempt as i32)).min(self.cfg.backoff_max_secs);
-        let jittered = if ceiling > 0.0 { rand::rng().random_range(0.0..=ceiling) } else { 0.0 };
+        let ceiling =
+            (self.cfg.backoff_base_secs * 2f64.powi(attempt as i32)).min(self.cfg.backoff_max_secs);
+        let jittered = if ceiling > 0.0 {
+            rand::rng().random_range(0.0..=ceiling)
+        } else {
+            0.0
+        };
         let d = Duration::from_secs_f64(jittered);
         match floor {
             Some(f) => d.max(f.min(Duration::from_secs_f64(self.cfg.backoff_max_secs))),
@@ -246,22 +263,39 @@ impl ChatClient {
         }
     }
 
-    async fn send_once(&self, url: &str, messages: &[Value]) -> std::result::Result<String, Attempt> {
+    async fn send_once(
+        &self,
+        url: &str,
+        messages: &[Value],
+    ) -> std::result::Result<String, Attempt> {
         let mut body = json!({
             "model": self.cfg.model,
             "messages": messages,
             "temperature": self.cfg.temperature,
             "max_tokens": self.cfg.max_tokens,
         });
-        if let Some(kw) = self.cfg.chat_template_kwargs.as_ref().filter(|k| k.as_object().is_some_and(|o| !o.is_empty())) {
+        if let Some(kw) = self
+            .cfg
+            .chat_template_kwargs
+            .as_ref()
+            .filter(|k| k.as_object().is_some_and(|o| !o.is_empty()))
+        {
             body["chat_template_kwargs"] = kw.clone();
         }
         let endpoint = format!("{}/chat/completions", url.trim_end_matches('/'));
-        let mut req = self.http.post(&endpoint).timeout(Duration::from_secs_f64(self.cfg.timeout_secs)).json(&body);
+        let mut req = self
+            .http
+            .post(&endpoint)
+            .timeout(Duration::from_secs_f64(self.cfg.timeout_secs))
+            .json(&body);
         if let Some(k) = &self.api_key {
             req = req.bearer_auth(k);
         }
-        let _permit = self.permits.acquire().await.expect("semaphore never closed");
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .expect("semaphore never closed");
         self.requests.fetch_add(1, Ordering::Relaxed);
         let transport = |e: reqwest::Error| {
             let kind = if e.is_timeout() {
@@ -297,7 +331,10 @@ impl ChatClient {
         let snippet: String = text.chars().take(200).collect();
         if status.as_u16() == 408 || status.as_u16() == 429 || status.is_server_error() {
             self.retryable_status.fetch_add(1, Ordering::Relaxed);
-            return Err(Attempt::Retry(format!("{endpoint}: HTTP {status}: {snippet}"), retry_after));
+            return Err(Attempt::Retry(
+                format!("{endpoint}: HTTP {status}: {snippet}"),
+                retry_after,
+            ));
         }
         if !status.is_success() {
             let hint = if status.as_u16() == 401 || status.as_u16() == 403 {
@@ -308,13 +345,22 @@ impl ChatClient {
             } else {
                 String::new()
             };
-            return Err(Attempt::Fatal(format!("{endpoint}: HTTP {status}{hint}: {snippet}")));
+            return Err(Attempt::Fatal(format!(
+                "{endpoint}: HTTP {status}{hint}: {snippet}"
+            )));
         }
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|_| Attempt::Retry(format!("{endpoint}: response is not JSON: {snippet}"), None))?;
-        match v.pointer("/choices/0/message/content").and_then(Value::as_str) {
+        let v: Value = serde_json::from_str(&text).map_err(|_| {
+            Attempt::Retry(format!("{endpoint}: response is not JSON: {snippet}"), None)
+        })?;
+        match v
+            .pointer("/choices/0/message/content")
+            .and_then(Value::as_str)
+        {
             Some(c) => Ok(c.to_string()),
-            None => Err(Attempt::Retry(format!("{endpoint}: no choices[0].message.content in the response: {snippet}"), None)),
+            None => Err(Attempt::Retry(
+                format!("{endpoint}: no choices[0].message.content in the response: {snippet}"),
+                None,
+            )),
         }
     }
 
@@ -327,7 +373,10 @@ impl ChatClient {
         parse: impl Fn(&str) -> std::result::Result<T, String>,
     ) -> CallOutcome<T> {
         let start = Instant::now();
-        let base = vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": user})];
+        let base = vec![
+            json!({"role": "system", "content": system}),
+            json!({"role": "user", "content": user}),
+        ];
         let mut messages = base.clone();
         let mut raw_outputs = Vec::new();
         let mut last_err;
@@ -370,11 +419,17 @@ impl ChatClient {
         };
         let latency = start.elapsed();
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.latency_us.fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
+        self.latency_us
+            .fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
         if result.is_err() {
             self.failures.fetch_add(1, Ordering::Relaxed);
         }
-        CallOutcome { result, raw_outputs, attempts, latency }
+        CallOutcome {
+            result,
+            raw_outputs,
+            attempts,
+            latency,
+        }
     }
 }
 

@@ -135,7 +135,8 @@ pub struct Judges {
 impl JudgeConfig {
     /// Parses a TOML string; `base_dir` resolves relative paths.
     pub fn from_toml(text: &str, base_dir: &Path) -> std::result::Result<Self, String> {
-        let mut cfg: JudgeConfig = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
+        let mut cfg: JudgeConfig =
+            toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
         if cfg.keywords.is_some() && cfg.kind != JudgeKind::Lexical {
             return Err("keywords: only the lexical test-double judge (kind = \"lexical\") reads a keyword file".into());
         }
@@ -145,9 +146,15 @@ impl JudgeConfig {
 
     /// Reads a config file; errors name the file and the key.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| JudgeError::File { path: path.into(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(path).map_err(|e| JudgeError::File {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::from_toml(&text, &base).map_err(|message| JudgeError::File { path: path.into(), message })
+        Self::from_toml(&text, &base).map_err(|message| JudgeError::File {
+            path: path.into(),
+            message,
+        })
     }
 
     /// The client settings (openai).
@@ -157,9 +164,14 @@ impl JudgeConfig {
             urls.insert(0, u.clone());
         }
         if urls.is_empty() {
-            return Err(JudgeError::config("url", "kind = \"openai\" needs `url` or `urls`"));
+            return Err(JudgeError::config(
+                "url",
+                "kind = \"openai\" needs `url` or `urls`",
+            ));
         }
-        let model = self.model.clone().ok_or_else(|| JudgeError::config("model", "kind = \"openai\" needs the served model name"))?;
+        let model = self.model.clone().ok_or_else(|| {
+            JudgeError::config("model", "kind = \"openai\" needs the served model name")
+        })?;
         let cfg = ClientConfig {
             urls,
             model,
@@ -184,7 +196,10 @@ impl JudgeConfig {
 
     /// Opens the cache, if one is configured.
     pub fn open_cache(&self) -> Result<Option<Arc<JudgeCache>>> {
-        self.cache.as_ref().map(|p| JudgeCache::open(&self.base_dir.join(p)).map(Arc::new)).transpose()
+        self.cache
+            .as_ref()
+            .map(|p| JudgeCache::open(&self.base_dir.join(p)).map(Arc::new))
+            .transpose()
     }
 
     /// Builds an `openai` or `lexical` judge (a `local` judge needs a backend: see
@@ -197,16 +212,32 @@ impl JudgeConfig {
             JudgeKind::Openai => {
                 let client = Arc::new(ChatClient::new(self.client_config()?)?);
                 let cache = self.open_cache()?;
-                let judge = Arc::new(OpenAiJudge::new(client.clone(), self.prompt_set()?, cache.clone()));
-                Ok(Judges { criterion: judge.clone(), pairwise: judge, client: Some(client), cache })
+                let judge = Arc::new(OpenAiJudge::new(
+                    client.clone(),
+                    self.prompt_set()?,
+                    cache.clone(),
+                ));
+                Ok(Judges {
+                    criterion: judge.clone(),
+                    pairwise: judge,
+                    client: Some(client),
+                    cache,
+                })
             }
             JudgeKind::Lexical => {
                 let judge = match &self.keywords {
                     Some(p) => {
                         let path = self.base_dir.join(p);
                         let judge = LexicalJudge::from_file(&path)?;
-                        let texts: Vec<&str> = rubrics.iter().flat_map(|r| &r.criteria).map(|c| c.text.as_str()).collect();
-                        if !texts.is_empty() && !judge.is_empty() && !texts.iter().any(|t| judge.knows(t)) {
+                        let texts: Vec<&str> = rubrics
+                            .iter()
+                            .flat_map(|r| &r.criteria)
+                            .map(|c| c.text.as_str())
+                            .collect();
+                        if !texts.is_empty()
+                            && !judge.is_empty()
+                            && !texts.iter().any(|t| judge.knows(t))
+                        {
                             return Err(JudgeError::config(
                                 "keywords",
                                 format!(
@@ -222,16 +253,29 @@ impl JudgeConfig {
                     None => LexicalJudge::default(),
                 };
                 let judge = Arc::new(judge);
-                Ok(Judges { criterion: judge.clone(), pairwise: judge, client: None, cache: None })
+                Ok(Judges {
+                    criterion: judge.clone(),
+                    pairwise: judge,
+                    client: None,
+                    cache: None,
+                })
             }
-            JudgeKind::Local => Err(JudgeError::config("kind", "a local judge is built with build_local on a device")),
+            JudgeKind::Local => Err(JudgeError::config(
+                "kind",
+                "a local judge is built with build_local on a device",
+            )),
         }
     }
 
     /// Builds the in-process judge on `device` (loads `model`).
     #[cfg(feature = "local")]
     pub fn build_local<B: conrub_kernels::GrpoOps>(&self, device: &B::Device) -> Result<Judges> {
-        let model = self.model.as_ref().ok_or_else(|| JudgeError::config("model", "kind = \"local\" needs a checkpoint directory or hub id"))?;
+        let model = self.model.as_ref().ok_or_else(|| {
+            JudgeError::config(
+                "model",
+                "kind = \"local\" needs a checkpoint directory or hub id",
+            )
+        })?;
         let path = self.base_dir.join(model);
         let loaded = if path.is_dir() {
             conrub_qwen3::Qwen3::<B>::load_dir(&path, device)
@@ -240,8 +284,19 @@ impl JudgeConfig {
         }
         .map_err(|e| JudgeError::Model(e.to_string()))?;
         let cache = self.open_cache()?;
-        let judge = Arc::new(crate::local::LocalJudge::new(loaded, device.clone(), self.prompt_set()?, self.local.clone(), cache.clone())?);
-        Ok(Judges { criterion: judge.clone(), pairwise: judge, client: None, cache })
+        let judge = Arc::new(crate::local::LocalJudge::new(
+            loaded,
+            device.clone(),
+            self.prompt_set()?,
+            self.local.clone(),
+            cache.clone(),
+        )?);
+        Ok(Judges {
+            criterion: judge.clone(),
+            pairwise: judge,
+            client: None,
+            cache,
+        })
     }
 }
 
@@ -253,18 +308,43 @@ mod tests {
     fn errors_name_the_key() {
         let e = JudgeConfig::from_toml("kind = \"sglang\"\n", Path::new(".")).unwrap_err();
         assert!(e.contains("kind") && e.contains("openai"), "{e}");
-        let e = JudgeConfig::from_toml("kind = \"openai\"\nconcurency = 3\n", Path::new(".")).unwrap_err();
+        let e = JudgeConfig::from_toml("kind = \"openai\"\nconcurency = 3\n", Path::new("."))
+            .unwrap_err();
         assert!(e.contains("concurency"), "{e}");
-        let c = JudgeConfig::from_toml("kind = \"openai\"\nmodel = \"m\"\n", Path::new(".")).unwrap();
-        assert!(c.client_config().unwrap_err().to_string().starts_with("url:"));
-        let c = JudgeConfig::from_toml("kind = \"openai\"\nurl = \"localhost:1\"\nmodel = \"m\"\n", Path::new(".")).unwrap();
-        assert!(c.client_config().unwrap_err().to_string().contains("not an http(s) URL"));
+        let c =
+            JudgeConfig::from_toml("kind = \"openai\"\nmodel = \"m\"\n", Path::new(".")).unwrap();
+        assert!(c
+            .client_config()
+            .unwrap_err()
+            .to_string()
+            .starts_with("url:"));
+        let c = JudgeConfig::from_toml(
+            "kind = \"openai\"\nurl = \"localhost:1\"\nmodel = \"m\"\n",
+            Path::new("."),
+        )
+        .unwrap();
+        assert!(c
+            .client_config()
+            .unwrap_err()
+            .to_string()
+            .contains("not an http(s) URL"));
         #[cfg(feature = "local")]
         {
-            let c = JudgeConfig::from_toml("kind = \"local\"\nmodel = \"m\"\n[local]\nprecision = \"bf16-mixed\"\n", Path::new(".")).unwrap();
+            let c = JudgeConfig::from_toml(
+                "kind = \"local\"\nmodel = \"m\"\n[local]\nprecision = \"bf16-mixed\"\n",
+                Path::new("."),
+            )
+            .unwrap();
             assert_eq!(c.local.precision, conrub_qwen3::Precision::Bf16Mixed);
-            let e = JudgeConfig::from_toml("kind = \"local\"\nmodel = \"m\"\n[local]\nprecision = \"bf16\"\n", Path::new(".")).unwrap_err();
-            assert!(e.contains("precision") && e.contains("bf16-mixed") && e.contains("line 4"), "{e}");
+            let e = JudgeConfig::from_toml(
+                "kind = \"local\"\nmodel = \"m\"\n[local]\nprecision = \"bf16\"\n",
+                Path::new("."),
+            )
+            .unwrap_err();
+            assert!(
+                e.contains("precision") && e.contains("bf16-mixed") && e.contains("line 4"),
+                "{e}"
+            );
         }
     }
 
@@ -272,7 +352,11 @@ mod tests {
     fn the_lexical_judge_reads_its_keyword_file() {
         use conrub_rubric::{Criterion, Message, RubricRecord};
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("kw.jsonl"), "{\"criterion\": \"The response says t7.\", \"keywords\": [\"t7\"]}\n").unwrap();
+        std::fs::write(
+            dir.path().join("kw.jsonl"),
+            "{\"criterion\": \"The response says t7.\", \"keywords\": [\"t7\"]}\n",
+        )
+        .unwrap();
         let record = |text: &str| RubricRecord {
             id: "p".into(),
             question: vec![Message::user("q")],
@@ -282,9 +366,12 @@ mod tests {
             provenance: None,
         };
         let set = |text: &str| RubricSet::from_records("r.jsonl", vec![record(text)]).unwrap();
-        let c = JudgeConfig::from_toml("kind = \"lexical\"\nkeywords = \"kw.jsonl\"\n", dir.path()).unwrap();
+        let c = JudgeConfig::from_toml("kind = \"lexical\"\nkeywords = \"kw.jsonl\"\n", dir.path())
+            .unwrap();
         let judges = c.build(&set("The response says t7.")).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         let req = |response: &str| crate::CriterionRequest {
             question: "q".into(),
             response: response.into(),
@@ -295,23 +382,64 @@ mod tests {
         assert_eq!(v.labels, Some(vec![conrub_rubric::Label::Yes]));
         // An empty set (e.g. `eval rubric` on HealthBench rows) is fine; a set none of whose criteria
         // the file names is an error.
-        c.build(&RubricSet::from_records("none", vec![]).unwrap()).unwrap();
-        let e = c.build(&set("The response says t9.")).err().unwrap().to_string();
-        assert!(e.starts_with("keywords: ") && e.contains("names none of the 1 criteria in r.jsonl"), "{e}");
+        c.build(&RubricSet::from_records("none", vec![]).unwrap())
+            .unwrap();
+        let e = c
+            .build(&set("The response says t9."))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.starts_with("keywords: ") && e.contains("names none of the 1 criteria in r.jsonl"),
+            "{e}"
+        );
         // Without a file, criteria are matched by their own words (t7 is too short to be one).
-        let plain = JudgeConfig::from_toml("kind = \"lexical\"\n", dir.path()).unwrap().build(&set("The response says t7.")).unwrap();
-        assert_eq!(rt.block_on(plain.criterion.judge(&req("it is t7"))).labels, Some(vec![conrub_rubric::Label::No]));
-        let e = JudgeConfig::from_toml("kind = \"openai\"\nkeywords = \"kw.jsonl\"\n", dir.path()).unwrap_err();
+        let plain = JudgeConfig::from_toml("kind = \"lexical\"\n", dir.path())
+            .unwrap()
+            .build(&set("The response says t7."))
+            .unwrap();
+        assert_eq!(
+            rt.block_on(plain.criterion.judge(&req("it is t7"))).labels,
+            Some(vec![conrub_rubric::Label::No])
+        );
+        let e = JudgeConfig::from_toml("kind = \"openai\"\nkeywords = \"kw.jsonl\"\n", dir.path())
+            .unwrap_err();
         assert!(e.starts_with("keywords: only the lexical"), "{e}");
-        let e = JudgeConfig::from_toml("kind = \"lexical\"\nkeywords = \"missing.jsonl\"\n", dir.path()).unwrap().build(&set("x")).err().unwrap().to_string();
-        assert!(e.starts_with("keywords: ") && e.contains("missing.jsonl"), "{e}");
+        let e = JudgeConfig::from_toml(
+            "kind = \"lexical\"\nkeywords = \"missing.jsonl\"\n",
+            dir.path(),
+        )
+        .unwrap()
+        .build(&set("x"))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.starts_with("keywords: ") && e.contains("missing.jsonl"),
+            "{e}"
+        );
     }
 
     #[test]
     fn defaults_match_the_published_judge_settings() {
-        let c = JudgeConfig::from_toml("kind = \"openai\"\nurl = \"http://h:1/v1\"\nmodel = \"Qwen/Qwen3-32B\"\n", Path::new(".")).unwrap();
+        let c = JudgeConfig::from_toml(
+            "kind = \"openai\"\nurl = \"http://h:1/v1\"\nmodel = \"Qwen/Qwen3-32B\"\n",
+            Path::new("."),
+        )
+        .unwrap();
         let cc = c.client_config().unwrap();
-        assert_eq!((cc.concurrency, cc.timeout_secs, cc.max_retries, cc.temperature), (16, 120.0, 8, 0.0));
-        assert_eq!(cc.chat_template_kwargs, Some(serde_json::json!({"enable_thinking": false})));
+        assert_eq!(
+            (
+                cc.concurrency,
+                cc.timeout_secs,
+                cc.max_retries,
+                cc.temperature
+            ),
+            (16, 120.0, 8, 0.0)
+        );
+        assert_eq!(
+            cc.chat_template_kwargs,
+            Some(serde_json::json!({"enable_thinking": false}))
+        );
     }
 }

@@ -26,7 +26,10 @@ pub enum JudgeError {
 impl JudgeError {
     /// A configuration error naming `field`.
     pub fn config(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Config { field: field.into(), message: message.into() }
+        Self::Config {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 

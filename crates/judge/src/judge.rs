@@ -25,7 +25,15 @@ impl CriterionRequest {
     /// The judge-cache key of this request under judge `judge` and prompt version `prompt_version`.
     pub fn cache_key(&self, judge: &str, prompt_version: &str) -> crate::cache::CacheKey {
         let n = self.criteria.len().to_string();
-        let mut parts: Vec<&str> = vec!["criteria", judge, prompt_version, self.mode.as_str(), &self.question, &self.response, &n];
+        let mut parts: Vec<&str> = vec![
+            "criteria",
+            judge,
+            prompt_version,
+            self.mode.as_str(),
+            &self.question,
+            &self.response,
+            &n,
+        ];
         parts.extend(self.criteria.iter().map(String::as_str));
         crate::cache::CacheKey::of(&parts)
     }
@@ -54,17 +62,41 @@ pub struct CriterionVerdict {
 }
 
 impl CriterionVerdict {
-    fn new(labels: Option<Vec<Label>>, error: Option<String>, raw_outputs: Vec<String>, attempts: u32, latency: Duration) -> Self {
-        Self { labels, error, raw_outputs, attempts, latency_ms: latency.as_secs_f64() * 1e3, cached: false, margins: Vec::new() }
+    fn new(
+        labels: Option<Vec<Label>>,
+        error: Option<String>,
+        raw_outputs: Vec<String>,
+        attempts: u32,
+        latency: Duration,
+    ) -> Self {
+        Self {
+            labels,
+            error,
+            raw_outputs,
+            attempts,
+            latency_ms: latency.as_secs_f64() * 1e3,
+            cached: false,
+            margins: Vec::new(),
+        }
     }
 
     /// A verdict without labels.
-    pub fn failed(error: impl Into<String>, raw_outputs: Vec<String>, attempts: u32, latency: Duration) -> Self {
+    pub fn failed(
+        error: impl Into<String>,
+        raw_outputs: Vec<String>,
+        attempts: u32,
+        latency: Duration,
+    ) -> Self {
         Self::new(None, Some(error.into()), raw_outputs, attempts, latency)
     }
 
     /// A verdict with labels.
-    pub fn labelled(labels: Vec<Label>, raw_outputs: Vec<String>, attempts: u32, latency: Duration) -> Self {
+    pub fn labelled(
+        labels: Vec<Label>,
+        raw_outputs: Vec<String>,
+        attempts: u32,
+        latency: Duration,
+    ) -> Self {
         Self::new(Some(labels), None, raw_outputs, attempts, latency)
     }
 }
@@ -188,14 +220,27 @@ pub async fn compare_both_orders<J: PairwiseJudge + ?Sized>(
     a: &str,
     b: &str,
 ) -> BidirectionalComparison {
-    let fwd = PairRequest { question: question.into(), criteria: criteria.to_vec(), first: a.into(), second: b.into() };
-    let bwd = PairRequest { first: b.into(), second: a.into(), ..fwd.clone() };
+    let fwd = PairRequest {
+        question: question.into(),
+        criteria: criteria.to_vec(),
+        first: a.into(),
+        second: b.into(),
+    };
+    let bwd = PairRequest {
+        first: b.into(),
+        second: a.into(),
+        ..fwd.clone()
+    };
     let (forward, backward) = futures::join!(judge.compare(&fwd), judge.compare(&bwd));
     let outcome = PairOutcome::combine(
         forward.answer.as_ref().map(|x| x.verdict),
         backward.answer.as_ref().map(|x| x.verdict),
     );
-    BidirectionalComparison { forward, backward, outcome }
+    BidirectionalComparison {
+        forward,
+        backward,
+        outcome,
+    }
 }
 
 #[cfg(test)]
@@ -207,8 +252,14 @@ mod tests {
     fn only_order_consistent_preferences_are_accepted() {
         assert_eq!(PairOutcome::combine(Some(A), Some(B)), PairOutcome::PreferA);
         assert_eq!(PairOutcome::combine(Some(B), Some(A)), PairOutcome::PreferB);
-        assert_eq!(PairOutcome::combine(Some(A), Some(A)), PairOutcome::OrderFlip);
-        assert_eq!(PairOutcome::combine(Some(B), Some(B)), PairOutcome::OrderFlip);
+        assert_eq!(
+            PairOutcome::combine(Some(A), Some(A)),
+            PairOutcome::OrderFlip
+        );
+        assert_eq!(
+            PairOutcome::combine(Some(B), Some(B)),
+            PairOutcome::OrderFlip
+        );
         for (f, g) in [(Same, Same), (A, Same), (Same, B)] {
             assert_eq!(PairOutcome::combine(Some(f), Some(g)), PairOutcome::Same);
         }

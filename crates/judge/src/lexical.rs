@@ -33,7 +33,9 @@ use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{JudgeError, Result};
-use crate::judge::{CriterionJudge, CriterionRequest, CriterionVerdict, PairRequest, PairVerdict, PairwiseJudge};
+use crate::judge::{
+    CriterionJudge, CriterionRequest, CriterionVerdict, PairRequest, PairVerdict, PairwiseJudge,
+};
 use crate::parse::{PairAnswer, Preference};
 
 /// One line of the lexical judge's keyword file.
@@ -68,8 +70,9 @@ pub struct LexicalJudge {
 }
 
 const STOPWORDS: &[&str] = &[
-    "about", "after", "against", "before", "being", "between", "clearly", "could", "every", "explains", "mentions",
-    "other", "response", "should", "states", "their", "there", "these", "which", "while", "would", "where", "includes",
+    "about", "after", "against", "before", "being", "between", "clearly", "could", "every",
+    "explains", "mentions", "other", "response", "should", "states", "their", "there", "these",
+    "which", "while", "would", "where", "includes",
 ];
 
 fn contains_phrase(haystack: &str, phrase: &str) -> bool {
@@ -94,7 +97,10 @@ fn contains_phrase(haystack: &str, phrase: &str) -> bool {
 
 /// Words immediately followed by the same word (case-insensitive; punctuation between them ignored).
 fn repeated_words(text_lower: &str) -> usize {
-    let words: Vec<&str> = text_lower.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).collect();
+    let words: Vec<&str> = text_lower
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
     words.windows(2).filter(|w| w[0] == w[1]).count()
 }
 
@@ -113,12 +119,16 @@ impl LexicalJudge {
     /// file, line and field; a criterion listed twice is an error.
     pub fn from_file(path: &Path) -> Result<Self> {
         let err = |message: String| JudgeError::config("keywords", message);
-        let rows: Vec<(usize, KeywordEntry)> = conrub_rubric::read_jsonl(path).map_err(|e| err(e.to_string()))?;
+        let rows: Vec<(usize, KeywordEntry)> =
+            conrub_rubric::read_jsonl(path).map_err(|e| err(e.to_string()))?;
         let mut judge = Self::default();
         let mut lines: HashMap<String, usize> = HashMap::new();
         for (line, e) in rows {
             if let Some(first) = lines.insert(e.criterion.clone(), line) {
-                return Err(err(format!("{}:{line}: criterion already listed on line {first}", path.display())));
+                return Err(err(format!(
+                    "{}:{line}: criterion already listed on line {first}",
+                    path.display()
+                )));
             }
             if e.keywords.is_empty() && e.contradictions.is_empty() {
                 return Err(err(format!(
@@ -126,15 +136,32 @@ impl LexicalJudge {
                     path.display()
                 )));
             }
-            judge.keys.insert(e.criterion, Keys { keywords: e.keywords, contradictions: e.contradictions });
+            judge.keys.insert(
+                e.criterion,
+                Keys {
+                    keywords: e.keywords,
+                    contradictions: e.contradictions,
+                },
+            );
         }
         Ok(judge)
     }
 
     /// Adds (or replaces) the phrases of one criterion.
-    pub fn with_keywords(mut self, criterion: &str, keywords: &[&str], contradictions: &[&str]) -> Self {
+    pub fn with_keywords(
+        mut self,
+        criterion: &str,
+        keywords: &[&str],
+        contradictions: &[&str],
+    ) -> Self {
         let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
-        self.keys.insert(criterion.to_string(), Keys { keywords: own(keywords), contradictions: own(contradictions) });
+        self.keys.insert(
+            criterion.to_string(),
+            Keys {
+                keywords: own(keywords),
+                contradictions: own(contradictions),
+            },
+        );
         self
     }
 
@@ -157,9 +184,16 @@ impl LexicalJudge {
     fn criterion_score(&self, criterion: &str, response_lower: &str) -> i64 {
         match self.keys.get(criterion) {
             Some(k) => {
-                if k.contradictions.iter().any(|p| contains_phrase(response_lower, p)) {
+                if k.contradictions
+                    .iter()
+                    .any(|p| contains_phrase(response_lower, p))
+                {
                     -1
-                } else if k.keywords.iter().any(|p| contains_phrase(response_lower, p)) {
+                } else if k
+                    .keywords
+                    .iter()
+                    .any(|p| contains_phrase(response_lower, p))
+                {
                     1
                 } else {
                     0
@@ -167,7 +201,10 @@ impl LexicalJudge {
             }
             None => {
                 let words = significant_words(criterion);
-                let hits = words.iter().filter(|w| contains_phrase(response_lower, w)).count();
+                let hits = words
+                    .iter()
+                    .filter(|w| contains_phrase(response_lower, w))
+                    .count();
                 (!words.is_empty() && 2 * hits >= words.len()) as i64
             }
         }
@@ -195,7 +232,12 @@ impl LexicalJudge {
         for c in &r.criteria {
             terms.extend(significant_words(c));
             if let Some(k) = self.keys.get(c) {
-                terms.extend(k.keywords.iter().map(|p| p.trim().to_lowercase()).filter(|p| !p.is_empty()));
+                terms.extend(
+                    k.keywords
+                        .iter()
+                        .map(|p| p.trim().to_lowercase())
+                        .filter(|p| !p.is_empty()),
+                );
             }
         }
         terms
@@ -208,7 +250,11 @@ impl LexicalJudge {
     ///    with more, `0 < |d| < PAIR_MARGIN` prefers `first` (position bias), `d == 0` is `same`.
     pub fn pair_answer(&self, r: &PairRequest) -> PairAnswer {
         let (a, b) = (r.first.to_lowercase(), r.second.to_lowercase());
-        let per: Vec<(i64, i64)> = r.criteria.iter().map(|c| (self.criterion_score(c, &a), self.criterion_score(c, &b))).collect();
+        let per: Vec<(i64, i64)> = r
+            .criteria
+            .iter()
+            .map(|c| (self.criterion_score(c, &a), self.criterion_score(c, &b)))
+            .collect();
         let pref = |x: i64, y: i64| match x.cmp(&y) {
             std::cmp::Ordering::Greater => Preference::A,
             std::cmp::Ordering::Less => Preference::B,
@@ -226,14 +272,22 @@ impl LexicalJudge {
             let (verdict, why) = match ea.abs_diff(eb) {
                 0 => (Preference::Same, "no difference"),
                 d if d >= PAIR_MARGIN as u64 => (pref(ea, eb), "clear difference"),
-                _ => (Preference::A, "difference below the margin: the first shown is preferred"),
+                _ => (
+                    Preference::A,
+                    "difference below the margin: the first shown is preferred",
+                ),
             };
             let reason = format!(
                 "criterion score sums {sa} vs {sb}; anchor terms {ta} vs {tb}, repeated words {ra} vs {rb}: evidence {ea} vs {eb} (margin {PAIR_MARGIN}): {why}"
             );
             (verdict, reason)
         };
-        PairAnswer { verdict, criteria: per.iter().map(|&(x, y)| pref(x, y)).collect(), confidence: Some(1.0), reason: Some(reason) }
+        PairAnswer {
+            verdict,
+            criteria: per.iter().map(|&(x, y)| pref(x, y)).collect(),
+            confidence: Some(1.0),
+            reason: Some(reason),
+        }
     }
 }
 
@@ -261,7 +315,14 @@ impl PairwiseJudge for LexicalJudge {
         let start = Instant::now();
         let answer = self.pair_answer(r);
         let raw = serde_json::to_string(&answer).expect("answer serialises");
-        PairVerdict { answer: Some(answer), error: None, raw_outputs: vec![raw], attempts: 1, latency_ms: start.elapsed().as_secs_f64() * 1e3, cached: false }
+        PairVerdict {
+            answer: Some(answer),
+            error: None,
+            raw_outputs: vec![raw],
+            attempts: 1,
+            latency_ms: start.elapsed().as_secs_f64() * 1e3,
+            cached: false,
+        }
     }
 }
 
@@ -274,7 +335,11 @@ mod tests {
     const ASPIRIN: &str = "The response mentions aspirin dosing.";
 
     fn judge() -> (LexicalJudge, Vec<String>) {
-        let j = LexicalJudge::default().with_keywords(CALL, &["call 911", "emergency services"], &["wait and see"]);
+        let j = LexicalJudge::default().with_keywords(
+            CALL,
+            &["call 911", "emergency services"],
+            &["wait and see"],
+        );
         (j, vec![CALL.to_string(), ASPIRIN.to_string()])
     }
 
@@ -282,9 +347,27 @@ mod tests {
     fn keywords_contradictions_and_fallback_words() {
         let (j, crit) = judge();
         use Label::*;
-        assert_eq!(j.labels("Call 911 now. Aspirin dosing: 300 mg.", &crit, ScoringMode::ThreeState), vec![Correct, Correct]);
-        assert_eq!(j.labels("Better wait and see; call 911 if worse.", &crit, ScoringMode::ThreeState), vec![Wrong, Missing]);
-        assert_eq!(j.labels("recall 9110", &crit, ScoringMode::Binary), vec![No, No], "word boundaries");
+        assert_eq!(
+            j.labels(
+                "Call 911 now. Aspirin dosing: 300 mg.",
+                &crit,
+                ScoringMode::ThreeState
+            ),
+            vec![Correct, Correct]
+        );
+        assert_eq!(
+            j.labels(
+                "Better wait and see; call 911 if worse.",
+                &crit,
+                ScoringMode::ThreeState
+            ),
+            vec![Wrong, Missing]
+        );
+        assert_eq!(
+            j.labels("recall 9110", &crit, ScoringMode::Binary),
+            vec![No, No],
+            "word boundaries"
+        );
     }
 
     #[test]
@@ -295,16 +378,33 @@ mod tests {
         let j = LexicalJudge::from_file(&p).unwrap();
         assert!(j.knows(CALL) && !j.knows(ASPIRIN) && j.len() == 1);
         let crit = vec![CALL.to_string()];
-        assert_eq!(j.labels("wait and see", &crit, ScoringMode::ThreeState), vec![Label::Wrong]);
+        assert_eq!(
+            j.labels("wait and see", &crit, ScoringMode::ThreeState),
+            vec![Label::Wrong]
+        );
 
-        std::fs::write(&p, format!("{{\"criterion\": \"{CALL}\", \"keyword\": [\"x\"]}}\n")).unwrap();
+        std::fs::write(
+            &p,
+            format!("{{\"criterion\": \"{CALL}\", \"keyword\": [\"x\"]}}\n"),
+        )
+        .unwrap();
         let e = LexicalJudge::from_file(&p).unwrap_err().to_string();
-        assert!(e.starts_with("keywords: ") && e.contains("kw.jsonl:1: keyword: unknown field `keyword`"), "{e}");
+        assert!(
+            e.starts_with("keywords: ")
+                && e.contains("kw.jsonl:1: keyword: unknown field `keyword`"),
+            "{e}"
+        );
         std::fs::write(&p, format!("{{\"criterion\": \"{CALL}\", \"keywords\": [\"a\"]}}\n\n{{\"criterion\": \"{CALL}\", \"keywords\": [\"b\"]}}\n")).unwrap();
         let e = LexicalJudge::from_file(&p).unwrap_err().to_string();
-        assert!(e.contains("kw.jsonl:3: criterion already listed on line 1"), "{e}");
+        assert!(
+            e.contains("kw.jsonl:3: criterion already listed on line 1"),
+            "{e}"
+        );
         std::fs::write(&p, format!("{{\"criterion\": \"{CALL}\"}}\n")).unwrap();
-        assert!(LexicalJudge::from_file(&p).unwrap_err().to_string().contains("neither `keywords` nor `contradictions`"));
+        assert!(LexicalJudge::from_file(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("neither `keywords` nor `contradictions`"));
     }
 
     /// The sample keyword file covers every content criterion of the sample rubrics.
@@ -320,7 +420,10 @@ mod tests {
             .map(|c| c.text.as_str())
             .collect();
         assert_eq!(content.len(), 36);
-        assert!(content.iter().all(|c| j.knows(c)), "every content criterion has keywords");
+        assert!(
+            content.iter().all(|c| j.knows(c)),
+            "every content criterion has keywords"
+        );
         assert_eq!(j.len(), content.len(), "and no entry is stale");
     }
 
@@ -351,13 +454,19 @@ mod tests {
         // accepted by the bidirectional check.
         let c = compare_both_orders(&j, q, &crit, rich, poor).await;
         assert_eq!(c.outcome, PairOutcome::PreferA, "{:?}", c.forward.answer);
-        assert_eq!(compare_both_orders(&j, q, &crit, poor, rich).await.outcome, PairOutcome::PreferB);
+        assert_eq!(
+            compare_both_orders(&j, q, &crit, poor, rich).await.outcome,
+            PairOutcome::PreferB
+        );
         // One anchor term apart (sweating): below the margin, the first shown wins each time: an order flip.
         let c = compare_both_orders(&j, q, &crit, one_more, one_less).await;
         assert_eq!(c.outcome, PairOutcome::OrderFlip);
         let (f, b) = (c.forward.answer.unwrap(), c.backward.answer.unwrap());
         assert_eq!((f.verdict, b.verdict), (Preference::A, Preference::A));
-        assert!(f.reason.unwrap().contains("anchor terms 2 vs 1, repeated words 0 vs 0: evidence 2 vs 1 (margin 2)"));
+        assert!(f
+            .reason
+            .unwrap()
+            .contains("anchor terms 2 vs 1, repeated words 0 vs 0: evidence 2 vs 1 (margin 2)"));
         // No difference: same.
         let c = compare_both_orders(&j, q, &crit, "Rest.", "Sleep.").await;
         assert_eq!(c.outcome, PairOutcome::Same);
@@ -368,7 +477,11 @@ mod tests {
     /// The criteria's keywords are anchor terms too, beyond the first one that made a criterion correct.
     #[test]
     fn keywords_count_as_anchor_terms() {
-        let j = LexicalJudge::default().with_keywords("The response says t7.", &["t7", "t8", "t9"], &[]);
+        let j = LexicalJudge::default().with_keywords(
+            "The response says t7.",
+            &["t7", "t8", "t9"],
+            &[],
+        );
         let r = |first: &str, second: &str| PairRequest {
             question: "q".into(),
             criteria: vec!["The response says t7.".into()],
@@ -386,7 +499,10 @@ mod tests {
         // Two against one: below the margin, the first shown wins in either order.
         assert_eq!(j.pair_answer(&r("t7 t8", "t7")).verdict, Preference::A);
         assert_eq!(j.pair_answer(&r("t7", "t7 t8")).verdict, Preference::A);
-        assert_eq!(j.pair_answer(&r("t8 t7", "t7 t8")).verdict, Preference::Same);
+        assert_eq!(
+            j.pair_answer(&r("t8 t7", "t7 t8")).verdict,
+            Preference::Same
+        );
     }
 
     /// Immediately repeated words count against a candidate (degenerate text is not a clear, usable

@@ -30,8 +30,8 @@ pub use client::{ChatClient, ClientConfig, ClientStats};
 pub use config::{JudgeConfig, JudgeKind, Judges};
 pub use error::{JudgeError, Result};
 pub use judge::{
-    compare_both_orders, BidirectionalComparison, CriterionJudge, CriterionRequest, CriterionVerdict, PairOutcome,
-    PairRequest, PairVerdict, PairwiseJudge,
+    compare_both_orders, BidirectionalComparison, CriterionJudge, CriterionRequest,
+    CriterionVerdict, PairOutcome, PairRequest, PairVerdict, PairwiseJudge,
 };
 pub use lexical::{KeywordEntry, LexicalJudge};
 #[cfg(feature = "local")]

@@ -15,15 +15,20 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use burn::tensor::activation::log_softmax;
-use conrub_kernels::GrpoOps;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
-use conrub_qwen3::{ChatOptions, Execution, ForwardBatch, KvCache, Message, PaddedBatch, Padding, Precision, Qwen3, SamplingConfig};
+use conrub_kernels::GrpoOps;
+use conrub_qwen3::{
+    ChatOptions, Execution, ForwardBatch, KvCache, Message, PaddedBatch, Padding, Precision, Qwen3,
+    SamplingConfig,
+};
 use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{CacheKey, JudgeCache};
 use crate::error::{JudgeError, Result};
-use crate::judge::{CriterionJudge, CriterionRequest, CriterionVerdict, PairRequest, PairVerdict, PairwiseJudge};
+use crate::judge::{
+    CriterionJudge, CriterionRequest, CriterionVerdict, PairRequest, PairVerdict, PairwiseJudge,
+};
 use crate::parse::{parse_labels, parse_pair};
 use crate::prompts::PromptSet;
 
@@ -59,7 +64,14 @@ pub struct LocalJudgeConfig {
 
 impl Default for LocalJudgeConfig {
     fn default() -> Self {
-        Self { mode: LocalMode::Generate, max_new_tokens: 512, batch_size: 8, max_retries: 2, seed: 0, precision: Precision::F32 }
+        Self {
+            mode: LocalMode::Generate,
+            max_new_tokens: 512,
+            batch_size: 8,
+            max_retries: 2,
+            seed: 0,
+            precision: Precision::F32,
+        }
     }
 }
 
@@ -76,19 +88,26 @@ pub struct LocalJudge<B: GrpoOps> {
 
 /// Single-token spellings of a label (`correct`, `Correct`, ...).
 fn label_token_ids<B: GrpoOps>(model: &Qwen3<B>, label: Label) -> Result<Vec<u32>> {
-    let tok = model.tokenizer.as_ref().ok_or_else(|| JudgeError::Model(format!("{}: no tokenizer.json", model.dir.display())))?;
+    let tok = model
+        .tokenizer
+        .as_ref()
+        .ok_or_else(|| JudgeError::Model(format!("{}: no tokenizer.json", model.dir.display())))?;
     let word = label.as_str();
     let mut cap = word.to_string();
     cap[..1].make_ascii_uppercase();
     let mut ids = Vec::new();
     for variant in [word.to_string(), cap, format!("\"{word}")] {
-        let enc = tok.encode(&variant).map_err(|e| JudgeError::Model(e.to_string()))?;
+        let enc = tok
+            .encode(&variant)
+            .map_err(|e| JudgeError::Model(e.to_string()))?;
         if enc.len() == 1 && !ids.contains(&enc[0]) && (enc[0] as usize) < model.config.vocab_size {
             ids.push(enc[0]);
         }
     }
     if ids.is_empty() {
-        return Err(JudgeError::Model(format!("label `{word}` is not a single token of this tokenizer; use mode = \"generate\"")));
+        return Err(JudgeError::Model(format!(
+            "label `{word}` is not a single token of this tokenizer; use mode = \"generate\""
+        )));
     }
     Ok(ids)
 }
@@ -105,11 +124,23 @@ fn log_sum_exp(xs: impl Iterator<Item = f64>) -> f64 {
 impl<B: GrpoOps> LocalJudge<B> {
     /// A judge around a loaded model (which must have its tokenizer), running at
     /// `cfg.precision`.
-    pub fn new(model: Qwen3<B>, device: B::Device, prompts: PromptSet, cfg: LocalJudgeConfig, cache: Option<Arc<JudgeCache>>) -> Result<Self> {
-        let exec = Execution { precision: cfg.precision, ..model.model.exec };
+    pub fn new(
+        model: Qwen3<B>,
+        device: B::Device,
+        prompts: PromptSet,
+        cfg: LocalJudgeConfig,
+        cache: Option<Arc<JudgeCache>>,
+    ) -> Result<Self> {
+        let exec = Execution {
+            precision: cfg.precision,
+            ..model.model.exec
+        };
         let model = model.with_execution(exec);
         if model.tokenizer.is_none() {
-            return Err(JudgeError::Model(format!("{}: the in-process judge needs tokenizer.json", model.dir.display())));
+            return Err(JudgeError::Model(format!(
+                "{}: the in-process judge needs tokenizer.json",
+                model.dir.display()
+            )));
         }
         if cfg.batch_size == 0 {
             return Err(JudgeError::config("local.batch_size", "must be at least 1"));
@@ -131,13 +162,32 @@ impl<B: GrpoOps> LocalJudge<B> {
             Precision::F32 => format!("local:{}:{mode}", model.dir.display()),
             p => format!("local:{}:{mode}:{p}", model.dir.display()),
         };
-        Ok(Self { model: Mutex::new(model), device, prompts, cfg, label_tokens, cache, name })
+        Ok(Self {
+            model: Mutex::new(model),
+            device,
+            prompts,
+            cfg,
+            label_tokens,
+            cache,
+            name,
+        })
     }
 
-    fn chat_ids(model: &Qwen3<B>, system: &str, user: &str) -> std::result::Result<Vec<u32>, String> {
+    fn chat_ids(
+        model: &Qwen3<B>,
+        system: &str,
+        user: &str,
+    ) -> std::result::Result<Vec<u32>, String> {
         let tok = model.tokenizer.as_ref().expect("checked in new");
         let msgs = [Message::system(system), Message::user(user)];
-        tok.apply_chat_template(&msgs, ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) }).map_err(|e| e.to_string())
+        tok.apply_chat_template(
+            &msgs,
+            ChatOptions {
+                add_generation_prompt: true,
+                enable_thinking: Some(false),
+            },
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// Generates answers for `prompts` (system, user) and parses each with `parse`; unparseable
@@ -148,9 +198,13 @@ impl<B: GrpoOps> LocalJudge<B> {
         parse: impl Fn(usize, &str) -> std::result::Result<T, String>,
     ) -> Vec<(std::result::Result<T, String>, Vec<String>, u32)> {
         let model = self.model.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<(std::result::Result<T, String>, Vec<String>, u32)> =
-            (0..prompts.len()).map(|_| (Err("not attempted".to_string()), Vec::new(), 0)).collect();
-        let ids: Vec<std::result::Result<Vec<u32>, String>> = prompts.iter().map(|(s, u)| Self::chat_ids(&model, s, u)).collect();
+        let mut out: Vec<(std::result::Result<T, String>, Vec<String>, u32)> = (0..prompts.len())
+            .map(|_| (Err("not attempted".to_string()), Vec::new(), 0))
+            .collect();
+        let ids: Vec<std::result::Result<Vec<u32>, String>> = prompts
+            .iter()
+            .map(|(s, u)| Self::chat_ids(&model, s, u))
+            .collect();
         let mut pending: Vec<usize> = Vec::new();
         for (i, r) in ids.iter().enumerate() {
             match r {
@@ -173,7 +227,10 @@ impl<B: GrpoOps> LocalJudge<B> {
             };
             let mut still = Vec::new();
             for chunk in pending.chunks(self.cfg.batch_size) {
-                let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| ids[i].clone().expect("pending ids are valid")).collect();
+                let batch: Vec<Vec<u32>> = chunk
+                    .iter()
+                    .map(|&i| ids[i].clone().expect("pending ids are valid"))
+                    .collect();
                 match model.generate(&batch, &sampling, &self.device) {
                     Ok(gens) => {
                         for (&i, g) in chunk.iter().zip(gens) {
@@ -205,7 +262,10 @@ impl<B: GrpoOps> LocalJudge<B> {
     /// Cheap mode: labels and margins for every (request, criterion). The criterion prompts of one
     /// response share their token prefix (system prompt, question, response); it is run once into
     /// a KV cache, copied per criterion, and only the criterion-specific suffixes are run on top.
-    fn margin_labels(&self, requests: &[&CriterionRequest]) -> Vec<std::result::Result<(Vec<Label>, Vec<f64>), String>> {
+    fn margin_labels(
+        &self,
+        requests: &[&CriterionRequest],
+    ) -> Vec<std::result::Result<(Vec<Label>, Vec<f64>), String>> {
         let model = self.model.lock().unwrap_or_else(|p| p.into_inner());
         requests
             .iter()
@@ -214,7 +274,9 @@ impl<B: GrpoOps> LocalJudge<B> {
                     .criteria
                     .iter()
                     .map(|c| {
-                        let (s, u) = self.prompts.render_single(r.mode, &r.question, &r.response, c);
+                        let (s, u) =
+                            self.prompts
+                                .render_single(r.mode, &r.question, &r.response, c);
                         Self::chat_ids(&model, &s, &u).map_err(|e| format!("chat template: {e}"))
                     })
                     .collect::<std::result::Result<_, _>>()?;
@@ -232,7 +294,12 @@ impl<B: GrpoOps> LocalJudge<B> {
     }
 
     /// Label and margin from the next-token distribution after each sequence of `seqs`.
-    fn next_token_labels(&self, model: &Qwen3<B>, seqs: &[Vec<u32>], mode: ScoringMode) -> std::result::Result<Vec<(Label, f64)>, String> {
+    fn next_token_labels(
+        &self,
+        model: &Qwen3<B>,
+        seqs: &[Vec<u32>],
+        mode: ScoringMode,
+    ) -> std::result::Result<Vec<(Label, f64)>, String> {
         // Longest common prefix, leaving at least one token of every sequence to run.
         let shortest = seqs.iter().map(Vec::len).min().unwrap_or(0);
         let mut prefix = 0;
@@ -250,23 +317,56 @@ impl<B: GrpoOps> LocalJudge<B> {
         let padded = PaddedBatch::new(&suffixes, model.pad_id(), Padding::Left);
         let batch = ForwardBatch {
             input_ids: Tensor::<B, 2, Int>::from_data(
-                TensorData::new(padded.ids.iter().map(|&x| x as i64).collect::<Vec<_>>(), [n, padded.len]),
+                TensorData::new(
+                    padded.ids.iter().map(|&x| x as i64).collect::<Vec<_>>(),
+                    [n, padded.len],
+                ),
                 &self.device,
             ),
             position_ids: Tensor::<B, 2, Int>::from_data(
-                TensorData::new(padded.positions.iter().map(|&p| p + prefix as i64).collect::<Vec<_>>(), [n, padded.len]),
+                TensorData::new(
+                    padded
+                        .positions
+                        .iter()
+                        .map(|&p| p + prefix as i64)
+                        .collect::<Vec<_>>(),
+                    [n, padded.len],
+                ),
                 &self.device,
             ),
             key_mask: padded.has_padding().then(|| {
-                Tensor::<B, 2, Bool>::from_data(TensorData::new(padded.mask.clone(), [n, padded.len]), &self.device)
+                Tensor::<B, 2, Bool>::from_data(
+                    TensorData::new(padded.mask.clone(), [n, padded.len]),
+                    &self.device,
+                )
             }),
         };
         // Log-softmax on the device; only the label tokens' columns come back to the host.
         let labels = mode.labels();
-        let columns: Vec<u32> = labels.iter().flat_map(|l| self.label_tokens[l].iter().copied()).collect();
-        let logp = log_softmax(model.model.forward_last(&batch, Some(&mut cache)).cast(DType::F32), 1);
-        let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(columns.iter().map(|&c| c as i64).collect::<Vec<_>>(), [columns.len()]), &self.device);
-        let host: Vec<f32> = logp.select(1, idx).into_data().convert::<f32>().into_vec().map_err(|e| format!("reading logits: {e:?}"))?;
+        let columns: Vec<u32> = labels
+            .iter()
+            .flat_map(|l| self.label_tokens[l].iter().copied())
+            .collect();
+        let logp = log_softmax(
+            model
+                .model
+                .forward_last(&batch, Some(&mut cache))
+                .cast(DType::F32),
+            1,
+        );
+        let idx = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(
+                columns.iter().map(|&c| c as i64).collect::<Vec<_>>(),
+                [columns.len()],
+            ),
+            &self.device,
+        );
+        let host: Vec<f32> = logp
+            .select(1, idx)
+            .into_data()
+            .convert::<f32>()
+            .into_vec()
+            .map_err(|e| format!("reading logits: {e:?}"))?;
         let k = columns.len();
         Ok((0..n)
             .map(|row| {
@@ -304,7 +404,10 @@ impl<B: GrpoOps> CriterionJudge for LocalJudge<B> {
     }
 
     async fn judge(&self, r: &CriterionRequest) -> CriterionVerdict {
-        self.judge_batch(std::slice::from_ref(r)).await.pop().expect("one verdict per request")
+        self.judge_batch(std::slice::from_ref(r))
+            .await
+            .pop()
+            .expect("one verdict per request")
     }
 
     async fn judge_batch(&self, requests: &[CriterionRequest]) -> Vec<CriterionVerdict> {
@@ -313,7 +416,11 @@ impl<B: GrpoOps> CriterionJudge for LocalJudge<B> {
         let keys: Vec<CacheKey> = requests.iter().map(|r| self.key(r)).collect();
         let mut todo = Vec::new();
         for (i, r) in requests.iter().enumerate() {
-            match self.cache.as_ref().and_then(|c| c.get_parsed::<Vec<Label>>(&keys[i])) {
+            match self
+                .cache
+                .as_ref()
+                .and_then(|c| c.get_parsed::<Vec<Label>>(&keys[i]))
+            {
                 Some((labels, raw)) if labels.len() == r.criteria.len() => {
                     let mut v = CriterionVerdict::labelled(labels, vec![raw], 0, start.elapsed());
                     v.cached = true;
@@ -325,12 +432,21 @@ impl<B: GrpoOps> CriterionJudge for LocalJudge<B> {
         let reqs: Vec<&CriterionRequest> = todo.iter().map(|&i| &requests[i]).collect();
         match self.cfg.mode {
             LocalMode::Generate => {
-                let prompts: Vec<(String, String)> =
-                    reqs.iter().map(|r| self.prompts.render_criteria(r.mode, &r.question, &r.response, &r.criteria)).collect();
-                let results = self.generate_parsed(&prompts, |k, text| parse_labels(text, reqs[k].criteria.len(), reqs[k].mode));
+                let prompts: Vec<(String, String)> = reqs
+                    .iter()
+                    .map(|r| {
+                        self.prompts
+                            .render_criteria(r.mode, &r.question, &r.response, &r.criteria)
+                    })
+                    .collect();
+                let results = self.generate_parsed(&prompts, |k, text| {
+                    parse_labels(text, reqs[k].criteria.len(), reqs[k].mode)
+                });
                 for (&i, (res, raw, attempts)) in todo.iter().zip(results) {
                     verdicts[i] = Some(match res {
-                        Ok(labels) => CriterionVerdict::labelled(labels, raw, attempts, start.elapsed()),
+                        Ok(labels) => {
+                            CriterionVerdict::labelled(labels, raw, attempts, start.elapsed())
+                        }
                         Err(e) => CriterionVerdict::failed(e, raw, attempts, start.elapsed()),
                     });
                 }
@@ -340,7 +456,8 @@ impl<B: GrpoOps> CriterionJudge for LocalJudge<B> {
                     verdicts[i] = Some(match res {
                         Ok((labels, margins)) => {
                             let raw = serde_json::to_string(&labels).expect("labels serialise");
-                            let mut v = CriterionVerdict::labelled(labels, vec![raw], 1, start.elapsed());
+                            let mut v =
+                                CriterionVerdict::labelled(labels, vec![raw], 1, start.elapsed());
                             v.margins = margins;
                             v
                         }
@@ -353,11 +470,20 @@ impl<B: GrpoOps> CriterionJudge for LocalJudge<B> {
             for &i in &todo {
                 let v = verdicts[i].as_ref().expect("filled above");
                 if let Some(labels) = &v.labels {
-                    c.put_parsed(&keys[i], &self.name, "criteria", labels, v.raw_outputs.last().map_or("", String::as_str));
+                    c.put_parsed(
+                        &keys[i],
+                        &self.name,
+                        "criteria",
+                        labels,
+                        v.raw_outputs.last().map_or("", String::as_str),
+                    );
                 }
             }
         }
-        verdicts.into_iter().map(|v| v.expect("every request answered")).collect()
+        verdicts
+            .into_iter()
+            .map(|v| v.expect("every request answered"))
+            .collect()
     }
 }
 
@@ -369,14 +495,32 @@ impl<B: GrpoOps> PairwiseJudge for LocalJudge<B> {
 
     async fn compare(&self, r: &PairRequest) -> PairVerdict {
         let start = Instant::now();
-        let prompt = self.prompts.render_pairwise(&r.question, &r.criteria, &r.first, &r.second);
+        let prompt = self
+            .prompts
+            .render_pairwise(&r.question, &r.criteria, &r.first, &r.second);
         let n = r.criteria.len();
-        let (res, raw_outputs, attempts) =
-            self.generate_parsed(std::slice::from_ref(&prompt), |_, text| parse_pair(text, n)).pop().expect("one result");
+        let (res, raw_outputs, attempts) = self
+            .generate_parsed(std::slice::from_ref(&prompt), |_, text| parse_pair(text, n))
+            .pop()
+            .expect("one result");
         let latency_ms = start.elapsed().as_secs_f64() * 1e3;
         match res {
-            Ok(a) => PairVerdict { answer: Some(a), error: None, raw_outputs, attempts, latency_ms, cached: false },
-            Err(e) => PairVerdict { answer: None, error: Some(e), raw_outputs, attempts, latency_ms, cached: false },
+            Ok(a) => PairVerdict {
+                answer: Some(a),
+                error: None,
+                raw_outputs,
+                attempts,
+                latency_ms,
+                cached: false,
+            },
+            Err(e) => PairVerdict {
+                answer: None,
+                error: Some(e),
+                raw_outputs,
+                attempts,
+                latency_ms,
+                cached: false,
+            },
         }
     }
 }

@@ -21,7 +21,10 @@ pub enum Preference {
 
 impl Preference {
     fn parse(v: &Value) -> Option<Self> {
-        let s = v.as_str()?.trim().trim_matches(|c: char| c == '"' || c == '\'' || c == '.' || c == '*');
+        let s = v
+            .as_str()?
+            .trim()
+            .trim_matches(|c: char| c == '"' || c == '\'' || c == '.' || c == '*');
         match s.to_ascii_lowercase().as_str() {
             "a" | "response a" => Some(Self::A),
             "b" | "response b" => Some(Self::B),
@@ -115,7 +118,10 @@ fn parse_lenient(span: &str) -> Option<Value> {
     if !s.contains('"') {
         s = s.replace('\'', "\"");
     }
-    s = s.replace("True", "true").replace("False", "false").replace("None", "null");
+    s = s
+        .replace("True", "true")
+        .replace("False", "false")
+        .replace("None", "null");
     // Trailing commas before a closing bracket.
     let mut repaired = String::with_capacity(s.len());
     let chars: Vec<char> = s.chars().collect();
@@ -171,10 +177,12 @@ fn label_of(v: &Value, mode: ScoringMode) -> Result<Label, String> {
         Value::String(s) => s.clone(),
         Value::Bool(b) if mode == ScoringMode::Binary => (if *b { "yes" } else { "no" }).into(),
         Value::Object(o) => {
-            let field = ["label", "verdict", "grade", "answer", "result", "score", "status"]
-                .iter()
-                .find_map(|k| o.get(*k))
-                .ok_or_else(|| "an object item has no label field".to_string())?;
+            let field = [
+                "label", "verdict", "grade", "answer", "result", "score", "status",
+            ]
+            .iter()
+            .find_map(|k| o.get(*k))
+            .ok_or_else(|| "an object item has no label field".to_string())?;
             return label_of(field, mode);
         }
         other => return Err(format!("`{other}` is not a label")),
@@ -189,13 +197,21 @@ fn labels_from_value(v: &Value, n: usize, mode: ScoringMode) -> Result<Vec<Label
     let items: Vec<&Value> = match v {
         Value::Array(a) => a.iter().collect(),
         Value::Object(o) => {
-            if let Some(inner) = ["labels", "grades", "verdicts", "results", "criteria", "answers"].iter().find_map(|k| o.get(*k)) {
+            if let Some(inner) = [
+                "labels", "grades", "verdicts", "results", "criteria", "answers",
+            ]
+            .iter()
+            .find_map(|k| o.get(*k))
+            {
                 return labels_from_value(inner, n, mode);
             }
             // {"1": "correct", "2": "missing", ...}
             let mut keyed: Vec<(usize, &Value)> = Vec::new();
             for (k, val) in o {
-                let idx: usize = k.trim().parse().map_err(|_| format!("unexpected key `{k}`"))?;
+                let idx: usize = k
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("unexpected key `{k}`"))?;
                 keyed.push((idx, val));
             }
             keyed.sort_by_key(|(i, _)| *i);
@@ -209,7 +225,11 @@ fn labels_from_value(v: &Value, n: usize, mode: ScoringMode) -> Result<Vec<Label
     if items.len() != n {
         return Err(format!("expected {n} labels, got {}", items.len()));
     }
-    items.iter().enumerate().map(|(i, v)| label_of(v, mode).map_err(|e| format!("item {}: {e}", i + 1))).collect()
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| label_of(v, mode).map_err(|e| format!("item {}: {e}", i + 1)))
+        .collect()
 }
 
 /// Parses exactly `n` labels of `mode`. When several JSON values are present, the last valid one
@@ -228,19 +248,31 @@ pub fn parse_labels(text: &str, n: usize, mode: ScoringMode) -> Result<Vec<Label
 
 fn pair_from_value(v: &Value, n: usize) -> Result<PairAnswer, String> {
     let o = v.as_object().ok_or("not a JSON object")?;
-    let verdict_v = ["verdict", "winner", "preference", "better"].iter().find_map(|k| o.get(*k)).ok_or("no `verdict` field")?;
-    let verdict = Preference::parse(verdict_v).ok_or_else(|| format!("verdict `{verdict_v}` is not A, B or same"))?;
+    let verdict_v = ["verdict", "winner", "preference", "better"]
+        .iter()
+        .find_map(|k| o.get(*k))
+        .ok_or("no `verdict` field")?;
+    let verdict = Preference::parse(verdict_v)
+        .ok_or_else(|| format!("verdict `{verdict_v}` is not A, B or same"))?;
     let criteria = match o.get("criteria").or_else(|| o.get("per_criterion")) {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => {
             if a.len() != n {
-                return Err(format!("expected {n} per-criterion comparisons, got {}", a.len()));
+                return Err(format!(
+                    "expected {n} per-criterion comparisons, got {}",
+                    a.len()
+                ));
             }
             a.iter()
                 .enumerate()
                 .map(|(i, x)| {
-                    let x = x.as_object().and_then(|m| m.get("better").or_else(|| m.get("winner"))).unwrap_or(x);
-                    Preference::parse(x).ok_or_else(|| format!("criteria item {}: `{x}` is not A, B or same", i + 1))
+                    let x = x
+                        .as_object()
+                        .and_then(|m| m.get("better").or_else(|| m.get("winner")))
+                        .unwrap_or(x);
+                    Preference::parse(x).ok_or_else(|| {
+                        format!("criteria item {}: `{x}` is not A, B or same", i + 1)
+                    })
                 })
                 .collect::<Result<_, _>>()?
         }
@@ -248,11 +280,20 @@ fn pair_from_value(v: &Value, n: usize) -> Result<PairAnswer, String> {
     };
     let confidence = match o.get("confidence") {
         Some(Value::Number(x)) => x.as_f64().filter(|c| (0.0..=1.0).contains(c)),
-        Some(Value::String(s)) => s.trim().parse::<f64>().ok().filter(|c| (0.0..=1.0).contains(c)),
+        Some(Value::String(s)) => s
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|c| (0.0..=1.0).contains(c)),
         _ => None,
     };
     let reason = o.get("reason").and_then(Value::as_str).map(str::to_string);
-    Ok(PairAnswer { verdict, criteria, confidence, reason })
+    Ok(PairAnswer {
+        verdict,
+        criteria,
+        confidence,
+        reason,
+    })
 }
 
 /// Parses a pairwise answer over `n` criteria (the last valid JSON object wins).
@@ -269,7 +310,12 @@ pub fn parse_pair(text: &str, n: usize) -> Result<PairAnswer, String> {
     if found.is_none() {
         let t = strip_thinking(text);
         if let Some(p) = Preference::parse(&Value::String(t.trim().to_string())) {
-            return Ok(PairAnswer { verdict: p, criteria: Vec::new(), confidence: None, reason: None });
+            return Ok(PairAnswer {
+                verdict: p,
+                criteria: Vec::new(),
+                confidence: None,
+                reason: None,
+            });
         }
     }
     found.ok_or(last_err)
@@ -297,7 +343,11 @@ mod tests {
             ("```\n[\"correct.\", \"**missing**\"]\n```", 2, ThreeState, vec![Correct, Missing]),
         ];
         for (text, n, mode, want) in cases {
-            assert_eq!(&parse_labels(text, *n, *mode).unwrap_or_else(|e| panic!("{text}: {e}")), want, "{text}");
+            assert_eq!(
+                &parse_labels(text, *n, *mode).unwrap_or_else(|e| panic!("{text}: {e}")),
+                want,
+                "{text}"
+            );
         }
     }
 
@@ -306,11 +356,25 @@ mod tests {
         let e = parse_labels(r#"["correct","missing"]"#, 3, ThreeState).unwrap_err();
         assert!(e.contains("expected 3 labels, got 2"), "{e}");
         let e = parse_labels(r#"["correct","partially correct"]"#, 2, ThreeState).unwrap_err();
-        assert!(e.contains("item 2") && e.contains("partially correct"), "{e}");
-        assert!(parse_labels(r#"["yes","no"]"#, 2, ThreeState).is_err(), "binary labels in three-state mode");
-        assert!(parse_labels("I cannot grade this response.", 2, Binary).unwrap_err().contains("no JSON"));
-        assert!(parse_labels("[\"yes\", \"no\"", 2, Binary).is_err(), "truncated output");
-        assert!(parse_labels("<think>[\"yes\", \"no\"]", 2, Binary).is_err(), "only inside an unfinished think block");
+        assert!(
+            e.contains("item 2") && e.contains("partially correct"),
+            "{e}"
+        );
+        assert!(
+            parse_labels(r#"["yes","no"]"#, 2, ThreeState).is_err(),
+            "binary labels in three-state mode"
+        );
+        assert!(parse_labels("I cannot grade this response.", 2, Binary)
+            .unwrap_err()
+            .contains("no JSON"));
+        assert!(
+            parse_labels("[\"yes\", \"no\"", 2, Binary).is_err(),
+            "truncated output"
+        );
+        assert!(
+            parse_labels("<think>[\"yes\", \"no\"]", 2, Binary).is_err(),
+            "only inside an unfinished think block"
+        );
         assert!(parse_labels(r#"{"1":"yes","3":"no"}"#, 2, Binary).is_err());
     }
 
@@ -324,10 +388,17 @@ mod tests {
         assert_eq!(p.verdict, Preference::A);
         assert_eq!(p.criteria, vec![Preference::A, Preference::Same]);
         assert_eq!(p.confidence, Some(0.7));
-        assert_eq!(parse_pair(r#"{"verdict": "Response B"}"#, 3).unwrap().verdict, Preference::B);
+        assert_eq!(
+            parse_pair(r#"{"verdict": "Response B"}"#, 3)
+                .unwrap()
+                .verdict,
+            Preference::B
+        );
         assert_eq!(parse_pair("same", 3).unwrap().verdict, Preference::Same);
         assert!(parse_pair(r#"{"verdict": "C"}"#, 1).is_err());
-        assert!(parse_pair(r#"{"criteria": ["A"], "verdict": "A"}"#, 2).unwrap_err().contains("expected 2"));
+        assert!(parse_pair(r#"{"criteria": ["A"], "verdict": "A"}"#, 2)
+            .unwrap_err()
+            .contains("expected 2"));
         assert!(parse_pair("Both have merits.", 2).is_err());
     }
 }

@@ -24,14 +24,22 @@ pub struct PromptTemplate {
 
 impl PromptTemplate {
     fn new(system: &str, user: &str) -> Self {
-        Self { system: system.into(), user: user.into() }
+        Self {
+            system: system.into(),
+            user: user.into(),
+        }
     }
 
     /// Reads `system = "..."` and `user = "..."` from a TOML file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| JudgeError::File { path: path.into(), message: e.to_string() })?;
-        toml::from_str(&text).map_err(|e| JudgeError::File { path: path.into(), message: e.to_string() })
+        let text = std::fs::read_to_string(path).map_err(|e| JudgeError::File {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|e| JudgeError::File {
+            path: path.into(),
+            message: e.to_string(),
+        })
     }
 
     /// A short, stable hash of both templates.
@@ -52,13 +60,19 @@ impl PromptTemplate {
 
 /// One-pass `{name}` substitution; unknown names are left as they are.
 pub fn fill(template: &str, vars: &[(&str, &str)]) -> String {
-    let mut out = String::with_capacity(template.len() + vars.iter().map(|(_, v)| v.len()).sum::<usize>());
+    let mut out =
+        String::with_capacity(template.len() + vars.iter().map(|(_, v)| v.len()).sum::<usize>());
     let mut rest = template;
     while let Some(start) = rest.find('{') {
         out.push_str(&rest[..start]);
         let after = &rest[start + 1..];
         match after.find('}') {
-            Some(end) if after[..end].chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && end > 0 => {
+            Some(end)
+                if after[..end]
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && end > 0 =>
+            {
                 let name = &after[..end];
                 match vars.iter().find(|(k, _)| *k == name) {
                     Some((_, v)) => out.push_str(v),
@@ -78,7 +92,12 @@ pub fn fill(template: &str, vars: &[(&str, &str)]) -> String {
 
 /// Numbered criteria, one per line: `1. The response ...`.
 pub fn numbered(criteria: &[String]) -> String {
-    criteria.iter().enumerate().map(|(i, c)| format!("{}. {}", i + 1, c.trim())).collect::<Vec<_>>().join("\n")
+    criteria
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{}. {}", i + 1, c.trim()))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 const SYSTEM: &str = "You are a meticulous grader of medical and other open-ended answers. You apply the \
@@ -178,12 +197,19 @@ pub struct PromptSet {
 impl Default for PromptSet {
     fn default() -> Self {
         let criteria = |labels: &str, example: &str| {
-            PromptTemplate::new(SYSTEM, &fill(CRITERIA_USER, &[("labels", labels), ("example", example)]))
+            PromptTemplate::new(
+                SYSTEM,
+                &fill(CRITERIA_USER, &[("labels", labels), ("example", example)]),
+            )
         };
-        let single = |labels: &str| PromptTemplate::new(SYSTEM, &fill(SINGLE_USER, &[("labels", labels)]));
+        let single =
+            |labels: &str| PromptTemplate::new(SYSTEM, &fill(SINGLE_USER, &[("labels", labels)]));
         Self {
             criteria_binary: criteria(BINARY_LABELS, r#"["yes", "no", "yes"]"#),
-            criteria_three_state: criteria(THREE_STATE_LABELS, r#"["correct", "missing", "wrong"]"#),
+            criteria_three_state: criteria(
+                THREE_STATE_LABELS,
+                r#"["correct", "missing", "wrong"]"#,
+            ),
             pairwise: PromptTemplate::new(SYSTEM, PAIRWISE_USER),
             single_binary: single(SINGLE_BINARY_LABELS),
             single_three_state: single(SINGLE_THREE_STATE_LABELS),
@@ -242,13 +268,30 @@ impl PromptSet {
     }
 
     /// Renders the all-criteria prompt.
-    pub fn render_criteria(&self, mode: ScoringMode, question: &str, response: &str, criteria: &[String]) -> (String, String) {
+    pub fn render_criteria(
+        &self,
+        mode: ScoringMode,
+        question: &str,
+        response: &str,
+        criteria: &[String],
+    ) -> (String, String) {
         let n = criteria.len().to_string();
-        self.criteria(mode).render(&[("question", question), ("response", response), ("criteria", &numbered(criteria)), ("n", &n)])
+        self.criteria(mode).render(&[
+            ("question", question),
+            ("response", response),
+            ("criteria", &numbered(criteria)),
+            ("n", &n),
+        ])
     }
 
     /// Renders the pairwise prompt with `a` shown first.
-    pub fn render_pairwise(&self, question: &str, criteria: &[String], a: &str, b: &str) -> (String, String) {
+    pub fn render_pairwise(
+        &self,
+        question: &str,
+        criteria: &[String],
+        a: &str,
+        b: &str,
+    ) -> (String, String) {
         let n = criteria.len().to_string();
         self.pairwise.render(&[
             ("question", question),
@@ -260,8 +303,18 @@ impl PromptSet {
     }
 
     /// Renders the one-criterion prompt.
-    pub fn render_single(&self, mode: ScoringMode, question: &str, response: &str, criterion: &str) -> (String, String) {
-        self.single(mode).render(&[("question", question), ("response", response), ("criterion", criterion.trim())])
+    pub fn render_single(
+        &self,
+        mode: ScoringMode,
+        question: &str,
+        response: &str,
+        criterion: &str,
+    ) -> (String, String) {
+        self.single(mode).render(&[
+            ("question", question),
+            ("response", response),
+            ("criterion", criterion.trim()),
+        ])
     }
 }
 
@@ -271,33 +324,70 @@ mod tests {
 
     #[test]
     fn one_pass_substitution_never_rewrites_inserted_text() {
-        let t = PromptTemplate::new("s", "Q: {question}\nR: {response}\n{unknown} {not a name} {}");
-        let (_, u) = t.render(&[("question", "what is {response}?"), ("response", "it {question}")]);
-        assert_eq!(u, "Q: what is {response}?\nR: it {question}\n{unknown} {not a name} {}");
+        let t = PromptTemplate::new(
+            "s",
+            "Q: {question}\nR: {response}\n{unknown} {not a name} {}",
+        );
+        let (_, u) = t.render(&[
+            ("question", "what is {response}?"),
+            ("response", "it {question}"),
+        ]);
+        assert_eq!(
+            u,
+            "Q: what is {response}?\nR: it {question}\n{unknown} {not a name} {}"
+        );
     }
 
     #[test]
     fn built_in_prompts_carry_the_label_semantics_and_fill_everything() {
         let p = PromptSet::default();
-        let (_, u) = p.render_criteria(ScoringMode::ThreeState, "Q?", "R.", &["The response a.".into(), "The response b.".into()]);
+        let (_, u) = p.render_criteria(
+            ScoringMode::ThreeState,
+            "Q?",
+            "R.",
+            &["The response a.".into(), "The response b.".into()],
+        );
         assert!(u.contains("1. The response a.\n2. The response b."));
-        assert!(u.contains("exactly 2 labels") && u.contains("\"wrong\"") && u.contains("reversed recommendation"));
+        assert!(
+            u.contains("exactly 2 labels")
+                && u.contains("\"wrong\"")
+                && u.contains("reversed recommendation")
+        );
         assert!(!u.contains("{n}") && !u.contains("{labels}") && !u.contains("{example}"));
         let (_, u) = p.render_pairwise("Q?", &["The response a.".into()], "first", "second");
         assert!(u.contains("RESPONSE A:\n<<<\nfirst") && u.contains("RESPONSE B:\n<<<\nsecond"));
         assert!(u.contains("never a reason"));
-        assert_ne!(p.criteria_binary.version(), p.criteria_three_state.version());
+        assert_ne!(
+            p.criteria_binary.version(),
+            p.criteria_three_state.version()
+        );
     }
 
     #[test]
     fn overrides_load_from_toml_and_change_the_version() {
         let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("p.toml"), "system = \"S\"\nuser = \"U {question}\"\n").unwrap();
-        let o = PromptOverrides { pairwise: Some("p.toml".into()), ..Default::default() };
+        std::fs::write(
+            d.path().join("p.toml"),
+            "system = \"S\"\nuser = \"U {question}\"\n",
+        )
+        .unwrap();
+        let o = PromptOverrides {
+            pairwise: Some("p.toml".into()),
+            ..Default::default()
+        };
         let set = PromptSet::with_overrides(&o, d.path()).unwrap();
         assert_eq!(set.pairwise.user, "U {question}");
-        assert_ne!(set.pairwise.version(), PromptSet::default().pairwise.version());
-        let o = PromptOverrides { pairwise: Some("missing.toml".into()), ..Default::default() };
-        assert!(PromptSet::with_overrides(&o, d.path()).unwrap_err().to_string().contains("missing.toml"));
+        assert_ne!(
+            set.pairwise.version(),
+            PromptSet::default().pairwise.version()
+        );
+        let o = PromptOverrides {
+            pairwise: Some("missing.toml".into()),
+            ..Default::default()
+        };
+        assert!(PromptSet::with_overrides(&o, d.path())
+            .unwrap_err()
+            .to_string()
+            .contains("missing.toml"));
     }
 }

@@ -49,12 +49,29 @@ pub struct ScoringSummary {
 }
 
 /// Turns a verdict into a score.
-pub fn score_verdict(verdict: &CriterionVerdict, job: &ScoreJob, penalty: &LengthPenalty) -> ResponseScore {
-    let pen = if job.response_tokens.is_some() { *penalty } else { LengthPenalty::disabled() };
+pub fn score_verdict(
+    verdict: &CriterionVerdict,
+    job: &ScoreJob,
+    penalty: &LengthPenalty,
+) -> ResponseScore {
+    let pen = if job.response_tokens.is_some() {
+        *penalty
+    } else {
+        LengthPenalty::disabled()
+    };
     match &verdict.labels {
-        Some(labels) => match score_labels(labels, job.request.criteria.len(), job.request.mode, job.response_tokens.unwrap_or(0), &pen) {
+        Some(labels) => match score_labels(
+            labels,
+            job.request.criteria.len(),
+            job.request.mode,
+            job.response_tokens.unwrap_or(0),
+            &pen,
+        ) {
             Ok(s) => ResponseScore::Scored(s),
-            Err(e) => ResponseScore::Unscored(UnscoredReason { message: e.to_string(), attempts: verdict.attempts }),
+            Err(e) => ResponseScore::Unscored(UnscoredReason {
+                message: e.to_string(),
+                attempts: verdict.attempts,
+            }),
         },
         None => ResponseScore::Unscored(UnscoredReason {
             message: verdict.error.clone().unwrap_or_else(|| "no labels".into()),
@@ -103,9 +120,16 @@ pub async fn score_jobs(
     let results: Vec<ScoredJob> = verdicts
         .into_iter()
         .zip(jobs)
-        .map(|(verdict, job)| ScoredJob { score: score_verdict(&verdict, job, penalty), verdict })
+        .map(|(verdict, job)| ScoredJob {
+            score: score_verdict(&verdict, job, penalty),
+            verdict,
+        })
         .collect();
-    let mut s = ScoringSummary { responses: results.len(), wall_secs: start.elapsed().as_secs_f64(), ..Default::default() };
+    let mut s = ScoringSummary {
+        responses: results.len(),
+        wall_secs: start.elapsed().as_secs_f64(),
+        ..Default::default()
+    };
     let mut sum = 0.0;
     let mut lat = 0.0;
     for r in &results {
@@ -118,7 +142,15 @@ pub async fn score_jobs(
         lat += r.verdict.latency_ms;
     }
     s.unscored = s.responses - s.scored;
-    s.reward_mean = if s.scored > 0 { sum / s.scored as f64 } else { f64::NAN };
-    s.latency_ms_mean = if s.responses > 0 { lat / s.responses as f64 } else { 0.0 };
+    s.reward_mean = if s.scored > 0 {
+        sum / s.scored as f64
+    } else {
+        f64::NAN
+    };
+    s.latency_ms_mean = if s.responses > 0 {
+        lat / s.responses as f64
+    } else {
+        0.0
+    };
     (results, s)
 }

@@ -136,10 +136,18 @@ fn completion(content: &str) -> Response {
     .into_response()
 }
 
-async fn handle(State(st): State<Arc<ServerState>>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
+async fn handle(
+    State(st): State<Arc<ServerState>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     st.requests.fetch_add(1, Ordering::SeqCst);
     let admit = |n: usize| (n < st.hold_after.load(Ordering::SeqCst)).then_some(n + 1);
-    if st.admitted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, admit).is_err() {
+    if st
+        .admitted
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, admit)
+        .is_err()
+    {
         // Held until released, then refused without being answered: its client is meant to be
         // killed meanwhile.
         st.held.fetch_add(1, Ordering::SeqCst);
@@ -151,7 +159,11 @@ async fn handle(State(st): State<Arc<ServerState>>, headers: HeaderMap, Json(bod
     }
     let now = st.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     st.max_in_flight.fetch_max(now, Ordering::SeqCst);
-    let key = format!("{}|{}", body.get("model").unwrap_or(&Value::Null), body.get("messages").unwrap_or(&Value::Null));
+    let key = format!(
+        "{}|{}",
+        body.get("model").unwrap_or(&Value::Null),
+        body.get("messages").unwrap_or(&Value::Null)
+    );
     let resp = match st.script.clone() {
         Some(script) => scripted(&st, &script, &body).await,
         None => answer(&st, &headers, body).await,
@@ -165,7 +177,12 @@ async fn handle(State(st): State<Arc<ServerState>>, headers: HeaderMap, Json(bod
 }
 
 async fn scripted(st: &ServerState, script: &Script, body: &Value) -> Response {
-    let text = |i: usize| body.pointer(&format!("/messages/{i}/content")).and_then(Value::as_str).unwrap_or("").to_string();
+    let text = |i: usize| {
+        body.pointer(&format!("/messages/{i}/content"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
     let (system, user) = (text(0), text(1));
     let attempt = {
         let mut m = st.attempts.lock().unwrap();
@@ -173,13 +190,25 @@ async fn scripted(st: &ServerState, script: &Script, body: &Value) -> Response {
         *a += 1;
         *a
     };
-    let messages = body.get("messages").and_then(Value::as_array).map_or(0, Vec::len);
-    let mut reply = script(&ScriptRequest { system, user, messages, attempt });
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    let mut reply = script(&ScriptRequest {
+        system,
+        user,
+        messages,
+        attempt,
+    });
     loop {
         match reply {
             Reply::Text(t) => return completion(&t),
             Reply::Status(code, body) => {
-                return (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body).into_response();
+                return (
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                    body,
+                )
+                    .into_response();
             }
             Reply::Sleep(ms, next) => {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -190,37 +219,59 @@ async fn scripted(st: &ServerState, script: &Script, body: &Value) -> Response {
 }
 
 async fn answer(st: &ServerState, headers: &HeaderMap, body: Value) -> Response {
-    *st.last_auth.lock().unwrap() = headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
+    *st.last_auth.lock().unwrap() = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     // The user prompt is the second message (a correction retry appends more).
-    let user = body.pointer("/messages/1/content").and_then(Value::as_str).unwrap_or("").to_string();
+    let user = body
+        .pointer("/messages/1/content")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     *st.last_body.lock().unwrap() = Some(body);
     if st.base_latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(st.base_latency_ms)).await;
     }
     let pairwise = user.contains("RESPONSE A:");
-    let subject = if pairwise { between(&user, "RESPONSE A:\n<<<\n", "\n>>>") } else { between(&user, "RESPONSE:\n<<<\n", "\n>>>") }
-        .unwrap_or("")
-        .to_string();
+    let subject = if pairwise {
+        between(&user, "RESPONSE A:\n<<<\n", "\n>>>")
+    } else {
+        between(&user, "RESPONSE:\n<<<\n", "\n>>>")
+    }
+    .unwrap_or("")
+    .to_string();
     let attempt = {
         let mut m = st.attempts.lock().unwrap();
         let a = m.entry(subject.clone()).or_insert(0);
         *a += 1;
         *a
     };
-    let n: usize = between(&user, "CRITERIA (", "):").and_then(|s| s.parse().ok()).unwrap_or(0);
+    let n: usize = between(&user, "CRITERIA (", "):")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let binary = user.contains("\"yes\"");
     let tag = behaviour(&subject);
     match tag {
         "slow" => tokio::time::sleep(Duration::from_millis(st.slow_ms)).await,
         "slow-once" if attempt == 1 => tokio::time::sleep(Duration::from_millis(st.slow_ms)).await,
         "500" => return (StatusCode::INTERNAL_SERVER_ERROR, "upstream exploded").into_response(),
-        "500-twice" if attempt <= 2 => return (StatusCode::SERVICE_UNAVAILABLE, "warming up").into_response(),
+        "500-twice" if attempt <= 2 => {
+            return (StatusCode::SERVICE_UNAVAILABLE, "warming up").into_response()
+        }
         "429-once" if attempt == 1 => {
-            return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "0")], "slow down").into_response();
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", "0")],
+                "slow down",
+            )
+                .into_response();
         }
         "drop-once" if attempt == 1 => {
-            let chunks: Vec<Result<&'static str, std::io::Error>> =
-                vec![Ok("{\"choices\": [{\"message\": {\"content\": \"[\\\"cor"), Err(std::io::Error::other("connection reset"))];
+            let chunks: Vec<Result<&'static str, std::io::Error>> = vec![
+                Ok("{\"choices\": [{\"message\": {\"content\": \"[\\\"cor"),
+                Err(std::io::Error::other("connection reset")),
+            ];
             return Response::builder()
                 .status(200)
                 .header("content-type", "application/json")
@@ -228,26 +279,39 @@ async fn answer(st: &ServerState, headers: &HeaderMap, body: Value) -> Response 
                 .body(Body::from_stream(futures::stream::iter(chunks)))
                 .unwrap();
         }
-        "garbage" => return completion("I am sorry, but I cannot evaluate this response without more context."),
-        "garbage-once" if attempt == 1 => return completion("Let me think about each criterion carefully. Overall the answer is decent."),
+        "garbage" => {
+            return completion(
+                "I am sorry, but I cannot evaluate this response without more context.",
+            )
+        }
+        "garbage-once" if attempt == 1 => {
+            return completion(
+                "Let me think about each criterion carefully. Overall the answer is decent.",
+            )
+        }
         _ => {}
     }
     if pairwise {
         let second = between(&user, "RESPONSE B:\n<<<\n", "\n>>>").unwrap_or("");
-        let verdict = if tag == "prefer-first" || (subject.contains("good") && !second.contains("good")) {
-            "A"
-        } else if second.contains("good") && !subject.contains("good") {
-            "B"
-        } else {
-            "same"
-        };
+        let verdict =
+            if tag == "prefer-first" || (subject.contains("good") && !second.contains("good")) {
+                "A"
+            } else if second.contains("good") && !subject.contains("good") {
+                "B"
+            } else {
+                "same"
+            };
         let per: Vec<&str> = vec![verdict; n];
         return completion(&format!(
             "```json\n{}\n```",
             json!({"criteria": per, "verdict": verdict, "confidence": 0.8, "reason": "scripted"})
         ));
     }
-    let count = if tag == "wrong-length" { n.saturating_sub(1) } else { n };
+    let count = if tag == "wrong-length" {
+        n.saturating_sub(1)
+    } else {
+        n
+    };
     let labels: Vec<&str> = (0..count)
         .map(|i| match (tag == "all-correct", binary, i % 3) {
             (true, true, _) => "yes",
@@ -265,28 +329,55 @@ async fn answer(st: &ServerState, headers: &HeaderMap, body: Value) -> Response 
 impl ScriptedServer {
     /// Starts a server on an ephemeral loopback port (inside the current tokio runtime).
     pub async fn start(slow_ms: u64, base_latency_ms: u64) -> Self {
-        Self::serve(ServerState { slow_ms, base_latency_ms, hold_after: AtomicUsize::new(usize::MAX), ..Default::default() }).await
+        Self::serve(ServerState {
+            slow_ms,
+            base_latency_ms,
+            hold_after: AtomicUsize::new(usize::MAX),
+            ..Default::default()
+        })
+        .await
     }
 
     /// Starts a server that answers with `script`.
-    pub async fn with_script(script: impl Fn(&ScriptRequest) -> Reply + Send + Sync + 'static) -> Self {
-        Self::serve(ServerState { script: Some(Arc::new(script)), hold_after: AtomicUsize::new(usize::MAX), ..Default::default() }).await
+    pub async fn with_script(
+        script: impl Fn(&ScriptRequest) -> Reply + Send + Sync + 'static,
+    ) -> Self {
+        Self::serve(ServerState {
+            script: Some(Arc::new(script)),
+            hold_after: AtomicUsize::new(usize::MAX),
+            ..Default::default()
+        })
+        .await
     }
 
     async fn serve(state: ServerState) -> Self {
         let state = Arc::new(state);
-        let app = Router::new().route("/v1/chat/completions", post(handle)).with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let app = Router::new()
+            .route("/v1/chat/completions", post(handle))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
         let addr: SocketAddr = listener.local_addr().expect("local addr");
         let handle = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self { url: format!("http://{addr}/v1"), state, handle }
+        Self {
+            url: format!("http://{addr}/v1"),
+            state,
+            handle,
+        }
     }
 
     /// Attempts the server saw for a judged response text.
     pub fn attempts_for(&self, response: &str) -> u32 {
-        self.state.attempts.lock().unwrap().get(response).copied().unwrap_or(0)
+        self.state
+            .attempts
+            .lock()
+            .unwrap()
+            .get(response)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Requests received so far.
@@ -317,7 +408,14 @@ impl ScriptedServer {
 
     /// The most times any one request body was answered (1 when nothing was asked twice).
     pub fn max_repeats(&self) -> u32 {
-        self.state.answered_bodies.lock().unwrap().values().copied().max().unwrap_or(0)
+        self.state
+            .answered_bodies
+            .lock()
+            .unwrap()
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0)
     }
 
     /// Holds every request that arrives once `n` requests have been let through (so exactly `n`
@@ -332,7 +430,9 @@ impl ScriptedServer {
 /// A loopback port that accepts connections and closes them at once; returns its URL and a
 /// counter of accepted connections.
 pub async fn dead_server() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
     let addr = listener.local_addr().expect("local addr");
     let accepted = Arc::new(AtomicUsize::new(0));
     let counter = accepted.clone();

@@ -22,7 +22,11 @@ pub struct RubricDropout {
 
 impl Default for RubricDropout {
     fn default() -> Self {
-        Self { min_fraction: 0.3, max_fraction: 0.5, keep_global_controls: false }
+        Self {
+            min_fraction: 0.3,
+            max_fraction: 0.5,
+            keep_global_controls: false,
+        }
     }
 }
 
@@ -36,7 +40,9 @@ pub struct CriterionSubset {
 impl CriterionSubset {
     /// All `n` criteria.
     pub fn all(n: usize) -> Self {
-        Self { kept: (0..n).collect() }
+        Self {
+            kept: (0..n).collect(),
+        }
     }
 
     /// The kept criteria, in order.
@@ -75,7 +81,10 @@ pub fn seeded_permutation(n: usize, seed: u64) -> Vec<usize> {
 impl RubricDropout {
     /// Checks `0 <= min <= max < 1`.
     pub fn validate(&self) -> Result<()> {
-        if !(0.0 <= self.min_fraction && self.min_fraction <= self.max_fraction && self.max_fraction < 1.0) {
+        if !(0.0 <= self.min_fraction
+            && self.min_fraction <= self.max_fraction
+            && self.max_fraction < 1.0)
+        {
             return Err(RubricError::Config {
                 field: "rubric_dropout".into(),
                 message: format!(
@@ -89,23 +98,40 @@ impl RubricDropout {
 
     /// The subset for the group of prompt `group_key` at `step` under run seed `seed`. At least one
     /// droppable criterion always survives.
-    pub fn subset(&self, criteria: &[Criterion], seed: u64, step: u64, group_key: &str) -> CriterionSubset {
-        let parts: [&[u8]; 3] = [&seed.to_le_bytes(), &step.to_le_bytes(), group_key.as_bytes()];
+    pub fn subset(
+        &self,
+        criteria: &[Criterion],
+        seed: u64,
+        step: u64,
+        group_key: &str,
+    ) -> CriterionSubset {
+        let parts: [&[u8]; 3] = [
+            &seed.to_le_bytes(),
+            &step.to_le_bytes(),
+            group_key.as_bytes(),
+        ];
         let mut rng = ChaCha8Rng::seed_from_u64(stable_seed(&parts));
         let droppable: Vec<usize> = (0..criteria.len())
-            .filter(|&i| !(self.keep_global_controls && criteria[i].kind == CriterionKind::GlobalControl))
+            .filter(|&i| {
+                !(self.keep_global_controls && criteria[i].kind == CriterionKind::GlobalControl)
+            })
             .collect();
         let fraction = if self.max_fraction > self.min_fraction {
             rng.random_range(self.min_fraction..=self.max_fraction)
         } else {
             self.min_fraction
         };
-        let n_drop = ((fraction * droppable.len() as f64).round() as usize).min(droppable.len().saturating_sub(1));
+        let n_drop = ((fraction * droppable.len() as f64).round() as usize)
+            .min(droppable.len().saturating_sub(1));
         // The first n_drop of a seeded shuffle of the droppable criteria are dropped.
         let order_parts: [&[u8]; 4] = [parts[0], parts[1], parts[2], b"order"];
         let order = seeded_permutation(droppable.len(), stable_seed(&order_parts));
         let dropped: Vec<usize> = order[..n_drop].iter().map(|&i| droppable[i]).collect();
-        CriterionSubset { kept: (0..criteria.len()).filter(|i| !dropped.contains(i)).collect() }
+        CriterionSubset {
+            kept: (0..criteria.len())
+                .filter(|i| !dropped.contains(i))
+                .collect(),
+        }
     }
 }
 
@@ -115,7 +141,9 @@ mod tests {
     use crate::record::global_controls;
 
     fn rubric(n: usize) -> Vec<Criterion> {
-        let mut c: Vec<Criterion> = (0..n).map(|i| Criterion::content(format!("The response says {i}."))).collect();
+        let mut c: Vec<Criterion> = (0..n)
+            .map(|i| Criterion::content(format!("The response says {i}.")))
+            .collect();
         c.extend(global_controls());
         c
     }
@@ -140,15 +168,28 @@ mod tests {
 
     #[test]
     fn global_controls_can_be_protected_and_one_survives() {
-        let d = RubricDropout { keep_global_controls: true, ..Default::default() };
+        let d = RubricDropout {
+            keep_global_controls: true,
+            ..Default::default()
+        };
         let c = rubric(4);
         for step in 0..50 {
             let s = d.subset(&c, 1, step, "p");
             assert!(s.kept.contains(&4) && s.kept.contains(&5));
         }
         let single = vec![Criterion::content("The response x.")];
-        let d = RubricDropout { min_fraction: 0.9, max_fraction: 0.9, keep_global_controls: false };
+        let d = RubricDropout {
+            min_fraction: 0.9,
+            max_fraction: 0.9,
+            keep_global_controls: false,
+        };
         assert_eq!(d.subset(&single, 1, 1, "p").kept, vec![0]);
-        assert!(RubricDropout { min_fraction: 0.6, max_fraction: 0.5, ..Default::default() }.validate().is_err());
+        assert!(RubricDropout {
+            min_fraction: 0.6,
+            max_fraction: 0.5,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
     }
 }

@@ -10,10 +10,19 @@ pub enum RubricError {
     Io { path: PathBuf, err: std::io::Error },
     /// A JSONL line is not valid JSON or does not have the expected shape.
     #[error("{path}:{line}: {field}: {message}")]
-    Parse { path: PathBuf, line: usize, field: String, message: String },
+    Parse {
+        path: PathBuf,
+        line: usize,
+        field: String,
+        message: String,
+    },
     /// A value is well-formed JSON but not acceptable (e.g. a duplicate id).
     #[error("{path}:{line}: {message}")]
-    Invalid { path: PathBuf, line: usize, message: String },
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
     /// Labels do not fit the rubric or the scoring mode.
     #[error("{0}")]
     Labels(String),

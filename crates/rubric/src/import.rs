@@ -22,7 +22,9 @@ use serde_json::Value;
 
 use crate::error::{Result, RubricError};
 use crate::io::{parse_line, parse_value};
-use crate::record::{global_controls, Criterion, CriterionProvenance, Message, RubricRecord, SourceProvenance};
+use crate::record::{
+    global_controls, Criterion, CriterionProvenance, Message, RubricRecord, SourceProvenance,
+};
 
 /// A public rubric format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,7 +58,9 @@ impl std::str::FromStr for ImportFormat {
             "healthbench" => Ok(Self::Healthbench),
             other => Err(RubricError::Config {
                 field: "format".into(),
-                message: format!("`{other}` is not a known format (allowed: rar, rubrichub, healthbench)"),
+                message: format!(
+                    "`{other}` is not a known format (allowed: rar, rubrichub, healthbench)"
+                ),
             }),
         }
     }
@@ -79,7 +83,12 @@ pub struct ImportOptions {
 impl ImportOptions {
     /// Defaults for a format.
     pub fn new(format: ImportFormat) -> Self {
-        Self { format, add_global_controls: true, keep_negative: false, max_content: None }
+        Self {
+            format,
+            add_global_controls: true,
+            keep_negative: false,
+            max_content: None,
+        }
     }
 }
 
@@ -109,7 +118,12 @@ pub struct ImportReport {
 /// Parses a row whose `field` may hold its value as a JSON string (some exports store RaR's
 /// `rubric` and verl's `reward_model` that way): the string is parsed and put in place first, so that
 /// an error inside it names the whole path (`rubric[1].weight`), as it would for a plain list.
-fn parse_row_with_json_string<T: DeserializeOwned>(text: &str, path: &Path, line: usize, field: &str) -> Result<T> {
+fn parse_row_with_json_string<T: DeserializeOwned>(
+    text: &str,
+    path: &Path,
+    line: usize,
+    field: &str,
+) -> Result<T> {
     let mut v: Value = parse_line(text, path, line)?;
     if let Some(slot) = v.get_mut(field) {
         if let Value::String(inner) = slot {
@@ -250,20 +264,31 @@ struct Item {
 fn strip_category(text: &str) -> &str {
     let t = text.trim();
     match t.split_once(':') {
-        Some((head, rest)) if head.len() <= 40 && head.to_ascii_lowercase().ends_with("criteria") => rest.trim(),
+        Some((head, rest))
+            if head.len() <= 40 && head.to_ascii_lowercase().ends_with("criteria") =>
+        {
+            rest.trim()
+        }
         _ => t,
     }
 }
 
 /// Lower-cased, whitespace-collapsed text used to find duplicate prompts.
 fn normalise(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase()
+    text.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
 }
 
 /// The normalised form of a prompt under which duplicates are found: each message's role and its
 /// lower-cased, whitespace-collapsed text.
 pub fn prompt_key(question: &[Message]) -> String {
-    question.iter().map(|m| format!("{}:{}", m.role, normalise(&m.content))).collect::<Vec<_>>().join("\n")
+    question
+        .iter()
+        .map(|m| format!("{}:{}", m.role, normalise(&m.content)))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// 16 hex digits of FNV-1a: a stable id from the normalised prompt.
@@ -285,7 +310,10 @@ fn value_to_id(v: &Value) -> Option<String> {
 }
 
 fn read_rows(path: &Path) -> Result<Vec<(usize, String)>> {
-    let text = std::fs::read_to_string(path).map_err(|err| RubricError::Io { path: path.to_path_buf(), err })?;
+    let text = std::fs::read_to_string(path).map_err(|err| RubricError::Io {
+        path: path.to_path_buf(),
+        err,
+    })?;
     if path.extension().is_some_and(|e| e == "parquet") || text.starts_with("PAR1") {
         return Err(RubricError::Invalid {
             path: path.to_path_buf(),
@@ -302,14 +330,29 @@ fn read_rows(path: &Path) -> Result<Vec<(usize, String)>> {
             field: format!("column {}", e.column()),
             message: e.to_string(),
         })?;
-        return Ok(rows.into_iter().enumerate().map(|(i, v)| (i + 1, v.to_string())).collect());
+        return Ok(rows
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| (i + 1, v.to_string()))
+            .collect());
     }
-    Ok(text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).map(|(i, l)| (i + 1, l.to_string())).collect())
+    Ok(text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| (i + 1, l.to_string()))
+        .collect())
 }
 
 /// Imports `input` into rubric records.
-pub fn import_file(input: &Path, opts: &ImportOptions) -> Result<(Vec<RubricRecord>, ImportReport)> {
-    let file_name = input.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+pub fn import_file(
+    input: &Path,
+    opts: &ImportOptions,
+) -> Result<(Vec<RubricRecord>, ImportReport)> {
+    let file_name = input
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let fmt = opts.format.as_str();
     let mut rep = ImportReport::default();
     let mut seen = HashSet::new();
@@ -322,17 +365,33 @@ pub fn import_file(input: &Path, opts: &ImportOptions) -> Result<(Vec<RubricReco
                 let items = r
                     .rubric
                     .into_iter()
-                    .map(|i| Item { text: strip_category(&i.description).to_string(), weight: i.weight, title: i.title, tags: vec![] })
+                    .map(|i| Item {
+                        text: strip_category(&i.description).to_string(),
+                        weight: i.weight,
+                        title: i.title,
+                        tags: vec![],
+                    })
                     .collect::<Vec<_>>();
                 let source = Some(match r.question_source {
                     Some(s) if !s.is_empty() => format!("rar-{s}"),
                     _ => "rar".to_string(),
                 });
-                (r.id.as_ref().and_then(value_to_id), vec![Message::user(r.question)], r.reference_answer, source, items, None)
+                (
+                    r.id.as_ref().and_then(value_to_id),
+                    vec![Message::user(r.question)],
+                    r.reference_answer,
+                    source,
+                    items,
+                    None,
+                )
             }
             ImportFormat::Rubrichub => {
                 let r: VerlRow = parse_row_with_json_string(&row, input, line, "reward_model")?;
-                let id = r.extra_info.as_ref().and_then(|e| e.get("index").or_else(|| e.get("id"))).and_then(value_to_id);
+                let id = r
+                    .extra_info
+                    .as_ref()
+                    .and_then(|e| e.get("index").or_else(|| e.get("id")))
+                    .and_then(value_to_id);
                 let reference = match r.reward_model.ground_truth {
                     Some(Value::String(s)) if !s.trim().is_empty() => Some(s),
                     _ => None,
@@ -341,21 +400,50 @@ pub fn import_file(input: &Path, opts: &ImportOptions) -> Result<(Vec<RubricReco
                     .reward_model
                     .rubrics
                     .into_iter()
-                    .map(|i| Item { text: i.criterion.trim().to_string(), weight: i.points, title: None, tags: i.tags })
+                    .map(|i| Item {
+                        text: i.criterion.trim().to_string(),
+                        weight: i.points,
+                        title: None,
+                        tags: i.tags,
+                    })
                     .collect();
-                (id, r.prompt, reference, Some(r.data_source.unwrap_or_else(|| "rubrichub".into())), items, r.extra_info)
+                (
+                    id,
+                    r.prompt,
+                    reference,
+                    Some(r.data_source.unwrap_or_else(|| "rubrichub".into())),
+                    items,
+                    r.extra_info,
+                )
             }
             ImportFormat::Healthbench => {
                 let r = HealthBenchRow::parse(&row, input, line)?;
                 let reference = r.ideal_completion().map(str::to_string);
-                let theme = r.example_tags.iter().find_map(|t| t.strip_prefix("theme:")).map(|t| format!("healthbench-{t}"));
+                let theme = r
+                    .example_tags
+                    .iter()
+                    .find_map(|t| t.strip_prefix("theme:"))
+                    .map(|t| format!("healthbench-{t}"));
                 let items = r
                     .rubrics
                     .into_iter()
-                    .map(|i| Item { text: i.criterion.trim().to_string(), weight: Some(i.points), title: None, tags: i.tags })
+                    .map(|i| Item {
+                        text: i.criterion.trim().to_string(),
+                        weight: Some(i.points),
+                        title: None,
+                        tags: i.tags,
+                    })
                     .collect();
-                let extra = (!r.example_tags.is_empty()).then(|| serde_json::json!({ "example_tags": r.example_tags }));
-                (r.prompt_id, r.prompt, reference, Some(theme.unwrap_or_else(|| "healthbench".into())), items, extra)
+                let extra = (!r.example_tags.is_empty())
+                    .then(|| serde_json::json!({ "example_tags": r.example_tags }));
+                (
+                    r.prompt_id,
+                    r.prompt,
+                    reference,
+                    Some(theme.unwrap_or_else(|| "healthbench".into())),
+                    items,
+                    extra,
+                )
             }
         };
         let key = prompt_key(&question);
@@ -378,11 +466,18 @@ pub fn import_file(input: &Path, opts: &ImportOptions) -> Result<(Vec<RubricReco
                 let mut order: Vec<usize> = (0..kept.len()).collect();
                 order.sort_by(|&a, &b| {
                     let (wa, wb) = (kept[a].weight.unwrap_or(0.0), kept[b].weight.unwrap_or(0.0));
-                    wb.partial_cmp(&wa).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b))
+                    wb.partial_cmp(&wa)
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                        .then(a.cmp(&b))
                 });
                 let keep: HashSet<usize> = order.into_iter().take(cap).collect();
                 rep.capped_dropped += kept.len() - cap;
-                kept = kept.into_iter().enumerate().filter(|(i, _)| keep.contains(i)).map(|(_, it)| it).collect();
+                kept = kept
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| keep.contains(i))
+                    .map(|(_, it)| it)
+                    .collect();
             }
         }
         if kept.is_empty() {
@@ -415,7 +510,13 @@ pub fn import_file(input: &Path, opts: &ImportOptions) -> Result<(Vec<RubricReco
             reference_answer: reference,
             source,
             criteria,
-            provenance: Some(SourceProvenance { format: fmt.into(), file: file_name.clone(), line, original_id, extra }),
+            provenance: Some(SourceProvenance {
+                format: fmt.into(),
+                file: file_name.clone(),
+                line,
+                original_id,
+                extra,
+            }),
         });
     }
     rep.records = out.len();
@@ -448,7 +549,15 @@ mod tests {
             ),
         );
         let (recs, rep) = import_file(&p, &ImportOptions::new(ImportFormat::Rar)).unwrap();
-        assert_eq!((rep.rows, rep.records, rep.duplicate_prompts, rep.negative_dropped), (3, 2, 1, 1));
+        assert_eq!(
+            (
+                rep.rows,
+                rep.records,
+                rep.duplicate_prompts,
+                rep.negative_dropped
+            ),
+            (3, 2, 1, 1)
+        );
         let r = &recs[0];
         assert_eq!(r.criteria[0].text, "The response names X.");
         assert_eq!(r.criteria[0].provenance.source_points, Some(5.0));
@@ -456,7 +565,10 @@ mod tests {
         assert_eq!(r.source.as_deref(), Some("rar-medqa"));
         assert_eq!(r.reference_answer.as_deref(), Some("R1"));
         let prov = r.provenance.as_ref().unwrap();
-        assert_eq!((prov.format.as_str(), prov.file.as_str(), prov.line), ("rar", "rar.jsonl", 1));
+        assert_eq!(
+            (prov.format.as_str(), prov.file.as_str(), prov.line),
+            ("rar", "rar.jsonl", 1)
+        );
         assert!(r.id.starts_with("rar-") && r.id.len() == 20);
         assert_eq!(recs[1].provenance.as_ref().unwrap().line, 3);
     }
@@ -475,7 +587,11 @@ mod tests {
         assert_eq!(rep.capped_dropped, 1);
         assert_eq!(recs[0].id, "17");
         let texts: Vec<&str> = recs[0].criteria.iter().map(|c| c.text.as_str()).collect();
-        assert_eq!(&texts[..2], &["B", "C"], "highest points kept, source order preserved");
+        assert_eq!(
+            &texts[..2],
+            &["B", "C"],
+            "highest points kept, source order preserved"
+        );
         assert_eq!(recs[0].reference_answer, None);
 
         let p = write(
@@ -486,16 +602,27 @@ mod tests {
         let (recs, rep) = import_file(&p, &ImportOptions::new(ImportFormat::Healthbench)).unwrap();
         assert_eq!(rep.negative_dropped, 1);
         assert_eq!(recs[0].id, "hb1");
-        assert_eq!(recs[0].source.as_deref(), Some("healthbench-emergency_referrals"));
-        assert_eq!(recs[0].criteria[0].provenance.source_tags, vec!["axis:completeness".to_string()]);
+        assert_eq!(
+            recs[0].source.as_deref(),
+            Some("healthbench-emergency_referrals")
+        );
+        assert_eq!(
+            recs[0].criteria[0].provenance.source_tags,
+            vec!["axis:completeness".to_string()]
+        );
     }
 
     #[test]
     fn errors_name_line_and_field() {
         let d = tempfile::tempdir().unwrap();
         let p = write(d.path(), "bad.jsonl", "{\"question\":\"q\",\"rubric\":[]}\n{\"question\":\"q2\",\"rubric\":[{\"title\":\"t\"}]}\n");
-        let e = import_file(&p, &ImportOptions::new(ImportFormat::Rar)).unwrap_err().to_string();
-        assert!(e.ends_with("bad.jsonl:2: rubric[0]: missing field `description`"), "{e}");
+        let e = import_file(&p, &ImportOptions::new(ImportFormat::Rar))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("bad.jsonl:2: rubric[0]: missing field `description`"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -509,18 +636,39 @@ mod tests {
         for row in [as_string, as_list] {
             let p = write(d.path(), "file", &format!("{good}\n{row}\n"));
             let e = import_file(&p, &rar).unwrap_err().to_string();
-            assert_eq!(e, format!("{}:2: rubric[1].weight: invalid type: string \"high\", expected f64", p.display()));
+            assert_eq!(
+                e,
+                format!(
+                    "{}:2: rubric[1].weight: invalid type: string \"high\", expected f64",
+                    p.display()
+                )
+            );
         }
-        let p = write(d.path(), "file", &format!("{good}\n{}\n", r#"{"question":"q2","rubric":"[{\"description\": }]"}"#));
+        let p = write(
+            d.path(),
+            "file",
+            &format!(
+                "{good}\n{}\n",
+                r#"{"question":"q2","rubric":"[{\"description\": }]"}"#
+            ),
+        );
         let e = import_file(&p, &rar).unwrap_err().to_string();
-        assert!(e.starts_with(&format!("{}:2: rubric: a string here must hold JSON: expected value", p.display())), "{e}");
+        assert!(
+            e.starts_with(&format!(
+                "{}:2: rubric: a string here must hold JSON: expected value",
+                p.display()
+            )),
+            "{e}"
+        );
         // verl rows: `reward_model` as a JSON string.
         let p = write(
             d.path(),
             "hub.jsonl",
             r#"{"prompt":"Q","reward_model":"{\"rubrics\":[{\"criterion\":\"A\",\"points\":3},{\"criterion\":7}]}"}"#,
         );
-        let e = import_file(&p, &ImportOptions::new(ImportFormat::Rubrichub)).unwrap_err().to_string();
+        let e = import_file(&p, &ImportOptions::new(ImportFormat::Rubrichub))
+            .unwrap_err()
+            .to_string();
         assert_eq!(e, format!("{}:1: reward_model.rubrics[1].criterion: invalid type: integer `7`, expected a string", p.display()));
     }
 
@@ -532,8 +680,16 @@ mod tests {
             "hb.jsonl",
             r#"{"prompt_id":"hb1","prompt":"Q?","rubrics":[{"criterion":"A.","points":3},{"criterion":"B.","points":"high"}]}"#,
         );
-        let e = import_file(&p, &ImportOptions::new(ImportFormat::Healthbench)).unwrap_err().to_string();
-        assert_eq!(e, format!("{}:1: rubrics[1].points: invalid type: string \"high\", expected f64", p.display()));
+        let e = import_file(&p, &ImportOptions::new(ImportFormat::Healthbench))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{}:1: rubrics[1].points: invalid type: string \"high\", expected f64",
+                p.display()
+            )
+        );
         let row = HealthBenchRow::parse(
             r#"{"prompt":"Q?","rubrics":[{"criterion":"A.","points":3,"tags":["axis:accuracy"]}],"ideal_completions_data":{"ideal_completion":"R"}}"#,
             &p,
@@ -541,16 +697,31 @@ mod tests {
         )
         .unwrap();
         assert_eq!(row.prompt, vec![Message::user("Q?")]);
-        assert_eq!(row.rubrics, vec![HealthBenchItem { criterion: "A.".into(), points: 3.0, tags: vec!["axis:accuracy".into()] }]);
+        assert_eq!(
+            row.rubrics,
+            vec![HealthBenchItem {
+                criterion: "A.".into(),
+                points: 3.0,
+                tags: vec!["axis:accuracy".into()]
+            }]
+        );
         assert_eq!(row.ideal_completion(), Some("R"));
-        let e = HealthBenchRow::parse(r#"{"prompt":"Q?","rubrics":[{"criterion":"A."}]}"#, &p, 4).unwrap_err().to_string();
-        assert!(e.ends_with("hb.jsonl:4: rubrics[0]: missing field `points`"), "{e}");
+        let e = HealthBenchRow::parse(r#"{"prompt":"Q?","rubrics":[{"criterion":"A."}]}"#, &p, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("hb.jsonl:4: rubrics[0]: missing field `points`"),
+            "{e}"
+        );
     }
 
     #[test]
     fn parquet_is_refused() {
         let d = tempfile::tempdir().unwrap();
         let p = write(d.path(), "x.parquet", "PAR1....");
-        assert!(import_file(&p, &ImportOptions::new(ImportFormat::Rar)).unwrap_err().to_string().contains("convert it to JSONL"));
+        assert!(import_file(&p, &ImportOptions::new(ImportFormat::Rar))
+            .unwrap_err()
+            .to_string()
+            .contains("convert it to JSONL"));
     }
 }

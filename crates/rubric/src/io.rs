@@ -18,11 +18,19 @@ pub fn parse_line<T: DeserializeOwned>(text: &str, path: &Path, line: usize) -> 
 
 /// Converts an already parsed JSON value, naming the failing field path in the error like
 /// [`parse_line`] (used after a row was rewritten, e.g. a list given as a JSON string was parsed).
-pub fn parse_value<T: DeserializeOwned>(value: serde_json::Value, path: &Path, line: usize) -> Result<T> {
+pub fn parse_value<T: DeserializeOwned>(
+    value: serde_json::Value,
+    path: &Path,
+    line: usize,
+) -> Result<T> {
     serde_path_to_error::deserialize(value).map_err(|e| path_error(e, path, line))
 }
 
-fn path_error(e: serde_path_to_error::Error<serde_json::Error>, path: &Path, line: usize) -> RubricError {
+fn path_error(
+    e: serde_path_to_error::Error<serde_json::Error>,
+    path: &Path,
+    line: usize,
+) -> RubricError {
     let field = e.path().to_string();
     let inner = e.into_inner();
     let field = if inner.is_syntax() || inner.is_eof() {
@@ -32,7 +40,12 @@ fn path_error(e: serde_path_to_error::Error<serde_json::Error>, path: &Path, lin
     } else {
         field
     };
-    RubricError::Parse { path: path.to_path_buf(), line, field, message: strip_position(&inner.to_string()) }
+    RubricError::Parse {
+        path: path.to_path_buf(),
+        line,
+        field,
+        message: strip_position(&inner.to_string()),
+    }
 }
 
 /// serde_json appends "at line 1 column 57"; the line is ours, the column is already in `field`.
@@ -45,10 +58,16 @@ fn strip_position(msg: &str) -> String {
 
 /// Reads a JSONL file into `(line number, value)` pairs; blank lines are skipped.
 pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<(usize, T)>> {
-    let file = std::fs::File::open(path).map_err(|err| RubricError::Io { path: path.to_path_buf(), err })?;
+    let file = std::fs::File::open(path).map_err(|err| RubricError::Io {
+        path: path.to_path_buf(),
+        err,
+    })?;
     let mut out = Vec::new();
     for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|err| RubricError::Io { path: path.to_path_buf(), err })?;
+        let line = line.map_err(|err| RubricError::Io {
+            path: path.to_path_buf(),
+            err,
+        })?;
         if line.trim().is_empty() {
             continue;
         }
@@ -59,7 +78,10 @@ pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<(usize, T)>> {
 
 /// Writes values as JSONL to a temporary file next to `path`, syncs it and renames it over `path`,
 /// so a crash leaves either the old file or the complete new one.
-pub fn write_jsonl_atomic<T: Serialize>(path: &Path, values: impl IntoIterator<Item = T>) -> Result<()> {
+pub fn write_jsonl_atomic<T: Serialize>(
+    path: &Path,
+    values: impl IntoIterator<Item = T>,
+) -> Result<()> {
     let mut buf = Vec::new();
     for v in values {
         serde_json::to_writer(&mut buf, &v).map_err(|e| RubricError::Invalid {
@@ -75,7 +97,10 @@ pub fn write_jsonl_atomic<T: Serialize>(path: &Path, values: impl IntoIterator<I
 /// Atomic whole-file write (temporary file, fsync, rename, directory fsync).
 pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = AtomicFile::create(path)?;
-    f.write_all(bytes).map_err(|err| RubricError::Io { path: path.to_path_buf(), err })?;
+    f.write_all(bytes).map_err(|err| RubricError::Io {
+        path: path.to_path_buf(),
+        err,
+    })?;
     f.commit()
 }
 
@@ -98,16 +123,28 @@ pub struct AtomicFile {
 impl AtomicFile {
     /// Starts writing `path` (its parent directory is created when missing).
     pub fn create(path: &Path) -> Result<Self> {
-        let io = |err| RubricError::Io { path: path.to_path_buf(), err };
+        let io = |err| RubricError::Io {
+            path: path.to_path_buf(),
+            err,
+        };
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
         std::fs::create_dir_all(&dir).map_err(io)?;
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
         let f = std::fs::File::create(&tmp).map_err(io)?;
-        Ok(Self { path: path.to_path_buf(), tmp, dir, out: Some(std::io::BufWriter::new(f)), renamed: false })
+        Ok(Self {
+            path: path.to_path_buf(),
+            tmp,
+            dir,
+            out: Some(std::io::BufWriter::new(f)),
+            renamed: false,
+        })
     }
 
     /// The final path.
@@ -119,14 +156,20 @@ impl AtomicFile {
     /// the temporary file is removed (the old file, if any, is untouched unless the rename
     /// already happened, in which case only the directory sync failed).
     pub fn commit(mut self) -> Result<()> {
-        let io = |err| RubricError::Io { path: self.path.clone(), err };
+        let io = |err| RubricError::Io {
+            path: self.path.clone(),
+            err,
+        };
         let out = self.out.take().expect("not committed yet");
         let f = out.into_inner().map_err(|e| io(e.into_error()))?;
         f.sync_all().map_err(io)?;
         drop(f);
         std::fs::rename(&self.tmp, &self.path).map_err(io)?;
         self.renamed = true;
-        sync_dir(&self.dir).map_err(|err| RubricError::Io { path: self.dir.clone(), err })
+        sync_dir(&self.dir).map_err(|err| RubricError::Io {
+            path: self.dir.clone(),
+            err,
+        })
     }
 }
 
@@ -178,7 +221,11 @@ impl RubricSet {
     /// Builds a set from records already in memory (line numbers are positions).
     pub fn from_records(path: impl Into<PathBuf>, records: Vec<RubricRecord>) -> Result<Self> {
         let path = path.into();
-        let records: Vec<_> = records.into_iter().enumerate().map(|(i, r)| (i + 1, r)).collect();
+        let records: Vec<_> = records
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| (i + 1, r))
+            .collect();
         Self::index(path, records)
     }
 
@@ -195,7 +242,11 @@ impl RubricSet {
             }
             index.insert(r.id.clone(), i);
         }
-        Ok(Self { path, records, index })
+        Ok(Self {
+            path,
+            records,
+            index,
+        })
     }
 
     /// The record with this prompt id.
@@ -238,11 +289,17 @@ mod tests {
         )
         .unwrap();
         let e = read_rubrics(&p).unwrap_err().to_string();
-        assert!(e.contains("r.jsonl:3: criteria[0].kind: unknown variant `contnet`"), "{e}");
+        assert!(
+            e.contains("r.jsonl:3: criteria[0].kind: unknown variant `contnet`"),
+            "{e}"
+        );
 
         std::fs::write(&p, "{\"id\":\"a\",\"question\":\"q\",\"criteria\":[]}\n{\"id\":\"a\",\"question\":\"q\",\"criteria\":[]}\n").unwrap();
         let e = read_rubrics(&p).unwrap_err().to_string();
-        assert!(e.contains("r.jsonl:2: id `a` already used on line 1"), "{e}");
+        assert!(
+            e.contains("r.jsonl:2: id `a` already used on line 1"),
+            "{e}"
+        );
 
         std::fs::write(&p, "{\"id\":\"a\",\"question\":\"q\",\"criteria\":[}\n").unwrap();
         let e = read_rubrics(&p).unwrap_err().to_string();
@@ -250,7 +307,10 @@ mod tests {
 
         std::fs::write(&p, "{\"id\":\"a\",\"question\":\"q\"}\n").unwrap();
         let e = read_rubrics(&p).unwrap_err().to_string();
-        assert!(e.contains("r.jsonl:1: record: missing field `criteria`"), "{e}");
+        assert!(
+            e.contains("r.jsonl:1: record: missing field `criteria`"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -258,9 +318,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("out.jsonl");
         std::fs::write(&p, "old\n").unwrap();
-        write_jsonl_atomic(&p, [serde_json::json!({"a": 1}), serde_json::json!({"b": 2})]).unwrap();
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\":1}\n{\"b\":2}\n");
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
+        write_jsonl_atomic(
+            &p,
+            [serde_json::json!({"a": 1}), serde_json::json!({"b": 2})],
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "{\"a\":1}\n{\"b\":2}\n"
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
     }
 
     #[test]
@@ -272,8 +343,15 @@ mod tests {
         std::fs::write(p.join("inside"), "x").unwrap();
         let e = write_bytes_atomic(&p, b"new").unwrap_err().to_string();
         assert!(e.contains("taken"), "{e}");
-        let names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-        assert_eq!(names, vec!["taken".to_string()], "the temporary file is removed when the rename fails");
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            vec!["taken".to_string()],
+            "the temporary file is removed when the rename fails"
+        );
         // Dropped without a commit: also removed.
         let mut f = AtomicFile::create(&dir.path().join("never.jsonl")).unwrap();
         f.write_all(b"partial").unwrap();
@@ -286,6 +364,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         sync_dir(dir.path()).unwrap();
         #[cfg(unix)]
-        assert!(sync_dir(&dir.path().join("missing")).is_err(), "a directory that cannot be synced is an error, not ignored");
+        assert!(
+            sync_dir(&dir.path().join("missing")).is_err(),
+            "a directory that cannot be synced is an error, not ignored"
+        );
     }
 }

@@ -24,9 +24,14 @@ pub mod validate;
 pub use dropout::{seeded_permutation, stable_seed, CriterionSubset, RubricDropout};
 pub use error::{Result, RubricError};
 pub use import::{import_file, ImportFormat, ImportReport};
-pub use io::{read_jsonl, read_rubrics, write_bytes_atomic, write_jsonl_atomic, AtomicFile, RubricSet};
-pub use record::{Coverage, Criterion, CriterionKind, CriterionProvenance, Message, RubricRecord, SourceProvenance};
+pub use io::{
+    read_jsonl, read_rubrics, write_bytes_atomic, write_jsonl_atomic, AtomicFile, RubricSet,
+};
+pub use record::{
+    Coverage, Criterion, CriterionKind, CriterionProvenance, Message, RubricRecord,
+    SourceProvenance,
+};
 pub use score::{
-    score_labels, Label, LengthPenalty, Reward, ResponseScore, ScoringMode, UnscoredReason,
+    score_labels, Label, LengthPenalty, ResponseScore, Reward, ScoringMode, UnscoredReason,
 };
 pub use validate::{validate_records, ValidationIssue, ValidationReport};

@@ -16,7 +16,10 @@ pub struct Message {
 impl Message {
     /// A message with this role and text.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 
     /// A `system` message.
@@ -26,7 +29,10 @@ impl Message {
 
     /// A `user` message.
     pub fn user(content: impl Into<String>) -> Self {
-        Self { role: "user".into(), content: content.into() }
+        Self {
+            role: "user".into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -157,9 +163,15 @@ impl<'de> serde::de::Visitor<'de> for CriterionVisitor {
                 "id" => set(&mut id, "id", map.next_value()?)?,
                 "text" => set(&mut text, "text", map.next_value()?)?,
                 "kind" => set(&mut kind, "kind", map.next_value()?)?,
-                "reference_coverage" => set(&mut reference_coverage, "reference_coverage", map.next_value()?)?,
+                "reference_coverage" => set(
+                    &mut reference_coverage,
+                    "reference_coverage",
+                    map.next_value()?,
+                )?,
                 "provenance" => set(&mut provenance, "provenance", map.next_value()?)?,
-                k if MOVED_CRITERION_FIELDS.contains(&k) => map.next_value_seed(MovedField(key.clone()))?,
+                k if MOVED_CRITERION_FIELDS.contains(&k) => {
+                    map.next_value_seed(MovedField(key.clone()))?
+                }
                 other => return Err(A::Error::unknown_field(other, CRITERION_FIELDS)),
             }
         }
@@ -186,7 +198,11 @@ impl Criterion {
     }
 
     fn global(id: &str, text: &str) -> Self {
-        Self { id: Some(id.into()), kind: CriterionKind::GlobalControl, ..Self::content(text) }
+        Self {
+            id: Some(id.into()),
+            kind: CriterionKind::GlobalControl,
+            ..Self::content(text)
+        }
     }
 }
 
@@ -194,12 +210,16 @@ impl Criterion {
 pub const GLOBAL_FACTUAL: &str =
     "The response is factually accurate throughout: every medical or factual claim it makes is correct.";
 /// Text of the global control for response appropriateness.
-pub const GLOBAL_APPROPRIATE: &str = "The response is appropriate to the request: it answers what was asked, \
+pub const GLOBAL_APPROPRIATE: &str =
+    "The response is appropriate to the request: it answers what was asked, \
 at a suitable level of detail, safely, and in a clear, usable form.";
 
 /// The two global controls appended to every rubric, in their fixed order.
 pub fn global_controls() -> [Criterion; 2] {
-    [Criterion::global("global-factual", GLOBAL_FACTUAL), Criterion::global("global-appropriate", GLOBAL_APPROPRIATE)]
+    [
+        Criterion::global("global-factual", GLOBAL_FACTUAL),
+        Criterion::global("global-appropriate", GLOBAL_APPROPRIATE),
+    ]
 }
 
 /// Where an imported record came from.
@@ -245,7 +265,10 @@ pub struct RubricRecord {
 impl RubricRecord {
     /// Number of content criteria.
     pub fn content_count(&self) -> usize {
-        self.criteria.iter().filter(|c| c.kind == CriterionKind::Content).count()
+        self.criteria
+            .iter()
+            .filter(|c| c.kind == CriterionKind::Content)
+            .count()
     }
 
     /// Number of global controls.
@@ -270,7 +293,11 @@ impl RubricRecord {
 pub fn messages_text(messages: &[Message]) -> String {
     match messages {
         [m] if m.role == "user" => m.content.clone(),
-        msgs => msgs.iter().map(|m| format!("[{}]\n{}", m.role, m.content)).collect::<Vec<_>>().join("\n\n"),
+        msgs => msgs
+            .iter()
+            .map(|m| format!("[{}]\n{}", m.role, m.content))
+            .collect::<Vec<_>>()
+            .join("\n\n"),
     }
 }
 
@@ -309,7 +336,10 @@ mod tests {
         let b: RubricRecord = serde_json::from_str(&json).unwrap();
         assert_eq!(a, b);
         let g = serde_json::to_string(&global_controls()[0]).unwrap();
-        assert!(g.contains("\"reference_coverage\":null") && g.contains("global_control"), "{g}");
+        assert!(
+            g.contains("\"reference_coverage\":null") && g.contains("global_control"),
+            "{g}"
+        );
     }
 
     #[test]
@@ -317,7 +347,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("r.jsonl");
         let line = |extra: &str| {
-            format!(r#"{{"id":"a","question":"q","criteria":[{{"text":"The response says t7.","kind":"content"{extra}}}]}}"#)
+            format!(
+                r#"{{"id":"a","question":"q","criteria":[{{"text":"The response says t7.","kind":"content"{extra}}}]}}"#
+            )
         };
         std::fs::write(&p, line(r#","keywords":["t7"]"#) + "\n").unwrap();
         let e = crate::io::read_rubrics(&p).unwrap_err().to_string();
@@ -335,23 +367,49 @@ mod tests {
             "{e}"
         );
         std::fs::write(&p, line(r#","kind":"content""#) + "\n").unwrap();
-        assert!(crate::io::read_rubrics(&p).unwrap_err().to_string().contains("duplicate field `kind`"));
-        std::fs::write(&p, r#"{"id":"a","question":"q","criteria":[{"kind":"content"}]}"#.to_string() + "\n").unwrap();
-        assert!(crate::io::read_rubrics(&p).unwrap_err().to_string().contains("criteria[0]: missing field `text`"));
+        assert!(crate::io::read_rubrics(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("duplicate field `kind`"));
+        std::fs::write(
+            &p,
+            r#"{"id":"a","question":"q","criteria":[{"kind":"content"}]}"#.to_string() + "\n",
+        )
+        .unwrap();
+        assert!(crate::io::read_rubrics(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("criteria[0]: missing field `text`"));
         // What users write round-trips, and nothing judge-specific is written.
-        let c = Criterion { id: Some("c1".into()), ..Criterion::content("The response says t7.") };
+        let c = Criterion {
+            id: Some("c1".into()),
+            ..Criterion::content("The response says t7.")
+        };
         let json = serde_json::to_string(&c).unwrap();
-        assert_eq!(json, r#"{"id":"c1","text":"The response says t7.","kind":"content","reference_coverage":null}"#);
+        assert_eq!(
+            json,
+            r#"{"id":"c1","text":"The response says t7.","kind":"content","reference_coverage":null}"#
+        );
         assert_eq!(serde_json::from_str::<Criterion>(&json).unwrap(), c);
-        let with_null_id: Criterion = serde_json::from_str(r#"{"id":null,"text":"t","kind":"global_control"}"#).unwrap();
-        assert_eq!((with_null_id.id, with_null_id.kind), (None, CriterionKind::GlobalControl));
+        let with_null_id: Criterion =
+            serde_json::from_str(r#"{"id":null,"text":"t","kind":"global_control"}"#).unwrap();
+        assert_eq!(
+            (with_null_id.id, with_null_id.kind),
+            (None, CriterionKind::GlobalControl)
+        );
     }
 
     #[test]
     fn conversation_question_text_names_roles() {
         let r = RubricRecord {
             id: "x".into(),
-            question: vec![Message { role: "system".into(), content: "Be brief.".into() }, Message::user("Hi")],
+            question: vec![
+                Message {
+                    role: "system".into(),
+                    content: "Be brief.".into(),
+                },
+                Message::user("Hi"),
+            ],
             reference_answer: None,
             source: None,
             criteria: vec![],

@@ -91,7 +91,11 @@ impl Label {
     /// Parses a label of `mode`, ignoring case, surrounding space, quotes and a trailing period.
     /// A label of the other mode is rejected.
     pub fn parse(text: &str, mode: ScoringMode) -> Option<Label> {
-        let t = text.trim().trim_matches(|c: char| c == '"' || c == '\'' || c == '.' || c == '*').trim().to_ascii_lowercase();
+        let t = text
+            .trim()
+            .trim_matches(|c: char| c == '"' || c == '\'' || c == '.' || c == '*')
+            .trim()
+            .to_ascii_lowercase();
         mode.labels().iter().copied().find(|l| l.as_str() == t)
     }
 }
@@ -111,14 +115,21 @@ pub struct LengthPenalty {
 
 impl Default for LengthPenalty {
     fn default() -> Self {
-        Self { enabled: true, max_tokens: 8192, buffer_tokens: 1024 }
+        Self {
+            enabled: true,
+            max_tokens: 8192,
+            buffer_tokens: 1024,
+        }
     }
 }
 
 impl LengthPenalty {
     /// No penalty.
     pub fn disabled() -> Self {
-        Self { enabled: false, ..Self::default() }
+        Self {
+            enabled: false,
+            ..Self::default()
+        }
     }
 
     /// Checks `0 < buffer_tokens <= max_tokens`.
@@ -126,7 +137,10 @@ impl LengthPenalty {
         if self.enabled && (self.buffer_tokens == 0 || self.buffer_tokens > self.max_tokens) {
             return Err(RubricError::Config {
                 field: "length_penalty.buffer_tokens".into(),
-                message: format!("must be in 1..={} (max_tokens), got {}", self.max_tokens, self.buffer_tokens),
+                message: format!(
+                    "must be in 1..={} (max_tokens), got {}",
+                    self.max_tokens, self.buffer_tokens
+                ),
             });
         }
         Ok(())
@@ -137,7 +151,11 @@ impl LengthPenalty {
         if !self.enabled {
             return (0, 1);
         }
-        let (lmax, lbuf, l) = (self.max_tokens as i64, self.buffer_tokens as i64, len as i64);
+        let (lmax, lbuf, l) = (
+            self.max_tokens as i64,
+            self.buffer_tokens as i64,
+            len as i64,
+        );
         let num = if l <= lmax - lbuf {
             0
         } else if l > lmax {
@@ -249,20 +267,32 @@ pub fn score_labels(
     penalty: &LengthPenalty,
 ) -> Result<ScoredResponse> {
     if n_criteria == 0 {
-        return Err(RubricError::Labels("cannot score against zero criteria".into()));
+        return Err(RubricError::Labels(
+            "cannot score against zero criteria".into(),
+        ));
     }
     if labels.len() != n_criteria {
-        return Err(RubricError::Labels(format!("expected {n_criteria} labels, got {}", labels.len())));
+        return Err(RubricError::Labels(format!(
+            "expected {n_criteria} labels, got {}",
+            labels.len()
+        )));
     }
     if let Some(bad) = labels.iter().find(|l| !mode.labels().contains(l)) {
-        return Err(RubricError::Labels(format!("label `{}` is not a {} label", bad.as_str(), mode.as_str())));
+        return Err(RubricError::Labels(format!(
+            "label `{}` is not a {} label",
+            bad.as_str(),
+            mode.as_str()
+        )));
     }
     let scores: Vec<i64> = labels.iter().map(|l| l.score()).collect();
     // Integer sum in criterion order, then one division per quantity.
     let sum: i64 = scores.iter().sum();
     let n = n_criteria as i64;
     let (p_num, p_den) = penalty.numerator(response_tokens);
-    let reward = Reward { num: sum * p_den + p_num * n, den: n * p_den };
+    let reward = Reward {
+        num: sum * p_den + p_num * n,
+        den: n * p_den,
+    };
     Ok(ScoredResponse {
         labels: labels.to_vec(),
         scores,
@@ -280,7 +310,14 @@ mod tests {
     #[test]
     fn three_state_and_binary_means() {
         let p = LengthPenalty::disabled();
-        let s = score_labels(&[Correct, Wrong, Missing, Correct], 4, ScoringMode::ThreeState, 10, &p).unwrap();
+        let s = score_labels(
+            &[Correct, Wrong, Missing, Correct],
+            4,
+            ScoringMode::ThreeState,
+            10,
+            &p,
+        )
+        .unwrap();
         assert_eq!(s.scores, vec![1, -1, 0, 1]);
         assert_eq!(s.reward.value(), 0.25);
         let s = score_labels(&[Yes, No, Yes], 3, ScoringMode::Binary, 10, &p).unwrap();
@@ -293,17 +330,26 @@ mod tests {
     fn labels_must_match_count_and_mode() {
         let p = LengthPenalty::disabled();
         assert!(score_labels(&[Correct], 2, ScoringMode::ThreeState, 1, &p).is_err());
-        let e = score_labels(&[Yes, Correct], 2, ScoringMode::ThreeState, 1, &p).unwrap_err().to_string();
+        let e = score_labels(&[Yes, Correct], 2, ScoringMode::ThreeState, 1, &p)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`yes` is not a three-state label"), "{e}");
         assert!(score_labels(&[], 0, ScoringMode::Binary, 1, &p).is_err());
-        assert_eq!(Label::parse(" \"Correct.\" ", ScoringMode::ThreeState), Some(Correct));
+        assert_eq!(
+            Label::parse(" \"Correct.\" ", ScoringMode::ThreeState),
+            Some(Correct)
+        );
         assert_eq!(Label::parse("yes", ScoringMode::ThreeState), None);
         assert_eq!(Label::parse("partially", ScoringMode::ThreeState), None);
     }
 
     #[test]
     fn overlength_penalty_ramp() {
-        let p = LengthPenalty { enabled: true, max_tokens: 100, buffer_tokens: 20 };
+        let p = LengthPenalty {
+            enabled: true,
+            max_tokens: 100,
+            buffer_tokens: 20,
+        };
         assert_eq!(p.value(0), 0.0);
         assert_eq!(p.value(80), 0.0);
         assert_eq!(p.value(81), -1.0 / 20.0);
@@ -314,31 +360,79 @@ mod tests {
         let s = score_labels(&[Correct, Correct], 2, ScoringMode::ThreeState, 90, &p).unwrap();
         assert_eq!(s.reward.value(), 0.5);
         assert_eq!(s.length_penalty, -0.5);
-        assert!(LengthPenalty { enabled: true, max_tokens: 10, buffer_tokens: 11 }.validate().is_err());
+        assert!(LengthPenalty {
+            enabled: true,
+            max_tokens: 10,
+            buffer_tokens: 11
+        }
+        .validate()
+        .is_err());
     }
 
     #[test]
     fn equal_verdict_profiles_are_bit_identical() {
         // The same multiset of scores in any order, and equal rationals with different
         // denominators, must give the same f64 bits; naive float accumulation does not always.
-        let p = LengthPenalty { enabled: true, max_tokens: 8192, buffer_tokens: 1000 };
-        let a = score_labels(&[Correct, Missing, Wrong, Correct, Correct, Missing, Correct], 7, ScoringMode::ThreeState, 7500, &p).unwrap();
-        let b = score_labels(&[Wrong, Correct, Correct, Missing, Correct, Correct, Missing], 7, ScoringMode::ThreeState, 7500, &p).unwrap();
+        let p = LengthPenalty {
+            enabled: true,
+            max_tokens: 8192,
+            buffer_tokens: 1000,
+        };
+        let a = score_labels(
+            &[Correct, Missing, Wrong, Correct, Correct, Missing, Correct],
+            7,
+            ScoringMode::ThreeState,
+            7500,
+            &p,
+        )
+        .unwrap();
+        let b = score_labels(
+            &[Wrong, Correct, Correct, Missing, Correct, Correct, Missing],
+            7,
+            ScoringMode::ThreeState,
+            7500,
+            &p,
+        )
+        .unwrap();
         assert_eq!(a.reward.value().to_bits(), b.reward.value().to_bits());
         // 3/7 - 308/1000 computed the naive way is not the exact-rational value everywhere;
         // ours is the single rounding of (3*1000 - 308*7) / 7000.
         assert_eq!(a.reward.value(), (3.0 * 1000.0 - 308.0 * 7.0) / 7000.0);
         let half_a = score_labels(&[Correct, Missing], 2, ScoringMode::ThreeState, 1, &p).unwrap();
-        let half_b = score_labels(&[Correct, Correct, Missing, Missing], 4, ScoringMode::ThreeState, 1, &p).unwrap();
+        let half_b = score_labels(
+            &[Correct, Correct, Missing, Missing],
+            4,
+            ScoringMode::ThreeState,
+            1,
+            &p,
+        )
+        .unwrap();
         assert_eq!(half_a.reward, half_b.reward);
-        assert_eq!(half_a.reward.value().to_bits(), half_b.reward.value().to_bits());
+        assert_eq!(
+            half_a.reward.value().to_bits(),
+            half_b.reward.value().to_bits()
+        );
         // Exhaustive check over small rubrics: equal rationals <=> equal bits.
         let mut seen: Vec<(Reward, u64)> = Vec::new();
         for n in 1..=12i64 {
             for s in -n..=n {
                 for l in [0u32, 7200, 7300, 8000, 9000] {
-                    let labels: Vec<Label> = (0..n).map(|i| if i < s.abs() { if s > 0 { Correct } else { Wrong } } else { Missing }).collect();
-                    let r = score_labels(&labels, n as usize, ScoringMode::ThreeState, l, &p).unwrap().reward;
+                    let labels: Vec<Label> = (0..n)
+                        .map(|i| {
+                            if i < s.abs() {
+                                if s > 0 {
+                                    Correct
+                                } else {
+                                    Wrong
+                                }
+                            } else {
+                                Missing
+                            }
+                        })
+                        .collect();
+                    let r = score_labels(&labels, n as usize, ScoringMode::ThreeState, l, &p)
+                        .unwrap()
+                        .reward;
                     for (q, bits) in &seen {
                         assert_eq!(*q == r, *bits == r.value().to_bits(), "{q:?} vs {r:?}");
                     }
@@ -350,7 +444,10 @@ mod tests {
 
     #[test]
     fn unscored_is_not_zero() {
-        let u = ResponseScore::Unscored(UnscoredReason { message: "garbage".into(), attempts: 9 });
+        let u = ResponseScore::Unscored(UnscoredReason {
+            message: "garbage".into(),
+            attempts: 9,
+        });
         assert_eq!(u.reward(), None);
         let json = serde_json::to_string(&u).unwrap();
         assert!(json.contains("\"status\":\"unscored\""), "{json}");

@@ -60,9 +60,19 @@ impl PerPromptStats {
         }
         counts.sort_unstable();
         let n = counts.len();
-        let median = if n % 2 == 1 { counts[n / 2] as f64 } else { (counts[n / 2 - 1] + counts[n / 2]) as f64 / 2.0 };
+        let median = if n % 2 == 1 {
+            counts[n / 2] as f64
+        } else {
+            (counts[n / 2 - 1] + counts[n / 2]) as f64 / 2.0
+        };
         let p90 = counts[((0.9 * n as f64).ceil() as usize).clamp(1, n) - 1];
-        Self { mean: counts.iter().sum::<usize>() as f64 / n as f64, median, p90, min: counts[0], max: counts[n - 1] }
+        Self {
+            mean: counts.iter().sum::<usize>() as f64 / n as f64,
+            median,
+            p90,
+            min: counts[0],
+            max: counts[n - 1],
+        }
     }
 }
 
@@ -90,7 +100,10 @@ pub struct ValidationReport {
 impl ValidationReport {
     /// Number of errors.
     pub fn errors(&self) -> usize {
-        self.issues.iter().filter(|i| i.severity == Severity::Error).count()
+        self.issues
+            .iter()
+            .filter(|i| i.severity == Severity::Error)
+            .count()
     }
 
     /// Number of warnings.
@@ -111,7 +124,11 @@ impl fmt::Display for ValidationReport {
                 Severity::Error => "error",
                 Severity::Warning => "warning",
             };
-            writeln!(f, "{sev}: line {} (id {}): {}: {}", i.line, i.id, i.field, i.message)?;
+            writeln!(
+                f,
+                "{sev}: line {} (id {}): {}: {}",
+                i.line, i.id, i.field, i.message
+            )?;
         }
         let s = &self.criteria_per_prompt;
         writeln!(
@@ -127,58 +144,118 @@ impl fmt::Display for ValidationReport {
             s.min,
             s.max
         )?;
-        let sources: Vec<String> = self.by_source.iter().map(|(k, v)| format!("{k} {v}")).collect();
-        let tags: Vec<String> = self.coverage_tags.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let sources: Vec<String> = self
+            .by_source
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let tags: Vec<String> = self
+            .coverage_tags
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
         writeln!(f, "sources: {}", sources.join(", "))?;
-        writeln!(f, "content coverage tags: {}; records with a reference answer: {}", tags.join(", "), self.with_reference)?;
+        writeln!(
+            f,
+            "content coverage tags: {}; records with a reference answer: {}",
+            tags.join(", "),
+            self.with_reference
+        )?;
         write!(f, "{} errors, {} warnings", self.errors(), self.warnings())
     }
 }
 
 /// Phrases that make a criterion reward silence ("does not mention X"): a problematic negative.
 const NEGATIVE_OPENINGS: &[&str] = &[
-    "does not", "doesn't", "do not", "never ", "avoids", "refrains", "omits", "fails to", "should not", "must not",
-    "is not ", "makes no", "contains no", "excludes",
+    "does not",
+    "doesn't",
+    "do not",
+    "never ",
+    "avoids",
+    "refrains",
+    "omits",
+    "fails to",
+    "should not",
+    "must not",
+    "is not ",
+    "makes no",
+    "contains no",
+    "excludes",
 ];
 
 /// True when a criterion rewards silence ("does not mention X"): a problematic negative.
 pub fn is_problematic_negative(text: &str) -> bool {
     let lower = text.trim().to_ascii_lowercase();
-    let rest = lower.strip_prefix("the response").map(str::trim_start).unwrap_or(&lower);
+    let rest = lower
+        .strip_prefix("the response")
+        .map(str::trim_start)
+        .unwrap_or(&lower);
     NEGATIVE_OPENINGS.iter().any(|n| rest.starts_with(n))
 }
 
 /// Checks records read as `(line, record)`.
 pub fn validate_records(records: &[(usize, RubricRecord)]) -> ValidationReport {
-    let mut rep = ValidationReport { records: records.len(), ..Default::default() };
+    let mut rep = ValidationReport {
+        records: records.len(),
+        ..Default::default()
+    };
     let mut ids: HashMap<&str, usize> = HashMap::new();
     let mut counts = Vec::with_capacity(records.len());
     for (line, r) in records {
         let mut issue = |severity, field: String, message: String| {
-            rep.issues.push(ValidationIssue { severity, line: *line, id: r.id.clone(), field, message })
+            rep.issues.push(ValidationIssue {
+                severity,
+                line: *line,
+                id: r.id.clone(),
+                field,
+                message,
+            })
         };
         if r.id.trim().is_empty() {
             issue(Severity::Error, "id".into(), "empty id".into());
         } else if let Some(prev) = ids.insert(&r.id, *line) {
-            issue(Severity::Error, "id".into(), format!("duplicate id (first on line {prev})"));
+            issue(
+                Severity::Error,
+                "id".into(),
+                format!("duplicate id (first on line {prev})"),
+            );
         }
         if r.question.is_empty() || r.question.iter().all(|m| m.content.trim().is_empty()) {
             issue(Severity::Error, "question".into(), "empty question".into());
         }
         for (i, m) in r.question.iter().enumerate() {
             if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
-                issue(Severity::Error, format!("question[{i}].role"), format!("`{}` is not system, user or assistant", m.role));
+                issue(
+                    Severity::Error,
+                    format!("question[{i}].role"),
+                    format!("`{}` is not system, user or assistant", m.role),
+                );
             }
         }
         let content = r.content_count();
         let global = r.global_count();
         if content == 0 || content > MAX_CONTENT {
-            issue(Severity::Error, "criteria".into(), format!("{content} content criteria (need 1-{MAX_CONTENT})"));
+            issue(
+                Severity::Error,
+                "criteria".into(),
+                format!("{content} content criteria (need 1-{MAX_CONTENT})"),
+            );
         }
         if global != GLOBAL_CONTROLS {
-            issue(Severity::Error, "criteria".into(), format!("{global} global controls (need exactly {GLOBAL_CONTROLS})"));
-        } else if r.criteria[..content].iter().any(|c| c.kind != CriterionKind::Content) {
-            issue(Severity::Warning, "criteria".into(), "global controls are not last".into());
+            issue(
+                Severity::Error,
+                "criteria".into(),
+                format!("{global} global controls (need exactly {GLOBAL_CONTROLS})"),
+            );
+        } else if r.criteria[..content]
+            .iter()
+            .any(|c| c.kind != CriterionKind::Content)
+        {
+            issue(
+                Severity::Warning,
+                "criteria".into(),
+                "global controls are not last".into(),
+            );
         }
         let mut texts: HashMap<String, usize> = HashMap::new();
         let mut crit_ids: HashSet<&str> = HashSet::new();
@@ -191,27 +268,49 @@ pub fn validate_records(records: &[(usize, RubricRecord)]) -> ValidationReport {
             }
             if let Some(id) = &c.id {
                 if !crit_ids.insert(id) {
-                    issue(Severity::Error, field("id"), format!("duplicate criterion id `{id}`"));
+                    issue(
+                        Severity::Error,
+                        field("id"),
+                        format!("duplicate criterion id `{id}`"),
+                    );
                 }
             }
             if let Some(prev) = texts.insert(text.to_lowercase(), i) {
-                issue(Severity::Error, field("text"), format!("duplicate of criteria[{prev}]"));
+                issue(
+                    Severity::Error,
+                    field("text"),
+                    format!("duplicate of criteria[{prev}]"),
+                );
             }
             if is_problematic_negative(text) {
-                issue(Severity::Error, field("text"), "rewards absence (a problematic negative); state a positive requirement".into());
+                issue(
+                    Severity::Error,
+                    field("text"),
+                    "rewards absence (a problematic negative); state a positive requirement".into(),
+                );
             } else if !text.starts_with("The response") {
-                issue(Severity::Warning, field("text"), "does not start with \"The response\"".into());
+                issue(
+                    Severity::Warning,
+                    field("text"),
+                    "does not start with \"The response\"".into(),
+                );
             }
             match (c.kind, c.reference_coverage, r.reference_answer.is_some()) {
-                (CriterionKind::GlobalControl, Some(_), _) => {
-                    issue(Severity::Error, field("reference_coverage"), "must be null for a global control".into())
-                }
-                (CriterionKind::Content, Some(_), false) => {
-                    issue(Severity::Error, field("reference_coverage"), "tag given but the record has no reference answer".into())
-                }
-                (CriterionKind::Content, None, true) => {
-                    issue(Severity::Warning, field("reference_coverage"), "no tag although a reference answer exists".into())
-                }
+                (CriterionKind::GlobalControl, Some(_), _) => issue(
+                    Severity::Error,
+                    field("reference_coverage"),
+                    "must be null for a global control".into(),
+                ),
+                (CriterionKind::Content, Some(_), false) => issue(
+                    Severity::Error,
+                    field("reference_coverage"),
+                    "tag given but the record has no reference answer".into(),
+                ),
+                (CriterionKind::Content, None, true) => issue(
+                    Severity::Warning,
+                    field("reference_coverage"),
+                    "no tag although a reference answer exists".into(),
+                ),
                 _ => {}
             }
             if c.kind == CriterionKind::Content {
@@ -226,7 +325,9 @@ pub fn validate_records(records: &[(usize, RubricRecord)]) -> ValidationReport {
         rep.content_criteria += content;
         rep.global_controls += global;
         rep.with_reference += r.reference_answer.is_some() as usize;
-        *rep.by_source.entry(r.source.clone().unwrap_or_else(|| "(none)".into())).or_default() += 1;
+        *rep.by_source
+            .entry(r.source.clone().unwrap_or_else(|| "(none)".into()))
+            .or_default() += 1;
         counts.push(r.criteria.len());
     }
     rep.criteria_per_prompt = PerPromptStats::of(counts);
@@ -239,14 +340,27 @@ mod tests {
     use crate::record::{global_controls, Coverage, Criterion, Message};
 
     fn record(id: &str, n: usize) -> RubricRecord {
-        let mut criteria: Vec<Criterion> = (0..n).map(|i| Criterion::content(format!("The response names point {i}."))).collect();
+        let mut criteria: Vec<Criterion> = (0..n)
+            .map(|i| Criterion::content(format!("The response names point {i}.")))
+            .collect();
         criteria.extend(global_controls());
-        RubricRecord { id: id.into(), question: vec![Message::user("q?")], reference_answer: None, source: Some("s".into()), criteria, provenance: None }
+        RubricRecord {
+            id: id.into(),
+            question: vec![Message::user("q?")],
+            reference_answer: None,
+            source: Some("s".into()),
+            criteria,
+            provenance: None,
+        }
     }
 
     #[test]
     fn a_good_file_passes_with_counts() {
-        let recs = vec![(1, record("a", 10)), (2, record("b", 4)), (3, record("c", 6))];
+        let recs = vec![
+            (1, record("a", 10)),
+            (2, record("b", 4)),
+            (3, record("c", 6)),
+        ];
         let rep = validate_records(&recs);
         assert!(rep.is_ok(), "{rep}");
         assert_eq!((rep.content_criteria, rep.global_controls), (20, 6));
@@ -269,18 +383,37 @@ mod tests {
         no_globals.criteria[0].text = "Mentions dose.".into();
         let rep = validate_records(&[(1, bad), (2, no_globals)]);
         let find = |line: usize, field: &str, msg: &str| {
-            rep.issues.iter().any(|i| i.line == line && i.field == field && i.message.contains(msg))
+            rep.issues
+                .iter()
+                .any(|i| i.line == line && i.field == field && i.message.contains(msg))
         };
         assert!(find(1, "criteria", "11 content criteria"), "{rep}");
         assert!(find(1, "criteria[0].text", "empty criterion"), "{rep}");
         assert!(find(1, "criteria[1].text", "problematic negative"), "{rep}");
-        assert!(find(1, "criteria[3].text", "duplicate of criteria[2]"), "{rep}");
-        assert!(find(1, "criteria[4].reference_coverage", "no reference answer"), "{rep}");
-        assert!(find(1, &format!("criteria[{}].reference_coverage", n - 1), "global control"), "{rep}");
+        assert!(
+            find(1, "criteria[3].text", "duplicate of criteria[2]"),
+            "{rep}"
+        );
+        assert!(
+            find(1, "criteria[4].reference_coverage", "no reference answer"),
+            "{rep}"
+        );
+        assert!(
+            find(
+                1,
+                &format!("criteria[{}].reference_coverage", n - 1),
+                "global control"
+            ),
+            "{rep}"
+        );
         assert!(find(2, "id", "duplicate id (first on line 1)"), "{rep}");
         assert!(find(2, "criteria", "1 global controls"), "{rep}");
-        assert!(rep.issues.iter().any(|i| i.line == 2 && i.severity == Severity::Warning && i.field == "criteria[0].text"));
+        assert!(rep.issues.iter().any(|i| i.line == 2
+            && i.severity == Severity::Warning
+            && i.field == "criteria[0].text"));
         // Stating a safety fact is a valid positive criterion.
-        assert!(!is_problematic_negative("The response states that ibuprofen is contraindicated in late pregnancy."));
+        assert!(!is_problematic_negative(
+            "The response states that ibuprofen is contraindicated in late pregnancy."
+        ));
     }
 }

@@ -135,7 +135,10 @@ pub fn attention_bias<B: Backend>(
     let k = Tensor::<B, 1, Int>::arange(0..s as i64, device)
         .reshape([1, s])
         .expand([new, s]);
-    let mut allowed = k.lower_equal(q).reshape([1, 1, new, s]).expand([batch, 1, new, s]);
+    let mut allowed = k
+        .lower_equal(q)
+        .reshape([1, 1, new, s])
+        .expand([batch, 1, new, s]);
     if let Some(mask) = key_mask {
         allowed = allowed.bool_and(mask.reshape([batch, 1, 1, s]).expand([batch, 1, new, s]));
     }

@@ -13,16 +13,25 @@ const GROW_BLOCK: usize = 256;
 /// Writes `new` (`[batch, heads, n, dim]`) at positions `len..len + n` of `buf`, growing it when
 /// full, and returns the updated buffer. Growth doubles the capacity, so a long decode copies the
 /// cache O(log n) times instead of once per step as concatenation would.
-pub(crate) fn append<B: Backend>(buf: Option<Tensor<B, 4>>, new: Tensor<B, 4>, len: usize) -> Tensor<B, 4> {
+pub(crate) fn append<B: Backend>(
+    buf: Option<Tensor<B, 4>>,
+    new: Tensor<B, 4>,
+    len: usize,
+) -> Tensor<B, 4> {
     let [b, h, n, d] = new.dims();
     let needed = len + n;
     let buf = match buf {
         Some(buf) if buf.dims()[2] >= needed => buf,
         old => {
-            let capacity = needed.max(2 * old.as_ref().map(|t| t.dims()[2]).unwrap_or(0)).next_multiple_of(GROW_BLOCK);
+            let capacity = needed
+                .max(2 * old.as_ref().map(|t| t.dims()[2]).unwrap_or(0))
+                .next_multiple_of(GROW_BLOCK);
             let fresh = Tensor::<B, 4>::zeros([b, h, capacity, d], &new.device()).cast(new.dtype());
             match old {
-                Some(old) => fresh.slice_assign([0..b, 0..h, 0..len, 0..d], old.slice([0..b, 0..h, 0..len, 0..d])),
+                Some(old) => fresh.slice_assign(
+                    [0..b, 0..h, 0..len, 0..d],
+                    old.slice([0..b, 0..h, 0..len, 0..d]),
+                ),
                 None => fresh,
             }
         }
@@ -94,7 +103,10 @@ impl<B: Backend> KvCache<B> {
     /// Keeps only the given batch rows (e.g. the sequences still generating).
     pub fn retain_rows(&mut self, rows: &[usize], device: &B::Device) {
         let idx = Tensor::<B, 1, Int>::from_ints(
-            rows.iter().map(|&r| r as i64).collect::<Vec<_>>().as_slice(),
+            rows.iter()
+                .map(|&r| r as i64)
+                .collect::<Vec<_>>()
+                .as_slice(),
             device,
         );
         for (k, v) in self.layers.iter_mut() {

@@ -219,7 +219,10 @@ impl Qwen3Config {
             );
         }
         if self.head_dim() % 2 != 0 {
-            return err("head_dim", format!("{} must be even for RoPE", self.head_dim()));
+            return err(
+                "head_dim",
+                format!("{} must be even for RoPE", self.head_dim()),
+            );
         }
         if !(self.rms_norm_eps > 0.0) {
             return err("rms_norm_eps", "must be positive".into());
@@ -377,7 +380,10 @@ mod tests {
             "num_hidden_layers": 1, "num_attention_heads": 2,
             "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#;
         let err = Qwen3Config::from_json_str(text).unwrap_err().to_string();
-        assert!(err.contains("rope_scaling") && err.contains("yarn"), "{err}");
+        assert!(
+            err.contains("rope_scaling") && err.contains("yarn"),
+            "{err}"
+        );
     }
 
     #[test]

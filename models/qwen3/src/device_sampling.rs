@@ -15,10 +15,24 @@ use crate::generate::{sample_params, SamplingConfig};
 
 /// Tokens `[rows]` and their log-probabilities `[rows]` (f32) drawn from `logits` `[rows, vocab]`
 /// under `cfg`. `uniforms[r]` in `[0, 1)` is row `r`'s draw (unused when greedy).
-pub fn sample_on_device<B: GrpoOps>(logits: Tensor<B, 2>, cfg: &SamplingConfig, uniforms: &[f64]) -> (Tensor<B, 1, Int>, Tensor<B, 1>) {
-    assert!(cfg.greedy || uniforms.len() == logits.dims()[0], "one uniform draw per row");
-    let (tok, lp) = B::sample_rows(logits.into_primitive().tensor(), &sample_params(cfg), uniforms);
-    (Tensor::from_primitive(tok), Tensor::from_primitive(TensorPrimitive::Float(lp)))
+pub fn sample_on_device<B: GrpoOps>(
+    logits: Tensor<B, 2>,
+    cfg: &SamplingConfig,
+    uniforms: &[f64],
+) -> (Tensor<B, 1, Int>, Tensor<B, 1>) {
+    assert!(
+        cfg.greedy || uniforms.len() == logits.dims()[0],
+        "one uniform draw per row"
+    );
+    let (tok, lp) = B::sample_rows(
+        logits.into_primitive().tensor(),
+        &sample_params(cfg),
+        uniforms,
+    );
+    (
+        Tensor::from_primitive(tok),
+        Tensor::from_primitive(TensorPrimitive::Float(lp)),
+    )
 }
 
 #[cfg(test)]
@@ -31,30 +45,62 @@ mod tests {
 
     fn on_device(logits: &[f32], cfg: &SamplingConfig, u: f64) -> (u32, f32) {
         let v = logits.len();
-        let t = Tensor::<Flex, 2>::from_data(TensorData::new(logits.to_vec(), [1, v]), &Default::default());
+        let t = Tensor::<Flex, 2>::from_data(
+            TensorData::new(logits.to_vec(), [1, v]),
+            &Default::default(),
+        );
         let (tok, lp) = sample_on_device(t, cfg, &[u]);
-        (tok.into_data().convert::<i64>().into_vec::<i64>().unwrap()[0] as u32, lp.into_data().convert::<f32>().into_vec::<f32>().unwrap()[0])
+        (
+            tok.into_data().convert::<i64>().into_vec::<i64>().unwrap()[0] as u32,
+            lp.into_data().convert::<f32>().into_vec::<f32>().unwrap()[0],
+        )
     }
 
     /// The device rule is the host rule: with the same uniform draw both pick the same token and
     /// log-probability, for every mode (logits far enough apart that f32 and f64 agree).
     #[test]
     fn device_draws_equal_host_draws_for_the_same_uniform() {
-        let logits: Vec<f32> = (0..50).map(|i| ((i * 37 % 50) as f32 * 0.13) - 3.0).collect();
+        let logits: Vec<f32> = (0..50)
+            .map(|i| ((i * 37 % 50) as f32 * 0.13) - 3.0)
+            .collect();
         let cfgs = [
-            SamplingConfig { greedy: true, ..Default::default() },
+            SamplingConfig {
+                greedy: true,
+                ..Default::default()
+            },
             SamplingConfig::default(),
-            SamplingConfig { temperature: 0.7, ..Default::default() },
-            SamplingConfig { top_k: Some(5), ..Default::default() },
-            SamplingConfig { top_p: 0.6, temperature: 0.8, ..Default::default() },
-            SamplingConfig { top_k: Some(12), top_p: 0.9, ..Default::default() },
-            SamplingConfig { top_k: Some(1), ..Default::default() },
+            SamplingConfig {
+                temperature: 0.7,
+                ..Default::default()
+            },
+            SamplingConfig {
+                top_k: Some(5),
+                ..Default::default()
+            },
+            SamplingConfig {
+                top_p: 0.6,
+                temperature: 0.8,
+                ..Default::default()
+            },
+            SamplingConfig {
+                top_k: Some(12),
+                top_p: 0.9,
+                ..Default::default()
+            },
+            SamplingConfig {
+                top_k: Some(1),
+                ..Default::default()
+            },
         ];
         for cfg in &cfgs {
             for seed in 0..40 {
                 // The host sampler draws exactly one f64 per non-greedy token: replay it.
                 let mut rng = sequence_rng(seed, 0);
-                let u = if cfg.greedy { 0.0 } else { sequence_rng(seed, 0).random::<f64>() };
+                let u = if cfg.greedy {
+                    0.0
+                } else {
+                    sequence_rng(seed, 0).random::<f64>()
+                };
                 let (ht, hl) = sample_token(&logits, cfg, &mut rng);
                 let (dt, dl) = on_device(&logits, cfg, u);
                 assert_eq!(ht, dt, "{cfg:?} seed {seed}");
@@ -67,8 +113,14 @@ mod tests {
     fn rows_are_independent() {
         let a: Vec<f32> = (0..40).map(|i| (i as f32 * 0.31).sin()).collect();
         let b: Vec<f32> = (0..40).map(|i| (i as f32 * 0.17).cos() * 2.0).collect();
-        let cfg = SamplingConfig { top_p: 0.8, ..Default::default() };
-        let both = Tensor::<Flex, 2>::from_data(TensorData::new([a.clone(), b].concat(), [2, 40]), &Default::default());
+        let cfg = SamplingConfig {
+            top_p: 0.8,
+            ..Default::default()
+        };
+        let both = Tensor::<Flex, 2>::from_data(
+            TensorData::new([a.clone(), b].concat(), [2, 40]),
+            &Default::default(),
+        );
         let (tok, _) = sample_on_device(both, &cfg, &[0.3, 0.9]);
         let toks = tok.into_data().convert::<i64>().into_vec::<i64>().unwrap();
         assert_eq!(toks[0] as u32, on_device(&a, &cfg, 0.3).0);

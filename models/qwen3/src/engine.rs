@@ -60,7 +60,11 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { block_size: DEFAULT_BLOCK_SIZE, kv_blocks: None, max_rows: DEFAULT_MAX_ROWS }
+        Self {
+            block_size: DEFAULT_BLOCK_SIZE,
+            kv_blocks: None,
+            max_rows: DEFAULT_MAX_ROWS,
+        }
     }
 }
 
@@ -90,7 +94,12 @@ impl EngineConfig {
 /// Device bytes of one KV block of `model` (keys and values of every layer, in its compute dtype).
 pub fn kv_block_bytes<B: GrpoOps>(model: &Qwen3ForCausalLM<B>, block_size: usize) -> u64 {
     let a = &model.layers[0].self_attn;
-    (model.num_layers() * 2 * block_size * a.num_kv_heads * a.head_dim * model.compute_dtype().size()) as u64
+    (model.num_layers()
+        * 2
+        * block_size
+        * a.num_kv_heads
+        * a.head_dim
+        * model.compute_dtype().size()) as u64
 }
 
 /// What one call of the engine did.
@@ -138,7 +147,9 @@ impl RolloutStats {
         self.mean_running_rows = if steps == 0 {
             0.0
         } else {
-            (self.mean_running_rows * self.decode_steps as f64 + other.mean_running_rows * other.decode_steps as f64) / steps as f64
+            (self.mean_running_rows * self.decode_steps as f64
+                + other.mean_running_rows * other.decode_steps as f64)
+                / steps as f64
         };
         self.sequences += other.sequences;
         self.distinct_prompts += other.distinct_prompts;
@@ -242,13 +253,34 @@ pub fn rollout<B: GrpoOps>(
             unique.push(p.as_slice());
             unique.len() - 1
         });
-        seqs.push(Seq { prompt: id, blocks: Vec::new(), cached: 0, started: false, swapped: None, rng: sequence_rng(cfg.seed, i) });
+        seqs.push(Seq {
+            prompt: id,
+            blocks: Vec::new(),
+            cached: 0,
+            started: false,
+            swapped: None,
+            rng: sequence_rng(cfg.seed, i),
+        });
     }
     let bs = engine.block_size;
-    let full: usize = prompts.iter().map(|p| blocks_for(p.len() + cfg.max_new_tokens, bs)).sum::<usize>() + unique.iter().map(|p| blocks_for(p.len(), bs)).sum::<usize>();
+    let full: usize = prompts
+        .iter()
+        .map(|p| blocks_for(p.len() + cfg.max_new_tokens, bs))
+        .sum::<usize>()
+        + unique
+            .iter()
+            .map(|p| blocks_for(p.len(), bs))
+            .sum::<usize>();
     let num_blocks = engine.kv_blocks.unwrap_or(full.max(1));
     let a = &model.layers[0].self_attn;
-    let kv = PagedKv::new(model.num_layers(), num_blocks, bs, a.num_kv_heads * a.head_dim, model.compute_dtype(), device);
+    let kv = PagedKv::new(
+        model.num_layers(),
+        num_blocks,
+        bs,
+        a.num_kv_heads * a.head_dim,
+        model.compute_dtype(),
+        device,
+    );
     let mut unstarted = vec![0usize; unique.len()];
     for s in &seqs {
         unstarted[s.prompt] += 1;
@@ -284,7 +316,10 @@ pub fn rollout<B: GrpoOps>(
     stats.peak_kv_blocks = e.alloc.peak_in_use();
     let steps = stats.steps.len().max(1) as f64;
     stats.mean_running_rows = stats.steps.iter().map(|s| s.0 as f64).sum::<f64>() / steps;
-    Ok(Rollout { generations: e.out, stats })
+    Ok(Rollout {
+        generations: e.out,
+        stats,
+    })
 }
 
 impl<B: GrpoOps> Engine<'_, B> {
@@ -300,7 +335,12 @@ impl<B: GrpoOps> Engine<'_, B> {
 
     /// Gives up cached prompts (no sequence waits for them any more, or blocks are needed).
     fn drop_cached_prompts(&mut self, all: bool) {
-        let done: Vec<usize> = self.cache.keys().copied().filter(|&p| all || self.unstarted[p] == 0).collect();
+        let done: Vec<usize> = self
+            .cache
+            .keys()
+            .copied()
+            .filter(|&p| all || self.unstarted[p] == 0)
+            .collect();
         for p in done {
             let mut c = self.cache.remove(&p).expect("cached");
             self.alloc.release_all(&mut c.blocks);
@@ -322,7 +362,8 @@ impl<B: GrpoOps> Engine<'_, B> {
                 break;
             }
             let s = &self.seqs[id];
-            let prompt_ready = self.cache.contains_key(&s.prompt) || prompt_prefills.contains(&s.prompt);
+            let prompt_ready =
+                self.cache.contains_key(&s.prompt) || prompt_prefills.contains(&s.prompt);
             // One block more than the cached positions: room for the next decode step.
             let need = match (&s.swapped, prompt_ready) {
                 (Some(_), _) => blocks_for(s.cached, bs) + 1,
@@ -360,12 +401,24 @@ impl<B: GrpoOps> Engine<'_, B> {
         }
         for p in prompt_prefills {
             let ids = self.prompts[p].to_vec();
-            let table: Vec<u32> = (0..blocks_for(ids.len(), bs)).map(|_| self.alloc.alloc().expect("blocks were counted at admission")).collect();
+            let table: Vec<u32> = (0..blocks_for(ids.len(), bs))
+                .map(|_| {
+                    self.alloc
+                        .alloc()
+                        .expect("blocks were counted at admission")
+                })
+                .collect();
             let logits = self.prefill(&ids, &table);
             let v = logits.dims()[1];
             self.stats.prefill_tokens += ids.len();
             self.stats.prompt_prefills += 1;
-            self.cache.insert(p, CachedPrompt { blocks: table, logits: logits.reshape([v]) });
+            self.cache.insert(
+                p,
+                CachedPrompt {
+                    blocks: table,
+                    logits: logits.reshape([v]),
+                },
+            );
         }
         for id in restore {
             self.swap_in(id);
@@ -373,7 +426,10 @@ impl<B: GrpoOps> Engine<'_, B> {
         }
         // First tokens of fresh sequences, from their prompt's logits.
         if !fresh.is_empty() {
-            let rows: Vec<Tensor<B, 1>> = fresh.iter().map(|&id| self.cache[&self.seqs[id].prompt].logits.clone()).collect();
+            let rows: Vec<Tensor<B, 1>> = fresh
+                .iter()
+                .map(|&id| self.cache[&self.seqs[id].prompt].logits.clone())
+                .collect();
             let logits = Tensor::stack::<2>(rows, 0);
             for &id in &fresh {
                 let p = self.seqs[id].prompt;
@@ -412,9 +468,15 @@ impl<B: GrpoOps> Engine<'_, B> {
     /// Prefills one prompt (unpadded) into the blocks `table`; returns its next-token logits
     /// `[1, vocab]` (f32).
     fn prefill(&mut self, ids: &[u32], table: &[u32]) -> Tensor<B, 2> {
-        let pass = PagedPass { write_slots: Self::slots(table, ids.len(), self.engine.block_size), write_rows: None, read: None };
+        let pass = PagedPass {
+            write_slots: Self::slots(table, ids.len(), self.engine.block_size),
+            write_rows: None,
+            read: None,
+        };
         let batch = ForwardBatch::<B>::contiguous(&[ids.to_vec()], 0, self.device);
-        self.model.forward_last_paged(&batch, &mut self.kv, &pass).cast(DType::F32)
+        self.model
+            .forward_last_paged(&batch, &mut self.kv, &pass)
+            .cast(DType::F32)
     }
 
     /// Moves a sequence's cached keys and values to the host and frees its blocks.
@@ -431,7 +493,13 @@ impl<B: GrpoOps> Engine<'_, B> {
     fn swap_in(&mut self, id: usize) {
         let bs = self.engine.block_size;
         let cached = self.seqs[id].cached;
-        let table: Vec<u32> = (0..blocks_for(cached, bs)).map(|_| self.alloc.alloc().expect("blocks were counted at admission")).collect();
+        let table: Vec<u32> = (0..blocks_for(cached, bs))
+            .map(|_| {
+                self.alloc
+                    .alloc()
+                    .expect("blocks were counted at admission")
+            })
+            .collect();
         let data = self.seqs[id].swapped.take().expect("swapped out");
         self.kv.write_slots(&Self::slots(&table, cached, bs), data);
         self.seqs[id].blocks = table;
@@ -440,15 +508,33 @@ impl<B: GrpoOps> Engine<'_, B> {
     /// Samples one token per sequence of `ids` from `logits` `[ids, vocab]`; returns per sequence
     /// whether it goes on.
     fn sample(&mut self, ids: &[usize], logits: Tensor<B, 2>) -> Result<Vec<bool>> {
-        let uniforms: Vec<f64> = if self.cfg.greedy { Vec::new() } else { ids.iter().map(|&id| self.seqs[id].rng.random::<f64>()).collect() };
+        let uniforms: Vec<f64> = if self.cfg.greedy {
+            Vec::new()
+        } else {
+            ids.iter()
+                .map(|&id| self.seqs[id].rng.random::<f64>())
+                .collect()
+        };
         let (tok, lp) = sample_on_device(logits, self.cfg, &uniforms);
         let n = ids.len();
         // One read of both: ids as f32 would lose precision above 2^24, so two reads.
-        let toks: Vec<i64> = tok.into_data().convert::<i64>().into_vec().map_err(|e| Qwen3Error::arg("sampling", format!("{e:?}")))?;
-        let lps: Vec<f32> = lp.into_data().convert::<f32>().into_vec().map_err(|e| Qwen3Error::arg("sampling", format!("{e:?}")))?;
+        let toks: Vec<i64> = tok
+            .into_data()
+            .convert::<i64>()
+            .into_vec()
+            .map_err(|e| Qwen3Error::arg("sampling", format!("{e:?}")))?;
+        let lps: Vec<f32> = lp
+            .into_data()
+            .convert::<f32>()
+            .into_vec()
+            .map_err(|e| Qwen3Error::arg("sampling", format!("{e:?}")))?;
         self.stats.host_bytes_read += (n * 12) as u64;
         self.stats.generated_tokens += n;
-        Ok(ids.iter().zip(toks.iter().zip(&lps)).map(|(&id, (&t, &l))| self.out[id].push(t as u32, l, self.cfg)).collect())
+        Ok(ids
+            .iter()
+            .zip(toks.iter().zip(&lps))
+            .map(|(&id, (&t, &l))| self.out[id].push(t as u32, l, self.cfg))
+            .collect())
     }
 
     fn finish(&mut self, id: usize) {
@@ -528,10 +614,17 @@ impl<B: GrpoOps> Engine<'_, B> {
         }
         let blocks = attended_blocks(tables.iter().map(Vec::len).max().unwrap_or(1));
         let read = PagedRead::new(&tables, blocks, bs, &lens, self.device);
-        let pass = PagedPass { write_slots, write_rows: None, read: Some(read) };
+        let pass = PagedPass {
+            write_slots,
+            write_rows: None,
+            read: Some(read),
+        };
         let batch = ForwardBatch {
             input_ids: Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [n, 1]), self.device),
-            position_ids: Tensor::<B, 2, Int>::from_data(TensorData::new(positions, [n, 1]), self.device),
+            position_ids: Tensor::<B, 2, Int>::from_data(
+                TensorData::new(positions, [n, 1]),
+                self.device,
+            ),
             key_mask: None,
         };
         let logits = self.model.forward_last_paged(&batch, &mut self.kv, &pass);
@@ -540,7 +633,9 @@ impl<B: GrpoOps> Engine<'_, B> {
         }
         self.stats.decode_steps += 1;
         self.stats.peak_running_rows = self.stats.peak_running_rows.max(n);
-        self.stats.steps.push((n as u32, self.alloc.in_use() as u32));
+        self.stats
+            .steps
+            .push((n as u32, self.alloc.in_use() as u32));
         let go_on = self.sample(&ids, logits)?;
         let mut still = Vec::with_capacity(n);
         for (id, more) in ids.into_iter().zip(go_on) {
@@ -561,11 +656,25 @@ mod tests {
 
     #[test]
     fn attended_lengths_come_in_a_few_sizes() {
-        assert_eq!((1..=8).map(attended_blocks).collect::<Vec<_>>(), vec![1, 2, 4, 4, 8, 8, 8, 8]);
-        assert_eq!((attended_blocks(9), attended_blocks(10), attended_blocks(17), attended_blocks(576)), (9, 10, 18, 576));
+        assert_eq!(
+            (1..=8).map(attended_blocks).collect::<Vec<_>>(),
+            vec![1, 2, 4, 4, 8, 8, 8, 8]
+        );
+        assert_eq!(
+            (
+                attended_blocks(9),
+                attended_blocks(10),
+                attended_blocks(17),
+                attended_blocks(576)
+            ),
+            (9, 10, 18, 576)
+        );
         for b in 1..5000 {
             let a = attended_blocks(b);
-            assert!(a >= b && (b <= 8 || a as f64 <= b as f64 * 1.125 + 1.0), "{b} -> {a}");
+            assert!(
+                a >= b && (b <= 8 || a as f64 <= b as f64 * 1.125 + 1.0),
+                "{b} -> {a}"
+            );
         }
         let sizes: std::collections::BTreeSet<usize> = (1..=1024).map(attended_blocks).collect();
         assert!(sizes.len() <= 4 + 8 * 7, "{}", sizes.len());

@@ -50,10 +50,19 @@ impl SamplingConfig {
     /// Checks the ranges of the settings.
     pub fn validate(&self) -> Result<()> {
         if !self.greedy && !(self.temperature > 0.0 && self.temperature.is_finite()) {
-            return Err(Qwen3Error::arg("temperature", format!("{} must be > 0 (use greedy decoding for 0)", self.temperature)));
+            return Err(Qwen3Error::arg(
+                "temperature",
+                format!(
+                    "{} must be > 0 (use greedy decoding for 0)",
+                    self.temperature
+                ),
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(Qwen3Error::arg("top_p", format!("{} must be in (0, 1]", self.top_p)));
+            return Err(Qwen3Error::arg(
+                "top_p",
+                format!("{} must be in (0, 1]", self.top_p),
+            ));
         }
         if self.top_k == Some(0) {
             return Err(Qwen3Error::arg("top_k", "must be at least 1"));
@@ -88,7 +97,11 @@ pub struct Generation {
 impl Generation {
     /// An empty generation (finish reason `length` until a stop id arrives).
     pub fn new() -> Self {
-        Self { tokens: Vec::new(), logprobs: Vec::new(), finish_reason: FinishReason::Length }
+        Self {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            finish_reason: FinishReason::Length,
+        }
     }
 
     /// Appends a sampled token; returns whether the sequence goes on (no stop id and below
@@ -112,7 +125,12 @@ impl Default for Generation {
 
 /// The kernels' sampling settings of `cfg`.
 pub fn sample_params(cfg: &SamplingConfig) -> conrub_kernels::sampling::SampleParams {
-    conrub_kernels::sampling::SampleParams { greedy: cfg.greedy, temperature: cfg.temperature, top_k: cfg.top_k, top_p: cfg.top_p }
+    conrub_kernels::sampling::SampleParams {
+        greedy: cfg.greedy,
+        temperature: cfg.temperature,
+        top_k: cfg.top_k,
+        top_p: cfg.top_p,
+    }
 }
 
 /// Picks the next token from one row of logits; returns `(token, logprob)`. Draws one uniform
@@ -131,7 +149,12 @@ pub fn sequence_rng(seed: u64, row: usize) -> ChaCha8Rng {
 
 /// `[batch, vocab]` logits as row-major f32 on the host.
 fn to_host<B: Backend>(logits: Tensor<B, 2>) -> Vec<f32> {
-    logits.cast(DType::F32).into_data().convert::<f32>().into_vec::<f32>().expect("f32 logits")
+    logits
+        .cast(DType::F32)
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("f32 logits")
 }
 
 /// Rejects empty sequences and ids outside the vocabulary; `arg` names the argument in the error.
@@ -140,7 +163,10 @@ pub(crate) fn check_sequences(seqs: &[Vec<u32>], vocab: usize, arg: &str) -> Res
         return Err(Qwen3Error::arg(arg, format!("sequence {i} is empty")));
     }
     if let Some(bad) = seqs.iter().flatten().find(|&&t| t as usize >= vocab) {
-        return Err(Qwen3Error::arg(arg, format!("token id {bad} is outside the vocabulary ({vocab})")));
+        return Err(Qwen3Error::arg(
+            arg,
+            format!("token id {bad} is outside the vocabulary ({vocab})"),
+        ));
     }
     Ok(())
 }
@@ -156,7 +182,14 @@ pub fn generate<B: conrub_kernels::GrpoOps>(
     _pad_id: u32,
     device: &B::Device,
 ) -> Result<Vec<Generation>> {
-    crate::engine::rollout(model, prompts, cfg, &crate::engine::EngineConfig::default(), device).map(|r| r.generations)
+    crate::engine::rollout(
+        model,
+        prompts,
+        cfg,
+        &crate::engine::EngineConfig::default(),
+        device,
+    )
+    .map(|r| r.generations)
 }
 
 /// The engine before [`crate::engine`], kept as the reference it is tested and benchmarked
@@ -177,7 +210,9 @@ pub fn generate_dense<B: conrub_kernels::GrpoOps>(
     if prompts.is_empty() || cfg.max_new_tokens == 0 {
         return Ok(out);
     }
-    let mut rngs: Vec<ChaCha8Rng> = (0..prompts.len()).map(|i| sequence_rng(cfg.seed, i)).collect();
+    let mut rngs: Vec<ChaCha8Rng> = (0..prompts.len())
+        .map(|i| sequence_rng(cfg.seed, i))
+        .collect();
     let padded = PaddedBatch::new(prompts, pad_id, Padding::Left);
     let mut cache = KvCache::new(model.num_layers());
     // Left padding puts every prompt's last token in the last column.
@@ -241,7 +276,9 @@ pub fn score_sequences<B: conrub_kernels::GrpoOps>(
     check_sequences(seqs, model.vocab_size(), "ids")?;
     let padded = PaddedBatch::new(seqs, pad_id, Padding::Right);
     let (b, t) = (padded.batch, padded.len);
-    let logits = model.forward(&padded.to_device(device), None).cast(DType::F32);
+    let logits = model
+        .forward(&padded.to_device(device), None)
+        .cast(DType::F32);
     let argmax: Vec<i64> = logits
         .clone()
         .argmax(2)
@@ -253,7 +290,13 @@ pub fn score_sequences<B: conrub_kernels::GrpoOps>(
     let logp = log_softmax(logits, 2);
     let targets: Vec<i64> = (0..b)
         .flat_map(|r| (0..t).map(move |c| (r, c)))
-        .map(|(r, c)| if c + 1 < t { padded.ids[r * t + c + 1] as i64 } else { 0 })
+        .map(|(r, c)| {
+            if c + 1 < t {
+                padded.ids[r * t + c + 1] as i64
+            } else {
+                0
+            }
+        })
         .collect();
     let idx = Tensor::<B, 3, Int>::from_data(TensorData::new(targets, [b, t, 1]), device);
     let gathered: Vec<f32> = logp
@@ -268,7 +311,10 @@ pub fn score_sequences<B: conrub_kernels::GrpoOps>(
             let len = padded.lengths[r];
             SequenceScores {
                 token_logprobs: gathered[r * t..r * t + len - 1].to_vec(),
-                argmax: argmax[r * t..r * t + len].iter().map(|&x| x as u32).collect(),
+                argmax: argmax[r * t..r * t + len]
+                    .iter()
+                    .map(|&x| x as u32)
+                    .collect(),
             }
         })
         .collect())
@@ -281,7 +327,10 @@ mod tests {
     #[test]
     fn greedy_picks_argmax_with_model_logprob() {
         let logits = [0.0f32, 2.0, 1.0];
-        let cfg = SamplingConfig { greedy: true, ..Default::default() };
+        let cfg = SamplingConfig {
+            greedy: true,
+            ..Default::default()
+        };
         let (tok, lp) = sample_token(&logits, &cfg, &mut sequence_rng(0, 0));
         assert_eq!(tok, 1);
         let lse = (1.0f64 + 2f64.exp() + 1f64.exp()).ln();
@@ -291,7 +340,10 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy_with_logprob_zero() {
         let logits = [0.5f32, -1.0, 3.0, 2.9];
-        let cfg = SamplingConfig { top_k: Some(1), ..Default::default() };
+        let cfg = SamplingConfig {
+            top_k: Some(1),
+            ..Default::default()
+        };
         for s in 0..20 {
             let (tok, lp) = sample_token(&logits, &cfg, &mut sequence_rng(s, 0));
             assert_eq!((tok, lp), (2, 0.0));
@@ -302,13 +354,20 @@ mod tests {
     fn top_p_keeps_the_smallest_sufficient_prefix() {
         // probabilities ~ [0.64, 0.24, 0.09, 0.03]; top_p 0.8 keeps the first two.
         let logits = [3.0f32, 2.0, 1.0, 0.0];
-        let cfg = SamplingConfig { top_p: 0.8, ..Default::default() };
+        let cfg = SamplingConfig {
+            top_p: 0.8,
+            ..Default::default()
+        };
         let mut seen = [0usize; 4];
         let mut rng = sequence_rng(7, 0);
         for _ in 0..4000 {
             let (tok, lp) = sample_token(&logits, &cfg, &mut rng);
             seen[tok as usize] += 1;
-            let p = if tok == 0 { 1.0 / (1.0 + (-1f64).exp()) } else { (-1f64).exp() / (1.0 + (-1f64).exp()) };
+            let p = if tok == 0 {
+                1.0 / (1.0 + (-1f64).exp())
+            } else {
+                (-1f64).exp() / (1.0 + (-1f64).exp())
+            };
             assert!((lp as f64 - p.ln()).abs() < 1e-6);
         }
         assert_eq!(seen[2] + seen[3], 0);
@@ -319,7 +378,10 @@ mod tests {
     #[test]
     fn full_sampling_matches_softmax_frequencies_and_temperature() {
         let logits = [1.0f32, 0.0];
-        let cfg = SamplingConfig { temperature: 0.5, ..Default::default() };
+        let cfg = SamplingConfig {
+            temperature: 0.5,
+            ..Default::default()
+        };
         let mut rng = sequence_rng(1, 3);
         let n = 20000;
         let mut first = 0;
@@ -336,9 +398,19 @@ mod tests {
 
     #[test]
     fn invalid_settings_are_rejected_by_name() {
-        let cfg = SamplingConfig { top_p: 0.0, ..Default::default() };
+        let cfg = SamplingConfig {
+            top_p: 0.0,
+            ..Default::default()
+        };
         assert!(cfg.validate().unwrap_err().to_string().contains("top_p"));
-        let cfg = SamplingConfig { temperature: 0.0, ..Default::default() };
-        assert!(cfg.validate().unwrap_err().to_string().contains("temperature"));
+        let cfg = SamplingConfig {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("temperature"));
     }
 }

@@ -24,7 +24,8 @@ pub fn resolve_model_dir(model: &str) -> Result<PathBuf> {
     if path.exists() {
         return Err(Qwen3Error::ModelDir {
             dir: path.to_path_buf(),
-            message: "is a file; pass the model directory (with config.json and *.safetensors)".into(),
+            message: "is a file; pass the model directory (with config.json and *.safetensors)"
+                .into(),
         });
     }
     if model.starts_with('.') || model.starts_with('/') || model.split('/').count() != 2 {
@@ -41,10 +42,12 @@ fn fetch(model: &str) -> Result<PathBuf> {
     use hf_hub::api::sync::ApiBuilder;
     use hf_hub::{Cache, Repo};
 
-    let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+    let offline =
+        std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     let cache = Cache::from_env();
     let cached = cache.repo(Repo::model(model.to_string()));
-    let hub_err = |what: String| Qwen3Error::Hub {
+    let hub_err = |what: String| {
+        Qwen3Error::Hub {
         model: model.to_string(),
         message: format!(
             "{what}. Download it where the hub is reachable (e.g. `huggingface-cli download {model}`) \
@@ -52,20 +55,31 @@ fn fetch(model: &str) -> Result<PathBuf> {
              a local directory to --model",
             cache.path().display()
         ),
+    }
     };
     // Fully cached: use it without touching the network.
-    let weights_cached = cached.get("model.safetensors").or_else(|| cached.get("model.safetensors.index.json"));
+    let weights_cached = cached
+        .get("model.safetensors")
+        .or_else(|| cached.get("model.safetensors.index.json"));
     if let (Some(config), Some(_)) = (cached.get("config.json"), weights_cached.as_ref()) {
-        let dir = config.parent().expect("cached file has a parent").to_path_buf();
+        let dir = config
+            .parent()
+            .expect("cached file has a parent")
+            .to_path_buf();
         if let Some(index) = cached.get("model.safetensors.index.json") {
             ensure_shards_cached(&index, &dir).map_err(|m| hub_err(m))?;
         }
         return Ok(dir);
     }
     if offline {
-        return Err(hub_err("not in the local hub cache and HF_HUB_OFFLINE is set".into()));
+        return Err(hub_err(
+            "not in the local hub cache and HF_HUB_OFFLINE is set".into(),
+        ));
     }
-    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()).or_else(|| cache.token());
+    let token = std::env::var("HF_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or_else(|| cache.token());
     let api = ApiBuilder::from_env()
         .with_token(token)
         .with_progress(false)
@@ -85,9 +99,11 @@ fn fetch(model: &str) -> Result<PathBuf> {
     match repo.get("model.safetensors") {
         Ok(_) => {}
         Err(_) => {
-            let index = repo
-                .get("model.safetensors.index.json")
-                .map_err(|e| hub_err(format!("could not download model.safetensors or its index: {e}")))?;
+            let index = repo.get("model.safetensors.index.json").map_err(|e| {
+                hub_err(format!(
+                    "could not download model.safetensors or its index: {e}"
+                ))
+            })?;
             for shard in shard_names(&index).map_err(|m| hub_err(m))? {
                 repo.get(&shard)
                     .map_err(|e| hub_err(format!("could not download {shard}: {e}")))?;
@@ -114,7 +130,10 @@ fn shard_names(index: &Path) -> std::result::Result<Vec<String>, String> {
         .get("weight_map")
         .and_then(|m| m.as_object())
         .ok_or_else(|| format!("{}: no weight_map", index.display()))?;
-    let mut shards: Vec<String> = map.values().filter_map(|s| s.as_str().map(String::from)).collect();
+    let mut shards: Vec<String> = map
+        .values()
+        .filter_map(|s| s.as_str().map(String::from))
+        .collect();
     shards.sort();
     shards.dedup();
     Ok(shards)
@@ -137,12 +156,17 @@ mod tests {
     #[test]
     fn local_directory_is_used_as_is() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(resolve_model_dir(dir.path().to_str().unwrap()).unwrap(), dir.path());
+        assert_eq!(
+            resolve_model_dir(dir.path().to_str().unwrap()).unwrap(),
+            dir.path()
+        );
     }
 
     #[test]
     fn missing_local_path_is_a_clear_error() {
-        let err = resolve_model_dir("./no/such/model").unwrap_err().to_string();
+        let err = resolve_model_dir("./no/such/model")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("no such directory"), "{err}");
     }
 
@@ -155,7 +179,12 @@ mod tests {
             std::env::set_var("HF_HOME", home.path());
             std::env::set_var("HF_HUB_OFFLINE", "1");
         }
-        let err = resolve_model_dir("Qwen/Qwen3-0.6B").unwrap_err().to_string();
-        assert!(err.contains("HF_HUB_OFFLINE") && err.contains("--model"), "{err}");
+        let err = resolve_model_dir("Qwen/Qwen3-0.6B")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("HF_HUB_OFFLINE") && err.contains("--model"),
+            "{err}"
+        );
     }
 }

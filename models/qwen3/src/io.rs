@@ -30,13 +30,24 @@ mod tests {
         assert_eq!(std::fs::read(&p).unwrap(), b"{}");
         write_atomic(&p, b"{\"a\":1}").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"{\"a\":1}");
-        assert_eq!(std::fs::read_dir(p.parent().unwrap()).unwrap().count(), 1, "no temporary file left");
+        assert_eq!(
+            std::fs::read_dir(p.parent().unwrap()).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
         // A failed rename (a non-empty directory in the way) is an I/O error naming the path.
         let taken = dir.path().join("taken");
         std::fs::create_dir(&taken).unwrap();
         std::fs::write(taken.join("x"), "x").unwrap();
         let e = write_atomic(&taken, b"new").unwrap_err();
-        assert!(matches!(&e, Qwen3Error::Io { path, .. } if path == &taken), "{e}");
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "sub and taken only: {e}");
+        assert!(
+            matches!(&e, Qwen3Error::Io { path, .. } if path == &taken),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            2,
+            "sub and taken only: {e}"
+        );
     }
 }

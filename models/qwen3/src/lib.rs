@@ -45,7 +45,10 @@ pub use config::{GenerationConfig, Qwen3Config, TokenIds};
 pub use device_sampling::sample_on_device;
 pub use engine::{attended_blocks, kv_block_bytes, rollout, EngineConfig, Rollout, RolloutStats};
 pub use error::{Qwen3Error, Result};
-pub use generate::{generate, generate_dense, sample_token, score_sequences, sequence_rng, FinishReason, Generation, SamplingConfig, SequenceScores};
+pub use generate::{
+    generate, generate_dense, sample_token, score_sequences, sequence_rng, FinishReason,
+    Generation, SamplingConfig, SequenceScores,
+};
 pub use hub::resolve_model_dir;
 pub use model::{AttentionImpl, Execution, Precision, Qwen3ForCausalLM};
 pub use paged::{BlockAllocator, PagedKv, PagedPass, PagedRead};

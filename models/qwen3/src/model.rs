@@ -1,15 +1,17 @@
 //! The Qwen3 decoder: RMSNorm, rotate-half RoPE, grouped-query attention with per-head q/k norms,
 //! SwiGLU MLP, and the causal-LM head (tied or untied).
 
+use burn::module::ModuleVisitor;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
+use burn::optim::GradientsParams;
 use burn::tensor::activation::{silu, softmax};
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
-use burn::module::ModuleVisitor;
-use burn::optim::GradientsParams;
-use burn::tensor::backend::AutodiffBackend;
-use conrub_kernels::{causal_attention, paged_decode_attention, AttentionLayout, GrpoOps, PagedLayout};
+use conrub_kernels::{
+    causal_attention, paged_decode_attention, AttentionLayout, GrpoOps, PagedLayout,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -109,7 +111,9 @@ pub fn to_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Te
 fn project<B: Backend>(lin: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     let [b, t, d] = x.dims();
     let dtype = x.dtype();
-    let mut y = x.reshape([b * t, d]).matmul(to_dtype(lin.weight.val(), dtype));
+    let mut y = x
+        .reshape([b * t, d])
+        .matmul(to_dtype(lin.weight.val(), dtype));
     if let Some(bias) = &lin.bias {
         y = y + to_dtype(bias.val(), dtype).unsqueeze();
     }
@@ -127,11 +131,18 @@ struct WeightInit {
 
 impl WeightInit {
     fn new(seed: u64, std: f64) -> Self {
-        Self { rng: ChaCha8Rng::seed_from_u64(seed), std }
+        Self {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            std,
+        }
     }
 
     /// Box-Muller pairs; `1 - u` keeps the logarithm's argument in (0, 1].
-    fn normal<B: Backend, const D: usize>(&mut self, shape: [usize; D], device: &B::Device) -> Tensor<B, D> {
+    fn normal<B: Backend, const D: usize>(
+        &mut self,
+        shape: [usize; D],
+        device: &B::Device,
+    ) -> Tensor<B, D> {
         let n: usize = shape.iter().product();
         let mut v = Vec::with_capacity(n + 1);
         while v.len() < n {
@@ -145,7 +156,13 @@ impl WeightInit {
     }
 
     /// A `d_in -> d_out` projection with normal weights and zero bias.
-    fn linear<B: Backend>(&mut self, d_in: usize, d_out: usize, bias: bool, device: &B::Device) -> Linear<B> {
+    fn linear<B: Backend>(
+        &mut self,
+        d_in: usize,
+        d_out: usize,
+        bias: bool,
+        device: &B::Device,
+    ) -> Linear<B> {
         Linear {
             weight: Param::from_tensor(self.normal([d_in, d_out], device)),
             bias: bias.then(|| Param::from_tensor(Tensor::zeros([d_out], device))),
@@ -228,7 +245,12 @@ impl RotaryEmbedding {
     }
 
     /// Tables for the given positions `[batch, seq]`, for `q_heads` query and `kv_heads` key heads.
-    pub fn tables<B: Backend>(&self, positions: Tensor<B, 2, Int>, q_heads: usize, kv_heads: usize) -> RopeTables<B> {
+    pub fn tables<B: Backend>(
+        &self,
+        positions: Tensor<B, 2, Int>,
+        q_heads: usize,
+        kv_heads: usize,
+    ) -> RopeTables<B> {
         let [b, t] = positions.dims();
         let device = positions.device();
         let half = self.head_dim / 2;
@@ -249,10 +271,19 @@ impl RotaryEmbedding {
     }
 
     /// Rotates `x` of shape `[batch, seq, heads, head_dim]` (contiguous) with per-head tables.
-    fn rotate<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>, r: &Tensor<B, 2>) -> Tensor<B, 4> {
+    fn rotate<B: Backend>(
+        x: Tensor<B, 4>,
+        cos: &Tensor<B, 4>,
+        sin: &Tensor<B, 4>,
+        r: &Tensor<B, 2>,
+    ) -> Tensor<B, 4> {
         let [b, t, h, d] = x.dims();
         let dtype = x.dtype();
-        let rotated = x.clone().reshape([b * t * h, d]).matmul(r.clone().cast(dtype)).reshape([b, t, h, d]);
+        let rotated = x
+            .clone()
+            .reshape([b * t * h, d])
+            .matmul(r.clone().cast(dtype))
+            .reshape([b, t, h, d]);
         x * cos.clone().cast(dtype) + rotated * sin.clone().cast(dtype)
     }
 }
@@ -274,7 +305,10 @@ pub(crate) enum KvSlot<'a, B: Backend> {
     /// The dense cache and the positions already in it.
     Dense(&'a mut LayerCache<B>, usize),
     /// One layer of a paged pool and what the pass does with it.
-    Paged(&'a mut (Option<Tensor<B, 2>>, Option<Tensor<B, 2>>), &'a PagedPass<B>),
+    Paged(
+        &'a mut (Option<Tensor<B, 2>>, Option<Tensor<B, 2>>),
+        &'a PagedPass<B>,
+    ),
 }
 
 /// Grouped-query self-attention with per-head RMSNorm on queries and keys.
@@ -323,7 +357,13 @@ impl<B: Backend> Attention<B> {
     }
 
     /// `x`: `[batch, seq, hidden]`; `mask`: what the new tokens may attend to.
-    fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &AttentionMask<B>, cache: Option<KvSlot<'_, B>>) -> Tensor<B, 3>
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        rope: &RopeTables<B>,
+        mask: &AttentionMask<B>,
+        cache: Option<KvSlot<'_, B>>,
+    ) -> Tensor<B, 3>
     where
         B: GrpoOps,
     {
@@ -345,16 +385,42 @@ impl<B: Backend> Attention<B> {
                 kr = kr.select(0, rows.clone());
                 vr = vr.select(0, rows.clone());
             }
-            let kp = conrub_kernels::kv_write(layer.0.take().expect("pool present"), &pass.write_slots, kr);
-            let vp = conrub_kernels::kv_write(layer.1.take().expect("pool present"), &pass.write_slots, vr);
+            let kp = conrub_kernels::kv_write(
+                layer.0.take().expect("pool present"),
+                &pass.write_slots,
+                kr,
+            );
+            let vp = conrub_kernels::kv_write(
+                layer.1.take().expect("pool present"),
+                &pass.write_slots,
+                vr,
+            );
             let out = match &pass.read {
                 Some(read) => {
-                    let layout = PagedLayout { block_size: read.block_size, scale };
-                    paged_decode_attention(q, kp.clone(), vp.clone(), read.tables.clone(), read.lens.clone(), layout)
+                    let layout = PagedLayout {
+                        block_size: read.block_size,
+                        scale,
+                    };
+                    paged_decode_attention(
+                        q,
+                        kp.clone(),
+                        vp.clone(),
+                        read.tables.clone(),
+                        read.lens.clone(),
+                        layout,
+                    )
                 }
                 None => {
-                    let key_valid = mask.fused.clone().unwrap_or_else(|| Tensor::<B, 2>::ones([b, t], &kp.device()).cast(DType::F32));
-                    causal_attention(q, k.swap_dims(1, 2), v.swap_dims(1, 2), key_valid, AttentionLayout { past: 0, scale })
+                    let key_valid = mask.fused.clone().unwrap_or_else(|| {
+                        Tensor::<B, 2>::ones([b, t], &kp.device()).cast(DType::F32)
+                    });
+                    causal_attention(
+                        q,
+                        k.swap_dims(1, 2),
+                        v.swap_dims(1, 2),
+                        key_valid,
+                        AttentionLayout { past: 0, scale },
+                    )
                 }
             };
             layer.0 = Some(kp);
@@ -380,7 +446,13 @@ impl<B: Backend> Attention<B> {
         };
         let s = k.dims()[2];
         let out = match &mask.fused {
-            Some(key_valid) => causal_attention(q, k, v, key_valid.clone(), AttentionLayout { past: s - t, scale }),
+            Some(key_valid) => causal_attention(
+                q,
+                k,
+                v,
+                key_valid.clone(),
+                AttentionLayout { past: s - t, scale },
+            ),
             None => {
                 let group = nh / nkv;
                 // Query head h reads key/value head h / group: fold the group into the query rows
@@ -392,7 +464,9 @@ impl<B: Backend> Attention<B> {
                 if let Some(bias) = &mask.bias {
                     scores = scores + bias.clone();
                 }
-                let probs = softmax(scores, 3).cast(dtype).reshape([b, nkv, group * t, s]);
+                let probs = softmax(scores, 3)
+                    .cast(dtype)
+                    .reshape([b, nkv, group * t, s]);
                 probs.matmul(v).reshape([b, nh, t, hd])
             }
         };
@@ -461,11 +535,20 @@ impl<B: Backend> DecoderLayer<B> {
     }
 
     /// `x + attn(norm(x))`, then `+ mlp(norm(.))`.
-    fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &AttentionMask<B>, cache: Option<KvSlot<'_, B>>) -> Tensor<B, 3>
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        rope: &RopeTables<B>,
+        mask: &AttentionMask<B>,
+        cache: Option<KvSlot<'_, B>>,
+    ) -> Tensor<B, 3>
     where
         B: GrpoOps,
     {
-        let x = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), rope, mask, cache);
+        let x = x.clone()
+            + self
+                .self_attn
+                .forward(self.input_layernorm.forward(x), rope, mask, cache);
         x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
     }
 }
@@ -505,8 +588,11 @@ impl<B: Backend> Qwen3ForCausalLM<B> {
         let mut init = WeightInit::new(seed, std);
         let (v, h) = (config.vocab_size, config.hidden_size);
         let embed_tokens = Param::from_tensor(init.normal([v, h], device));
-        let layers = (0..config.num_hidden_layers).map(|_| DecoderLayer::new(config, &mut init, device)).collect();
-        let lm_head = (!config.tie_word_embeddings).then(|| Param::from_tensor(init.normal([v, h], device)));
+        let layers = (0..config.num_hidden_layers)
+            .map(|_| DecoderLayer::new(config, &mut init, device))
+            .collect();
+        let lm_head =
+            (!config.tie_word_embeddings).then(|| Param::from_tensor(init.normal([v, h], device)));
         Self {
             embed_tokens,
             layers,
@@ -563,19 +649,34 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
     }
 
     /// RoPE tables and the attention mask of one pass over `batch` after `past` cached tokens.
-    fn pass_context(&self, batch: &ForwardBatch<B>, past: usize, key_mask: Option<Tensor<B, 2, burn::tensor::Bool>>) -> (RopeTables<B>, AttentionMask<B>) {
+    fn pass_context(
+        &self,
+        batch: &ForwardBatch<B>,
+        past: usize,
+        key_mask: Option<Tensor<B, 2, burn::tensor::Bool>>,
+    ) -> (RopeTables<B>, AttentionMask<B>) {
         let [b, t] = batch.input_ids.dims();
         let attn = &self.layers[0].self_attn;
-        let rope = self.rope.tables(batch.position_ids.clone(), attn.num_heads, attn.num_kv_heads);
+        let rope = self.rope.tables(
+            batch.position_ids.clone(),
+            attn.num_heads,
+            attn.num_kv_heads,
+        );
         let device = batch.input_ids.device();
         let mask = if t > 1 && self.exec.attention == AttentionImpl::Fused {
             let valid = match &key_mask {
                 Some(m) => m.clone().float().cast(DType::F32),
                 None => Tensor::<B, 2>::ones([b, past + t], &device).cast(DType::F32),
             };
-            AttentionMask { bias: None, fused: Some(valid) }
+            AttentionMask {
+                bias: None,
+                fused: Some(valid),
+            }
         } else {
-            AttentionMask { bias: attention_bias(b, t, past, key_mask, &device), fused: None }
+            AttentionMask {
+                bias: attention_bias(b, t, past, key_mask, &device),
+                fused: None,
+            }
         };
         (rope, mask)
     }
@@ -583,12 +684,19 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
     /// Final hidden states `[batch, seq, hidden]` (after the last norm, in the compute dtype) for
     /// the new tokens of `batch`. With a cache, keys and values of the new tokens are appended to
     /// it.
-    pub fn forward_hidden(&self, batch: &ForwardBatch<B>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+    pub fn forward_hidden(
+        &self,
+        batch: &ForwardBatch<B>,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
         let [b, t] = batch.input_ids.dims();
         let mut x = self.embed(batch);
         let device = batch.input_ids.device();
         let (past, key_mask) = match cache.as_ref() {
-            Some(c) => (c.len(), c.combined_mask(batch.key_mask.clone(), b, t, &device)),
+            Some(c) => (
+                c.len(),
+                c.combined_mask(batch.key_mask.clone(), b, t, &device),
+            ),
             None => (0, batch.key_mask.clone()),
         };
         let (rope, mask) = self.pass_context(batch, past, key_mask.clone());
@@ -606,14 +714,26 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
     /// the new keys and values go and, for a decode step, which cached keys each row reads (see
     /// [`crate::engine`]). A prefill (`pass.read` is `None`) attends to its own tokens under
     /// `batch.key_mask`; a decode step is one new token per row.
-    pub fn forward_hidden_paged(&self, batch: &ForwardBatch<B>, kv: &mut PagedKv<B>, pass: &PagedPass<B>) -> Tensor<B, 3> {
+    pub fn forward_hidden_paged(
+        &self,
+        batch: &ForwardBatch<B>,
+        kv: &mut PagedKv<B>,
+        pass: &PagedPass<B>,
+    ) -> Tensor<B, 3> {
         let [b, t] = batch.input_ids.dims();
         let mut x = self.embed(batch);
         let attn = &self.layers[0].self_attn;
-        let rope = self.rope.tables(batch.position_ids.clone(), attn.num_heads, attn.num_kv_heads);
+        let rope = self.rope.tables(
+            batch.position_ids.clone(),
+            attn.num_heads,
+            attn.num_kv_heads,
+        );
         let fused = batch.key_mask.clone().map(|m| m.float().cast(DType::F32));
         let mask = AttentionMask { bias: None, fused };
-        debug_assert!(pass.read.is_none() || t == 1, "decode steps feed one token per row");
+        debug_assert!(
+            pass.read.is_none() || t == 1,
+            "decode steps feed one token per row"
+        );
         let _ = b;
         for (layer, slot) in self.layers.iter().zip(kv.layers.iter_mut()) {
             x = layer.forward(x, &rope, &mask, Some(KvSlot::Paged(slot, pass)));
@@ -623,7 +743,12 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
 
     /// Next-token logits `[batch, vocab]` (last column) of a paged pass
     /// ([`Qwen3ForCausalLM::forward_hidden_paged`]).
-    pub fn forward_last_paged(&self, batch: &ForwardBatch<B>, kv: &mut PagedKv<B>, pass: &PagedPass<B>) -> Tensor<B, 2> {
+    pub fn forward_last_paged(
+        &self,
+        batch: &ForwardBatch<B>,
+        kv: &mut PagedKv<B>,
+        pass: &PagedPass<B>,
+    ) -> Tensor<B, 2> {
         let hidden = self.forward_hidden_paged(batch, kv, pass);
         let [b, t, h] = hidden.dims();
         let logits = self.logits(hidden.slice([0..b, t - 1..t, 0..h]));
@@ -641,7 +766,10 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
         let w = to_dtype(self.head_weight(), hidden.dtype());
         let v = w.dims()[0];
         let rows = hidden.reshape([b * t, h]).into_primitive().tensor();
-        let logits: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(B::chunk_logits(rows, w.into_primitive().tensor())));
+        let logits: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(B::chunk_logits(
+            rows,
+            w.into_primitive().tensor(),
+        )));
         logits.reshape([b, t, v])
     }
 
@@ -652,7 +780,11 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
 
     /// Logits `[batch, vocab]` of the last column only (the next-token distribution of a
     /// left-padded batch): the head runs on one position per row instead of all of them.
-    pub fn forward_last(&self, batch: &ForwardBatch<B>, cache: Option<&mut KvCache<B>>) -> Tensor<B, 2> {
+    pub fn forward_last(
+        &self,
+        batch: &ForwardBatch<B>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 2> {
         let hidden = self.forward_hidden(batch, cache);
         let [b, t, h] = hidden.dims();
         let logits = self.logits(hidden.slice([0..b, t - 1..t, 0..h]));
@@ -660,7 +792,6 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
         logits.reshape([b, v])
     }
 }
-
 
 /// Adds every gradient of `new` into `acc` (parameter by parameter).
 struct MergeGrads<'a> {
@@ -697,7 +828,11 @@ impl<B: GrpoOps + AutodiffBackend> Qwen3ForCausalLM<B> {
     /// (its graph cleanup locks every graph, the running one included), and its
     /// `BalancedCheckpointing` recomputes single cheap ops only, keeping matmul outputs.
     /// The gradients equal a plain backward's up to f32 summation order.
-    pub fn layerwise_gradients(&self, batch: &ForwardBatch<B>, loss: &mut dyn FnMut(Tensor<B, 3>) -> Tensor<B, 1>) -> GradientsParams {
+    pub fn layerwise_gradients(
+        &self,
+        batch: &ForwardBatch<B>,
+        loss: &mut dyn FnMut(Tensor<B, 3>) -> Tensor<B, 1>,
+    ) -> GradientsParams {
         let key_mask = batch.key_mask.clone();
         let (rope, mask) = self.pass_context(batch, 0, key_mask);
         // 1. No graph: untracked parameters.
@@ -712,19 +847,25 @@ impl<B: GrpoOps + AutodiffBackend> Qwen3ForCausalLM<B> {
         // 2. The head's segment.
         let leaf = x.detach().require_grad();
         let grads = loss(self.norm.forward(leaf.clone())).backward();
-        let mut upstream = leaf.grad(&grads).expect("the loss depends on the hidden states");
+        let mut upstream = leaf
+            .grad(&grads)
+            .expect("the loss depends on the hidden states");
         let mut acc = GradientsParams::from_grads(grads, self);
         // 3. Layers from the top.
         for (layer, input) in self.layers.iter().zip(inputs).rev() {
             let leaf = input.detach().require_grad();
             let y = layer.forward(leaf.clone(), &rope, &mask, None);
             let grads = (y * Tensor::from_inner(upstream)).sum().backward();
-            upstream = leaf.grad(&grads).expect("a layer's output depends on its input");
+            upstream = leaf
+                .grad(&grads)
+                .expect("a layer's output depends on its input");
             let new = GradientsParams::from_grads(grads, layer);
             layer.visit(&mut MergeGrads { acc: &mut acc, new });
         }
         // 4. The embedding (tied heads add to what the head's segment gave it).
-        let grads = (self.embed(batch) * Tensor::from_inner(upstream)).sum().backward();
+        let grads = (self.embed(batch) * Tensor::from_inner(upstream))
+            .sum()
+            .backward();
         let new = GradientsParams::from_grads(grads, self);
         self.visit(&mut MergeGrads { acc: &mut acc, new });
         acc

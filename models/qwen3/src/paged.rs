@@ -27,10 +27,23 @@ pub struct PagedKv<B: Backend> {
 impl<B: GrpoOps> PagedKv<B> {
     /// A zeroed pool of `num_blocks` blocks of `block_size` positions for `num_layers` layers of
     /// `width = kv_heads * head_dim` keys and values in `dtype`.
-    pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, width: usize, dtype: DType, device: &B::Device) -> Self {
+    pub fn new(
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        width: usize,
+        dtype: DType,
+        device: &B::Device,
+    ) -> Self {
         let slots = num_blocks * block_size;
         let zeros = || Some(Tensor::<B, 2>::zeros([slots, width], device).cast(dtype));
-        Self { layers: (0..num_layers).map(|_| (zeros(), zeros())).collect(), block_size, num_blocks, width, dtype }
+        Self {
+            layers: (0..num_layers).map(|_| (zeros(), zeros())).collect(),
+            block_size,
+            num_blocks,
+            width,
+            dtype,
+        }
     }
 
     /// Positions per block.
@@ -45,7 +58,8 @@ impl<B: GrpoOps> PagedKv<B> {
 
     /// Device bytes of the pool.
     pub fn bytes(&self) -> u64 {
-        (self.layers.len() * 2 * self.num_blocks * self.block_size * self.width * self.dtype.size()) as u64
+        (self.layers.len() * 2 * self.num_blocks * self.block_size * self.width * self.dtype.size())
+            as u64
     }
 
     /// Copies the first `len` positions of block `from` into block `to` in every layer (the copy
@@ -77,8 +91,20 @@ impl<B: GrpoOps> PagedKv<B> {
             .iter()
             .map(|(k, v)| {
                 let pool = k.as_ref().expect("pool present");
-                let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(slots.iter().map(|&s| s as i64).collect::<Vec<_>>(), [slots.len()]), &pool.device());
-                let read = |t: &Option<Tensor<B, 2>>| t.as_ref().expect("pool present").clone().select(0, idx.clone()).into_data();
+                let idx = Tensor::<B, 1, Int>::from_data(
+                    TensorData::new(
+                        slots.iter().map(|&s| s as i64).collect::<Vec<_>>(),
+                        [slots.len()],
+                    ),
+                    &pool.device(),
+                );
+                let read = |t: &Option<Tensor<B, 2>>| {
+                    t.as_ref()
+                        .expect("pool present")
+                        .clone()
+                        .select(0, idx.clone())
+                        .into_data()
+                };
                 (read(k), read(v))
             })
             .collect()
@@ -125,7 +151,13 @@ impl<B: Backend> PagedRead<B> {
     /// The decode-step read of rows whose block tables are `tables` (each padded with block 0 to
     /// `blocks` entries) and which hold `lens[r]` valid positions (the new one included): the
     /// tables and lengths go to the device once per step, a few words a row.
-    pub fn new(tables: &[Vec<u32>], blocks: usize, block_size: usize, lens: &[usize], device: &B::Device) -> Self {
+    pub fn new(
+        tables: &[Vec<u32>],
+        blocks: usize,
+        block_size: usize,
+        lens: &[usize],
+        device: &B::Device,
+    ) -> Self {
         let n = tables.len();
         let mut flat = Vec::with_capacity(n * blocks);
         for t in tables {
@@ -133,8 +165,15 @@ impl<B: Backend> PagedRead<B> {
             flat.extend(std::iter::repeat_n(0i64, blocks - t.len()));
         }
         let tables = Tensor::<B, 2, Int>::from_data(TensorData::new(flat, [n, blocks]), device);
-        let lens = Tensor::<B, 1, Int>::from_data(TensorData::new(lens.iter().map(|&l| l as i64).collect::<Vec<_>>(), [n]), device);
-        Self { tables, lens, block_size }
+        let lens = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(lens.iter().map(|&l| l as i64).collect::<Vec<_>>(), [n]),
+            device,
+        );
+        Self {
+            tables,
+            lens,
+            block_size,
+        }
     }
 }
 
@@ -149,7 +188,11 @@ pub struct BlockAllocator {
 impl BlockAllocator {
     /// All `num_blocks` blocks free.
     pub fn new(num_blocks: usize) -> Self {
-        Self { free: (0..num_blocks as u32).rev().collect(), refs: vec![0; num_blocks], peak_in_use: 0 }
+        Self {
+            free: (0..num_blocks as u32).rev().collect(),
+            refs: vec![0; num_blocks],
+            peak_in_use: 0,
+        }
     }
 
     /// Blocks not held by anyone.
@@ -220,6 +263,11 @@ mod tests {
         a.release_all(&mut table);
         assert!(table.is_empty());
         assert_eq!((a.free(), a.peak_in_use()), (3, 2));
-        assert!(a.alloc().is_some() && a.alloc().is_some() && a.alloc().is_some() && a.alloc().is_none());
+        assert!(
+            a.alloc().is_some()
+                && a.alloc().is_some()
+                && a.alloc().is_some()
+                && a.alloc().is_none()
+        );
     }
 }

@@ -45,7 +45,13 @@ impl<B: Backend> Qwen3<B> {
 
     /// A randomly initialised model (normal weights of std `std`, seeded) with the tokenizer in
     /// `tokenizer_dir`: for demos and tests. `dir` is the tokenizer directory.
-    pub fn random(config: Qwen3Config, tokenizer_dir: &Path, std: f64, seed: u64, device: &B::Device) -> Result<Self> {
+    pub fn random(
+        config: Qwen3Config,
+        tokenizer_dir: &Path,
+        std: f64,
+        seed: u64,
+        device: &B::Device,
+    ) -> Result<Self> {
         let tokenizer = Qwen3Tokenizer::from_dir(tokenizer_dir)?;
         Ok(Self {
             model: Qwen3ForCausalLM::random(&config, std, seed, device),
@@ -129,7 +135,12 @@ impl<B: Backend> Qwen3<B> {
     }
 
     /// Batched generation (see [`generate()`]).
-    pub fn generate(&self, prompts: &[Vec<u32>], cfg: &SamplingConfig, device: &B::Device) -> Result<Vec<Generation>>
+    pub fn generate(
+        &self,
+        prompts: &[Vec<u32>],
+        cfg: &SamplingConfig,
+        device: &B::Device,
+    ) -> Result<Vec<Generation>>
     where
         B: conrub_kernels::GrpoOps,
     {
@@ -161,7 +172,9 @@ pub fn save_pretrained<B: Backend>(
     } else {
         config.torch_dtype = Some(name.into());
     }
-    config.architectures.get_or_insert_with(|| vec!["Qwen3ForCausalLM".into()]);
+    config
+        .architectures
+        .get_or_insert_with(|| vec!["Qwen3ForCausalLM".into()]);
     config.write(&dir.join("config.json"))?;
     if let Some(g) = generation_config {
         let text = serde_json::to_string_pretty(g).expect("generation config serialises");

@@ -70,13 +70,15 @@ impl Qwen3Tokenizer {
                 message: "no tokenizer.json".into(),
             });
         }
-        let inner = tokenizers::Tokenizer::from_file(&tok_path).map_err(|e| Qwen3Error::Tokenizer {
-            context: tok_path.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let inner =
+            tokenizers::Tokenizer::from_file(&tok_path).map_err(|e| Qwen3Error::Tokenizer {
+                context: tok_path.display().to_string(),
+                message: e.to_string(),
+            })?;
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: TokenizerConfig = if cfg_path.exists() {
-            let text = std::fs::read_to_string(&cfg_path).map_err(|e| Qwen3Error::io(&cfg_path, e))?;
+            let text =
+                std::fs::read_to_string(&cfg_path).map_err(|e| Qwen3Error::io(&cfg_path, e))?;
             serde_json::from_str(&text).map_err(|source| Qwen3Error::Json {
                 path: cfg_path.clone(),
                 source,
@@ -119,10 +121,13 @@ impl Qwen3Tokenizer {
 
     /// Encodes text without adding special tokens (special-token strings in the text are parsed).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, false).map_err(|e| Qwen3Error::Tokenizer {
-            context: "encode".into(),
-            message: e.to_string(),
-        })?;
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Qwen3Error::Tokenizer {
+                context: "encode".into(),
+                message: e.to_string(),
+            })?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -161,9 +166,12 @@ impl Qwen3Tokenizer {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, JinjaError> {
-            Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<Value, JinjaError> {
+                Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         let jinja_err = |e: JinjaError| Qwen3Error::Tokenizer {
             context: "chat template".into(),
             message: format!("{e:#}"),
@@ -171,12 +179,22 @@ impl Qwen3Tokenizer {
         env.add_template("chat", template).map_err(jinja_err)?;
         let tmpl = env.get_template("chat").map_err(jinja_err)?;
         let mut ctx = serde_json::Map::new();
-        ctx.insert("messages".into(), serde_json::to_value(messages).expect("messages serialise"));
-        ctx.insert("add_generation_prompt".into(), opts.add_generation_prompt.into());
+        ctx.insert(
+            "messages".into(),
+            serde_json::to_value(messages).expect("messages serialise"),
+        );
+        ctx.insert(
+            "add_generation_prompt".into(),
+            opts.add_generation_prompt.into(),
+        );
         if let Some(t) = opts.enable_thinking {
             ctx.insert("enable_thinking".into(), t.into());
         }
-        for (k, v) in [("eos_token", &self.eos_token), ("pad_token", &self.pad_token), ("bos_token", &self.bos_token)] {
+        for (k, v) in [
+            ("eos_token", &self.eos_token),
+            ("pad_token", &self.pad_token),
+            ("bos_token", &self.bos_token),
+        ] {
             if let Some(v) = v {
                 ctx.insert(k.into(), v.clone().into());
             }

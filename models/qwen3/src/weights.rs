@@ -166,7 +166,11 @@ impl<B: Backend> Builder<'_, B> {
         Ok(Tensor::from_data(TensorData::new(data, shape), self.device))
     }
 
-    fn param<const D: usize>(&mut self, name: &str, shape: [usize; D]) -> Result<Param<Tensor<B, D>>> {
+    fn param<const D: usize>(
+        &mut self,
+        name: &str,
+        shape: [usize; D],
+    ) -> Result<Param<Tensor<B, D>>> {
         Ok(Param::from_tensor(self.tensor(name, shape)?))
     }
 
@@ -176,7 +180,10 @@ impl<B: Backend> Builder<'_, B> {
         let name = format!("{prefix}.weight");
         let w = self.files.read_f32(&name, &[d_out, d_in])?;
         self.used.insert(name);
-        let weight = Tensor::from_data(TensorData::new(transpose(&w, d_out, d_in), [d_in, d_out]), self.device);
+        let weight = Tensor::from_data(
+            TensorData::new(transpose(&w, d_out, d_in), [d_in, d_out]),
+            self.device,
+        );
         let bias = if bias {
             Some(self.param(&format!("{prefix}.bias"), [d_out])?)
         } else {
@@ -236,7 +243,11 @@ pub fn load_weights<B: Backend>(
     files: &WeightFiles,
     device: &B::Device,
 ) -> Result<Qwen3ForCausalLM<B>> {
-    let (v, h, i) = (config.vocab_size, config.hidden_size, config.intermediate_size);
+    let (v, h, i) = (
+        config.vocab_size,
+        config.hidden_size,
+        config.intermediate_size,
+    );
     let (nh, nkv, hd) = (
         config.num_attention_heads,
         config.num_key_value_heads(),
@@ -266,7 +277,11 @@ pub fn load_weights<B: Backend>(
                 num_kv_heads: nkv,
                 head_dim: hd,
             },
-            post_attention_layernorm: b.norm(&format!("{p}.post_attention_layernorm.weight"), h, eps)?,
+            post_attention_layernorm: b.norm(
+                &format!("{p}.post_attention_layernorm.weight"),
+                h,
+                eps,
+            )?,
             mlp: Mlp {
                 gate_proj: b.linear(&format!("{p}.mlp.gate_proj"), h, i, false)?,
                 up_proj: b.linear(&format!("{p}.mlp.up_proj"), h, i, false)?,
@@ -311,17 +326,27 @@ fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
 }
 
 /// All tensors of `model` under their HF names and shapes (`[out, in]` for projections), as f32.
-pub fn hf_tensors<B: Backend>(model: &Qwen3ForCausalLM<B>) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+pub fn hf_tensors<B: Backend>(
+    model: &Qwen3ForCausalLM<B>,
+) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
     let mut out = BTreeMap::new();
     let mut put = |name: String, shape: Vec<usize>, data: Vec<f32>| {
         out.insert(name, (shape, data));
     };
     let emb = model.embed_tokens.val();
-    put("model.embed_tokens.weight".into(), emb.dims().to_vec(), host_f32(emb));
+    put(
+        "model.embed_tokens.weight".into(),
+        emb.dims().to_vec(),
+        host_f32(emb),
+    );
     let linear = |lin: &Linear<B>| {
         let [d_in, d_out] = lin.weight.dims();
         let w = transpose(&host_f32(lin.weight.val()), d_in, d_out);
-        (vec![d_out, d_in], w, lin.bias.as_ref().map(|b| host_f32(b.val())))
+        (
+            vec![d_out, d_in],
+            w,
+            lin.bias.as_ref().map(|b| host_f32(b.val())),
+        )
     };
     for (l, layer) in model.layers.iter().enumerate() {
         let p = format!("model.layers.{l}");
@@ -362,7 +387,10 @@ pub fn hf_tensors<B: Backend>(model: &Qwen3ForCausalLM<B>) -> BTreeMap<String, (
 }
 
 /// Serialises `model` as a single HF `model.safetensors` byte buffer.
-pub fn to_safetensors_bytes<B: Backend>(model: &Qwen3ForCausalLM<B>, dtype: SaveDtype) -> Result<Vec<u8>> {
+pub fn to_safetensors_bytes<B: Backend>(
+    model: &Qwen3ForCausalLM<B>,
+    dtype: SaveDtype,
+) -> Result<Vec<u8>> {
     let tensors = hf_tensors(model);
     let encoded: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .into_iter()

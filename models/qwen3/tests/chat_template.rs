@@ -9,8 +9,10 @@ use conrub_qwen3::{ChatOptions, Message, Qwen3Tokenizer};
 fn chat_template_ids_equal_transformers() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
     let tok = Qwen3Tokenizer::from_dir(&data.join("qwen3-tokenizer")).unwrap();
-    let cases: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(data.join("chat_template_cases.json")).unwrap()).unwrap();
+    let cases: Vec<serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(data.join("chat_template_cases.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(cases.len(), 24);
     let mut with_think_block = 0;
     for case in &cases {
@@ -19,7 +21,10 @@ fn chat_template_ids_equal_transformers() {
             add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
             enable_thinking: case["enable_thinking"].as_bool(),
         };
-        let label = format!("{} gen={} thinking={:?}", case["name"], opts.add_generation_prompt, opts.enable_thinking);
+        let label = format!(
+            "{} gen={} thinking={:?}",
+            case["name"], opts.add_generation_prompt, opts.enable_thinking
+        );
         let text = tok.render_chat(&messages, opts).unwrap();
         assert_eq!(text, case["text"].as_str().unwrap(), "{label}");
         let ids = tok.apply_chat_template(&messages, opts).unwrap();
@@ -31,7 +36,10 @@ fn chat_template_ids_equal_transformers() {
     assert_eq!(with_think_block, 4);
     assert_eq!(tok.eos_id(), Some(151645));
     assert_eq!(tok.pad_id(), Some(151643));
-    assert_eq!(tok.decode(&[151644, 872, 198], false).unwrap(), "<|im_start|>user\n");
+    assert_eq!(
+        tok.decode(&[151644, 872, 198], false).unwrap(),
+        "<|im_start|>user\n"
+    );
 }
 
 /// The chat template takes the workspace's one message type: a rubric record's question renders as
@@ -40,20 +48,40 @@ fn chat_template_ids_equal_transformers() {
 fn rubric_questions_render_without_conversion() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
     let tok = Qwen3Tokenizer::from_dir(&data.join("qwen3-tokenizer")).unwrap();
-    let cases: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(data.join("chat_template_cases.json")).unwrap()).unwrap();
-    let case = cases.iter().find(|c| c["name"] == "system-user" && c["add_generation_prompt"] == true && c["enable_thinking"] == false).unwrap();
-    let record: conrub_rubric::RubricRecord =
-        serde_json::from_value(serde_json::json!({"id": "p", "question": case["messages"], "criteria": []})).unwrap();
+    let cases: Vec<serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(data.join("chat_template_cases.json")).unwrap(),
+    )
+    .unwrap();
+    let case = cases
+        .iter()
+        .find(|c| {
+            c["name"] == "system-user"
+                && c["add_generation_prompt"] == true
+                && c["enable_thinking"] == false
+        })
+        .unwrap();
+    let record: conrub_rubric::RubricRecord = serde_json::from_value(
+        serde_json::json!({"id": "p", "question": case["messages"], "criteria": []}),
+    )
+    .unwrap();
     let question: &[Message] = &record.question;
-    let opts = ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) };
-    assert_eq!(tok.render_chat(question, opts).unwrap(), case["text"].as_str().unwrap());
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        enable_thinking: Some(false),
+    };
+    assert_eq!(
+        tok.render_chat(question, opts).unwrap(),
+        case["text"].as_str().unwrap()
+    );
     let expected: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
     assert_eq!(tok.apply_chat_template(question, opts).unwrap(), expected);
     // A plain-string question is one user message.
-    let q: conrub_rubric::RubricRecord = serde_json::from_str(r#"{"id":"p","question":"Hi","criteria":[]}"#).unwrap();
+    let q: conrub_rubric::RubricRecord =
+        serde_json::from_str(r#"{"id":"p","question":"Hi","criteria":[]}"#).unwrap();
     assert_eq!(q.question, vec![Message::user("Hi")]);
     // Messages are exactly role and content: other fields are rejected, by name.
-    let e = serde_json::from_str::<Message>(r#"{"role":"user","content":"x","tool_calls":[]}"#).unwrap_err().to_string();
+    let e = serde_json::from_str::<Message>(r#"{"role":"user","content":"x","tool_calls":[]}"#)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("unknown field `tool_calls`"), "{e}");
 }

@@ -3,7 +3,10 @@
 //! compositions and memory budgets.
 
 use burn::backend::Flex;
-use conrub_qwen3::{generate_dense, rollout, EngineConfig, Generation, Qwen3Config, Qwen3ForCausalLM, Rollout, SamplingConfig};
+use conrub_qwen3::{
+    generate_dense, rollout, EngineConfig, Generation, Qwen3Config, Qwen3ForCausalLM, Rollout,
+    SamplingConfig,
+};
 
 type B = Flex;
 
@@ -14,11 +17,23 @@ fn model(vocab: usize) -> Qwen3ForCausalLM<B> {
 /// Four prompts of lengths 3, 6, 9 and 13 (not multiples of the block size), each twice: two
 /// groups of two share a prompt.
 fn prompts() -> Vec<Vec<u32>> {
-    let base: Vec<Vec<u32>> = [3usize, 6, 9, 13].iter().map(|&n| (0..n as u32).map(|i| (i * 37 + n as u32 * 11) % 500 + 1).collect()).collect();
+    let base: Vec<Vec<u32>> = [3usize, 6, 9, 13]
+        .iter()
+        .map(|&n| {
+            (0..n as u32)
+                .map(|i| (i * 37 + n as u32 * 11) % 500 + 1)
+                .collect()
+        })
+        .collect();
     base.iter().flat_map(|p| [p.clone(), p.clone()]).collect()
 }
 
-fn run(m: &Qwen3ForCausalLM<B>, prompts: &[Vec<u32>], cfg: &SamplingConfig, engine: &EngineConfig) -> Rollout {
+fn run(
+    m: &Qwen3ForCausalLM<B>,
+    prompts: &[Vec<u32>],
+    cfg: &SamplingConfig,
+    engine: &EngineConfig,
+) -> Rollout {
     rollout(m, prompts, cfg, engine, &Default::default()).unwrap()
 }
 
@@ -28,17 +43,33 @@ fn tokens(g: &[Generation]) -> Vec<Vec<u32>> {
 
 /// Blocks that hold every row of `prompts` at full length (`max_new` new tokens).
 fn full_blocks(prompts: &[Vec<u32>], max_new: usize, bs: usize) -> usize {
-    prompts.iter().map(|p| (p.len() + max_new).div_ceil(bs)).sum()
+    prompts
+        .iter()
+        .map(|p| (p.len() + max_new).div_ceil(bs))
+        .sum()
 }
 
 #[test]
 fn greedy_equals_the_dense_engine() {
     let m = model(512);
     let p = prompts();
-    let cfg = SamplingConfig { greedy: true, max_new_tokens: 20, stop_ids: vec![7], ..Default::default() };
+    let cfg = SamplingConfig {
+        greedy: true,
+        max_new_tokens: 20,
+        stop_ids: vec![7],
+        ..Default::default()
+    };
     let dense = generate_dense(&m, &p, &cfg, 0, &Default::default()).unwrap();
     for bs in [4, 16] {
-        let out = run(&m, &p, &cfg, &EngineConfig { block_size: bs, ..Default::default() });
+        let out = run(
+            &m,
+            &p,
+            &cfg,
+            &EngineConfig {
+                block_size: bs,
+                ..Default::default()
+            },
+        );
         assert_eq!(tokens(&out.generations), tokens(&dense), "block size {bs}");
         for (a, b) in out.generations.iter().zip(&dense) {
             assert_eq!(a.finish_reason, b.finish_reason);
@@ -53,14 +84,37 @@ fn greedy_equals_the_dense_engine() {
 fn a_prompt_is_prefilled_once_for_its_group() {
     let m = model(512);
     let p = prompts();
-    let cfg = SamplingConfig { max_new_tokens: 6, seed: 5, ..Default::default() };
-    let out = run(&m, &p, &cfg, &EngineConfig { block_size: 4, ..Default::default() });
+    let cfg = SamplingConfig {
+        max_new_tokens: 6,
+        seed: 5,
+        ..Default::default()
+    };
+    let out = run(
+        &m,
+        &p,
+        &cfg,
+        &EngineConfig {
+            block_size: 4,
+            ..Default::default()
+        },
+    );
     let s = &out.stats;
-    assert_eq!((s.sequences, s.distinct_prompts, s.prompt_prefills), (8, 4, 4));
-    assert_eq!(s.prefill_tokens, 3 + 6 + 9 + 13, "each prompt's tokens once");
+    assert_eq!(
+        (s.sequences, s.distinct_prompts, s.prompt_prefills),
+        (8, 4, 4)
+    );
+    assert_eq!(
+        s.prefill_tokens,
+        3 + 6 + 9 + 13,
+        "each prompt's tokens once"
+    );
     assert_eq!((s.preemptions, s.swapped_tokens), (0, 0));
     assert_eq!(s.generated_tokens, 8 * 6);
-    assert_eq!(s.host_bytes_read, (8 * 6 * 12) as u64, "ids and log-probs only");
+    assert_eq!(
+        s.host_bytes_read,
+        (8 * 6 * 12) as u64,
+        "ids and log-probs only"
+    );
     // Shared prompt blocks: fewer blocks than every row holding its own prompt.
     assert!(s.peak_kv_blocks < full_blocks(&p, 6, 4), "{s:?}");
 }
@@ -71,25 +125,92 @@ fn a_prompt_is_prefilled_once_for_its_group() {
 #[test]
 fn seeded_sampling_is_independent_of_batch_schedule_and_budget() {
     let peaked = model(512);
-    let flat = Qwen3ForCausalLM::<B>::random(&Qwen3Config::tiny(151_936), 0.02, 3, &Default::default());
-    for (m, cfg) in [(&flat, SamplingConfig { max_new_tokens: 24, seed: 13, ..Default::default() })].into_iter().chain([
-        SamplingConfig { max_new_tokens: 24, seed: 11, ..Default::default() },
-        SamplingConfig { max_new_tokens: 24, seed: 12, top_p: 0.9, top_k: Some(40), temperature: 0.8, ..Default::default() },
-    ].map(|c| (&peaked, c))) {
+    let flat =
+        Qwen3ForCausalLM::<B>::random(&Qwen3Config::tiny(151_936), 0.02, 3, &Default::default());
+    for (m, cfg) in [(
+        &flat,
+        SamplingConfig {
+            max_new_tokens: 24,
+            seed: 13,
+            ..Default::default()
+        },
+    )]
+    .into_iter()
+    .chain(
+        [
+            SamplingConfig {
+                max_new_tokens: 24,
+                seed: 11,
+                ..Default::default()
+            },
+            SamplingConfig {
+                max_new_tokens: 24,
+                seed: 12,
+                top_p: 0.9,
+                top_k: Some(40),
+                temperature: 0.8,
+                ..Default::default()
+            },
+        ]
+        .map(|c| (&peaked, c)),
+    ) {
         let p = prompts();
-        let unlimited = run(m, &p, &cfg, &EngineConfig { block_size: 4, ..Default::default() });
+        let unlimited = run(
+            m,
+            &p,
+            &cfg,
+            &EngineConfig {
+                block_size: 4,
+                ..Default::default()
+            },
+        );
         // The first row alone (stream 0, as in the batch).
-        let alone = run(m, &p[..1], &cfg, &EngineConfig { block_size: 4, ..Default::default() });
+        let alone = run(
+            m,
+            &p[..1],
+            &cfg,
+            &EngineConfig {
+                block_size: 4,
+                ..Default::default()
+            },
+        );
         assert_eq!(alone.generations[0].tokens, unlimited.generations[0].tokens);
         // At most three rows at once.
-        let narrow = run(m, &p, &cfg, &EngineConfig { block_size: 4, max_rows: 3, ..Default::default() });
+        let narrow = run(
+            m,
+            &p,
+            &cfg,
+            &EngineConfig {
+                block_size: 4,
+                max_rows: 3,
+                ..Default::default()
+            },
+        );
         assert_eq!(tokens(&narrow.generations), tokens(&unlimited.generations));
         assert_eq!(narrow.stats.peak_running_rows, 3);
         // A pool that holds a quarter of the rows at full length: preemption, same tokens.
         let quarter = full_blocks(&p, 24, 4) / 4;
-        let tight = run(m, &p, &cfg, &EngineConfig { block_size: 4, kv_blocks: Some(quarter), ..Default::default() });
-        assert_eq!(tokens(&tight.generations), tokens(&unlimited.generations), "{:?}", tight.stats);
-        assert!(tight.stats.preemptions > 0 && tight.stats.swapped_tokens > 0, "{:?}", tight.stats);
+        let tight = run(
+            m,
+            &p,
+            &cfg,
+            &EngineConfig {
+                block_size: 4,
+                kv_blocks: Some(quarter),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            tokens(&tight.generations),
+            tokens(&unlimited.generations),
+            "{:?}",
+            tight.stats
+        );
+        assert!(
+            tight.stats.preemptions > 0 && tight.stats.swapped_tokens > 0,
+            "{:?}",
+            tight.stats
+        );
         assert!(tight.stats.peak_kv_blocks <= quarter);
         for (a, b) in tight.generations.iter().zip(&unlimited.generations) {
             for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
@@ -102,10 +223,25 @@ fn seeded_sampling_is_independent_of_batch_schedule_and_budget() {
 #[test]
 fn a_pool_too_small_for_one_sequence_is_an_error_that_says_so() {
     let m = model(512);
-    let cfg = SamplingConfig { max_new_tokens: 40, ..Default::default() };
-    let e = rollout(&m, &prompts()[6..7], &cfg, &EngineConfig { block_size: 4, kv_blocks: Some(5), ..Default::default() }, &Default::default())
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("kv_blocks") && e.contains("raise the KV budget"), "{e}");
+    let cfg = SamplingConfig {
+        max_new_tokens: 40,
+        ..Default::default()
+    };
+    let e = rollout(
+        &m,
+        &prompts()[6..7],
+        &cfg,
+        &EngineConfig {
+            block_size: 4,
+            kv_blocks: Some(5),
+            ..Default::default()
+        },
+        &Default::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("kv_blocks") && e.contains("raise the KV budget"),
+        "{e}"
+    );
 }
-

@@ -20,7 +20,9 @@ const REPO: &str = "acme/tiny-qwen3";
 const TOKEN: &str = "hf_test_token";
 
 fn testdata(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(name)
 }
 
 /// Serves `dir` as `/{REPO}/resolve/main/{file}`; counts requests; needs `Authorization: Bearer TOKEN`.
@@ -57,7 +59,11 @@ fn handle(mut stream: TcpStream, dir: &Path) -> std::io::Result<()> {
         }
     }
     let reply = |stream: &mut TcpStream, status: &str, headers: String, body: &[u8]| {
-        write!(stream, "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n{headers}\r\n", body.len())?;
+        write!(
+            stream,
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n{headers}\r\n",
+            body.len()
+        )?;
         stream.write_all(body)
     };
     if auth.as_deref() != Some(&format!("Bearer {TOKEN}")) {
@@ -85,12 +91,23 @@ fn handle(mut stream: TcpStream, dir: &Path) -> std::io::Result<()> {
         "x-repo-commit: 0123456789abcdef0123456789abcdef01234567\r\netag: \"{size:x}-etag\"\r\nContent-Range: bytes {start}-{}/{size}\r\n",
         end.saturating_sub(1)
     );
-    reply(&mut stream, "206 Partial Content", headers, &data[start..end])
+    reply(
+        &mut stream,
+        "206 Partial Content",
+        headers,
+        &data[start..end],
+    )
 }
 
 fn last_logits(q: &Qwen3<B>) -> Vec<f32> {
     let batch = ForwardBatch::<B>::contiguous(&[vec![3, 1, 4, 1, 5, 9]], 0, &Default::default());
-    q.model.forward(&batch, None).cast(DType::F32).into_data().convert::<f32>().into_vec().unwrap()
+    q.model
+        .forward(&batch, None)
+        .cast(DType::F32)
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .unwrap()
 }
 
 #[test]
@@ -107,12 +124,19 @@ fn hub_download_then_cache() {
 
     // Without the token the server refuses, and the error says what to do.
     unsafe { std::env::remove_var("HF_TOKEN") };
-    let err = Qwen3::<B>::load(REPO, &Default::default()).err().unwrap().to_string();
+    let err = Qwen3::<B>::load(REPO, &Default::default())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains(REPO) && err.contains("HF_TOKEN"), "{err}");
 
     unsafe { std::env::set_var("HF_TOKEN", TOKEN) };
     let downloaded = Qwen3::<B>::load(REPO, &Default::default()).unwrap();
-    assert!(downloaded.dir.starts_with(home.path()), "{:?}", downloaded.dir);
+    assert!(
+        downloaded.dir.starts_with(home.path()),
+        "{:?}",
+        downloaded.dir
+    );
     let local = Qwen3::<B>::load_dir(&testdata("tied-gqa-f32"), &Default::default()).unwrap();
     assert_eq!(last_logits(&downloaded), last_logits(&local));
 

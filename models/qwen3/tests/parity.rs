@@ -19,7 +19,9 @@ type B = burn::backend::LibTorch<f32>;
 const MODELS: &[&str] = &["tied-gqa-f32", "untied-mqa-bf16", "tied-mha-bf16-sharded"];
 
 fn testdata(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(name)
 }
 
 fn load(name: &str) -> Qwen3<B> {
@@ -35,7 +37,10 @@ impl Reference {
     fn open(name: &str) -> Self {
         let dir = testdata(name);
         Self {
-            json: serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap(),
+            json: serde_json::from_str(
+                &std::fs::read_to_string(dir.join("reference.json")).unwrap(),
+            )
+            .unwrap(),
             bytes: std::fs::read(dir.join("reference.safetensors")).unwrap(),
         }
     }
@@ -58,12 +63,19 @@ impl Reference {
 }
 
 fn host(t: Tensor<B, 3>) -> Vec<f32> {
-    t.cast(DType::F32).into_data().convert::<f32>().into_vec().unwrap()
+    t.cast(DType::F32)
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .unwrap()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y).abs())
+        .fold(0.0, f64::max)
 }
 
 #[test]
@@ -81,10 +93,12 @@ fn logits_and_logprobs_match_transformers_float64() {
             eprintln!("{name} seq {i}: max |logit diff| {d:e}");
             assert!(d < 1e-4, "{name} seq {i}: max |logit diff| {d:e}");
             // Guard against a vacuous comparison: the logits must vary.
-            let spread = expected.iter().cloned().fold(f64::MIN, f64::max) - expected.iter().cloned().fold(f64::MAX, f64::min);
+            let spread = expected.iter().cloned().fold(f64::MIN, f64::max)
+                - expected.iter().cloned().fold(f64::MAX, f64::min);
             assert!(spread > 1.0, "{name}: reference logits are nearly constant");
 
-            let scores = score_sequences(&qwen.model, std::slice::from_ref(seq), 0, &device).unwrap();
+            let scores =
+                score_sequences(&qwen.model, std::slice::from_ref(seq), 0, &device).unwrap();
             let (_, expected_lp) = reference.f64s(&format!("next_logprobs.{i}"));
             let d = max_abs_diff(&scores[0].token_logprobs, &expected_lp);
             assert!(d < 1e-4, "{name} seq {i}: max |logprob diff| {d:e}");
@@ -109,7 +123,10 @@ fn greedy_generation_matches_transformers() {
         let out = generate(&qwen.model, &[prompt], &cfg, 0, &device).unwrap();
         assert_eq!(out[0].tokens, expected, "{name}");
         assert_eq!(out[0].finish_reason, conrub_qwen3::FinishReason::Length);
-        assert!(out[0].logprobs.iter().all(|&lp| lp <= 0.0 && lp.is_finite()));
+        assert!(out[0]
+            .logprobs
+            .iter()
+            .all(|&lp| lp <= 0.0 && lp.is_finite()));
     }
 }
 
@@ -120,7 +137,12 @@ fn padded_batches_equal_unbatched() {
     let seqs = Reference::open("untied-mqa-bf16").ids("sequences");
     let singles: Vec<Vec<f32>> = seqs
         .iter()
-        .map(|s| host(qwen.model.forward(&ForwardBatch::contiguous(std::slice::from_ref(s), 0, &device), None)))
+        .map(|s| {
+            host(qwen.model.forward(
+                &ForwardBatch::contiguous(std::slice::from_ref(s), 0, &device),
+                None,
+            ))
+        })
         .collect();
     let v = qwen.config.vocab_size;
     for padding in [Padding::Left, Padding::Right] {
@@ -133,7 +155,11 @@ fn padded_batches_equal_unbatched() {
             };
             let start = (r * batch.len + offset) * v;
             let got = &logits[start..start + seq.len() * v];
-            let d = got.iter().zip(&singles[r]).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let d = got
+                .iter()
+                .zip(&singles[r])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
             assert!(d < 1e-5, "{padding:?} row {r}: {d:e}");
         }
     }
@@ -151,7 +177,8 @@ fn kv_cache_decoding_equals_full_forward() {
         let prompts = vec![a[..5].to_vec(), b[..9].to_vec()];
         let padded = PaddedBatch::new(&prompts, 0, Padding::Left);
         let mut cache = KvCache::<B>::new(qwen.model.num_layers());
-        qwen.model.forward(&padded.to_device(&device), Some(&mut cache));
+        qwen.model
+            .forward(&padded.to_device(&device), Some(&mut cache));
         let mut fed = prompts.clone();
         for chunk in [1usize, 3, 1, 2] {
             let new: Vec<Vec<u32>> = [a, b]
@@ -167,17 +194,27 @@ fn kv_cache_decoding_equals_full_forward() {
                 .collect();
             let step = ForwardBatch::<B> {
                 input_ids: Tensor::from_data(burn::tensor::TensorData::new(ids, [2, n]), &device),
-                position_ids: Tensor::from_data(burn::tensor::TensorData::new(pos, [2, n]), &device),
+                position_ids: Tensor::from_data(
+                    burn::tensor::TensorData::new(pos, [2, n]),
+                    &device,
+                ),
                 key_mask: None,
             };
             let got = host(qwen.model.forward(&step, Some(&mut cache)));
             for (r, (done, add)) in fed.iter_mut().zip(&new).enumerate() {
                 done.extend_from_slice(add);
-                let full = host(qwen.model.forward(&ForwardBatch::contiguous(std::slice::from_ref(done), 0, &device), None));
+                let full = host(qwen.model.forward(
+                    &ForwardBatch::contiguous(std::slice::from_ref(done), 0, &device),
+                    None,
+                ));
                 let t = done.len();
                 let expected = &full[(t - n) * v..t * v];
                 let row = &got[r * n * v..(r + 1) * n * v];
-                let d = row.iter().zip(expected).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+                let d = row
+                    .iter()
+                    .zip(expected)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0, f32::max);
                 assert!(d < 2e-5, "{name} row {r} after {t} tokens: {d:e}");
             }
         }
@@ -211,7 +248,10 @@ fn batched_generation_matches_single_and_stops_per_sequence() {
     }
     // Stop ids end a sequence early (the stop token is kept) while the others go on.
     let first = batched[0].tokens[3];
-    let cfg_stop = SamplingConfig { stop_ids: vec![first], ..cfg.clone() };
+    let cfg_stop = SamplingConfig {
+        stop_ids: vec![first],
+        ..cfg.clone()
+    };
     let stopped = generate(&qwen.model, &prompts, &cfg_stop, 0, &device).unwrap();
     let cut = batched[0].tokens.iter().position(|&t| t == first).unwrap();
     assert_eq!(stopped[0].tokens, batched[0].tokens[..=cut].to_vec());
@@ -226,7 +266,14 @@ fn batched_generation_matches_single_and_stops_per_sequence() {
     // Same seed, same output; different seed, (almost surely) different output.
     let again = generate(&qwen.model, &prompts, &cfg, 0, &device).unwrap();
     assert_eq!(again, batched);
-    let other = generate(&qwen.model, &prompts, &SamplingConfig { seed: 99, ..cfg }, 0, &device).unwrap();
+    let other = generate(
+        &qwen.model,
+        &prompts,
+        &SamplingConfig { seed: 99, ..cfg },
+        0,
+        &device,
+    )
+    .unwrap();
     assert_ne!(other, batched);
 }
 
@@ -241,23 +288,35 @@ fn tied_head_reuses_the_embedding() {
     let stored: usize = {
         let bytes = std::fs::read(testdata("tied-gqa-f32").join("model.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
-        st.tensors().iter().map(|(_, t)| t.shape().iter().product::<usize>()).sum()
+        st.tensors()
+            .iter()
+            .map(|(_, t)| t.shape().iter().product::<usize>())
+            .sum()
     };
     assert_eq!(qwen.model.num_params(), stored);
     // Gradients of the logits reach the embedding through the head.
     type A = burn::backend::Autodiff<B>;
     let device = Default::default();
-    let model = Qwen3::<A>::load_dir(&testdata("tied-gqa-f32"), &device).unwrap().model;
+    let model = Qwen3::<A>::load_dir(&testdata("tied-gqa-f32"), &device)
+        .unwrap()
+        .model;
     let batch = ForwardBatch::<A>::contiguous(&[vec![1, 2, 3]], 0, &device);
     let hidden = model.forward_hidden(&batch, None).detach();
     let logits = model.logits(hidden);
     let grads = logits.sum().backward();
-    let g = model.embed_tokens.val().grad(&grads).expect("embedding receives the head gradient");
+    let g = model
+        .embed_tokens
+        .val()
+        .grad(&grads)
+        .expect("embedding receives the head gradient");
     let total: f32 = g.abs().sum().into_scalar();
     assert!(total > 0.0);
 }
 
-fn rewrite_checkpoint(src: &str, edit: impl Fn(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>)) -> tempfile::TempDir {
+fn rewrite_checkpoint(
+    src: &str,
+    edit: impl Fn(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let from = testdata(src);
     std::fs::copy(from.join("config.json"), dir.path().join("config.json")).unwrap();
@@ -271,56 +330,106 @@ fn rewrite_checkpoint(src: &str, edit: impl Fn(&mut Vec<(String, safetensors::Dt
     edit(&mut tensors);
     let views: Vec<_> = tensors
         .iter()
-        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
         .collect();
-    std::fs::write(dir.path().join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+    std::fs::write(
+        dir.path().join("model.safetensors"),
+        safetensors::serialize(views, None).unwrap(),
+    )
+    .unwrap();
     dir
 }
 
 #[test]
 fn bad_checkpoints_name_the_tensor() {
     let device = Default::default();
-    let missing = rewrite_checkpoint("tied-gqa-f32", |t| t.retain(|x| x.0 != "model.layers.1.self_attn.k_norm.weight"));
-    let err = Qwen3::<B>::load_dir(missing.path(), &device).err().unwrap().to_string();
-    assert!(err.contains("model.layers.1.self_attn.k_norm.weight") && err.contains("missing"), "{err}");
+    let missing = rewrite_checkpoint("tied-gqa-f32", |t| {
+        t.retain(|x| x.0 != "model.layers.1.self_attn.k_norm.weight")
+    });
+    let err = Qwen3::<B>::load_dir(missing.path(), &device)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("model.layers.1.self_attn.k_norm.weight") && err.contains("missing"),
+        "{err}"
+    );
 
     let extra = rewrite_checkpoint("tied-gqa-f32", |t| {
         let mut x = t[0].clone();
         x.0 = "model.layers.9.mlp.up_proj.weight".into();
         t.push(x);
     });
-    let err = Qwen3::<B>::load_dir(extra.path(), &device).err().unwrap().to_string();
-    assert!(err.contains("model.layers.9.mlp.up_proj.weight") && err.contains("unexpected"), "{err}");
+    let err = Qwen3::<B>::load_dir(extra.path(), &device)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("model.layers.9.mlp.up_proj.weight") && err.contains("unexpected"),
+        "{err}"
+    );
 
     let misshaped = rewrite_checkpoint("tied-gqa-f32", |t| {
         let x = t.iter_mut().find(|x| x.0 == "model.norm.weight").unwrap();
         x.2 = vec![x.2[0] / 2];
         x.3.truncate(x.3.len() / 2);
     });
-    let err = Qwen3::<B>::load_dir(misshaped.path(), &device).err().unwrap().to_string();
-    assert!(err.contains("model.norm.weight") && err.contains("shape"), "{err}");
+    let err = Qwen3::<B>::load_dir(misshaped.path(), &device)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("model.norm.weight") && err.contains("shape"),
+        "{err}"
+    );
 
     let empty = tempfile::tempdir().unwrap();
-    let err = Qwen3::<B>::load_dir(empty.path(), &device).err().unwrap().to_string();
+    let err = Qwen3::<B>::load_dir(empty.path(), &device)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("config.json"), "{err}");
 }
 
 #[test]
 fn save_pretrained_round_trips() {
     let device = Default::default();
-    for (name, dtype) in [("tied-gqa-f32", SaveDtype::F32), ("untied-mqa-bf16", SaveDtype::Bf16)] {
+    for (name, dtype) in [
+        ("tied-gqa-f32", SaveDtype::F32),
+        ("untied-mqa-bf16", SaveDtype::Bf16),
+    ] {
         let qwen = load(name);
         let out = tempfile::tempdir().unwrap();
         save_pretrained(&qwen.model, &qwen.config, None, None, out.path(), dtype).unwrap();
         let again = Qwen3::<B>::load_dir(out.path(), &device).unwrap();
-        assert_eq!(again.config.tie_word_embeddings, qwen.config.tie_word_embeddings);
+        assert_eq!(
+            again.config.tie_word_embeddings,
+            qwen.config.tie_word_embeddings
+        );
         let batch = ForwardBatch::<B>::contiguous(&[vec![4, 8, 15, 16, 23, 42]], 0, &device);
         // bf16 -> f32 -> bf16 is exact, so both round trips reproduce the logits bit for bit.
-        assert_eq!(host(qwen.model.forward(&batch, None)), host(again.model.forward(&batch, None)), "{name}");
+        assert_eq!(
+            host(qwen.model.forward(&batch, None)),
+            host(again.model.forward(&batch, None)),
+            "{name}"
+        );
         // The tied checkpoint stays tied: no lm_head.weight is written.
         let bytes = std::fs::read(out.path().join("model.safetensors")).unwrap();
-        let names: Vec<String> = SafeTensors::deserialize(&bytes).unwrap().names().into_iter().map(String::from).collect();
-        assert_eq!(names.contains(&"lm_head.weight".to_string()), !qwen.config.tie_word_embeddings);
+        let names: Vec<String> = SafeTensors::deserialize(&bytes)
+            .unwrap()
+            .names()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        assert_eq!(
+            names.contains(&"lm_head.weight".to_string()),
+            !qwen.config.tie_word_embeddings
+        );
     }
 }
 
@@ -342,14 +451,22 @@ fn kv_cache_grows_across_blocks() {
     let qwen = load("untied-mqa-bf16");
     let v = qwen.config.vocab_size;
     let seq: Vec<u32> = (0..600u32).map(|i| (i * 37 + 11) % 256).collect();
-    let full = host(qwen.model.forward(&ForwardBatch::contiguous(&[seq.clone()], 0, &device), None));
+    let full = host(
+        qwen.model
+            .forward(&ForwardBatch::contiguous(&[seq.clone()], 0, &device), None),
+    );
     let mut cache = KvCache::<B>::new(qwen.model.num_layers());
     let mut done = 0;
     for chunk in [250usize, 3, 3, 3, 3, 300, 1] {
-        let step = ForwardBatch::<B>::contiguous(&[seq[done..done + chunk].to_vec()], done, &device);
+        let step =
+            ForwardBatch::<B>::contiguous(&[seq[done..done + chunk].to_vec()], done, &device);
         let got = host(qwen.model.forward(&step, Some(&mut cache)));
         let expected = &full[done * v..(done + chunk) * v];
-        let d = got.iter().zip(expected).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+        let d = got
+            .iter()
+            .zip(expected)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
         assert!(d < 2e-5, "chunk ending at {}: {d:e}", done + chunk);
         done += chunk;
     }
