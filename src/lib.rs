@@ -69,8 +69,20 @@ pub fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // `{:#}` prints the whole context chain on one line; no backtrace for user errors.
-            eprintln!("error: {e:#}");
+            // The whole chain on one line, no backtrace for user errors. Library errors repeat
+            // their source's message in their own (so `to_string` alone is complete): a cause
+            // whose text is already in the line is not printed twice.
+            let mut line = String::new();
+            for cause in e.chain() {
+                let text = cause.to_string();
+                if !line.contains(&text) {
+                    if !line.is_empty() {
+                        line.push_str(": ");
+                    }
+                    line.push_str(&text);
+                }
+            }
+            eprintln!("error: {line}");
             ExitCode::FAILURE
         }
     }

@@ -194,7 +194,7 @@ fn random_and_local_models_plan() {
     )
     .unwrap();
     let toml = dir.path().join("train.toml");
-    std::fs::write(&toml, "device = \"cuda:0\"\nfuture_key = 1\n[model]\npath = \"ckpt\"\n[learner]\nmicro_batch_tokens = 32768\nnew_knob = \"x\"\n[run]\nprompts_per_step = 4\n").unwrap();
+    std::fs::write(&toml, "device = \"cuda:0\"\n[model]\npath = \"ckpt\"\n[learner]\nmicro_batch_tokens = 32768\n[run]\nprompts_per_step = 4\n").unwrap();
     let v = plan_json(&toml, &["--max-prompt-tokens", "512"]);
     assert_eq!(v["parameters"], 596_049_920u64);
     assert_eq!(v["inputs"]["max_prompt_tokens"], 512);
@@ -246,4 +246,39 @@ fn errors_name_the_file_and_the_key() {
     std::fs::write(&bad, "[learner\nmicro_batch_tokens = 1\n").unwrap();
     let err = failure(&["plan", "--config", bad.to_str().unwrap()]);
     assert!(err.contains("bad.toml"), "{err}");
+}
+
+/// `conrub plan` and `conrub train` read one schema: the same bad key is the same error from both,
+/// and a judge key of another kind names `judge.<key>` and both kinds.
+#[test]
+fn plan_and_train_give_the_same_config_errors() {
+    let c = config("demo-cpu.toml");
+    let c = c.to_str().unwrap();
+    let error_line = |args: &[&str]| {
+        failure(args)
+            .lines()
+            .find(|l| l.starts_with("error: "))
+            .map(str::to_string)
+            .unwrap_or_default()
+    };
+    for (set, expect) in [
+        (
+            "learner.new_knob=1",
+            "learner.new_knob: unknown field `new_knob`",
+        ),
+        ("future_key=1", "future_key: unknown field `future_key`"),
+        (
+            "judge.urls=[]",
+            "judge.urls: not a key of kind = \"lexical\" (it belongs to kind = \"openai\")",
+        ),
+        ("learner.lr=-1.0", "learner.lr: must be > 0"),
+    ] {
+        let plan = error_line(&["plan", "--config", c, "--set", set]);
+        let train = error_line(&["train", "--config", c, "--set", set]);
+        assert_eq!(plan, train, "--set {set}");
+        assert!(
+            plan.contains("demo-cpu.toml: ") && plan.contains(expect),
+            "{plan}"
+        );
+    }
 }

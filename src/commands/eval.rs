@@ -78,7 +78,7 @@ struct EvalExample {
 impl EvalExample {
     /// A HealthBench row: every item is graded for points; the positive items plus our global
     /// controls form the three-state rubric (negative items describe behaviour to avoid, which
-    /// SPEC's criteria never reward).
+    /// our criteria never reward, docs/METHOD.md §2).
     fn from_healthbench(row: HealthBenchRow) -> Self {
         let mut criteria: Vec<String> = row
             .rubrics
@@ -224,7 +224,7 @@ impl BackendTask for RubricArgs {
         let gen_secs = start.elapsed().as_secs_f64();
         let generated: usize = responses.iter().map(|r| r.2).sum();
         let empty = conrub_rubric::RubricSet::from_records("none", vec![])?;
-        let judges = match grader.kind {
+        let judges = match grader.kind() {
             JudgeKind::Local => grader.build_local::<B>(&device)?,
             _ => grader.build(&empty)?,
         };

@@ -45,12 +45,9 @@ pub fn with_judges(
     device: Option<&str>,
     f: impl FnOnce(Judges) -> Result<()>,
 ) -> Result<()> {
-    match cfg.kind {
+    match cfg.kind() {
         JudgeKind::Local => {
-            let device = device
-                .or(cfg.device.as_deref())
-                .unwrap_or("cpu")
-                .to_string();
+            let device = device.or(cfg.device()).unwrap_or("cpu").to_string();
             run_on_device(&device, LocalTask { cfg, f })
         }
         _ => f(cfg.build(rubrics).context("building the judge")?),

@@ -1,22 +1,17 @@
 //! `conrub plan`: the predicted peak device memory of a `conrub train` run, and the largest
 //! micro-batch and rollout call that fit (the arithmetic is `conrub_grpo::memory`).
 //!
-//! It reads the same TOML as `conrub train`, but only the keys it needs (unknown keys are ignored,
-//! so a train config with newer sections still plans), and never loads weights: the model shape
-//! comes from a local checkpoint's `config.json`, the hub cache's copy of it, or the built-in
-//! table of released Qwen3 shapes.
+//! It reads the config `conrub train` reads ([`conrub_config::TrainConfig`], the same schema and
+//! the same errors) and never loads weights: the model shape comes from a local checkpoint's
+//! `config.json`, the hub cache's copy of it, or the built-in table of released Qwen3 shapes.
 
 use std::path::{Path, PathBuf};
 
-use crate::commands::train::{apply_override, RandomModel, RolloutSection};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use conrub_grpo::memory::{
-    MemoryPlan, MemoryPlanInput, ModelShape, DEFAULT_GPU_MEMORY_GB, DEFAULT_MAX_PROMPT_TOKENS, GB,
-    KNOWN_SHAPES,
-};
-use conrub_qwen3::{Precision, Qwen3Config};
-use serde::Deserialize;
+use conrub_config::{ModelSection, TrainConfig};
+use conrub_grpo::memory::{MemoryPlan, ModelShape, DEFAULT_GPU_MEMORY_GB, GB, KNOWN_SHAPES};
+use conrub_qwen3::Qwen3Config;
 
 /// Arguments of `conrub plan`.
 #[derive(Args)]
@@ -27,7 +22,7 @@ pub struct PlanArgs {
     /// Device memory in decimal GB (1 GB = 1e9 bytes); 141 is an H200.
     #[arg(long, default_value_t = DEFAULT_GPU_MEMORY_GB)]
     pub gpu_memory_gb: f64,
-    /// Longest prompt in tokens (default: the config's `max_prompt_tokens`, else 1024).
+    /// Longest prompt in tokens (default: the config's `data.max_prompt_tokens`, else 1024).
     #[arg(long)]
     pub max_prompt_tokens: Option<usize>,
     /// Override a config value as `conrub train` does: `--set precision="bf16-mixed"`.
@@ -36,51 +31,6 @@ pub struct PlanArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
-}
-
-/// The keys of a train config that memory depends on; everything else is ignored.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct PlanConfig {
-    device: Option<String>,
-    precision: Option<String>,
-    model: PlanModel,
-    data: PlanData,
-    learner: PlanLearner,
-    run: PlanRun,
-    rollout: RolloutSection,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct PlanModel {
-    path: Option<String>,
-    random: Option<RandomModel>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct PlanData {
-    max_prompt_tokens: Option<usize>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct PlanLearner {
-    group_size: Option<usize>,
-    max_response_tokens: Option<usize>,
-    max_prompt_tokens: Option<usize>,
-    micro_batch_tokens: Option<usize>,
-    mini_batches: Option<usize>,
-    rollout_prompts_per_call: Option<usize>,
-    activation_checkpointing: Option<bool>,
-    kl_beta: Option<f64>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct PlanRun {
-    prompts_per_step: Option<usize>,
 }
 
 /// Where the model shape came from.
@@ -115,7 +65,7 @@ fn cached_hub_config(model: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn resolve_model(model: &PlanModel, rel: &dyn Fn(&Path) -> PathBuf) -> Result<ModelSource> {
+fn resolve_model(model: &ModelSection, rel: &dyn Fn(&Path) -> PathBuf) -> Result<ModelSource> {
     match (&model.path, &model.random) {
         (Some(p), None) => {
             let local = rel(Path::new(p));
@@ -166,124 +116,34 @@ fn resolve_model(model: &PlanModel, rel: &dyn Fn(&Path) -> PathBuf) -> Result<Mo
     }
 }
 
-fn positive(key: &str, v: Option<usize>) -> Result<Option<usize>> {
-    match v {
-        Some(0) => bail!("{key}: must be at least 1"),
-        other => Ok(other),
+/// The plan of `cfg` on a device of `gpu_memory_gb` and where its model shape came from.
+fn plan_of(
+    cfg: &TrainConfig,
+    gpu_memory_gb: f64,
+    max_prompt_tokens: Option<usize>,
+) -> Result<(MemoryPlan, ModelSource)> {
+    if !(gpu_memory_gb.is_finite() && gpu_memory_gb > 0.0) {
+        bail!("--gpu-memory-gb: {gpu_memory_gb} must be a positive number of GB");
     }
-}
-
-/// Reads the config (with overrides) into a plan input; errors name the file and the key.
-fn plan_input(a: &PlanArgs) -> Result<(MemoryPlanInput, ModelSource, PlanConfig)> {
-    let path = &a.config;
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut table: toml::Table = toml::from_str(&text)
-        .map_err(|e| anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
-    for o in &a.overrides {
-        apply_override(&mut table, o)?;
+    if max_prompt_tokens == Some(0) {
+        bail!("--max-prompt-tokens: must be at least 1");
     }
-    let cfg: PlanConfig = table.try_into().map_err(|e: toml::de::Error| {
-        anyhow!("{}: {}", path.display(), e.to_string().trim_end())
-    })?;
-    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let rel = |p: &Path| {
-        if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            base.join(p)
-        }
-    };
-    let model =
-        resolve_model(&cfg.model, &rel).map_err(|e| anyhow!("{}: {e:#}", path.display()))?;
-    let with_file = |r: Result<Option<usize>>| r.map_err(|e| anyhow!("{}: {e}", path.display()));
-    let l = &cfg.learner;
-    let mut input = MemoryPlanInput::new(model.shape);
-    if let Some(p) = &cfg.precision {
-        input.precision = Precision::parse(p).ok_or_else(|| {
-            anyhow!(
-                "{}: precision: `{p}` is not allowed (allowed: {})",
-                path.display(),
-                Precision::NAMES
-            )
-        })?;
-    }
-    if let Some(v) = l.activation_checkpointing {
-        input.activation_checkpointing = v;
-    }
-    if let Some(v) = with_file(positive("learner.micro_batch_tokens", l.micro_batch_tokens))? {
-        input.micro_batch_tokens = v;
-    }
-    if let Some(v) = with_file(positive("learner.mini_batches", l.mini_batches))? {
-        input.mini_batches = v;
-    }
-    if let Some(v) = with_file(positive("learner.group_size", l.group_size))? {
-        input.group_size = v;
-    }
-    if let Some(v) = with_file(positive(
-        "learner.max_response_tokens",
-        l.max_response_tokens,
-    ))? {
-        input.max_response_tokens = v;
-    }
-    if let Some(v) = with_file(positive(
-        "learner.rollout_prompts_per_call",
-        l.rollout_prompts_per_call,
-    ))? {
-        input.rollout_prompts_per_call = v;
-    }
-    if let Some(v) = with_file(positive("run.prompts_per_step", cfg.run.prompts_per_step))? {
-        input.prompts_per_step = v;
-    }
-    if let Some(k) = l.kl_beta {
-        input.keep_reference = k != 0.0;
-    }
-    let prompt = match a.max_prompt_tokens {
-        Some(v) => with_file(positive("--max-prompt-tokens", Some(v)))?,
-        None => {
-            with_file(positive("learner.max_prompt_tokens", l.max_prompt_tokens))?.or(with_file(
-                positive("data.max_prompt_tokens", cfg.data.max_prompt_tokens),
-            )?)
-        }
-    };
-    input.max_prompt_tokens = prompt.unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);
-    cfg.rollout
-        .validate()
-        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
-    input.kv_cache_gb = cfg.rollout.kv_cache_gb;
-    input.kv_block_size = cfg.rollout.block_size;
-    input.rollout_max_rows = cfg.rollout.max_rows;
-    if !(a.gpu_memory_gb.is_finite() && a.gpu_memory_gb > 0.0) {
-        bail!(
-            "--gpu-memory-gb: {} must be a positive number of GB",
-            a.gpu_memory_gb
-        );
-    }
-    input.gpu_memory_gb = a.gpu_memory_gb;
-    Ok((input, model, cfg))
+    let model = resolve_model(&cfg.model, &|p| cfg.resolve(p))
+        .map_err(|e| anyhow!("{}: {e:#}", cfg.path.display()))?;
+    let input = cfg.memory_plan_input(model.shape, gpu_memory_gb, max_prompt_tokens);
+    Ok((MemoryPlan::new(input), model))
 }
 
 /// The plan of a train config, for `conrub train` to check before its first step.
-pub fn plan_for_config(
-    config: &Path,
-    overrides: &[String],
-    gpu_memory_gb: f64,
-) -> Result<MemoryPlan> {
-    let args = PlanArgs {
-        config: config.to_path_buf(),
-        gpu_memory_gb,
-        max_prompt_tokens: None,
-        overrides: overrides.to_vec(),
-        json: false,
-    };
-    Ok(MemoryPlan::new(plan_input(&args)?.0))
+pub fn plan_for_config(cfg: &TrainConfig, gpu_memory_gb: f64) -> Result<MemoryPlan> {
+    Ok(plan_of(cfg, gpu_memory_gb, None)?.0)
 }
 
 /// Runs `conrub plan`.
 pub fn run(a: PlanArgs) -> Result<()> {
-    let (input, model, cfg) = plan_input(&a)?;
-    let device = cfg.device.clone().unwrap_or_else(|| "cpu".into());
-    let plan = MemoryPlan::new(input);
+    let cfg = TrainConfig::from_file(&a.config, &a.overrides)?;
+    let (plan, model) = plan_of(&cfg, a.gpu_memory_gb, a.max_prompt_tokens)?;
+    let device = cfg.device.clone();
     if a.json {
         let mut v = plan.to_json();
         v["config"] = a.config.display().to_string().into();

@@ -15,7 +15,7 @@ pub enum RubricsCommand {
     Validate(ValidateArgs),
     /// Convert RaR, RubricHub (verl rows) or HealthBench data into rubric records.
     Import(ImportArgs),
-    /// Build consensus rubrics (SPEC section 3): three generator LLMs propose criteria, a reviewer
+    /// Build consensus rubrics (docs/METHOD.md §3): three generator LLMs propose criteria, a reviewer
     /// reviews, groups and audits them, plain code keeps the unanimous ones. Every call is cached:
     /// kill it and run it again to resume.
     Build(BuildArgs),

@@ -167,7 +167,7 @@ pub fn run(a: ScoreArgs) -> Result<()> {
             )
             .expect("valid template"),
         );
-        let batch = matches!(cfg.kind, conrub_judge::JudgeKind::Local).then_some(cfg_batch(&cfg));
+        let batch = cfg_batch(&cfg);
         let progress = {
             let bar = bar.clone();
             move |done: usize| bar.set_position(done as u64)
@@ -177,7 +177,7 @@ pub fn run(a: ScoreArgs) -> Result<()> {
             &jobs,
             &penalty,
             batch,
-            4 * cfg.concurrency.max(1),
+            4 * cfg.concurrency().max(1),
             &progress,
         ));
         bar.finish_and_clear();
@@ -281,7 +281,11 @@ pub fn run(a: ScoreArgs) -> Result<()> {
     })
 }
 
-/// Responses per in-process judging chunk (a few device batches, so progress moves).
-fn cfg_batch(cfg: &conrub_judge::JudgeConfig) -> usize {
-    cfg.local.batch_size.max(1) * 4
+/// Responses per in-process judging chunk (a few device batches, so progress moves); `None` for
+/// the other kinds.
+fn cfg_batch(cfg: &conrub_judge::JudgeConfig) -> Option<usize> {
+    match &cfg.spec {
+        conrub_judge::JudgeSpec::Local(l) => Some(l.local.batch_size.max(1) * 4),
+        _ => None,
+    }
 }

@@ -88,7 +88,7 @@ impl Role {
         kind: &str,
         version: &str,
         (system, user): &(String, String),
-        parse: impl Fn(&str) -> Result<T, String>,
+        parse: impl Fn(&str) -> Result<T, conrub_judge::OutputError>,
     ) -> Result<(CallRecord<T>, bool), CallLog> {
         let cfg = self.client.config();
         let sampling = format!("t={} max_tokens={}", cfg.temperature, cfg.max_tokens);
@@ -121,7 +121,7 @@ impl Role {
             Err(error) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
                 Err(CallLog {
-                    error: Some(error),
+                    error: Some(error.0),
                     raw_outputs: out.raw_outputs,
                     attempts: out.attempts,
                 })

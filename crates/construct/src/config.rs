@@ -137,11 +137,12 @@ pub struct BuildConfig {
 
 impl BuildConfig {
     /// Parses TOML; `base_dir` resolves relative paths.
-    pub fn from_toml(text: &str, base_dir: &Path) -> std::result::Result<Self, String> {
-        let mut cfg: BuildConfig =
-            toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
+    pub fn from_toml(text: &str, base_dir: &Path) -> Result<Self> {
+        let mut cfg: BuildConfig = toml::from_str(text).map_err(|e| ConstructError::Toml {
+            message: e.to_string().trim_end().to_string(),
+        })?;
         cfg.base_dir = base_dir.to_path_buf();
-        cfg.validate().map_err(|e| e.to_string())?;
+        cfg.validate()?;
         Ok(cfg)
     }
 
@@ -149,7 +150,10 @@ impl BuildConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| ConstructError::file(path, e))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::from_toml(&text, &base).map_err(|m| ConstructError::file(path, m))
+        Self::from_toml(&text, &base).map_err(|e| ConstructError::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 
     /// Checks ranges and that the three generators are different models.
@@ -245,7 +249,9 @@ mod tests {
             c.cache_path(Path::new("/out")),
             PathBuf::from("/out/cache.sqlite")
         );
-        let same = BuildConfig::from_toml(&toml_for(["a", "b", "a"]), Path::new("")).unwrap_err();
+        let same = BuildConfig::from_toml(&toml_for(["a", "b", "a"]), Path::new(""))
+            .unwrap_err()
+            .to_string();
         assert!(
             same.contains("generators.C.model") && same.contains("three different"),
             "{same}"
@@ -257,13 +263,15 @@ mod tests {
             ),
             Path::new(""),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(typo.contains("min_reveiw_score"), "{typo}");
         let bad = BuildConfig::from_toml(
             &format!("{}[build]\nmax_content = 12\n", toml_for(["a", "b", "c"])),
             Path::new(""),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(bad.contains("build.max_content"), "{bad}");
     }
 }

@@ -7,8 +7,17 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ConstructError {
     /// A file could not be read or written.
-    #[error("{path}: {message}")]
+    #[error("{}: {message}", path.display())]
     File { path: PathBuf, message: String },
+    /// TOML text that does not parse.
+    #[error("{message}")]
+    Toml { message: String },
+    /// An error inside a config file.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        path: PathBuf,
+        source: Box<ConstructError>,
+    },
     /// A config value is missing or out of range.
     #[error("{field}: {message}")]
     Config { field: String, message: String },

@@ -1,4 +1,4 @@
-//! Consensus rubric construction (SPEC section 3): three different generator LLMs propose
+//! Consensus rubric construction (docs/METHOD.md §3): three different generator LLMs propose
 //! criteria, a separate reviewer checks each sample, groups the candidates and audits the
 //! survivors, and plain code decides consensus, deduplication and the final cap.
 //!

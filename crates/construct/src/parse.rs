@@ -3,7 +3,7 @@
 //! is an error that the client turns into a retry. Item-level problems in a generator answer are
 //! kept for the deterministic checks, which count them.
 
-use conrub_judge::json_values;
+use conrub_judge::{json_values, OutputError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -19,20 +19,20 @@ pub struct RawCandidate {
 fn last_matching<T>(
     text: &str,
     what: &str,
-    f: impl Fn(&Value) -> Result<T, String>,
-) -> Result<T, String> {
+    f: impl Fn(&Value) -> Result<T, OutputError>,
+) -> Result<T, OutputError> {
     let values = json_values(text);
     if values.is_empty() {
-        return Err(format!("no JSON found (expected {what})"));
+        return Err(format!("no JSON found (expected {what})").into());
     }
-    let mut last_err = String::new();
+    let mut last_err = OutputError(String::new());
     for v in values.iter().rev() {
         match f(v) {
             Ok(t) => return Ok(t),
             Err(e) => last_err = e,
         }
     }
-    Err(last_err)
+    Err(last_err.into())
 }
 
 fn field<'a>(o: &'a serde_json::Map<String, Value>, names: &[&str]) -> Option<&'a Value> {
@@ -40,12 +40,12 @@ fn field<'a>(o: &'a serde_json::Map<String, Value>, names: &[&str]) -> Option<&'
 }
 
 /// The list in `v`: `v` itself, or its first field named in `keys`.
-fn list_in<'a>(v: &'a Value, keys: &[&str]) -> Result<&'a Vec<Value>, String> {
+fn list_in<'a>(v: &'a Value, keys: &[&str]) -> Result<&'a Vec<Value>, OutputError> {
     match v {
         Value::Array(a) => Ok(a),
         Value::Object(o) => match field(o, keys) {
             Some(Value::Array(a)) => Ok(a),
-            _ => Err(format!("no `{}` list", keys[0])),
+            _ => Err(format!("no `{}` list", keys[0]).into()),
         },
         _ => Err("not a list or an object".into()),
     }
@@ -62,7 +62,7 @@ fn coverage_text(v: &Value) -> Option<String> {
 
 /// A generator answer: `{"criteria": [{"text", "coverage"}, ...]}`, a bare list of such objects,
 /// or a list of strings.
-pub fn parse_generation(text: &str) -> Result<Vec<RawCandidate>, String> {
+pub fn parse_generation(text: &str) -> Result<Vec<RawCandidate>, OutputError> {
     last_matching(text, "{\"criteria\": [...]}", |v| {
         let list = list_in(v, &["criteria", "rubric", "items"])?;
         if list.is_empty() {
@@ -122,7 +122,7 @@ fn as_score(v: &Value) -> Option<u32> {
 }
 
 /// A review answer: `{"verdict": "consistent"|"contradiction", "score": 0-10, "problems": [...]}`.
-pub fn parse_review(text: &str) -> Result<ReviewAnswer, String> {
+pub fn parse_review(text: &str) -> Result<ReviewAnswer, OutputError> {
     last_matching(text, "{\"verdict\", \"score\"}", |v| {
         let o = v.as_object().ok_or("not an object")?;
         let verdict = match field(o, &["verdict", "decision"])
@@ -131,7 +131,9 @@ pub fn parse_review(text: &str) -> Result<ReviewAnswer, String> {
         {
             Some(s) if s == "consistent" || s == "pass" || s == "ok" => ReviewVerdict::Consistent,
             Some(s) if s.starts_with("contradict") || s == "reject" => ReviewVerdict::Contradiction,
-            Some(s) => return Err(format!("verdict `{s}` is not consistent or contradiction")),
+            Some(s) => {
+                return Err(format!("verdict `{s}` is not consistent or contradiction").into())
+            }
             None => return Err("no `verdict`".into()),
         };
         let score = field(o, &["score", "alignment"]).ok_or("no `score`")?;
@@ -155,7 +157,7 @@ pub fn parse_review(text: &str) -> Result<ReviewAnswer, String> {
 
 /// A grouping answer: `{"groups": [["A1", "B4"], ...]}`, `{"clusters": ...}`, a bare list, or
 /// groups given as `{"members": [...]}` objects. Ids are upper-cased and trimmed.
-pub fn parse_grouping(text: &str) -> Result<Vec<Vec<String>>, String> {
+pub fn parse_grouping(text: &str) -> Result<Vec<Vec<String>>, OutputError> {
     last_matching(text, "{\"groups\": [[...]]}", |v| {
         let list = list_in(v, &["groups", "clusters"])?;
         list.iter()
@@ -164,16 +166,16 @@ pub fn parse_grouping(text: &str) -> Result<Vec<Vec<String>>, String> {
                     Value::Array(m) => m,
                     Value::Object(o) => match field(o, &["members", "ids", "criteria"]) {
                         Some(Value::Array(m)) => m,
-                        _ => return Err("a group object has no `members`".to_string()),
+                        _ => return Err("a group object has no `members`".to_string().into()),
                     },
-                    _ => return Err("a group is not a list".to_string()),
+                    _ => return Err("a group is not a list".to_string().into()),
                 };
                 members
                     .iter()
                     .map(|m| {
                         m.as_str()
                             .map(|s| s.trim().to_ascii_uppercase())
-                            .ok_or_else(|| format!("member `{m}` is not an id"))
+                            .ok_or_else(|| OutputError(format!("member `{m}` is not an id")))
                     })
                     .collect()
             })
@@ -260,7 +262,7 @@ fn decision_of(s: &str) -> Option<AuditDecision> {
 
 /// An audit answer: `{"audit": [{"id", "category", "dimension", "decision", "rewrite"}]}` or a
 /// bare list; a refusal without JSON is [`AuditAnswer::Refused`].
-pub fn parse_audit(text: &str) -> Result<AuditAnswer, String> {
+pub fn parse_audit(text: &str) -> Result<AuditAnswer, OutputError> {
     if is_refusal(text) {
         return Ok(AuditAnswer::Refused);
     }
@@ -283,7 +285,7 @@ pub fn parse_audit(text: &str) -> Result<AuditAnswer, String> {
                     rewrite: s(&["rewrite", "rewritten", "new_text"]).filter(|t| !t.is_empty()),
                 })
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, OutputError>>()?;
         Ok(AuditAnswer::Items(items))
     })
 }
@@ -313,6 +315,7 @@ mod tests {
         );
         assert!(parse_generation("I think the criteria are obvious.")
             .unwrap_err()
+            .to_string()
             .contains("no JSON"));
         assert!(parse_generation("{\"criteria\": []}").is_err());
     }
@@ -330,6 +333,7 @@ mod tests {
         );
         assert!(parse_review("{\"verdict\": \"consistent\", \"score\": 11}")
             .unwrap_err()
+            .to_string()
             .contains("0 to 10"));
         assert_eq!(
             parse_grouping("{\"groups\": [[\"a1\", \"B2 \"], {\"members\": [\"C3\"]}]}").unwrap(),
@@ -354,6 +358,7 @@ mod tests {
         assert!(
             parse_audit("{\"audit\": [{\"id\": \"R1\", \"decision\": \"maybe\"}]}")
                 .unwrap_err()
+                .to_string()
                 .contains("maybe")
         );
     }

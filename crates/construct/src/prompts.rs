@@ -1,4 +1,4 @@
-//! Our prompts for the four model roles of consensus construction (SPEC section 3): criterion
+//! Our prompts for the four model roles of consensus construction (docs/METHOD.md §3): criterion
 //! generation, sample review, semantic grouping and the criterion audit (with a variant that
 //! omits the clinical context, for endpoints that refuse it). Placeholders are filled in one pass;
 //! each template's version (a hash of its text) goes into the manifest and every cache key.

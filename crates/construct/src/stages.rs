@@ -1,4 +1,4 @@
-//! The deterministic steps of construction (SPEC section 3, steps 2, 4-7 without the model calls):
+//! The deterministic steps of construction (docs/METHOD.md §3, steps 2, 4-7 without the model calls):
 //! candidate checks, cleaning the reviewer's grouping, the consensus filter, the representative
 //! choice, and the finish (exact dedup, cap under dimension quotas). Plain code, no model decisions.
 

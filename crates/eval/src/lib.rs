@@ -1,4 +1,4 @@
-//! Evaluation (SPEC section 8). This first part holds the scoring rules, independent of models and
+//! Evaluation (docs/METHOD.md §8). This first part holds the scoring rules, independent of models and
 //! graders:
 //! - [`rubric_score`]: HealthBench-style example scores (points met over total positive points,
 //!   negative items counted when the undesirable behaviour is present), the clipped mean and its
@@ -7,11 +7,13 @@
 //!   interval, and the invalid-output rate.
 //! - [`three_state`]: our three-state score of the same responses (mean of +1 / 0 / -1 labels).
 
+pub mod error;
 pub mod mcq;
 pub mod mcq_data;
 pub mod rubric_score;
 pub mod three_state;
 
+pub use error::EvalError;
 pub use mcq::{extract_choice, McqSummary};
 pub use mcq_data::{load_items, McqFormat, McqItem};
 pub use rubric_score::{

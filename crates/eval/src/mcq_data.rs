@@ -3,6 +3,8 @@
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::error::EvalError;
+
 /// A supported multiple-choice format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum McqFormat {
@@ -17,15 +19,13 @@ pub enum McqFormat {
 }
 
 impl std::str::FromStr for McqFormat {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = EvalError;
+    fn from_str(s: &str) -> Result<Self, EvalError> {
         match s {
             "medmcqa" => Ok(Self::MedMcqa),
             "pubmedqa" => Ok(Self::PubMedQa),
             "mmlu" => Ok(Self::Mmlu),
-            other => Err(format!(
-                "`{other}` is not a known format (allowed: medmcqa, pubmedqa, mmlu)"
-            )),
+            other => Err(EvalError::UnknownFormat(other.to_string())),
         }
     }
 }
@@ -106,11 +106,14 @@ pub fn load_row(
     row: &str,
     line: usize,
     medmcqa_one_based: bool,
-) -> Result<McqItem, String> {
+) -> Result<McqItem, EvalError> {
     #[derive(Deserialize)]
     struct Any(Value);
     let v: Value = serde_json::from_str::<Any>(row)
-        .map_err(|e| format!("line {line}: {e}"))?
+        .map_err(|e| EvalError::Row {
+            line,
+            message: e.to_string(),
+        })?
         .0;
     let id = v
         .get("id")
@@ -120,7 +123,10 @@ pub fn load_row(
                 .or_else(|| x.as_u64().map(|n| n.to_string()))
         })
         .unwrap_or_else(|| format!("line-{line}"));
-    let field = |k: &str| format!("line {line}: missing or invalid field `{k}`");
+    let field = |k: &str| EvalError::Row {
+        line,
+        message: format!("missing or invalid field `{k}`"),
+    };
     match format {
         McqFormat::MedMcqa => {
             let q = text(&v, &["question"]).ok_or_else(|| field("question"))?;
@@ -193,7 +199,7 @@ pub fn load_row(
 }
 
 /// Parses a JSONL file's text. For MedMCQA, `cop` is read as 1-based unless some row has `cop` 0.
-pub fn load_items(format: McqFormat, text: &str) -> Result<Vec<McqItem>, String> {
+pub fn load_items(format: McqFormat, text: &str) -> Result<Vec<McqItem>, EvalError> {
     let rows: Vec<(usize, &str)> = text
         .lines()
         .enumerate()
@@ -259,11 +265,13 @@ mod tests {
             McqFormat::Mmlu,
             "{\"question\":\"q\",\"choices\":[\"x\",\"y\"],\"answer\":5}",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("line 1") && e.contains("`answer`"), "{e}");
         assert!("csv"
             .parse::<McqFormat>()
             .unwrap_err()
+            .to_string()
             .contains("medmcqa, pubmedqa, mmlu"));
     }
 }

@@ -1,4 +1,4 @@
-//! Our three-state rubric score (SPEC section 4) of evaluation responses, next to the
+//! Our three-state rubric score (docs/METHOD.md §4) of evaluation responses, next to the
 //! HealthBench-style points score: each criterion is `correct` (+1), `missing` (0) or `wrong` (-1),
 //! and a response scores the mean over its criteria (no length penalty in evaluation).
 

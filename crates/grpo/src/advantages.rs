@@ -1,4 +1,4 @@
-//! Advantages (SPEC section 5): the [`AdvantageEstimator`] stage (group-relative, with or without
+//! Advantages (docs/METHOD.md §5): the [`AdvantageEstimator`] stage (group-relative, with or without
 //! std scaling), exact-tie detection and the seeded pairing of a tied group.
 
 use conrub_rubric::seeded_permutation;

@@ -1,4 +1,4 @@
-//! One group's advantages under a tie mode, and the tie statistics SPEC section 7 asks for.
+//! One group's advantages under a tie mode, and the tie statistics docs/METHOD.md §7 asks for.
 
 use conrub_judge::PairOutcome;
 use serde::{Deserialize, Serialize};
@@ -118,7 +118,7 @@ pub(crate) fn reward_bin(r: f64) -> usize {
     (((r + 1.0) / 0.1).floor() as i64).clamp(0, 19) as usize
 }
 
-/// Tie telemetry over a step or an epoch (SPEC section 7).
+/// Tie telemetry over a step or an epoch (docs/METHOD.md §7).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TieStats {
     /// Groups seen.

@@ -180,7 +180,7 @@ impl LearnerConfig {
     }
 }
 
-/// Everything SPEC section 7 logs for one step.
+/// Everything docs/METHOD.md §7 logs for one step.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepMetrics {
     /// Step index (0-based, counted over the run).
@@ -373,9 +373,7 @@ where
         let cfg = self.cfg;
         cfg.validate()?;
         if cfg.activation_checkpointing {
-            self.policy
-                .enable_activation_checkpointing()
-                .map_err(|e| GrpoError::config("learner.activation_checkpointing", e))?;
+            self.policy.enable_activation_checkpointing()?;
         }
         let codec = self
             .codec

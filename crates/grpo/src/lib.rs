@@ -1,4 +1,4 @@
-//! The GRPO learner of the ConRub method (SPEC sections 5-7), generic over burn backends.
+//! The GRPO learner of the ConRub method (docs/METHOD.md §5-§7), generic over burn backends.
 //!
 //! A step is a list of stages, each a type or trait of its own that a user can replace through
 //! [`LearnerBuilder`]:

@@ -1,4 +1,4 @@
-//! The policy loss (SPEC section 6). The clipped-ratio part runs as one fused op of
+//! The policy loss (docs/METHOD.md §6). The clipped-ratio part runs as one fused op of
 //! `conrub-kernels` (a CubeCL kernel on GPU backends, primitive tensor ops elsewhere, a hand-written
 //! backward under autodiff); the optional KL term is ordinary tensor code.
 //!

@@ -91,8 +91,11 @@ pub trait Policy<B: Backend>: Module<B> {
     /// ([`LearnerConfig::activation_checkpointing`](crate::LearnerConfig) calls it when the learner
     /// is built). `Err` says why the model cannot; the default (no layers to recompute) always
     /// refuses.
-    fn enable_activation_checkpointing(&mut self) -> std::result::Result<(), String> {
-        Err("this policy does not implement Policy::enable_activation_checkpointing (per-layer recomputation in loss_gradients)".into())
+    fn enable_activation_checkpointing(&mut self) -> Result<()> {
+        Err(GrpoError::config(
+            "learner.activation_checkpointing",
+            "this policy does not implement Policy::enable_activation_checkpointing (per-layer recomputation in loss_gradients)",
+        ))
     }
 }
 
@@ -173,7 +176,7 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
         })
     }
 
-    fn enable_activation_checkpointing(&mut self) -> std::result::Result<(), String> {
+    fn enable_activation_checkpointing(&mut self) -> Result<()> {
         self.exec.activation_checkpointing = true;
         Ok(())
     }

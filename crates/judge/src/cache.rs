@@ -83,12 +83,12 @@ impl JudgeCache {
     pub fn open(path: &Path) -> Result<Self> {
         let err = |e: rusqlite::Error| JudgeError::Cache {
             path: path.into(),
-            message: e.to_string(),
+            source: e,
         };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| JudgeError::Cache {
+            std::fs::create_dir_all(dir).map_err(|e| JudgeError::CacheDir {
                 path: path.into(),
-                message: e.to_string(),
+                source: e,
             })?;
         }
         let conn = Connection::open(path).map_err(err)?;
@@ -230,7 +230,7 @@ impl JudgeCache {
         .map(|n| n as u64)
         .map_err(|e| JudgeError::Cache {
             path: self.path.clone(),
-            message: e.to_string(),
+            source: e,
         })
     }
 

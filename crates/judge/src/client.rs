@@ -148,11 +148,17 @@ pub struct ClientStats {
     pub calls: u64,
 }
 
+/// Why a logical call gave no answer within its retry budget (transport errors, refusals or
+/// unparseable output, the last one named).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CallError(pub String);
+
 /// The result of one logical call.
 #[derive(Debug, Clone)]
 pub struct CallOutcome<T> {
     /// The parsed answer or the final error.
-    pub result: std::result::Result<T, String>,
+    pub result: std::result::Result<T, CallError>,
     /// Raw text of every completion received, in order.
     pub raw_outputs: Vec<String>,
     /// Attempts made.
@@ -211,7 +217,7 @@ impl ChatClient {
             .pool_max_idle_per_host(cfg.concurrency)
             .connect_timeout(Duration::from_secs_f64(cfg.timeout_secs.min(30.0)))
             .build()
-            .map_err(|e| JudgeError::Http(e.to_string()))?;
+            .map_err(JudgeError::Http)?;
         Ok(Self {
             permits: Semaphore::new(cfg.concurrency),
             cfg,
@@ -370,7 +376,7 @@ impl ChatClient {
         &self,
         system: &str,
         user: &str,
-        parse: impl Fn(&str) -> std::result::Result<T, String>,
+        parse: impl Fn(&str) -> std::result::Result<T, crate::parse::OutputError>,
     ) -> CallOutcome<T> {
         let start = Instant::now();
         let base = vec![
@@ -406,14 +412,16 @@ impl ChatClient {
                         None
                     }
                 },
-                Err(Attempt::Fatal(e)) => break Err(e),
+                Err(Attempt::Fatal(e)) => break Err(CallError(e)),
                 Err(Attempt::Retry(e, floor)) => {
                     last_err = e;
                     floor
                 }
             };
             if attempts > self.cfg.max_retries {
-                break Err(format!("gave up after {attempts} attempts: {last_err}"));
+                break Err(CallError(format!(
+                    "gave up after {attempts} attempts: {last_err}"
+                )));
             }
             tokio::time::sleep(self.backoff(attempts - 1, floor)).await;
         };

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use conrub_rubric::RubricSet;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cache::JudgeCache;
@@ -40,7 +40,7 @@ use crate::openai::OpenAiJudge;
 use crate::prompts::{PromptOverrides, PromptSet};
 
 /// The kinds of judge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JudgeKind {
     /// An OpenAI-compatible endpoint (SGLang, vLLM, OpenAI).
@@ -51,21 +51,45 @@ pub enum JudgeKind {
     Lexical,
 }
 
-/// A parsed judge config.
-#[derive(Debug, Clone, Deserialize)]
+impl JudgeKind {
+    /// Every kind, in the order error messages list them.
+    pub const ALL: [JudgeKind; 3] = [JudgeKind::Openai, JudgeKind::Local, JudgeKind::Lexical];
+
+    /// The `kind` value of a config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JudgeKind::Openai => "openai",
+            JudgeKind::Local => "local",
+            JudgeKind::Lexical => "lexical",
+        }
+    }
+
+    /// The keys a config of this kind may have besides `kind` (each variant's own).
+    pub fn keys(self) -> &'static [&'static str] {
+        match self {
+            JudgeKind::Openai => OpenAiSettings::KEYS,
+            JudgeKind::Local => LocalSettings::KEYS,
+            JudgeKind::Lexical => LexicalSettings::KEYS,
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// `kind = "openai"`: a judge served behind an OpenAI-compatible chat API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct JudgeConfig {
-    /// Which judge.
-    pub kind: JudgeKind,
+pub struct OpenAiSettings {
     /// One base URL (alternative to `urls`).
     #[serde(default)]
     pub url: Option<String>,
     /// Base URLs to spread calls over.
     #[serde(default)]
     pub urls: Vec<String>,
-    /// Served model name (openai) or checkpoint directory / hub id (local).
-    #[serde(default)]
-    pub model: Option<String>,
+    /// Served model name.
+    pub model: String,
     /// Environment variable holding the API key.
     #[serde(default)]
     pub api_key_env: Option<String>,
@@ -96,26 +120,94 @@ pub struct JudgeConfig {
     /// Judge cache database (SQLite), relative to the config file.
     #[serde(default)]
     pub cache: Option<PathBuf>,
-    /// Device of the local judge (`cpu`, `wgpu`, `cuda:0`, ...).
-    #[serde(default)]
-    pub device: Option<String>,
     /// Prompt overrides.
     #[serde(default)]
     pub prompts: PromptOverrides,
-    /// Lexical judge only: its keyword file (JSONL of `{criterion, keywords, contradictions}`),
-    /// relative to the config file. Without it every criterion is matched by its own words.
+}
+
+impl OpenAiSettings {
+    /// The keys of this kind.
+    pub const KEYS: &'static [&'static str] = &[
+        "url",
+        "urls",
+        "model",
+        "api_key_env",
+        "concurrency",
+        "timeout_secs",
+        "max_retries",
+        "max_tokens",
+        "temperature",
+        "backoff_base_secs",
+        "backoff_max_secs",
+        "chat_template_kwargs",
+        "cache",
+        "prompts",
+    ];
+}
+
+/// `kind = "local"`: our burn Qwen3 in process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalSettings {
+    /// Checkpoint directory (relative to the config file) or hub id.
+    pub model: String,
+    /// Device of the judge (`cpu`, `wgpu`, `cuda:0`, ...) for `conrub score` and `judge-pair`.
     #[serde(default)]
-    pub keywords: Option<PathBuf>,
-    /// Local judge settings.
+    pub device: Option<String>,
+    /// Judge cache database (SQLite), relative to the config file.
+    #[serde(default)]
+    pub cache: Option<PathBuf>,
+    /// Prompt overrides.
+    #[serde(default)]
+    pub prompts: PromptOverrides,
+    /// Settings of the in-process judge.
     #[cfg(feature = "local")]
     #[serde(default)]
     pub local: crate::local::LocalJudgeConfig,
-    /// Local judge settings (this build has no local judge).
+    /// Settings of the in-process judge (this build has no in-process judge).
     #[cfg(not(feature = "local"))]
     #[serde(default)]
     pub local: Option<toml::Table>,
+}
+
+impl LocalSettings {
+    /// The keys of this kind.
+    pub const KEYS: &'static [&'static str] = &["model", "device", "cache", "prompts", "local"];
+}
+
+/// `kind = "lexical"`: the keyword test double.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LexicalSettings {
+    /// Its keyword file (JSONL of `{criterion, keywords, contradictions}`), relative to the
+    /// config file. Without it every criterion is matched by its own words.
+    #[serde(default)]
+    pub keywords: Option<PathBuf>,
+}
+
+impl LexicalSettings {
+    /// The keys of this kind.
+    pub const KEYS: &'static [&'static str] = &["keywords"];
+}
+
+/// Which judge, with the settings of its kind only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum JudgeSpec {
+    /// A served judge.
+    Openai(OpenAiSettings),
+    /// The in-process judge.
+    Local(LocalSettings),
+    /// The lexical test double.
+    Lexical(LexicalSettings),
+}
+
+/// A parsed judge config: the judge and the directory its relative paths resolve against.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JudgeConfig {
+    /// Which judge.
+    pub spec: JudgeSpec,
     /// Directory the config was read from (relative paths resolve against it).
-    #[serde(skip)]
     pub base_dir: PathBuf,
 }
 
@@ -133,34 +225,138 @@ pub struct Judges {
 }
 
 impl JudgeConfig {
-    /// Parses a TOML string; `base_dir` resolves relative paths.
-    pub fn from_toml(text: &str, base_dir: &Path) -> std::result::Result<Self, String> {
-        let mut cfg: JudgeConfig =
-            toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
-        if cfg.keywords.is_some() && cfg.kind != JudgeKind::Lexical {
-            return Err("keywords: only the lexical test-double judge (kind = \"lexical\") reads a keyword file".into());
+    /// Parses a judge table. `prefix` is how its keys are named in errors (`"judge."` inside a
+    /// train config, `""` for a judge file); `base_dir` resolves relative paths. A key of another
+    /// kind is an error naming the key and both kinds.
+    pub fn from_table(mut table: toml::Table, base_dir: &Path, prefix: &str) -> Result<Self> {
+        let kinds = JudgeKind::ALL.map(JudgeKind::as_str).join(", ");
+        let kind = match table.remove("kind") {
+            None => {
+                return Err(JudgeError::config(
+                    format!("{prefix}kind"),
+                    format!("missing (one of {kinds})"),
+                ))
+            }
+            Some(toml::Value::String(k)) => JudgeKind::parse(&k).ok_or_else(|| {
+                JudgeError::config(
+                    format!("{prefix}kind"),
+                    format!("`{k}` is not a judge kind (one of {kinds})"),
+                )
+            })?,
+            Some(other) => {
+                return Err(JudgeError::config(
+                    format!("{prefix}kind"),
+                    format!(
+                        "expected a string (one of {kinds}), found {}",
+                        other.type_str()
+                    ),
+                ))
+            }
+        };
+        for key in table.keys() {
+            if kind.keys().contains(&key.as_str()) {
+                continue;
+            }
+            let owner = JudgeKind::ALL
+                .into_iter()
+                .find(|k| k.keys().contains(&key.as_str()));
+            let message = match owner {
+                Some(o) => format!(
+                    "not a key of kind = \"{}\" (it belongs to kind = \"{}\")",
+                    kind.as_str(),
+                    o.as_str()
+                ),
+                None => format!(
+                    "unknown key of kind = \"{}\" (its keys: {})",
+                    kind.as_str(),
+                    kind.keys().join(", ")
+                ),
+            };
+            return Err(JudgeError::config(format!("{prefix}{key}"), message));
         }
-        cfg.base_dir = base_dir.to_path_buf();
-        Ok(cfg)
+        let value = toml::Value::Table(table);
+        let field = |e: serde_path_to_error::Error<toml::de::Error>| {
+            let path = e.path().to_string();
+            let key = if path == "." { String::new() } else { path };
+            let message = e.into_inner().message().trim_end().to_string();
+            JudgeError::config(
+                format!("{prefix}{key}").trim_end_matches('.').to_string(),
+                format!("{message} (kind = \"{}\")", kind.as_str()),
+            )
+        };
+        let spec = match kind {
+            JudgeKind::Openai => {
+                JudgeSpec::Openai(serde_path_to_error::deserialize(value).map_err(field)?)
+            }
+            JudgeKind::Local => {
+                JudgeSpec::Local(serde_path_to_error::deserialize(value).map_err(field)?)
+            }
+            JudgeKind::Lexical => {
+                JudgeSpec::Lexical(serde_path_to_error::deserialize(value).map_err(field)?)
+            }
+        };
+        Ok(Self {
+            spec,
+            base_dir: base_dir.to_path_buf(),
+        })
+    }
+
+    /// Parses a judge file's TOML text; `base_dir` resolves relative paths.
+    pub fn from_toml(text: &str, base_dir: &Path) -> Result<Self> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| JudgeError::Toml {
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        Self::from_table(table, base_dir, "")
     }
 
     /// Reads a config file; errors name the file and the key.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| JudgeError::File {
             path: path.into(),
-            message: e.to_string(),
+            source: e,
         })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::from_toml(&text, &base).map_err(|message| JudgeError::File {
+        Self::from_toml(&text, &base).map_err(|e| JudgeError::InFile {
             path: path.into(),
-            message,
+            source: Box::new(e),
         })
     }
 
-    /// The client settings (openai).
+    /// Which kind of judge.
+    pub fn kind(&self) -> JudgeKind {
+        match &self.spec {
+            JudgeSpec::Openai(_) => JudgeKind::Openai,
+            JudgeSpec::Local(_) => JudgeKind::Local,
+            JudgeSpec::Lexical(_) => JudgeKind::Lexical,
+        }
+    }
+
+    /// The in-process judge's device, when the config names one.
+    pub fn device(&self) -> Option<&str> {
+        match &self.spec {
+            JudgeSpec::Local(l) => l.device.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Requests in flight for a served judge (the client's default for other kinds).
+    pub fn concurrency(&self) -> usize {
+        match &self.spec {
+            JudgeSpec::Openai(o) => o.concurrency,
+            _ => crate::client::default_concurrency(),
+        }
+    }
+
+    /// The client settings of a served judge.
     pub fn client_config(&self) -> Result<ClientConfig> {
-        let mut urls = self.urls.clone();
-        if let Some(u) = &self.url {
+        let JudgeSpec::Openai(o) = &self.spec else {
+            return Err(JudgeError::config(
+                "kind",
+                "only kind = \"openai\" has a client",
+            ));
+        };
+        let mut urls = o.urls.clone();
+        if let Some(u) = &o.url {
             urls.insert(0, u.clone());
         }
         if urls.is_empty() {
@@ -169,34 +365,41 @@ impl JudgeConfig {
                 "kind = \"openai\" needs `url` or `urls`",
             ));
         }
-        let model = self.model.clone().ok_or_else(|| {
-            JudgeError::config("model", "kind = \"openai\" needs the served model name")
-        })?;
         let cfg = ClientConfig {
             urls,
-            model,
-            api_key_env: self.api_key_env.clone(),
-            concurrency: self.concurrency,
-            timeout_secs: self.timeout_secs,
-            max_retries: self.max_retries,
-            max_tokens: self.max_tokens,
-            temperature: self.temperature,
-            backoff_base_secs: self.backoff_base_secs,
-            backoff_max_secs: self.backoff_max_secs,
-            chat_template_kwargs: self.chat_template_kwargs.clone(),
+            model: o.model.clone(),
+            api_key_env: o.api_key_env.clone(),
+            concurrency: o.concurrency,
+            timeout_secs: o.timeout_secs,
+            max_retries: o.max_retries,
+            max_tokens: o.max_tokens,
+            temperature: o.temperature,
+            backoff_base_secs: o.backoff_base_secs,
+            backoff_max_secs: o.backoff_max_secs,
+            chat_template_kwargs: o.chat_template_kwargs.clone(),
         };
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// The prompts with overrides applied.
+    /// The prompts with overrides applied (the lexical judge has none).
     pub fn prompt_set(&self) -> Result<PromptSet> {
-        PromptSet::with_overrides(&self.prompts, &self.base_dir)
+        let overrides = match &self.spec {
+            JudgeSpec::Openai(o) => &o.prompts,
+            JudgeSpec::Local(l) => &l.prompts,
+            JudgeSpec::Lexical(_) => return Ok(PromptSet::default()),
+        };
+        PromptSet::with_overrides(overrides, &self.base_dir)
     }
 
     /// Opens the cache, if one is configured.
     pub fn open_cache(&self) -> Result<Option<Arc<JudgeCache>>> {
-        self.cache
+        let cache = match &self.spec {
+            JudgeSpec::Openai(o) => &o.cache,
+            JudgeSpec::Local(l) => &l.cache,
+            JudgeSpec::Lexical(_) => &None,
+        };
+        cache
             .as_ref()
             .map(|p| JudgeCache::open(&self.base_dir.join(p)).map(Arc::new))
             .transpose()
@@ -208,8 +411,8 @@ impl JudgeConfig {
     /// the file names none of their criteria it is an error (a keyword file for other data, or
     /// criteria edited since).
     pub fn build(&self, rubrics: &RubricSet) -> Result<Judges> {
-        match self.kind {
-            JudgeKind::Openai => {
+        match &self.spec {
+            JudgeSpec::Openai(_) => {
                 let client = Arc::new(ChatClient::new(self.client_config()?)?);
                 let cache = self.open_cache()?;
                 let judge = Arc::new(OpenAiJudge::new(
@@ -224,32 +427,9 @@ impl JudgeConfig {
                     cache,
                 })
             }
-            JudgeKind::Lexical => {
-                let judge = match &self.keywords {
-                    Some(p) => {
-                        let path = self.base_dir.join(p);
-                        let judge = LexicalJudge::from_file(&path)?;
-                        let texts: Vec<&str> = rubrics
-                            .iter()
-                            .flat_map(|r| &r.criteria)
-                            .map(|c| c.text.as_str())
-                            .collect();
-                        if !texts.is_empty()
-                            && !judge.is_empty()
-                            && !texts.iter().any(|t| judge.knows(t))
-                        {
-                            return Err(JudgeError::config(
-                                "keywords",
-                                format!(
-                                    "{} names none of the {} criteria in {} (entries match the criterion text exactly)",
-                                    path.display(),
-                                    texts.len(),
-                                    rubrics.path.display()
-                                ),
-                            ));
-                        }
-                        judge
-                    }
+            JudgeSpec::Lexical(lexical) => {
+                let judge = match &lexical.keywords {
+                    Some(p) => self.keyword_judge(&self.base_dir.join(p), rubrics)?,
                     None => LexicalJudge::default(),
                 };
                 let judge = Arc::new(judge);
@@ -260,35 +440,60 @@ impl JudgeConfig {
                     cache: None,
                 })
             }
-            JudgeKind::Local => Err(JudgeError::config(
+            JudgeSpec::Local(_) => Err(JudgeError::config(
                 "kind",
                 "a local judge is built with build_local on a device",
             )),
         }
     }
 
+    /// The lexical judge of keyword file `path`, checked against the criteria it will grade.
+    fn keyword_judge(&self, path: &Path, rubrics: &RubricSet) -> Result<LexicalJudge> {
+        let judge = LexicalJudge::from_file(path)?;
+        let texts: Vec<&str> = rubrics
+            .iter()
+            .flat_map(|r| &r.criteria)
+            .map(|c| c.text.as_str())
+            .collect();
+        if !texts.is_empty() && !judge.is_empty() && !texts.iter().any(|t| judge.knows(t)) {
+            return Err(JudgeError::config(
+                "keywords",
+                format!(
+                    "{} names none of the {} criteria in {} (entries match the criterion text exactly)",
+                    path.display(),
+                    texts.len(),
+                    rubrics.path.display()
+                ),
+            ));
+        }
+        Ok(judge)
+    }
+
     /// Builds the in-process judge on `device` (loads `model`).
     #[cfg(feature = "local")]
     pub fn build_local<B: conrub_kernels::GrpoOps>(&self, device: &B::Device) -> Result<Judges> {
-        let model = self.model.as_ref().ok_or_else(|| {
-            JudgeError::config(
-                "model",
-                "kind = \"local\" needs a checkpoint directory or hub id",
-            )
-        })?;
-        let path = self.base_dir.join(model);
+        let JudgeSpec::Local(settings) = &self.spec else {
+            return Err(JudgeError::config(
+                "kind",
+                format!(
+                    "build_local builds kind = \"local\", not \"{}\"",
+                    self.kind().as_str()
+                ),
+            ));
+        };
+        let path = self.base_dir.join(&settings.model);
         let loaded = if path.is_dir() {
             conrub_qwen3::Qwen3::<B>::load_dir(&path, device)
         } else {
-            conrub_qwen3::Qwen3::<B>::load(model, device)
+            conrub_qwen3::Qwen3::<B>::load(&settings.model, device)
         }
-        .map_err(|e| JudgeError::Model(e.to_string()))?;
+        .map_err(|e| JudgeError::Model(Box::new(e)))?;
         let cache = self.open_cache()?;
         let judge = Arc::new(crate::local::LocalJudge::new(
             loaded,
             device.clone(),
             self.prompt_set()?,
-            self.local.clone(),
+            settings.local.clone(),
             cache.clone(),
         )?);
         Ok(Judges {
@@ -306,11 +511,42 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        let e = JudgeConfig::from_toml("kind = \"sglang\"\n", Path::new(".")).unwrap_err();
-        assert!(e.contains("kind") && e.contains("openai"), "{e}");
-        let e = JudgeConfig::from_toml("kind = \"openai\"\nconcurency = 3\n", Path::new("."))
-            .unwrap_err();
-        assert!(e.contains("concurency"), "{e}");
+        let err = |text: &str| {
+            JudgeConfig::from_toml(text, Path::new("."))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err("kind = \"sglang\"\n");
+        assert!(
+            e.starts_with("kind: `sglang`") && e.contains("openai"),
+            "{e}"
+        );
+        let e = err("kind = \"openai\"\nmodel = \"m\"\nconcurency = 3\n");
+        assert!(
+            e.starts_with("concurency: unknown key of kind = \"openai\""),
+            "{e}"
+        );
+        // A key of another kind names the key and both kinds.
+        let e = err("kind = \"openai\"\nmodel = \"m\"\nkeywords = \"kw.jsonl\"\n");
+        assert_eq!(
+            e,
+            "keywords: not a key of kind = \"openai\" (it belongs to kind = \"lexical\")"
+        );
+        let table: toml::Table = toml::from_str("kind = \"lexical\"\ndevice = \"cpu\"\n").unwrap();
+        let e = JudgeConfig::from_table(table, Path::new("."), "judge.")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "judge.device: not a key of kind = \"lexical\" (it belongs to kind = \"local\")"
+        );
+        let e = err("kind = \"openai\"\n");
+        assert!(
+            e.contains("model") && e.contains("kind = \"openai\""),
+            "{e}"
+        );
+        let e = err("kind = \"openai\"\nmodel = \"m\"\nconcurrency = \"many\"\n");
+        assert!(e.starts_with("concurrency: "), "{e}");
         let c =
             JudgeConfig::from_toml("kind = \"openai\"\nmodel = \"m\"\n", Path::new(".")).unwrap();
         assert!(c
@@ -335,16 +571,43 @@ mod tests {
                 Path::new("."),
             )
             .unwrap();
-            assert_eq!(c.local.precision, conrub_qwen3::Precision::Bf16Mixed);
-            let e = JudgeConfig::from_toml(
-                "kind = \"local\"\nmodel = \"m\"\n[local]\nprecision = \"bf16\"\n",
-                Path::new("."),
-            )
-            .unwrap_err();
+            let JudgeSpec::Local(l) = &c.spec else {
+                panic!("{c:?}")
+            };
+            assert_eq!(l.local.precision, conrub_qwen3::Precision::Bf16Mixed);
+            let e = err("kind = \"local\"\nmodel = \"m\"\n[local]\nprecision = \"bf16\"\n");
             assert!(
-                e.contains("precision") && e.contains("bf16-mixed") && e.contains("line 4"),
+                e.starts_with("local.precision: ") && e.contains("bf16-mixed"),
                 "{e}"
             );
+        }
+    }
+
+    /// Each kind's `KEYS` are exactly the fields its settings have (serialised with every
+    /// optional field set, so none is skipped).
+    #[test]
+    fn each_kind_lists_its_own_keys() {
+        let keys = |v: serde_json::Value| -> Vec<String> {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.retain(|k| k != "kind");
+            k.sort();
+            k
+        };
+        let sorted = |k: &[&str]| {
+            let mut k: Vec<String> = k.iter().map(|s| s.to_string()).collect();
+            k.sort();
+            k
+        };
+        for kind in JudgeKind::ALL {
+            let text = match kind {
+                JudgeKind::Openai => "kind = \"openai\"\nmodel = \"m\"\n",
+                JudgeKind::Local => "kind = \"local\"\nmodel = \"m\"\n",
+                JudgeKind::Lexical => "kind = \"lexical\"\n",
+            };
+            let c = JudgeConfig::from_toml(text, Path::new(".")).unwrap();
+            let v = serde_json::to_value(&c.spec).unwrap();
+            assert_eq!(v["kind"], kind.as_str());
+            assert_eq!(keys(v), sorted(kind.keys()), "{kind:?}");
         }
     }
 
@@ -402,9 +665,6 @@ mod tests {
             rt.block_on(plain.criterion.judge(&req("it is t7"))).labels,
             Some(vec![conrub_rubric::Label::No])
         );
-        let e = JudgeConfig::from_toml("kind = \"openai\"\nkeywords = \"kw.jsonl\"\n", dir.path())
-            .unwrap_err();
-        assert!(e.starts_with("keywords: only the lexical"), "{e}");
         let e = JudgeConfig::from_toml(
             "kind = \"lexical\"\nkeywords = \"missing.jsonl\"\n",
             dir.path(),

@@ -4,23 +4,75 @@ use std::path::PathBuf;
 
 /// Errors building or configuring a judge. Failures of individual judge calls are not errors: they
 /// end as verdicts without labels (the response is then *unscored*).
+///
+/// Each message names the file or key; where there is an underlying error it is kept as the
+/// variant's source (and repeated in the message, so `to_string` alone says everything).
 #[derive(Debug, thiserror::Error)]
 pub enum JudgeError {
     /// A file could not be read or written.
-    #[error("{path}: {message}")]
-    File { path: PathBuf, message: String },
+    #[error("{}: {source}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file's contents are not what it should hold (with the line where known).
+    #[error("{}: {message}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with the parser's position.
+        message: String,
+    },
+    /// An error inside a config file.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong in it.
+        source: Box<JudgeError>,
+    },
+    /// TOML text that does not parse.
+    #[error("{message}")]
+    Toml {
+        /// The parser's message, with line and column.
+        message: String,
+    },
     /// A configuration value is missing or out of range.
     #[error("{field}: {message}")]
-    Config { field: String, message: String },
+    Config {
+        /// The key, as a config names it (`judge.concurrency`, `local.batch_size`).
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The judge cache database failed.
-    #[error("judge cache {path}: {message}")]
-    Cache { path: PathBuf, message: String },
+    #[error("judge cache {}: {source}", path.display())]
+    Cache {
+        /// The database file.
+        path: PathBuf,
+        /// The cause.
+        source: rusqlite::Error,
+    },
+    /// The judge cache's directory could not be created.
+    #[error("judge cache {}: {source}", path.display())]
+    CacheDir {
+        /// The database file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
     /// The HTTP client could not be built.
     #[error("http client: {0}")]
-    Http(String),
-    /// The in-process model failed.
+    Http(#[source] reqwest::Error),
+    /// The in-process model could not be loaded.
+    #[cfg(feature = "local")]
     #[error("local judge: {0}")]
-    Model(String),
+    Model(#[source] Box<conrub_qwen3::Qwen3Error>),
+    /// The in-process model cannot serve as a judge.
+    #[error("local judge: {0}")]
+    Unfit(String),
 }
 
 impl JudgeError {

@@ -26,8 +26,10 @@ pub mod scoring;
 pub mod testing;
 
 pub use cache::{CacheKey, CacheStats, JudgeCache};
-pub use client::{ChatClient, ClientConfig, ClientStats};
-pub use config::{JudgeConfig, JudgeKind, Judges};
+pub use client::{CallError, CallOutcome, ChatClient, ClientConfig, ClientStats};
+pub use config::{
+    JudgeConfig, JudgeKind, JudgeSpec, Judges, LexicalSettings, LocalSettings, OpenAiSettings,
+};
 pub use error::{JudgeError, Result};
 pub use judge::{
     compare_both_orders, BidirectionalComparison, CriterionJudge, CriterionRequest,
@@ -37,6 +39,6 @@ pub use lexical::{KeywordEntry, LexicalJudge};
 #[cfg(feature = "local")]
 pub use local::{LocalJudge, LocalJudgeConfig, LocalMode};
 pub use openai::OpenAiJudge;
-pub use parse::{json_values, parse_labels, parse_pair, PairAnswer, Preference};
+pub use parse::{json_values, parse_labels, parse_pair, OutputError, PairAnswer, Preference};
 pub use prompts::{PromptSet, PromptTemplate};
 pub use scoring::{score_jobs, score_verdict, ScoreJob, ScoredJob, ScoringSummary};

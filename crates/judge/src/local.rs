@@ -3,7 +3,7 @@
 //!
 //! - `generate`: the model writes the JSON answer (greedy; a failed parse is retried with seeded
 //!   sampling), parsed exactly like a served judge's output.
-//! - `logprob-margin` (SPEC section 9, cheap judges): per criterion, one forward pass over a
+//! - `logprob-margin` (docs/METHOD.md §9, cheap judges): per criterion, one forward pass over a
 //!   one-criterion prompt; the label whose first token is most likely wins, and the log-probability
 //!   margin over the runner-up is reported. No sampling.
 //!
@@ -25,11 +25,12 @@ use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{CacheKey, JudgeCache};
+use crate::client::CallError;
 use crate::error::{JudgeError, Result};
 use crate::judge::{
     CriterionJudge, CriterionRequest, CriterionVerdict, PairRequest, PairVerdict, PairwiseJudge,
 };
-use crate::parse::{parse_labels, parse_pair};
+use crate::parse::{parse_labels, parse_pair, OutputError};
 use crate::prompts::PromptSet;
 
 /// How the in-process judge decides.
@@ -91,7 +92,7 @@ fn label_token_ids<B: GrpoOps>(model: &Qwen3<B>, label: Label) -> Result<Vec<u32
     let tok = model
         .tokenizer
         .as_ref()
-        .ok_or_else(|| JudgeError::Model(format!("{}: no tokenizer.json", model.dir.display())))?;
+        .ok_or_else(|| JudgeError::Unfit(format!("{}: no tokenizer.json", model.dir.display())))?;
     let word = label.as_str();
     let mut cap = word.to_string();
     cap[..1].make_ascii_uppercase();
@@ -99,13 +100,13 @@ fn label_token_ids<B: GrpoOps>(model: &Qwen3<B>, label: Label) -> Result<Vec<u32
     for variant in [word.to_string(), cap, format!("\"{word}")] {
         let enc = tok
             .encode(&variant)
-            .map_err(|e| JudgeError::Model(e.to_string()))?;
+            .map_err(|e| JudgeError::Model(Box::new(e)))?;
         if enc.len() == 1 && !ids.contains(&enc[0]) && (enc[0] as usize) < model.config.vocab_size {
             ids.push(enc[0]);
         }
     }
     if ids.is_empty() {
-        return Err(JudgeError::Model(format!(
+        return Err(JudgeError::Unfit(format!(
             "label `{word}` is not a single token of this tokenizer; use mode = \"generate\""
         )));
     }
@@ -137,7 +138,7 @@ impl<B: GrpoOps> LocalJudge<B> {
         };
         let model = model.with_execution(exec);
         if model.tokenizer.is_none() {
-            return Err(JudgeError::Model(format!(
+            return Err(JudgeError::Unfit(format!(
                 "{}: the in-process judge needs tokenizer.json",
                 model.dir.display()
             )));
@@ -173,11 +174,7 @@ impl<B: GrpoOps> LocalJudge<B> {
         })
     }
 
-    fn chat_ids(
-        model: &Qwen3<B>,
-        system: &str,
-        user: &str,
-    ) -> std::result::Result<Vec<u32>, String> {
+    fn chat_ids(model: &Qwen3<B>, system: &str, user: &str) -> conrub_qwen3::Result<Vec<u32>> {
         let tok = model.tokenizer.as_ref().expect("checked in new");
         let msgs = [Message::system(system), Message::user(user)];
         tok.apply_chat_template(
@@ -187,7 +184,6 @@ impl<B: GrpoOps> LocalJudge<B> {
                 enable_thinking: Some(false),
             },
         )
-        .map_err(|e| e.to_string())
     }
 
     /// Generates answers for `prompts` (system, user) and parses each with `parse`; unparseable
@@ -195,13 +191,14 @@ impl<B: GrpoOps> LocalJudge<B> {
     fn generate_parsed<T>(
         &self,
         prompts: &[(String, String)],
-        parse: impl Fn(usize, &str) -> std::result::Result<T, String>,
-    ) -> Vec<(std::result::Result<T, String>, Vec<String>, u32)> {
+        parse: impl Fn(usize, &str) -> std::result::Result<T, OutputError>,
+    ) -> Vec<(std::result::Result<T, CallError>, Vec<String>, u32)> {
         let model = self.model.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<(std::result::Result<T, String>, Vec<String>, u32)> = (0..prompts.len())
-            .map(|_| (Err("not attempted".to_string()), Vec::new(), 0))
+        let mut out: Vec<(std::result::Result<T, CallError>, Vec<String>, u32)> = (0..prompts
+            .len())
+            .map(|_| (Err(CallError("not attempted".into())), Vec::new(), 0))
             .collect();
-        let ids: Vec<std::result::Result<Vec<u32>, String>> = prompts
+        let ids: Vec<conrub_qwen3::Result<Vec<u32>>> = prompts
             .iter()
             .map(|(s, u)| Self::chat_ids(&model, s, u))
             .collect();
@@ -209,7 +206,7 @@ impl<B: GrpoOps> LocalJudge<B> {
         for (i, r) in ids.iter().enumerate() {
             match r {
                 Ok(_) => pending.push(i),
-                Err(e) => out[i].0 = Err(format!("chat template: {e}")),
+                Err(e) => out[i].0 = Err(CallError(format!("chat template: {e}"))),
             }
         }
         let tok = model.tokenizer.as_ref().expect("checked in new");
@@ -229,7 +226,7 @@ impl<B: GrpoOps> LocalJudge<B> {
             for chunk in pending.chunks(self.cfg.batch_size) {
                 let batch: Vec<Vec<u32>> = chunk
                     .iter()
-                    .map(|&i| ids[i].clone().expect("pending ids are valid"))
+                    .map(|&i| ids[i].as_ref().expect("pending ids are valid").clone())
                     .collect();
                 match model.generate(&batch, &sampling, &self.device) {
                     Ok(gens) => {
@@ -239,7 +236,7 @@ impl<B: GrpoOps> LocalJudge<B> {
                             match parse(i, &text) {
                                 Ok(v) => out[i].0 = Ok(v),
                                 Err(e) => {
-                                    out[i].0 = Err(format!("unparseable output: {e}"));
+                                    out[i].0 = Err(CallError(format!("unparseable output: {e}")));
                                     still.push(i);
                                 }
                             }
@@ -249,7 +246,7 @@ impl<B: GrpoOps> LocalJudge<B> {
                     Err(e) => {
                         for &i in chunk {
                             out[i].2 += 1;
-                            out[i].0 = Err(format!("generation failed: {e}"));
+                            out[i].0 = Err(CallError(format!("generation failed: {e}")));
                         }
                     }
                 }
@@ -265,7 +262,7 @@ impl<B: GrpoOps> LocalJudge<B> {
     fn margin_labels(
         &self,
         requests: &[&CriterionRequest],
-    ) -> Vec<std::result::Result<(Vec<Label>, Vec<f64>), String>> {
+    ) -> Vec<std::result::Result<(Vec<Label>, Vec<f64>), CallError>> {
         let model = self.model.lock().unwrap_or_else(|p| p.into_inner());
         requests
             .iter()
@@ -277,7 +274,8 @@ impl<B: GrpoOps> LocalJudge<B> {
                         let (s, u) =
                             self.prompts
                                 .render_single(r.mode, &r.question, &r.response, c);
-                        Self::chat_ids(&model, &s, &u).map_err(|e| format!("chat template: {e}"))
+                        Self::chat_ids(&model, &s, &u)
+                            .map_err(|e| CallError(format!("chat template: {e}")))
                     })
                     .collect::<std::result::Result<_, _>>()?;
                 let mut labels = Vec::with_capacity(seqs.len());
@@ -299,7 +297,7 @@ impl<B: GrpoOps> LocalJudge<B> {
         model: &Qwen3<B>,
         seqs: &[Vec<u32>],
         mode: ScoringMode,
-    ) -> std::result::Result<Vec<(Label, f64)>, String> {
+    ) -> std::result::Result<Vec<(Label, f64)>, CallError> {
         // Longest common prefix, leaving at least one token of every sequence to run.
         let shortest = seqs.iter().map(Vec::len).min().unwrap_or(0);
         let mut prefix = 0;
@@ -366,7 +364,7 @@ impl<B: GrpoOps> LocalJudge<B> {
             .into_data()
             .convert::<f32>()
             .into_vec()
-            .map_err(|e| format!("reading logits: {e:?}"))?;
+            .map_err(|e| CallError(format!("reading logits: {e:?}")))?;
         let k = columns.len();
         Ok((0..n)
             .map(|row| {
@@ -447,7 +445,7 @@ impl<B: GrpoOps> CriterionJudge for LocalJudge<B> {
                         Ok(labels) => {
                             CriterionVerdict::labelled(labels, raw, attempts, start.elapsed())
                         }
-                        Err(e) => CriterionVerdict::failed(e, raw, attempts, start.elapsed()),
+                        Err(e) => CriterionVerdict::failed(e.0, raw, attempts, start.elapsed()),
                     });
                 }
             }
@@ -461,7 +459,7 @@ impl<B: GrpoOps> CriterionJudge for LocalJudge<B> {
                             v.margins = margins;
                             v
                         }
-                        Err(e) => CriterionVerdict::failed(e, Vec::new(), 1, start.elapsed()),
+                        Err(e) => CriterionVerdict::failed(e.0, Vec::new(), 1, start.elapsed()),
                     });
                 }
             }
@@ -515,7 +513,7 @@ impl<B: GrpoOps> PairwiseJudge for LocalJudge<B> {
             },
             Err(e) => PairVerdict {
                 answer: None,
-                error: Some(e),
+                error: Some(e.0),
                 raw_outputs,
                 attempts,
                 latency_ms,

@@ -106,7 +106,7 @@ impl CriterionJudge for OpenAiJudge {
                 }
                 CriterionVerdict::labelled(labels, out.raw_outputs, out.attempts, out.latency)
             }
-            Err(e) => CriterionVerdict::failed(e, out.raw_outputs, out.attempts, out.latency),
+            Err(e) => CriterionVerdict::failed(e.0, out.raw_outputs, out.attempts, out.latency),
         }
     }
 }
@@ -165,7 +165,7 @@ impl PairwiseJudge for OpenAiJudge {
             }
             Err(e) => PairVerdict {
                 answer: None,
-                error: Some(e),
+                error: Some(e.0),
                 raw_outputs: out.raw_outputs,
                 attempts: out.attempts,
                 latency_ms,

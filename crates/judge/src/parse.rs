@@ -172,7 +172,25 @@ pub fn json_values(text: &str) -> Vec<Value> {
     out
 }
 
-fn label_of(v: &Value, mode: ScoringMode) -> Result<Label, String> {
+/// Why a model's output was not understood (the caller keeps the raw text; after the retry budget
+/// the response ends unscored with this message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OutputError(pub String);
+
+impl From<String> for OutputError {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for OutputError {
+    fn from(s: &str) -> Self {
+        Self(s.to_string())
+    }
+}
+
+fn label_of(v: &Value, mode: ScoringMode) -> Result<Label, OutputError> {
     let as_text = match v {
         Value::String(s) => s.clone(),
         Value::Bool(b) if mode == ScoringMode::Binary => (if *b { "yes" } else { "no" }).into(),
@@ -182,18 +200,22 @@ fn label_of(v: &Value, mode: ScoringMode) -> Result<Label, String> {
             ]
             .iter()
             .find_map(|k| o.get(*k))
-            .ok_or_else(|| "an object item has no label field".to_string())?;
+            .ok_or("an object item has no label field")?;
             return label_of(field, mode);
         }
-        other => return Err(format!("`{other}` is not a label")),
+        other => return Err(format!("`{other}` is not a label").into()),
     };
     Label::parse(&as_text, mode).ok_or_else(|| {
         let allowed: Vec<&str> = mode.labels().iter().map(|l| l.as_str()).collect();
-        format!("`{}` is not one of {}", as_text.trim(), allowed.join(", "))
+        OutputError(format!(
+            "`{}` is not one of {}",
+            as_text.trim(),
+            allowed.join(", ")
+        ))
     })
 }
 
-fn labels_from_value(v: &Value, n: usize, mode: ScoringMode) -> Result<Vec<Label>, String> {
+fn labels_from_value(v: &Value, n: usize, mode: ScoringMode) -> Result<Vec<Label>, OutputError> {
     let items: Vec<&Value> = match v {
         Value::Array(a) => a.iter().collect(),
         Value::Object(o) => {
@@ -211,7 +233,7 @@ fn labels_from_value(v: &Value, n: usize, mode: ScoringMode) -> Result<Vec<Label
                 let idx: usize = k
                     .trim()
                     .parse()
-                    .map_err(|_| format!("unexpected key `{k}`"))?;
+                    .map_err(|_| OutputError(format!("unexpected key `{k}`")))?;
                 keyed.push((idx, val));
             }
             keyed.sort_by_key(|(i, _)| *i);
@@ -223,19 +245,19 @@ fn labels_from_value(v: &Value, n: usize, mode: ScoringMode) -> Result<Vec<Label
         _ => return Err("not an array or object".into()),
     };
     if items.len() != n {
-        return Err(format!("expected {n} labels, got {}", items.len()));
+        return Err(format!("expected {n} labels, got {}", items.len()).into());
     }
     items
         .iter()
         .enumerate()
-        .map(|(i, v)| label_of(v, mode).map_err(|e| format!("item {}: {e}", i + 1)))
+        .map(|(i, v)| label_of(v, mode).map_err(|e| OutputError(format!("item {}: {e}", i + 1))))
         .collect()
 }
 
 /// Parses exactly `n` labels of `mode`. When several JSON values are present, the last valid one
 /// wins (models sometimes echo the example first); the error describes the last failure.
-pub fn parse_labels(text: &str, n: usize, mode: ScoringMode) -> Result<Vec<Label>, String> {
-    let mut last_err = "no JSON array or object found".to_string();
+pub fn parse_labels(text: &str, n: usize, mode: ScoringMode) -> Result<Vec<Label>, OutputError> {
+    let mut last_err = OutputError::from("no JSON array or object found");
     let mut found = None;
     for v in json_values(text) {
         match labels_from_value(&v, n, mode) {
@@ -246,22 +268,21 @@ pub fn parse_labels(text: &str, n: usize, mode: ScoringMode) -> Result<Vec<Label
     found.ok_or(last_err)
 }
 
-fn pair_from_value(v: &Value, n: usize) -> Result<PairAnswer, String> {
+fn pair_from_value(v: &Value, n: usize) -> Result<PairAnswer, OutputError> {
     let o = v.as_object().ok_or("not a JSON object")?;
     let verdict_v = ["verdict", "winner", "preference", "better"]
         .iter()
         .find_map(|k| o.get(*k))
         .ok_or("no `verdict` field")?;
     let verdict = Preference::parse(verdict_v)
-        .ok_or_else(|| format!("verdict `{verdict_v}` is not A, B or same"))?;
+        .ok_or_else(|| OutputError(format!("verdict `{verdict_v}` is not A, B or same")))?;
     let criteria = match o.get("criteria").or_else(|| o.get("per_criterion")) {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => {
             if a.len() != n {
-                return Err(format!(
-                    "expected {n} per-criterion comparisons, got {}",
-                    a.len()
-                ));
+                return Err(
+                    format!("expected {n} per-criterion comparisons, got {}", a.len()).into(),
+                );
             }
             a.iter()
                 .enumerate()
@@ -271,12 +292,15 @@ fn pair_from_value(v: &Value, n: usize) -> Result<PairAnswer, String> {
                         .and_then(|m| m.get("better").or_else(|| m.get("winner")))
                         .unwrap_or(x);
                     Preference::parse(x).ok_or_else(|| {
-                        format!("criteria item {}: `{x}` is not A, B or same", i + 1)
+                        OutputError(format!(
+                            "criteria item {}: `{x}` is not A, B or same",
+                            i + 1
+                        ))
                     })
                 })
                 .collect::<Result<_, _>>()?
         }
-        Some(other) => return Err(format!("`criteria` is not an array: {other}")),
+        Some(other) => return Err(format!("`criteria` is not an array: {other}").into()),
     };
     let confidence = match o.get("confidence") {
         Some(Value::Number(x)) => x.as_f64().filter(|c| (0.0..=1.0).contains(c)),
@@ -297,8 +321,8 @@ fn pair_from_value(v: &Value, n: usize) -> Result<PairAnswer, String> {
 }
 
 /// Parses a pairwise answer over `n` criteria (the last valid JSON object wins).
-pub fn parse_pair(text: &str, n: usize) -> Result<PairAnswer, String> {
-    let mut last_err = "no JSON object found".to_string();
+pub fn parse_pair(text: &str, n: usize) -> Result<PairAnswer, OutputError> {
+    let mut last_err = OutputError::from("no JSON object found");
     let mut found = None;
     for v in json_values(text) {
         match pair_from_value(&v, n) {
@@ -353,9 +377,13 @@ mod tests {
 
     #[test]
     fn wrong_lengths_unknown_labels_and_garbage_are_rejected() {
-        let e = parse_labels(r#"["correct","missing"]"#, 3, ThreeState).unwrap_err();
+        let e = parse_labels(r#"["correct","missing"]"#, 3, ThreeState)
+            .unwrap_err()
+            .0;
         assert!(e.contains("expected 3 labels, got 2"), "{e}");
-        let e = parse_labels(r#"["correct","partially correct"]"#, 2, ThreeState).unwrap_err();
+        let e = parse_labels(r#"["correct","partially correct"]"#, 2, ThreeState)
+            .unwrap_err()
+            .0;
         assert!(
             e.contains("item 2") && e.contains("partially correct"),
             "{e}"
@@ -366,6 +394,7 @@ mod tests {
         );
         assert!(parse_labels("I cannot grade this response.", 2, Binary)
             .unwrap_err()
+            .to_string()
             .contains("no JSON"));
         assert!(
             parse_labels("[\"yes\", \"no\"", 2, Binary).is_err(),
@@ -398,6 +427,7 @@ mod tests {
         assert!(parse_pair(r#"{"verdict": "C"}"#, 1).is_err());
         assert!(parse_pair(r#"{"criteria": ["A"], "verdict": "A"}"#, 2)
             .unwrap_err()
+            .to_string()
             .contains("expected 2"));
         assert!(parse_pair("Both have merits.", 2).is_err());
     }

@@ -1,4 +1,4 @@
-//! Our judge prompts (SPEC sections 4, 5 and 9), overridable from files.
+//! Our judge prompts (docs/METHOD.md §4, §5, §9), overridable from files.
 //!
 //! Each prompt is a system and a user template with `{name}` placeholders, substituted in one pass
 //! (text inside a question or response is never itself substituted). The prompt *version* is a
@@ -34,11 +34,11 @@ impl PromptTemplate {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| JudgeError::File {
             path: path.into(),
-            message: e.to_string(),
+            source: e,
         })?;
-        toml::from_str(&text).map_err(|e| JudgeError::File {
+        toml::from_str(&text).map_err(|e| JudgeError::Parse {
             path: path.into(),
-            message: e.to_string(),
+            message: e.to_string().trim_end().to_string(),
         })
     }
 
@@ -218,7 +218,7 @@ impl Default for PromptSet {
 }
 
 /// Paths of prompt files that replace the built-in ones (TOML with `system` and `user`).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PromptOverrides {
     /// Replaces [`PromptSet::criteria_binary`].

@@ -1,4 +1,4 @@
-//! Rubric dropout (SPEC section 9): per step, a seeded random 30-50% of a prompt's criteria are
+//! Rubric dropout (docs/METHOD.md §9): per step, a seeded random 30-50% of a prompt's criteria are
 //! hidden from the judge, the same subset for every response of the group.
 
 use rand::{Rng, SeedableRng};

@@ -1,4 +1,4 @@
-//! Import adapters for the public rubric formats of SPEC section 2.
+//! Import adapters for the public rubric formats of docs/METHOD.md §2.
 //!
 //! - `rar`: RaR rows `{question, reference_answer, rubric: [{title, description, weight}]}`
 //!   (`rubric` may also be a JSON string, as in some exports; `question_source` becomes the stratum).

@@ -1,4 +1,4 @@
-//! Rubric records and the scoring rules of the ConRub method (SPEC sections 2, 4 and 9).
+//! Rubric records and the scoring rules of the ConRub method (docs/METHOD.md §2, §4, §9).
 //!
 //! - [`record`]: the per-prompt rubric record (criteria with kind, reference-coverage tag and
 //!   provenance) as serde types.

@@ -1,4 +1,4 @@
-//! The rubric record of SPEC section 2: one per prompt, 6-12 equally weighted criteria.
+//! The rubric record of docs/METHOD.md §2: one per prompt, 6-12 equally weighted criteria.
 
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -331,7 +331,7 @@ mod tests {
         assert_eq!(a.question, vec![Message::user("Is it safe?")]);
         assert_eq!(a.criteria[0].reference_coverage, Some(Coverage::Yes));
         let json = serde_json::to_string(&a).unwrap();
-        // The coverage tag is always written, null included, as SPEC asks.
+        // The coverage tag is always written, null included, as docs/METHOD.md §2 asks.
         assert!(json.contains("\"reference_coverage\":\"yes\""), "{json}");
         let b: RubricRecord = serde_json::from_str(&json).unwrap();
         assert_eq!(a, b);

@@ -1,4 +1,4 @@
-//! From judge labels to exact rewards (SPEC section 4).
+//! From judge labels to exact rewards (docs/METHOD.md §4).
 //!
 //! A reward is kept as a rational `num / den` of small integers and turned into `f64` by one
 //! correctly rounded division, so two responses with the same verdict profile (and the same length

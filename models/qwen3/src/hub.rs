@@ -67,7 +67,9 @@ fn fetch(model: &str) -> Result<PathBuf> {
             .expect("cached file has a parent")
             .to_path_buf();
         if let Some(index) = cached.get("model.safetensors.index.json") {
-            ensure_shards_cached(&index, &dir).map_err(|m| hub_err(m))?;
+            if let Some(shard) = missing_shard(&index, &dir)? {
+                return Err(hub_err(format!("shard {shard} is missing from the cache")));
+            }
         }
         return Ok(dir);
     }
@@ -104,7 +106,7 @@ fn fetch(model: &str) -> Result<PathBuf> {
                     "could not download model.safetensors or its index: {e}"
                 ))
             })?;
-            for shard in shard_names(&index).map_err(|m| hub_err(m))? {
+            for shard in shard_names(&index)? {
                 repo.get(&shard)
                     .map_err(|e| hub_err(format!("could not download {shard}: {e}")))?;
             }
@@ -122,14 +124,20 @@ fn fetch(model: &str) -> Result<PathBuf> {
 }
 
 #[cfg(feature = "hub")]
-fn shard_names(index: &Path) -> std::result::Result<Vec<String>, String> {
-    let text = std::fs::read_to_string(index).map_err(|e| format!("{}: {e}", index.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", index.display()))?;
+fn shard_names(index: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index).map_err(|e| Qwen3Error::io(index, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|source| Qwen3Error::Json {
+        path: index.to_path_buf(),
+        source,
+    })?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())
-        .ok_or_else(|| format!("{}: no weight_map", index.display()))?;
+        .ok_or_else(|| Qwen3Error::Weights {
+            file: index.to_path_buf(),
+            tensor: "weight_map".into(),
+            message: "the index has no weight_map".into(),
+        })?;
     let mut shards: Vec<String> = map
         .values()
         .filter_map(|s| s.as_str().map(String::from))
@@ -140,13 +148,11 @@ fn shard_names(index: &Path) -> std::result::Result<Vec<String>, String> {
 }
 
 #[cfg(feature = "hub")]
-fn ensure_shards_cached(index: &Path, dir: &Path) -> std::result::Result<(), String> {
-    for shard in shard_names(index)? {
-        if !dir.join(&shard).exists() {
-            return Err(format!("shard {shard} is missing from the cache"));
-        }
-    }
-    Ok(())
+/// The first shard named by `index` that is not in `dir`.
+fn missing_shard(index: &Path, dir: &Path) -> Result<Option<String>> {
+    Ok(shard_names(index)?
+        .into_iter()
+        .find(|shard| !dir.join(shard).exists()))
 }
 
 #[cfg(test)]

@@ -15,9 +15,11 @@ use crate::config::Qwen3Config;
 use crate::error::{Qwen3Error, Result};
 use crate::model::{Attention, DecoderLayer, Mlp, Qwen3ForCausalLM, RmsNorm, RotaryEmbedding};
 
-/// Storage precision for exported weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Storage precision for exported weights (`"f32"` or `"bf16"` in configs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SaveDtype {
+    #[default]
     /// 32-bit floats.
     F32,
     /// bfloat16 (what released Qwen3 checkpoints use).

@@ -1,0 +1,305 @@
+//! The run config: one typed schema for `conrub train`, `conrub plan` and any program that embeds
+//! the learner. `configs/README.md` lists every key with its default; a test fails when one is
+//! missing there.
+//!
+//! ```no_run
+//! use conrub_config::TrainConfig;
+//!
+//! let cfg = TrainConfig::from_file("configs/demo-cpu.toml".as_ref(), &[]).unwrap();
+//! println!("{} prompts per step on {}", cfg.run.prompts_per_step, cfg.device);
+//! ```
+//!
+//! Reading a config checks every key: an unknown key, a key of another judge kind, a value of the
+//! wrong type or out of range is an error that names the file and the dotted key. Relative paths
+//! resolve against the config file's directory ([`TrainConfig::resolve`]).
+
+mod error;
+mod sections;
+
+use std::path::{Path, PathBuf};
+
+use conrub_grpo::memory::{MemoryPlanInput, ModelShape, DEFAULT_MAX_PROMPT_TOKENS};
+use conrub_grpo::{LearnerConfig, RunConfig};
+use conrub_judge::{JudgeConfig, JudgeSpec};
+use conrub_qwen3::{AttentionImpl, Execution, Precision};
+use serde::{Deserialize, Serialize};
+
+pub use error::{ConfigError, Result};
+pub use sections::{
+    DataSection, ModelSection, RandomModel, RewardSection, RolloutSection, WarmupSection,
+};
+
+/// A train config (`conrub train --config FILE`, `conrub plan --config FILE`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    /// Device of the policy (`cpu`, `wgpu`, `cuda:0`, ...).
+    pub device: String,
+    /// Compute precision of the policy.
+    pub precision: Precision,
+    /// The policy.
+    pub model: ModelSection,
+    /// The rubric records.
+    pub data: DataSection,
+    /// The judge (`None` when the file has no `[judge]`: enough to plan, not to train).
+    pub judge: Option<JudgeConfig>,
+    /// How labels become rewards.
+    pub reward: RewardSection,
+    /// The learner.
+    pub learner: LearnerConfig,
+    /// The training loop.
+    pub run: RunConfig,
+    /// Optional supervised warm-up on the records' reference answers.
+    pub warmup: Option<WarmupSection>,
+    /// The rollout engine.
+    pub rollout: RolloutSection,
+    /// The file the config was read from.
+    pub path: PathBuf,
+}
+
+/// The keys of the file as serde reads them (`[judge]` is parsed apart, by its kind).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Schema {
+    #[serde(default = "default_device")]
+    pub device: String,
+    #[serde(default)]
+    pub precision: Precision,
+    #[serde(default)]
+    pub model: ModelSection,
+    #[serde(default)]
+    pub data: DataSection,
+    #[serde(default)]
+    pub reward: RewardSection,
+    #[serde(default)]
+    pub learner: LearnerConfig,
+    #[serde(default)]
+    pub run: RunConfig,
+    #[serde(default)]
+    pub warmup: Option<WarmupSection>,
+    #[serde(default)]
+    pub rollout: RolloutSection,
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+
+impl TrainConfig {
+    /// Reads `path` and applies `overrides` (`KEY=VALUE`, the value as TOML, else as a string).
+    pub fn from_file(path: &Path, overrides: &[String]) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Toml {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        for o in overrides {
+            apply_override(&mut table, o)?;
+        }
+        Self::from_table(table, path)
+    }
+
+    /// A config from a parsed table; `path` names the file in errors and anchors relative paths.
+    pub fn from_table(mut table: toml::Table, path: &Path) -> Result<Self> {
+        let key_error = |key: String, message: String| ConfigError::Key {
+            path: path.to_path_buf(),
+            key,
+            message,
+        };
+        let judge_table = match table.remove("judge") {
+            None => None,
+            Some(toml::Value::Table(t)) => Some(t),
+            Some(other) => {
+                return Err(key_error(
+                    "judge".into(),
+                    format!("expected a table, found {}", other.type_str()),
+                ))
+            }
+        };
+        let schema: Schema =
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+                let key = e.path().to_string();
+                let message = e.into_inner().message().trim_end().to_string();
+                key_error(key, message)
+            })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let judge = judge_table
+            .map(|t| read_judge(t, &base))
+            .transpose()
+            .map_err(|source| ConfigError::Judge {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let cfg = Self {
+            device: schema.device,
+            precision: schema.precision,
+            model: schema.model,
+            data: schema.data,
+            judge,
+            reward: schema.reward,
+            learner: schema.learner,
+            run: schema.run,
+            warmup: schema.warmup,
+            rollout: schema.rollout,
+            path: path.to_path_buf(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Range checks across sections; errors name the key.
+    fn validate(&self) -> Result<()> {
+        let key_error = |key: &str, message: String| ConfigError::Key {
+            path: self.path.clone(),
+            key: key.into(),
+            message,
+        };
+        self.learner.validate().map_err(|e| match e {
+            conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
+            other => key_error("learner", other.to_string()),
+        })?;
+        self.rollout.validate().map_err(|(k, m)| key_error(&k, m))?;
+        self.model.validate().map_err(|(k, m)| key_error(&k, m))?;
+        self.reward
+            .length_penalty(self.learner.max_response_tokens)
+            .validate()
+            .map_err(|e| key_error("reward", e.to_string()))?;
+        if let Some(d) = &self.reward.dropout {
+            d.validate()
+                .map_err(|e| key_error("reward.dropout", e.to_string()))?;
+        }
+        if self.data.max_prompt_tokens == Some(0) {
+            return Err(key_error(
+                "data.max_prompt_tokens",
+                "must be at least 1".into(),
+            ));
+        }
+        if let Some(w) = &self.warmup {
+            if w.steps == 0 || !(w.lr > 0.0) {
+                return Err(key_error("warmup", "needs steps >= 1 and lr > 0".into()));
+            }
+        }
+        if let Some(JudgeSpec::Local(l)) = self.judge.as_ref().map(|j| &j.spec) {
+            if let Some(d) = &l.device {
+                return Err(key_error(
+                    "judge.device",
+                    format!(
+                        "\"{d}\": `conrub train` runs the local judge on the training device ({}); remove the key (`conrub score` and `conrub judge-pair` use it)",
+                        self.device
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `p` relative to the config file's directory (absolute paths stay as they are).
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            return p.to_path_buf();
+        }
+        self.path
+            .parent()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|| p.to_path_buf())
+    }
+
+    /// The rubric file, resolved; an error when the config has none.
+    pub fn rubrics_path(&self) -> Result<PathBuf> {
+        let p = self.data.rubrics.as_ref().ok_or_else(|| ConfigError::Key {
+            path: self.path.clone(),
+            key: "data.rubrics".into(),
+            message: "missing: training needs the rubric records".into(),
+        })?;
+        Ok(self.resolve(p))
+    }
+
+    /// The judge; an error when the config has none.
+    pub fn judge(&self) -> Result<&JudgeConfig> {
+        self.judge.as_ref().ok_or_else(|| ConfigError::Key {
+            path: self.path.clone(),
+            key: "judge".into(),
+            message: "missing: training needs a [judge] table".into(),
+        })
+    }
+
+    /// How the policy runs. Activation checkpointing is not set here: the learner applies
+    /// `learner.activation_checkpointing` when it is built (`LearnerBuilder::build`), the one place
+    /// that does.
+    pub fn execution(&self) -> Execution {
+        Execution {
+            precision: self.precision,
+            attention: AttentionImpl::Fused,
+            activation_checkpointing: false,
+        }
+    }
+
+    /// The memory plan's inputs for a model of `shape` on a device of `gpu_memory_gb`;
+    /// `max_prompt_tokens` overrides `data.max_prompt_tokens` (default 1,024).
+    pub fn memory_plan_input(
+        &self,
+        shape: ModelShape,
+        gpu_memory_gb: f64,
+        max_prompt_tokens: Option<usize>,
+    ) -> MemoryPlanInput {
+        let l = &self.learner;
+        let mut input = MemoryPlanInput::new(shape);
+        input.precision = self.precision;
+        input.activation_checkpointing = l.activation_checkpointing;
+        input.micro_batch_tokens = l.micro_batch_tokens;
+        input.mini_batches = l.mini_batches;
+        input.group_size = l.group_size;
+        input.max_response_tokens = l.max_response_tokens;
+        input.rollout_prompts_per_call = l.rollout_prompts_per_call;
+        input.prompts_per_step = self.run.prompts_per_step;
+        input.keep_reference = l.kl_beta != 0.0;
+        input.max_prompt_tokens = max_prompt_tokens
+            .or(self.data.max_prompt_tokens)
+            .unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);
+        input.kv_cache_gb = self.rollout.kv_cache_gb;
+        input.kv_block_size = self.rollout.block_size;
+        input.rollout_max_rows = self.rollout.max_rows;
+        input.gpu_memory_gb = gpu_memory_gb;
+        input
+    }
+}
+
+/// `[judge]`: either `config = "FILE"` alone (a judge file, relative to the config) or the judge
+/// table inline.
+fn read_judge(table: toml::Table, base: &Path) -> conrub_judge::Result<JudgeConfig> {
+    match table.get("config").and_then(toml::Value::as_str) {
+        Some(file) if table.len() == 1 => JudgeConfig::from_file(&base.join(file)),
+        _ => JudgeConfig::from_table(table, base, "judge."),
+    }
+}
+
+/// Sets `a.b.c = value` in a TOML table (the value parsed as TOML, else taken as a string).
+pub fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
+    let err = |message: String| ConfigError::Override {
+        spec: spec.to_string(),
+        message,
+    };
+    let (key, raw) = spec
+        .split_once('=')
+        .ok_or_else(|| err("expected KEY=VALUE".into()))?;
+    let value: toml::Value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        Ok(mut t) => t.remove("v").expect("parsed"),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    let parts: Vec<&str> = key.trim().split('.').collect();
+    let mut cur = table;
+    for p in &parts[..parts.len() - 1] {
+        cur = cur
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .ok_or_else(|| err(format!("`{p}` is not a table")))?;
+    }
+    cur.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,204 @@
+//! The sections of a train config other than `[learner]` and `[run]` (the learner crate's) and
+//! `[judge]` (the judge crate's).
+
+use std::path::PathBuf;
+
+use conrub_qwen3::{EngineConfig, Qwen3Config, SaveDtype};
+use conrub_rubric::{LengthPenalty, RubricDropout, ScoringMode};
+use serde::{Deserialize, Serialize};
+
+/// `[model]`: the policy, a checkpoint (`path`) or a random Qwen3 (`[model.random]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// Checkpoint directory (relative to the config) or hub id.
+    pub path: Option<String>,
+    /// A random Qwen3 (demos, tests).
+    pub random: Option<RandomModel>,
+    /// Passed to the chat template (`false` for thinking-disabled runs).
+    pub enable_thinking: Option<bool>,
+    /// Weights of exported checkpoints.
+    pub save_dtype: SaveDtype,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            path: None,
+            random: None,
+            enable_thinking: Some(false),
+            save_dtype: SaveDtype::F32,
+        }
+    }
+}
+
+impl ModelSection {
+    /// Exactly one of `path` and `[model.random]`, and a valid random shape.
+    pub(crate) fn validate(&self) -> Result<(), (String, String)> {
+        match (&self.path, &self.random) {
+            (Some(_), None) => Ok(()),
+            (None, Some(r)) => r
+                .config()
+                .validate()
+                .map_err(|e| ("model.random".into(), e.to_string())),
+            _ => Err((
+                "model".into(),
+                "needs exactly one of `path` or `[model.random]`".into(),
+            )),
+        }
+    }
+}
+
+/// `[model.random]`: a randomly initialised Qwen3 of the given shape with a tokenizer from disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomModel {
+    /// Directory with `tokenizer.json` (and `tokenizer_config.json`), relative to the config.
+    pub tokenizer: PathBuf,
+    /// Hidden width.
+    pub hidden_size: usize,
+    /// MLP width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads.
+    pub num_key_value_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Standard deviation of the initial weights.
+    #[serde(default = "default_std")]
+    pub std: f64,
+    /// Seed of the initial weights.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_std() -> f64 {
+    0.02
+}
+
+impl RandomModel {
+    /// The Qwen3 config of this shape (Qwen3's vocabulary; the rest as `Qwen3Config::tiny`).
+    pub fn config(&self) -> Qwen3Config {
+        let mut c = Qwen3Config::tiny(151_936);
+        c.hidden_size = self.hidden_size;
+        c.intermediate_size = self.intermediate_size;
+        c.num_hidden_layers = self.num_hidden_layers;
+        c.num_attention_heads = self.num_attention_heads;
+        c.num_key_value_heads = Some(self.num_key_value_heads);
+        c.head_dim = Some(self.head_dim);
+        c
+    }
+}
+
+/// `[data]`: the rubric records.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataSection {
+    /// Rubric JSONL, relative to the config (required to train).
+    pub rubrics: Option<PathBuf>,
+    /// Longest prompt in tokens, for the memory plan (default 1,024).
+    pub max_prompt_tokens: Option<usize>,
+}
+
+/// `[reward]`: labels to rewards (docs/METHOD.md §4, §9).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewardSection {
+    /// `three-state` (the method) or `binary`.
+    pub mode: ScoringMode,
+    /// The soft overlength penalty.
+    pub length_penalty: bool,
+    /// Its buffer `Lbuf` in tokens (capped at `learner.max_response_tokens`).
+    pub length_buffer_tokens: u32,
+    /// Rubric dropout; off when absent.
+    pub dropout: Option<RubricDropout>,
+}
+
+impl Default for RewardSection {
+    fn default() -> Self {
+        Self {
+            mode: ScoringMode::ThreeState,
+            length_penalty: true,
+            length_buffer_tokens: 1024,
+            dropout: None,
+        }
+    }
+}
+
+impl RewardSection {
+    /// The overlength penalty for responses of at most `max_response_tokens`.
+    pub fn length_penalty(&self, max_response_tokens: usize) -> LengthPenalty {
+        LengthPenalty {
+            enabled: self.length_penalty,
+            max_tokens: max_response_tokens as u32,
+            buffer_tokens: self.length_buffer_tokens.min(max_response_tokens as u32),
+        }
+    }
+}
+
+/// `[warmup]`: supervised steps on the reference answers before GRPO (fresh runs only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupSection {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Learning rate.
+    pub lr: f64,
+}
+
+/// `[rollout]`: the rollout engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutSection {
+    /// KV pool in decimal GB. Unset: on devices with a known size (`cuda`, or `--gpu-memory-gb`)
+    /// the memory plan's budget rule (90% of what the rollout leaves free); elsewhere enough for
+    /// every row of a call at full length.
+    pub kv_cache_gb: Option<f64>,
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// Sequences decoded at once at most.
+    pub max_rows: usize,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        let e = EngineConfig::default();
+        Self {
+            kv_cache_gb: None,
+            block_size: e.block_size,
+            max_rows: e.max_rows,
+        }
+    }
+}
+
+impl RolloutSection {
+    /// Checks the values; errors name the key.
+    pub(crate) fn validate(&self) -> Result<(), (String, String)> {
+        if let Some(gb) = self.kv_cache_gb {
+            if !(gb.is_finite() && gb > 0.0) {
+                return Err((
+                    "rollout.kv_cache_gb".into(),
+                    format!("{gb} must be a positive number of GB"),
+                ));
+            }
+        }
+        for (key, v) in [("block_size", self.block_size), ("max_rows", self.max_rows)] {
+            if v == 0 {
+                return Err((format!("rollout.{key}"), "must be at least 1".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The engine settings, the pool left to the caller.
+    pub fn engine(&self) -> EngineConfig {
+        EngineConfig {
+            block_size: self.block_size,
+            kv_blocks: None,
+            max_rows: self.max_rows,
+        }
+    }
+}

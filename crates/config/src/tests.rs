@@ -1,0 +1,223 @@
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use super::*;
+
+/// A config that sets every key of the schema (an `Option` left unset would hide its sub-keys),
+/// with one judge kind; the other kinds' keys come from their own tables.
+const FULL: &str = r#"
+device = "cpu"
+precision = "bf16-mixed"
+
+[model]
+path = "Qwen/Qwen3-0.6B"
+enable_thinking = false
+save_dtype = "bf16"
+
+[model.random]
+tokenizer = "tok"
+hidden_size = 64
+intermediate_size = 128
+num_hidden_layers = 2
+num_attention_heads = 4
+num_key_value_heads = 2
+head_dim = 16
+std = 0.02
+seed = 0
+
+[data]
+rubrics = "rubrics.jsonl"
+max_prompt_tokens = 1024
+
+[reward]
+mode = "three-state"
+length_penalty = true
+length_buffer_tokens = 16
+dropout = { min_fraction = 0.3, max_fraction = 0.5, keep_global_controls = false }
+
+[learner]
+group_size = 8
+max_response_tokens = 48
+temperature = 1.0
+top_p = 1.0
+top_k = 50
+rollout_prompts_per_call = 8
+lr = 0.002
+weight_decay = 0.0
+beta1 = 0.9
+beta2 = 0.999
+adam_eps = 1e-8
+max_grad_norm = 1.0
+clip = { low = 0.2, high = 0.28 }
+aggregation = "sequence-mean"
+scale_rewards = "group"
+kl_beta = 0.0
+tie_mode = "pairwise"
+dpo_beta = 2.0
+ppo_epochs = 1
+mini_batches = 2
+micro_batch_tokens = 8192
+activation_checkpointing = false
+seed = 1234
+
+[run]
+epochs = 1
+prompts_per_step = 8
+checkpoint_every = 6
+max_steps = 3
+output_dir = "runs/x"
+
+[warmup]
+steps = 2
+lr = 0.01
+
+[rollout]
+kv_cache_gb = 1.0
+block_size = 16
+max_rows = 256
+"#;
+
+/// Dotted key paths of a JSON object (arrays and scalars are leaves); panics on a `null`, which
+/// would be an unset option whose keys the walk cannot see.
+fn key_paths(prefix: &str, v: &serde_json::Value, out: &mut BTreeSet<String>) {
+    let serde_json::Value::Object(map) = v else {
+        return;
+    };
+    for (k, v) in map {
+        let path = format!("{prefix}{k}");
+        assert!(
+            !v.is_null(),
+            "`{path}` is unset in the full example: set it"
+        );
+        // Tables are documented through their keys; a free-form map is one key.
+        if v.is_object() && path != "judge.chat_template_kwargs" {
+            key_paths(&format!("{path}."), v, out);
+        } else {
+            out.insert(path);
+        }
+    }
+}
+
+/// Every key of the schema, from a parse of [`FULL`] and of one judge table per kind.
+fn schema_keys() -> BTreeSet<String> {
+    let path = Path::new("configs/full.toml");
+    let table: toml::Table = toml::from_str(FULL).unwrap();
+    let schema: Schema = serde_path_to_error::deserialize(toml::Value::Table(table)).unwrap();
+    let mut keys = BTreeSet::new();
+    key_paths("", &serde_json::to_value(&schema).unwrap(), &mut keys);
+    let judges = [
+        "kind = \"openai\"\nurl = \"http://a/v1\"\nmodel = \"m\"\napi_key_env = \"K\"\ncache = \"c\"\n[prompts]\ncriteria_binary = \"a\"\ncriteria_three_state = \"a\"\npairwise = \"a\"\nsingle_binary = \"a\"\nsingle_three_state = \"a\"\n",
+        "kind = \"local\"\nmodel = \"m\"\ndevice = \"cpu\"\ncache = \"c\"\n",
+        "kind = \"lexical\"\nkeywords = \"k\"\n",
+    ];
+    for text in judges {
+        let t: toml::Table = toml::from_str(text).unwrap();
+        let judge = JudgeConfig::from_table(t, Path::new("."), "judge.").unwrap();
+        let mut v = serde_json::to_value(&judge.spec).unwrap();
+        // `prompts` of the local kind are the same keys as openai's.
+        if let Some(o) = v.as_object_mut() {
+            if o["kind"] == "local" {
+                o.remove("prompts");
+            }
+        }
+        key_paths("judge.", &v, &mut keys);
+    }
+    assert!(keys.contains("learner.clip.low") && keys.contains("judge.local.mode"));
+    let _ = path;
+    keys
+}
+
+#[test]
+fn the_full_example_is_one_valid_config() {
+    let table: toml::Table = toml::from_str(FULL).unwrap();
+    // Both `path` and `[model.random]` are set to reach every key: the one error.
+    let e = TrainConfig::from_table(table.clone(), Path::new("x/train.toml")).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "x/train.toml: model: needs exactly one of `path` or `[model.random]`"
+    );
+    let mut table = table;
+    table["model"].as_table_mut().unwrap().remove("path");
+    let cfg = TrainConfig::from_table(table, Path::new("x/train.toml")).unwrap();
+    assert_eq!(cfg.precision, Precision::Bf16Mixed);
+    assert_eq!(cfg.model.save_dtype, conrub_qwen3::SaveDtype::Bf16);
+    assert_eq!(cfg.learner.top_k, Some(50));
+    assert_eq!(cfg.resolve(Path::new("r.jsonl")), Path::new("x/r.jsonl"));
+    assert!(cfg.judge.is_none());
+    assert!(cfg
+        .judge()
+        .unwrap_err()
+        .to_string()
+        .contains("judge: missing"));
+}
+
+/// configs/README.md documents every key of the schema (as `` `key` `` in its tables).
+#[test]
+fn configs_readme_lists_every_key() {
+    let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/README.md");
+    let readme = std::fs::read_to_string(&readme_path).unwrap();
+    let missing: Vec<String> = schema_keys()
+        .into_iter()
+        .filter(|k| !readme.contains(&format!("`{k}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "configs/README.md does not document these keys: {missing:?}"
+    );
+}
+
+fn error_of(text: &str) -> String {
+    let table: toml::Table = toml::from_str(text).unwrap();
+    TrainConfig::from_table(table, Path::new("t.toml"))
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn errors_name_the_file_and_the_key() {
+    let random = "[model.random]\ntokenizer = \"t\"\nhidden_size = 64\nintermediate_size = 128\nnum_hidden_layers = 2\nnum_attention_heads = 4\nnum_key_value_heads = 2\nhead_dim = 16\n";
+    let e = error_of(&format!("{random}[learner]\nnew_knob = 1\n"));
+    assert!(
+        e.starts_with("t.toml: learner.new_knob: unknown field `new_knob`"),
+        "{e}"
+    );
+    let e = error_of(&format!("future_key = 1\n{random}"));
+    assert!(e.starts_with("t.toml: future_key: unknown field"), "{e}");
+    let e = error_of(&format!("precision = \"bf16\"\n{random}"));
+    assert!(
+        e.starts_with("t.toml: precision: ") && e.contains("bf16-mixed"),
+        "{e}"
+    );
+    let e = error_of(&format!("{random}[learner]\nlr = -1.0\n"));
+    assert_eq!(e, "t.toml: learner.lr: must be > 0");
+    let e = error_of(&format!("{random}[rollout]\nmax_rows = 0\n"));
+    assert_eq!(e, "t.toml: rollout.max_rows: must be at least 1");
+    // A judge key of another kind names `judge.<key>` and both kinds.
+    let e = error_of(&format!("{random}[judge]\nkind = \"lexical\"\nurls = []\n"));
+    assert_eq!(
+        e,
+        "t.toml: judge.urls: not a key of kind = \"lexical\" (it belongs to kind = \"openai\")"
+    );
+    let e = error_of(&format!(
+        "{random}[judge]\nkind = \"local\"\nmodel = \"m\"\ndevice = \"cpu\"\n"
+    ));
+    assert!(
+        e.starts_with("t.toml: judge.device: \"cpu\": `conrub train` runs"),
+        "{e}"
+    );
+}
+
+#[test]
+fn overrides_set_nested_keys() {
+    let mut t = toml::Table::new();
+    apply_override(&mut t, "learner.lr=1e-6").unwrap();
+    apply_override(&mut t, "device=cuda:1").unwrap();
+    assert_eq!(t["learner"]["lr"].as_float(), Some(1e-6));
+    assert_eq!(t["device"].as_str(), Some("cuda:1"));
+    let e = apply_override(&mut t, "learner").unwrap_err().to_string();
+    assert_eq!(e, "--set learner: expected KEY=VALUE");
+    let e = apply_override(&mut t, "device.x=1")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "--set device.x=1: `device` is not a table");
+}
