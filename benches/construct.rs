@@ -106,10 +106,12 @@ fn child_baseline(url: &str, calls: usize, concurrency: usize) {
                 let c = client.clone();
                 let user = user.clone();
                 async move {
-                    c.chat_parsed("system", &user, |t| Ok::<_, String>(t.len()))
-                        .await
-                        .result
-                        .unwrap()
+                    c.chat_parsed("system", &user, |t| {
+                        Ok::<_, conrub_judge::OutputError>(t.len())
+                    })
+                    .await
+                    .result
+                    .unwrap()
                 }
             })
             .buffer_unordered(concurrency)

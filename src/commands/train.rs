@@ -239,7 +239,7 @@ impl PhaseProgress {
                     bar.finish_and_clear();
                 }
             }
-            None if done % self.total.div_ceil(10).max(1) == 0 && done < self.total => {
+            None if done.is_multiple_of(self.total.div_ceil(10).max(1)) && done < self.total => {
                 let eta =
                     self.started.elapsed().as_secs_f64() / done as f64 * (self.total - done) as f64;
                 eprintln!(

@@ -32,7 +32,7 @@ fn last_matching<T>(
             Err(e) => last_err = e,
         }
     }
-    Err(last_err.into())
+    Err(last_err)
 }
 
 fn field<'a>(o: &'a serde_json::Map<String, Value>, names: &[&str]) -> Option<&'a Value> {

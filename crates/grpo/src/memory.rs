@@ -782,8 +782,7 @@ impl MemoryPlan {
         let rollout_peak = rollout_peak_of(&input);
         let kv_pool_blocks = (kv_pool_bytes(&input) / input.kv_block_bytes()).round() as usize;
         let s = input.sequence_tokens().max(1);
-        let whole_step =
-            (input.step_rows().max(1) * s).next_multiple_of(MICRO_BATCH_STEP) / MICRO_BATCH_STEP;
+        let whole_step = (input.step_rows().max(1) * s).div_ceil(MICRO_BATCH_STEP);
         let max_micro_batch_tokens = MICRO_BATCH_STEP
             * largest(whole_step, |k| {
                 k > 0

@@ -101,7 +101,7 @@ pub trait Policy<B: Backend>: Module<B> {
 
 /// The default sampler of [`Policy::sample`]: row `i` draws from [`sequence_rng`]`(cfg.seed, i)`, so
 /// its tokens do not depend on the other rows, and finished rows leave the batch.
-pub fn sample_by_recomputation<B: Backend, P: Policy<B> + ?Sized>(
+pub fn sample_by_recomputation<B: Backend, P: Policy<B>>(
     policy: &P,
     prompts: &[Vec<u32>],
     cfg: &SamplingConfig,

@@ -144,9 +144,9 @@ mod tests {
         async fn compare(&self, r: &PairRequest) -> PairVerdict {
             let verdict = if r.first.contains("broken") || r.second.contains("broken") {
                 None
-            } else if r.first.contains("biased") {
-                Some(Preference::A)
-            } else if r.first.contains("good") && !r.second.contains("good") {
+            } else if r.first.contains("biased")
+                || (r.first.contains("good") && !r.second.contains("good"))
+            {
                 Some(Preference::A)
             } else if r.second.contains("good") && !r.first.contains("good") {
                 Some(Preference::B)

@@ -172,7 +172,7 @@ where
             summary.epochs.push(e);
         }
         if run.checkpoint_every > 0
-            && learner.step % run.checkpoint_every == 0
+            && learner.step.is_multiple_of(run.checkpoint_every)
             && learner.step < total
         {
             save(learner, hooks, &mut summary)?;

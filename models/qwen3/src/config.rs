@@ -209,7 +209,7 @@ impl Qwen3Config {
             }
         }
         let kv = self.num_key_value_heads();
-        if kv == 0 || self.num_attention_heads % kv != 0 {
+        if kv == 0 || !self.num_attention_heads.is_multiple_of(kv) {
             return err(
                 "num_key_value_heads",
                 format!(
@@ -218,7 +218,7 @@ impl Qwen3Config {
                 ),
             );
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return err(
                 "head_dim",
                 format!("{} must be even for RoPE", self.head_dim()),

@@ -556,7 +556,7 @@ impl<B: GrpoOps> Engine<'_, B> {
     fn make_room(&mut self, id: usize) -> std::result::Result<(), ()> {
         let bs = self.engine.block_size;
         let pos = self.seqs[id].cached;
-        if pos % bs == 0 {
+        if pos.is_multiple_of(bs) {
             let b = self.alloc.alloc().ok_or(())?;
             self.seqs[id].blocks.push(b);
         } else {

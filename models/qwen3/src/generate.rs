@@ -49,7 +49,7 @@ impl Default for SamplingConfig {
 impl SamplingConfig {
     /// Checks the ranges of the settings.
     pub fn validate(&self) -> Result<()> {
-        if !self.greedy && !(self.temperature > 0.0 && self.temperature.is_finite()) {
+        if !(self.greedy || self.temperature > 0.0 && self.temperature.is_finite()) {
             return Err(Qwen3Error::arg(
                 "temperature",
                 format!(

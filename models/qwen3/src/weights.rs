@@ -222,21 +222,6 @@ fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn transpose_handles_ragged_tiles() {
-        let (rows, cols) = (37, 70);
-        let data: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
-        let t = super::transpose(&data, rows, cols);
-        for r in 0..rows {
-            for c in 0..cols {
-                assert_eq!(t[c * rows + r], data[r * cols + c]);
-            }
-        }
-    }
-}
-
 /// Loads a Qwen3 causal LM from checkpoint files. Every tensor the config implies must be present
 /// with the right shape, and every stored tensor must be used (for a tied model a stored
 /// `lm_head.weight` is ignored, as transformers does).
@@ -426,4 +411,19 @@ pub fn to_safetensors_bytes<B: Backend>(
         tensor: "<all>".into(),
         message: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn transpose_handles_ragged_tiles() {
+        let (rows, cols) = (37, 70);
+        let data: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+        let t = super::transpose(&data, rows, cols);
+        for r in 0..rows {
+            for c in 0..cols {
+                assert_eq!(t[c * rows + r], data[r * cols + c]);
+            }
+        }
+    }
 }

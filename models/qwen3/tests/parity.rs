@@ -451,10 +451,10 @@ fn kv_cache_grows_across_blocks() {
     let qwen = load("untied-mqa-bf16");
     let v = qwen.config.vocab_size;
     let seq: Vec<u32> = (0..600u32).map(|i| (i * 37 + 11) % 256).collect();
-    let full = host(
-        qwen.model
-            .forward(&ForwardBatch::contiguous(&[seq.clone()], 0, &device), None),
-    );
+    let full = host(qwen.model.forward(
+        &ForwardBatch::contiguous(std::slice::from_ref(&seq), 0, &device),
+        None,
+    ));
     let mut cache = KvCache::<B>::new(qwen.model.num_layers());
     let mut done = 0;
     for chunk in [250usize, 3, 3, 3, 3, 300, 1] {
