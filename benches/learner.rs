@@ -17,7 +17,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use conrub_grpo::{
-    Aggregation, ClipRange, Policy, PolicyLoss, SurrogateBatch, TokenBatch, Update, UpdateConfig,
+    Aggregation, Clip, Policy, PolicyLoss, SurrogateBatch, TokenBatch, Update, UpdateConfig,
 };
 use conrub_judge::{score_jobs, CriterionRequest, LexicalJudge, ScoreJob};
 use conrub_kernels::GrpoOps;
@@ -198,7 +198,7 @@ where
         &dev,
     );
     let loss = PolicyLoss {
-        clip: ClipRange::default(),
+        clip: Clip::default(),
         aggregation: Aggregation::SequenceMean,
         kl_beta: 0.0,
         max_response_tokens: RESPONSE,

@@ -52,13 +52,24 @@ use burn::tensor::{Int, Tensor, TensorPrimitive};
 pub use attention::{causal_attention, AttentionLayout, ATTENTION_MASKED_LSE};
 pub use paged_attention::{paged_decode_attention, PagedLayout};
 
-/// Asymmetric clipping of the probability ratio: `[1 - low, 1 + high]`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Asymmetric clipping of the probability ratio: `[1 - low, 1 + high]` (`learner.clip` in a train
+/// config; the method's 0.20 / 0.28 by default).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Clip {
-    /// `eps_low`.
+    /// `eps_low`: the ratio is clipped below at `1 - low`.
     pub low: f64,
-    /// `eps_high`.
+    /// `eps_high`: the ratio is clipped above at `1 + high`.
     pub high: f64,
+}
+
+impl Default for Clip {
+    fn default() -> Self {
+        Self {
+            low: 0.20,
+            high: 0.28,
+        }
+    }
 }
 
 /// How per-token losses are reduced within each response.

@@ -5,14 +5,14 @@ use conrub_rubric::seeded_permutation;
 use serde::{Deserialize, Serialize};
 
 /// Added to the group standard deviation (as TRL does), so a near-constant group does not explode.
-pub const ADVANTAGE_EPS: f64 = 1e-4;
+pub(crate) const ADVANTAGE_EPS: f64 = 1e-4;
 
 /// How a group's rewards are scaled before they become advantages (TRL's `scale_rewards`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScaleRewards {
     /// Divide by the group's *sample* standard deviation (Bessel's correction, as TRL) plus
-    /// [`ADVANTAGE_EPS`]: the method's GRPO.
+    /// 1e-4: the method's GRPO.
     #[default]
     Group,
     /// No scaling: `R_i - mean(R)` (the Dr. GRPO recipe).
@@ -69,7 +69,7 @@ impl AdvantageEstimator for GroupRelative {
 
 /// Whether a group is an exact tie: complete (`k` responses, all scored), every reward finite, and
 /// all rewards exactly equal (bit-for-bit; our rewards are exact rationals rounded once).
-pub fn is_exact_tie(rewards: &[Option<f64>], k: usize) -> bool {
+pub(crate) fn is_exact_tie(rewards: &[Option<f64>], k: usize) -> bool {
     if rewards.len() != k || k < 2 {
         return false;
     }
@@ -89,7 +89,7 @@ pub(crate) fn stable_seed(seed: u64, key: &str) -> u64 {
 
 /// Shuffles `0..k` with a PRNG seeded by `(run_seed, group_key)` and splits it into `k / 2`
 /// disjoint pairs (with odd `k`, the last shuffled response stays unpaired).
-pub fn tie_pairs(k: usize, run_seed: u64, group_key: &str) -> Vec<(usize, usize)> {
+pub(crate) fn tie_pairs(k: usize, run_seed: u64, group_key: &str) -> Vec<(usize, usize)> {
     let order = seeded_permutation(k, stable_seed(run_seed, group_key));
     order.chunks_exact(2).map(|p| (p[0], p[1])).collect()
 }

@@ -16,7 +16,7 @@ use burn::module::AutodiffModule;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::{Clip, GrpoOps};
 use conrub_qwen3::{EngineConfig, SamplingConfig};
 use conrub_rubric::{ResponseScore, RubricRecord};
 use serde::{Deserialize, Serialize};
@@ -28,7 +28,7 @@ use crate::batch::{
 use crate::codec::TextCodec;
 use crate::error::{GrpoError, Result};
 use crate::group::{reward_bin, GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
-use crate::loss::{dpo_pair_loss, Aggregation, ClipRange, PolicyLoss, SurrogateBatch};
+use crate::loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch};
 use crate::policy::{row_index, Policy};
 use crate::reward::{GroupScores, RewardSource};
 use crate::rollout::{GroupSampler, Rollout};
@@ -69,7 +69,7 @@ pub struct LearnerConfig {
     /// Global gradient-norm clip (0 disables).
     pub max_grad_norm: f64,
     /// Ratio clipping.
-    pub clip: ClipRange,
+    pub clip: Clip,
     /// Loss aggregation: `sequence-mean` (the method), `global-token-mean` or `dr-grpo`.
     pub aggregation: Aggregation,
     /// Advantage scaling: `group` (divide by the group's sample std, the method) or `none`.
@@ -114,7 +114,7 @@ impl Default for LearnerConfig {
             beta2: 0.999,
             adam_eps: 1e-8,
             max_grad_norm: 1.0,
-            clip: ClipRange::default(),
+            clip: Clip::default(),
             aggregation: Aggregation::SequenceMean,
             scale_rewards: ScaleRewards::Group,
             kl_beta: 0.0,

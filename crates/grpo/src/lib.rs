@@ -19,11 +19,10 @@
 //! - rollout: [`Rollout`], [`GroupSampler`], [`RolloutBatch`]
 //! - rewards: [`RewardSource`], [`JudgeRewards`], [`GroupScores`]
 //! - advantages: [`AdvantageEstimator`], [`GroupRelative`], [`ScaleRewards`],
-//!   [`TieAwareAdvantages`], [`TieMode`], [`GroupOutcome`], [`TieStatus`], [`is_exact_tie`],
-//!   [`tie_pairs`], [`ADVANTAGE_EPS`]
+//!   [`TieAwareAdvantages`], [`TieMode`], [`GroupOutcome`], [`TieStatus`]
 //! - ties: [`TieBreaker`], [`PairwiseTieBreaker`], [`NoTieBreaker`], [`TiedGroup`], [`TieOutcome`],
 //!   [`PairRecord`], [`TieStats`]
-//! - loss and update: [`PolicyLoss`], [`Aggregation`], [`ClipRange`], [`SurrogateBatch`],
+//! - loss and update: [`PolicyLoss`], [`Aggregation`], [`Clip`], [`SurrogateBatch`],
 //!   [`SurrogateOutput`], [`dpo_pair_loss`], [`TrainBatch`], [`Update`] (global clipping with
 //!   fixed-order sums on the device, then AdamW), [`UpdateConfig`]
 //! - the run: [`train`] (epochs in a seeded order, `metrics.jsonl`, SVG plots, checkpoints,
@@ -53,19 +52,15 @@ mod trainer;
 mod update;
 mod warmup;
 
-pub use advantages::{
-    is_exact_tie, tie_pairs, AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus,
-    ADVANTAGE_EPS,
-};
+pub use advantages::{AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus};
 pub use batch::{RolloutBatch, TokenBatch, TrainBatch};
 pub use checkpoint::{load_state, save_state, TrainingState};
 pub use codec::{ChatTemplateCodec, TextCodec};
+pub use conrub_kernels::Clip;
 pub use error::{GrpoError, Result};
 pub use group::{GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
 pub use learner::{Learner, LearnerBuilder, LearnerConfig, StepMetrics, StepOutput};
-pub use loss::{
-    dpo_pair_loss, Aggregation, ClipRange, PolicyLoss, SurrogateBatch, SurrogateOutput,
-};
+pub use loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch, SurrogateOutput};
 pub use memory::{MemoryPlan, MemoryPlanInput, ModelShape};
 pub use policy::{sample_by_recomputation, Policy, ResponseLogprobs};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};

@@ -13,25 +13,6 @@ use burn::tensor::Tensor;
 use conrub_kernels::{Clip, GrpoOps, Reduce};
 use serde::{Deserialize, Serialize};
 
-/// Asymmetric clipping range.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClipRange {
-    /// `eps_low`: the ratio is clipped below at `1 - low` (0.20).
-    pub low: f64,
-    /// `eps_high`: the ratio is clipped above at `1 + high` (0.28).
-    pub high: f64,
-}
-
-impl Default for ClipRange {
-    fn default() -> Self {
-        Self {
-            low: 0.20,
-            high: 0.28,
-        }
-    }
-}
-
 /// How per-token losses become one number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -50,7 +31,7 @@ pub enum Aggregation {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PolicyLoss {
     /// Ratio clipping.
-    pub clip: ClipRange,
+    pub clip: Clip,
     /// Aggregation.
     pub aggregation: Aggregation,
     /// Weight of the k3 KL term (used only when the batch has reference log-probs).
@@ -117,10 +98,7 @@ impl PolicyLoss {
             logp_old,
             advantages,
             mask.clone(),
-            Clip {
-                low: self.clip.low,
-                high: self.clip.high,
-            },
+            self.clip,
             reduce,
         );
         let tokens = mask.clone().sum().clamp_min(1.0);

@@ -11,7 +11,7 @@ use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Tensor, TensorData};
 use conrub_grpo::{
-    Aggregation, ClipRange, Policy, PolicyLoss, SurrogateBatch, TokenBatch, Update, UpdateConfig,
+    Aggregation, Clip, Policy, PolicyLoss, SurrogateBatch, TokenBatch, Update, UpdateConfig,
 };
 use conrub_qwen3::{Execution, Precision, Qwen3Config, Qwen3ForCausalLM};
 
@@ -58,7 +58,7 @@ fn train(
 ) -> (Vec<f64>, Vec<(bool, Vec<bool>)>) {
     let before = values(&policy);
     let loss = PolicyLoss {
-        clip: ClipRange::default(),
+        clip: Clip::default(),
         aggregation: Aggregation::SequenceMean,
         kl_beta: 0.0,
         max_response_tokens: 20,

@@ -5,8 +5,7 @@
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Tensor, TensorData};
 use conrub_grpo::{
-    AdvantageEstimator, Aggregation, ClipRange, GroupRelative, PolicyLoss, ScaleRewards,
-    SurrogateBatch,
+    AdvantageEstimator, Aggregation, Clip, GroupRelative, PolicyLoss, ScaleRewards, SurrogateBatch,
 };
 use serde_json::Value;
 
@@ -102,7 +101,7 @@ fn loss_values_gradients_and_clip_fractions_match_trl() {
             logp_ref: Some(tensor2(&l["logp_ref"])),
         };
         let out = PolicyLoss {
-            clip: ClipRange::default(),
+            clip: Clip::default(),
             aggregation,
             kl_beta: beta,
             max_response_tokens: t,
