@@ -103,9 +103,9 @@ fn resolve_model(model: &ModelSection, rel: &dyn Fn(&Path) -> PathBuf) -> Result
             )
         }
         (None, Some(r)) => {
-            // The same shape `conrub train` builds for `[model.random]`.
+            // The same shape `conrub train` builds for `[model.random]` (checked when the
+            // config was read).
             let c = r.config();
-            c.validate().map_err(|e| anyhow!("[model.random]: {e}"))?;
             Ok(ModelSource {
                 name: "random Qwen3".into(),
                 source: "[model.random]".into(),

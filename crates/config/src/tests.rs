@@ -100,7 +100,6 @@ fn key_paths(prefix: &str, v: &serde_json::Value, out: &mut BTreeSet<String>) {
 
 /// Every key of the schema, from a parse of [`FULL`] and of one judge table per kind.
 fn schema_keys() -> BTreeSet<String> {
-    let path = Path::new("configs/full.toml");
     let table: toml::Table = toml::from_str(FULL).unwrap();
     let schema: Schema = serde_path_to_error::deserialize(toml::Value::Table(table)).unwrap();
     let mut keys = BTreeSet::new();
@@ -123,7 +122,6 @@ fn schema_keys() -> BTreeSet<String> {
         key_paths("judge.", &v, &mut keys);
     }
     assert!(keys.contains("learner.clip.low") && keys.contains("judge.local.mode"));
-    let _ = path;
     keys
 }
 
