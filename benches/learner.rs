@@ -21,8 +21,8 @@ use conrub_grpo::{
 };
 use conrub_judge::{score_jobs, CriterionRequest, LexicalJudge, ScoreJob};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::SamplingConfig;
 use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
+use conrub_rollout::SamplingConfig;
 use conrub_rubric::{read_rubrics, LengthPenalty, ScoringMode};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 

@@ -1,4 +1,4 @@
-//! Rollout throughput and memory: the rollout engine (`conrub_qwen3::rollout`: paged KV pool,
+//! Rollout throughput and memory: the rollout engine (`conrub_rollout::rollout`: paged KV pool,
 //! continuous batching, shared prompts, sampling on the device) against the dense engine it
 //! replaced (`generate_dense`: one static batch, a dense per-row cache, every prompt prefilled per
 //! row, `[rows, vocab]` logits copied to the host each step), same weights, same prompts, in the
@@ -18,9 +18,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{
-    generate_dense, rollout, EngineConfig, Qwen3Config, Qwen3ForCausalLM, SamplingConfig,
-};
+use conrub_qwen3::{generate_dense, Qwen3Config, Qwen3ForCausalLM};
+use conrub_rollout::{rollout, EngineConfig, SamplingConfig};
 
 #[path = "common/peak.rs"]
 mod peak;

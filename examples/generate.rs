@@ -9,7 +9,8 @@
 //! default CPU backend.
 
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{ChatOptions, Message, Qwen3, SamplingConfig};
+use conrub_qwen3::{ChatOptions, Message, Qwen3};
+use conrub_rollout::{Decoding, SamplingConfig};
 
 fn answer<B: GrpoOps>(
     model: &str,
@@ -29,10 +30,12 @@ fn answer<B: GrpoOps>(
         },
     )?;
     let cfg = SamplingConfig {
+        decoding: Decoding::Sample {
+            temperature: 0.7,
+            top_p: 0.8,
+            top_k: Some(20),
+        },
         max_new_tokens: 256,
-        temperature: 0.7,
-        top_p: 0.8,
-        top_k: Some(20),
         seed: 1234,
         stop_ids: qwen.stop_ids(),
         ..Default::default()

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use burn::backend::wgpu::{Wgpu, WgpuDevice};
-use conrub_qwen3::{generate, score_sequences, Qwen3, SamplingConfig};
+use conrub_qwen3::{score_sequences, Qwen3};
+use conrub_rollout::{generate, Decoding, SamplingConfig};
 
 fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -52,11 +53,11 @@ fn wgpu_matches_transformers() {
         let want = ids(&r["greedy_tokens"]);
         let n = GREEDY_TOKENS.min(want.len());
         let cfg = SamplingConfig {
-            greedy: true,
+            decoding: Decoding::Greedy,
             max_new_tokens: n,
             ..Default::default()
         };
-        let out = generate(&qwen.model, &[ids(&r["greedy_prompt"])], &cfg, 0, &device).unwrap();
+        let out = generate(&qwen.model, &[ids(&r["greedy_prompt"])], &cfg, &device).unwrap();
         assert_eq!(out[0].tokens, want[..n], "{name}: greedy tokens on wgpu");
 
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();

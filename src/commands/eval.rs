@@ -7,7 +7,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use conrub_eval::{extract_choice, load_items, McqFormat, McqSummary};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{ChatOptions, Qwen3, SamplingConfig};
+use conrub_qwen3::{ChatOptions, Qwen3};
+use conrub_rollout::{Decoding, SamplingConfig};
 use conrub_rubric::import::{HealthBenchItem, HealthBenchRow};
 use conrub_rubric::io::{write_bytes_atomic, write_jsonl_atomic};
 use serde_json::json;
@@ -200,10 +201,13 @@ impl BackendTask for RubricArgs {
         let greedy = self.samples <= 1;
         let cfg = SamplingConfig {
             max_new_tokens: self.max_new_tokens,
-            greedy,
+            decoding: if greedy {
+                Decoding::Greedy
+            } else {
+                Decoding::default()
+            },
             seed: self.seed,
             stop_ids: qwen.stop_ids(),
-            ..Default::default()
         };
         let start = Instant::now();
         let mut responses: Vec<(usize, String, usize)> = Vec::new();
@@ -532,10 +536,8 @@ impl BackendTask for McqArgs {
             .as_ref()
             .with_context(|| format!("{}: no tokenizer.json", qwen.dir.display()))?;
         let cfg = SamplingConfig {
-            max_new_tokens: self.max_new_tokens,
-            greedy: true,
             stop_ids: qwen.stop_ids(),
-            ..Default::default()
+            ..SamplingConfig::greedy(self.max_new_tokens)
         };
         let start = Instant::now();
         let mut rows = Vec::with_capacity(items.len());

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{ChatOptions, Message, Qwen3, SamplingConfig};
+use conrub_qwen3::{ChatOptions, Message, Qwen3};
+use conrub_rollout::{Decoding, SamplingConfig};
 
 use crate::backend::{run_on_device, BackendTask};
 
@@ -98,10 +99,15 @@ impl BackendTask for GenerateArgs {
         }
         let cfg = SamplingConfig {
             max_new_tokens: self.max_new_tokens,
-            temperature: self.temperature.or(defaults.temperature).unwrap_or(1.0),
-            top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
-            top_k: self.top_k.or(defaults.top_k).filter(|&k| k > 0),
-            greedy: self.greedy,
+            decoding: if self.greedy {
+                Decoding::Greedy
+            } else {
+                Decoding::Sample {
+                    temperature: self.temperature.or(defaults.temperature).unwrap_or(1.0),
+                    top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
+                    top_k: self.top_k.or(defaults.top_k).filter(|&k| k > 0),
+                }
+            },
             seed: self.seed,
             stop_ids,
         };

@@ -475,17 +475,17 @@ impl BackendTask for KernelsArgs {
                         .collect()
                 })
                 .collect();
-            let sampling = conrub_qwen3::SamplingConfig {
+            let sampling = conrub_rollout::SamplingConfig {
                 max_new_tokens: 1024,
                 seed: 3,
                 ..Default::default()
             };
             let start = std::time::Instant::now();
-            let out = conrub_qwen3::rollout(
+            let out = conrub_rollout::rollout(
                 &model,
                 &prompts,
                 &sampling,
-                &conrub_qwen3::EngineConfig::default(),
+                &conrub_rollout::EngineConfig::default(),
                 &device,
             )?;
             let secs = start.elapsed().as_secs_f64();

@@ -10,14 +10,13 @@ use burn::module::AutodiffModule;
 use clap::Args;
 use conrub_config::TrainConfig;
 use conrub_grpo::{
-    sft_warmup, train, warmup_pairs, ChatTemplateCodec, GrpoError, JudgeRewards, Learner,
-    PairwiseTieBreaker, RunHooks, TieMode,
+    sft_warmup, train, warmup_pairs, ChatTemplateCodec, GrpoError, InProcessEngine, JudgeRewards,
+    Learner, PairwiseTieBreaker, RunHooks, TieMode,
 };
 use conrub_judge::{JudgeKind, Judges};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{
-    save_pretrained, EngineConfig, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype,
-};
+use conrub_qwen3::{save_pretrained, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+use conrub_rollout::{EngineConfig, PagedModel};
 use conrub_rubric::{read_rubrics, RubricRecord, RubricSet};
 
 use crate::backend::{run_on_device, BackendTask};
@@ -186,7 +185,7 @@ fn rollout_engine<B: GrpoOps>(
 ) -> EngineConfig {
     let engine = cfg.rollout.engine();
     let engine = match cfg.rollout.kv_cache_gb {
-        Some(gb) => engine.with_kv_bytes((gb * 1e9) as u64, model),
+        Some(gb) => engine.with_kv_bytes((gb * 1e9) as u64, model.kv_layout()),
         None => EngineConfig {
             kv_blocks: kv_pool_blocks,
             ..engine
@@ -196,7 +195,7 @@ fn rollout_engine<B: GrpoOps>(
         eprintln!(
             "rollout KV pool: {blocks} blocks of {} positions ({:.2} GB)",
             engine.block_size,
-            blocks as f64 * conrub_qwen3::kv_block_bytes(model, engine.block_size) as f64 / 1e9
+            blocks as f64 * model.kv_layout().block_bytes(engine.block_size) as f64 / 1e9
         );
     }
     engine
@@ -319,9 +318,12 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
         Some(_) => model,
     };
 
-    let mut learner_cfg = cfg.learner.clone();
-    learner_cfg.rollout_engine = rollout_engine::<B>(&cfg, &model, kv_pool_blocks);
-    let builder = Learner::builder(model, learner_cfg, device.clone())
+    let engine = InProcessEngine {
+        prompts_per_call: cfg.learner.rollout_prompts_per_call,
+        engine: rollout_engine::<B>(&cfg, &model, kv_pool_blocks),
+    };
+    let builder = Learner::builder(model, cfg.learner.clone(), device.clone())
+        .rollout(engine)
         .codec(codec)
         .rewards(rewards)
         .stop_ids(stop_ids);

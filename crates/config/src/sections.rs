@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use conrub_qwen3::{EngineConfig, Qwen3Config, SaveDtype};
+use conrub_qwen3::{Qwen3Config, SaveDtype};
+use conrub_rollout::EngineConfig;
 use conrub_rubric::{LengthPenalty, RubricDropout, ScoringMode};
 use serde::{Deserialize, Serialize};
 

@@ -6,6 +6,7 @@ use std::ops::Range;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
+use conrub_rollout::{FinishReason, Generation, RolloutStats};
 
 /// The responses of one rollout, `group_size` per prompt, in prompt-major order (row `r` answers
 /// prompt `r / group_size`).
@@ -17,13 +18,70 @@ pub struct RolloutBatch {
     pub prompts: Vec<Vec<u32>>,
     /// Response ids per row (the stop token included when one was sampled).
     pub responses: Vec<Vec<u32>>,
-    /// Per row: the response hit the length limit without a stop token.
-    pub truncated: Vec<bool>,
-    /// What the rollout engine did (empty for policies without one).
-    pub engine: conrub_qwen3::RolloutStats,
+    /// Per row: the log-probability of each response token under the distribution it was drawn
+    /// from (the engine's; the learner recomputes its own for the loss).
+    pub logprobs: Vec<Vec<f32>>,
+    /// Per row: why the response ended.
+    pub finish_reasons: Vec<FinishReason>,
+    /// What the engine did (fields an engine does not measure stay 0).
+    pub telemetry: RolloutStats,
 }
 
 impl RolloutBatch {
+    /// An empty batch for `prompts`, `group_size` rows each.
+    pub fn new(group_size: usize, prompts: Vec<Vec<u32>>) -> Self {
+        Self {
+            group_size,
+            prompts,
+            responses: Vec::new(),
+            logprobs: Vec::new(),
+            finish_reasons: Vec::new(),
+            telemetry: RolloutStats::default(),
+        }
+    }
+
+    /// Appends the next row.
+    pub fn push(&mut self, generation: Generation) {
+        self.responses.push(generation.tokens);
+        self.logprobs.push(generation.logprobs);
+        self.finish_reasons.push(generation.finish_reason);
+    }
+
+    /// Per row: the response hit the length limit without a stop token.
+    pub fn truncated(&self) -> impl Iterator<Item = bool> + '_ {
+        self.finish_reasons
+            .iter()
+            .map(|f| *f == FinishReason::Length)
+    }
+
+    /// Checks that the batch answers `prompts` prompts with `group_size` rows each, every row
+    /// with a log-probability per token and a finish reason.
+    pub fn check_shape(&self, prompts: usize, group_size: usize) -> crate::error::Result<()> {
+        let rows = prompts * group_size;
+        let per_token = self
+            .responses
+            .iter()
+            .zip(&self.logprobs)
+            .all(|(r, l)| r.len() == l.len());
+        if self.group_size == group_size
+            && self.prompts.len() == prompts
+            && self.rows() == rows
+            && self.logprobs.len() == rows
+            && self.finish_reasons.len() == rows
+            && per_token
+        {
+            return Ok(());
+        }
+        Err(crate::error::GrpoError::Stage(format!(
+            "rollout returned {} prompts x {} rows (group size {}, {} log-prob rows{}, {} finish reasons) for {prompts} prompts x {group_size}",
+            self.prompts.len(),
+            self.rows(),
+            self.group_size,
+            self.logprobs.len(),
+            if per_token { "" } else { ", some not one per token" },
+            self.finish_reasons.len(),
+        )))
+    }
     /// Number of responses.
     pub fn rows(&self) -> usize {
         self.responses.len()

@@ -17,7 +17,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 use conrub_kernels::{Clip, GrpoOps};
-use conrub_qwen3::{EngineConfig, SamplingConfig};
+use conrub_rollout::{Decoding, SamplingConfig};
 use conrub_rubric::{ResponseScore, RubricRecord};
 use serde::{Deserialize, Serialize};
 
@@ -31,7 +31,7 @@ use crate::group::{reward_bin, GroupOutcome, TieAwareAdvantages, TieMode, TieSta
 use crate::loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch};
 use crate::policy::{row_index, Policy};
 use crate::reward::{GroupScores, RewardSource};
-use crate::rollout::{GroupSampler, Rollout};
+use crate::rollout::{GroupSampler, RolloutEngine, RolloutRequest};
 use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
 use crate::update::{Update, UpdateConfig};
 
@@ -51,11 +51,6 @@ pub struct LearnerConfig {
     pub top_k: Option<usize>,
     /// Prompts sampled together in one generation call (rows = prompts x k).
     pub rollout_prompts_per_call: usize,
-    /// The rollout engine: KV block size and pool (`kv_blocks`; `None` holds every row at full
-    /// length), sequences decoded at once, prefill pass size. Set by the caller (`conrub train`
-    /// reads `[rollout]`); not part of the `[learner]` table.
-    #[serde(skip)]
-    pub rollout_engine: EngineConfig,
     /// Learning rate.
     pub lr: f64,
     /// AdamW weight decay.
@@ -107,7 +102,6 @@ impl Default for LearnerConfig {
             top_p: 1.0,
             top_k: None,
             rollout_prompts_per_call: 32,
-            rollout_engine: EngineConfig::default(),
             lr: 3e-6,
             weight_decay: 0.1,
             beta1: 0.9,
@@ -170,10 +164,11 @@ impl LearnerConfig {
     pub fn sampling(&self, seed: u64, stop_ids: &[u32]) -> SamplingConfig {
         SamplingConfig {
             max_new_tokens: self.max_response_tokens,
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            greedy: false,
+            decoding: Decoding::Sample {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+            },
             seed,
             stop_ids: stop_ids.to_vec(),
         }
@@ -279,7 +274,7 @@ pub struct StepOutput {
 /// The inner-backend model of a policy.
 type Inner<B, P> = <P as AutodiffModule<B>>::InnerModule;
 /// The rollout stage of a learner.
-type RolloutStage<B, P> = Box<dyn Rollout<<B as AutodiffBackend>::InnerBackend, Inner<B, P>>>;
+type RolloutStage<B, P> = Box<dyn RolloutEngine<<B as AutodiffBackend>::InnerBackend, Inner<B, P>>>;
 
 /// The learner: a policy, its collaborators (one per stage) and the step counter. Built with
 /// [`Learner::builder`].
@@ -352,10 +347,12 @@ where
         self
     }
 
-    /// The rollout stage (default: [`GroupSampler`] with `rollout_prompts_per_call`).
+    /// The rollout engine (default: [`GroupSampler`] with `rollout_prompts_per_call`, i.e.
+    /// [`Policy::sample`]; `conrub train` sets an [`InProcessEngine`](crate::InProcessEngine)
+    /// with the `[rollout]` table's pool).
     pub fn rollout(
         mut self,
-        rollout: impl Rollout<B::InnerBackend, P::InnerModule> + 'static,
+        rollout: impl RolloutEngine<B::InnerBackend, P::InnerModule> + 'static,
     ) -> Self {
         self.rollout = Some(Box::new(rollout));
         self
@@ -399,7 +396,6 @@ where
         let rollout = self.rollout.unwrap_or_else(|| {
             Box::new(GroupSampler {
                 prompts_per_call: cfg.rollout_prompts_per_call,
-                engine: cfg.rollout_engine.clone(),
             })
         });
         let update = Update::new(UpdateConfig {
@@ -490,21 +486,7 @@ where
         let t0 = Instant::now();
         let inner = self.policy.valid();
         let rollout = self.rollout_stage(&inner, records)?;
-        let rows = records.len() * k;
-        if rollout.group_size != k
-            || rollout.prompts.len() != records.len()
-            || rollout.rows() != rows
-            || rollout.truncated.len() != rows
-        {
-            return Err(GrpoError::Stage(format!(
-                "rollout returned {} prompts x {} (group size {}, {} truncation flags) for {} records x {k}",
-                rollout.prompts.len(),
-                rollout.rows(),
-                rollout.group_size,
-                rollout.truncated.len(),
-                records.len()
-            )));
-        }
+        rollout.check_shape(records.len(), k)?;
         let texts: Vec<String> = rollout
             .responses
             .iter()
@@ -553,6 +535,9 @@ where
             Vec::new()
         };
         let update = self.update_stage(&batch, &dpo_pairs);
+        // The new weights go to the engine before the next rollout reads them.
+        self.rollout
+            .sync_weights(&self.policy.valid(), self.step + 1)?;
         let update_secs = t2.elapsed().as_secs_f64();
 
         let mut metrics = self.step_metrics(&rollout, &scores, &outcomes, update);
@@ -599,13 +584,13 @@ where
         }
         let seed = stable_seed(self.cfg.seed, &format!("rollout/{}", self.step));
         let sampling = self.cfg.sampling(seed, &self.stop_ids);
-        self.rollout.rollout(
-            inner,
-            &prompts,
-            self.cfg.group_size,
-            &sampling,
-            &self.device,
-        )
+        let request = RolloutRequest {
+            prompts: &prompts,
+            group_size: self.cfg.group_size,
+            sampling: &sampling,
+            step: self.step,
+        };
+        self.rollout.rollout(inner, &request, &self.device)
     }
 
     /// Stage 2: the rewards of every group, concurrently.
@@ -908,8 +893,8 @@ where
             .copied()
             .unwrap_or(0);
         m.response_len_max = lens.last().copied().unwrap_or(0);
-        m.truncated = rollout.truncated.iter().filter(|t| **t).count();
-        let e = &rollout.engine;
+        m.truncated = rollout.truncated().filter(|t| *t).count();
+        let e = &rollout.telemetry;
         (
             m.rollout_preemptions,
             m.rollout_kv_blocks,

@@ -5,7 +5,7 @@
 //!
 //! | stage | type / trait | default |
 //! |---|---|---|
-//! | rollout | [`Rollout`] -> [`RolloutBatch`] | [`GroupSampler`] over [`Policy::sample`] |
+//! | rollout | [`RolloutEngine`] ([`RolloutRequest`] -> [`RolloutBatch`], then weight sync) | [`GroupSampler`] over [`Policy::sample`]; `conrub train` uses [`InProcessEngine`] |
 //! | rewards | [`RewardSource`] -> [`GroupScores`] | [`JudgeRewards`] (the judge crate's judge-then-score path) |
 //! | advantages | [`AdvantageEstimator`] wrapped by [`TieAwareAdvantages`] with a [`TieBreaker`] | [`GroupRelative`] + [`PairwiseTieBreaker`] |
 //! | train batch | [`TrainBatch`] (device-resident; micro-batches are slices of it) | built by the learner |
@@ -16,7 +16,8 @@
 //! - learner: [`Learner`], [`LearnerBuilder`], [`LearnerConfig`], [`StepMetrics`], [`StepOutput`]
 //! - model side: [`Policy`], [`ResponseLogprobs`], [`TokenBatch`], [`TextCodec`],
 //!   [`ChatTemplateCodec`], [`sample_by_recomputation`]
-//! - rollout: [`Rollout`], [`GroupSampler`], [`RolloutBatch`]
+//! - rollout: [`RolloutEngine`], [`RolloutRequest`], [`RolloutBatch`], [`InProcessEngine`],
+//!   [`GroupSampler`]
 //! - rewards: [`RewardSource`], [`JudgeRewards`], [`GroupScores`]
 //! - advantages: [`AdvantageEstimator`], [`GroupRelative`], [`ScaleRewards`],
 //!   [`TieAwareAdvantages`], [`TieMode`], [`GroupOutcome`], [`TieStatus`]
@@ -64,7 +65,7 @@ pub use loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch, Surrogate
 pub use memory::{MemoryPlan, MemoryPlanInput, ModelShape};
 pub use policy::{sample_by_recomputation, Policy, ResponseLogprobs};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
-pub use rollout::{GroupSampler, Rollout};
+pub use rollout::{GroupSampler, InProcessEngine, RolloutEngine, RolloutRequest};
 pub use telemetry::EpochSummary;
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
 pub use trainer::{train, RunConfig, RunHooks, RunSummary};

@@ -29,7 +29,7 @@
 //!   each backward a second `4P` exists until it is added in.
 //! - The rollout (no autodiff) keeps master weights and AdamW moments allocated, frees the
 //!   gradients, and under `bf16-mixed` samples with a bf16 copy of the weights (`2P`). The rollout
-//!   engine (`conrub_qwen3::engine`) holds its KV cache in one pool of blocks of
+//!   engine (`conrub_rollout`) holds its KV cache in one pool of blocks of
 //!   `kv_block_size` positions at `2 L n_kv d c` bytes each, allocated once: `kv_cache_gb` when
 //!   set, otherwise the engine's budget rule [`MemoryPlan::kv_pool_bytes`]: [`AUTO_KV_SHARE`] of
 //!   what the rollout leaves free, and never more than every row of a call at full length. The
@@ -303,8 +303,8 @@ impl MemoryPlanInput {
             max_response_tokens: learner.max_response_tokens,
             keep_reference: learner.kl_beta != 0.0,
             kv_cache_gb: None,
-            kv_block_size: learner.rollout_engine.block_size,
-            rollout_max_rows: learner.rollout_engine.max_rows,
+            kv_block_size: conrub_rollout::DEFAULT_BLOCK_SIZE,
+            rollout_max_rows: conrub_rollout::DEFAULT_MAX_ROWS,
             gpu_memory_gb: DEFAULT_GPU_MEMORY_GB,
         }
     }
@@ -619,7 +619,7 @@ fn rollout_transient(i: &MemoryPlanInput) -> f64 {
     // Decode: the paged attention kernel reads the pool in place (nothing gathered, scores in
     // shared memory), so one token's activations per row, the block tables, the logits and the
     // sampler's f32 copies.
-    let table = (conrub_qwen3::attended_blocks(i.full_row_blocks()) * 8) as f64;
+    let table = (conrub_rollout::attended_blocks(i.full_row_blocks()) * 8) as f64;
     let decode =
         rows * (m.inference_bytes_per_token(c) + table) + rows * v * (c + 4.0 * SAMPLING_COPIES);
     // Prefill: one prompt (the engine prefills each alone) through one layer, its attention

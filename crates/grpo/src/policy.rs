@@ -1,15 +1,15 @@
 //! The `Policy` trait: what the learner needs from a model. Qwen3 implements it; a user's own burn
 //! model can too, with two methods (log-probs of given responses, next-token logits): sampling then
-//! follows conrub-qwen3's rules ([`SamplingConfig`], per-sequence seeded streams).
+//! follows conrub-rollout's rules ([`SamplingConfig`], per-sequence seeded streams).
 
 use burn::module::{AutodiffModule, Module};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::{token_logprobs, GrpoOps, DEFAULT_CHUNK_TOKENS};
-use conrub_qwen3::{
-    sample_token, sequence_rng, EngineConfig, ForwardBatch, Generation, Qwen3ForCausalLM, Rollout,
-    RolloutStats, SamplingConfig,
+use conrub_qwen3::Qwen3ForCausalLM;
+use conrub_rollout::{
+    sample_token, sequence_rng, ForwardBatch, Generation, PaddedBatch, Padding, SamplingConfig,
 };
 
 use crate::batch::TokenBatch;
@@ -43,8 +43,8 @@ pub trait Policy<B: Backend>: Module<B> {
     fn next_token_logits(&self, sequences: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2>;
 
     /// Samples one continuation per prompt under `cfg`. The default recomputes the whole prefix for
-    /// every new token through [`Policy::next_token_logits`] and samples with conrub-qwen3's rules;
-    /// models with a KV cache override it (Qwen3 does).
+    /// every new token through [`Policy::next_token_logits`] and samples with conrub-rollout's
+    /// rules; models with a KV cache override it (Qwen3 runs `conrub_rollout::generate`).
     fn sample(
         &self,
         prompts: &[Vec<u32>],
@@ -52,24 +52,6 @@ pub trait Policy<B: Backend>: Module<B> {
         device: &B::Device,
     ) -> Result<Vec<Generation>> {
         sample_by_recomputation(self, prompts, cfg, device)
-    }
-
-    /// Samples one continuation per prompt with the rollout engine's settings `engine` and says
-    /// what the engine did. The default has no engine: it runs [`Policy::sample`] and reports
-    /// empty telemetry. Qwen3 runs [`conrub_qwen3::rollout`] (paged KV pool, continuous
-    /// batching, shared prompt prefixes, sampling on the device).
-    fn sample_rollout(
-        &self,
-        prompts: &[Vec<u32>],
-        cfg: &SamplingConfig,
-        engine: &EngineConfig,
-        device: &B::Device,
-    ) -> Result<Rollout> {
-        let _ = engine;
-        Ok(Rollout {
-            generations: self.sample(prompts, cfg, device)?,
-            stats: RolloutStats::default(),
-        })
     }
 
     /// The parameters' gradients of `loss(self.response_logprobs(batch))`. The default is one
@@ -145,8 +127,7 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B>>(
 /// The Qwen3 policy computes response log-probabilities with the fused, chunked
 /// [`conrub_kernels::token_logprobs`]: only the response positions go through the head, a chunk of
 /// [`conrub_kernels::DEFAULT_CHUNK_TOKENS`] tokens at a time, and the backward recomputes each
-/// chunk instead of keeping `[tokens, vocab]` probabilities. Sampling uses the model's KV-cache
-/// generation.
+/// chunk instead of keeping `[tokens, vocab]` probabilities. Sampling runs conrub-rollout's engine.
 impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
     fn response_logprobs(&self, batch: &TokenBatch<B>) -> ResponseLogprobs<B> {
         head_logprobs(
@@ -182,7 +163,7 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
     }
 
     fn next_token_logits(&self, sequences: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2> {
-        let padded = conrub_qwen3::PaddedBatch::new(sequences, 0, conrub_qwen3::Padding::Left);
+        let padded = PaddedBatch::new(sequences, 0, Padding::Left);
         self.forward_last(&padded.to_device(device), None)
     }
 
@@ -192,18 +173,7 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
         cfg: &SamplingConfig,
         device: &B::Device,
     ) -> Result<Vec<Generation>> {
-        self.sample_rollout(prompts, cfg, &EngineConfig::default(), device)
-            .map(|r| r.generations)
-    }
-
-    fn sample_rollout(
-        &self,
-        prompts: &[Vec<u32>],
-        cfg: &SamplingConfig,
-        engine: &EngineConfig,
-        device: &B::Device,
-    ) -> Result<Rollout> {
-        conrub_qwen3::rollout(self, prompts, cfg, engine, device)
+        conrub_rollout::generate(self, prompts, cfg, device)
             .map_err(|e| GrpoError::Sampling(e.to_string()))
     }
 }

@@ -1,71 +1,133 @@
-//! The rollout stage: `k` sampled responses per prompt, as a [`RolloutBatch`].
+//! The rollout stage: `k` sampled responses per prompt, as a [`RolloutBatch`], from a
+//! [`RolloutEngine`]. Two engines come with the crate: [`InProcessEngine`] (conrub-rollout's paged
+//! engine on the policy's own weights) and [`GroupSampler`] (any [`Policy`], through
+//! [`Policy::sample`]). An engine in another process (an inference server) implements the same
+//! trait: it receives token ids and returns token ids, and [`RolloutEngine::sync_weights`] is
+//! where it gets the policy's new weights.
 
 use burn::tensor::backend::Backend;
-use conrub_qwen3::{EngineConfig, FinishReason, SamplingConfig};
+use conrub_kernels::GrpoOps;
+use conrub_rollout::{EngineConfig, Generation, PagedModel, RolloutStats, SamplingConfig};
 
 use crate::batch::RolloutBatch;
-use crate::error::Result;
+use crate::error::{GrpoError, Result};
 use crate::policy::Policy;
 
-/// Produces the responses of one step. The learner calls it with the policy on the inner backend
-/// (no autodiff tape) and `sampling.seed` derived from the run seed and the step.
-pub trait Rollout<B: Backend, P: Policy<B>>: Send + Sync {
-    /// `group_size` responses to each of `prompts`, prompt-major.
+/// What the learner asks of the rollout engine in one step.
+#[derive(Debug, Clone, Copy)]
+pub struct RolloutRequest<'a> {
+    /// Prompt token ids, one per group (chat-templated, non-empty).
+    pub prompts: &'a [Vec<u32>],
+    /// Responses per prompt (k).
+    pub group_size: usize,
+    /// Decoding, length limit, stop ids and the step's seed.
+    pub sampling: &'a SamplingConfig,
+    /// Learner steps completed before this one.
+    pub step: u64,
+}
+
+/// Produces the responses of one step. The learner calls [`RolloutEngine::rollout`] with the
+/// policy on the inner backend (no autodiff tape) and a seed derived from the run seed and the
+/// step, and [`RolloutEngine::sync_weights`] once the step's optimizer steps are done (the next
+/// rollout is the first reader of the new weights).
+pub trait RolloutEngine<B: Backend, P: Policy<B>>: Send + Sync {
+    /// `request.group_size` responses to each prompt, prompt-major (row `r` answers prompt
+    /// `r / group_size`), each with its per-token log-probabilities and finish reason.
     fn rollout(
         &self,
         policy: &P,
-        prompts: &[Vec<u32>],
-        group_size: usize,
-        sampling: &SamplingConfig,
+        request: &RolloutRequest<'_>,
         device: &B::Device,
     ) -> Result<RolloutBatch>;
+
+    /// Hands the engine the weights of `policy` after learner step `step` (counted from 1). The
+    /// default does nothing: an in-process engine samples from the policy it is given.
+    fn sync_weights(&self, policy: &P, step: u64) -> Result<()> {
+        let _ = (policy, step);
+        Ok(())
+    }
 }
 
-/// Samples `prompts_per_call` prompts x k rows per [`Policy::sample`] call; call `c` of a step uses
-/// seed `sampling.seed + c`, and row `i` of a call its own stream, so a response does not depend
-/// on the other rows of its call.
+/// The rows of one call: every prompt of `chunk` repeated `k` times.
+fn group_rows(chunk: &[Vec<u32>], k: usize) -> Vec<Vec<u32>> {
+    chunk
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p.clone(), k))
+        .collect()
+}
+
+/// Runs `call` on `prompts_per_call` prompts x k rows at a time: call `c` of a step uses seed
+/// `sampling.seed + c`, and row `i` of a call its own stream, so a response does not depend on
+/// the other rows of its call.
+fn in_calls(
+    request: &RolloutRequest<'_>,
+    prompts_per_call: usize,
+    mut call: impl FnMut(&[Vec<u32>], &SamplingConfig) -> Result<(Vec<Generation>, RolloutStats)>,
+) -> Result<RolloutBatch> {
+    let k = request.group_size;
+    let mut batch = RolloutBatch::new(k, request.prompts.to_vec());
+    for (c, chunk) in request.prompts.chunks(prompts_per_call.max(1)).enumerate() {
+        let cfg = SamplingConfig {
+            seed: request.sampling.seed.wrapping_add(c as u64),
+            ..request.sampling.clone()
+        };
+        let (generations, stats) = call(&group_rows(chunk, k), &cfg)?;
+        batch.telemetry.merge(&stats);
+        for g in generations {
+            batch.push(g);
+        }
+    }
+    Ok(batch)
+}
+
+/// conrub-rollout's engine ([`conrub_rollout::rollout`]: paged KV pool, continuous batching,
+/// shared prompt prefixes, sampling on the device) on the policy's own weights, `prompts_per_call`
+/// prompts x k rows per engine call. Weight sync is a no-op: the engine reads the policy the
+/// learner hands it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InProcessEngine {
+    /// Prompts per engine call.
+    pub prompts_per_call: usize,
+    /// KV pool, block size and rows decoded at once.
+    pub engine: EngineConfig,
+}
+
+impl<B, P> RolloutEngine<B, P> for InProcessEngine
+where
+    B: GrpoOps,
+    P: Policy<B> + PagedModel<B>,
+{
+    fn rollout(
+        &self,
+        policy: &P,
+        request: &RolloutRequest<'_>,
+        device: &B::Device,
+    ) -> Result<RolloutBatch> {
+        in_calls(request, self.prompts_per_call, |rows, cfg| {
+            let out = conrub_rollout::rollout(policy, rows, cfg, &self.engine, device)
+                .map_err(|e| GrpoError::Sampling(e.to_string()))?;
+            Ok((out.generations, out.stats))
+        })
+    }
+}
+
+/// Any [`Policy`] through [`Policy::sample`], `prompts_per_call` prompts x k rows per call; no
+/// engine telemetry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupSampler {
     /// Prompts per sampling call.
     pub prompts_per_call: usize,
-    /// The rollout engine's settings (KV pool, rows at once) for [`Policy::sample_rollout`].
-    pub engine: EngineConfig,
 }
 
-impl<B: Backend, P: Policy<B>> Rollout<B, P> for GroupSampler {
+impl<B: Backend, P: Policy<B>> RolloutEngine<B, P> for GroupSampler {
     fn rollout(
         &self,
         policy: &P,
-        prompts: &[Vec<u32>],
-        k: usize,
-        sampling: &SamplingConfig,
+        request: &RolloutRequest<'_>,
         device: &B::Device,
     ) -> Result<RolloutBatch> {
-        let mut batch = RolloutBatch {
-            group_size: k,
-            prompts: prompts.to_vec(),
-            responses: Vec::new(),
-            truncated: Vec::new(),
-            engine: Default::default(),
-        };
-        for (call, chunk) in prompts.chunks(self.prompts_per_call.max(1)).enumerate() {
-            let rows: Vec<Vec<u32>> = chunk
-                .iter()
-                .flat_map(|p| std::iter::repeat_n(p.clone(), k))
-                .collect();
-            let cfg = SamplingConfig {
-                seed: sampling.seed.wrapping_add(call as u64),
-                ..sampling.clone()
-            };
-            let out = policy.sample_rollout(&rows, &cfg, &self.engine, device)?;
-            batch.engine.merge(&out.stats);
-            for g in out.generations {
-                batch
-                    .truncated
-                    .push(g.finish_reason == FinishReason::Length);
-                batch.responses.push(g.tokens);
-            }
-        }
-        Ok(batch)
+        in_calls(request, self.prompts_per_call, |rows, cfg| {
+            Ok((policy.sample(rows, cfg, device)?, RolloutStats::default()))
+        })
     }
 }

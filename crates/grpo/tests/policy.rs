@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use burn::backend::{Autodiff, Flex};
 use conrub_grpo::{sample_by_recomputation, Policy, TokenBatch};
-use conrub_qwen3::{score_sequences, FinishReason, Qwen3, SamplingConfig};
+use conrub_qwen3::{score_sequences, Qwen3};
+use conrub_rollout::{FinishReason, SamplingConfig};
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/qwen3/testdata/tied-gqa-f32")

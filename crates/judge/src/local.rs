@@ -17,9 +17,10 @@ use async_trait::async_trait;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{
-    ChatOptions, Execution, ForwardBatch, KvCache, Message, PaddedBatch, Padding, Precision, Qwen3,
-    SamplingConfig,
+use conrub_qwen3::{ChatOptions, Execution, Message, Precision, Qwen3};
+use conrub_rollout::{
+    Decoding, ForwardBatch, PaddedBatch, Padding, PagedKv, PagedModel, PagedPass, PagedPrefix,
+    SamplingConfig, DEFAULT_BLOCK_SIZE,
 };
 use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
@@ -216,11 +217,13 @@ impl<B: GrpoOps> LocalJudge<B> {
             }
             let sampling = SamplingConfig {
                 max_new_tokens: self.cfg.max_new_tokens,
-                greedy: attempt == 0,
-                temperature: 0.7,
+                decoding: if attempt == 0 {
+                    Decoding::Greedy
+                } else {
+                    Decoding::temperature(0.7)
+                },
                 seed: self.cfg.seed.wrapping_add(attempt as u64),
                 stop_ids: model.stop_ids(),
-                ..Default::default()
             };
             let mut still = Vec::new();
             for chunk in pending.chunks(self.cfg.batch_size) {
@@ -305,12 +308,22 @@ impl<B: GrpoOps> LocalJudge<B> {
             prefix += 1;
         }
         let n = seqs.len();
-        let mut cache = KvCache::new(model.model.num_layers());
-        if prefix > 0 {
+        // The shared prefix goes through the model once, into a paged pool whose blocks hold it
+        // at slots 0..prefix; every suffix row then reads it before its own tokens.
+        let bs = DEFAULT_BLOCK_SIZE;
+        let mut kv = PagedKv::new(
+            model.model.kv_layout(),
+            prefix.div_ceil(bs).max(1),
+            bs,
+            &self.device,
+        );
+        let slots: Vec<u32> = (0..prefix as u32).collect();
+        let shared = (prefix > 0).then(|| {
             let head = ForwardBatch::contiguous(&[seqs[0][..prefix].to_vec()], 0, &self.device);
-            let _ = model.model.forward_hidden(&head, Some(&mut cache));
-            cache.retain_rows(&vec![0; n], &self.device);
-        }
+            let write = PagedPass::prefill(slots.clone());
+            let _ = model.model.forward_hidden_paged(&head, &mut kv, &write);
+            PagedPrefix::new(&slots, &self.device)
+        });
         let suffixes: Vec<Vec<u32>> = seqs.iter().map(|s| s[prefix..].to_vec()).collect();
         let padded = PaddedBatch::new(&suffixes, model.pad_id(), Padding::Left);
         let batch = ForwardBatch {
@@ -339,6 +352,11 @@ impl<B: GrpoOps> LocalJudge<B> {
                 )
             }),
         };
+        // Suffixes read the prefix and are not cached themselves.
+        let suffix_pass = PagedPass {
+            prefix: shared,
+            ..PagedPass::prefill(Vec::new())
+        };
         // Log-softmax on the device; only the label tokens' columns come back to the host.
         let labels = mode.labels();
         let columns: Vec<u32> = labels
@@ -348,7 +366,7 @@ impl<B: GrpoOps> LocalJudge<B> {
         let logp = log_softmax(
             model
                 .model
-                .forward_last(&batch, Some(&mut cache))
+                .forward_last_paged(&batch, &mut kv, &suffix_pass)
                 .cast(DType::F32),
             1,
         );

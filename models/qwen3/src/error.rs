@@ -65,14 +65,9 @@ pub enum Qwen3Error {
         /// What went wrong.
         message: String,
     },
-    /// Invalid generation or forward arguments.
-    #[error("invalid argument `{name}`: {message}")]
-    Argument {
-        /// The argument.
-        name: String,
-        /// What is wrong.
-        message: String,
-    },
+    /// The rollout engine refused a call or failed.
+    #[error(transparent)]
+    Rollout(#[from] conrub_rollout::RolloutError),
 }
 
 impl Qwen3Error {
@@ -80,13 +75,6 @@ impl Qwen3Error {
         Qwen3Error::Io {
             path: path.to_path_buf(),
             source,
-        }
-    }
-
-    pub(crate) fn arg(name: &str, message: impl Into<String>) -> Self {
-        Qwen3Error::Argument {
-            name: name.into(),
-            message: message.into(),
         }
     }
 }

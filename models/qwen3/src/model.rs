@@ -15,10 +15,10 @@ use conrub_kernels::{
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::batch::{attention_bias, ForwardBatch};
+use crate::batch::attention_bias;
 use crate::cache::{append, KvCache, LayerCache};
 use crate::config::Qwen3Config;
-use crate::paged::{PagedKv, PagedPass};
+use conrub_rollout::{ForwardBatch, KvLayout, PagedKv, PagedModel, PagedPass};
 
 /// Value added to attention scores of masked keys. Finite, so a query row whose keys are all masked
 /// (a padding position) yields a uniform distribution instead of NaNs that would leak into values.
@@ -385,16 +385,14 @@ impl<B: Backend> Attention<B> {
                 kr = kr.select(0, rows.clone());
                 vr = vr.select(0, rows.clone());
             }
-            let kp = conrub_kernels::kv_write(
+            let (mut kp, mut vp) = (
                 layer.0.take().expect("pool present"),
-                &pass.write_slots,
-                kr,
-            );
-            let vp = conrub_kernels::kv_write(
                 layer.1.take().expect("pool present"),
-                &pass.write_slots,
-                vr,
             );
+            if !pass.write_slots.is_empty() {
+                kp = conrub_kernels::kv_write(kp, &pass.write_slots, kr);
+                vp = conrub_kernels::kv_write(vp, &pass.write_slots, vr);
+            }
             let out = match &pass.read {
                 Some(read) => {
                     let layout = PagedLayout {
@@ -414,12 +412,32 @@ impl<B: Backend> Attention<B> {
                     let key_valid = mask.fused.clone().unwrap_or_else(|| {
                         Tensor::<B, 2>::ones([b, t], &kp.device()).cast(DType::F32)
                     });
+                    let (k, v, key_valid, past) = match &pass.prefix {
+                        // A shared cached prefix: every row reads its positions first.
+                        Some(prefix) => {
+                            let p = prefix.len;
+                            let read = |pool: &Tensor<B, 2>| {
+                                pool.clone()
+                                    .select(0, prefix.slots.clone())
+                                    .reshape([1, p, nkv, hd])
+                                    .expand([b, p, nkv, hd])
+                            };
+                            let ones = Tensor::<B, 2>::ones([b, p], &kp.device()).cast(DType::F32);
+                            (
+                                Tensor::cat(vec![read(&kp), k], 1),
+                                Tensor::cat(vec![read(&vp), v], 1),
+                                Tensor::cat(vec![ones, key_valid], 1),
+                                p,
+                            )
+                        }
+                        None => (k, v, key_valid, 0),
+                    };
                     causal_attention(
                         q,
                         k.swap_dims(1, 2),
                         v.swap_dims(1, 2),
                         key_valid,
-                        AttentionLayout { past: 0, scale },
+                        AttentionLayout { past, scale },
                     )
                 }
             };
@@ -712,7 +730,7 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
 
     /// Final hidden states of `batch`'s new tokens with the paged cache `kv`: `pass` says where
     /// the new keys and values go and, for a decode step, which cached keys each row reads (see
-    /// [`crate::engine`]). A prefill (`pass.read` is `None`) attends to its own tokens under
+    /// `conrub_rollout`). A prefill (`pass.read` is `None`) attends to its own tokens under
     /// `batch.key_mask`; a decode step is one new token per row.
     pub fn forward_hidden_paged(
         &self,
@@ -735,7 +753,7 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
             "decode steps feed one token per row"
         );
         let _ = b;
-        for (layer, slot) in self.layers.iter().zip(kv.layers.iter_mut()) {
+        for (layer, slot) in self.layers.iter().zip(kv.layers_mut().iter_mut()) {
             x = layer.forward(x, &rope, &mask, Some(KvSlot::Paged(slot, pass)));
         }
         self.norm.forward(x)
@@ -790,6 +808,31 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
         let logits = self.logits(hidden.slice([0..b, t - 1..t, 0..h]));
         let v = logits.dims()[2];
         logits.reshape([b, v])
+    }
+}
+
+/// The rollout engine drives Qwen3 through its paged pass.
+impl<B: GrpoOps> PagedModel<B> for Qwen3ForCausalLM<B> {
+    fn kv_layout(&self) -> KvLayout {
+        let a = &self.layers[0].self_attn;
+        KvLayout {
+            layers: self.num_layers(),
+            width: a.num_kv_heads * a.head_dim,
+            dtype: self.compute_dtype(),
+        }
+    }
+
+    fn vocab_size(&self) -> usize {
+        Qwen3ForCausalLM::vocab_size(self)
+    }
+
+    fn forward_paged(
+        &self,
+        batch: &ForwardBatch<B>,
+        kv: &mut PagedKv<B>,
+        pass: &PagedPass<B>,
+    ) -> Tensor<B, 2> {
+        self.forward_last_paged(batch, kv, pass)
     }
 }
 

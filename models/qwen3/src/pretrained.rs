@@ -6,11 +6,11 @@ use burn::tensor::backend::Backend;
 
 use crate::config::{GenerationConfig, Qwen3Config};
 use crate::error::{Qwen3Error, Result};
-use crate::generate::{generate, Generation, SamplingConfig};
 use crate::hub::resolve_model_dir;
 use crate::model::Qwen3ForCausalLM;
 use crate::tokenizer::Qwen3Tokenizer;
 use crate::weights::{load_weights, to_safetensors_bytes, SaveDtype, WeightFiles};
+use conrub_rollout::{Generation, SamplingConfig};
 
 /// Tokenizer files copied by [`save_pretrained`] when present in the source directory.
 pub const TOKENIZER_FILES: &[&str] = &[
@@ -134,7 +134,7 @@ impl<B: Backend> Qwen3<B> {
             .unwrap_or(0)
     }
 
-    /// Batched generation (see [`generate()`]).
+    /// One continuation per prompt with the rollout engine (`conrub_rollout::generate`).
     pub fn generate(
         &self,
         prompts: &[Vec<u32>],
@@ -144,7 +144,7 @@ impl<B: Backend> Qwen3<B> {
     where
         B: conrub_kernels::GrpoOps,
     {
-        generate(&self.model, prompts, cfg, self.pad_id(), device)
+        Ok(conrub_rollout::generate(&self.model, prompts, cfg, device)?)
     }
 }
 

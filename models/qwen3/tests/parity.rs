@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Tensor};
 use conrub_qwen3::{
-    generate, save_pretrained, score_sequences, ForwardBatch, KvCache, PaddedBatch, Padding, Qwen3,
-    Qwen3ForCausalLM, SamplingConfig, SaveDtype,
+    save_pretrained, score_sequences, ForwardBatch, KvCache, PaddedBatch, Padding, Qwen3,
+    Qwen3ForCausalLM, SaveDtype,
 };
+use conrub_rollout::{Decoding, FinishReason, SamplingConfig};
 use safetensors::SafeTensors;
 
 #[cfg(not(feature = "tch"))]
@@ -116,13 +117,13 @@ fn greedy_generation_matches_transformers() {
         let prompt = reference.id_list("greedy_prompt");
         let expected = reference.id_list("greedy_tokens");
         let cfg = SamplingConfig {
-            greedy: true,
+            decoding: Decoding::Greedy,
             max_new_tokens: expected.len(),
             ..Default::default()
         };
-        let out = generate(&qwen.model, &[prompt], &cfg, 0, &device).unwrap();
+        let out = conrub_rollout::generate(&qwen.model, &[prompt], &cfg, &device).unwrap();
         assert_eq!(out[0].tokens, expected, "{name}");
-        assert_eq!(out[0].finish_reason, conrub_qwen3::FinishReason::Length);
+        assert_eq!(out[0].finish_reason, FinishReason::Length);
         assert!(out[0]
             .logprobs
             .iter()
@@ -228,19 +229,21 @@ fn batched_generation_matches_single_and_stops_per_sequence() {
     let qwen = load("tied-gqa-f32");
     let prompts = vec![vec![11, 42, 7, 199, 3], vec![9], vec![100, 101, 102]];
     let cfg = SamplingConfig {
+        decoding: Decoding::Sample {
+            temperature: 0.8,
+            top_p: 0.95,
+            top_k: Some(50),
+        },
         max_new_tokens: 12,
-        temperature: 0.8,
-        top_p: 0.95,
-        top_k: Some(50),
         seed: 1234,
         ..Default::default()
     };
-    let batched = generate(&qwen.model, &prompts, &cfg, 0, &device).unwrap();
+    let batched = conrub_rollout::generate(&qwen.model, &prompts, &cfg, &device).unwrap();
     for (i, p) in prompts.iter().enumerate() {
         // Sequence i draws from stream (seed, i): a batch of i + 1 copies of the same prompt gives
         // row i the same stream in a different batch (other prompts, lengths and padding).
         let rows = vec![p.clone(); i + 1];
-        let single = generate(&qwen.model, &rows, &cfg, 0, &device).unwrap();
+        let single = conrub_rollout::generate(&qwen.model, &rows, &cfg, &device).unwrap();
         assert_eq!(single[i].tokens, batched[i].tokens, "row {i}");
         for (a, b) in single[i].logprobs.iter().zip(&batched[i].logprobs) {
             assert!((a - b).abs() < 1e-4);
@@ -252,10 +255,10 @@ fn batched_generation_matches_single_and_stops_per_sequence() {
         stop_ids: vec![first],
         ..cfg.clone()
     };
-    let stopped = generate(&qwen.model, &prompts, &cfg_stop, 0, &device).unwrap();
+    let stopped = conrub_rollout::generate(&qwen.model, &prompts, &cfg_stop, &device).unwrap();
     let cut = batched[0].tokens.iter().position(|&t| t == first).unwrap();
     assert_eq!(stopped[0].tokens, batched[0].tokens[..=cut].to_vec());
-    assert_eq!(stopped[0].finish_reason, conrub_qwen3::FinishReason::Stop);
+    assert_eq!(stopped[0].finish_reason, FinishReason::Stop);
     for (s, b) in stopped.iter().zip(&batched) {
         let cut = b.tokens.iter().position(|&t| t == first);
         match cut {
@@ -264,13 +267,12 @@ fn batched_generation_matches_single_and_stops_per_sequence() {
         }
     }
     // Same seed, same output; different seed, (almost surely) different output.
-    let again = generate(&qwen.model, &prompts, &cfg, 0, &device).unwrap();
+    let again = conrub_rollout::generate(&qwen.model, &prompts, &cfg, &device).unwrap();
     assert_eq!(again, batched);
-    let other = generate(
+    let other = conrub_rollout::generate(
         &qwen.model,
         &prompts,
         &SamplingConfig { seed: 99, ..cfg },
-        0,
         &device,
     )
     .unwrap();

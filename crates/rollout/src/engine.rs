@@ -1,7 +1,7 @@
 //! The rollout engine: every generation (the learner's rollouts, `conrub generate`, `eval`, the
 //! local judge) runs here, over a paged KV cache of a fixed size.
 //!
-//! - **Block KV cache** ([`crate::paged`]): one pool of `kv_blocks` blocks of `block_size`
+//! - **Block KV cache** ([`PagedKv`]): one pool of `kv_blocks` blocks of `block_size`
 //!   positions, sized by a memory budget ([`EngineConfig::with_kv_bytes`]), a block table per
 //!   sequence.
 //! - **Continuous batching**: waiting sequences are admitted while blocks are free (and at most
@@ -19,7 +19,7 @@
 //!   blocks; the prompt is prefilled once, alone and unpadded (the same computation whatever else
 //!   is scheduled), and its last-position logits serve every sequence's first token. A shared block is copied before a sequence writes into it (copy-on-write: only
 //!   the prompt's last, partly filled block is ever written again).
-//! - **On-device sampling** ([`crate::device_sampling`]): a decode step returns token ids and
+//! - **On-device sampling** ([`crate::sample_on_device`]): a decode step returns token ids and
 //!   log-probabilities only.
 //!
 //! Sequence `i` draws from [`sequence_rng`]`(seed, i)`, one draw per sampled token, so its tokens
@@ -36,10 +36,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::ForwardBatch;
 use crate::device_sampling::sample_on_device;
-use crate::error::{Qwen3Error, Result};
-use crate::generate::{check_sequences, sequence_rng, Generation, SamplingConfig};
-use crate::model::Qwen3ForCausalLM;
+use crate::error::{Result, RolloutError};
+use crate::model::{KvLayout, PagedModel};
 use crate::paged::{BlockAllocator, PagedKv, PagedPass, PagedRead};
+use crate::sampling::{check_sequences, sequence_rng, Generation, SamplingConfig};
 
 /// Positions per KV block unless told otherwise.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -69,9 +69,9 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// The pool that `bytes` of KV memory hold for `model` (at least one block).
-    pub fn with_kv_bytes<B: GrpoOps>(mut self, bytes: u64, model: &Qwen3ForCausalLM<B>) -> Self {
-        let per_block = kv_block_bytes(model, self.block_size).max(1);
+    /// The pool that `bytes` of KV memory hold for a model of `layout` (at least one block).
+    pub fn with_kv_bytes(mut self, bytes: u64, layout: KvLayout) -> Self {
+        let per_block = layout.block_bytes(self.block_size).max(1);
         self.kv_blocks = Some(((bytes / per_block) as usize).max(1));
         self
     }
@@ -79,27 +79,16 @@ impl EngineConfig {
     /// Checks the settings.
     pub fn validate(&self) -> Result<()> {
         if self.block_size == 0 {
-            return Err(Qwen3Error::arg("block_size", "must be at least 1"));
+            return Err(RolloutError::arg("block_size", "must be at least 1"));
         }
         if self.kv_blocks == Some(0) {
-            return Err(Qwen3Error::arg("kv_blocks", "must be at least 1"));
+            return Err(RolloutError::arg("kv_blocks", "must be at least 1"));
         }
         if self.max_rows == 0 {
-            return Err(Qwen3Error::arg("max_rows", "must be at least 1"));
+            return Err(RolloutError::arg("max_rows", "must be at least 1"));
         }
         Ok(())
     }
-}
-
-/// Device bytes of one KV block of `model` (keys and values of every layer, in its compute dtype).
-pub fn kv_block_bytes<B: GrpoOps>(model: &Qwen3ForCausalLM<B>, block_size: usize) -> u64 {
-    let a = &model.layers[0].self_attn;
-    (model.num_layers()
-        * 2
-        * block_size
-        * a.num_kv_heads
-        * a.head_dim
-        * model.compute_dtype().size()) as u64
 }
 
 /// What one call of the engine did.
@@ -215,8 +204,8 @@ pub fn attended_blocks(blocks: usize) -> usize {
 }
 
 /// The state of one engine call.
-struct Engine<'a, B: GrpoOps> {
-    model: &'a Qwen3ForCausalLM<B>,
+struct Engine<'a, B: GrpoOps, M: PagedModel<B>> {
+    model: &'a M,
     cfg: &'a SamplingConfig,
     engine: &'a EngineConfig,
     device: &'a B::Device,
@@ -235,8 +224,8 @@ struct Engine<'a, B: GrpoOps> {
 }
 
 /// Generates one continuation per prompt with the engine (see the module docs).
-pub fn rollout<B: GrpoOps>(
-    model: &Qwen3ForCausalLM<B>,
+pub fn rollout<B: GrpoOps, M: PagedModel<B>>(
+    model: &M,
     prompts: &[Vec<u32>],
     cfg: &SamplingConfig,
     engine: &EngineConfig,
@@ -272,15 +261,7 @@ pub fn rollout<B: GrpoOps>(
             .map(|p| blocks_for(p.len(), bs))
             .sum::<usize>();
     let num_blocks = engine.kv_blocks.unwrap_or(full.max(1));
-    let a = &model.layers[0].self_attn;
-    let kv = PagedKv::new(
-        model.num_layers(),
-        num_blocks,
-        bs,
-        a.num_kv_heads * a.head_dim,
-        model.compute_dtype(),
-        device,
-    );
+    let kv = PagedKv::new(model.kv_layout(), num_blocks, bs, device);
     let mut unstarted = vec![0usize; unique.len()];
     for s in &seqs {
         unstarted[s.prompt] += 1;
@@ -322,7 +303,19 @@ pub fn rollout<B: GrpoOps>(
     })
 }
 
-impl<B: GrpoOps> Engine<'_, B> {
+/// One continuation per prompt with a pool that holds every sequence at full length (no
+/// preemption) and the default block size and rows; [`rollout`] takes a memory budget and reports
+/// telemetry.
+pub fn generate<B: GrpoOps, M: PagedModel<B>>(
+    model: &M,
+    prompts: &[Vec<u32>],
+    cfg: &SamplingConfig,
+    device: &B::Device,
+) -> Result<Vec<Generation>> {
+    rollout(model, prompts, cfg, &EngineConfig::default(), device).map(|r| r.generations)
+}
+
+impl<B: GrpoOps, M: PagedModel<B>> Engine<'_, B, M> {
     fn run(&mut self) -> Result<()> {
         while !(self.waiting.is_empty() && self.running.is_empty()) {
             self.admit()?;
@@ -377,7 +370,7 @@ impl<B: GrpoOps> Engine<'_, B> {
                         free = self.alloc.free();
                         continue;
                     }
-                    return Err(Qwen3Error::arg(
+                    return Err(RolloutError::arg(
                         "kv_blocks",
                         format!(
                             "{} blocks of {bs} positions cannot hold one sequence of {} tokens; raise the KV budget",
@@ -468,14 +461,10 @@ impl<B: GrpoOps> Engine<'_, B> {
     /// Prefills one prompt (unpadded) into the blocks `table`; returns its next-token logits
     /// `[1, vocab]` (f32).
     fn prefill(&mut self, ids: &[u32], table: &[u32]) -> Tensor<B, 2> {
-        let pass = PagedPass {
-            write_slots: Self::slots(table, ids.len(), self.engine.block_size),
-            write_rows: None,
-            read: None,
-        };
+        let pass = PagedPass::prefill(Self::slots(table, ids.len(), self.engine.block_size));
         let batch = ForwardBatch::<B>::contiguous(&[ids.to_vec()], 0, self.device);
         self.model
-            .forward_last_paged(&batch, &mut self.kv, &pass)
+            .forward_paged(&batch, &mut self.kv, &pass)
             .cast(DType::F32)
     }
 
@@ -508,7 +497,7 @@ impl<B: GrpoOps> Engine<'_, B> {
     /// Samples one token per sequence of `ids` from `logits` `[ids, vocab]`; returns per sequence
     /// whether it goes on.
     fn sample(&mut self, ids: &[usize], logits: Tensor<B, 2>) -> Result<Vec<bool>> {
-        let uniforms: Vec<f64> = if self.cfg.greedy {
+        let uniforms: Vec<f64> = if self.cfg.decoding.is_greedy() {
             Vec::new()
         } else {
             ids.iter()
@@ -522,12 +511,12 @@ impl<B: GrpoOps> Engine<'_, B> {
             .into_data()
             .convert::<i64>()
             .into_vec()
-            .map_err(|e| Qwen3Error::arg("sampling", format!("{e:?}")))?;
+            .map_err(|e| RolloutError::Readback(format!("{e:?}")))?;
         let lps: Vec<f32> = lp
             .into_data()
             .convert::<f32>()
             .into_vec()
-            .map_err(|e| Qwen3Error::arg("sampling", format!("{e:?}")))?;
+            .map_err(|e| RolloutError::Readback(format!("{e:?}")))?;
         self.stats.host_bytes_read += (n * 12) as u64;
         self.stats.generated_tokens += n;
         Ok(ids
@@ -618,6 +607,7 @@ impl<B: GrpoOps> Engine<'_, B> {
             write_slots,
             write_rows: None,
             read: Some(read),
+            prefix: None,
         };
         let batch = ForwardBatch {
             input_ids: Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [n, 1]), self.device),
@@ -627,7 +617,7 @@ impl<B: GrpoOps> Engine<'_, B> {
             ),
             key_mask: None,
         };
-        let logits = self.model.forward_last_paged(&batch, &mut self.kv, &pass);
+        let logits = self.model.forward_paged(&batch, &mut self.kv, &pass);
         for &id in &ids {
             self.seqs[id].cached += 1;
         }

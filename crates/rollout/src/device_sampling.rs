@@ -11,7 +11,7 @@
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 use conrub_kernels::GrpoOps;
 
-use crate::generate::{sample_params, SamplingConfig};
+use crate::sampling::SamplingConfig;
 
 /// Tokens `[rows]` and their log-probabilities `[rows]` (f32) drawn from `logits` `[rows, vocab]`
 /// under `cfg`. `uniforms[r]` in `[0, 1)` is row `r`'s draw (unused when greedy).
@@ -21,12 +21,12 @@ pub fn sample_on_device<B: GrpoOps>(
     uniforms: &[f64],
 ) -> (Tensor<B, 1, Int>, Tensor<B, 1>) {
     assert!(
-        cfg.greedy || uniforms.len() == logits.dims()[0],
+        cfg.decoding.is_greedy() || uniforms.len() == logits.dims()[0],
         "one uniform draw per row"
     );
     let (tok, lp) = B::sample_rows(
         logits.into_primitive().tensor(),
-        &sample_params(cfg),
+        &cfg.decoding.params(),
         uniforms,
     );
     (
@@ -38,7 +38,7 @@ pub fn sample_on_device<B: GrpoOps>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::{sample_token, sequence_rng};
+    use crate::sampling::{sample_token, sequence_rng, Decoding};
     use burn::backend::Flex;
     use burn::tensor::TensorData;
     use rand::Rng;
@@ -64,31 +64,46 @@ mod tests {
             .map(|i| ((i * 37 % 50) as f32 * 0.13) - 3.0)
             .collect();
         let cfgs = [
-            SamplingConfig {
-                greedy: true,
-                ..Default::default()
-            },
+            SamplingConfig::greedy(1),
             SamplingConfig::default(),
             SamplingConfig {
-                temperature: 0.7,
+                decoding: Decoding::Sample {
+                    temperature: 0.7,
+                    top_p: 1.0,
+                    top_k: None,
+                },
                 ..Default::default()
             },
             SamplingConfig {
-                top_k: Some(5),
+                decoding: Decoding::Sample {
+                    temperature: 1.0,
+                    top_p: 1.0,
+                    top_k: Some(5),
+                },
                 ..Default::default()
             },
             SamplingConfig {
-                top_p: 0.6,
-                temperature: 0.8,
+                decoding: Decoding::Sample {
+                    temperature: 0.8,
+                    top_p: 0.6,
+                    top_k: None,
+                },
                 ..Default::default()
             },
             SamplingConfig {
-                top_k: Some(12),
-                top_p: 0.9,
+                decoding: Decoding::Sample {
+                    temperature: 1.0,
+                    top_p: 0.9,
+                    top_k: Some(12),
+                },
                 ..Default::default()
             },
             SamplingConfig {
-                top_k: Some(1),
+                decoding: Decoding::Sample {
+                    temperature: 1.0,
+                    top_p: 1.0,
+                    top_k: Some(1),
+                },
                 ..Default::default()
             },
         ];
@@ -96,7 +111,7 @@ mod tests {
             for seed in 0..40 {
                 // The host sampler draws exactly one f64 per non-greedy token: replay it.
                 let mut rng = sequence_rng(seed, 0);
-                let u = if cfg.greedy {
+                let u = if cfg.decoding.is_greedy() {
                     0.0
                 } else {
                     sequence_rng(seed, 0).random::<f64>()
@@ -114,7 +129,11 @@ mod tests {
         let a: Vec<f32> = (0..40).map(|i| (i as f32 * 0.31).sin()).collect();
         let b: Vec<f32> = (0..40).map(|i| (i as f32 * 0.17).cos() * 2.0).collect();
         let cfg = SamplingConfig {
-            top_p: 0.8,
+            decoding: Decoding::Sample {
+                temperature: 1.0,
+                top_p: 0.8,
+                top_k: None,
+            },
             ..Default::default()
         };
         let both = Tensor::<Flex, 2>::from_data(

@@ -3,10 +3,8 @@
 //! compositions and memory budgets.
 
 use burn::backend::Flex;
-use conrub_qwen3::{
-    generate_dense, rollout, EngineConfig, Generation, Qwen3Config, Qwen3ForCausalLM, Rollout,
-    SamplingConfig,
-};
+use conrub_qwen3::{generate_dense, Qwen3Config, Qwen3ForCausalLM};
+use conrub_rollout::{rollout, Decoding, EngineConfig, Generation, Rollout, SamplingConfig};
 
 type B = Flex;
 
@@ -54,10 +52,8 @@ fn greedy_equals_the_dense_engine() {
     let m = model(512);
     let p = prompts();
     let cfg = SamplingConfig {
-        greedy: true,
-        max_new_tokens: 20,
         stop_ids: vec![7],
-        ..Default::default()
+        ..SamplingConfig::greedy(20)
     };
     let dense = generate_dense(&m, &p, &cfg, 0, &Default::default()).unwrap();
     for bs in [4, 16] {
@@ -144,11 +140,13 @@ fn seeded_sampling_is_independent_of_batch_schedule_and_budget() {
                 ..Default::default()
             },
             SamplingConfig {
+                decoding: Decoding::Sample {
+                    temperature: 0.8,
+                    top_p: 0.9,
+                    top_k: Some(40),
+                },
                 max_new_tokens: 24,
                 seed: 12,
-                top_p: 0.9,
-                top_k: Some(40),
-                temperature: 0.8,
                 ..Default::default()
             },
         ]

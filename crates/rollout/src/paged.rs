@@ -12,12 +12,18 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::GrpoOps;
 
+use crate::model::KvLayout;
+
+/// One layer's keys and values in the pool, each `[num_blocks * block_size, width]`. A pass takes
+/// them out (`Option::take`), writes its new rows, reads, and puts them back.
+pub type PagedLayer<B> = (Option<Tensor<B, 2>>, Option<Tensor<B, 2>>);
+
 /// Keys and values of every layer in one pool of blocks.
 #[derive(Debug)]
 pub struct PagedKv<B: Backend> {
     /// Per layer: keys and values, each `[num_blocks * block_size, kv_heads * head_dim]`. `None`
     /// only while a write is in flight.
-    pub(crate) layers: Vec<(Option<Tensor<B, 2>>, Option<Tensor<B, 2>>)>,
+    layers: Vec<PagedLayer<B>>,
     block_size: usize,
     num_blocks: usize,
     width: usize,
@@ -25,16 +31,13 @@ pub struct PagedKv<B: Backend> {
 }
 
 impl<B: GrpoOps> PagedKv<B> {
-    /// A zeroed pool of `num_blocks` blocks of `block_size` positions for `num_layers` layers of
-    /// `width = kv_heads * head_dim` keys and values in `dtype`.
-    pub fn new(
-        num_layers: usize,
-        num_blocks: usize,
-        block_size: usize,
-        width: usize,
-        dtype: DType,
-        device: &B::Device,
-    ) -> Self {
+    /// A zeroed pool of `num_blocks` blocks of `block_size` positions for a model of `layout`.
+    pub fn new(layout: KvLayout, num_blocks: usize, block_size: usize, device: &B::Device) -> Self {
+        let KvLayout {
+            layers: num_layers,
+            width,
+            dtype,
+        } = layout;
         let slots = num_blocks * block_size;
         let zeros = || Some(Tensor::<B, 2>::zeros([slots, width], device).cast(dtype));
         Self {
@@ -44,6 +47,11 @@ impl<B: GrpoOps> PagedKv<B> {
             width,
             dtype,
         }
+    }
+
+    /// Every layer's keys and values, for a model's forward pass.
+    pub fn layers_mut(&mut self) -> &mut [PagedLayer<B>] {
+        &mut self.layers
     }
 
     /// Positions per block.
@@ -132,8 +140,43 @@ pub struct PagedPass<B: Backend> {
     pub write_rows: Option<Tensor<B, 1, Int>>,
     /// For decode steps: the block table and length of every row, read in place by
     /// [`conrub_kernels::paged_decode_attention`]. `None` for a prefill, which attends to its own
-    /// new keys only.
+    /// new keys (and to `prefix`).
     pub read: Option<PagedRead<B>>,
+    /// For a prefill: cached positions every row of the batch reads before its own tokens (a
+    /// prompt shared by all rows, prefilled once). `None`: no prefix.
+    pub prefix: Option<PagedPrefix<B>>,
+}
+
+impl<B: Backend> PagedPass<B> {
+    /// A prefill of unpadded tokens into `write_slots`, without a prefix.
+    pub fn prefill(write_slots: Vec<u32>) -> Self {
+        Self {
+            write_slots,
+            write_rows: None,
+            read: None,
+            prefix: None,
+        }
+    }
+}
+
+/// Cached positions that every row of a prefill reads first.
+#[derive(Debug, Clone)]
+pub struct PagedPrefix<B: Backend> {
+    /// `[len]` pool slots of the prefix positions `0..len`, in order.
+    pub slots: Tensor<B, 1, Int>,
+    /// Prefix length.
+    pub len: usize,
+}
+
+impl<B: Backend> PagedPrefix<B> {
+    /// The prefix held at `slots` (positions `0..slots.len()`).
+    pub fn new(slots: &[u32], device: &B::Device) -> Self {
+        let ids: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
+        Self {
+            slots: Tensor::from_data(TensorData::new(ids, [slots.len()]), device),
+            len: slots.len(),
+        }
+    }
 }
 
 /// What a decode step reads: every row's block table and how many keys it attends to.
