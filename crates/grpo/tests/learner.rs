@@ -6,11 +6,12 @@ use std::sync::Arc;
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use conrub_grpo::{
-    GroupScores, JudgeRewards, Learner, LearnerConfig, PairwiseTieBreaker, RewardSource, TextCodec,
-    TieMode,
+    GroupScores, InProcessEngine, JudgeRewards, Learner, LearnerConfig, PairwiseTieBreaker,
+    RewardSource, RolloutBatch, RolloutEngine, RolloutRequest, TextCodec, TieMode,
 };
 use conrub_judge::LexicalJudge;
 use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
+use conrub_rollout::{EngineConfig, FinishReason, Generation};
 use conrub_rubric::{
     score_labels, Criterion, Label, LengthPenalty, Message, ResponseScore, RubricRecord,
     ScoringMode,
@@ -87,7 +88,12 @@ fn learner_rewarded(
 ) -> Learner<B, Qwen3ForCausalLM<B>> {
     let model = Qwen3ForCausalLM::<B>::random(config, 0.1, init_seed, &Default::default());
     let ties = PairwiseTieBreaker::new(judge(), cfg.seed);
+    let engine = InProcessEngine {
+        prompts_per_call: cfg.rollout_prompts_per_call,
+        engine: EngineConfig::default(),
+    };
     Learner::builder(model, cfg, Default::default())
+        .rollout(engine)
         .codec(WordCodec)
         .rewards(rewards)
         .tie_breaker(ties)
@@ -423,4 +429,113 @@ async fn checkpointing_set_on_the_learner_reaches_the_policy_and_keeps_the_run()
             );
         }
     }
+}
+
+/// An engine outside the policy (what an inference server looks like to the learner): it answers
+/// every prompt with fixed responses and counts the weight syncs it is sent.
+struct ScriptedEngine {
+    syncs: std::sync::Mutex<Vec<u64>>,
+    /// Drop the last log-probability of row 0 (a malformed reply).
+    malformed: bool,
+}
+
+type Inner = <Qwen3ForCausalLM<B> as AutodiffModule<B>>::InnerModule;
+
+impl RolloutEngine<Flex, Inner> for ScriptedEngine {
+    fn rollout(
+        &self,
+        _policy: &Inner,
+        request: &RolloutRequest<'_>,
+        _device: &burn::tensor::Device<Flex>,
+    ) -> conrub_grpo::Result<RolloutBatch> {
+        let mut batch = RolloutBatch::new(request.group_size, request.prompts.to_vec());
+        for _ in request.prompts {
+            for r in 0..request.group_size as u32 {
+                // Row r says t7 when r is even: rewards differ inside every group.
+                let tokens = vec![if r % 2 == 0 { 7 } else { 5 }, 11, 3 + r];
+                batch.push(Generation {
+                    logprobs: vec![-0.5; tokens.len()],
+                    tokens,
+                    finish_reason: FinishReason::Stop,
+                });
+            }
+        }
+        if self.malformed {
+            batch.logprobs[0].pop();
+        }
+        Ok(batch)
+    }
+
+    fn sync_weights(&self, _policy: &Inner, step: u64) -> conrub_grpo::Result<()> {
+        self.syncs.lock().unwrap().push(step);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn an_external_engine_supplies_the_rollouts_and_gets_a_sync_after_every_step() {
+    let recs = records();
+    let refs: Vec<&RubricRecord> = recs.iter().collect();
+    let engine = Arc::new(ScriptedEngine {
+        syncs: Default::default(),
+        malformed: false,
+    });
+    struct Shared(Arc<ScriptedEngine>);
+    impl RolloutEngine<Flex, Inner> for Shared {
+        fn rollout(
+            &self,
+            policy: &Inner,
+            request: &RolloutRequest<'_>,
+            device: &burn::tensor::Device<Flex>,
+        ) -> conrub_grpo::Result<RolloutBatch> {
+            self.0.rollout(policy, request, device)
+        }
+        fn sync_weights(&self, policy: &Inner, step: u64) -> conrub_grpo::Result<()> {
+            self.0.sync_weights(policy, step)
+        }
+    }
+    let model = Qwen3ForCausalLM::<B>::random(&Qwen3Config::tiny(64), 0.1, 1, &Default::default());
+    let mut l = Learner::builder(model, config(), Default::default())
+        .rollout(Shared(engine.clone()))
+        .tie_breaker(PairwiseTieBreaker::new(judge(), 7))
+        .codec(WordCodec)
+        .rewards(JudgeRewards {
+            judge: judge(),
+            mode: ScoringMode::ThreeState,
+            penalty: LengthPenalty::disabled(),
+            dropout: None,
+            seed: 7,
+        })
+        .build()
+        .unwrap();
+    for step in 0..3 {
+        let out = l.step(&refs).await.unwrap();
+        let m = &out.metrics;
+        assert_eq!((m.responses, m.truncated), (32, 0), "step {step}");
+        assert_eq!(out.responses[0][0], "t7 t11 t3");
+        // No engine telemetry from this engine: the in-process counters stay 0.
+        assert_eq!((m.rollout_decode_steps, m.rollout_kv_blocks), (0, 0));
+        assert!(m.grad_norms.iter().all(|g| *g > 0.0), "it trains on them");
+    }
+    assert_eq!(*engine.syncs.lock().unwrap(), vec![1, 2, 3]);
+
+    let model = Qwen3ForCausalLM::<B>::random(&Qwen3Config::tiny(64), 0.1, 1, &Default::default());
+    let mut l = Learner::builder(model, config(), Default::default())
+        .rollout(ScriptedEngine {
+            syncs: Default::default(),
+            malformed: true,
+        })
+        .tie_breaker(PairwiseTieBreaker::new(judge(), 7))
+        .codec(WordCodec)
+        .rewards(JudgeRewards {
+            judge: judge(),
+            mode: ScoringMode::ThreeState,
+            penalty: LengthPenalty::disabled(),
+            dropout: None,
+            seed: 7,
+        })
+        .build()
+        .unwrap();
+    let err = l.step(&refs).await.unwrap_err().to_string();
+    assert!(err.contains("not one per token"), "{err}");
 }

@@ -243,3 +243,56 @@ fn a_pool_too_small_for_one_sequence_is_an_error_that_says_so() {
         "{e}"
     );
 }
+
+/// A prefill that reads a cached prefix (`PagedPass::prefix`, what the local judge uses for the
+/// prompt its criteria share) gives the logits of the full sequences run without any cache, for
+/// left-padded suffixes of different lengths.
+#[test]
+fn a_prefill_over_a_cached_prefix_equals_the_uncached_forward() {
+    use conrub_rollout::{
+        ForwardBatch, PaddedBatch, Padding, PagedKv, PagedModel, PagedPass, PagedPrefix,
+    };
+    let m = model(512);
+    let device = Default::default();
+    let prefix: Vec<u32> = (0..13u32).map(|i| (i * 29 + 5) % 500 + 1).collect();
+    let suffixes: Vec<Vec<u32>> = [1usize, 4, 6]
+        .iter()
+        .map(|&n| {
+            (0..n as u32)
+                .map(|i| (i * 41 + n as u32) % 500 + 1)
+                .collect()
+        })
+        .collect();
+    let full: Vec<Vec<u32>> = suffixes
+        .iter()
+        .map(|s| prefix.iter().chain(s).copied().collect())
+        .collect();
+    let want = m.forward_last(
+        &PaddedBatch::new(&full, 0, Padding::Left).to_device(&device),
+        None,
+    );
+
+    let bs = 4;
+    let mut kv = PagedKv::new(m.kv_layout(), prefix.len().div_ceil(bs), bs, &device);
+    let slots: Vec<u32> = (0..prefix.len() as u32).collect();
+    let head = ForwardBatch::contiguous(std::slice::from_ref(&prefix), 0, &device);
+    let _ = m.forward_paged(&head, &mut kv, &PagedPass::prefill(slots.clone()));
+    let padded = PaddedBatch::new(&suffixes, 0, Padding::Left);
+    let mut batch = padded.to_device(&device);
+    batch.position_ids = batch.position_ids.add_scalar(prefix.len() as i64);
+    let pass = PagedPass {
+        prefix: Some(PagedPrefix::new(&slots, &device)),
+        ..PagedPass::prefill(Vec::new())
+    };
+    let got = m.forward_paged(&batch, &mut kv, &pass);
+    let (got, want) = (
+        got.into_data().convert::<f32>().into_vec::<f32>().unwrap(),
+        want.into_data().convert::<f32>().into_vec::<f32>().unwrap(),
+    );
+    let d = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(d < 1e-4, "max |logit difference| {d:e}");
+}
