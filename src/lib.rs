@@ -47,6 +47,9 @@ enum Command {
     Eval(commands::eval::EvalCommand),
     /// Check the fused GRPO kernels on a device against the CPU fallback and time them.
     KernelsCheck(commands::kernels::KernelsArgs),
+    /// Draw a run's curves (reward, tie rate, accepted pairs, response length) from its
+    /// metrics.jsonl into the run directory.
+    Plot(commands::plot::PlotArgs),
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -61,6 +64,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plan(args) => commands::plan::run(args),
         Command::Eval(cmd) => commands::eval::run(cmd),
         Command::KernelsCheck(args) => commands::kernels::run(args),
+        Command::Plot(args) => commands::plot::run(args),
     }
 }
 

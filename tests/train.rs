@@ -71,18 +71,38 @@ fn train_resume_and_export() {
     );
     let a = steps(&straight);
     assert_eq!(a.len(), 4);
-    for f in [
+    // Curves are drawn at the final checkpoint (4 points each) and again by `conrub plot`.
+    let curves = [
         "reward.svg",
         "tie_rate.svg",
         "accepted_pairs.svg",
         "response_length.svg",
-    ] {
-        assert!(
-            std::fs::read_to_string(straight.join(f))
-                .unwrap()
-                .contains("<polyline"),
-            "{f}"
+    ];
+    let data_line = |f: &str| -> String {
+        std::fs::read_to_string(straight.join(f))
+            .unwrap()
+            .lines()
+            .find(|l| l.contains("<polyline") && l.contains("#0000FF"))
+            .unwrap_or_else(|| panic!("{f}: no data line"))
+            .to_string()
+    };
+    for f in curves {
+        assert_eq!(
+            data_line(f).matches(',').count(),
+            4,
+            "{f}: one point per step"
         );
+        std::fs::remove_file(straight.join(f)).unwrap();
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(["plot", straight.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let printed = String::from_utf8_lossy(&o.stdout);
+    for f in curves {
+        assert!(printed.contains(f), "{printed}");
+        assert_eq!(data_line(f).matches(',').count(), 4, "{f} redrawn");
     }
     for key in [
         "reward_mean",

@@ -7,6 +7,7 @@ pub mod judging;
 pub mod kernels;
 pub mod logprobs;
 pub mod plan;
+pub mod plot;
 pub mod rubrics;
 pub mod score;
 pub mod tokenize;

@@ -283,6 +283,11 @@ impl<B: GrpoOps> RunHooks<Qwen3ForCausalLM<Autodiff<B>>> for Hooks<B> {
     fn progress(&mut self, line: &str) {
         eprintln!("{line}");
     }
+
+    fn checkpointed(&mut self, run_dir: &Path, _checkpoint: &Path) -> conrub_grpo::Result<()> {
+        conrub_plot::plot_run(run_dir).map_err(|e| GrpoError::Hook(Box::new(e)))?;
+        Ok(())
+    }
 }
 
 fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {

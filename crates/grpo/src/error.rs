@@ -35,6 +35,9 @@ pub enum GrpoError {
         /// The cause.
         message: String,
     },
+    /// A [`RunHooks`](crate::RunHooks) callback other than the export failed.
+    #[error("run hook: {0}")]
+    Hook(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Exporting the policy (e.g. as a Hugging Face directory) failed.
     #[error("export to {}: {message}", path.display())]
     Export {

@@ -26,7 +26,7 @@
 //! - loss and update: [`PolicyLoss`], [`Aggregation`], [`Clip`], [`SurrogateBatch`],
 //!   [`SurrogateOutput`], [`dpo_pair_loss`], [`TrainBatch`], [`Update`] (global clipping with
 //!   fixed-order sums on the device, then AdamW), [`UpdateConfig`]
-//! - the run: [`train`] (epochs in a seeded order, `metrics.jsonl`, SVG plots, checkpoints,
+//! - the run: [`train`] (epochs in a seeded order, `metrics.jsonl` ([`MetricsLine`]), checkpoints,
 //!   resume), [`RunConfig`], [`RunHooks`], [`RunSummary`], [`EpochSummary`], [`save_state`],
 //!   [`load_state`], [`TrainingState`], [`sft_warmup`], [`warmup_pairs`]
 //! - memory: [`MemoryPlan`], [`MemoryPlanInput`], [`ModelShape`] (the predicted peak device memory of
@@ -66,7 +66,7 @@ pub use memory::{MemoryPlan, MemoryPlanInput, ModelShape};
 pub use policy::{sample_by_recomputation, Policy, ResponseLogprobs};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
 pub use rollout::{GroupSampler, InProcessEngine, RolloutEngine, RolloutRequest};
-pub use telemetry::EpochSummary;
+pub use telemetry::{EpochSummary, MetricsLine};
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
 pub use trainer::{train, RunConfig, RunHooks, RunSummary};
 pub use update::{Update, UpdateConfig};

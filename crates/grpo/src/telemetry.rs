@@ -1,5 +1,6 @@
-//! Telemetry: a JSONL metrics file (one line per step, one per finished epoch), a live progress line,
-//! and SVG plots of reward, tie rate, accepted pairs and response length next to the metrics.
+//! Telemetry: a JSONL metrics file (one line per step, one per finished epoch) and a live progress
+//! line. Curves are drawn from the file by conrub-plot (at checkpoints through
+//! [`RunHooks::checkpointed`](crate::RunHooks::checkpointed), and by `conrub plot`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -180,130 +181,6 @@ fn format_secs(s: f64) -> String {
     format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
 }
 
-/// A line chart as a standalone SVG.
-pub fn svg_line_chart(title: &str, y_label: &str, points: &[(f64, f64)]) -> String {
-    let (w, h, left, right, top, bottom) = (640.0, 360.0, 64.0, 16.0, 36.0, 44.0);
-    let (pw, ph) = (w - left - right, h - top - bottom);
-    let xs = points.iter().map(|p| p.0);
-    let ys = points.iter().map(|p| p.1).filter(|y| y.is_finite());
-    let (x0, x1) = (
-        xs.clone().fold(f64::INFINITY, f64::min),
-        xs.fold(f64::NEG_INFINITY, f64::max),
-    );
-    let (mut y0, mut y1) = (
-        ys.clone().fold(f64::INFINITY, f64::min),
-        ys.fold(f64::NEG_INFINITY, f64::max),
-    );
-    if !y0.is_finite() {
-        (y0, y1) = (0.0, 1.0);
-    }
-    if y1 - y0 < 1e-12 {
-        y0 -= 0.5;
-        y1 += 0.5;
-    }
-    let x1 = if x1 - x0 < 1e-12 { x0 + 1.0 } else { x1 };
-    let px = |x: f64| left + (x - x0) / (x1 - x0) * pw;
-    let py = |y: f64| top + (1.0 - (y - y0) / (y1 - y0)) * ph;
-    let path: Vec<String> = points
-        .iter()
-        .filter(|p| p.1.is_finite())
-        .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
-        .collect();
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n\
-         <line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
-         <line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>\n",
-        w / 2.0,
-        escape(title),
-        top + ph,
-        left + pw,
-        top + ph,
-        top + ph
-    );
-    for i in 0..=4 {
-        let y = y0 + (y1 - y0) * i as f64 / 4.0;
-        s += &format!(
-            "<line x1=\"{left}\" y1=\"{0:.1}\" x2=\"{1}\" y2=\"{0:.1}\" stroke=\"#ddd\"/><text x=\"{2}\" y=\"{3:.1}\" text-anchor=\"end\">{4:.3}</text>\n",
-            py(y),
-            left + pw,
-            left - 6.0,
-            py(y) + 4.0,
-            y
-        );
-    }
-    for i in 0..=4 {
-        let x = x0 + (x1 - x0) * i as f64 / 4.0;
-        s += &format!(
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0}</text>\n",
-            px(x),
-            top + ph + 16.0,
-            x
-        );
-    }
-    s += &format!(
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n",
-        left + pw / 2.0,
-        h - 8.0
-    );
-    s += &format!("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">{}</text>\n", top + ph / 2.0, top + ph / 2.0, escape(y_label));
-    if !path.is_empty() {
-        s += &format!(
-            "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n",
-            path.join(" ")
-        );
-    }
-    s + "</svg>\n"
-}
-
-fn escape(t: &str) -> String {
-    t.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// Writes `reward.svg`, `tie_rate.svg`, `accepted_pairs.svg` and `response_length.svg` into `dir`.
-pub fn write_plots(steps: &[StepMetrics], dir: &Path) -> Result<Vec<PathBuf>> {
-    let series = |f: &dyn Fn(&StepMetrics) -> f64| -> Vec<(f64, f64)> {
-        steps.iter().map(|m| ((m.step + 1) as f64, f(m))).collect()
-    };
-    let charts: [(&str, &str, &str, Vec<(f64, f64)>); 4] = [
-        (
-            "reward.svg",
-            "Mean reward",
-            "reward",
-            series(&|m| m.reward_mean),
-        ),
-        (
-            "tie_rate.svg",
-            "Exact-tie rate",
-            "tied groups / groups",
-            series(&|m| m.ties.tie_rate()),
-        ),
-        (
-            "accepted_pairs.svg",
-            "Accepted pairwise preferences",
-            "pairs",
-            series(&|m| m.ties.accepted as f64),
-        ),
-        (
-            "response_length.svg",
-            "Mean response length",
-            "tokens",
-            series(&|m| m.response_len_mean),
-        ),
-    ];
-    let mut written = Vec::new();
-    for (name, title, label, pts) in charts {
-        let path = dir.join(name);
-        conrub_rubric::io::write_bytes_atomic(&path, svg_line_chart(title, label, &pts).as_bytes())
-            .map_err(|e| GrpoError::io(&path, e))?;
-        written.push(path);
-    }
-    Ok(written)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,15 +251,7 @@ mod tests {
     }
 
     #[test]
-    fn plots_are_svg_with_the_data() {
-        let d = tempfile::tempdir().unwrap();
-        let files = write_plots(&[step(0, -0.5), step(1, 0.25), step(2, 0.75)], d.path()).unwrap();
-        assert_eq!(files.len(), 4);
-        let svg = std::fs::read_to_string(d.path().join("reward.svg")).unwrap();
-        assert!(
-            svg.starts_with("<svg") && svg.contains("<polyline") && svg.contains("Mean reward")
-        );
-        assert!(svg.matches(',').count() >= 3, "three points");
+    fn the_progress_line_says_step_reward_and_eta() {
         let line = progress_line(&step(2, 0.75), 10, 2.0);
         assert!(
             line.starts_with("step 3/10  reward +0.750") && line.contains("ETA 0:00:14"),

@@ -15,7 +15,7 @@ use crate::checkpoint::{load_state, save_state};
 use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, StepMetrics};
 use crate::policy::Policy;
-use crate::telemetry::{progress_line, write_plots, EpochSummary, MetricsLine, MetricsLog};
+use crate::telemetry::{progress_line, EpochSummary, MetricsLine, MetricsLog};
 
 /// Loop settings (the `[run]` table of a train config).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,10 +76,15 @@ pub trait RunHooks<P> {
     fn export(&mut self, policy: &P, dir: &Path) -> Result<()>;
     /// Called with the progress line after every step.
     fn progress(&mut self, _line: &str) {}
+    /// Called after every checkpoint (the periodic ones and the last) with the run directory,
+    /// whose `metrics.jsonl` is complete up to that step: where `conrub train` draws its curves.
+    fn checkpointed(&mut self, _run_dir: &Path, _checkpoint: &Path) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Runs training: epochs over `records` in a seeded order, `run.prompts_per_step` prompts a step,
-/// metrics and plots after every step, checkpoints every `run.checkpoint_every` steps and at the
+/// metrics after every step, checkpoints every `run.checkpoint_every` steps and at the
 /// end. `resume` is a checkpoint directory (or its `training_state`).
 pub async fn train<B, P>(
     learner: &mut Learner<B, P>,
@@ -137,6 +142,7 @@ where
         let cursor =
             serde_json::json!({ "step": learner.step, "steps_per_epoch": steps_per_epoch });
         save_state(learner, cursor, &dir.join("training_state"))?;
+        hooks.checkpointed(&run.output_dir, &dir)?;
         summary.last_checkpoint = Some(dir);
         Ok(())
     };
@@ -159,7 +165,6 @@ where
         summary.steps_run += 1;
         let per_step = started.elapsed().as_secs_f64() / summary.steps_run as f64;
         hooks.progress(&progress_line(&m, total, per_step));
-        write_plots(&history, &run.output_dir)?;
         if index as u64 + 1 == steps_per_epoch || learner.step == total {
             let first = epoch as u64 * steps_per_epoch;
             let steps: Vec<StepMetrics> = history
