@@ -38,7 +38,6 @@ fn answer<B: GrpoOps>(
         max_new_tokens: 256,
         seed: 1234,
         stop_ids: qwen.stop_ids(),
-        ..Default::default()
     };
     let out = qwen.generate(&[prompt], &cfg, device)?.remove(0);
     println!("{}", tokenizer.decode(&out.tokens, true)?);
