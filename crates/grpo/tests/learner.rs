@@ -432,9 +432,9 @@ async fn checkpointing_set_on_the_learner_reaches_the_policy_and_keeps_the_run()
 }
 
 /// An engine outside the policy (what an inference server looks like to the learner): it answers
-/// every prompt with fixed responses and counts the weight syncs it is sent.
+/// every prompt with fixed responses and records the weight syncs it is sent.
 struct ScriptedEngine {
-    syncs: std::sync::Mutex<Vec<u64>>,
+    syncs: Arc<std::sync::Mutex<Vec<u64>>>,
     /// Drop the last log-probability of row 0 (a malformed reply).
     malformed: bool,
 }
@@ -472,31 +472,11 @@ impl RolloutEngine<Flex, Inner> for ScriptedEngine {
     }
 }
 
-#[tokio::test]
-async fn an_external_engine_supplies_the_rollouts_and_gets_a_sync_after_every_step() {
-    let recs = records();
-    let refs: Vec<&RubricRecord> = recs.iter().collect();
-    let engine = Arc::new(ScriptedEngine {
-        syncs: Default::default(),
-        malformed: false,
-    });
-    struct Shared(Arc<ScriptedEngine>);
-    impl RolloutEngine<Flex, Inner> for Shared {
-        fn rollout(
-            &self,
-            policy: &Inner,
-            request: &RolloutRequest<'_>,
-            device: &burn::tensor::Device<Flex>,
-        ) -> conrub_grpo::Result<RolloutBatch> {
-            self.0.rollout(policy, request, device)
-        }
-        fn sync_weights(&self, policy: &Inner, step: u64) -> conrub_grpo::Result<()> {
-            self.0.sync_weights(policy, step)
-        }
-    }
+/// A learner whose rollouts come from `engine`.
+fn scripted_learner(engine: ScriptedEngine) -> Learner<B, Qwen3ForCausalLM<B>> {
     let model = Qwen3ForCausalLM::<B>::random(&Qwen3Config::tiny(64), 0.1, 1, &Default::default());
-    let mut l = Learner::builder(model, config(), Default::default())
-        .rollout(Shared(engine.clone()))
+    Learner::builder(model, config(), Default::default())
+        .rollout(engine)
         .tie_breaker(PairwiseTieBreaker::new(judge(), 7))
         .codec(WordCodec)
         .rewards(JudgeRewards {
@@ -507,7 +487,18 @@ async fn an_external_engine_supplies_the_rollouts_and_gets_a_sync_after_every_st
             seed: 7,
         })
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_external_engine_supplies_the_rollouts_and_gets_a_sync_after_every_step() {
+    let recs = records();
+    let refs: Vec<&RubricRecord> = recs.iter().collect();
+    let syncs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut l = scripted_learner(ScriptedEngine {
+        syncs: syncs.clone(),
+        malformed: false,
+    });
     for step in 0..3 {
         let out = l.step(&refs).await.unwrap();
         let m = &out.metrics;
@@ -517,25 +508,12 @@ async fn an_external_engine_supplies_the_rollouts_and_gets_a_sync_after_every_st
         assert_eq!((m.rollout_decode_steps, m.rollout_kv_blocks), (0, 0));
         assert!(m.grad_norms.iter().all(|g| *g > 0.0), "it trains on them");
     }
-    assert_eq!(*engine.syncs.lock().unwrap(), vec![1, 2, 3]);
+    assert_eq!(*syncs.lock().unwrap(), vec![1, 2, 3]);
 
-    let model = Qwen3ForCausalLM::<B>::random(&Qwen3Config::tiny(64), 0.1, 1, &Default::default());
-    let mut l = Learner::builder(model, config(), Default::default())
-        .rollout(ScriptedEngine {
-            syncs: Default::default(),
-            malformed: true,
-        })
-        .tie_breaker(PairwiseTieBreaker::new(judge(), 7))
-        .codec(WordCodec)
-        .rewards(JudgeRewards {
-            judge: judge(),
-            mode: ScoringMode::ThreeState,
-            penalty: LengthPenalty::disabled(),
-            dropout: None,
-            seed: 7,
-        })
-        .build()
-        .unwrap();
+    let mut l = scripted_learner(ScriptedEngine {
+        syncs: Default::default(),
+        malformed: true,
+    });
     let err = l.step(&refs).await.unwrap_err().to_string();
     assert!(err.contains("not one per token"), "{err}");
 }
