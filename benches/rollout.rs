@@ -1,14 +1,14 @@
 //! Rollout throughput and memory: the rollout engine (`conrub_rollout::rollout`: paged KV pool,
-//! continuous batching, shared prompts, sampling on the device) against the dense engine it
-//! replaced (`generate_dense`: one static batch, a dense per-row cache, every prompt prefilled per
-//! row, `[rows, vocab]` logits copied to the host each step), same weights, same prompts, in the
-//! same run.
+//! continuous batching, shared prompts, sampling on the device) against the static-batch schedule
+//! over the same paged pass (`conrub_rollout::generate_static`: one static batch, every row's
+//! longest sequence reserved up front, every prompt prefilled per row, `[rows, vocab]` logits
+//! copied to the host each step), same weights, same prompts, in the same run.
 //!
 //! Workload: 64 rows (8 prompts x 8 responses) x 256 new tokens, no stop token, temperature 1, on
 //! the CPU demo model (random Qwen3, hidden 64, 2 layers, the full 151,936-token vocabulary).
 //! Printed per engine: tokens/s, peak heap beyond the weights (a counting allocator), host bytes
-//! read per decode step, and the KV memory curve: the engine's blocks in use against the dense
-//! cache's `rows alive x capacity` at the same steps. With `--features wgpu` and an adapter the
+//! read per decode step, and the KV memory curve: the engine's blocks in use against the static
+//! schedule's reservation (`rows x (prompt + new tokens)`, in blocks) at the same steps. With `--features wgpu` and an adapter the
 //! same comparison runs on wgpu (lavapipe in CI) at 64 rows x 32 tokens and vocabulary 4,096 (its
 //! heap column is host memory only).
 //!
@@ -18,8 +18,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{generate_dense, Qwen3Config, Qwen3ForCausalLM};
-use conrub_rollout::{rollout, EngineConfig, SamplingConfig};
+use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
+use conrub_rollout::{generate_static, rollout, EngineConfig, SamplingConfig, DEFAULT_BLOCK_SIZE};
 
 #[path = "common/peak.rs"]
 mod peak;
@@ -75,32 +75,26 @@ fn measure<B: GrpoOps>(
         max_new_tokens: 2,
         ..sampling.clone()
     };
-    let _ = generate_dense(&model, &prompts, &short, 0, device).unwrap();
+    let _ = generate_static(&model, &prompts, &short, device).unwrap();
     let _ = rollout(&model, &prompts, &short, &EngineConfig::default(), device).unwrap();
 
     let base = CURRENT.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
     let t0 = Instant::now();
-    let dense = generate_dense(&model, &prompts, &sampling, 0, device).unwrap();
-    let dense_secs = t0.elapsed().as_secs_f64();
-    let dense_peak = PEAK.load(Ordering::Relaxed).saturating_sub(base) as u64;
-    // The dense cache: every row alive until it stops (no stop token: all run to the end), at
-    // its grown capacity (the prompt rounded up to 256, doubling).
-    let mut cap = PROMPT_LEN.next_multiple_of(256);
-    let dense_curve: Vec<f64> = (0..new_tokens.saturating_sub(1))
-        .map(|s| {
-            while PROMPT_LEN + s + 1 > cap {
-                cap = (2 * cap).next_multiple_of(256);
-            }
-            (rows * cap) as f64 * per_pos
-        })
+    let baseline = generate_static(&model, &prompts, &sampling, device).unwrap();
+    let baseline_secs = t0.elapsed().as_secs_f64();
+    let baseline_peak = PEAK.load(Ordering::Relaxed).saturating_sub(base) as u64;
+    // The static schedule reserves every row's longest sequence, in whole blocks, from the start.
+    let cap = (PROMPT_LEN + new_tokens).next_multiple_of(DEFAULT_BLOCK_SIZE);
+    let baseline_curve: Vec<f64> = (0..new_tokens.saturating_sub(1))
+        .map(|_| (rows * cap) as f64 * per_pos)
         .collect();
-    let dense_m = Measured {
-        secs: dense_secs,
-        peak_bytes: dense_peak,
+    let baseline_m = Measured {
+        secs: baseline_secs,
+        peak_bytes: baseline_peak,
         host_bytes_per_step: (rows * vocab * 4) as f64,
-        kv_curve: dense_curve,
-        tokens: dense.iter().map(|g| g.tokens.len()).sum(),
+        kv_curve: baseline_curve,
+        tokens: baseline.iter().map(|g| g.tokens.len()).sum(),
     };
 
     let base = CURRENT.load(Ordering::Relaxed);
@@ -140,16 +134,16 @@ fn measure<B: GrpoOps>(
         s.kv_pool_bytes as f64 / 1e6,
         s.peak_kv_blocks
     );
-    (dense_m, engine_m)
+    (baseline_m, engine_m)
 }
 
-fn report(name: &str, rows: usize, new_tokens: usize, dense: &Measured, engine: &Measured) {
+fn report(name: &str, rows: usize, new_tokens: usize, baseline: &Measured, engine: &Measured) {
     println!("[{name}] {rows} rows ({PROMPTS} prompts x {GROUP}) x {new_tokens} new tokens, prompt {PROMPT_LEN} tokens");
     println!(
         "{:<8} {:>10} {:>12} {:>14} {:>22}",
         "engine", "seconds", "tokens/s", "peak heap MB", "host bytes/decode step"
     );
-    for (label, m) in [("dense", dense), ("paged", engine)] {
+    for (label, m) in [("static", baseline), ("paged", engine)] {
         println!(
             "{label:<8} {:>10.2} {:>12.1} {:>14.1} {:>22.0}",
             m.secs,
@@ -159,13 +153,13 @@ fn report(name: &str, rows: usize, new_tokens: usize, dense: &Measured, engine: 
         );
     }
     println!(
-        "[{name}] paged vs dense: tokens/s {:.2}x, peak heap {:.2}x, host bytes per decode step {:.5}x",
-        (engine.tokens as f64 / engine.secs) / (dense.tokens as f64 / dense.secs),
-        engine.peak_bytes as f64 / dense.peak_bytes.max(1) as f64,
-        engine.host_bytes_per_step / dense.host_bytes_per_step
+        "[{name}] paged vs static: tokens/s {:.2}x, peak heap {:.2}x, host bytes per decode step {:.5}x",
+        (engine.tokens as f64 / engine.secs) / (baseline.tokens as f64 / baseline.secs),
+        engine.peak_bytes as f64 / baseline.peak_bytes.max(1) as f64,
+        engine.host_bytes_per_step / baseline.host_bytes_per_step
     );
-    println!("[{name}] KV memory (MB) by decode step: step, dense (rows x capacity), paged (blocks in use), tokens alive");
-    let steps = engine.kv_curve.len().min(dense.kv_curve.len());
+    println!("[{name}] KV memory (MB) by decode step: step, static (rows x reservation), paged (blocks in use), tokens alive");
+    let steps = engine.kv_curve.len().min(baseline.kv_curve.len());
     for s in [
         0,
         steps / 8,
@@ -178,7 +172,7 @@ fn report(name: &str, rows: usize, new_tokens: usize, dense: &Measured, engine: 
             let alive = rows * (PROMPT_LEN + s + 1);
             println!(
                 "  {s:>5} {:>10.2} {:>10.2} {alive:>8}",
-                dense.kv_curve[s] / 1e6,
+                baseline.kv_curve[s] / 1e6,
                 engine.kv_curve[s] / 1e6
             );
         }
@@ -186,8 +180,8 @@ fn report(name: &str, rows: usize, new_tokens: usize, dense: &Measured, engine: 
 }
 
 fn run_on<B: GrpoOps>(name: &str, vocab: usize, new_tokens: usize, device: &B::Device) {
-    let (dense, engine) = measure::<B>(name, vocab, new_tokens, device);
-    report(name, PROMPTS * GROUP, new_tokens, &dense, &engine);
+    let (baseline, engine) = measure::<B>(name, vocab, new_tokens, device);
+    report(name, PROMPTS * GROUP, new_tokens, &baseline, &engine);
 }
 
 fn main() {

@@ -180,13 +180,13 @@ fn train_resume_and_export() {
     let batch = ForwardBatch::contiguous(&ids, 0, &dev);
     let x: Vec<f32> = hf
         .model
-        .forward(&batch, None)
+        .forward(&batch)
         .into_data()
         .convert::<f32>()
         .into_vec()
         .unwrap();
     let y: Vec<f32> = state
-        .forward(&batch, None)
+        .forward(&batch)
         .into_data()
         .convert::<f32>()
         .into_vec()

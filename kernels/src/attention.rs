@@ -12,7 +12,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor};
 
-use crate::{float, GrpoOps};
+use crate::{float, AttentionOps};
 
 /// Query rows per block of the portable implementation. 256 rows of scores against 8k keys for 32
 /// heads are 268 MB in f32, against 8.6 GB for the whole `[heads, 8k, 8k]` matrix.
@@ -46,7 +46,7 @@ fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
 ///
 /// Query row `i` sees the valid keys `0..=layout.past + i`. A row that sees none outputs zeros.
 /// Under `Autodiff` the output is differentiable with respect to `q`, `k` and `v`.
-pub fn causal_attention<B: GrpoOps>(
+pub fn causal_attention<B: AttentionOps>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
@@ -180,7 +180,7 @@ fn query_block<B: Backend>(
 }
 
 /// The block-wise forward (see the module docs).
-pub fn fallback_forward<B: GrpoOps>(
+pub fn fallback_forward<B: AttentionOps>(
     q: FloatTensor<B>,
     k: FloatTensor<B>,
     v: FloatTensor<B>,
@@ -228,7 +228,7 @@ pub fn fallback_forward<B: GrpoOps>(
 /// The block-wise backward: per block, `p = exp(s - lse)`, `dv += pᵀ do`, `ds = p (do vᵀ - D)` with
 /// `D = rowsum(do * out)`, `dq = scale ds k`, `dk += scale dsᵀ q`; dk and dv accumulate in f32.
 #[allow(clippy::too_many_arguments)]
-pub fn fallback_backward<B: GrpoOps>(
+pub fn fallback_backward<B: AttentionOps>(
     q: FloatTensor<B>,
     k: FloatTensor<B>,
     v: FloatTensor<B>,

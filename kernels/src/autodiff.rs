@@ -1,4 +1,4 @@
-//! `GrpoOps` under `Autodiff<B>`: the forward runs on `B` (kernels where `B` has them) and a
+//! The op families under `Autodiff<B>`: the forward runs on `B` (kernels where `B` has them) and a
 //! hand-written backward is registered; only `logprobs` and the surrogate loss carry gradients.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -9,12 +9,12 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
-use crate::{float, AttentionLayout, Clip, GrpoOps, PagedLayout, Reduce};
+use crate::{float, AttentionLayout, AttentionOps, Clip, DecodeOps, LossOps, PagedLayout, Reduce};
 
 #[derive(Debug)]
 struct AttentionBackward;
 
-impl<B: GrpoOps> Backward<B, 3> for AttentionBackward {
+impl<B: AttentionOps> Backward<B, 3> for AttentionBackward {
     /// `q`, `k`, `v`, `key_valid`, `out`, `lse`, layout.
     type State = (
         FloatTensor<B>,
@@ -46,7 +46,7 @@ impl<B: GrpoOps> Backward<B, 3> for AttentionBackward {
 #[derive(Debug)]
 struct TokenLogprobsBackward;
 
-impl<B: GrpoOps> Backward<B, 2> for TokenLogprobsBackward {
+impl<B: LossOps> Backward<B, 2> for TokenLogprobsBackward {
     /// Checkpointed hidden states and head, targets, log-sum-exp per token, chunk size.
     type State = (NodeId, NodeId, IntTensor<B>, FloatTensor<B>, usize);
 
@@ -82,7 +82,7 @@ impl<B: GrpoOps> Backward<B, 2> for TokenLogprobsBackward {
 #[derive(Debug)]
 struct SurrogateBackward;
 
-impl<B: GrpoOps> Backward<B, 1> for SurrogateBackward {
+impl<B: LossOps> Backward<B, 1> for SurrogateBackward {
     /// `logp`, `logp_old`, advantages, mask, clip range, reduction.
     type State = (
         FloatTensor<B>,
@@ -116,62 +116,7 @@ impl<B: GrpoOps> Backward<B, 1> for SurrogateBackward {
     }
 }
 
-impl<B: GrpoOps, C: CheckpointStrategy> GrpoOps for Autodiff<B, C> {
-    /// Runs on `B` (its kernel where it has one); the output carries no gradient.
-    fn paged_decode_attention(
-        q: FloatTensor<Self>,
-        k_pool: FloatTensor<Self>,
-        v_pool: FloatTensor<Self>,
-        tables: IntTensor<Self>,
-        lens: IntTensor<Self>,
-        layout: PagedLayout,
-    ) -> FloatTensor<Self> {
-        let out = B::paged_decode_attention(
-            q.primitive,
-            k_pool.primitive,
-            v_pool.primitive,
-            tables,
-            lens,
-            layout,
-        );
-        <Autodiff<B, C> as AutodiffBackend>::from_inner(out)
-    }
-
-    fn causal_attention(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        key_valid: FloatTensor<Self>,
-        layout: AttentionLayout,
-    ) -> FloatTensor<Self> {
-        let [out, lse] = B::attention_forward(
-            q.primitive.clone(),
-            k.primitive.clone(),
-            v.primitive.clone(),
-            key_valid.primitive.clone(),
-            layout,
-        );
-        match AttentionBackward
-            .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let state = (
-                    q.primitive,
-                    k.primitive,
-                    v.primitive,
-                    key_valid.primitive,
-                    out.clone(),
-                    lse,
-                    layout,
-                );
-                prep.finish(state, out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        }
-    }
-
+impl<B: LossOps, C: CheckpointStrategy> LossOps for Autodiff<B, C> {
     fn token_logprobs(
         hidden: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -237,3 +182,62 @@ impl<B: GrpoOps, C: CheckpointStrategy> GrpoOps for Autodiff<B, C> {
         }
     }
 }
+
+impl<B: AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
+    /// Runs on `B` (its kernel where it has one); the output carries no gradient.
+    fn paged_decode_attention(
+        q: FloatTensor<Self>,
+        k_pool: FloatTensor<Self>,
+        v_pool: FloatTensor<Self>,
+        tables: IntTensor<Self>,
+        lens: IntTensor<Self>,
+        layout: PagedLayout,
+    ) -> FloatTensor<Self> {
+        let out = B::paged_decode_attention(
+            q.primitive,
+            k_pool.primitive,
+            v_pool.primitive,
+            tables,
+            lens,
+            layout,
+        );
+        <Autodiff<B, C> as AutodiffBackend>::from_inner(out)
+    }
+
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_valid: FloatTensor<Self>,
+        layout: AttentionLayout,
+    ) -> FloatTensor<Self> {
+        let [out, lse] = B::attention_forward(
+            q.primitive.clone(),
+            k.primitive.clone(),
+            v.primitive.clone(),
+            key_valid.primitive.clone(),
+            layout,
+        );
+        match AttentionBackward
+            .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let state = (
+                    q.primitive,
+                    k.primitive,
+                    v.primitive,
+                    key_valid.primitive,
+                    out.clone(),
+                    lse,
+                    layout,
+                );
+                prep.finish(state, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+}
+
+impl<B: DecodeOps, C: CheckpointStrategy> DecodeOps for Autodiff<B, C> {}

@@ -19,7 +19,7 @@ impl crate::host_head::HostF32 for burn::backend::Flex {
 }
 
 #[cfg(feature = "flex")]
-impl crate::GrpoOps for burn::backend::Flex {
+impl crate::LossOps for burn::backend::Flex {
     /// `h · Wᵀ` with the head read through its strides (burn-flex's gemm takes any strides, so
     /// nothing is copied): the logits come out contiguous `[rows, vocab]`, which the sampler reads
     /// in place, where the default's `(W · hᵀ)ᵀ` view cost a strided copy per decode step.
@@ -63,7 +63,13 @@ impl crate::GrpoOps for burn::backend::Flex {
             want,
         )
     }
+}
 
+#[cfg(feature = "flex")]
+impl crate::AttentionOps for burn::backend::Flex {}
+
+#[cfg(feature = "flex")]
+impl crate::DecodeOps for burn::backend::Flex {
     fn kv_write(
         pool: burn::tensor::ops::FloatTensor<Self>,
         slots: &[u32],
@@ -108,7 +114,7 @@ mod ndarray {
         }
     }
 
-    impl<E: FloatNdArrayElement, I: IntNdArrayElement, Q: QuantElement> crate::GrpoOps
+    impl<E: FloatNdArrayElement, I: IntNdArrayElement, Q: QuantElement> crate::LossOps
         for NdArray<E, I, Q>
     where
         NdArrayTensor: From<SharedArray<E>>,
@@ -142,7 +148,22 @@ mod ndarray {
                 want,
             )
         }
+    }
 
+    impl<E: FloatNdArrayElement, I: IntNdArrayElement, Q: QuantElement> crate::AttentionOps
+        for NdArray<E, I, Q>
+    where
+        NdArrayTensor: From<SharedArray<E>>,
+        NdArrayTensor: From<SharedArray<I>>,
+    {
+    }
+
+    impl<E: FloatNdArrayElement, I: IntNdArrayElement, Q: QuantElement> crate::DecodeOps
+        for NdArray<E, I, Q>
+    where
+        NdArrayTensor: From<SharedArray<E>>,
+        NdArrayTensor: From<SharedArray<I>>,
+    {
         fn kv_write(
             pool: burn::tensor::ops::FloatTensor<Self>,
             slots: &[u32],
@@ -153,5 +174,12 @@ mod ndarray {
     }
 }
 
+/// libtorch runs every family's fallback.
 #[cfg(feature = "tch")]
-impl<E: burn::backend::libtorch::TchElement> crate::GrpoOps for burn::backend::LibTorch<E> {}
+mod tch {
+    use burn::backend::libtorch::{LibTorch, TchElement};
+
+    impl<E: TchElement> crate::LossOps for LibTorch<E> {}
+    impl<E: TchElement> crate::AttentionOps for LibTorch<E> {}
+    impl<E: TchElement> crate::DecodeOps for LibTorch<E> {}
+}

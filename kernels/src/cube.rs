@@ -1,4 +1,4 @@
-//! CubeCL kernels (one source for CUDA, HIP and wgpu) and `GrpoOps` for `CubeBackend`.
+//! CubeCL kernels (one source for CUDA, HIP and wgpu) and the op families for `CubeBackend`.
 //!
 //! Every tensor is indexed through its strides, outputs included: CUDA allocates row-pitched
 //! buffers, and logits may arrive as transposed views.
@@ -10,7 +10,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use crate::{AttentionLayout, Clip, GrpoOps, PagedLayout, Reduce};
+use crate::{AttentionLayout, AttentionOps, Clip, DecodeOps, LossOps, PagedLayout, Reduce};
 
 /// Threads per cube of the row kernels (a power of two).
 const ROW_BLOCK: u32 = 256;
@@ -252,45 +252,11 @@ fn elementwise_grid(cols: usize, rows: usize, block: u32) -> (CubeCount, CubeDim
     )
 }
 
-impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GrpoOps
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LossOps
     for CubeBackend<R, F, I, BT>
 {
     fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
         burn_cubecl::kernel::into_contiguous(tensor)
-    }
-
-    fn attention_forward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        key_valid: FloatTensor<Self>,
-        layout: AttentionLayout,
-    ) -> [FloatTensor<Self>; 2] {
-        crate::cube_attention::forward(q, k, v, key_valid, layout)
-    }
-
-    fn attention_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        key_valid: FloatTensor<Self>,
-        out: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_out: FloatTensor<Self>,
-        layout: AttentionLayout,
-    ) -> [FloatTensor<Self>; 3] {
-        crate::cube_attention::backward(q, k, v, key_valid, out, lse, d_out, layout)
-    }
-
-    fn paged_decode_attention(
-        q: FloatTensor<Self>,
-        k_pool: FloatTensor<Self>,
-        v_pool: FloatTensor<Self>,
-        tables: IntTensor<Self>,
-        lens: IntTensor<Self>,
-        layout: PagedLayout,
-    ) -> FloatTensor<Self> {
-        crate::cube_paged::paged_decode(q, k_pool, v_pool, tables, lens, layout)
     }
 
     fn logits_row_stats(
@@ -404,4 +370,47 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GrpoOps
         );
         out
     }
+}
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionOps
+    for CubeBackend<R, F, I, BT>
+{
+    fn attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_valid: FloatTensor<Self>,
+        layout: AttentionLayout,
+    ) -> [FloatTensor<Self>; 2] {
+        crate::cube_attention::forward(q, k, v, key_valid, layout)
+    }
+
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_valid: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        layout: AttentionLayout,
+    ) -> [FloatTensor<Self>; 3] {
+        crate::cube_attention::backward(q, k, v, key_valid, out, lse, d_out, layout)
+    }
+
+    fn paged_decode_attention(
+        q: FloatTensor<Self>,
+        k_pool: FloatTensor<Self>,
+        v_pool: FloatTensor<Self>,
+        tables: IntTensor<Self>,
+        lens: IntTensor<Self>,
+        layout: PagedLayout,
+    ) -> FloatTensor<Self> {
+        crate::cube_paged::paged_decode(q, k_pool, v_pool, tables, lens, layout)
+    }
+}
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> DecodeOps
+    for CubeBackend<R, F, I, BT>
+{
 }

@@ -1,5 +1,5 @@
 //! Fused causal attention as CubeCL kernels (FlashAttention-2's algorithm, one source for CUDA,
-//! HIP and wgpu), used by `GrpoOps::attention_forward` / `attention_backward` for `CubeBackend`.
+//! HIP and wgpu), used by `AttentionOps::attention_forward` / `attention_backward` for `CubeBackend`.
 //!
 //! Three kernels, each one cube per (block of rows, head, batch) with one unit per row, and the
 //! tile of the other side staged in shared memory (f32) a block at a time:
@@ -625,7 +625,7 @@ fn dims<R: CubeRuntime>(
     }
 }
 
-/// `[out, lse]` of causal attention (see `GrpoOps::attention_forward`).
+/// `[out, lse]` of causal attention (see `AttentionOps::attention_forward`).
 pub(crate) fn forward<R: CubeRuntime>(
     q: CubeTensor<R>,
     k: CubeTensor<R>,
@@ -668,7 +668,7 @@ pub(crate) fn forward<R: CubeRuntime>(
     [out, lse]
 }
 
-/// `[dq, dk, dv]` of causal attention (see `GrpoOps::attention_backward`).
+/// `[dq, dk, dv]` of causal attention (see `AttentionOps::attention_backward`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward<R: CubeRuntime>(
     q: CubeTensor<R>,

@@ -1,5 +1,5 @@
 //! Decode attention over a paged KV pool as one CubeCL kernel (CUDA, HIP and wgpu from one
-//! source), used by `GrpoOps::paged_decode_attention` for `CubeBackend`. Nothing is gathered: the
+//! source), used by `AttentionOps::paged_decode_attention` for `CubeBackend`. Nothing is gathered: the
 //! kernel reads each row's block table and the pool in place.
 //!
 //! One cube per (query head, row) of `units` units. The cube walks the row's keys a tile at a
@@ -196,7 +196,7 @@ fn geometry<R: CubeRuntime>(t: &CubeTensor<R>, head_dim: usize) -> (usize, usize
     (units, tile)
 }
 
-/// The kernel's launch (see `GrpoOps::paged_decode_attention`; shapes are checked by the caller).
+/// The kernel's launch (see `AttentionOps::paged_decode_attention`; shapes are checked by the caller).
 pub(crate) fn paged_decode<R: CubeRuntime>(
     q: CubeTensor<R>,
     k_pool: CubeTensor<R>,

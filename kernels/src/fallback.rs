@@ -1,11 +1,11 @@
-//! The portable implementation of [`GrpoOps`](crate::GrpoOps) from primitive tensor ops: what the
+//! The portable implementation of [`LossOps`](crate::LossOps) from primitive tensor ops: what the
 //! CPU backends and libtorch run, and what the kernels are checked against.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, IndexingUpdateOp, Tensor};
 
-use crate::{float, int, Clip, GrpoOps, Reduce};
+use crate::{float, int, Clip, LossOps, Reduce};
 
 fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
     t.into_primitive().tensor()
@@ -14,7 +14,7 @@ fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
 /// `(W · hᵀ)ᵀ`: the `[vocab, hidden]` head is used in its stored layout (a matmul that needs
 /// contiguous operands would otherwise copy the whole head per chunk) and only the small chunk is
 /// transposed; the result is a `[rows, vocab]` view.
-pub fn chunk_logits<B: GrpoOps>(hidden: FloatTensor<B>, weight: FloatTensor<B>) -> FloatTensor<B> {
+pub fn chunk_logits<B: LossOps>(hidden: FloatTensor<B>, weight: FloatTensor<B>) -> FloatTensor<B> {
     let ht = B::contiguous(prim(float::<B, 2>(hidden).transpose()));
     let w: Tensor<B, 2> = float(weight);
     prim(w.matmul(float(ht)).transpose())
@@ -128,7 +128,7 @@ fn chunks(n: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// The chunked forward through the backend's own row hooks.
-pub fn token_logprobs<B: GrpoOps>(
+pub fn token_logprobs<B: LossOps>(
     hidden: FloatTensor<B>,
     weight: FloatTensor<B>,
     targets: IntTensor<B>,
@@ -150,7 +150,7 @@ pub fn token_logprobs<B: GrpoOps>(
 
 /// The chunked backward: per chunk, logits are recomputed, turned into their gradient, and
 /// multiplied back into the hidden-state and head gradients.
-pub fn token_logprobs_backward<B: GrpoOps>(
+pub fn token_logprobs_backward<B: LossOps>(
     hidden: FloatTensor<B>,
     weight: FloatTensor<B>,
     targets: IntTensor<B>,

@@ -1,4 +1,4 @@
-//! `GrpoOps` for burn's fusion wrapper (`burn::backend::Wgpu` and `Cuda` are `Fusion<CubeBackend>`):
+//! The op families for burn's fusion wrapper (`burn::backend::Wgpu` and `Cuda` are `Fusion<CubeBackend>`):
 //! each row hook and the attention forward and backward are registered in the fusion stream as
 //! custom operations that run the inner backend's kernels when the stream executes (each output
 //! with its own dtype: attention's `lse` is f32 whatever `q`'s dtype). The chunked drivers and the
@@ -12,7 +12,9 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
-use crate::{AttentionLayout, Clip, GrpoOps, PagedLayout, Reduce};
+use crate::{
+    AttentionLayout, AttentionOps, Clip, DecodeOps, GrpoOps, LossOps, PagedLayout, Reduce,
+};
 
 /// Which hook a custom operation runs.
 #[derive(Clone, Copy, Debug)]
@@ -135,7 +137,7 @@ fn register<B: FusionBackend + GrpoOps>(
     )
 }
 
-impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
+impl<B: FusionBackend + GrpoOps> LossOps for Fusion<B> {
     fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
         let shape = tensor.shape.clone();
         let dtype = tensor.dtype;
@@ -222,7 +224,9 @@ impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
         );
         out.remove(0)
     }
+}
 
+impl<B: FusionBackend + GrpoOps> AttentionOps for Fusion<B> {
     fn attention_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -284,3 +288,5 @@ impl<B: FusionBackend + GrpoOps> GrpoOps for Fusion<B> {
         outs.remove(0)
     }
 }
+
+impl<B: FusionBackend + GrpoOps> DecodeOps for Fusion<B> {}

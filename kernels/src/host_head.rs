@@ -1,4 +1,4 @@
-//! [`crate::cpu_head`] behind the [`GrpoOps`](crate::GrpoOps) signatures of the CPU backends:
+//! [`crate::cpu_head`] behind the [`LossOps`](crate::LossOps) signatures of the CPU backends:
 //! reads the inputs as host f32 (zero-copy where the backend allows), runs the fused head and
 //! returns the results in the inputs' dtypes (statistics in f32, as the fallback gives them).
 
@@ -9,7 +9,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata};
 
 use crate::cpu_head::{self, HeadShape};
-use crate::GrpoOps;
+use crate::LossOps;
 
 /// The environment variable that switches the CPU backends back to the chunked fallback
 /// (`CONRUB_HOST_HEAD=fallback`): for benchmarks that time both in one run, and for diagnosis.
@@ -78,9 +78,9 @@ fn to_backend<B: Backend>(
     t.into_primitive().tensor()
 }
 
-/// What the CPU backends run for [`GrpoOps::token_logprobs`](crate::GrpoOps::token_logprobs): the
+/// What the CPU backends run for [`LossOps::token_logprobs`](crate::LossOps::token_logprobs): the
 /// fused host head, or the chunked fallback when [`host_head_enabled`] says no.
-pub(crate) fn token_logprobs<B: HostF32 + GrpoOps>(
+pub(crate) fn token_logprobs<B: HostF32 + LossOps>(
     hidden: FloatTensor<B>,
     weight: FloatTensor<B>,
     targets: IntTensor<B>,
@@ -94,10 +94,10 @@ pub(crate) fn token_logprobs<B: HostF32 + GrpoOps>(
 }
 
 /// What the CPU backends run for
-/// [`GrpoOps::token_logprobs_backward`](crate::GrpoOps::token_logprobs_backward) (see
+/// [`LossOps::token_logprobs_backward`](crate::LossOps::token_logprobs_backward) (see
 /// [`token_logprobs`]).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn token_logprobs_backward<B: HostF32 + GrpoOps>(
+pub(crate) fn token_logprobs_backward<B: HostF32 + LossOps>(
     hidden: FloatTensor<B>,
     weight: FloatTensor<B>,
     targets: IntTensor<B>,

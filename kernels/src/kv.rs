@@ -1,5 +1,5 @@
 //! Writes into a paged KV cache pool: rows `slots[i]` of a `[slots, width]` tensor take
-//! `values[i]`. The ways, chosen per backend in [`crate::GrpoOps::kv_write`]:
+//! `values[i]`. The ways, chosen per backend in [`crate::DecodeOps::kv_write`]:
 //!
 //! - [`write_by_scatter`]: one `scatter_nd` (assign) of all rows. CubeCL and libtorch run it as one
 //!   kernel; burn-flex copies the whole pool in it, which makes it O(pool) per write.
@@ -9,13 +9,13 @@
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
 
-use crate::GrpoOps;
+use crate::DecodeOps;
 
-fn float<B: GrpoOps>(t: FloatTensor<B>) -> Tensor<B, 2> {
+fn float<B: DecodeOps>(t: FloatTensor<B>) -> Tensor<B, 2> {
     Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(t))
 }
 
-fn prim<B: GrpoOps>(t: Tensor<B, 2>) -> FloatTensor<B> {
+fn prim<B: DecodeOps>(t: Tensor<B, 2>) -> FloatTensor<B> {
     t.into_primitive().tensor()
 }
 
@@ -32,7 +32,7 @@ pub fn runs(slots: &[u32]) -> Vec<(usize, usize, usize)> {
 }
 
 /// One `scatter_nd` of every row.
-pub fn write_by_scatter<B: GrpoOps>(
+pub fn write_by_scatter<B: DecodeOps>(
     pool: FloatTensor<B>,
     slots: &[u32],
     values: FloatTensor<B>,
@@ -50,7 +50,7 @@ pub fn write_by_scatter<B: GrpoOps>(
 }
 
 /// One `slice_assign` per run of consecutive slots.
-pub fn write_by_runs<B: GrpoOps>(
+pub fn write_by_runs<B: DecodeOps>(
     pool: FloatTensor<B>,
     slots: &[u32],
     values: FloatTensor<B>,

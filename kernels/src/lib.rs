@@ -1,22 +1,24 @@
-//! The two GRPO hot spots on a 151,936-token vocabulary as a burn backend extension.
+//! conrub's burn backend extension: the learner's, the rollout engine's and the model's hot spots
+//! on a 151,936-token vocabulary, generic over the backend, in three op families:
 //!
-//! - [`token_logprobs`]: per-token `log p(target)` (and entropy) from hidden states and the LM head,
-//!   a chunk of tokens at a time, so the `[tokens, vocab]` logit matrix is never held whole. The
-//!   backward recomputes each chunk's logits and never stores probabilities.
-//! - [`clipped_surrogate`]: the per-token clipped-ratio loss with asymmetric clipping and a mask,
-//!   reduced per response (token mean or token sum), plus low/high clip counts.
+//! - [`LossOps`] (log-probs and loss): [`token_logprobs`], per-token `log p(target)` (and
+//!   entropy) from hidden states and the LM head, a chunk of tokens at a time, so the
+//!   `[tokens, vocab]` logit matrix is never held whole (the backward recomputes each chunk's
+//!   logits); [`clipped_surrogate`], the per-token clipped-ratio loss with asymmetric clipping and
+//!   a mask, reduced per response, plus low/high clip counts.
+//! - [`AttentionOps`]: [`causal_attention`], fused causal attention (online softmax in f32,
+//!   key-padding mask, GQA without repeated K/V) that keeps only the output and the per-row
+//!   log-sum-exp, with a backward that recomputes the probabilities block by block
+//!   (FlashAttention-2's scheme); [`paged_decode_attention`] over the rollout engine's KV pool.
+//! - [`DecodeOps`]: [`kv_write`] into the paged KV pool and on-device sampling ([`sampling`]).
 //!
-//! [`GrpoOps`] is implemented for burn's CubeCL backends with kernels (one source for CUDA and
-//! wgpu; feature `cube`), for burn's fusion wrapper (the kernels run as custom fusion operations),
-//! for the CPU backends and libtorch through a fallback made of primitive tensor ops, and for
-//! `Autodiff<B>` with a hand-written backward. [`reference`] holds the textbook formulas used as
-//! the independent check in tests and as the naive baseline in benchmarks.
-//!
-//! Two more ops serve long sequences:
-//! - [`causal_attention`]: fused causal attention (online softmax in f32, key-padding mask, GQA
-//!   without repeated K/V) that keeps only the output and the per-row log-sum-exp; its backward
-//!   recomputes the probabilities block by block (FlashAttention-2's scheme), so training memory
-//!   grows linearly in the sequence length instead of quadratically.
+//! [`GrpoOps`] is all three. Each family is implemented for burn's CubeCL backends with kernels
+//! (one source for CUDA and wgpu; feature `cube`), for burn's fusion wrapper (the kernels run as
+//! custom fusion operations), for the CPU backends (the fused host head, [`cpu_head`], for
+//! log-probs) and libtorch through a fallback made of primitive tensor ops ([`fallback`]), and for
+//! `Autodiff<B>` with hand-written backwards. [`reference`] holds the textbook formulas used as
+//! the independent check in tests and as the naive baseline in benchmarks. kernels/README.md says
+//! which files to touch to add an op.
 
 mod attention;
 mod autodiff;
@@ -85,42 +87,18 @@ pub enum Reduce {
 /// 311 MB, against 2.5 GB for the whole matrix of 4,096 tokens.
 pub const DEFAULT_CHUNK_TOKENS: usize = 512;
 
-/// The backend extension. Every method has a portable default made of primitive tensor ops (see
-/// [`fallback`]); CubeCL backends replace the per-row work with kernels, and `Autodiff<B>` replaces
-/// [`GrpoOps::token_logprobs`] and [`GrpoOps::clipped_surrogate`] with tracked versions.
-pub trait GrpoOps: Backend {
+/// Log-probabilities of the targets and the clipped loss: the learner's hot spots. Every method
+/// has a portable default made of primitive tensor ops ([`fallback`]); CubeCL backends replace the
+/// per-row work with kernels (`cube.rs`, forwarded through `fusion.rs`), the CPU backends run the
+/// fused host head (`host_head.rs`, [`cpu_head`]), and `Autodiff<B>` makes
+/// [`LossOps::token_logprobs`] and [`LossOps::clipped_surrogate`] differentiable (`autodiff.rs`).
+pub trait LossOps: Backend {
     /// A contiguous copy of a (transposed) view when the backend's matmul needs one: burn 0.21's
     /// CubeCL matmul gives wrong results for some transposed-view operands (seen on wgpu with a
     /// 16-row chunk against a 70,000-row head), so the CubeCL backends copy; the CPU backends
     /// read views correctly and return the tensor as it is.
     fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
         tensor
-    }
-
-    /// Writes `values` `[n, width]` into rows `slots` of a paged KV cache pool `[slots, width]`
-    /// (in place where the backend can; see [`kv`]). Slots are distinct.
-    fn kv_write(
-        pool: FloatTensor<Self>,
-        slots: &[u32],
-        values: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        kv::write_by_scatter::<Self>(pool, slots, values)
-    }
-
-    /// One token per row of `logits` `[rows, vocab]` and its log-probability under `params`
-    /// (`uniforms[r]` is row `r`'s draw; see [`sampling`]), computed where the logits are: only
-    /// `rows` ids and `rows` f32 leave the device.
-    fn sample_rows(
-        logits: FloatTensor<Self>,
-        params: &sampling::SampleParams,
-        uniforms: &[f64],
-    ) -> (IntTensor<Self>, FloatTensor<Self>) {
-        let (t, l) = sampling::sample_rows_by_tensors::<Self>(
-            Tensor::from_primitive(TensorPrimitive::Float(logits)),
-            params,
-            uniforms,
-        );
-        (t.into_primitive(), l.into_primitive().tensor())
     }
 
     /// Logits `[rows, vocab]` of hidden states `[rows, hidden]` against the head `[vocab, hidden]`.
@@ -204,6 +182,23 @@ pub trait GrpoOps: Backend {
         )
     }
 
+    /// The clipped surrogate; under autodiff the loss is differentiable with respect to `logp`.
+    fn clipped_surrogate(
+        logp: FloatTensor<Self>,
+        logp_old: FloatTensor<Self>,
+        advantages: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        clip: Clip,
+        reduce: Reduce,
+    ) -> [FloatTensor<Self>; 3] {
+        Self::surrogate_forward(logp, logp_old, advantages, mask, clip, reduce)
+    }
+}
+
+/// Causal attention (training and prefill) and paged decode attention (the rollout engine).
+/// Defaults in `attention.rs` and `paged_attention.rs`; kernels in `cube_attention.rs` and
+/// `cube_paged.rs`; the backward of [`AttentionOps::causal_attention`] in `autodiff.rs`.
+pub trait AttentionOps: Backend {
     /// Forward of causal attention: `[out, lse]`. `q` is `[batch, heads, t, head_dim]`, `k` and `v`
     /// are `[batch, kv_heads, s, head_dim]` (`heads` a multiple of `kv_heads`; query head `h` reads
     /// key/value head `h / (heads / kv_heads)`), `key_valid` is `[batch, s]` f32 (1 = the key may
@@ -222,7 +217,7 @@ pub trait GrpoOps: Backend {
         attention::fallback_forward::<Self>(q, k, v, key_valid, layout)
     }
 
-    /// Backward of [`GrpoOps::attention_forward`]: `[dq, dk, dv]` (shapes and dtypes of `q`, `k`,
+    /// Backward of [`Self::attention_forward`]: `[dq, dk, dv]` (shapes and dtypes of `q`, `k`,
     /// `v`) from the forward's inputs, its `out` and `lse`, and `d_out` (the shape of `out`).
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
@@ -240,7 +235,7 @@ pub trait GrpoOps: Backend {
 
     /// Decode attention of one query per row against its keys in a paged KV pool (see
     /// [`paged_decode_attention`] for shapes): `[rows, heads, 1, head_dim]` in `q`'s dtype. The
-    /// default gathers each row's keys and runs [`GrpoOps::attention_forward`]; CubeCL backends
+    /// default gathers each row's keys and runs [`Self::attention_forward`]; CubeCL backends
     /// read the block table in place. Not differentiable.
     fn paged_decode_attention(
         q: FloatTensor<Self>,
@@ -265,19 +260,45 @@ pub trait GrpoOps: Backend {
         let [out, _lse] = Self::attention_forward(q, k, v, key_valid, layout);
         out
     }
+}
 
-    /// The clipped surrogate; under autodiff the loss is differentiable with respect to `logp`.
-    fn clipped_surrogate(
-        logp: FloatTensor<Self>,
-        logp_old: FloatTensor<Self>,
-        advantages: FloatTensor<Self>,
-        mask: FloatTensor<Self>,
-        clip: Clip,
-        reduce: Reduce,
-    ) -> [FloatTensor<Self>; 3] {
-        Self::surrogate_forward(logp, logp_old, advantages, mask, clip, reduce)
+/// The rollout engine's per-step device work besides attention: KV-cache writes and sampling.
+/// Defaults in `kv.rs` and `sampling.rs`; the CPU backends write in place (`backends.rs`).
+pub trait DecodeOps: Backend {
+    /// Writes `values` `[n, width]` into rows `slots` of a paged KV cache pool `[slots, width]`
+    /// (in place where the backend can; see [`kv`]). Slots are distinct.
+    fn kv_write(
+        pool: FloatTensor<Self>,
+        slots: &[u32],
+        values: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        kv::write_by_scatter::<Self>(pool, slots, values)
+    }
+
+    /// One token per row of `logits` `[rows, vocab]` and its log-probability under `params`
+    /// (`uniforms[r]` is row `r`'s draw; see [`sampling`]), computed where the logits are: only
+    /// `rows` ids and `rows` f32 leave the device.
+    fn sample_rows(
+        logits: FloatTensor<Self>,
+        params: &sampling::SampleParams,
+        uniforms: &[f64],
+    ) -> (IntTensor<Self>, FloatTensor<Self>) {
+        let (t, l) = sampling::sample_rows_by_tensors::<Self>(
+            Tensor::from_primitive(TensorPrimitive::Float(logits)),
+            params,
+            uniforms,
+        );
+        (t.into_primitive(), l.into_primitive().tensor())
     }
 }
+
+/// Every family of conrub's backend extension: what the model, the rollout engine and the learner
+/// ask of a backend. Implemented for every backend that implements [`LossOps`], [`AttentionOps`]
+/// and [`DecodeOps`] (burn's CubeCL backends, their fusion wrapper, flex, ndarray, libtorch, and
+/// `Autodiff` over any of them); write `B: GrpoOps` unless a function needs one family only.
+pub trait GrpoOps: LossOps + AttentionOps + DecodeOps {}
+
+impl<B: LossOps + AttentionOps + DecodeOps> GrpoOps for B {}
 
 /// Per-token outputs of [`token_logprobs`].
 #[derive(Debug, Clone)]
@@ -288,9 +309,9 @@ pub struct TokenLogprobs<B: Backend> {
     pub entropy: Tensor<B, 1>,
 }
 
-/// [`GrpoOps::kv_write`] on tensors: rows `slots` of `pool` `[slots, width]` become `values`
+/// [`DecodeOps::kv_write`] on tensors: rows `slots` of `pool` `[slots, width]` become `values`
 /// `[slots.len(), width]`.
-pub fn kv_write<B: GrpoOps>(
+pub fn kv_write<B: DecodeOps>(
     pool: Tensor<B, 2>,
     slots: &[u32],
     values: Tensor<B, 2>,
@@ -306,7 +327,7 @@ pub fn kv_write<B: GrpoOps>(
 /// `[vocab, hidden]` (the Hugging Face layout), `chunk_tokens` tokens at a time.
 ///
 /// Targets must lie in `0..vocab`.
-pub fn token_logprobs<B: GrpoOps>(
+pub fn token_logprobs<B: LossOps>(
     hidden: Tensor<B, 2>,
     weight: Tensor<B, 2>,
     targets: Tensor<B, 1, Int>,
@@ -337,7 +358,7 @@ pub struct SurrogateLoss<B: Backend> {
 
 /// `-min(rho * A, clip(rho, 1 - low, 1 + high) * A)` per token with `rho = exp(logp - logp_old)`,
 /// `[responses, tokens]` inputs, one advantage per response, `mask` 1 on response tokens.
-pub fn clipped_surrogate<B: GrpoOps>(
+pub fn clipped_surrogate<B: LossOps>(
     logp: Tensor<B, 2>,
     logp_old: Tensor<B, 2>,
     advantages: Tensor<B, 1>,

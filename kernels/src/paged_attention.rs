@@ -6,12 +6,12 @@
 //! `r`'s key `p` sits in slot `tables[r, p / block_size] * block_size + p % block_size`. CubeCL
 //! backends read the pool in place with one kernel (`cube_paged`); the portable fallback here
 //! gathers each row's keys into a dense `[rows, kv_heads, keys, head_dim]` copy and runs
-//! [`GrpoOps::attention_forward`] on it.
+//! [`AttentionOps::attention_forward`] on it.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Int, Tensor};
 
-use crate::{float, int, AttentionLayout, GrpoOps};
+use crate::{float, int, AttentionLayout, AttentionOps};
 
 /// Shape of a paged pool and the score scale.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -36,7 +36,7 @@ pub struct PagedLayout {
 ///
 /// Scores, softmax and accumulation are f32 whatever the dtype. No gradient is defined (it is
 /// the sampler's attention).
-pub fn paged_decode_attention<B: GrpoOps>(
+pub fn paged_decode_attention<B: AttentionOps>(
     q: Tensor<B, 4>,
     k_pool: Tensor<B, 2>,
     v_pool: Tensor<B, 2>,
@@ -83,8 +83,8 @@ pub fn paged_decode_attention<B: GrpoOps>(
 }
 
 /// The portable implementation: gather every row's keys and values to `blocks * block_size`
-/// positions, mask those at or past `lens[r]`, and attend with [`GrpoOps::attention_forward`].
-pub fn fallback_paged_decode<B: GrpoOps>(
+/// positions, mask those at or past `lens[r]`, and attend with [`AttentionOps::attention_forward`].
+pub fn fallback_paged_decode<B: AttentionOps>(
     q: FloatTensor<B>,
     k_pool: FloatTensor<B>,
     v_pool: FloatTensor<B>,

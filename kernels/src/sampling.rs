@@ -1,5 +1,5 @@
 //! Token sampling from logits: one rule ([`sample_row`], what `conrub_qwen3::sample_token`
-//! applies on the host), and [`crate::GrpoOps::sample_rows`], which applies it to a `[rows, vocab]`
+//! applies on the host), and [`crate::DecodeOps::sample_rows`], which applies it to a `[rows, vocab]`
 //! tensor where the logits are and returns only token ids and log-probabilities: as tensor ops by
 //! default ([`sample_rows_by_tensors`], cumulative sums in f32), on burn-flex straight on the
 //! logits' buffer with the host rule ([`sample_rows_flex`]).
@@ -114,7 +114,7 @@ fn logsumexp(xs: impl Iterator<Item = f64>, max: f64) -> f64 {
 }
 
 /// [`sample_row`]'s rule as tensor ops on any backend (the default of
-/// [`crate::GrpoOps::sample_rows`]). `uniforms[r]` is row `r`'s draw (unused when greedy).
+/// [`crate::DecodeOps::sample_rows`]). `uniforms[r]` is row `r`'s draw (unused when greedy).
 pub fn sample_rows_by_tensors<B: Backend>(
     logits: Tensor<B, 2>,
     cfg: &SampleParams,

@@ -19,7 +19,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
-use conrub_kernels::{causal_attention, AttentionLayout, GrpoOps, ATTENTION_MASKED_LSE};
+use conrub_kernels::{causal_attention, AttentionLayout, AttentionOps, ATTENTION_MASKED_LSE};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -398,7 +398,7 @@ fn run_case(c: &Case, dtype: DType, dev: &WgpuDevice) -> f64 {
     let mut worst = 0f64;
     let masked = x.visible.iter().filter(|v| !**v).count();
     let got = run_direct(c, &x, dtype, dev);
-    log.push_str(&format!("    ({masked} of {} (batch, row) pairs see no key)\n    GrpoOps::attention_{{forward, backward}}:", c.b * t));
+    log.push_str(&format!("    ({masked} of {} (batch, row) pairs see no key)\n    AttentionOps::attention_{{forward, backward}}:", c.b * t));
     worst = worst.max(check(&mut log, "out", &got[0], &want[0], keep_rows, tol));
     worst = worst.max(check(&mut log, "lse", &got[1], &want[1], keep_lse, tol));
     worst = worst.max(check(&mut log, "dq", &got[2], &want[2], keep_rows, tol));

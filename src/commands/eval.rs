@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use conrub_eval::{extract_choice, load_items, McqFormat, McqSummary};
+use conrub_judge::{CriterionRequest, CriterionVerdict};
 use conrub_kernels::GrpoOps;
 use conrub_qwen3::{ChatOptions, Qwen3};
 use conrub_rollout::{Decoding, SamplingConfig};
@@ -180,9 +181,6 @@ fn model_info(arg: &str, dir: &std::path::Path) -> serde_json::Value {
 
 impl BackendTask for RubricArgs {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        use conrub_eval::{summarize, summarize_three_state, GradedItem};
-        use conrub_judge::{CriterionRequest, JudgeKind};
-        use conrub_rubric::{Label, ScoringMode};
         let mut rows = read_eval_examples(&self.data)?;
         if let Some(n) = self.limit {
             rows.truncate(n);
@@ -194,174 +192,277 @@ impl BackendTask for RubricArgs {
         let grader = crate::commands::judging::load_config(&self.grader)?;
         let qwen = Qwen3::<B>::load(&self.model, &device)?
             .with_execution(crate::backend::inference_execution(self.precision));
-        let tok = qwen
-            .tokenizer
-            .as_ref()
-            .with_context(|| format!("{}: no tokenizer.json", qwen.dir.display()))?;
-        let greedy = self.samples <= 1;
-        let cfg = SamplingConfig {
-            max_new_tokens: self.max_new_tokens,
-            decoding: if greedy {
-                Decoding::Greedy
-            } else {
-                Decoding::default()
-            },
-            seed: self.seed,
-            stop_ids: qwen.stop_ids(),
-        };
         let start = Instant::now();
-        let mut responses: Vec<(usize, String, usize)> = Vec::new();
-        for (k, row) in rows.iter().enumerate() {
-            let ids = tok.apply_chat_template(
-                &row.prompt,
-                ChatOptions {
-                    add_generation_prompt: true,
-                    enable_thinking: Some(false),
-                },
-            )?;
-            let prompts = vec![ids; self.samples.max(1)];
-            for g in qwen.generate(&prompts, &cfg, &device)? {
-                responses.push((k, tok.decode(&g.tokens, true)?, g.tokens.len()));
-            }
-            eprintln!("{}/{} examples generated", k + 1, rows.len());
-        }
-        let gen_secs = start.elapsed().as_secs_f64();
-        let generated: usize = responses.iter().map(|r| r.2).sum();
+        let gen = generate_responses(&self, &qwen, &rows, &device)?;
         let empty = conrub_rubric::RubricSet::from_records("none", vec![])?;
         let judges = match grader.kind() {
-            JudgeKind::Local => grader.build_local::<B>(&device)?,
+            conrub_judge::JudgeKind::Local => grader.build_local::<B>(&device)?,
             _ => grader.build(&empty)?,
         };
-        let request =
-            |k: usize, response: &str, criteria: Vec<String>, mode: ScoringMode| CriterionRequest {
-                question: conrub_rubric::record::messages_text(&rows[k].prompt),
-                response: response.to_string(),
-                criteria,
-                mode,
-            };
-        let points_requests: Vec<CriterionRequest> = responses
-            .iter()
-            .map(|(k, r, _)| {
-                request(
-                    *k,
-                    r,
-                    rows[*k].items.iter().map(|i| i.criterion.clone()).collect(),
-                    ScoringMode::Binary,
-                )
-            })
-            .collect();
-        let three_requests: Vec<CriterionRequest> = if self.skip_three_state {
-            Vec::new()
+        let graded = grade(&self, &judges, &rows, &gen)?;
+        let t = tabulate(&self, &rows, &gen, &graded);
+        write_rubric_report(
+            &self,
+            &qwen.dir,
+            judges.criterion.id(),
+            &gen,
+            &graded,
+            &t,
+            start,
+        )
+    }
+}
+
+/// The policy's responses of a rubric eval: `(example index, text, tokens)` each.
+struct Generated {
+    responses: Vec<(usize, String, usize)>,
+    secs: f64,
+    tokens: usize,
+}
+
+/// `--samples` responses per example (greedy for one), each example's prompt through the chat
+/// template without thinking.
+fn generate_responses<B: GrpoOps>(
+    args: &RubricArgs,
+    qwen: &Qwen3<B>,
+    rows: &[EvalExample],
+    device: &B::Device,
+) -> Result<Generated> {
+    let start = Instant::now();
+    let tok = qwen
+        .tokenizer
+        .as_ref()
+        .with_context(|| format!("{}: no tokenizer.json", qwen.dir.display()))?;
+    let greedy = args.samples <= 1;
+    let cfg = SamplingConfig {
+        max_new_tokens: args.max_new_tokens,
+        decoding: if greedy {
+            Decoding::Greedy
         } else {
-            responses
-                .iter()
-                .map(|(k, r, _)| request(*k, r, rows[*k].criteria.clone(), ScoringMode::ThreeState))
-                .collect()
-        };
-        let grade_start = Instant::now();
-        let rt = crate::commands::judging::runtime()?;
-        let (points_verdicts, three_verdicts) = rt.block_on(async {
-            tokio::join!(
-                judges.criterion.judge_batch(&points_requests),
-                judges.criterion.judge_batch(&three_requests)
-            )
-        });
-        let grade_secs = grade_start.elapsed().as_secs_f64();
-        let from_cache = points_verdicts
-            .iter()
-            .chain(&three_verdicts)
-            .filter(|v| v.cached)
-            .count();
-        let grader_calls: u32 = points_verdicts
-            .iter()
-            .chain(&three_verdicts)
-            .map(|v| v.attempts)
-            .sum();
-        let mut examples = Vec::new();
-        let mut three_rows = Vec::new();
-        let mut out_rows = Vec::new();
-        let mut ungraded = 0usize;
-        for (n, ((k, response, tokens), v)) in responses.iter().zip(&points_verdicts).enumerate() {
-            let row = &rows[*k];
-            let mut out = json!({"id": row.id, "sample": n % self.samples.max(1), "response": response, "response_tokens": tokens});
-            match &v.labels {
-                Some(labels) => {
-                    let items: Vec<GradedItem> = row
-                        .items
-                        .iter()
-                        .zip(labels)
-                        .map(|(i, l)| GradedItem {
-                            points: i.points,
-                            met: *l == Label::Yes,
-                            tags: i.tags.clone(),
-                        })
-                        .collect();
-                    out["graded"] = json!(true);
-                    out["score"] = json!(conrub_eval::example_score(&items));
-                    out["items"] = json!(items);
-                    examples.push((row.example_tags.clone(), items));
-                }
-                None => {
-                    ungraded += 1;
-                    out["graded"] = json!(false);
-                    out["error"] = json!(v.error);
-                }
-            }
-            if let Some(t) = three_verdicts.get(n) {
-                match &t.labels {
-                    Some(labels) => {
-                        out["three_state"] = json!({"labels": labels, "score": conrub_eval::three_state_score(labels)});
-                        three_rows.push((row.example_tags.clone(), labels.clone()));
-                    }
-                    None => out["three_state"] = json!({"error": t.error}),
-                }
-            }
-            out_rows.push(out);
-        }
-        let summary = summarize(&examples, 1000, self.seed);
-        let three =
-            (!self.skip_three_state).then(|| summarize_three_state(&three_rows, 1000, self.seed));
-        let report = json!({
-            "kind": "rubric",
-            "data": self.data.display().to_string(),
-            "model": model_info(&self.model, &qwen.dir),
-            "grader": judges.criterion.id(),
-            "settings": {
-                "samples": self.samples, "decoding": if greedy { "greedy" } else { "sampled" }, "seed": self.seed,
-                "max_new_tokens": self.max_new_tokens, "enable_thinking": false, "bootstrap_resamples": 1000,
+            Decoding::default()
+        },
+        seed: args.seed,
+        stop_ids: qwen.stop_ids(),
+    };
+    let mut responses: Vec<(usize, String, usize)> = Vec::new();
+    for (k, row) in rows.iter().enumerate() {
+        let ids = tok.apply_chat_template(
+            &row.prompt,
+            ChatOptions {
+                add_generation_prompt: true,
+                enable_thinking: Some(false),
             },
-            "summary": summary,
-            "three_state": three,
-            "ungraded": ungraded,
-            "three_state_ungraded": three_requests.len() - three_rows.len(),
-            "timings": {
-                "generation_seconds": gen_secs, "generated_tokens": generated,
-                "tokens_per_second": generated as f64 / gen_secs.max(1e-9), "grading_seconds": grade_secs,
-                "grader_answers_from_cache": from_cache, "grader_calls": grader_calls, "total_seconds": start.elapsed().as_secs_f64(),
-            },
-        });
-        std::fs::create_dir_all(&self.out).with_context(|| self.out.display().to_string())?;
-        write_jsonl_atomic(&self.out.join("examples.jsonl"), &out_rows)?;
-        write_bytes_atomic(
-            &self.out.join("report.json"),
-            serde_json::to_string_pretty(&report)?.as_bytes(),
         )?;
-        let three_line = three
-            .map(|t| format!("; three-state {:.4} +- {:.4}", t.mean, t.bootstrap_std))
-            .unwrap_or_default();
-        println!(
+        let prompts = vec![ids; args.samples.max(1)];
+        for g in qwen.generate(&prompts, &cfg, device)? {
+            responses.push((k, tok.decode(&g.tokens, true)?, g.tokens.len()));
+        }
+        eprintln!("{}/{} examples generated", k + 1, rows.len());
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let tokens: usize = responses.iter().map(|r| r.2).sum();
+    Ok(Generated {
+        responses,
+        secs,
+        tokens,
+    })
+}
+
+/// The grader's verdicts: points-based (binary) per response and, unless skipped, three-state.
+struct Graded {
+    points: Vec<CriterionVerdict>,
+    three: Vec<CriterionVerdict>,
+    secs: f64,
+    from_cache: usize,
+    calls: u32,
+}
+
+/// Grades every response against its example's rubric items, both ways at once.
+fn grade(
+    args: &RubricArgs,
+    judges: &conrub_judge::Judges,
+    rows: &[EvalExample],
+    gen: &Generated,
+) -> Result<Graded> {
+    use conrub_rubric::ScoringMode;
+    let responses = &gen.responses;
+    let request =
+        |k: usize, response: &str, criteria: Vec<String>, mode: ScoringMode| CriterionRequest {
+            question: conrub_rubric::record::messages_text(&rows[k].prompt),
+            response: response.to_string(),
+            criteria,
+            mode,
+        };
+    let points_requests: Vec<CriterionRequest> = responses
+        .iter()
+        .map(|(k, r, _)| {
+            request(
+                *k,
+                r,
+                rows[*k].items.iter().map(|i| i.criterion.clone()).collect(),
+                ScoringMode::Binary,
+            )
+        })
+        .collect();
+    let three_requests: Vec<CriterionRequest> = if args.skip_three_state {
+        Vec::new()
+    } else {
+        responses
+            .iter()
+            .map(|(k, r, _)| request(*k, r, rows[*k].criteria.clone(), ScoringMode::ThreeState))
+            .collect()
+    };
+    let start = Instant::now();
+    let rt = crate::commands::judging::runtime()?;
+    let (points_verdicts, three_verdicts) = rt.block_on(async {
+        tokio::join!(
+            judges.criterion.judge_batch(&points_requests),
+            judges.criterion.judge_batch(&three_requests)
+        )
+    });
+    let secs = start.elapsed().as_secs_f64();
+    let from_cache = points_verdicts
+        .iter()
+        .chain(&three_verdicts)
+        .filter(|v| v.cached)
+        .count();
+    let grader_calls: u32 = points_verdicts
+        .iter()
+        .chain(&three_verdicts)
+        .map(|v| v.attempts)
+        .sum();
+    Ok(Graded {
+        points: points_verdicts,
+        three: three_verdicts,
+        secs,
+        from_cache,
+        calls: grader_calls,
+    })
+}
+
+/// Per-response rows and the inputs of the summaries.
+struct Tabulated {
+    examples: Vec<(Vec<String>, Vec<conrub_eval::GradedItem>)>,
+    three_rows: Vec<(Vec<String>, Vec<conrub_rubric::Label>)>,
+    out_rows: Vec<serde_json::Value>,
+    ungraded: usize,
+}
+
+/// One `examples.jsonl` row per response, with its graded items and three-state labels.
+fn tabulate(
+    args: &RubricArgs,
+    rows: &[EvalExample],
+    gen: &Generated,
+    graded: &Graded,
+) -> Tabulated {
+    use conrub_eval::GradedItem;
+    use conrub_rubric::Label;
+    let mut examples = Vec::new();
+    let mut three_rows = Vec::new();
+    let mut out_rows = Vec::new();
+    let mut ungraded = 0usize;
+    for (n, ((k, response, tokens), v)) in gen.responses.iter().zip(&graded.points).enumerate() {
+        let row = &rows[*k];
+        let mut out = json!({"id": row.id, "sample": n % args.samples.max(1), "response": response, "response_tokens": tokens});
+        match &v.labels {
+            Some(labels) => {
+                let items: Vec<GradedItem> = row
+                    .items
+                    .iter()
+                    .zip(labels)
+                    .map(|(i, l)| GradedItem {
+                        points: i.points,
+                        met: *l == Label::Yes,
+                        tags: i.tags.clone(),
+                    })
+                    .collect();
+                out["graded"] = json!(true);
+                out["score"] = json!(conrub_eval::example_score(&items));
+                out["items"] = json!(items);
+                examples.push((row.example_tags.clone(), items));
+            }
+            None => {
+                ungraded += 1;
+                out["graded"] = json!(false);
+                out["error"] = json!(v.error);
+            }
+        }
+        if let Some(t) = graded.three.get(n) {
+            match &t.labels {
+                Some(labels) => {
+                    out["three_state"] =
+                        json!({"labels": labels, "score": conrub_eval::three_state_score(labels)});
+                    three_rows.push((row.example_tags.clone(), labels.clone()));
+                }
+                None => out["three_state"] = json!({"error": t.error}),
+            }
+        }
+        out_rows.push(out);
+    }
+    Tabulated {
+        examples,
+        three_rows,
+        out_rows,
+        ungraded,
+    }
+}
+
+/// Summaries (with bootstrap errors), `report.json` and `examples.jsonl` under `--out`, and the
+/// one-line result.
+fn write_rubric_report(
+    args: &RubricArgs,
+    model_dir: &std::path::Path,
+    grader_id: String,
+    gen: &Generated,
+    graded: &Graded,
+    t: &Tabulated,
+    start: Instant,
+) -> Result<()> {
+    use conrub_eval::{summarize, summarize_three_state};
+    let greedy = args.samples <= 1;
+    let summary = summarize(&t.examples, 1000, args.seed);
+    let three =
+        (!args.skip_three_state).then(|| summarize_three_state(&t.three_rows, 1000, args.seed));
+    let report = json!({
+        "kind": "rubric",
+        "data": args.data.display().to_string(),
+        "model": model_info(&args.model, model_dir),
+        "grader": grader_id,
+        "settings": {
+            "samples": args.samples, "decoding": if greedy { "greedy" } else { "sampled" }, "seed": args.seed,
+            "max_new_tokens": args.max_new_tokens, "enable_thinking": false, "bootstrap_resamples": 1000,
+        },
+        "summary": summary,
+        "three_state": three,
+        "ungraded": t.ungraded,
+        "three_state_ungraded": graded.three.len() - t.three_rows.len(),
+        "timings": {
+            "generation_seconds": gen.secs, "generated_tokens": gen.tokens,
+            "tokens_per_second": gen.tokens as f64 / gen.secs.max(1e-9), "grading_seconds": graded.secs,
+            "grader_answers_from_cache": graded.from_cache, "grader_calls": graded.calls, "total_seconds": start.elapsed().as_secs_f64(),
+        },
+    });
+    std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
+    write_jsonl_atomic(&args.out.join("examples.jsonl"), &t.out_rows)?;
+    write_bytes_atomic(
+        &args.out.join("report.json"),
+        serde_json::to_string_pretty(&report)?.as_bytes(),
+    )?;
+    let three_line = three
+        .map(|t| format!("; three-state {:.4} +- {:.4}", t.mean, t.bootstrap_std))
+        .unwrap_or_default();
+    println!(
             "rubric score {:.4} +- {:.4} (bootstrap std) on {} graded responses ({} ungraded){}; {} grader answers from cache, {} grader calls; report {}",
             summary.score,
             summary.bootstrap_std,
             summary.examples,
-            ungraded,
+            t.ungraded,
             three_line,
-            from_cache,
-            grader_calls,
-            self.out.join("report.json").display()
+            graded.from_cache,
+            graded.calls,
+            args.out.join("report.json").display()
         );
-        Ok(())
-    }
+    Ok(())
 }
 
 /// Arguments of `eval compare`.
@@ -513,22 +614,7 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
 
 impl BackendTask for McqArgs {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        let format: McqFormat = self
-            .format
-            .parse()
-            .map_err(anyhow::Error::msg)
-            .context("--format")?;
-        let text = std::fs::read_to_string(&self.data)
-            .with_context(|| format!("cannot read {}", self.data.display()))?;
-        let mut items = load_items(format, &text)
-            .map_err(anyhow::Error::msg)
-            .with_context(|| self.data.display().to_string())?;
-        if let Some(n) = self.limit {
-            items.truncate(n);
-        }
-        if items.is_empty() {
-            bail!("{}: no questions", self.data.display());
-        }
+        let items = read_mcq_items(&self)?;
         let qwen = Qwen3::<B>::load(&self.model, &device)?
             .with_execution(crate::backend::inference_execution(self.precision));
         let tok = qwen
@@ -575,17 +661,7 @@ impl BackendTask for McqArgs {
             eprintln!("{}/{} questions", rows.len(), items.len());
         }
         let summary = McqSummary::from_answers(&answers);
-        let mut per_subject: std::collections::BTreeMap<String, Vec<(Option<usize>, usize)>> =
-            Default::default();
-        for (it, a) in items.iter().zip(&answers) {
-            if let Some(s) = &it.subject {
-                per_subject.entry(s.clone()).or_default().push(*a);
-            }
-        }
-        let by_subject: std::collections::BTreeMap<String, McqSummary> = per_subject
-            .into_iter()
-            .map(|(k, v)| (k, McqSummary::from_answers(&v)))
-            .collect();
+        let by_subject = by_subject(&items, &answers);
         let secs = start.elapsed().as_secs_f64();
         let report = json!({
             "kind": "mcq",
@@ -616,6 +692,45 @@ impl BackendTask for McqArgs {
         );
         Ok(())
     }
+}
+
+/// `--data` in `--format`, cut to `--limit`.
+fn read_mcq_items(args: &McqArgs) -> Result<Vec<conrub_eval::McqItem>> {
+    let format: McqFormat = args
+        .format
+        .parse()
+        .map_err(anyhow::Error::msg)
+        .context("--format")?;
+    let text = std::fs::read_to_string(&args.data)
+        .with_context(|| format!("cannot read {}", args.data.display()))?;
+    let mut items = load_items(format, &text)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| args.data.display().to_string())?;
+    if let Some(n) = args.limit {
+        items.truncate(n);
+    }
+    if items.is_empty() {
+        bail!("{}: no questions", args.data.display());
+    }
+    Ok(items)
+}
+
+/// Accuracy per subject of the items that name one; `answers` is `(extracted, gold)` per item.
+fn by_subject(
+    items: &[conrub_eval::McqItem],
+    answers: &[(Option<usize>, usize)],
+) -> std::collections::BTreeMap<String, McqSummary> {
+    let mut per_subject: std::collections::BTreeMap<String, Vec<(Option<usize>, usize)>> =
+        Default::default();
+    for (it, a) in items.iter().zip(answers) {
+        if let Some(s) = &it.subject {
+            per_subject.entry(s.clone()).or_default().push(*a);
+        }
+    }
+    per_subject
+        .into_iter()
+        .map(|(k, v)| (k, McqSummary::from_answers(&v)))
+        .collect()
 }
 
 #[cfg(test)]

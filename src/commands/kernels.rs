@@ -135,362 +135,401 @@ fn sync<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) {
 
 impl BackendTask for KernelsArgs {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        type A<B> = Autodiff<B>;
-        let mut table: Vec<(String, String, String)> = Vec::new();
-        // 1. Parity against the CPU fallback.
+        let mut table = Table::new();
         #[cfg(feature = "flex")]
         {
-            let got = parity_run::<B>(&device, self.parity_tokens);
-            let want = parity_run::<burn::backend::Flex>(&Default::default(), self.parity_tokens);
-            let names = [
-                "log-probabilities",
-                "entropy",
-                "d hidden",
-                "d head",
-                "surrogate loss",
-                "surrogate d logp",
-                "clip low counts",
-                "clip high counts",
-            ];
-            let tol = [1e-5, 1e-4, 1e-4, 1e-4, 1e-5, 1e-5, 0.0, 0.0];
-            let mut ok = true;
-            for ((name, t), (a, b)) in names.iter().zip(tol).zip(got.iter().zip(&want)) {
-                let e = relative_error(a, b);
-                ok &= e <= t;
-                table.push((
-                    format!("parity: {name}"),
-                    format!("{e:.2e}"),
-                    format!("{} (bound {t:.0e})", if e <= t { "ok" } else { "FAIL" }),
-                ));
-            }
-            // Fused causal attention against the textbook graph on the same device.
-            for (dtype, bound) in [
-                (burn::tensor::DType::F32, 1e-4),
-                (burn::tensor::DType::BF16, 3e-2),
-            ] {
-                for (name, e) in attention_parity::<B>(&device, dtype) {
-                    ok &= e <= bound;
-                    table.push((
-                        format!("parity: attention {name} ({dtype:?})"),
-                        format!("{e:.2e}"),
-                        format!(
-                            "{} (bound {bound:.0e})",
-                            if e <= bound { "ok" } else { "FAIL" }
-                        ),
-                    ));
-                }
-            }
+            let checked = parity::<B>(&self, &device, &mut table);
             print_table(&table);
-            ensure!(ok, "kernel parity failed on {}", self.device);
+            checked?;
             table.clear();
         }
-        // 2a. Decode attention over the paged pool: the backend's op (the kernel on CubeCL) vs
-        // the gather fallback, Qwen3-4B heads (32 over 8, head_dim 128), 64 rows of up to 2k keys.
-        {
-            use conrub_kernels::paged_attention::fallback_paged_decode;
-            use conrub_kernels::PagedLayout;
-            let (rows, nh, nkv, d, bs) = (64usize, 32usize, 8usize, 128usize, 16usize);
-            let lens: Vec<usize> = (0..rows).map(|r| 2048 - (r * 29) % 1500).collect();
-            let blocks = 2048 / bs;
-            let slots = rows * blocks * bs;
-            // Row r owns blocks r, r + rows, r + 2 rows, ...: interleaved, as a busy pool is.
-            let block_ids: Vec<i64> = (0..rows)
-                .flat_map(|r| (0..blocks).map(move |j| (j * rows + r) as i64))
-                .collect();
-            for dtype in [burn::tensor::DType::F32, burn::tensor::DType::BF16] {
-                let q = Tensor::<B, 4>::from_data(
-                    TensorData::new(seeded_uniform(rows * nh * d, 31, 1.0), [rows, nh, 1, d]),
-                    &device,
-                )
-                .cast(dtype);
-                let kp = Tensor::<B, 2>::from_data(
-                    TensorData::new(seeded_uniform(slots * nkv * d, 32, 1.0), [slots, nkv * d]),
-                    &device,
-                )
-                .cast(dtype);
-                let vp = Tensor::<B, 2>::from_data(
-                    TensorData::new(seeded_uniform(slots * nkv * d, 33, 1.0), [slots, nkv * d]),
-                    &device,
-                )
-                .cast(dtype);
-                let tables = Tensor::<B, 2, Int>::from_data(
-                    TensorData::new(block_ids.clone(), [rows, blocks]),
-                    &device,
-                );
-                let lt = Tensor::<B, 1, Int>::from_data(
-                    TensorData::new(lens.iter().map(|&l| l as i64).collect::<Vec<_>>(), [rows]),
-                    &device,
-                );
-                let layout = PagedLayout {
-                    block_size: bs,
-                    scale: 1.0 / (d as f64).sqrt(),
-                };
-                let run = |kernel: bool| -> Tensor<B, 4> {
-                    let (q, k, v, t, l) = (
-                        q.clone().into_primitive().tensor(),
-                        kp.clone().into_primitive().tensor(),
-                        vp.clone().into_primitive().tensor(),
-                        tables.clone().into_primitive(),
-                        lt.clone().into_primitive(),
-                    );
-                    let out = if kernel {
-                        B::paged_decode_attention(q, k, v, t, l, layout)
-                    } else {
-                        fallback_paged_decode::<B>(q, k, v, t, l, layout)
-                    };
-                    Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(out))
-                };
-                let e = relative_error(
-                    &host(run(true).cast(burn::tensor::DType::F32)),
-                    &host(run(false).cast(burn::tensor::DType::F32)),
-                );
-                let bound = if dtype == burn::tensor::DType::F32 {
-                    1e-4
-                } else {
-                    3e-2
-                };
-                ensure!(e <= bound, "paged decode attention ({dtype:?}) differs from the gather fallback by {e:.2e} on {}", self.device);
-                let kernel = time(self.iters, || sync(run(true)));
-                let gather = time(self.iters, || sync(run(false)));
-                table.push((
-                    format!("parity: paged decode attention ({dtype:?})"),
-                    format!("{e:.2e}"),
-                    format!("ok (bound {bound:.0e})"),
-                ));
-                table.push((
-                    format!("paged decode attention, {rows} rows x up to 2,048 keys, {dtype:?}"),
-                    format!("{:.3} ms", kernel * 1e3),
-                    format!(
-                        "gather fallback {:.3} ms, op/gather {:.2}x",
-                        gather * 1e3,
-                        kernel / gather
-                    ),
-                ));
-            }
+        paged_decode::<B>(&self, &device, &mut table)?;
+        logprobs_timing::<B>(&self, &device, &mut table);
+        surrogate_timing::<B>(&self, &device, &mut table);
+        if !self.skip_model {
+            model_step_timing::<B>(&self, &device, &mut table);
+            train_step_timing::<B>(&self, &device, &mut table);
+            rollout_timing::<B>(&device, &mut table)?;
         }
-        // 2. token_logprobs, fused vs naive.
-        let (n, hd) = (self.tokens, self.hidden);
-        let h0 = Tensor::<B, 2>::from_data(
-            TensorData::new(seeded_uniform(n * hd, 6, 1.0), [n, hd]),
-            &device,
+        print_table(&table);
+        Ok(())
+    }
+}
+
+/// Rows of the report: what, the figure, a comment (bound, baseline, ratio).
+type Table = Vec<(String, String, String)>;
+
+type A<B> = Autodiff<B>;
+
+/// Parity of the log-prob, loss and attention ops on `B` against the CPU fallback.
+#[cfg(feature = "flex")]
+fn parity<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) -> Result<()> {
+    let got = parity_run::<B>(device, args.parity_tokens);
+    let want = parity_run::<burn::backend::Flex>(&Default::default(), args.parity_tokens);
+    let names = [
+        "log-probabilities",
+        "entropy",
+        "d hidden",
+        "d head",
+        "surrogate loss",
+        "surrogate d logp",
+        "clip low counts",
+        "clip high counts",
+    ];
+    let tol = [1e-5, 1e-4, 1e-4, 1e-4, 1e-5, 1e-5, 0.0, 0.0];
+    let mut ok = true;
+    for ((name, t), (a, b)) in names.iter().zip(tol).zip(got.iter().zip(&want)) {
+        let e = relative_error(a, b);
+        ok &= e <= t;
+        table.push((
+            format!("parity: {name}"),
+            format!("{e:.2e}"),
+            format!("{} (bound {t:.0e})", if e <= t { "ok" } else { "FAIL" }),
+        ));
+    }
+    // Fused causal attention against the textbook graph on the same device.
+    for (dtype, bound) in [
+        (burn::tensor::DType::F32, 1e-4),
+        (burn::tensor::DType::BF16, 3e-2),
+    ] {
+        for (name, e) in attention_parity::<B>(device, dtype) {
+            ok &= e <= bound;
+            table.push((
+                format!("parity: attention {name} ({dtype:?})"),
+                format!("{e:.2e}"),
+                format!(
+                    "{} (bound {bound:.0e})",
+                    if e <= bound { "ok" } else { "FAIL" }
+                ),
+            ));
+        }
+    }
+    ensure!(ok, "kernel parity failed on {}", args.device);
+    Ok(())
+}
+
+/// Decode attention over the paged pool: the backend's op (the kernel on CubeCL) vs
+/// the gather fallback, Qwen3-4B heads (32 over 8, head_dim 128), 64 rows of up to 2k keys.
+fn paged_decode<B: GrpoOps>(
+    args: &KernelsArgs,
+    device: &B::Device,
+    table: &mut Table,
+) -> Result<()> {
+    use conrub_kernels::paged_attention::fallback_paged_decode;
+    use conrub_kernels::PagedLayout;
+    let (rows, nh, nkv, d, bs) = (64usize, 32usize, 8usize, 128usize, 16usize);
+    let lens: Vec<usize> = (0..rows).map(|r| 2048 - (r * 29) % 1500).collect();
+    let blocks = 2048 / bs;
+    let slots = rows * blocks * bs;
+    // Row r owns blocks r, r + rows, r + 2 rows, ...: interleaved, as a busy pool is.
+    let block_ids: Vec<i64> = (0..rows)
+        .flat_map(|r| (0..blocks).map(move |j| (j * rows + r) as i64))
+        .collect();
+    for dtype in [burn::tensor::DType::F32, burn::tensor::DType::BF16] {
+        let q = Tensor::<B, 4>::from_data(
+            TensorData::new(seeded_uniform(rows * nh * d, 31, 1.0), [rows, nh, 1, d]),
+            device,
+        )
+        .cast(dtype);
+        let kp = Tensor::<B, 2>::from_data(
+            TensorData::new(seeded_uniform(slots * nkv * d, 32, 1.0), [slots, nkv * d]),
+            device,
+        )
+        .cast(dtype);
+        let vp = Tensor::<B, 2>::from_data(
+            TensorData::new(seeded_uniform(slots * nkv * d, 33, 1.0), [slots, nkv * d]),
+            device,
+        )
+        .cast(dtype);
+        let tables = Tensor::<B, 2, Int>::from_data(
+            TensorData::new(block_ids.clone(), [rows, blocks]),
+            device,
         );
-        let w0 = Tensor::<B, 2>::from_data(
-            TensorData::new(seeded_uniform(VOCAB * hd, 7, 0.05), [VOCAB, hd]),
-            &device,
+        let lt = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(lens.iter().map(|&l| l as i64).collect::<Vec<_>>(), [rows]),
+            device,
         );
-        let t0 = Tensor::<B, 1, Int>::from_data(
-            TensorData::new(
-                (0..n)
-                    .map(|i| ((i * 31) % VOCAB) as i64)
-                    .collect::<Vec<_>>(),
-                [n],
+        let layout = PagedLayout {
+            block_size: bs,
+            scale: 1.0 / (d as f64).sqrt(),
+        };
+        let run = |kernel: bool| -> Tensor<B, 4> {
+            let (q, k, v, t, l) = (
+                q.clone().into_primitive().tensor(),
+                kp.clone().into_primitive().tensor(),
+                vp.clone().into_primitive().tensor(),
+                tables.clone().into_primitive(),
+                lt.clone().into_primitive(),
+            );
+            let out = if kernel {
+                B::paged_decode_attention(q, k, v, t, l, layout)
+            } else {
+                fallback_paged_decode::<B>(q, k, v, t, l, layout)
+            };
+            Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(out))
+        };
+        let e = relative_error(
+            &host(run(true).cast(burn::tensor::DType::F32)),
+            &host(run(false).cast(burn::tensor::DType::F32)),
+        );
+        let bound = if dtype == burn::tensor::DType::F32 {
+            1e-4
+        } else {
+            3e-2
+        };
+        ensure!(
+            e <= bound,
+            "paged decode attention ({dtype:?}) differs from the gather fallback by {e:.2e} on {}",
+            args.device
+        );
+        let kernel = time(args.iters, || sync(run(true)));
+        let gather = time(args.iters, || sync(run(false)));
+        table.push((
+            format!("parity: paged decode attention ({dtype:?})"),
+            format!("{e:.2e}"),
+            format!("ok (bound {bound:.0e})"),
+        ));
+        table.push((
+            format!("paged decode attention, {rows} rows x up to 2,048 keys, {dtype:?}"),
+            format!("{:.3} ms", kernel * 1e3),
+            format!(
+                "gather fallback {:.3} ms, op/gather {:.2}x",
+                gather * 1e3,
+                kernel / gather
             ),
-            &device,
-        );
-        let logprob_step = |fused: bool| {
-            let h = Tensor::<A<B>, 2>::from_inner(h0.clone()).require_grad();
-            let w = Tensor::<A<B>, 2>::from_inner(w0.clone()).require_grad();
-            let t = Tensor::<A<B>, 1, Int>::from_inner(t0.clone());
-            let lp = if fused {
-                token_logprobs(h.clone(), w.clone(), t, 512).logprobs
-            } else {
-                naive_token_logprobs(h.clone(), w.clone(), t)
-            };
-            let g = lp.sum().backward();
-            sync(w.grad(&g).unwrap());
-            sync(h.grad(&g).unwrap());
+        ));
+    }
+    Ok(())
+}
+
+/// Times `token_logprobs` forward and backward, fused against naive.
+fn logprobs_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
+    let (n, hd) = (args.tokens, args.hidden);
+    let h0 = Tensor::<B, 2>::from_data(
+        TensorData::new(seeded_uniform(n * hd, 6, 1.0), [n, hd]),
+        device,
+    );
+    let w0 = Tensor::<B, 2>::from_data(
+        TensorData::new(seeded_uniform(VOCAB * hd, 7, 0.05), [VOCAB, hd]),
+        device,
+    );
+    let t0 = Tensor::<B, 1, Int>::from_data(
+        TensorData::new(
+            (0..n)
+                .map(|i| ((i * 31) % VOCAB) as i64)
+                .collect::<Vec<_>>(),
+            [n],
+        ),
+        device,
+    );
+    let logprob_step = |fused: bool| {
+        let h = Tensor::<A<B>, 2>::from_inner(h0.clone()).require_grad();
+        let w = Tensor::<A<B>, 2>::from_inner(w0.clone()).require_grad();
+        let t = Tensor::<A<B>, 1, Int>::from_inner(t0.clone());
+        let lp = if fused {
+            token_logprobs(h.clone(), w.clone(), t, 512).logprobs
+        } else {
+            naive_token_logprobs(h.clone(), w.clone(), t)
         };
-        let fused = time(self.iters, || logprob_step(true));
-        let naive = time(self.iters, || logprob_step(false));
-        let shape = format!("{n} x {VOCAB} x {hd}");
-        table.push((
-            format!("token_logprobs fwd+bwd, fused ({shape})"),
-            format!("{:.2} ms", fused * 1e3),
-            String::new(),
-        ));
-        table.push((
-            format!("token_logprobs fwd+bwd, naive ({shape})"),
-            format!("{:.2} ms", naive * 1e3),
-            format!("fused/naive {:.2}x", fused / naive),
-        ));
-        // 3. clipped surrogate, fused vs naive: 64 responses x 8,192 tokens.
-        let (rows, len) = (64, 8192);
-        let lp0 = Tensor::<B, 2>::from_data(
-            TensorData::new(seeded_uniform(rows * len, 8, 1.0), [rows, len]),
-            &device,
+        let g = lp.sum().backward();
+        sync(w.grad(&g).unwrap());
+        sync(h.grad(&g).unwrap());
+    };
+    let fused = time(args.iters, || logprob_step(true));
+    let naive = time(args.iters, || logprob_step(false));
+    let shape = format!("{n} x {VOCAB} x {hd}");
+    table.push((
+        format!("token_logprobs fwd+bwd, fused ({shape})"),
+        format!("{:.2} ms", fused * 1e3),
+        String::new(),
+    ));
+    table.push((
+        format!("token_logprobs fwd+bwd, naive ({shape})"),
+        format!("{:.2} ms", naive * 1e3),
+        format!("fused/naive {:.2}x", fused / naive),
+    ));
+}
+
+/// Times `clipped_surrogate` forward and backward, fused against naive: 64 responses x 8,192
+/// tokens.
+fn surrogate_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
+    let (rows, len) = (64, 8192);
+    let lp0 = Tensor::<B, 2>::from_data(
+        TensorData::new(seeded_uniform(rows * len, 8, 1.0), [rows, len]),
+        device,
+    );
+    let old0 = lp0.clone()
+        - Tensor::from_data(
+            TensorData::new(seeded_uniform(rows * len, 9, 0.3), [rows, len]),
+            device,
         );
-        let old0 = lp0.clone()
-            - Tensor::from_data(
-                TensorData::new(seeded_uniform(rows * len, 9, 0.3), [rows, len]),
-                &device,
-            );
-        let adv0 = Tensor::<B, 1>::from_data(
-            TensorData::new(seeded_uniform(rows, 10, 1.0), [rows]),
-            &device,
+    let adv0 = Tensor::<B, 1>::from_data(
+        TensorData::new(seeded_uniform(rows, 10, 1.0), [rows]),
+        device,
+    );
+    let mask0 = Tensor::<B, 2>::ones([rows, len], device);
+    let surrogate_step = |fused: bool| {
+        let lp = Tensor::<A<B>, 2>::from_inner(lp0.clone()).require_grad();
+        let (old, adv, mask) = (
+            Tensor::from_inner(old0.clone()),
+            Tensor::from_inner(adv0.clone()),
+            Tensor::from_inner(mask0.clone()),
         );
-        let mask0 = Tensor::<B, 2>::ones([rows, len], &device);
-        let surrogate_step = |fused: bool| {
-            let lp = Tensor::<A<B>, 2>::from_inner(lp0.clone()).require_grad();
-            let (old, adv, mask) = (
-                Tensor::from_inner(old0.clone()),
-                Tensor::from_inner(adv0.clone()),
-                Tensor::from_inner(mask0.clone()),
-            );
-            let clip = Clip {
-                low: 0.2,
-                high: 0.28,
-            };
-            let loss = if fused {
-                clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::MeanPerResponse)
-                    .per_response
-            } else {
-                naive_clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::MeanPerResponse)
-            };
-            sync(lp.grad(&loss.mean().backward()).unwrap());
+        let clip = Clip {
+            low: 0.2,
+            high: 0.28,
         };
-        let fused = time(self.iters, || surrogate_step(true));
-        let naive = time(self.iters, || surrogate_step(false));
-        table.push((
-            format!("clipped_surrogate fwd+bwd, fused ({rows} x {len})"),
-            format!("{:.3} ms", fused * 1e3),
-            String::new(),
-        ));
-        table.push((
-            format!("clipped_surrogate fwd+bwd, naive ({rows} x {len})"),
-            format!("{:.3} ms", naive * 1e3),
-            format!("fused/naive {:.2}x", fused / naive),
-        ));
-        drop((h0, w0, t0, lp0, old0, adv0, mask0));
-        // 4. A Qwen3-0.6B-shaped step: 4 sequences of 1,024 tokens, log-probs of the last 768.
-        if !self.skip_model {
-            let cfg = Qwen3Config::qwen3_0_6b();
-            let model = Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, &device);
-            let (b, seq, resp) = (4usize, 1024usize, 768usize);
-            let seqs: Vec<Vec<u32>> = (0..b)
-                .map(|r| {
-                    (0..seq)
-                        .map(|i| ((i * 7 + r * 13) % 150_000) as u32)
-                        .collect()
-                })
+        let loss = if fused {
+            clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::MeanPerResponse)
+                .per_response
+        } else {
+            naive_clipped_surrogate(lp.clone(), old, adv, mask, clip, Reduce::MeanPerResponse)
+        };
+        sync(lp.grad(&loss.mean().backward()).unwrap());
+    };
+    let fused = time(args.iters, || surrogate_step(true));
+    let naive = time(args.iters, || surrogate_step(false));
+    table.push((
+        format!("clipped_surrogate fwd+bwd, fused ({rows} x {len})"),
+        format!("{:.3} ms", fused * 1e3),
+        String::new(),
+    ));
+    table.push((
+        format!("clipped_surrogate fwd+bwd, naive ({rows} x {len})"),
+        format!("{:.3} ms", naive * 1e3),
+        format!("fused/naive {:.2}x", fused / naive),
+    ));
+}
+
+/// A Qwen3-0.6B-shaped step: 4 sequences of 1,024 tokens, log-probs of the last 768.
+fn model_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
+    let cfg = Qwen3Config::qwen3_0_6b();
+    let model = Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, device);
+    let (b, seq, resp) = (4usize, 1024usize, 768usize);
+    let seqs: Vec<Vec<u32>> = (0..b)
+        .map(|r| {
+            (0..seq)
+                .map(|i| ((i * 7 + r * 13) % 150_000) as u32)
+                .collect()
+        })
+        .collect();
+    let prompts: Vec<Vec<u32>> = seqs.iter().map(|s| s[..seq - resp].to_vec()).collect();
+    let responses: Vec<Vec<u32>> = seqs.iter().map(|s| s[seq - resp..].to_vec()).collect();
+    let tf = conrub_grpo::TokenBatch::<A<B>>::new(
+        prompts
+            .iter()
+            .map(Vec::as_slice)
+            .zip(responses.iter().map(Vec::as_slice)),
+        device,
+    );
+    let model_step = |fused: bool| {
+        use conrub_grpo::Policy;
+        let lp = if fused {
+            model.response_logprobs(&tf).logprobs
+        } else {
+            let padded = conrub_qwen3::PaddedBatch::new(&seqs, 0, conrub_qwen3::Padding::Right);
+            let logits = model.forward(&padded.to_device(device));
+            let [bb, s, _] = logits.dims();
+            let targets: Vec<i64> = seqs
+                .iter()
+                .flat_map(|x| x[1..].iter().map(|&t| t as i64).chain([0]))
                 .collect();
-            let prompts: Vec<Vec<u32>> = seqs.iter().map(|s| s[..seq - resp].to_vec()).collect();
-            let responses: Vec<Vec<u32>> = seqs.iter().map(|s| s[seq - resp..].to_vec()).collect();
-            let tf = conrub_grpo::TokenBatch::<A<B>>::new(
-                prompts
-                    .iter()
-                    .map(Vec::as_slice)
-                    .zip(responses.iter().map(Vec::as_slice)),
-                &device,
-            );
-            let model_step = |fused: bool| {
-                use conrub_grpo::Policy;
-                let lp = if fused {
-                    model.response_logprobs(&tf).logprobs
-                } else {
-                    let padded =
-                        conrub_qwen3::PaddedBatch::new(&seqs, 0, conrub_qwen3::Padding::Right);
-                    let logits = model.forward(&padded.to_device(&device), None);
-                    let [bb, s, _] = logits.dims();
-                    let targets: Vec<i64> = seqs
-                        .iter()
-                        .flat_map(|x| x[1..].iter().map(|&t| t as i64).chain([0]))
-                        .collect();
-                    let targets = Tensor::<A<B>, 3, Int>::from_data(
-                        TensorData::new(targets, [bb, s, 1]),
-                        &device,
-                    );
-                    log_softmax(logits, 2).gather(2, targets).reshape([bb, s])
-                };
-                let grads = lp.sum().backward();
-                sync(model.head_weight().grad(&grads).unwrap());
-            };
-            let fused = time(self.iters, || model_step(true));
-            let naive = time(self.iters, || model_step(false));
-            table.push((
-                format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, fused head"),
-                format!("{:.1} ms", fused * 1e3),
-                String::new(),
-            ));
-            table.push((
-                format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, full logits"),
-                format!("{:.1} ms", naive * 1e3),
-                format!("fused/naive {:.2}x", fused / naive),
-            ));
-        }
-        // 5. One learner micro-batch of the published recipe at Qwen3-0.6B shape: 8,192 tokens,
-        // bf16-mixed, fused attention, per-layer activation checkpointing, AdamW.
-        if !self.skip_model {
-            use conrub_grpo::{Policy, Update, UpdateConfig};
-            let cfg = Qwen3Config::qwen3_0_6b();
-            let exec = conrub_qwen3::Execution {
-                precision: conrub_qwen3::Precision::Bf16Mixed,
-                attention: conrub_qwen3::AttentionImpl::Fused,
-                activation_checkpointing: true,
-            };
-            let mut model = Some(
-                Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, &device).with_execution(exec),
-            );
-            let (prompt, resp) = (1024usize, 7168usize);
-            let p: Vec<u32> = (0..prompt).map(|i| ((i * 7) % 150_000) as u32).collect();
-            let r: Vec<u32> = (0..resp).map(|i| ((i * 13 + 5) % 150_000) as u32).collect();
-            let tf = conrub_grpo::TokenBatch::<A<B>>::new(
-                std::iter::once((p.as_slice(), r.as_slice())),
-                &device,
-            );
-            let w = Tensor::<A<B>, 2>::full([1, resp], -1.0 / resp as f32, &device);
-            let mut update = Update::<A<B>, Qwen3ForCausalLM<A<B>>>::new(UpdateConfig {
-                lr: 3e-6,
-                weight_decay: 0.1,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                max_grad_norm: 1.0,
-            });
-            let secs = time(self.iters, || {
-                let m = model.take().expect("model");
-                let grads = m.loss_gradients(&tf, &mut |lp| (lp.logprobs * w.clone()).sum());
-                let (next, norm) = update.apply(m, grads);
-                let _ = norm.into_scalar();
-                model = Some(next);
-            });
-            table.push((
-                format!("Qwen3-0.6B train step, 1 x {} tokens, bf16-mixed + fused attention + checkpointing", prompt + resp),
-                format!("{:.1} ms", secs * 1e3),
-                format!("{:.0} tokens/s", (prompt + resp) as f64 / secs),
-            ));
-        }
-        // 6. A rollout of the published shape at Qwen3-0.6B: 8 prompts x 8 responses x 1,024 new
-        // tokens (no stop token), bf16-mixed, the rollout engine with its default pool.
-        if !self.skip_model {
-            let cfg = Qwen3Config::qwen3_0_6b();
-            let exec = conrub_qwen3::Execution {
-                precision: conrub_qwen3::Precision::Bf16Mixed,
-                ..Default::default()
-            };
-            let model = Qwen3ForCausalLM::<B>::random(&cfg, 0.02, 13, &device).with_execution(exec);
-            let prompts: Vec<Vec<u32>> = (0..64)
-                .map(|r| {
-                    (0..256)
-                        .map(|i| (((r / 8) * 7919 + i * 13) % 150_000) as u32)
-                        .collect()
-                })
-                .collect();
-            let sampling = conrub_rollout::SamplingConfig {
-                max_new_tokens: 1024,
-                seed: 3,
-                ..Default::default()
-            };
-            let start = std::time::Instant::now();
-            let out = conrub_rollout::rollout(
-                &model,
-                &prompts,
-                &sampling,
-                &conrub_rollout::EngineConfig::default(),
-                &device,
-            )?;
-            let secs = start.elapsed().as_secs_f64();
-            let s = &out.stats;
-            table.push((
+            let targets =
+                Tensor::<A<B>, 3, Int>::from_data(TensorData::new(targets, [bb, s, 1]), device);
+            log_softmax(logits, 2).gather(2, targets).reshape([bb, s])
+        };
+        let grads = lp.sum().backward();
+        sync(model.head_weight().grad(&grads).unwrap());
+    };
+    let fused = time(args.iters, || model_step(true));
+    let naive = time(args.iters, || model_step(false));
+    table.push((
+        format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, fused head"),
+        format!("{:.1} ms", fused * 1e3),
+        String::new(),
+    ));
+    table.push((
+        format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, full logits"),
+        format!("{:.1} ms", naive * 1e3),
+        format!("fused/naive {:.2}x", fused / naive),
+    ));
+}
+
+/// One learner micro-batch of the published recipe at Qwen3-0.6B shape: 8,192 tokens,
+/// bf16-mixed, fused attention, per-layer activation checkpointing, AdamW.
+fn train_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
+    use conrub_grpo::{Policy, Update, UpdateConfig};
+    let cfg = Qwen3Config::qwen3_0_6b();
+    let exec = conrub_qwen3::Execution {
+        precision: conrub_qwen3::Precision::Bf16Mixed,
+        attention: conrub_qwen3::AttentionImpl::Fused,
+        activation_checkpointing: true,
+    };
+    let mut model =
+        Some(Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, device).with_execution(exec));
+    let (prompt, resp) = (1024usize, 7168usize);
+    let p: Vec<u32> = (0..prompt).map(|i| ((i * 7) % 150_000) as u32).collect();
+    let r: Vec<u32> = (0..resp).map(|i| ((i * 13 + 5) % 150_000) as u32).collect();
+    let tf =
+        conrub_grpo::TokenBatch::<A<B>>::new(std::iter::once((p.as_slice(), r.as_slice())), device);
+    let w = Tensor::<A<B>, 2>::full([1, resp], -1.0 / resp as f32, device);
+    let mut update = Update::<A<B>, Qwen3ForCausalLM<A<B>>>::new(UpdateConfig {
+        lr: 3e-6,
+        weight_decay: 0.1,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        max_grad_norm: 1.0,
+    });
+    let secs = time(args.iters, || {
+        let m = model.take().expect("model");
+        let grads = m.loss_gradients(&tf, &mut |lp| (lp.logprobs * w.clone()).sum());
+        let (next, norm) = update.apply(m, grads);
+        let _ = norm.into_scalar();
+        model = Some(next);
+    });
+    table.push((
+        format!(
+            "Qwen3-0.6B train step, 1 x {} tokens, bf16-mixed + fused attention + checkpointing",
+            prompt + resp
+        ),
+        format!("{:.1} ms", secs * 1e3),
+        format!("{:.0} tokens/s", (prompt + resp) as f64 / secs),
+    ));
+}
+
+/// A rollout of the published shape at Qwen3-0.6B: 8 prompts x 8 responses x 1,024 new
+/// tokens (no stop token), bf16-mixed, the rollout engine with its default pool.
+fn rollout_timing<B: GrpoOps>(device: &B::Device, table: &mut Table) -> Result<()> {
+    let cfg = Qwen3Config::qwen3_0_6b();
+    let exec = conrub_qwen3::Execution {
+        precision: conrub_qwen3::Precision::Bf16Mixed,
+        ..Default::default()
+    };
+    let model = Qwen3ForCausalLM::<B>::random(&cfg, 0.02, 13, device).with_execution(exec);
+    let prompts: Vec<Vec<u32>> = (0..64)
+        .map(|r| {
+            (0..256)
+                .map(|i| (((r / 8) * 7919 + i * 13) % 150_000) as u32)
+                .collect()
+        })
+        .collect();
+    let sampling = conrub_rollout::SamplingConfig {
+        max_new_tokens: 1024,
+        seed: 3,
+        ..Default::default()
+    };
+    let start = std::time::Instant::now();
+    let out = conrub_rollout::rollout(
+        &model,
+        &prompts,
+        &sampling,
+        &conrub_rollout::EngineConfig::default(),
+        device,
+    )?;
+    let secs = start.elapsed().as_secs_f64();
+    let s = &out.stats;
+    table.push((
                 "Qwen3-0.6B rollout, 8 prompts x 8 x 1,024 new tokens, bf16-mixed, paged engine".to_string(),
                 format!("{:.1} s", secs),
                 format!(
@@ -503,10 +542,7 @@ impl BackendTask for KernelsArgs {
                     s.preemptions
                 ),
             ));
-        }
-        print_table(&table);
-        Ok(())
-    }
+    Ok(())
 }
 
 /// Relative errors of fused attention against the naive graph on `B` (out, dq, dk, dv) for a

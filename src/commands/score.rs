@@ -4,10 +4,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use conrub_judge::{score_jobs, CriterionRequest, ScoreJob, ScoredJob};
+use conrub_judge::{score_jobs, CriterionRequest, Judges, ScoreJob, ScoredJob, ScoringSummary};
 use conrub_qwen3::Qwen3Tokenizer;
 use conrub_rubric::io::parse_line;
-use conrub_rubric::{read_rubrics, write_jsonl_atomic, LengthPenalty, ResponseScore, ScoringMode};
+use conrub_rubric::{
+    read_rubrics, write_jsonl_atomic, LengthPenalty, ResponseScore, RubricSet, ScoringMode,
+};
 use serde::{Deserialize, Serialize};
 
 use super::judging::{load_config, runtime, with_judges};
@@ -77,9 +79,58 @@ struct ScoreRow<'a> {
     raw_outputs: &'a [String],
 }
 
-/// Runs `conrub score`.
+/// Runs `conrub score`: reads the jobs, judges them, writes the rows, reports.
 pub fn run(a: ScoreArgs) -> Result<()> {
     let mode: ScoringMode = a.mode.parse()?;
+    let penalty = length_penalty(&a)?;
+    let rubrics = read_rubrics(&a.rubrics)?;
+    let jobs = read_jobs(&a, &rubrics, mode)?;
+    let cfg = load_config(&a.judge)?;
+    let rt = runtime()?;
+    with_judges(&cfg, &rubrics, a.device.as_deref(), |judges| {
+        let bar = indicatif::ProgressBar::new(jobs.jobs.len() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "judging {bar:30} {pos}/{len} responses, {per_sec}, ETA {eta}",
+            )
+            .expect("valid template"),
+        );
+        let progress = {
+            let bar = bar.clone();
+            move |done: usize| bar.set_position(done as u64)
+        };
+        let (results, summary) = rt.block_on(score_jobs(
+            judges.criterion.as_ref(),
+            &jobs.jobs,
+            &penalty,
+            cfg_batch(&cfg),
+            4 * cfg.concurrency().max(1),
+            &progress,
+        ));
+        bar.finish_and_clear();
+        write_rows(&a, &jobs, &results)?;
+        eprintln!(
+            "scored {}/{} responses ({} unscored), mean reward {:.4} ({} mode), {} from cache, {} judge retries, mean judge latency {:.1} ms, {:.2} s ({:.1} responses/s) with judge {}",
+            summary.scored,
+            summary.responses,
+            summary.unscored,
+            summary.reward_mean,
+            mode.as_str(),
+            summary.cached,
+            summary.retries,
+            summary.latency_ms_mean,
+            summary.wall_secs,
+            summary.responses as f64 / summary.wall_secs.max(1e-9),
+            judges.criterion.id()
+        );
+        report_inputs(&a, &jobs, &penalty);
+        report_judges(&judges);
+        report_unscored(&a, &jobs, &results, &summary)
+    })
+}
+
+/// The overlength penalty the arguments ask for.
+fn length_penalty(a: &ScoreArgs) -> Result<LengthPenalty> {
     let penalty = if a.no_length_penalty {
         LengthPenalty::disabled()
     } else {
@@ -90,14 +141,27 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         }
     };
     penalty.validate()?;
-    let rubrics = read_rubrics(&a.rubrics)?;
+    Ok(penalty)
+}
+
+/// The responses file as judge jobs, each with where it came from.
+struct Jobs {
+    jobs: Vec<ScoreJob>,
+    /// `(prompt_id, line, index in the line's group)` per job.
+    meta: Vec<(String, usize, usize)>,
+    /// Jobs whose token count came from `--tokenizer`.
+    counted: usize,
+}
+
+/// Reads `--responses` against the rubrics: one job per response, its token count from the row
+/// or from `--tokenizer`.
+fn read_jobs(a: &ScoreArgs, rubrics: &RubricSet, mode: ScoringMode) -> Result<Jobs> {
     let tokenizer = a
         .tokenizer
         .as_ref()
         .map(|d| Qwen3Tokenizer::from_dir(d))
         .transpose()
         .context("--tokenizer")?;
-
     let text = std::fs::read_to_string(&a.responses)
         .with_context(|| format!("cannot read {}", a.responses.display()))?;
     let mut jobs = Vec::new();
@@ -155,110 +219,105 @@ pub fn run(a: ScoreArgs) -> Result<()> {
     if jobs.is_empty() {
         bail!("{}: no responses", a.responses.display());
     }
-    let without_length = jobs.iter().filter(|j| j.response_tokens.is_none()).count();
+    Ok(Jobs {
+        jobs,
+        meta,
+        counted,
+    })
+}
 
-    let cfg = load_config(&a.judge)?;
-    let rt = runtime()?;
-    with_judges(&cfg, &rubrics, a.device.as_deref(), |judges| {
-        let bar = indicatif::ProgressBar::new(jobs.len() as u64);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "judging {bar:30} {pos}/{len} responses, {per_sec}, ETA {eta}",
-            )
-            .expect("valid template"),
-        );
-        let batch = cfg_batch(&cfg);
-        let progress = {
-            let bar = bar.clone();
-            move |done: usize| bar.set_position(done as u64)
-        };
-        let (results, summary) = rt.block_on(score_jobs(
-            judges.criterion.as_ref(),
-            &jobs,
-            &penalty,
-            batch,
-            4 * cfg.concurrency().max(1),
-            &progress,
-        ));
-        bar.finish_and_clear();
-        let rows: Vec<ScoreRow> = results
-            .iter()
-            .zip(&meta)
-            .zip(&jobs)
-            .map(
-                |((r, (pid, line, k)), job): ((&ScoredJob, _), &ScoreJob)| ScoreRow {
-                    prompt_id: pid,
-                    line: *line,
-                    index: *k,
-                    score: &r.score,
-                    response_tokens: job.response_tokens,
-                    attempts: r.verdict.attempts,
-                    cached: r.verdict.cached,
-                    judge_latency_ms: r.verdict.latency_ms,
-                    margins: &r.verdict.margins,
-                    raw_outputs: &r.verdict.raw_outputs,
-                },
-            )
-            .collect();
-        match &a.out {
-            Some(path) => write_jsonl_atomic(path, &rows)
-                .with_context(|| format!("writing {}", path.display()))?,
-            None => super::print_lines(
-                rows.iter()
-                    .map(|r| serde_json::to_string(r).expect("rows serialise")),
-            )?,
-        }
+/// Writes one row per job to `--out` (atomically) or standard output.
+fn write_rows(a: &ScoreArgs, jobs: &Jobs, results: &[ScoredJob]) -> Result<()> {
+    let rows: Vec<ScoreRow> = results
+        .iter()
+        .zip(&jobs.meta)
+        .zip(&jobs.jobs)
+        .map(
+            |((r, (pid, line, k)), job): ((&ScoredJob, _), &ScoreJob)| ScoreRow {
+                prompt_id: pid,
+                line: *line,
+                index: *k,
+                score: &r.score,
+                response_tokens: job.response_tokens,
+                attempts: r.verdict.attempts,
+                cached: r.verdict.cached,
+                judge_latency_ms: r.verdict.latency_ms,
+                margins: &r.verdict.margins,
+                raw_outputs: &r.verdict.raw_outputs,
+            },
+        )
+        .collect();
+    match &a.out {
+        Some(path) => write_jsonl_atomic(path, &rows)
+            .with_context(|| format!("writing {}", path.display()))?,
+        None => super::print_lines(
+            rows.iter()
+                .map(|r| serde_json::to_string(r).expect("rows serialise")),
+        )?,
+    }
+    Ok(())
+}
+
+/// Where the token counts came from, or that some responses had none.
+fn report_inputs(a: &ScoreArgs, jobs: &Jobs, penalty: &LengthPenalty) {
+    let without_length = jobs
+        .jobs
+        .iter()
+        .filter(|j| j.response_tokens.is_none())
+        .count();
+    if without_length > 0 && penalty.enabled {
         eprintln!(
-            "scored {}/{} responses ({} unscored), mean reward {:.4} ({} mode), {} from cache, {} judge retries, mean judge latency {:.1} ms, {:.2} s ({:.1} responses/s) with judge {}",
-            summary.scored,
-            summary.responses,
-            summary.unscored,
-            summary.reward_mean,
-            mode.as_str(),
-            summary.cached,
-            summary.retries,
-            summary.latency_ms_mean,
-            summary.wall_secs,
-            summary.responses as f64 / summary.wall_secs.max(1e-9),
-            judges.criterion.id()
+            "note: {without_length} responses have no token count (no `response_tokens`, no --tokenizer): no overlength penalty for them"
         );
-        if without_length > 0 && penalty.enabled {
-            eprintln!(
-                "note: {without_length} responses have no token count (no `response_tokens`, no --tokenizer): no overlength penalty for them"
-            );
-        } else if counted > 0 {
-            eprintln!(
-                "token counts from {}",
-                a.tokenizer
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default()
-            );
-        }
-        if let Some(c) = &judges.client {
-            let s = c.stats();
-            eprintln!(
+    } else if jobs.counted > 0 {
+        eprintln!(
+            "token counts from {}",
+            a.tokenizer
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
+    }
+}
+
+/// The HTTP client's and the cache's counters, where the judge has them.
+fn report_judges(judges: &Judges) {
+    if let Some(c) = &judges.client {
+        let s = c.stats();
+        eprintln!(
                 "http: {} requests, {} retries ({} transport errors, {} 408/429/5xx, {} unparseable), {} failed calls",
                 s.requests, s.retries, s.transport_errors, s.retryable_status, s.parse_errors, s.failures
             );
-        }
-        if let Some(c) = &judges.cache {
-            let s = c.stats();
-            eprintln!(
-                "cache {}: {} hits, {} misses, {} writes, {} database errors",
-                c.path().display(),
-                s.hits,
-                s.misses,
-                s.writes,
-                s.errors
-            );
-        }
-        // Always say how many responses ended unscored, and why the first one did.
-        let first_unscored = results.iter().zip(&meta).find_map(|(r, m)| match &r.score {
+    }
+    if let Some(c) = &judges.cache {
+        let s = c.stats();
+        eprintln!(
+            "cache {}: {} hits, {} misses, {} writes, {} database errors",
+            c.path().display(),
+            s.hits,
+            s.misses,
+            s.writes,
+            s.errors
+        );
+    }
+}
+
+/// How many responses ended unscored, and why the first one did (always said); an error when
+/// none could be scored.
+fn report_unscored(
+    a: &ScoreArgs,
+    jobs: &Jobs,
+    results: &[ScoredJob],
+    summary: &ScoringSummary,
+) -> Result<()> {
+    let first_unscored = results
+        .iter()
+        .zip(&jobs.meta)
+        .find_map(|(r, m)| match &r.score {
             ResponseScore::Unscored(u) => Some((m, u)),
             ResponseScore::Scored(_) => None,
         });
-        match first_unscored {
+    match first_unscored {
             Some(((pid, line, k), u)) => eprintln!(
                 "unscored: {} of {} responses (no valid judge output within the retry budget); first: {}:{line} (prompt_id `{pid}`, response {k}) after {} attempts: {}",
                 summary.unscored,
@@ -269,16 +328,18 @@ pub fn run(a: ScoreArgs) -> Result<()> {
             ),
             None => eprintln!("unscored: 0 of {} responses", summary.responses),
         }
-        if summary.scored == 0 {
-            bail!(
-                "no response could be scored ({} of {} unscored); the unscored rows were written to {}",
-                summary.unscored,
-                summary.responses,
-                a.out.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "standard output".into())
-            );
-        }
-        Ok(())
-    })
+    if summary.scored == 0 {
+        bail!(
+            "no response could be scored ({} of {} unscored); the unscored rows were written to {}",
+            summary.unscored,
+            summary.responses,
+            a.out
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "standard output".into())
+        );
+    }
+    Ok(())
 }
 
 /// Responses per in-process judging chunk (a few device batches, so progress moves); `None` for

@@ -1,6 +1,6 @@
 //! conrub (burn, on each CPU backend compiled in) vs candle-transformers' Qwen3 (CPU, f32) on the
 //! same random Qwen3-0.6B-shaped safetensors: single-sequence prefill and KV-cache decode at batch
-//! 1 and 8 (conrub's dense cache, conrub's rollout engine, candle), measured in the same run.
+//! 1 and 8 (conrub's rollout engine against candle's KV cache), measured in the same run.
 //! Also checks that both produce the same last-position logits.
 //!
 //! `cargo bench -p conrub-bench-peers` (flex, the default CPU backend); add `--features ndarray` to
@@ -12,9 +12,8 @@ use burn::tensor::DType;
 use candle_core::{Device as CandleDevice, Tensor as CandleTensor};
 use conrub_bench_peers::{load_candle, write_checkpoint};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{
-    rollout, EngineConfig, ForwardBatch, KvCache, Qwen3, Qwen3ForCausalLM, SamplingConfig,
-};
+use conrub_qwen3::{ForwardBatch, Qwen3, Qwen3ForCausalLM};
+use conrub_rollout::{rollout, EngineConfig, SamplingConfig};
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 
@@ -53,7 +52,7 @@ fn run<B: GrpoOps>(c: &mut Criterion, name: &str) {
     let prompt = ids(1, 32, 3);
     let batch = ForwardBatch::<B>::contiguous(&prompt, 0, &device);
     let ours_logits: Vec<f32> = ours
-        .forward(&batch, None)
+        .forward(&batch)
         .slice([0..1, 31..32, 0..cfg.vocab_size])
         .cast(DType::F32)
         .into_data()
@@ -87,8 +86,7 @@ fn run<B: GrpoOps>(c: &mut Criterion, name: &str) {
     group.bench_function(format!("conrub prefill 1x{PREFILL_LEN}"), |b| {
         b.iter(|| {
             let batch = ForwardBatch::<B>::contiguous(&prompt, 0, &device);
-            let mut cache = KvCache::new(ours.num_layers());
-            ours.forward_last(&batch, Some(&mut cache)).into_data()
+            ours.forward_last(&batch).into_data()
         })
     });
     let input = candle_ids(&prompt);
@@ -106,8 +104,7 @@ fn run<B: GrpoOps>(c: &mut Criterion, name: &str) {
 }
 
 /// Batched decode, `DECODE_STEPS` tokens per row after a `DECODE_PROMPT`-token prompt (prefill
-/// not timed), three ways: conrub's dense KV cache (`forward` per step, logits to the host), the
-/// rollout engine (paged pool, decode attention over block tables, greedy sampling on the device;
+/// not timed), two ways: conrub's rollout engine (paged pool, decode attention over block tables, greedy sampling on the device;
 /// its decode time is a run of `DECODE_STEPS + 1` tokens minus a run of 1, both prefilling the
 /// same prompts), and candle's KV cache (logits to the host).
 fn decode_benches<B: GrpoOps>(
@@ -119,36 +116,10 @@ fn decode_benches<B: GrpoOps>(
 ) {
     group.throughput(Throughput::Elements((n * DECODE_STEPS) as u64));
     let prompt = ids(n, DECODE_PROMPT, 2);
-    group.bench_function(format!("conrub decode {n}x{DECODE_STEPS}"), |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let mut cache = KvCache::new(ours.num_layers());
-                ours.forward(
-                    &ForwardBatch::<B>::contiguous(&prompt, 0, device),
-                    Some(&mut cache),
-                )
-                .into_data();
-                let start = Instant::now();
-                for step in 0..DECODE_STEPS {
-                    let batch = ForwardBatch::<B>::contiguous(
-                        &ids(n, 1, step as u32),
-                        DECODE_PROMPT + step,
-                        device,
-                    );
-                    let _ = ours.forward(&batch, Some(&mut cache)).into_data();
-                }
-                total += start.elapsed();
-            }
-            total
-        })
-    });
     let engine = EngineConfig::default();
     let greedy = |tokens: usize| SamplingConfig {
-        greedy: true,
-        max_new_tokens: tokens,
         stop_ids: vec![],
-        ..Default::default()
+        ..SamplingConfig::greedy(tokens)
     };
     let (short, long) = (greedy(1), greedy(DECODE_STEPS + 1));
     group.bench_function(format!("conrub engine decode {n}x{DECODE_STEPS}"), |b| {

@@ -24,6 +24,9 @@ pub enum ConstructError {
     /// The prompt input is malformed.
     #[error(transparent)]
     Rubric(#[from] conrub_rubric::RubricError),
+    /// An artifact file could not be written.
+    #[error(transparent)]
+    Write(#[from] conrub_rubric::io::FileError),
     /// A client or cache could not be built.
     #[error(transparent)]
     Judge(#[from] conrub_judge::JudgeError),

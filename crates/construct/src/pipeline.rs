@@ -315,7 +315,11 @@ impl Builder {
                     },
                 )
             }
-            Err((status, stage, reason)) => {
+            Err(Stop {
+                status,
+                stage,
+                reason,
+            }) => {
                 if status == "failed" {
                     cx.counts.prompts_failed = 1;
                     Progress::bump(&progress.failed);
@@ -349,17 +353,24 @@ impl Builder {
         }
     }
 
-    async fn steps(
-        &self,
-        cx: &mut Ctx<'_>,
-        progress: &Progress,
-    ) -> std::result::Result<RubricRecord, (&'static str, &'static str, String)> {
-        let s = &self.cfg.build;
-        let p = cx.p;
-        let reference = p.reference_answer.as_deref();
-        let cache = &*self.cache;
+    /// Steps 1-7 for one prompt: each stage records what it saw in `cx` and stops the prompt
+    /// (failed or dropped) or hands on.
+    async fn steps(&self, cx: &mut Ctx<'_>, progress: &Progress) -> StageResult<RubricRecord> {
+        self.generate(cx, progress).await?;
+        self.review(cx, progress).await?;
+        let groups = self.group(cx, progress).await?;
+        let survivors = self.consensus(cx, groups)?;
+        let items = self.audit(cx, progress, &survivors).await?;
+        let finishing = self.apply_audit(cx, &survivors, &items);
+        self.finish(cx, &finishing)
+    }
 
-        // 1. Generate.
+    /// Steps 1-2: every generator proposes candidates, which are checked one by one; a failed
+    /// call fails the prompt, an under-specified sample drops it.
+    async fn generate(&self, cx: &mut Ctx<'_>, progress: &Progress) -> StageResult<()> {
+        let s = &self.cfg.build;
+        let reference = cx.p.reference_answer.as_deref();
+        let cache = &*self.cache;
         // The method asks for 20-30 criteria; the upper end follows `candidates_max`.
         let gen_prompt = self.prompts.render_generate(
             &cx.question,
@@ -385,18 +396,7 @@ impl Builder {
                         stages::check_sample(*letter, &rec.answer, reference.is_some(), s);
                     let valid = checked.iter().filter(|c| c.check == Check::Ok).count();
                     cx.counts.candidates_proposed += checked.len() as u64;
-                    for c in &checked {
-                        let slot = match c.check {
-                            Check::Ok => &mut cx.counts.candidates_valid,
-                            Check::Empty => &mut cx.counts.candidates_empty,
-                            Check::UnderSpecified => &mut cx.counts.candidates_under_specified,
-                            Check::Malformed => &mut cx.counts.candidates_malformed,
-                            Check::Duplicate => &mut cx.counts.candidates_duplicate,
-                            Check::Repetitive => &mut cx.counts.candidates_repetitive,
-                            Check::OverLimit => &mut cx.counts.candidates_over_limit,
-                        };
-                        *slot += 1;
-                    }
+                    count_checks(&mut cx.counts, &checked);
                     let status = if valid < s.candidates_min {
                         cx.counts.samples_under_specified += 1;
                         SampleStatus::UnderSpecified
@@ -431,7 +431,7 @@ impl Builder {
             }
         }
         if !failed.is_empty() {
-            return Err(("failed", "generate", failed.join("; ")));
+            return Err(Stop::failed("generate", failed.join("; ")));
         }
         let short: Vec<&String> = cx
             .samples
@@ -441,14 +441,19 @@ impl Builder {
             .collect();
         if !short.is_empty() {
             let names: Vec<&str> = short.iter().map(|s| s.as_str()).collect();
-            return Err((
-                "dropped",
+            return Err(Stop::dropped(
                 "checks",
                 format!("under-specified sample from generator {}", names.join(", ")),
             ));
         }
+        Ok(())
+    }
 
-        // 3. Review each sample.
+    /// Step 3: the reviewer reads each sample; a contradiction or a low score drops the prompt.
+    async fn review(&self, cx: &mut Ctx<'_>, progress: &Progress) -> StageResult<()> {
+        let s = &self.cfg.build;
+        let reference = cx.p.reference_answer.as_deref();
+        let cache = &*self.cache;
         let version = &self.versions["review"];
         let rendered: Vec<(String, (String, String))> = cx
             .candidates
@@ -506,17 +511,20 @@ impl Builder {
             }
         }
         if !failed.is_empty() {
-            return Err(("failed", "review", failed.join("; ")));
+            return Err(Stop::failed("review", failed.join("; ")));
         }
         if !rejected.is_empty() {
-            return Err((
-                "dropped",
+            return Err(Stop::dropped(
                 "review",
                 format!("sample rejected: {}", rejected.join("; ")),
             ));
         }
+        Ok(())
+    }
 
-        // 4. Group.
+    /// Step 4: the reviewer groups the valid candidates of all samples into clusters.
+    async fn group(&self, cx: &mut Ctx<'_>, progress: &Progress) -> StageResult<Vec<Vec<String>>> {
+        let cache = &*self.cache;
         let valid: Vec<(String, String)> = cx
             .candidates
             .values()
@@ -550,7 +558,7 @@ impl Builder {
             Err(f) => {
                 cx.counts.groupings_failed += 1;
                 cx.raw.group = Some(f.clone());
-                return Err(("failed", "group", f.error().to_string()));
+                return Err(Stop::failed("group", f.error().to_string()));
             }
         };
         let ids: HashSet<&str> = by_id.keys().copied().collect();
@@ -560,11 +568,21 @@ impl Builder {
         cx.counts.candidates_ungrouped +=
             (ids.len() - clean.groups.iter().map(Vec::len).sum::<usize>()) as u64;
         cx.counts.clusters += clean.groups.len() as u64;
+        Ok(clean.groups)
+    }
 
-        // 5. Consensus filter; 6. representatives.
+    /// Steps 5 and 6: the consensus filter and a representative per surviving cluster; returns
+    /// the indices in `cx.clusters` of the survivors.
+    fn consensus(&self, cx: &mut Ctx<'_>, groups: Vec<Vec<String>>) -> StageResult<Vec<usize>> {
+        let by_id: HashMap<&str, &Candidate> = cx
+            .candidates
+            .values()
+            .flatten()
+            .filter_map(|c| c.id.as_deref().map(|id| (id, c)))
+            .collect();
         let n_gen = self.generators.len();
         let mut survivors = Vec::new();
-        for (k, members) in clean.groups.into_iter().enumerate() {
+        for (k, members) in groups.into_iter().enumerate() {
             let tags: Vec<Option<Coverage>> =
                 members.iter().map(|m| by_id[m.as_str()].coverage).collect();
             let consensus = stages::consensus(&members, &tags, n_gen);
@@ -608,14 +626,24 @@ impl Builder {
             });
         }
         if survivors.is_empty() {
-            return Err((
-                "dropped",
+            return Err(Stop::dropped(
                 "consensus",
-                "no cluster has all three generators and agreeing tags".into(),
+                "no cluster has all three generators and agreeing tags",
             ));
         }
+        Ok(survivors)
+    }
 
-        // 6. Audit, asked again without the clinical context after a refusal.
+    /// Step 6: the audit of the survivors' texts, asked again without the clinical context after
+    /// a refusal.
+    async fn audit(
+        &self,
+        cx: &mut Ctx<'_>,
+        progress: &Progress,
+        survivors: &[usize],
+    ) -> StageResult<Vec<AuditItem>> {
+        let reference = cx.p.reference_answer.as_deref();
+        let cache = &*self.cache;
         let texts: Vec<&str> = survivors
             .iter()
             .map(|&i| cx.clusters[i].text.as_deref().unwrap_or(""))
@@ -667,10 +695,9 @@ impl Builder {
             )) => items,
             Ok(_) => {
                 cx.counts.audits_failed += 1;
-                return Err((
-                    "failed",
+                return Err(Stop::failed(
                     "audit",
-                    "the audit was refused with and without the clinical context".into(),
+                    "the audit was refused with and without the clinical context",
                 ));
             }
             Err(f) => {
@@ -678,9 +705,21 @@ impl Builder {
                 if cx.raw.audit.is_none() {
                     cx.raw.audit = Some(f.clone());
                 }
-                return Err(("failed", "audit", f.error().to_string()));
+                return Err(Stop::failed("audit", f.error().to_string()));
             }
         };
+        Ok(items)
+    }
+
+    /// Step 6, applied: each survivor kept, rewritten or dropped by its audit item; returns
+    /// `(cluster index, text, dimension)` of those that go on to the finish.
+    fn apply_audit(
+        &self,
+        cx: &mut Ctx<'_>,
+        survivors: &[usize],
+        items: &[AuditItem],
+    ) -> Vec<(usize, String, String)> {
+        let s = &self.cfg.build;
         // Match items to R1..Rn by id; a list of the right length without usable ids by position.
         let by_rid: HashMap<&str, &AuditItem> =
             items.iter().map(|it| (it.id.as_str(), it)).collect();
@@ -747,8 +786,18 @@ impl Builder {
                 }
             }
         }
+        finishing
+    }
 
-        // 7. Finish: exact dedup, cap under the dimension quotas, the two global controls.
+    /// Step 7: exact dedup, the cap under the dimension quotas and the two global controls.
+    fn finish(
+        &self,
+        cx: &mut Ctx<'_>,
+        finishing: &[(usize, String, String)],
+    ) -> StageResult<RubricRecord> {
+        let s = &self.cfg.build;
+        let p = cx.p;
+        let reference = p.reference_answer.as_deref();
         let items: Vec<(String, String)> = finishing
             .iter()
             .map(|(_, t, d)| (t.clone(), d.clone()))
@@ -788,10 +837,9 @@ impl Builder {
             }
         }
         if criteria.is_empty() {
-            return Err((
-                "dropped",
+            return Err(Stop::dropped(
                 "finish",
-                "no criterion survived the audit and the finish".into(),
+                "no criterion survived the audit and the finish",
             ));
         }
         cx.counts.content_criteria = criteria.len() as u64;
@@ -805,5 +853,51 @@ impl Builder {
             criteria,
             provenance: Some(p.provenance.clone()),
         })
+    }
+}
+
+/// Why a prompt stopped before its rubric, and at which stage.
+struct Stop {
+    /// `failed` (a call failed) or `dropped` (a filter removed the prompt).
+    status: &'static str,
+    stage: &'static str,
+    reason: String,
+}
+
+impl Stop {
+    fn failed(stage: &'static str, reason: impl Into<String>) -> Self {
+        let reason = reason.into();
+        Self {
+            status: "failed",
+            stage,
+            reason,
+        }
+    }
+
+    fn dropped(stage: &'static str, reason: impl Into<String>) -> Self {
+        let reason = reason.into();
+        Self {
+            status: "dropped",
+            stage,
+            reason,
+        }
+    }
+}
+
+type StageResult<T> = std::result::Result<T, Stop>;
+
+/// Counts each checked candidate under its check.
+fn count_checks(counts: &mut StageCounts, checked: &[Candidate]) {
+    for c in checked {
+        let slot = match c.check {
+            Check::Ok => &mut counts.candidates_valid,
+            Check::Empty => &mut counts.candidates_empty,
+            Check::UnderSpecified => &mut counts.candidates_under_specified,
+            Check::Malformed => &mut counts.candidates_malformed,
+            Check::Duplicate => &mut counts.candidates_duplicate,
+            Check::Repetitive => &mut counts.candidates_repetitive,
+            Check::OverLimit => &mut counts.candidates_over_limit,
+        };
+        *slot += 1;
     }
 }

@@ -130,11 +130,7 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B>>(
 /// chunk instead of keeping `[tokens, vocab]` probabilities. Sampling runs conrub-rollout's engine.
 impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
     fn response_logprobs(&self, batch: &TokenBatch<B>) -> ResponseLogprobs<B> {
-        head_logprobs(
-            self,
-            self.forward_hidden(&teacher_forcing(batch), None),
-            batch,
-        )
+        head_logprobs(self, self.forward_hidden(&teacher_forcing(batch)), batch)
     }
 
     fn loss_gradients(
@@ -164,7 +160,7 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
 
     fn next_token_logits(&self, sequences: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2> {
         let padded = PaddedBatch::new(sequences, 0, Padding::Left);
-        self.forward_last(&padded.to_device(device), None)
+        self.forward_last(&padded.to_device(device))
     }
 
     fn sample(

@@ -83,7 +83,7 @@ fn reference_label(
     let dev = Default::default();
     let batch =
         PaddedBatch::new(std::slice::from_ref(&ids), 0, Padding::Right).to_device::<B>(&dev);
-    let logits = model.model.forward(&batch, None).cast(DType::F32);
+    let logits = model.model.forward(&batch).cast(DType::F32);
     let t = ids.len();
     let last = log_softmax(logits.slice([0..1, t - 1..t]).reshape([151_936]), 0);
     let lp: Vec<f32> = last.into_data().convert::<f32>().into_vec().unwrap();

@@ -11,6 +11,9 @@
 //! - The pool itself for model code: [`PagedKv`] (blocks of every layer), [`PagedPass`] (where a
 //!   pass writes, what it reads: [`PagedRead`], [`PagedPrefix`]), [`BlockAllocator`] and
 //!   [`KvLayout`]; token batches [`ForwardBatch`] and [`PaddedBatch`].
+//! - [`generate_static`]: the static-batch schedule over the same pass (one padded prefill, a
+//!   fixed reservation per row, host sampling), the reference the engine is tested and
+//!   benchmarked against.
 //! - Errors: [`RolloutError`], [`Result`].
 //!
 //! A model plugs in with three methods: its [`KvLayout`], its vocabulary size and one
@@ -23,6 +26,7 @@ mod engine;
 mod error;
 mod model;
 mod paged;
+mod reference;
 mod sampling;
 
 pub use batch::{ForwardBatch, PaddedBatch, Padding};
@@ -34,6 +38,7 @@ pub use engine::{
 pub use error::{Result, RolloutError};
 pub use model::{KvLayout, PagedModel};
 pub use paged::{BlockAllocator, PagedKv, PagedLayer, PagedPass, PagedPrefix, PagedRead};
+pub use reference::generate_static;
 pub use sampling::{
     check_sequences, sample_token, sequence_rng, Decoding, FinishReason, Generation, SamplingConfig,
 };

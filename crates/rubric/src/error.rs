@@ -7,7 +7,11 @@ use std::path::PathBuf;
 pub enum RubricError {
     /// A file could not be read or written.
     #[error("{path}: {err}")]
-    Io { path: PathBuf, err: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
     /// A JSONL line is not valid JSON or does not have the expected shape.
     #[error("{path}:{line}: {field}: {message}")]
     Parse {
@@ -33,3 +37,12 @@ pub enum RubricError {
 
 /// Result alias of this crate.
 pub type Result<T, E = RubricError> = std::result::Result<T, E>;
+
+impl From<conrub_base::FileError> for RubricError {
+    fn from(e: conrub_base::FileError) -> Self {
+        Self::Io {
+            path: e.path,
+            err: e.source,
+        }
+    }
+}

@@ -1,11 +1,14 @@
-//! JSONL reading with precise errors, and atomic JSONL writing.
+//! JSONL reading with precise errors, and atomic JSONL writing (through `conrub_base`'s
+//! [`AtomicFile`], re-exported here).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+pub use conrub_base::{sync_dir, AtomicFile, FileError};
 
 use crate::error::{Result, RubricError};
 use crate::record::RubricRecord;
@@ -94,117 +97,9 @@ pub fn write_jsonl_atomic<T: Serialize>(
     write_bytes_atomic(path, &buf)
 }
 
-/// Atomic whole-file write (temporary file, fsync, rename, directory fsync).
+/// [`conrub_base::write_bytes_atomic`] with the error as a [`RubricError`].
 pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = AtomicFile::create(path)?;
-    f.write_all(bytes).map_err(|err| RubricError::Io {
-        path: path.to_path_buf(),
-        err,
-    })?;
-    f.commit()
-}
-
-/// A file written through a temporary file next to its path and renamed over it by
-/// [`AtomicFile::commit`]: the data is flushed and fsynced, the file renamed into place, and then the
-/// parent directory is fsynced so the rename itself survives a crash. Dropped without a commit, or
-/// when the commit fails, it removes the temporary file and leaves the old one in place.
-///
-/// This is the workspace's one "write to a temporary file, then rename" helper: every crate that
-/// replaces a file whole goes through it (or [`write_bytes_atomic`] / [`write_jsonl_atomic`]).
-pub struct AtomicFile {
-    path: PathBuf,
-    tmp: PathBuf,
-    dir: PathBuf,
-    out: Option<std::io::BufWriter<std::fs::File>>,
-    /// True once the temporary file has been renamed into place (nothing left to clean up).
-    renamed: bool,
-}
-
-impl AtomicFile {
-    /// Starts writing `path` (its parent directory is created when missing).
-    pub fn create(path: &Path) -> Result<Self> {
-        let io = |err| RubricError::Io {
-            path: path.to_path_buf(),
-            err,
-        };
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        std::fs::create_dir_all(&dir).map_err(io)?;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-        let f = std::fs::File::create(&tmp).map_err(io)?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            tmp,
-            dir,
-            out: Some(std::io::BufWriter::new(f)),
-            renamed: false,
-        })
-    }
-
-    /// The final path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Flushes and fsyncs the data, renames it into place and fsyncs the directory. On an error
-    /// the temporary file is removed (the old file, if any, is untouched unless the rename
-    /// already happened, in which case only the directory sync failed).
-    pub fn commit(mut self) -> Result<()> {
-        let io = |err| RubricError::Io {
-            path: self.path.clone(),
-            err,
-        };
-        let out = self.out.take().expect("not committed yet");
-        let f = out.into_inner().map_err(|e| io(e.into_error()))?;
-        f.sync_all().map_err(io)?;
-        drop(f);
-        std::fs::rename(&self.tmp, &self.path).map_err(io)?;
-        self.renamed = true;
-        sync_dir(&self.dir).map_err(|err| RubricError::Io {
-            path: self.dir.clone(),
-            err,
-        })
-    }
-}
-
-/// Fsyncs a directory, so that a rename inside it is durable. On platforms where a directory
-/// cannot be opened as a file (Windows) there is nothing to do.
-pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        std::fs::File::open(dir)?.sync_all()
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = dir;
-        Ok(())
-    }
-}
-
-impl Write for AtomicFile {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.out.as_mut().expect("not committed").write(buf)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.as_mut().expect("not committed").flush()
-    }
-}
-
-impl Drop for AtomicFile {
-    fn drop(&mut self) {
-        // Not committed, or the commit failed before the rename: the temporary file goes.
-        drop(self.out.take());
-        if !self.renamed {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
+    Ok(conrub_base::write_bytes_atomic(path, bytes)?)
 }
 
 /// A rubric file in memory, indexed by prompt id.
@@ -331,42 +226,6 @@ mod tests {
             std::fs::read_dir(dir.path()).unwrap().count(),
             1,
             "no temporary file left"
-        );
-    }
-
-    #[test]
-    fn failed_commit_leaves_no_temporary_file() {
-        let dir = tempfile::tempdir().unwrap();
-        // A non-empty directory in the way: the rename fails after the data was written and synced.
-        let p = dir.path().join("taken");
-        std::fs::create_dir(&p).unwrap();
-        std::fs::write(p.join("inside"), "x").unwrap();
-        let e = write_bytes_atomic(&p, b"new").unwrap_err().to_string();
-        assert!(e.contains("taken"), "{e}");
-        let names: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(
-            names,
-            vec!["taken".to_string()],
-            "the temporary file is removed when the rename fails"
-        );
-        // Dropped without a commit: also removed.
-        let mut f = AtomicFile::create(&dir.path().join("never.jsonl")).unwrap();
-        f.write_all(b"partial").unwrap();
-        drop(f);
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
-    }
-
-    #[test]
-    fn directory_sync_errors_are_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        sync_dir(dir.path()).unwrap();
-        #[cfg(unix)]
-        assert!(
-            sync_dir(&dir.path().join("missing")).is_err(),
-            "a directory that cannot be synced is an error, not ignored"
         );
     }
 }

@@ -2,39 +2,9 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-/// One chat message: of a prompt in a rubric record, and of the chat template of `conrub-qwen3`
-/// (the workspace's one message type: `conrub_qwen3::Message` is this type).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Message {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
-    /// The message text.
-    pub content: String,
-}
-
-impl Message {
-    /// A message with this role and text.
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-
-    /// A `system` message.
-    pub fn system(content: impl Into<String>) -> Self {
-        Self::new("system", content)
-    }
-
-    /// A `user` message.
-    pub fn user(content: impl Into<String>) -> Self {
-        Self {
-            role: "user".into(),
-            content: content.into(),
-        }
-    }
-}
+/// One chat message of a prompt (the workspace's one message type, from `conrub-base`; also
+/// `conrub_qwen3::Message`).
+pub use conrub_base::Message;
 
 /// Whether a criterion is prompt-specific content or one of the two fixed global controls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -2,18 +2,16 @@
 
 use std::path::Path;
 
-use conrub_rubric::RubricError;
-
 use crate::error::{Qwen3Error, Result};
 
 /// Writes `bytes` to `path` atomically through the workspace's one helper,
-/// [`conrub_rubric::io::write_bytes_atomic`]: a temporary file in the same directory, fsync,
-/// rename, fsync of the directory. A crash leaves either the old file or the new one, never a torn
-/// file; a failed write leaves no temporary file behind. The parent directory is created if needed.
+/// [`conrub_base::write_bytes_atomic`]: a temporary file in the same directory, fsync, rename,
+/// fsync of the directory. A crash leaves either the old file or the new one, never a torn file;
+/// a failed write leaves no temporary file behind. The parent directory is created if needed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    conrub_rubric::io::write_bytes_atomic(path, bytes).map_err(|e| match e {
-        RubricError::Io { path, err } => Qwen3Error::Io { path, source: err },
-        other => Qwen3Error::io(path, std::io::Error::other(other.to_string())),
+    conrub_base::write_bytes_atomic(path, bytes).map_err(|e| Qwen3Error::Io {
+        path: e.path,
+        source: e.source,
     })
 }
 

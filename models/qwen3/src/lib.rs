@@ -4,11 +4,10 @@
 //! - [`Qwen3ForCausalLM`]: the model; [`load_weights`] reads HF safetensors (single or sharded,
 //!   f32/bf16/f16) and [`save_pretrained`] writes an HF directory back.
 //! - Generation runs in `conrub-rollout`'s engine, which drives the model through its
-//!   `PagedModel` implementation ([`Qwen3::generate`] is the shortcut); [`score_sequences`]:
-//!   teacher-forced log-probs; [`generate_dense`]: the dense-cache reference the engine is tested
-//!   and benchmarked against.
+//!   `PagedModel` implementation ([`Qwen3::generate`] is the shortcut; the paged pass is the
+//!   model's only KV path); [`score_sequences`]: teacher-forced log-probs.
 //! - [`Qwen3Tokenizer`]: `tokenizer.json` plus the Jinja chat template, over [`Message`]s
-//!   (`conrub_rubric::Message`, re-exported: the same type as a rubric record's question).
+//!   (`conrub_base::Message`, re-exported: the same type as a rubric record's question).
 //! - [`Qwen3`]: all of the above loaded from a directory or hub id.
 //!
 //! ```no_run
@@ -28,24 +27,22 @@
 //! ```
 
 pub mod batch;
-pub mod cache;
 pub mod config;
 pub mod error;
-pub mod generate;
 pub mod hub;
 pub mod io;
 pub mod model;
 mod pretrained;
+pub mod score;
 pub mod tokenizer;
 pub mod weights;
 
-pub use cache::KvCache;
 pub use config::{GenerationConfig, Qwen3Config, TokenIds};
 pub use conrub_rollout::{ForwardBatch, PaddedBatch, Padding};
 pub use error::{Qwen3Error, Result};
-pub use generate::{generate_dense, score_sequences, SequenceScores};
 pub use hub::resolve_model_dir;
 pub use model::{AttentionImpl, Execution, Precision, Qwen3ForCausalLM};
 pub use pretrained::{save_pretrained, Qwen3};
+pub use score::{score_sequences, SequenceScores};
 pub use tokenizer::{ChatOptions, Message, Qwen3Tokenizer};
 pub use weights::{load_weights, SaveDtype, WeightFiles};

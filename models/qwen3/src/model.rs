@@ -16,7 +16,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::batch::attention_bias;
-use crate::cache::{append, KvCache, LayerCache};
 use crate::config::Qwen3Config;
 use conrub_rollout::{ForwardBatch, KvLayout, PagedKv, PagedModel, PagedPass};
 
@@ -300,16 +299,12 @@ impl<B: Backend> RopeTables<B> {
     }
 }
 
-/// Where one layer's keys and values go and come from in a pass.
-pub(crate) enum KvSlot<'a, B: Backend> {
-    /// The dense cache and the positions already in it.
-    Dense(&'a mut LayerCache<B>, usize),
-    /// One layer of a paged pool and what the pass does with it.
-    Paged(
-        &'a mut (Option<Tensor<B, 2>>, Option<Tensor<B, 2>>),
-        &'a PagedPass<B>,
-    ),
-}
+/// One layer of a paged pool and what a pass does with it: where its new keys and values go
+/// and, for a decode step or a prefill over a cached prefix, what it reads.
+pub(crate) type KvSlot<'a, B> = (
+    &'a mut (Option<Tensor<B, 2>>, Option<Tensor<B, 2>>),
+    &'a PagedPass<B>,
+);
 
 /// Grouped-query self-attention with per-head RMSNorm on queries and keys.
 #[derive(Module, Debug)]
@@ -376,7 +371,7 @@ impl<B: Backend> Attention<B> {
         let q = rope.apply_q(self.q_norm.forward(q)).swap_dims(1, 2);
         let k = rope.apply_k(self.k_norm.forward(k));
         let scale = 1.0 / (hd as f64).sqrt();
-        if let Some(KvSlot::Paged(layer, pass)) = cache {
+        if let Some((layer, pass)) = cache {
             // New keys and values into their pool slots, then attend: a prefill to its own keys,
             // a decode step to every row's cached keys read through its block table.
             let w = nkv * hd;
@@ -448,20 +443,6 @@ impl<B: Backend> Attention<B> {
         }
         let k = k.swap_dims(1, 2);
         let v = v.swap_dims(1, 2);
-
-        let (k, v) = match cache {
-            Some(KvSlot::Dense(slot, past)) => {
-                let kb = append(slot.0.take(), k, past);
-                let vb = append(slot.1.take(), v, past);
-                let s = past + t;
-                let k = kb.clone().slice([0..b, 0..nkv, 0..s, 0..hd]);
-                let v = vb.clone().slice([0..b, 0..nkv, 0..s, 0..hd]);
-                slot.0 = Some(kb);
-                slot.1 = Some(vb);
-                (k, v)
-            }
-            _ => (k, v),
-        };
         let s = k.dims()[2];
         let out = match &mask.fused {
             Some(key_valid) => causal_attention(
@@ -469,7 +450,7 @@ impl<B: Backend> Attention<B> {
                 k,
                 v,
                 key_valid.clone(),
-                AttentionLayout { past: s - t, scale },
+                AttentionLayout { past: 0, scale },
             ),
             None => {
                 let group = nh / nkv;
@@ -666,11 +647,10 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
         to_dtype(self.embed_tokens.val().select(0, ids), self.compute_dtype()).reshape([b, t, h])
     }
 
-    /// RoPE tables and the attention mask of one pass over `batch` after `past` cached tokens.
+    /// RoPE tables and the attention mask of one uncached pass over `batch`.
     fn pass_context(
         &self,
         batch: &ForwardBatch<B>,
-        past: usize,
         key_mask: Option<Tensor<B, 2, burn::tensor::Bool>>,
     ) -> (RopeTables<B>, AttentionMask<B>) {
         let [b, t] = batch.input_ids.dims();
@@ -684,7 +664,7 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
         let mask = if t > 1 && self.exec.attention == AttentionImpl::Fused {
             let valid = match &key_mask {
                 Some(m) => m.clone().float().cast(DType::F32),
-                None => Tensor::<B, 2>::ones([b, past + t], &device).cast(DType::F32),
+                None => Tensor::<B, 2>::ones([b, t], &device).cast(DType::F32),
             };
             AttentionMask {
                 bias: None,
@@ -692,38 +672,20 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
             }
         } else {
             AttentionMask {
-                bias: attention_bias(b, t, past, key_mask, &device),
+                bias: attention_bias(b, t, 0, key_mask, &device),
                 fused: None,
             }
         };
         (rope, mask)
     }
 
-    /// Final hidden states `[batch, seq, hidden]` (after the last norm, in the compute dtype) for
-    /// the new tokens of `batch`. With a cache, keys and values of the new tokens are appended to
-    /// it.
-    pub fn forward_hidden(
-        &self,
-        batch: &ForwardBatch<B>,
-        mut cache: Option<&mut KvCache<B>>,
-    ) -> Tensor<B, 3> {
-        let [b, t] = batch.input_ids.dims();
+    /// Final hidden states `[batch, seq, hidden]` (after the last norm, in the compute dtype) of
+    /// `batch`, a whole sequence per row (no cache: generation goes through the paged pass).
+    pub fn forward_hidden(&self, batch: &ForwardBatch<B>) -> Tensor<B, 3> {
         let mut x = self.embed(batch);
-        let device = batch.input_ids.device();
-        let (past, key_mask) = match cache.as_ref() {
-            Some(c) => (
-                c.len(),
-                c.combined_mask(batch.key_mask.clone(), b, t, &device),
-            ),
-            None => (0, batch.key_mask.clone()),
-        };
-        let (rope, mask) = self.pass_context(batch, past, key_mask.clone());
-        for (i, layer) in self.layers.iter().enumerate() {
-            let slot = cache.as_mut().map(|c| KvSlot::Dense(c.layer_mut(i), past));
-            x = layer.forward(x, &rope, &mask, slot);
-        }
-        if let Some(c) = cache {
-            c.commit(t, key_mask);
+        let (rope, mask) = self.pass_context(batch, batch.key_mask.clone());
+        for layer in &self.layers {
+            x = layer.forward(x, &rope, &mask, None);
         }
         self.norm.forward(x)
     }
@@ -754,7 +716,7 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
         );
         let _ = b;
         for (layer, slot) in self.layers.iter().zip(kv.layers_mut().iter_mut()) {
-            x = layer.forward(x, &rope, &mask, Some(KvSlot::Paged(slot, pass)));
+            x = layer.forward(x, &rope, &mask, Some((slot, pass)));
         }
         self.norm.forward(x)
     }
@@ -792,18 +754,14 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
     }
 
     /// Logits `[batch, seq, vocab]` of the new tokens.
-    pub fn forward(&self, batch: &ForwardBatch<B>, cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
-        self.logits(self.forward_hidden(batch, cache))
+    pub fn forward(&self, batch: &ForwardBatch<B>) -> Tensor<B, 3> {
+        self.logits(self.forward_hidden(batch))
     }
 
     /// Logits `[batch, vocab]` of the last column only (the next-token distribution of a
     /// left-padded batch): the head runs on one position per row instead of all of them.
-    pub fn forward_last(
-        &self,
-        batch: &ForwardBatch<B>,
-        cache: Option<&mut KvCache<B>>,
-    ) -> Tensor<B, 2> {
-        let hidden = self.forward_hidden(batch, cache);
+    pub fn forward_last(&self, batch: &ForwardBatch<B>) -> Tensor<B, 2> {
+        let hidden = self.forward_hidden(batch);
         let [b, t, h] = hidden.dims();
         let logits = self.logits(hidden.slice([0..b, t - 1..t, 0..h]));
         let v = logits.dims()[2];
@@ -877,7 +835,7 @@ impl<B: GrpoOps + AutodiffBackend> Qwen3ForCausalLM<B> {
         loss: &mut dyn FnMut(Tensor<B, 3>) -> Tensor<B, 1>,
     ) -> GradientsParams {
         let key_mask = batch.key_mask.clone();
-        let (rope, mask) = self.pass_context(batch, 0, key_mask);
+        let (rope, mask) = self.pass_context(batch, key_mask);
         // 1. No graph: untracked parameters.
         let untracked = self.clone().no_grad();
         let mut inputs = Vec::with_capacity(self.layers.len());

@@ -10,7 +10,7 @@ use crate::error::{Qwen3Error, Result};
 
 /// One chat message (`role`, `content`): the workspace's one message type, shared with rubric
 /// records (a record's `question` renders as is).
-pub use conrub_rubric::Message;
+pub use conrub_base::Message;
 
 /// Options of [`Qwen3Tokenizer::apply_chat_template`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -42,10 +42,10 @@ fn chat_template_ids_equal_transformers() {
     );
 }
 
-/// The chat template takes the workspace's one message type: a rubric record's question renders as
-/// is, with no conversion, exactly as the same messages from the fixtures do.
+/// The chat template takes the workspace's one message type (`conrub_base::Message`, which a rubric
+/// record's question also is): messages read from JSON render exactly as the fixtures do.
 #[test]
-fn rubric_questions_render_without_conversion() {
+fn messages_read_from_json_render_as_the_fixtures_do() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
     let tok = Qwen3Tokenizer::from_dir(&data.join("qwen3-tokenizer")).unwrap();
     let cases: Vec<serde_json::Value> = serde_json::from_str(
@@ -60,11 +60,8 @@ fn rubric_questions_render_without_conversion() {
                 && c["enable_thinking"] == false
         })
         .unwrap();
-    let record: conrub_rubric::RubricRecord = serde_json::from_value(
-        serde_json::json!({"id": "p", "question": case["messages"], "criteria": []}),
-    )
-    .unwrap();
-    let question: &[Message] = &record.question;
+    let messages: Vec<Message> = serde_json::from_value(case["messages"].clone()).unwrap();
+    let question: &[Message] = &messages;
     let opts = ChatOptions {
         add_generation_prompt: true,
         enable_thinking: Some(false),
@@ -75,10 +72,6 @@ fn rubric_questions_render_without_conversion() {
     );
     let expected: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
     assert_eq!(tok.apply_chat_template(question, opts).unwrap(), expected);
-    // A plain-string question is one user message.
-    let q: conrub_rubric::RubricRecord =
-        serde_json::from_str(r#"{"id":"p","question":"Hi","criteria":[]}"#).unwrap();
-    assert_eq!(q.question, vec![Message::user("Hi")]);
     // Messages are exactly role and content: other fields are rejected, by name.
     let e = serde_json::from_str::<Message>(r#"{"role":"user","content":"x","tool_calls":[]}"#)
         .unwrap_err()

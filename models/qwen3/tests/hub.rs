@@ -102,7 +102,7 @@ fn handle(mut stream: TcpStream, dir: &Path) -> std::io::Result<()> {
 fn last_logits(q: &Qwen3<B>) -> Vec<f32> {
     let batch = ForwardBatch::<B>::contiguous(&[vec![3, 1, 4, 1, 5, 9]], 0, &Default::default());
     q.model
-        .forward(&batch, None)
+        .forward(&batch)
         .cast(DType::F32)
         .into_data()
         .convert::<f32>()

@@ -1,13 +1,13 @@
 //! Parity with Hugging Face transformers (float64 reference, see testdata/generate_fixtures.py),
-//! padding, KV-cache and loading tests on the CPU backend with f32 compute: burn-flex, or libtorch's
+//! padding, paged-KV and loading tests on the CPU backend with f32 compute: burn-flex, or libtorch's
 //! CPU device with feature `tch` (`scripts/test-tch.sh`).
 
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Tensor};
 use conrub_qwen3::{
-    save_pretrained, score_sequences, ForwardBatch, KvCache, PaddedBatch, Padding, Qwen3,
-    Qwen3ForCausalLM, SaveDtype,
+    save_pretrained, score_sequences, ForwardBatch, PaddedBatch, Padding, Qwen3, Qwen3ForCausalLM,
+    SaveDtype,
 };
 use conrub_rollout::{Decoding, FinishReason, SamplingConfig};
 use safetensors::SafeTensors;
@@ -63,7 +63,7 @@ impl Reference {
     }
 }
 
-fn host(t: Tensor<B, 3>) -> Vec<f32> {
+fn host<const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.cast(DType::F32)
         .into_data()
         .convert::<f32>()
@@ -87,7 +87,7 @@ fn logits_and_logprobs_match_transformers_float64() {
         let reference = Reference::open(name);
         for (i, seq) in reference.ids("sequences").iter().enumerate() {
             let batch = ForwardBatch::<B>::contiguous(std::slice::from_ref(seq), 0, &device);
-            let logits = host(qwen.model.forward(&batch, None));
+            let logits = host(qwen.model.forward(&batch));
             let (shape, expected) = reference.f64s(&format!("logits.{i}"));
             assert_eq!(shape, vec![seq.len(), qwen.config.vocab_size]);
             let d = max_abs_diff(&logits, &expected);
@@ -139,16 +139,17 @@ fn padded_batches_equal_unbatched() {
     let singles: Vec<Vec<f32>> = seqs
         .iter()
         .map(|s| {
-            host(qwen.model.forward(
-                &ForwardBatch::contiguous(std::slice::from_ref(s), 0, &device),
-                None,
-            ))
+            host(qwen.model.forward(&ForwardBatch::contiguous(
+                std::slice::from_ref(s),
+                0,
+                &device,
+            )))
         })
         .collect();
     let v = qwen.config.vocab_size;
     for padding in [Padding::Left, Padding::Right] {
         let batch = PaddedBatch::new(&seqs, 7, padding);
-        let logits = host(qwen.model.forward(&batch.to_device(&device), None));
+        let logits = host(qwen.model.forward(&batch.to_device(&device)));
         for (r, seq) in seqs.iter().enumerate() {
             let offset = match padding {
                 Padding::Left => batch.len - seq.len(),
@@ -167,59 +168,80 @@ fn padded_batches_equal_unbatched() {
 }
 
 #[test]
-fn kv_cache_decoding_equals_full_forward() {
+fn paged_prefill_and_decoding_equal_the_full_forward() {
+    use conrub_rollout::{PagedKv, PagedModel, PagedPass, PagedRead};
     let device = Default::default();
+    let bs = 4;
     for name in MODELS {
         let qwen = load(name);
         let v = qwen.config.vocab_size;
         let seqs = Reference::open(name).ids("sequences");
-        // Two rows of different lengths, left-padded, then decoded one token and a chunk at a time.
-        let (a, b) = (&seqs[0], &seqs[1]);
-        let prompts = vec![a[..5].to_vec(), b[..9].to_vec()];
-        let padded = PaddedBatch::new(&prompts, 0, Padding::Left);
-        let mut cache = KvCache::<B>::new(qwen.model.num_layers());
-        qwen.model
-            .forward(&padded.to_device(&device), Some(&mut cache));
-        let mut fed = prompts.clone();
-        for chunk in [1usize, 3, 1, 2] {
-            let new: Vec<Vec<u32>> = [a, b]
+        // Two rows of different lengths, each prefilled alone, then decoded together one token
+        // per step across block boundaries. The rows own interleaved blocks, as in a busy pool.
+        let full = [&seqs[0], &seqs[1]];
+        let mut done = [5usize, 9];
+        let steps = 7;
+        let blocks = (done[1] + steps).div_ceil(bs);
+        let table = |r: usize| {
+            (0..blocks)
+                .map(|j| (j * 2 + r) as u32)
+                .collect::<Vec<u32>>()
+        };
+        let slot = |r: usize, p: usize| table(r)[p / bs] * bs as u32 + (p % bs) as u32;
+        let mut kv = PagedKv::<B>::new(qwen.model.kv_layout(), 2 * blocks, bs, &device);
+        let expected = |r: usize, t: usize| {
+            let logits = host(qwen.model.forward(&ForwardBatch::contiguous(
+                &[full[r][..t].to_vec()],
+                0,
+                &device,
+            )));
+            logits[(t - 1) * v..t * v].to_vec()
+        };
+        let check = |got: &[f32], want: &[f32], what: String| {
+            let d = got
                 .iter()
-                .zip(&fed)
-                .map(|(full, done)| full[done.len()..done.len() + chunk].to_vec())
-                .collect();
-            let n = new[0].len();
-            let ids: Vec<i64> = new.iter().flatten().map(|&t| t as i64).collect();
-            let pos: Vec<i64> = fed
-                .iter()
-                .flat_map(|done| (done.len()..done.len() + n).map(|p| p as i64))
-                .collect();
+                .zip(want)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            assert!(d < 2e-5, "{name} {what}: {d:e}");
+        };
+        for (r, &len) in done.iter().enumerate() {
+            let pass = PagedPass::prefill((0..len).map(|p| slot(r, p)).collect());
+            let batch = ForwardBatch::contiguous(&[full[r][..len].to_vec()], 0, &device);
+            let got = host(qwen.model.forward_paged(&batch, &mut kv, &pass));
+            check(&got, &expected(r, len), format!("prefill of row {r}"));
+        }
+        for _ in 0..steps {
+            let ids: Vec<i64> = (0..2).map(|r| full[r][done[r]] as i64).collect();
+            let pos: Vec<i64> = done.iter().map(|&p| p as i64).collect();
             let step = ForwardBatch::<B> {
-                input_ids: Tensor::from_data(burn::tensor::TensorData::new(ids, [2, n]), &device),
+                input_ids: Tensor::from_data(burn::tensor::TensorData::new(ids, [2, 1]), &device),
                 position_ids: Tensor::from_data(
-                    burn::tensor::TensorData::new(pos, [2, n]),
+                    burn::tensor::TensorData::new(pos, [2, 1]),
                     &device,
                 ),
                 key_mask: None,
             };
-            let got = host(qwen.model.forward(&step, Some(&mut cache)));
-            for (r, (done, add)) in fed.iter_mut().zip(&new).enumerate() {
-                done.extend_from_slice(add);
-                let full = host(qwen.model.forward(
-                    &ForwardBatch::contiguous(std::slice::from_ref(done), 0, &device),
-                    None,
-                ));
-                let t = done.len();
-                let expected = &full[(t - n) * v..t * v];
-                let row = &got[r * n * v..(r + 1) * n * v];
-                let d = row
-                    .iter()
-                    .zip(expected)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0, f32::max);
-                assert!(d < 2e-5, "{name} row {r} after {t} tokens: {d:e}");
+            let lens: Vec<usize> = done.iter().map(|p| p + 1).collect();
+            let pass = PagedPass {
+                write_slots: (0..2).map(|r| slot(r, done[r])).collect(),
+                write_rows: None,
+                read: Some(PagedRead::new(
+                    &[table(0), table(1)],
+                    blocks,
+                    bs,
+                    &lens,
+                    &device,
+                )),
+                prefix: None,
+            };
+            let got = host(qwen.model.forward_paged(&step, &mut kv, &pass));
+            for r in 0..2 {
+                done[r] += 1;
+                let what = format!("row {r} after {} tokens", done[r]);
+                check(&got[r * v..(r + 1) * v], &expected(r, done[r]), what);
             }
         }
-        assert_eq!(cache.len(), padded.len + 7);
     }
 }
 
@@ -303,7 +325,7 @@ fn tied_head_reuses_the_embedding() {
         .unwrap()
         .model;
     let batch = ForwardBatch::<A>::contiguous(&[vec![1, 2, 3]], 0, &device);
-    let hidden = model.forward_hidden(&batch, None).detach();
+    let hidden = model.forward_hidden(&batch).detach();
     let logits = model.logits(hidden);
     let grads = logits.sum().backward();
     let g = model
@@ -416,8 +438,8 @@ fn save_pretrained_round_trips() {
         let batch = ForwardBatch::<B>::contiguous(&[vec![4, 8, 15, 16, 23, 42]], 0, &device);
         // bf16 -> f32 -> bf16 is exact, so both round trips reproduce the logits bit for bit.
         assert_eq!(
-            host(qwen.model.forward(&batch, None)),
-            host(again.model.forward(&batch, None)),
+            host(qwen.model.forward(&batch)),
+            host(again.model.forward(&batch)),
             "{name}"
         );
         // The tied checkpoint stays tied: no lm_head.weight is written.
@@ -442,35 +464,5 @@ fn random_model_is_seeded() {
     let a = Qwen3ForCausalLM::<B>::random(&cfg, 0.1, 5, &device);
     let b = Qwen3ForCausalLM::<B>::random(&cfg, 0.1, 5, &device);
     let batch = ForwardBatch::<B>::contiguous(&[vec![1, 2, 3]], 0, &device);
-    assert_eq!(host(a.forward(&batch, None)), host(b.forward(&batch, None)));
-}
-
-#[test]
-fn kv_cache_grows_across_blocks() {
-    // Prefill 250 positions, cross the first 256-position block in small chunks, then append a
-    // chunk larger than the doubled capacity; every step must equal the full forward.
-    let device = Default::default();
-    let qwen = load("untied-mqa-bf16");
-    let v = qwen.config.vocab_size;
-    let seq: Vec<u32> = (0..600u32).map(|i| (i * 37 + 11) % 256).collect();
-    let full = host(qwen.model.forward(
-        &ForwardBatch::contiguous(std::slice::from_ref(&seq), 0, &device),
-        None,
-    ));
-    let mut cache = KvCache::<B>::new(qwen.model.num_layers());
-    let mut done = 0;
-    for chunk in [250usize, 3, 3, 3, 3, 300, 1] {
-        let step =
-            ForwardBatch::<B>::contiguous(&[seq[done..done + chunk].to_vec()], done, &device);
-        let got = host(qwen.model.forward(&step, Some(&mut cache)));
-        let expected = &full[done * v..(done + chunk) * v];
-        let d = got
-            .iter()
-            .zip(expected)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max);
-        assert!(d < 2e-5, "chunk ending at {}: {d:e}", done + chunk);
-        done += chunk;
-    }
-    assert_eq!(cache.len(), 563);
+    assert_eq!(host(a.forward(&batch)), host(b.forward(&batch)));
 }

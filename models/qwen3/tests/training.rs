@@ -56,7 +56,7 @@ fn run(exec: Execution) -> (Vec<f32>, Vec<Vec<f32>>) {
     let grads = if exec.activation_checkpointing {
         model.layerwise_gradients(&batch, &mut loss)
     } else {
-        let l = loss(model.forward_hidden(&batch, None));
+        let l = loss(model.forward_hidden(&batch));
         GradientsParams::from_grads(l.backward(), &model)
     };
     let all: Vec<f32> = logits
