@@ -26,7 +26,7 @@ pub enum GrpoError {
     Decode(String),
     /// The policy failed to sample.
     #[error("sampling: {0}")]
-    Sampling(String),
+    Sampling(#[from] conrub_rollout::RolloutError),
     /// Reading or writing a file of the run failed.
     #[error("{}: {message}", path.display())]
     Io {

@@ -9,7 +9,8 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::{token_logprobs, GrpoOps, DEFAULT_CHUNK_TOKENS};
 use conrub_qwen3::Qwen3ForCausalLM;
 use conrub_rollout::{
-    sample_token, sequence_rng, ForwardBatch, Generation, PaddedBatch, Padding, SamplingConfig,
+    sample_token, sequence_rng, ForwardBatch, Generation, PaddedBatch, Padding, RolloutError,
+    SamplingConfig,
 };
 
 use crate::batch::TokenBatch;
@@ -89,8 +90,7 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B>>(
     cfg: &SamplingConfig,
     device: &B::Device,
 ) -> Result<Vec<Generation>> {
-    cfg.validate()
-        .map_err(|e| GrpoError::Sampling(e.to_string()))?;
+    cfg.validate().map_err(GrpoError::Sampling)?;
     let mut out: Vec<Generation> = prompts.iter().map(|_| Generation::new()).collect();
     let mut rngs: Vec<_> = (0..prompts.len())
         .map(|i| sequence_rng(cfg.seed, i))
@@ -111,7 +111,7 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B>>(
             .into_data()
             .convert::<f32>()
             .into_vec()
-            .map_err(|e| GrpoError::Sampling(format!("{e:?}")))?;
+            .map_err(|e| GrpoError::Sampling(RolloutError::Readback(format!("{e:?}"))))?;
         let mut still = Vec::with_capacity(active.len());
         for (row, &i) in active.iter().enumerate() {
             let (tok, lp) = sample_token(&host[row * v..(row + 1) * v], cfg, &mut rngs[i]);
@@ -169,8 +169,7 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
         cfg: &SamplingConfig,
         device: &B::Device,
     ) -> Result<Vec<Generation>> {
-        conrub_rollout::generate(self, prompts, cfg, device)
-            .map_err(|e| GrpoError::Sampling(e.to_string()))
+        conrub_rollout::generate(self, prompts, cfg, device).map_err(GrpoError::Sampling)
     }
 }
 

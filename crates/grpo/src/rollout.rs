@@ -105,7 +105,7 @@ where
     ) -> Result<RolloutBatch> {
         in_calls(request, self.prompts_per_call, |rows, cfg| {
             let out = conrub_rollout::rollout(policy, rows, cfg, &self.engine, device)
-                .map_err(|e| GrpoError::Sampling(e.to_string()))?;
+                .map_err(GrpoError::Sampling)?;
             Ok((out.generations, out.stats))
         })
     }

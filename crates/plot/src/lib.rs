@@ -34,14 +34,17 @@ pub enum PlotError {
         source: serde_json::Error,
     },
     /// plotters failed to draw a chart.
-    #[error("{path}: drawing failed: {message}")]
+    #[error("{path}: drawing failed: {source}")]
     Draw {
         /// The chart's file.
         path: PathBuf,
         /// plotters' error.
-        message: String,
+        source: DrawError,
     },
 }
+
+/// What plotters reports when a chart cannot be drawn.
+pub type DrawError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One curve: its file name, title, y-axis label and the value it plots per step.
 #[derive(Clone, Copy)]
@@ -126,9 +129,9 @@ pub fn plot_steps(steps: &[StepMetrics], dir: &Path) -> Result<Vec<PathBuf>, Plo
                 .iter()
                 .map(|m| ((m.step + 1) as f64, (c.value)(m)))
                 .collect();
-            let svg = line_chart(c, &points).map_err(|message| PlotError::Draw {
+            let svg = line_chart(c, &points).map_err(|source| PlotError::Draw {
                 path: path.clone(),
-                message,
+                source,
             })?;
             conrub_rubric::io::write_bytes_atomic(&path, svg.as_bytes())
                 .map_err(PlotError::Write)?;
@@ -154,11 +157,11 @@ fn padded_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
 }
 
 /// One line chart of `points` (step, value) as an SVG document.
-fn line_chart(curve: &Curve, points: &[(f64, f64)]) -> Result<String, String> {
+fn line_chart(curve: &Curve, points: &[(f64, f64)]) -> Result<String, DrawError> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (640, 360)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        root.fill(&WHITE)?;
         let (x0, x1) = match (points.first(), points.last()) {
             (Some(a), Some(b)) if b.0 > a.0 => (a.0, b.0),
             (Some(a), _) => (a.0 - 0.5, a.0 + 0.5),
@@ -170,25 +173,19 @@ fn line_chart(curve: &Curve, points: &[(f64, f64)]) -> Result<String, String> {
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(56)
-            .build_cartesian_2d(x0..x1, y0..y1)
-            .map_err(|e| e.to_string())?;
+            .build_cartesian_2d(x0..x1, y0..y1)?;
         chart
             .configure_mesh()
             .x_desc("step")
             .y_desc(curve.y_label)
             .light_line_style(WHITE.mix(0.0))
-            .draw()
-            .map_err(|e| e.to_string())?;
-        chart
-            .draw_series(LineSeries::new(
-                points.iter().copied(),
-                BLUE.stroke_width(2),
-            ))
-            .map_err(|e| e.to_string())?;
-        chart
-            .draw_series(points.iter().map(|&p| Circle::new(p, 3, BLUE.filled())))
-            .map_err(|e| e.to_string())?;
-        root.present().map_err(|e| e.to_string())?;
+            .draw()?;
+        chart.draw_series(LineSeries::new(
+            points.iter().copied(),
+            BLUE.stroke_width(2),
+        ))?;
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, BLUE.filled())))?;
+        root.present()?;
     }
     Ok(svg)
 }
