@@ -38,6 +38,7 @@ fn answer<B: GrpoOps>(
         max_new_tokens: 256,
         seed: 1234,
         stop_ids: qwen.stop_ids(),
+        first_stream: 0,
     };
     let out = qwen.generate(&[prompt], &cfg, device)?.remove(0);
     println!("{}", tokenizer.decode(&out.tokens, true)?);

@@ -15,7 +15,8 @@
 # tokens), and one Qwen3-0.6B-shaped train step of the published recipe at 8,192 tokens
 # (bf16-mixed, fused attention, per-layer activation checkpointing, AdamW), and one rollout of the
 # paged engine at Qwen3-0.6B shape (64 rows = 8 prompts x 8, 256-token prompts, 1,024 new tokens,
-# bf16-mixed: tokens/s, prefills, KV blocks, preemptions). It exits non-zero when parity fails.
+# bf16-mixed: tokens/s, prefills, KV blocks, preemptions), then the data-parallel gradient
+# all-reduce (NCCL vs host) on every GPU. It exits non-zero when parity fails.
 set -euo pipefail
 BIN="${1:-./target/release/conrub}"
 DEV="${2:-0}"
@@ -37,3 +38,19 @@ OUT_DIR="$(mktemp -d)"
 "$BIN" train --config configs/demo-cpu.toml --device "cuda:$DEV" \
   --set run.max_steps=2 --set warmup.steps=2 --set "run.output_dir=\"$OUT_DIR\""
 grep '"kind":"step"' "$OUT_DIR/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"rollout_secs":([0-9.e-]+),"judge_secs":([0-9.e-]+),"update_secs":([0-9.e-]+).*/step \1: rollout \2 s, judge \3 s, update \4 s/'
+
+# Data parallelism on whatever GPUs the machine has: the NCCL all-reduce of gradient buckets
+# (world size 1 on one GPU) against the host sum of the same buckets, with GB/s per rank; then,
+# with two or more GPUs, two demo steps on all of them (one rank per GPU).
+NGPU="$(nvidia-smi -L 2>/dev/null | wc -l || echo 1)"
+[[ "$NGPU" -ge 1 ]] || NGPU=1
+DEVS="$(seq -s, -f 'cuda:%g' 0 $((NGPU - 1)))"
+echo "== gradient all-reduce on $DEVS (NCCL vs host)"
+"$BIN" allreduce-check --devices "$DEVS" --mb 64 --buckets 4
+if [[ "$NGPU" -ge 2 ]]; then
+  echo "== data-parallel learner steps on $DEVS (demo config)"
+  DP_DIR="$(mktemp -d)"
+  "$BIN" train --config configs/demo-cpu.toml --devices "$DEVS" \
+    --set run.max_steps=2 --set warmup.steps=2 --set "run.output_dir=\"$DP_DIR\""
+  grep '"kind":"step"' "$DP_DIR/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"allreduce_bytes":([0-9]+),"allreduce_secs":([0-9.e-]+).*/step \1: all-reduce \2 bytes in \3 s/'
+fi

@@ -1,6 +1,9 @@
 //! Backend selection: cargo features decide which backends exist, `--device` picks one at run time.
 
+use std::sync::Arc;
+
 use anyhow::{bail, Result};
+use conrub_grpo::{Collective, HostCollective};
 use conrub_kernels::GrpoOps;
 
 /// Work that runs on whichever backend `--device` selects.
@@ -48,44 +51,115 @@ fn index(spec: &str, prefix: &str) -> Result<usize> {
     }
 }
 
+/// The collective of a backend's data-parallel ranks: NCCL between CUDA devices, the host
+/// collective (fixed rank order, bit-reproducible) everywhere else.
+pub trait RankCollective: GrpoOps {
+    /// The group of `devices`, rank `r` on `devices[r]`.
+    fn rank_collective(devices: &[Self::Device]) -> Arc<dyn Collective<Self>> {
+        Arc::new(HostCollective::new(devices.len()))
+    }
+}
+
+#[cfg(feature = "flex")]
+impl RankCollective for burn::backend::Flex {}
+#[cfg(feature = "ndarray")]
+impl RankCollective for burn::backend::NdArray<f32> {}
+#[cfg(feature = "wgpu")]
+impl RankCollective for burn::backend::Wgpu {}
+#[cfg(feature = "tch")]
+impl RankCollective for burn::backend::LibTorch {}
+#[cfg(all(feature = "cuda", not(feature = "nccl")))]
+impl RankCollective for burn::backend::Cuda {}
+#[cfg(feature = "nccl")]
+impl RankCollective for burn::backend::Cuda {
+    fn rank_collective(devices: &[Self::Device]) -> Arc<dyn Collective<Self>> {
+        Arc::new(conrub_grpo::NcclCollective::new::<Self>(devices))
+    }
+}
+
+/// Work that runs on one or more devices of one backend: the ranks of a data-parallel run.
+pub trait DevicesTask {
+    /// Runs on backend `B` and `devices` (at least one, in the order given).
+    fn run<B: RankCollective>(self, devices: Vec<B::Device>) -> Result<()>;
+}
+
+/// A one-device task as a [`DevicesTask`].
+struct One<T>(T);
+
+impl<T: BackendTask> DevicesTask for One<T> {
+    fn run<B: RankCollective>(self, devices: Vec<B::Device>) -> Result<()> {
+        let device = devices.into_iter().next().expect("one device");
+        self.0.run::<B>(device)
+    }
+}
+
 /// Parses `spec` and runs `task` on that device.
+pub fn run_on_device<T: BackendTask>(spec: &str, task: T) -> Result<()> {
+    run_on_devices(&[spec.to_string()], One(task))
+}
+
+/// The backend a device spec names (`cuda:1` -> `cuda`).
+fn backend_of(spec: &str) -> &str {
+    spec.split(':').next().unwrap_or(spec)
+}
+
+/// Parses `specs` (all of one backend) and runs `task` on those devices.
 // Each arm returns from whichever of its feature-gated statements this build keeps; with some
 // feature sets that `return` is the last statement of its block.
 #[allow(clippy::needless_return)]
-pub fn run_on_device<T: BackendTask>(spec: &str, task: T) -> Result<()> {
-    match spec {
+pub fn run_on_devices<T: DevicesTask>(specs: &[String], task: T) -> Result<()> {
+    let Some(first) = specs.first() else {
+        bail!("no device given");
+    };
+    if let Some(other) = specs.iter().find(|s| backend_of(s) != backend_of(first)) {
+        bail!("devices `{first}` and `{other}`: every rank runs on one backend");
+    }
+    match first.as_str() {
         "cpu" => {
             #[cfg(feature = "flex")]
-            return run_on_device("flex", task);
+            return run_on_devices(&vec!["flex".to_string(); specs.len()], task);
             #[cfg(all(not(feature = "flex"), feature = "ndarray"))]
-            return run_on_device("ndarray", task);
+            return run_on_devices(&vec!["ndarray".to_string(); specs.len()], task);
             #[cfg(not(any(feature = "flex", feature = "ndarray")))]
-            return missing("ndarray", spec);
+            return missing("ndarray", first);
         }
         "ndarray" => {
             #[cfg(feature = "ndarray")]
-            return task.run::<burn::backend::NdArray<f32>>(Default::default());
+            return task.run::<burn::backend::NdArray<f32>>(vec![Default::default(); specs.len()]);
             #[cfg(not(feature = "ndarray"))]
-            return missing("ndarray", spec);
+            return missing("ndarray", first);
         }
         "flex" => {
             #[cfg(feature = "flex")]
-            return task.run::<burn::backend::Flex>(Default::default());
+            return task.run::<burn::backend::Flex>(vec![Default::default(); specs.len()]);
             #[cfg(not(feature = "flex"))]
-            return missing("flex", spec);
+            return missing("flex", first);
         }
         s if s.starts_with("wgpu") => {
-            let i = index(s, "wgpu")?;
+            let indices = specs
+                .iter()
+                .map(|s| index(s, "wgpu"))
+                .collect::<Result<Vec<_>>>()?;
             #[cfg(feature = "wgpu")]
             {
                 use burn::backend::wgpu::WgpuDevice;
-                let device = if s == "wgpu" { WgpuDevice::DefaultDevice } else { WgpuDevice::DiscreteGpu(i) };
-                return task.run::<burn::backend::Wgpu>(device);
+                let devices = specs
+                    .iter()
+                    .zip(indices)
+                    .map(|(s, i)| {
+                        if s == "wgpu" {
+                            WgpuDevice::DefaultDevice
+                        } else {
+                            WgpuDevice::DiscreteGpu(i)
+                        }
+                    })
+                    .collect();
+                return task.run::<burn::backend::Wgpu>(devices);
             }
             #[cfg(not(feature = "wgpu"))]
             {
-                let _ = i;
-                missing("wgpu", spec)
+                let _ = indices;
+                missing("wgpu", first)
             }
         }
         s if s.starts_with("cuda-bf16") => bail!(
@@ -94,27 +168,40 @@ pub fn run_on_device<T: BackendTask>(spec: &str, task: T) -> Result<()> {
             s.trim_start_matches("cuda-bf16")
         ),
         s if s.starts_with("cuda") => {
-            let i = index(s, "cuda")?;
+            let indices = specs
+                .iter()
+                .map(|s| index(s, "cuda"))
+                .collect::<Result<Vec<_>>>()?;
             #[cfg(feature = "cuda")]
-            return task.run::<burn::backend::Cuda>(burn::backend::cuda::CudaDevice::new(i));
+            return task.run::<burn::backend::Cuda>(
+                indices
+                    .into_iter()
+                    .map(burn::backend::cuda::CudaDevice::new)
+                    .collect(),
+            );
             #[cfg(not(feature = "cuda"))]
             {
-                let _ = i;
-                missing("cuda", spec)
+                let _ = indices;
+                missing("cuda", first)
             }
         }
         s if s.starts_with("tch") => {
             #[cfg(feature = "tch")]
             {
                 use burn::backend::libtorch::LibTorchDevice;
-                let device = match s {
-                    "tch" | "tch:cpu" => LibTorchDevice::Cpu,
-                    _ => LibTorchDevice::Cuda(index(s.trim_start_matches("tch:"), "cuda")?),
-                };
-                return task.run::<burn::backend::LibTorch>(device);
+                let devices = specs
+                    .iter()
+                    .map(|s| {
+                        Ok(match s.as_str() {
+                            "tch" | "tch:cpu" => LibTorchDevice::Cpu,
+                            _ => LibTorchDevice::Cuda(index(s.trim_start_matches("tch:"), "cuda")?),
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                return task.run::<burn::backend::LibTorch>(devices);
             }
             #[cfg(not(feature = "tch"))]
-            return missing("tch", spec);
+            return missing("tch", first);
         }
         other => bail!("unknown device `{other}`; expected one of: {DEVICE_HELP}"),
     }

@@ -47,6 +47,9 @@ enum Command {
     Eval(commands::eval::EvalCommand),
     /// Check the fused GRPO kernels on a device against the CPU fallback and time them.
     KernelsCheck(commands::kernels::KernelsArgs),
+    /// Check and time the data-parallel gradient all-reduce between devices (NCCL on CUDA)
+    /// against the host sum.
+    AllreduceCheck(commands::allreduce::AllreduceArgs),
     /// Draw a run's curves (reward, tie rate, accepted pairs, response length) from its
     /// metrics.jsonl into the run directory.
     Plot(commands::plot::PlotArgs),
@@ -64,6 +67,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plan(args) => commands::plan::run(args),
         Command::Eval(cmd) => commands::eval::run(cmd),
         Command::KernelsCheck(args) => commands::kernels::run(args),
+        Command::AllreduceCheck(args) => commands::allreduce::run(args),
         Command::Plot(args) => commands::plot::run(args),
     }
 }

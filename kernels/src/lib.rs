@@ -296,9 +296,22 @@ pub trait DecodeOps: Backend {
 /// ask of a backend. Implemented for every backend that implements [`LossOps`], [`AttentionOps`]
 /// and [`DecodeOps`] (burn's CubeCL backends, their fusion wrapper, flex, ndarray, libtorch, and
 /// `Autodiff` over any of them); write `B: GrpoOps` unless a function needs one family only.
-pub trait GrpoOps: LossOps + AttentionOps + DecodeOps {}
+pub trait GrpoOps: LossOps + AttentionOps + DecodeOps + AutodiffInner {}
 
-impl<B: LossOps + AttentionOps + DecodeOps> GrpoOps for B {}
+impl<B: LossOps + AttentionOps + DecodeOps + AutodiffInner> GrpoOps for B {}
+
+/// What `Autodiff<B>` asks of `B`: any backend, or with feature `distributed` (burn's, for NCCL)
+/// a `DistributedBackend` (burn 0.21 makes that a condition of autodiff in such a build).
+#[cfg(not(feature = "distributed"))]
+pub trait AutodiffInner: Backend {}
+#[cfg(not(feature = "distributed"))]
+impl<B: Backend> AutodiffInner for B {}
+/// What `Autodiff<B>` asks of `B`: any backend, or with feature `distributed` (burn's, for NCCL)
+/// a `DistributedBackend` (burn 0.21 makes that a condition of autodiff in such a build).
+#[cfg(feature = "distributed")]
+pub trait AutodiffInner: Backend + burn::tensor::backend::distributed::DistributedBackend {}
+#[cfg(feature = "distributed")]
+impl<B: Backend + burn::tensor::backend::distributed::DistributedBackend> AutodiffInner for B {}
 
 /// Per-token outputs of [`token_logprobs`].
 #[derive(Debug, Clone)]

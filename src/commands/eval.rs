@@ -243,6 +243,7 @@ fn generate_responses<B: GrpoOps>(
         },
         seed: args.seed,
         stop_ids: qwen.stop_ids(),
+        first_stream: 0,
     };
     let mut responses: Vec<(usize, String, usize)> = Vec::new();
     for (k, row) in rows.iter().enumerate() {

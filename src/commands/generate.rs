@@ -110,6 +110,7 @@ impl BackendTask for GenerateArgs {
             },
             seed: self.seed,
             stop_ids,
+            first_stream: 0,
         };
         let out = qwen
             .generate(&[prompt], &cfg, &device)?

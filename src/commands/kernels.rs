@@ -47,6 +47,7 @@ fn host<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> V
 }
 
 /// Values and gradients of both ops on backend `B` (under autodiff).
+#[cfg(feature = "flex")]
 fn parity_run<B: GrpoOps>(device: &B::Device, tokens: usize) -> Vec<Vec<f32>> {
     type A<B> = Autodiff<B>;
     let hidden = 64;
@@ -548,6 +549,7 @@ fn rollout_timing<B: GrpoOps>(device: &B::Device, table: &mut Table) -> Result<(
 /// Relative errors of fused attention against the naive graph on `B` (out, dq, dk, dv) for a
 /// GQA batch (16 query heads over 8 KV heads, head_dim 128, 300 queries across two blocks) with
 /// padded keys in one row.
+#[cfg(feature = "flex")]
 fn attention_parity<B: GrpoOps>(
     device: &B::Device,
     dtype: burn::tensor::DType,

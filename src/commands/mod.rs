@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod allreduce;
 pub mod eval;
 pub mod generate;
 pub mod judge_pair;

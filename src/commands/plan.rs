@@ -148,6 +148,8 @@ pub fn run(a: PlanArgs) -> Result<()> {
         let mut v = plan.to_json();
         v["config"] = a.config.display().to_string().into();
         v["device"] = device.into();
+        v["devices"] = cfg.devices.clone().into();
+        v["prompts_per_rank"] = cfg.prompts_per_rank().into();
         v["model"] = serde_json::json!({ "path": model.name, "source": model.source });
         return super::print_lines([serde_json::to_string_pretty(&v)?]);
     }
@@ -169,6 +171,20 @@ pub fn run(a: PlanArgs) -> Result<()> {
             if m.tie_word_embeddings { "tied" } else { "untied" }
         ),
         format!("precision {}, activation checkpointing {}, device {device}", i.precision, if i.activation_checkpointing { "on" } else { "off" }),
+        if cfg.devices.len() > 1 {
+            format!(
+                "data parallel: {} ranks ({}); every figure below is per rank: at most {} of the step's {} prompts ({} rows), a replica of the weights and AdamW, and a gradient all-reduce of {:.2} GB per optimizer step in buckets of {:.0} MiB",
+                cfg.devices.len(),
+                cfg.devices.join(", "),
+                cfg.prompts_per_rank(),
+                cfg.run.prompts_per_step,
+                cfg.prompts_per_rank() * i.group_size,
+                plan.parameters as f64 * 4.0 / GB,
+                cfg.learner.allreduce_bucket_mb
+            )
+        } else {
+            "one device (no data parallelism)".to_string()
+        },
         format!(
             "micro-batch: budget {} tokens -> {} rows x {} tokens (prompt {} + response {}) = {} tokens; LM head chunk {}",
             i.micro_batch_tokens,

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use burn::backend::Autodiff;
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, Module};
 use clap::Args;
 use conrub_config::TrainConfig;
 use conrub_grpo::{
-    sft_warmup, train, warmup_pairs, ChatTemplateCodec, GrpoError, InProcessEngine, JudgeRewards,
-    Learner, PairwiseTieBreaker, RunHooks, TieMode,
+    sft_warmup, train, warmup_pairs, ChatTemplateCodec, DataParallel, GrpoError, InProcessEngine,
+    JudgeRewards, Learner, LearnerBuilder, PairwiseTieBreaker, RunHooks, TieMode,
 };
 use conrub_judge::{JudgeKind, Judges};
 use conrub_kernels::GrpoOps;
@@ -19,7 +19,7 @@ use conrub_qwen3::{save_pretrained, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDt
 use conrub_rollout::{EngineConfig, PagedModel};
 use conrub_rubric::{read_rubrics, RubricRecord, RubricSet};
 
-use crate::backend::{run_on_device, BackendTask};
+use crate::backend::{run_on_devices, DevicesTask, RankCollective};
 
 /// Arguments of `conrub train`.
 #[derive(Args)]
@@ -30,9 +30,13 @@ pub struct TrainArgs {
     /// Continue from a checkpoint directory (`output_dir/checkpoint-NNNNNN`).
     #[arg(long)]
     pub resume: Option<PathBuf>,
-    /// Device (overrides the config's `device`).
-    #[arg(long)]
+    /// Device (overrides the config's `device` or `devices`).
+    #[arg(long, conflicts_with = "devices")]
     pub device: Option<String>,
+    /// Data-parallel devices, one rank each, all of one backend: `cuda:0,cuda:1,cuda:2,cuda:3`
+    /// (`cpu,cpu` simulates two ranks); overrides the config's `device` or `devices`.
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Option<Vec<String>>,
     /// Override a config value: `--set learner.lr=1e-6 --set run.max_steps=10` (TOML values).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
@@ -46,8 +50,8 @@ pub struct TrainArgs {
 /// Runs `conrub train`.
 pub fn run(a: TrainArgs) -> Result<()> {
     let mut cfg = TrainConfig::from_file(&a.config, &a.overrides)?;
-    if let Some(d) = a.device {
-        cfg.device = d;
+    if let Some(ds) = a.devices.or(a.device.map(|d| vec![d])) {
+        cfg.set_devices(ds)?;
     }
     // Fail before loading anything when training needs what the file lacks.
     cfg.rubrics_path()?;
@@ -68,9 +72,9 @@ pub fn run(a: TrainArgs) -> Result<()> {
         // The engine gets the pool the plan budgeted.
         kv_pool_blocks = Some(plan.kv_pool_blocks);
     }
-    let device = cfg.device.clone();
-    run_on_device(
-        &device,
+    let devices = cfg.devices.clone();
+    run_on_devices(
+        &devices,
         TrainTask {
             cfg,
             resume: a.resume,
@@ -86,9 +90,9 @@ struct TrainTask {
     kv_pool_blocks: Option<usize>,
 }
 
-impl BackendTask for TrainTask {
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        train_on::<B>(self, device)
+impl DevicesTask for TrainTask {
+    fn run<B: RankCollective>(self, devices: Vec<B::Device>) -> Result<()> {
+        train_on::<B>(self, devices)
     }
 }
 
@@ -290,12 +294,14 @@ impl<B: GrpoOps> RunHooks<Qwen3ForCausalLM<Autodiff<B>>> for Hooks<B> {
     }
 }
 
-fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
+/// Trains on `devices`: one learner, or one data-parallel rank per device.
+fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Result<()> {
     let TrainTask {
         cfg,
         resume,
         kv_pool_blocks,
     } = task;
+    let device = devices[0].clone();
     let rubrics_path = cfg.rubrics_path()?;
     let rubrics = read_rubrics(&rubrics_path)?;
     let records: Vec<_> = rubrics.iter().cloned().collect();
@@ -327,21 +333,19 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
         prompts_per_call: cfg.learner.rollout_prompts_per_call,
         engine: rollout_engine::<B>(&cfg, &model, kv_pool_blocks),
     };
-    let builder = Learner::builder(model, cfg.learner.clone(), device.clone())
-        .rollout(engine)
-        .codec(codec)
-        .rewards(rewards)
-        .stop_ids(stop_ids);
-    let mut learner = match cfg.learner.tie_mode {
-        TieMode::Off => builder.build(),
-        _ => builder
-            .tie_breaker(PairwiseTieBreaker::new(
-                judges.pairwise.clone(),
-                cfg.learner.seed,
-            ))
-            .build(),
-    }
-    .map_err(|e| anyhow!("{e}"))?;
+    // One judge (client, concurrency limit, cache) for every rank.
+    let breaker = PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed);
+    let builder = |model, device: &B::Device| -> LearnerBuilder<Autodiff<B>, _> {
+        let b = Learner::builder(model, cfg.learner.clone(), device.clone())
+            .rollout(engine.clone())
+            .codec(codec.clone())
+            .rewards(rewards.clone())
+            .stop_ids(stop_ids.clone());
+        match cfg.learner.tie_mode {
+            TieMode::Off => b,
+            _ => b.tie_breaker(breaker.clone()),
+        }
+    };
     let mut run = cfg.run.clone();
     run.output_dir = cfg.resolve(&run.output_dir);
     let mut hooks = Hooks::<B> {
@@ -364,15 +368,24 @@ fn train_on<B: GrpoOps>(task: TrainTask, device: B::Device) -> Result<()> {
         cfg.learner.tie_mode,
         run.output_dir.display()
     );
-    let summary = rt
-        .block_on(train(
-            &mut learner,
-            &records,
-            &run,
-            resume.as_deref(),
-            &mut hooks,
-        ))
-        .map_err(|e| anyhow!(e))?;
+    let resume = resume.as_deref();
+    let summary = if devices.len() == 1 {
+        let mut learner = builder(model, &device).build()?;
+        rt.block_on(train(&mut learner, &records, &run, resume, &mut hooks))
+    } else {
+        eprintln!(
+            "data parallel: {} ranks on {}",
+            devices.len(),
+            cfg.devices.join(", ")
+        );
+        let collective = B::rank_collective(&devices);
+        let bucket = cfg.learner.allreduce_bucket_bytes();
+        let mut group = DataParallel::build(&devices, collective, bucket, |_, d| {
+            Ok(builder(model.clone().fork(d), d))
+        })?;
+        rt.block_on(train(&mut group, &records, &run, resume, &mut hooks))
+    }
+    .map_err(|e| anyhow!(e))?;
     report(&summary, &run.output_dir);
     Ok(())
 }

@@ -32,8 +32,11 @@ pub use sections::{
 /// A train config (`conrub train --config FILE`, `conrub plan --config FILE`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainConfig {
-    /// Device of the policy (`cpu`, `wgpu`, `cuda:0`, ...).
+    /// Device of the policy (`cpu`, `wgpu`, `cuda:0`, ...): the first of `devices`.
     pub device: String,
+    /// Every device of the policy: one (`device = ...`), or one data-parallel rank each
+    /// (`devices = ["cuda:0", "cuda:1", ...]`; `["cpu", "cpu"]` simulates ranks on the CPU).
+    pub devices: Vec<String>,
     /// Compute precision of the policy.
     pub precision: Precision,
     /// The policy.
@@ -60,8 +63,10 @@ pub struct TrainConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Schema {
-    #[serde(default = "default_device")]
-    pub device: String,
+    #[serde(default)]
+    pub device: Option<String>,
+    #[serde(default)]
+    pub devices: Option<Vec<String>>,
     #[serde(default)]
     pub precision: Precision,
     #[serde(default)]
@@ -80,8 +85,9 @@ pub(crate) struct Schema {
     pub rollout: RolloutSection,
 }
 
-fn default_device() -> String {
-    "cpu".into()
+/// The backend a device spec names (`cuda:1` -> `cuda`).
+fn backend_of(spec: &str) -> &str {
+    spec.split(':').next().unwrap_or(spec)
 }
 
 impl TrainConfig {
@@ -132,8 +138,20 @@ impl TrainConfig {
                 path: path.to_path_buf(),
                 source,
             })?;
+        let devices = match (schema.device, schema.devices) {
+            (Some(_), Some(_)) => {
+                return Err(key_error(
+                    "devices".into(),
+                    "give `device` or `devices`, not both".into(),
+                ))
+            }
+            (Some(d), None) => vec![d],
+            (None, Some(ds)) => ds,
+            (None, None) => vec!["cpu".into()],
+        };
         let cfg = Self {
-            device: schema.device,
+            device: devices.first().cloned().unwrap_or_default(),
+            devices,
             precision: schema.precision,
             model: schema.model,
             data: schema.data,
@@ -149,6 +167,13 @@ impl TrainConfig {
         Ok(cfg)
     }
 
+    /// Replaces the devices (`--device` or `--devices` on the command line).
+    pub fn set_devices(&mut self, devices: Vec<String>) -> Result<()> {
+        self.device = devices.first().cloned().unwrap_or_default();
+        self.devices = devices;
+        self.validate()
+    }
+
     /// Range checks across sections; errors name the key.
     fn validate(&self) -> Result<()> {
         let key_error = |key: &str, message: String| ConfigError::Key {
@@ -156,6 +181,19 @@ impl TrainConfig {
             key: key.into(),
             message,
         };
+        let Some(first) = self.devices.first() else {
+            return Err(key_error("devices", "needs at least one device".into()));
+        };
+        if let Some(other) = self
+            .devices
+            .iter()
+            .find(|d| backend_of(d) != backend_of(first))
+        {
+            return Err(key_error(
+                "devices",
+                format!("\"{first}\" and \"{other}\": every rank runs on one backend"),
+            ));
+        }
         self.learner.validate().map_err(|e| match e {
             conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
             other => key_error("learner", other.to_string()),
@@ -236,6 +274,14 @@ impl TrainConfig {
         }
     }
 
+    /// The most prompt groups of a step one data-parallel rank holds (all of them on one
+    /// device).
+    pub fn prompts_per_rank(&self) -> usize {
+        self.run
+            .prompts_per_step
+            .div_ceil(self.devices.len().max(1))
+    }
+
     /// The memory plan's inputs for a model of `shape` on a device of `gpu_memory_gb`;
     /// `max_prompt_tokens` overrides `data.max_prompt_tokens` (default 1,024).
     pub fn memory_plan_input(
@@ -253,7 +299,9 @@ impl TrainConfig {
         input.group_size = l.group_size;
         input.max_response_tokens = l.max_response_tokens;
         input.rollout_prompts_per_call = l.rollout_prompts_per_call;
-        input.prompts_per_step = self.run.prompts_per_step;
+        // Each data-parallel rank holds its share of the step's groups (the first ranks one
+        // more when they do not divide): the plan is per rank.
+        input.prompts_per_step = self.prompts_per_rank();
         input.keep_reference = l.kl_beta != 0.0;
         input.max_prompt_tokens = max_prompt_tokens
             .or(self.data.max_prompt_tokens)

@@ -77,16 +77,17 @@ block_size = 16
 max_rows = 256
 "#;
 
-/// Dotted key paths of a JSON object (arrays and scalars are leaves); panics on a `null`, which
-/// would be an unset option whose keys the walk cannot see.
+/// Dotted key paths of a JSON object (arrays and scalars are leaves); panics on a `null` (but
+/// `devices`), which would be an unset option whose keys the walk cannot see.
 fn key_paths(prefix: &str, v: &serde_json::Value, out: &mut BTreeSet<String>) {
     let serde_json::Value::Object(map) = v else {
         return;
     };
     for (k, v) in map {
         let path = format!("{prefix}{k}");
+        // `devices` is the alternative of `device` (the example sets that one; both is an error).
         assert!(
-            !v.is_null(),
+            !v.is_null() || path == "devices",
             "`{path}` is unset in the full example: set it"
         );
         // Tables are documented through their keys; a free-form map is one key.
@@ -218,4 +219,29 @@ fn overrides_set_nested_keys() {
         .unwrap_err()
         .to_string();
     assert_eq!(e, "--set device.x=1: `device` is not a table");
+}
+
+#[test]
+fn devices_replace_device_and_must_share_a_backend() {
+    let cfg = |text: &str| {
+        let text = format!("{text}[model]\npath = \"m\"\n");
+        let table: toml::Table = toml::from_str(&text).unwrap();
+        TrainConfig::from_table(table, Path::new("t.toml"))
+    };
+    let two = cfg("devices = [\"cpu\", \"cpu\"]\n").unwrap();
+    assert_eq!((two.devices.len(), two.device.as_str()), (2, "cpu"));
+    assert_eq!(cfg("").unwrap().devices, vec!["cpu".to_string()]);
+    let e = cfg("device = \"cpu\"\ndevices = [\"cpu\"]\n").unwrap_err().to_string();
+    assert!(e.contains("t.toml: devices: give `device` or `devices`, not both"), "{e}");
+    let e = cfg("devices = [\"cuda:0\", \"wgpu\"]\n").unwrap_err().to_string();
+    assert!(e.contains("devices: \"cuda:0\" and \"wgpu\": every rank runs on one backend"), "{e}");
+    let e = cfg("devices = []\n").unwrap_err().to_string();
+    assert!(e.contains("devices: needs at least one device"), "{e}");
+    let mut c = cfg("").unwrap();
+    c.set_devices(vec!["cuda:0".into(), "cuda:1".into()]).unwrap();
+    assert_eq!((c.device.as_str(), c.devices.len()), ("cuda:0", 2));
+    // A plan is per rank: the step's prompts over the ranks, the first ones taking one more.
+    let mut c = cfg("[run]\nprompts_per_step = 5\n").unwrap();
+    c.set_devices(vec!["cpu".into(), "cpu".into()]).unwrap();
+    assert_eq!(c.prompts_per_rank(), 3);
 }

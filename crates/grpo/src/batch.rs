@@ -47,6 +47,17 @@ impl RolloutBatch {
         self.finish_reasons.push(generation.finish_reason);
     }
 
+    /// Appends the groups of `other` (the next rank's, in a data-parallel step) and merges its
+    /// telemetry.
+    pub fn append(&mut self, other: RolloutBatch) {
+        debug_assert_eq!(self.group_size, other.group_size);
+        self.prompts.extend(other.prompts);
+        self.responses.extend(other.responses);
+        self.logprobs.extend(other.logprobs);
+        self.finish_reasons.extend(other.finish_reasons);
+        self.telemetry.merge(&other.telemetry);
+    }
+
     /// Per row: the response hit the length limit without a stop token.
     pub fn truncated(&self) -> impl Iterator<Item = bool> + '_ {
         self.finish_reasons

@@ -16,6 +16,7 @@ pub trait TextCodec: Send + Sync {
 
 /// The Qwen3 tokenizer and chat template; `enable_thinking` is passed to the template (`Some(false)`
 /// for thinking-disabled policies such as Qwen3-4B-Instruct runs).
+#[derive(Clone)]
 pub struct ChatTemplateCodec {
     /// The tokenizer.
     pub tokenizer: Qwen3Tokenizer,

@@ -10,6 +10,7 @@
 //! the end.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
@@ -26,6 +27,7 @@ use crate::batch::{
     longest, pad_columns, plan_micro_batches, RolloutBatch, TokenBatch, TrainBatch,
 };
 use crate::codec::TextCodec;
+use crate::collective::Collective;
 use crate::error::{GrpoError, Result};
 use crate::group::{reward_bin, GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
 use crate::loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch};
@@ -89,6 +91,9 @@ pub struct LearnerConfig {
     /// leaves the policy as it was built (a Qwen3 built with checkpointing in its `Execution`
     /// keeps it).
     pub activation_checkpointing: bool,
+    /// Data-parallel runs: megabytes (2^20 bytes) of flattened f32 gradients per all-reduced
+    /// bucket (one all-reduce call each, per optimizer step).
+    pub allreduce_bucket_mb: f64,
     /// Run seed.
     pub seed: u64,
 }
@@ -118,6 +123,7 @@ impl Default for LearnerConfig {
             mini_batches: 1,
             micro_batch_tokens: 16_384,
             activation_checkpointing: false,
+            allreduce_bucket_mb: 64.0,
             seed: 1234,
         }
     }
@@ -157,7 +163,15 @@ impl LearnerConfig {
         if !(self.clip.low > 0.0 && self.clip.low < 1.0 && self.clip.high > 0.0) {
             return bad("clip", "need 0 < low < 1 and high > 0");
         }
+        if !(self.allreduce_bucket_mb > 0.0) {
+            return bad("allreduce_bucket_mb", "must be > 0");
+        }
         Ok(())
+    }
+
+    /// Bytes per all-reduced gradient bucket (`allreduce_bucket_mb`).
+    pub fn allreduce_bucket_bytes(&self) -> usize {
+        (self.allreduce_bucket_mb * (1u64 << 20) as f64) as usize
     }
 
     /// The rollout's sampling settings at `seed` (stop ids as given).
@@ -171,6 +185,7 @@ impl LearnerConfig {
             },
             seed,
             stop_ids: stop_ids.to_vec(),
+            first_stream: 0,
         }
     }
 }
@@ -210,7 +225,9 @@ pub struct StepMetrics {
     pub clip_low: f64,
     /// Token-weighted fraction clipped high.
     pub clip_high: f64,
-    /// Policy loss (mean over micro-batches of the last PPO epoch, before scaling).
+    /// Policy loss of the last PPO epoch: per mini-batch, the aggregate its gradient is taken of
+    /// (the micro-batches' losses weighted as in the update), averaged over mini-batches. The
+    /// same number whatever the micro-batch split or the number of data-parallel ranks.
     pub loss: f64,
     /// Mean k3 KL to the reference (when `kl_beta > 0`).
     pub kl: Option<f64>,
@@ -256,6 +273,31 @@ pub struct StepMetrics {
     pub judge_secs: f64,
     /// Seconds of optimisation (old log-probs included).
     pub update_secs: f64,
+    /// Data-parallel ranks that ran the step (1 on one device).
+    #[serde(default = "one")]
+    pub ranks: usize,
+    /// Bytes each rank sent through the gradient all-reduce (0 on one device).
+    #[serde(default)]
+    pub allreduce_bytes: u64,
+    /// Seconds each rank spent in the gradient all-reduce (the slowest rank's).
+    #[serde(default)]
+    pub allreduce_secs: f64,
+    /// The slowest and the fastest rank's rollout seconds (equal on one device).
+    #[serde(default)]
+    pub rollout_secs_rank_max: f64,
+    /// See `rollout_secs_rank_max`.
+    #[serde(default)]
+    pub rollout_secs_rank_min: f64,
+    /// The slowest and the fastest rank's update seconds (equal on one device).
+    #[serde(default)]
+    pub update_secs_rank_max: f64,
+    /// See `update_secs_rank_max`.
+    #[serde(default)]
+    pub update_secs_rank_min: f64,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// What one step produced besides metrics (for audit logs).
@@ -296,6 +338,39 @@ where
     rollout: RolloutStage<B, P>,
     loss: PolicyLoss,
     stop_ids: Vec<u32>,
+    rank: Option<RankSlot<B::InnerBackend>>,
+}
+
+/// A learner's place in a group of data-parallel ranks (see [`crate::DataParallel`]): its
+/// index, the group's collective and the size of the gradient buckets it all-reduces.
+#[derive(Clone)]
+pub struct RankSlot<B: burn::tensor::backend::Backend> {
+    /// This rank, `0..world`.
+    pub rank: usize,
+    /// The collective shared by the group.
+    pub collective: Arc<dyn Collective<B>>,
+    /// Bytes per all-reduced bucket of flattened gradients.
+    pub bucket_bytes: usize,
+}
+
+/// Which of the step's groups a learner handles: `first..first + records.len()` of `total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shard {
+    pub first: usize,
+    pub total: usize,
+}
+
+/// One rank's share of a step, before the step's metrics are computed.
+pub(crate) struct StepParts {
+    pub rollout: RolloutBatch,
+    pub texts: Vec<String>,
+    pub scores: Vec<GroupScores>,
+    pub outcomes: Vec<GroupOutcome>,
+    pub update: UpdateStats,
+    pub dpo_pairs: usize,
+    pub rollout_secs: f64,
+    pub judge_secs: f64,
+    pub update_secs: f64,
 }
 
 /// Builds a [`Learner`]: the policy, its settings and device, a [`TextCodec`] and a
@@ -315,6 +390,7 @@ where
     estimator: Option<Box<dyn AdvantageEstimator>>,
     rollout: Option<RolloutStage<B, P>>,
     stop_ids: Vec<u32>,
+    rank: Option<RankSlot<B::InnerBackend>>,
 }
 
 impl<B, P> LearnerBuilder<B, P>
@@ -362,6 +438,12 @@ where
     /// response runs to `max_response_tokens`.
     pub fn stop_ids(mut self, ids: Vec<u32>) -> Self {
         self.stop_ids = ids;
+        self
+    }
+
+    /// Makes the learner one rank of a data-parallel group (used by [`crate::DataParallel`]).
+    pub fn rank(mut self, slot: RankSlot<B::InnerBackend>) -> Self {
+        self.rank = Some(slot);
         self
     }
 
@@ -426,12 +508,14 @@ where
             rollout,
             loss,
             stop_ids: self.stop_ids,
+            rank: self.rank,
         })
     }
 }
 
 /// What the update stage measured, read from the device in one transfer.
-struct UpdateStats {
+#[derive(Debug, Clone)]
+pub(crate) struct UpdateStats {
     grad_norms: Vec<f64>,
     optimizer_steps: usize,
     loss: f64,
@@ -439,6 +523,8 @@ struct UpdateStats {
     clip_high: f64,
     kl: Option<f64>,
     entropy: Option<f64>,
+    pub allreduce_bytes: u64,
+    pub allreduce_secs: f64,
 }
 
 impl<B, P> Learner<B, P>
@@ -459,6 +545,7 @@ where
             estimator: None,
             rollout: None,
             stop_ids: Vec::new(),
+            rank: None,
         }
     }
 
@@ -479,13 +566,35 @@ where
 
     /// One training step on `records` (one group of `group_size` responses per record).
     pub async fn step(&mut self, records: &[&RubricRecord]) -> Result<StepOutput> {
-        if records.is_empty() {
+        let shard = Shard {
+            first: 0,
+            total: records.len(),
+        };
+        let parts = self.step_parts(records, shard).await?;
+        self.step += 1;
+        Ok(step_output(
+            self.step - 1,
+            self.cfg.group_size,
+            1,
+            vec![parts],
+        ))
+    }
+
+    /// The stages of one step on this learner's `shard` of the step's groups (`records`). With
+    /// a rank slot, the train batch's global counts and every optimizer step's gradients are
+    /// shared with the other ranks; the step counter is not advanced.
+    pub(crate) async fn step_parts(
+        &mut self,
+        records: &[&RubricRecord],
+        shard: Shard,
+    ) -> Result<StepParts> {
+        if shard.total == 0 {
             return Err(GrpoError::NoRecords);
         }
         let k = self.cfg.group_size;
         let t0 = Instant::now();
         let inner = self.policy.valid();
-        let rollout = self.rollout_stage(&inner, records)?;
+        let rollout = self.rollout_stage(&inner, records, shard.first)?;
         rollout.check_shape(records.len(), k)?;
         let texts: Vec<String> = rollout
             .responses
@@ -520,7 +629,8 @@ where
         let judge_secs = t1.elapsed().as_secs_f64();
 
         let t2 = Instant::now();
-        let batch = self.train_batch(&inner, &rollout, &outcomes);
+        let rows = self.global_rows(&rollout, shard)?;
+        let batch = self.train_batch(&inner, &rollout, &outcomes, &rows);
         let dpo_pairs: Vec<(usize, usize)> = if self.cfg.tie_mode == TieMode::GrpoDpo {
             outcomes
                 .iter()
@@ -534,26 +644,81 @@ where
         } else {
             Vec::new()
         };
-        let update = self.update_stage(&batch, &dpo_pairs);
+        let update = self.update_stage(&batch, &dpo_pairs, &rows)?;
         // The new weights go to the engine before the next rollout reads them.
         self.rollout
             .sync_weights(&self.policy.valid(), self.step + 1)?;
         let update_secs = t2.elapsed().as_secs_f64();
-
-        let mut metrics = self.step_metrics(&rollout, &scores, &outcomes, update);
-        metrics.dpo_pairs = dpo_pairs.len();
-        (
-            metrics.rollout_secs,
-            metrics.judge_secs,
-            metrics.update_secs,
-        ) = (rollout_secs, judge_secs, update_secs);
-        self.step += 1;
-        Ok(StepOutput {
-            metrics,
-            scores: scores.into_iter().map(|g| g.scores).collect(),
+        Ok(StepParts {
+            rollout,
+            texts,
+            scores,
             outcomes,
-            responses: texts.chunks(k).map(<[String]>::to_vec).collect(),
+            update,
+            dpo_pairs: dpo_pairs.len(),
+            rollout_secs,
+            judge_secs,
+            update_secs,
         })
+    }
+
+    /// The sequence and response lengths of the whole step's rows and where this learner's rows
+    /// start among them (gathered from every rank when data-parallel).
+    fn global_rows(&self, rollout: &RolloutBatch, shard: Shard) -> Result<GlobalRows> {
+        let n = rollout.rows();
+        let seq: Vec<usize> = (0..n)
+            .map(|r| rollout.prompt(r).len() + rollout.responses[r].len())
+            .collect();
+        let response: Vec<usize> = rollout.responses.iter().map(Vec::len).collect();
+        let Some(slot) = &self.rank else {
+            return Ok(GlobalRows {
+                seq_lens: seq,
+                lens: response,
+                first: 0,
+            });
+        };
+        let mine: Vec<f64> = seq.iter().chain(&response).map(|&l| l as f64).collect();
+        let gathered = slot.collective.all_gather(slot.rank, mine)?;
+        let first = gathered[..slot.rank].iter().map(|v| v.len() / 2).sum();
+        let (mut seq_lens, mut lens) = (Vec::new(), Vec::new());
+        for v in &gathered {
+            let (s, r) = v.split_at(v.len() / 2);
+            seq_lens.extend(s.iter().map(|&l| l as usize));
+            lens.extend(r.iter().map(|&l| l as usize));
+        }
+        if lens.len() != shard.total * self.cfg.group_size {
+            return Err(GrpoError::Stage(format!(
+                "rank {}: the ranks hold {} rows for {} groups of {}",
+                slot.rank,
+                lens.len(),
+                shard.total,
+                self.cfg.group_size
+            )));
+        }
+        Ok(GlobalRows {
+            seq_lens,
+            lens,
+            first,
+        })
+    }
+
+    /// The micro-batches of the step's rows `range` (global indices) that hold this learner's
+    /// rows, as indices into its train batch: the one-device plan of the whole step, cut to this
+    /// learner's rows, so that only a micro-batch spanning two ranks differs from one device's.
+    fn local_micro_batches(
+        &self,
+        rows: &GlobalRows,
+        range: Range<usize>,
+        local: usize,
+    ) -> Vec<Range<usize>> {
+        let end = rows.first + local;
+        plan_micro_batches(&rows.seq_lens, range, self.cfg.micro_batch_tokens)
+            .into_iter()
+            .filter_map(|m| {
+                let (lo, hi) = (m.start.max(rows.first), m.end.min(end));
+                (lo < hi).then(|| lo - rows.first..hi - rows.first)
+            })
+            .collect()
     }
 
     /// Stage 1: `group_size` responses per record, sampled on the inner backend.
@@ -561,6 +726,7 @@ where
         &self,
         inner: &P::InnerModule,
         records: &[&RubricRecord],
+        first_group: usize,
     ) -> Result<RolloutBatch> {
         let prompts: Vec<Vec<u32>> = records
             .iter()
@@ -589,6 +755,7 @@ where
             group_size: self.cfg.group_size,
             sampling: &sampling,
             step: self.step,
+            first_group,
         };
         self.rollout.rollout(inner, &request, &self.device)
     }
@@ -653,6 +820,7 @@ where
         inner: &P::InnerModule,
         rollout: &RolloutBatch,
         outcomes: &[GroupOutcome],
+        rows: &GlobalRows,
     ) -> TrainBatch<B> {
         let n = rollout.rows();
         let tokens = TokenBatch::<B>::new(
@@ -665,7 +833,7 @@ where
         let response_lens: Vec<usize> = rollout.responses.iter().map(Vec::len).collect();
         let width = tokens.positions.dims()[1];
         let inner_tokens = tokens.inner();
-        let micro = plan_micro_batches(&seq_lens, 0..n, self.cfg.micro_batch_tokens);
+        let micro = self.local_micro_batches(rows, rows.first..rows.first + n, n);
         let logprobs = |model: &P::InnerModule| -> Tensor<B, 2> {
             let parts: Vec<_> = micro
                 .iter()
@@ -700,23 +868,36 @@ where
 
     /// Stage 5: PPO epochs over mini-batches; each mini-batch accumulates the gradients of its
     /// micro-batches (slices of `batch`), then clips globally and steps the optimizer.
-    fn update_stage(&mut self, batch: &TrainBatch<B>, dpo_pairs: &[(usize, usize)]) -> UpdateStats {
-        let n = batch.rows();
+    ///
+    /// Mini-batches are cut from the whole step's rows (`rows`); a data-parallel rank takes its
+    /// part of each (possibly none), weights its micro-batches by the mini-batch's global counts,
+    /// and all-reduces the summed gradients before the optimizer step, so every rank applies the
+    /// update one device would for the same rows.
+    fn update_stage(
+        &mut self,
+        batch: &TrainBatch<B>,
+        dpo_pairs: &[(usize, usize)],
+        rows: &GlobalRows,
+    ) -> Result<UpdateStats> {
+        let n = rows.lens.len();
         let size = n.div_ceil(self.cfg.mini_batches).max(1);
         let minis: Vec<Range<usize>> = (0..n).step_by(size).map(|s| s..(s + size).min(n)).collect();
+        let local = rows.first..rows.first + batch.rows();
         let mut norms: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
-        // Last PPO epoch, summed over micro-batches on the device: loss, clip_low x tokens,
-        // clip_high x tokens, kl x tokens, entropy sum.
-        let mut sums: Option<Tensor<B::InnerBackend, 1>> = None;
-        let (mut micro_count, mut token_count, mut has_entropy) = (0usize, 0usize, false);
+        // Last PPO epoch, per micro-batch (kept on the device, read once, summed on the host in
+        // f64): weighted loss, clip_low x tokens, clip_high x tokens, kl x tokens, entropy sum.
+        let mut micro_parts: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
+        let (mut token_count, mut has_entropy) = (0usize, false);
+        let (mut allreduce_bytes, mut allreduce_secs) = (0u64, 0f64);
         for epoch in 0..self.cfg.ppo_epochs {
             let last = epoch + 1 == self.cfg.ppo_epochs;
             for mini in &minis {
-                let mini_tokens: usize = batch.response_lens[mini.clone()].iter().sum();
+                let mini_tokens: usize = rows.lens[mini.clone()].iter().sum();
+                // This learner's rows of the mini-batch (maybe none), as indices into `batch`.
+                let lo = mini.start.clamp(local.start, local.end);
+                let mine = lo - rows.first..mini.end.clamp(lo, local.end) - rows.first;
                 let mut acc = GradientsAccumulator::<P>::new();
-                for micro in
-                    plan_micro_batches(&batch.seq_lens, mini.clone(), self.cfg.micro_batch_tokens)
-                {
+                for micro in self.local_micro_batches(rows, mini.clone(), batch.rows()) {
                     let mb = batch.slice(micro.clone());
                     // Weights that make the sum over micro-batches the mini-batch's aggregate.
                     let weight = match self.cfg.aggregation {
@@ -745,7 +926,7 @@ where
                             has_entropy |= out_lp.entropy.is_some();
                             parts = Some(Tensor::cat(
                                 vec![
-                                    f32_of(out.loss.clone()),
+                                    f32_of(out.loss.clone()) * weight,
                                     f32_of(out.clip_low.clone()) * w,
                                     f32_of(out.clip_high.clone()) * w,
                                     out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
@@ -757,11 +938,7 @@ where
                         out.loss * weight
                     });
                     if let Some(v) = parts {
-                        sums = Some(match sums.take() {
-                            Some(s) => s + v,
-                            None => v,
-                        });
-                        micro_count += 1;
+                        micro_parts.push(v);
                         token_count += mb.response_tokens();
                     }
                     acc.accumulate(&self.policy, grads);
@@ -769,12 +946,20 @@ where
                 let pairs: Vec<(usize, usize)> = dpo_pairs
                     .iter()
                     .copied()
-                    .filter(|(w, _)| mini.contains(w))
+                    .filter(|(w, _)| mine.contains(w))
                     .collect();
                 if !pairs.is_empty() {
-                    acc.accumulate(&self.policy, self.dpo_gradients(batch, &pairs));
+                    acc.accumulate(&self.policy, self.dpo_gradients(batch, &pairs, n));
                 }
-                let (policy, norm) = self.update.apply(self.policy.clone(), acc.grads());
+                let mut grads = acc.grads();
+                if let Some(slot) = &self.rank {
+                    let t = Instant::now();
+                    let (reduced, bytes) = crate::buckets::all_reduce(&self.policy, grads, slot)?;
+                    grads = reduced;
+                    allreduce_bytes += bytes;
+                    allreduce_secs += t.elapsed().as_secs_f64();
+                }
+                let (policy, norm) = self.update.apply(self.policy.clone(), grads);
                 self.policy = policy;
                 norms.push(norm);
             }
@@ -782,31 +967,49 @@ where
         // The one read of the update's numbers.
         let steps = norms.len();
         let mut all = norms;
-        all.push(sums.unwrap_or_else(|| {
-            Tensor::<B, 1>::zeros([5], &self.device)
-                .inner()
-                .cast(DType::F32)
-        }));
+        all.extend(micro_parts);
         let host: Vec<f64> = Tensor::cat(all, 0)
             .into_data()
             .convert::<f64>()
             .into_vec()
             .expect("f64 metrics");
-        let (norms, s) = host.split_at(steps);
-        let tokens = token_count.max(1) as f64;
-        UpdateStats {
+        let (norms, per_micro) = host.split_at(steps);
+        let mut s = vec![0f64; 5];
+        for part in per_micro.chunks(5) {
+            for (acc, x) in s.iter_mut().zip(part) {
+                *acc += x;
+            }
+        }
+        s.extend([token_count as f64, has_entropy as u8 as f64]);
+        if let Some(slot) = &self.rank {
+            // Every rank's sums, added in rank order: the same numbers on every rank.
+            let all = slot.collective.all_gather(slot.rank, s)?;
+            s = (0..all[0].len())
+                .map(|i| all.iter().map(|v| v[i]).sum())
+                .collect();
+        }
+        let tokens = s[5].max(1.0);
+        Ok(UpdateStats {
             grad_norms: norms.to_vec(),
             optimizer_steps: steps,
-            loss: s[0] / micro_count.max(1) as f64,
+            loss: s[0] / minis.len().max(1) as f64,
             clip_low: s[1] / tokens,
             clip_high: s[2] / tokens,
             kl: (self.cfg.kl_beta != 0.0).then(|| s[3] / tokens),
-            entropy: has_entropy.then(|| s[4] / tokens),
-        }
+            entropy: (s[6] > 0.0).then(|| s[4] / tokens),
+            allreduce_bytes,
+            allreduce_secs,
+        })
     }
 
     /// Gradients of the GRPO+DPO baseline term for accepted `(winner, loser)` rows.
-    fn dpo_gradients(&self, batch: &TrainBatch<B>, pairs: &[(usize, usize)]) -> GradientsParams {
+    /// `total` is the step's row count (the term is normalised by it).
+    fn dpo_gradients(
+        &self,
+        batch: &TrainBatch<B>,
+        pairs: &[(usize, usize)],
+        total: usize,
+    ) -> GradientsParams {
         let rows: Vec<usize> = pairs.iter().flat_map(|&(w, l)| [w, l]).collect();
         let index = row_index::<B>(&rows, &self.device);
         // Padding cut to the longest of these rows, as for a micro-batch.
@@ -827,7 +1030,7 @@ where
         let p = pairs.len();
         let winners = row_index::<B>(&(0..p).map(|i| 2 * i).collect::<Vec<_>>(), &self.device);
         let losers = row_index::<B>(&(0..p).map(|i| 2 * i + 1).collect::<Vec<_>>(), &self.device);
-        let (beta, total) = (self.cfg.dpo_beta, batch.rows());
+        let beta = self.cfg.dpo_beta;
         self.policy.loss_gradients(&tokens, &mut |lp| {
             let seq = lp.logprobs.sum_dim(1).reshape([rows.len()]);
             dpo_pair_loss(
@@ -840,80 +1043,132 @@ where
             )
         })
     }
+}
 
-    /// Stage 6: the step's metrics (host arithmetic on what the stages returned).
-    fn step_metrics(
-        &self,
-        rollout: &RolloutBatch,
-        scores: &[GroupScores],
-        outcomes: &[GroupOutcome],
-        u: UpdateStats,
-    ) -> StepMetrics {
-        let n = rollout.rows();
-        let rewards: Vec<Vec<Option<f64>>> = scores
-            .iter()
-            .map(|g| g.scores.iter().map(ResponseScore::reward).collect())
-            .collect();
-        let scored: Vec<f64> = rewards.iter().flatten().flatten().copied().collect();
-        let mut m = StepMetrics {
-            step: self.step,
-            prompts: rollout.prompts.len(),
-            responses: n,
-            scored: scored.len(),
-            unscored: n - scored.len(),
-            grad_norms: u.grad_norms,
-            optimizer_steps: u.optimizer_steps,
-            loss: u.loss,
-            clip_low: u.clip_low,
-            clip_high: u.clip_high,
-            kl: u.kl,
-            entropy: u.entropy,
-            ..Default::default()
-        };
-        if !scored.is_empty() {
-            let mean = scored.iter().sum::<f64>() / scored.len() as f64;
-            m.reward_mean = mean;
-            m.reward_std_population = (scored.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>()
-                / scored.len() as f64)
-                .sqrt();
-        }
-        m.reward_histogram = vec![0; 20];
-        for r in &scored {
-            m.reward_histogram[reward_bin(*r)] += 1;
-        }
-        for (g, o) in outcomes.iter().enumerate() {
-            m.ties.add(o, rewards[g].first().copied().flatten());
-        }
-        let mut lens: Vec<usize> = rollout.responses.iter().map(Vec::len).collect();
-        lens.sort_unstable();
-        m.response_tokens = lens.iter().sum();
-        m.response_len_mean = m.response_tokens as f64 / n.max(1) as f64;
-        m.response_len_p90 = lens
-            .get(((0.9 * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1)
-            .copied()
-            .unwrap_or(0);
-        m.response_len_max = lens.last().copied().unwrap_or(0);
-        m.truncated = rollout.truncated().filter(|t| *t).count();
-        let e = &rollout.telemetry;
-        (
-            m.rollout_preemptions,
-            m.rollout_kv_blocks,
-            m.rollout_peak_kv_blocks,
-            m.rollout_peak_running_rows,
-        ) = (
-            e.preemptions,
-            e.kv_blocks,
-            e.peak_kv_blocks,
-            e.peak_running_rows,
-        );
-        (
-            m.rollout_mean_running_rows,
-            m.rollout_prefill_tokens,
-            m.rollout_decode_steps,
-        ) = (e.mean_running_rows, e.prefill_tokens, e.decode_steps);
-        m.judge_retries = scores.iter().map(|g| g.judge_retries as u64).sum();
-        m.judge_latency_ms =
-            scores.iter().map(|g| g.judge_latency_ms).sum::<f64>() / n.max(1) as f64;
-        m
+/// Stage 6: the step's metrics (host arithmetic on what the stages returned).
+fn step_metrics(
+    step: u64,
+    rollout: &RolloutBatch,
+    scores: &[GroupScores],
+    outcomes: &[GroupOutcome],
+    u: UpdateStats,
+) -> StepMetrics {
+    let n = rollout.rows();
+    let rewards: Vec<Vec<Option<f64>>> = scores
+        .iter()
+        .map(|g| g.scores.iter().map(ResponseScore::reward).collect())
+        .collect();
+    let scored: Vec<f64> = rewards.iter().flatten().flatten().copied().collect();
+    let mut m = StepMetrics {
+        step,
+        prompts: rollout.prompts.len(),
+        responses: n,
+        scored: scored.len(),
+        unscored: n - scored.len(),
+        grad_norms: u.grad_norms,
+        optimizer_steps: u.optimizer_steps,
+        loss: u.loss,
+        clip_low: u.clip_low,
+        clip_high: u.clip_high,
+        kl: u.kl,
+        entropy: u.entropy,
+        ..Default::default()
+    };
+    if !scored.is_empty() {
+        let mean = scored.iter().sum::<f64>() / scored.len() as f64;
+        m.reward_mean = mean;
+        m.reward_std_population = (scored.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>()
+            / scored.len() as f64)
+            .sqrt();
+    }
+    m.reward_histogram = vec![0; 20];
+    for r in &scored {
+        m.reward_histogram[reward_bin(*r)] += 1;
+    }
+    for (g, o) in outcomes.iter().enumerate() {
+        m.ties.add(o, rewards[g].first().copied().flatten());
+    }
+    let mut lens: Vec<usize> = rollout.responses.iter().map(Vec::len).collect();
+    lens.sort_unstable();
+    m.response_tokens = lens.iter().sum();
+    m.response_len_mean = m.response_tokens as f64 / n.max(1) as f64;
+    m.response_len_p90 = lens
+        .get(((0.9 * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1)
+        .copied()
+        .unwrap_or(0);
+    m.response_len_max = lens.last().copied().unwrap_or(0);
+    m.truncated = rollout.truncated().filter(|t| *t).count();
+    let e = &rollout.telemetry;
+    (
+        m.rollout_preemptions,
+        m.rollout_kv_blocks,
+        m.rollout_peak_kv_blocks,
+        m.rollout_peak_running_rows,
+    ) = (
+        e.preemptions,
+        e.kv_blocks,
+        e.peak_kv_blocks,
+        e.peak_running_rows,
+    );
+    (
+        m.rollout_mean_running_rows,
+        m.rollout_prefill_tokens,
+        m.rollout_decode_steps,
+    ) = (e.mean_running_rows, e.prefill_tokens, e.decode_steps);
+    m.judge_retries = scores.iter().map(|g| g.judge_retries as u64).sum();
+    m.judge_latency_ms = scores.iter().map(|g| g.judge_latency_ms).sum::<f64>() / n.max(1) as f64;
+    m
+}
+
+/// The sequence and response lengths of a whole step's rows, and the index among them of a
+/// learner's first.
+pub(crate) struct GlobalRows {
+    pub seq_lens: Vec<usize>,
+    pub lens: Vec<usize>,
+    pub first: usize,
+}
+
+/// The step's output from the parts of its ranks, in rank order (one part on one device): the
+/// rollouts, scores and outcomes concatenated, the update's numbers (the same on every rank)
+/// from rank 0, the stage times of the slowest rank, and the stragglers' times.
+pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepParts>) -> StepOutput {
+    let max = |f: fn(&StepParts) -> f64| parts.iter().map(f).fold(0.0, f64::max);
+    let min = |f: fn(&StepParts) -> f64| parts.iter().map(f).fold(f64::INFINITY, f64::min);
+    let (rollout_max, rollout_min) = (max(|p| p.rollout_secs), min(|p| p.rollout_secs));
+    let (update_max, update_min) = (max(|p| p.update_secs), min(|p| p.update_secs));
+    let judge_secs = max(|p| p.judge_secs);
+    let allreduce_secs = parts
+        .iter()
+        .map(|p| p.update.allreduce_secs)
+        .fold(0.0, f64::max);
+    let dpo_pairs = parts.iter().map(|p| p.dpo_pairs).sum();
+    let mut parts = parts.into_iter();
+    let first = parts.next().expect("a step has at least one part");
+    let update = first.update.clone();
+    let allreduce_bytes = update.allreduce_bytes;
+    let (mut rollout, mut texts, mut scores, mut outcomes) =
+        (first.rollout, first.texts, first.scores, first.outcomes);
+    for p in parts {
+        rollout.append(p.rollout);
+        texts.extend(p.texts);
+        scores.extend(p.scores);
+        outcomes.extend(p.outcomes);
+    }
+    let mut metrics = step_metrics(step, &rollout, &scores, &outcomes, update);
+    metrics.dpo_pairs = dpo_pairs;
+    (
+        metrics.rollout_secs,
+        metrics.judge_secs,
+        metrics.update_secs,
+    ) = (rollout_max, judge_secs, update_max);
+    metrics.ranks = ranks;
+    (metrics.allreduce_bytes, metrics.allreduce_secs) = (allreduce_bytes, allreduce_secs);
+    (metrics.rollout_secs_rank_max, metrics.rollout_secs_rank_min) = (rollout_max, rollout_min);
+    (metrics.update_secs_rank_max, metrics.update_secs_rank_min) = (update_max, update_min);
+    StepOutput {
+        metrics,
+        scores: scores.into_iter().map(|g| g.scores).collect(),
+        outcomes,
+        responses: texts.chunks(k).map(<[String]>::to_vec).collect(),
     }
 }

@@ -26,9 +26,12 @@
 //! - loss and update: [`PolicyLoss`], [`Aggregation`], [`Clip`], [`SurrogateBatch`],
 //!   [`SurrogateOutput`], [`dpo_pair_loss`], [`TrainBatch`], [`Update`] (global clipping with
 //!   fixed-order sums on the device, then AdamW), [`UpdateConfig`]
-//! - the run: [`train`] (epochs in a seeded order, `metrics.jsonl` ([`MetricsLine`]), checkpoints,
+//! - the run: [`train`] over a [`Trainee`] (a [`Learner`] or a [`DataParallel`] group; epochs in a seeded order, `metrics.jsonl` ([`MetricsLine`]), checkpoints,
 //!   resume), [`RunConfig`], [`RunHooks`], [`RunSummary`], [`EpochSummary`], [`save_state`],
 //!   [`load_state`], [`TrainingState`], [`sft_warmup`], [`warmup_pairs`]
+//! - data parallel: [`DataParallel`] (one learner per device on threads of one process, one
+//!   gradient all-reduce per optimizer step), [`Collective`], [`HostCollective`], [`RankSlot`],
+//!   [`split_groups`]
 //! - memory: [`MemoryPlan`], [`MemoryPlanInput`], [`ModelShape`] (the predicted peak device memory of
 //!   a run, [`memory`])
 //! - errors: [`GrpoError`], [`Result`]
@@ -37,13 +40,18 @@
 
 mod advantages;
 mod batch;
+mod buckets;
 mod checkpoint;
 mod codec;
+mod collective;
 mod error;
 mod group;
 mod learner;
 mod loss;
 pub mod memory;
+#[cfg(feature = "nccl")]
+mod nccl;
+mod parallel;
 mod policy;
 mod reward;
 mod rollout;
@@ -57,17 +65,21 @@ pub use advantages::{AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus}
 pub use batch::{RolloutBatch, TokenBatch, TrainBatch};
 pub use checkpoint::{load_state, save_state, TrainingState};
 pub use codec::{ChatTemplateCodec, TextCodec};
+pub use collective::{Collective, HostCollective};
 pub use conrub_kernels::Clip;
 pub use error::{GrpoError, Result};
 pub use group::{GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
-pub use learner::{Learner, LearnerBuilder, LearnerConfig, StepMetrics, StepOutput};
+pub use learner::{Learner, LearnerBuilder, LearnerConfig, RankSlot, StepMetrics, StepOutput};
 pub use loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch, SurrogateOutput};
 pub use memory::{MemoryPlan, MemoryPlanInput, ModelShape};
+#[cfg(feature = "nccl")]
+pub use nccl::NcclCollective;
+pub use parallel::{split_groups, DataParallel};
 pub use policy::{sample_by_recomputation, Policy, ResponseLogprobs};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
 pub use rollout::{GroupSampler, InProcessEngine, RolloutEngine, RolloutRequest};
 pub use telemetry::{EpochSummary, MetricsLine};
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
-pub use trainer::{train, RunConfig, RunHooks, RunSummary};
+pub use trainer::{train, RunConfig, RunHooks, RunSummary, Trainee};
 pub use update::{Update, UpdateConfig};
 pub use warmup::{sft_warmup, warmup_pairs};

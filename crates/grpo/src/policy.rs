@@ -93,7 +93,7 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B>>(
     cfg.validate().map_err(GrpoError::Sampling)?;
     let mut out: Vec<Generation> = prompts.iter().map(|_| Generation::new()).collect();
     let mut rngs: Vec<_> = (0..prompts.len())
-        .map(|i| sequence_rng(cfg.seed, i))
+        .map(|i| sequence_rng(cfg.seed, cfg.first_stream + i as u64))
         .collect();
     let mut active: Vec<usize> = if cfg.max_new_tokens == 0 {
         Vec::new()

@@ -24,6 +24,10 @@ pub struct RolloutRequest<'a> {
     pub sampling: &'a SamplingConfig,
     /// Learner steps completed before this one.
     pub step: u64,
+    /// The step's index of `prompts[0]`: 0 on one device; with data-parallel ranks, the first of
+    /// this rank's groups. Calls follow the step's global chunking and streams (see [`in_calls`]),
+    /// so every response is the same whatever the number of ranks.
+    pub first_group: usize,
 }
 
 /// Produces the responses of one step. The learner calls [`RolloutEngine::rollout`] with the
@@ -56,21 +60,33 @@ fn group_rows(chunk: &[Vec<u32>], k: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Runs `call` on `prompts_per_call` prompts x k rows at a time: call `c` of a step uses seed
-/// `sampling.seed + c`, and row `i` of a call its own stream, so a response does not depend on
-/// the other rows of its call.
-fn in_calls(
+/// Runs `call` on `prompts_per_call` prompts x k rows at a time. The step's groups are chunked
+/// globally: group `g` belongs to call `c = g / prompts_per_call`, which uses seed
+/// `sampling.seed + c`, and its response `j` draws from stream `(g - c * prompts_per_call) * k + j`
+/// of that call. A response thus depends neither on the other rows of its call nor on which
+/// slice of the step's groups (`request.first_group..`) this engine was given.
+pub(crate) fn in_calls(
     request: &RolloutRequest<'_>,
     prompts_per_call: usize,
     mut call: impl FnMut(&[Vec<u32>], &SamplingConfig) -> Result<(Vec<Generation>, RolloutStats)>,
 ) -> Result<RolloutBatch> {
-    let k = request.group_size;
+    let (k, per_call) = (request.group_size, prompts_per_call.max(1));
     let mut batch = RolloutBatch::new(k, request.prompts.to_vec());
-    for (c, chunk) in request.prompts.chunks(prompts_per_call.max(1)).enumerate() {
+    let (first, end) = (
+        request.first_group,
+        request.first_group + request.prompts.len(),
+    );
+    let mut g = first;
+    while g < end {
+        let c = g / per_call;
+        let stop = ((c + 1) * per_call).min(end);
+        let chunk = &request.prompts[g - first..stop - first];
         let cfg = SamplingConfig {
             seed: request.sampling.seed.wrapping_add(c as u64),
+            first_stream: ((g - c * per_call) * k) as u64,
             ..request.sampling.clone()
         };
+        g = stop;
         let (generations, stats) = call(&group_rows(chunk, k), &cfg)?;
         batch.telemetry.merge(&stats);
         for g in generations {

@@ -1,6 +1,7 @@
 //! The training loop: epochs over the rubric records in a seeded order, steps of
 //! `prompts_per_step` prompts, telemetry after each step, checkpoints every N steps and at the end.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -11,9 +12,10 @@ use conrub_rubric::RubricRecord;
 use serde::{Deserialize, Serialize};
 
 use crate::advantages::stable_seed;
-use crate::checkpoint::{load_state, save_state};
+use crate::checkpoint::{load_state, save_state, TrainingState};
 use crate::error::{GrpoError, Result};
-use crate::learner::{Learner, StepMetrics};
+use crate::learner::{Learner, StepMetrics, StepOutput};
+use crate::parallel::DataParallel;
 use crate::policy::Policy;
 use crate::telemetry::{progress_line, EpochSummary, MetricsLine, MetricsLog};
 
@@ -83,11 +85,85 @@ pub trait RunHooks<P> {
     }
 }
 
+/// What [`train`] drives: one [`Learner`], or a [`DataParallel`] group of them.
+pub trait Trainee<B, P>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+{
+    /// The learner whose policy and state a checkpoint saves (rank 0 of a group; every rank
+    /// holds the same).
+    fn lead(&self) -> &Learner<B, P>;
+
+    /// One training step on `records`.
+    fn train_step<'a>(
+        &'a mut self,
+        records: &'a [&'a RubricRecord],
+    ) -> impl Future<Output = Result<StepOutput>> + 'a;
+
+    /// Loads a saved training state (into every learner of a group).
+    fn load(&mut self, dir: &Path) -> Result<TrainingState>;
+
+    /// Checks made before every checkpoint (a group: the replicas still agree).
+    fn verify(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl<B, P> Trainee<B, P> for Learner<B, P>
+where
+    B: AutodiffBackend + conrub_kernels::GrpoOps,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+{
+    fn lead(&self) -> &Learner<B, P> {
+        self
+    }
+
+    fn train_step<'a>(
+        &'a mut self,
+        records: &'a [&'a RubricRecord],
+    ) -> impl Future<Output = Result<StepOutput>> + 'a {
+        self.step(records)
+    }
+
+    fn load(&mut self, dir: &Path) -> Result<TrainingState> {
+        load_state(self, dir)
+    }
+}
+
+impl<B, P> Trainee<B, P> for DataParallel<B, P>
+where
+    B: AutodiffBackend + conrub_kernels::GrpoOps,
+    P: Policy<B> + AutodiffModule<B> + Send,
+    P::InnerModule: Policy<B::InnerBackend>,
+{
+    fn lead(&self) -> &Learner<B, P> {
+        self.learner()
+    }
+
+    fn train_step<'a>(
+        &'a mut self,
+        records: &'a [&'a RubricRecord],
+    ) -> impl Future<Output = Result<StepOutput>> + 'a {
+        self.step(records)
+    }
+
+    fn load(&mut self, dir: &Path) -> Result<TrainingState> {
+        self.load_state(dir)
+    }
+
+    fn verify(&self) -> Result<()> {
+        self.check_replicas()
+    }
+}
+
 /// Runs training: epochs over `records` in a seeded order, `run.prompts_per_step` prompts a step,
 /// metrics after every step, checkpoints every `run.checkpoint_every` steps and at the
 /// end. `resume` is a checkpoint directory (or its `training_state`).
-pub async fn train<B, P>(
-    learner: &mut Learner<B, P>,
+pub async fn train<B, P, T>(
+    trainee: &mut T,
     records: &[RubricRecord],
     run: &RunConfig,
     resume: Option<&Path>,
@@ -97,6 +173,7 @@ where
     B: AutodiffBackend + conrub_kernels::GrpoOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: Trainee<B, P>,
 {
     if records.is_empty() {
         return Err(GrpoError::NoRecords);
@@ -114,7 +191,7 @@ where
             } else {
                 dir.to_path_buf()
             };
-            Some(load_state(learner, &state_dir)?.step)
+            Some(trainee.load(&state_dir)?.step)
         }
         None => None,
     };
@@ -133,10 +210,9 @@ where
     let mut summary = RunSummary::default();
     let mut history: Vec<StepMetrics> = log.steps()?;
     let started = Instant::now();
-    let save = |learner: &Learner<B, P>,
-                hooks: &mut dyn RunHooks<P>,
-                summary: &mut RunSummary|
-     -> Result<()> {
+    let save = |trainee: &T, hooks: &mut dyn RunHooks<P>, summary: &mut RunSummary| -> Result<()> {
+        trainee.verify()?;
+        let learner = trainee.lead();
         let dir = checkpoint_dir(&run.output_dir, learner.step);
         hooks.export(&learner.policy, &dir)?;
         let cursor =
@@ -146,17 +222,19 @@ where
         summary.last_checkpoint = Some(dir);
         Ok(())
     };
-    while learner.step < total {
-        let epoch = (learner.step / steps_per_epoch) as usize;
-        let index = (learner.step % steps_per_epoch) as usize;
-        let order = epoch_order(records.len(), learner.cfg.seed, epoch);
+    while trainee.lead().step < total {
+        let step = trainee.lead().step;
+        let epoch = (step / steps_per_epoch) as usize;
+        let index = (step % steps_per_epoch) as usize;
+        let order = epoch_order(records.len(), trainee.lead().cfg.seed, epoch);
         let batch: Vec<&RubricRecord> = order
             .iter()
             .skip(index * run.prompts_per_step)
             .take(run.prompts_per_step)
             .map(|&i| &records[i])
             .collect();
-        let m = learner.step(&batch).await?.metrics;
+        let m = trainee.train_step(&batch).await?.metrics;
+        let step = trainee.lead().step;
         log.append(&MetricsLine::Step {
             epoch,
             metrics: Box::new(m.clone()),
@@ -165,7 +243,7 @@ where
         summary.steps_run += 1;
         let per_step = started.elapsed().as_secs_f64() / summary.steps_run as f64;
         hooks.progress(&progress_line(&m, total, per_step));
-        if index as u64 + 1 == steps_per_epoch || learner.step == total {
+        if index as u64 + 1 == steps_per_epoch || step == total {
             let first = epoch as u64 * steps_per_epoch;
             let steps: Vec<StepMetrics> = history
                 .iter()
@@ -176,16 +254,13 @@ where
             log.append(&MetricsLine::Epoch(e.clone()))?;
             summary.epochs.push(e);
         }
-        if run.checkpoint_every > 0
-            && learner.step.is_multiple_of(run.checkpoint_every)
-            && learner.step < total
-        {
-            save(learner, hooks, &mut summary)?;
+        if run.checkpoint_every > 0 && step.is_multiple_of(run.checkpoint_every) && step < total {
+            save(trainee, hooks, &mut summary)?;
         }
     }
     if summary.steps_run > 0 || summary.last_checkpoint.is_none() {
-        save(learner, hooks, &mut summary)?;
+        save(trainee, hooks, &mut summary)?;
     }
-    summary.total_steps = learner.step;
+    summary.total_steps = trainee.lead().step;
     Ok(summary)
 }

@@ -517,3 +517,404 @@ async fn an_external_engine_supplies_the_rollouts_and_gets_a_sync_after_every_st
     let err = l.step(&refs).await.unwrap_err().to_string();
     assert!(err.contains("not one per token"), "{err}");
 }
+
+/// Every float parameter of `policy`, flattened in module order.
+fn weights(policy: &Qwen3ForCausalLM<B>) -> Vec<f32> {
+    struct All(Vec<f32>);
+    impl burn::module::ModuleVisitor<B> for All {
+        fn visit_float<const D: usize>(
+            &mut self,
+            param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+        ) {
+            let v = param.val().into_data().convert::<f32>();
+            self.0.extend(v.iter::<f32>());
+        }
+    }
+    let mut all = All(Vec::new());
+    burn::module::Module::visit(policy, &mut all);
+    all.0
+}
+
+fn five_records() -> Vec<RubricRecord> {
+    let mut recs = records();
+    recs.push(RubricRecord {
+        id: "p4".into(),
+        question: vec![Message::user("a fifth question, about t7")],
+        ..recs[0].clone()
+    });
+    recs
+}
+
+/// The learner of rank `rank` (or of one device) for the data-parallel tests: the same weights,
+/// settings and judges on every rank.
+fn dp_builder(
+    cfg: &LearnerConfig,
+    device: &burn::backend::flex::FlexDevice,
+    even_ids: bool,
+) -> conrub_grpo::LearnerBuilder<B, Qwen3ForCausalLM<B>> {
+    let model = Qwen3ForCausalLM::<B>::random(&Qwen3Config::tiny(64), 0.1, 3, device);
+    let b = Learner::builder(model, cfg.clone(), *device)
+        .rollout(InProcessEngine {
+            prompts_per_call: cfg.rollout_prompts_per_call,
+            engine: EngineConfig::default(),
+        })
+        .codec(WordCodec)
+        .tie_breaker(PairwiseTieBreaker::new(judge(), cfg.seed));
+    if even_ids {
+        b.rewards(EvenIds)
+    } else {
+        b.rewards(JudgeRewards {
+            judge: judge(),
+            mode: ScoringMode::ThreeState,
+            penalty: LengthPenalty::disabled(),
+            dropout: None,
+            seed: cfg.seed,
+        })
+    }
+}
+
+/// `steps` steps on `world` ranks (1: a plain learner): every step's output, and the weights.
+async fn dp_run(
+    cfg: &LearnerConfig,
+    world: usize,
+    even_ids: bool,
+    steps: usize,
+) -> (Vec<conrub_grpo::StepOutput>, Vec<f32>) {
+    let recs = five_records();
+    let refs: Vec<&RubricRecord> = recs.iter().collect();
+    let mut outs = Vec::new();
+    if world == 1 {
+        let mut l = dp_builder(cfg, &Default::default(), even_ids)
+            .build()
+            .unwrap();
+        for _ in 0..steps {
+            outs.push(l.step(&refs).await.unwrap());
+        }
+        return (outs, weights(l.policy()));
+    }
+    let devices = vec![Default::default(); world];
+    let collective = Arc::new(conrub_grpo::HostCollective::new(world));
+    let mut dp = conrub_grpo::DataParallel::build(&devices, collective, 4096, |_, d| {
+        Ok(dp_builder(cfg, d, even_ids))
+    })
+    .unwrap();
+    for _ in 0..steps {
+        outs.push(dp.step(&refs).await.unwrap());
+    }
+    dp.check_replicas().unwrap();
+    (outs, weights(dp.learner().policy()))
+}
+
+/// Advantages, tie status and every pair's verdicts of a step (its timings aside).
+fn verdicts(outcomes: &[conrub_grpo::GroupOutcome]) -> Vec<String> {
+    outcomes
+        .iter()
+        .map(|o| {
+            let pairs: Vec<String> = o
+                .pairs
+                .iter()
+                .map(|p| {
+                    let c = p.comparison.as_ref();
+                    let answers = c.map(|c| (&c.forward.answer, &c.backward.answer));
+                    format!(
+                        "{} {} {:?} {:?} {answers:?}",
+                        p.a, p.b, p.outcome, p.winner_longer
+                    )
+                })
+                .collect();
+            format!("{:?} {:?} {pairs:?}", o.advantages, o.status)
+        })
+        .collect()
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
+}
+
+/// 2 and 3 simulated ranks against one device: the same rewards, tie verdicts and advantages
+/// exactly, losses within 1e-6 and weights within 1e-5 (relative), for each aggregation and tie
+/// mode, with 5 groups over the ranks, several micro-batches and gradient clipping active.
+#[tokio::test]
+async fn data_parallel_ranks_train_as_one_device() {
+    use conrub_grpo::Aggregation;
+    let base = LearnerConfig {
+        group_size: 4,
+        max_response_tokens: 6,
+        rollout_prompts_per_call: 2,
+        lr: 3e-3,
+        weight_decay: 0.01,
+        mini_batches: 2,
+        micro_batch_tokens: 40,
+        max_grad_norm: 0.05,
+        seed: 11,
+        ..Default::default()
+    };
+    let cases = [
+        (
+            Aggregation::SequenceMean,
+            TieMode::Pairwise,
+            true,
+            &[2usize, 3][..],
+        ),
+        (
+            Aggregation::GlobalTokenMean,
+            TieMode::GrpoDpo,
+            false,
+            &[2][..],
+        ),
+        (Aggregation::DrGrpo, TieMode::Pairwise, false, &[3][..]),
+    ];
+    for (aggregation, tie_mode, even_ids, worlds) in cases {
+        let cfg = LearnerConfig {
+            aggregation,
+            tie_mode,
+            ..base.clone()
+        };
+        let what = format!("{aggregation:?}, {tie_mode:?}");
+        let (one, w1) = dp_run(&cfg, 1, even_ids, 3).await;
+        assert!(
+            one.iter()
+                .flat_map(|o| &o.metrics.grad_norms)
+                .any(|g| *g > 0.05),
+            "{what}: clipping is active"
+        );
+        for &world in worlds {
+            let (many, wn) = dp_run(&cfg, world, even_ids, 3).await;
+            for (s, (a, b)) in one.iter().zip(&many).enumerate() {
+                let at = format!("{what}, {world} ranks, step {s}");
+                assert_eq!(a.responses, b.responses, "{at}: responses");
+                assert_eq!(a.scores, b.scores, "{at}: rewards");
+                assert_eq!(
+                    verdicts(&a.outcomes),
+                    verdicts(&b.outcomes),
+                    "{at}: advantages, verdicts"
+                );
+                let (ma, mb) = (&a.metrics, &b.metrics);
+                assert_eq!(ma.ties, mb.ties, "{at}: tie counts");
+                assert_eq!((mb.ranks, ma.ranks), (world, 1), "{at}");
+                assert!(mb.allreduce_bytes > 0, "{at}: the gradients were reduced");
+                eprintln!(
+                    "DBG {at}: loss rel {:e} ({} vs {})",
+                    rel(ma.loss, mb.loss),
+                    ma.loss,
+                    mb.loss
+                );
+                for (x, y) in ma.grad_norms.iter().zip(&mb.grad_norms) {
+                    assert!(rel(*x, *y) < 1e-5, "{at}: grad norm {x} vs {y}");
+                }
+            }
+            let scale = w1.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+            let diff = w1
+                .iter()
+                .zip(&wn)
+                .fold(0f64, |m, (x, y)| m.max((x - y).abs() as f64));
+            assert!(
+                diff / scale < 1e-5,
+                "{what}, {world} ranks: weights differ by {diff}"
+            );
+        }
+    }
+}
+
+/// Exports the policy's weights as raw f32 bytes (`weights.bin`).
+struct WeightHooks;
+
+impl conrub_grpo::RunHooks<Qwen3ForCausalLM<B>> for WeightHooks {
+    fn export(
+        &mut self,
+        policy: &Qwen3ForCausalLM<B>,
+        dir: &std::path::Path,
+    ) -> conrub_grpo::Result<()> {
+        std::fs::create_dir_all(dir).unwrap();
+        let bytes: Vec<u8> = weights(policy)
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        std::fs::write(dir.join("weights.bin"), bytes).unwrap();
+        Ok(())
+    }
+}
+
+fn dp_run_config(dir: &std::path::Path, max_steps: u64) -> conrub_grpo::RunConfig {
+    conrub_grpo::RunConfig {
+        epochs: 4,
+        prompts_per_step: 5,
+        checkpoint_every: 2,
+        max_steps: Some(max_steps),
+        output_dir: dir.to_path_buf(),
+    }
+}
+
+fn dp_group(
+    cfg: &LearnerConfig,
+    world: usize,
+) -> conrub_grpo::DataParallel<B, Qwen3ForCausalLM<B>> {
+    let devices = vec![Default::default(); world];
+    let collective = Arc::new(conrub_grpo::HostCollective::new(world));
+    conrub_grpo::DataParallel::build(&devices, collective, 4096, |_, d| {
+        Ok(dp_builder(cfg, d, true))
+    })
+    .unwrap()
+}
+
+/// metrics.jsonl without its timing fields.
+fn metrics_without_times(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    fn strip(v: &mut serde_json::Value) {
+        if let Some(o) = v.as_object_mut() {
+            o.retain(|k, _| !k.contains("secs") && !k.ends_with("_ms"));
+            o.values_mut().for_each(strip);
+        }
+    }
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            strip(&mut v);
+            v
+        })
+        .collect()
+}
+
+/// Two identical 2-rank runs export identical bytes; a 2-rank run stopped after its step-2
+/// checkpoint and resumed on 2 ranks ends with the straight run's metrics and weights exactly;
+/// the same checkpoint resumes on 1 rank.
+#[tokio::test]
+async fn data_parallel_runs_repeat_and_resume_exactly() {
+    let cfg = LearnerConfig {
+        group_size: 4,
+        max_response_tokens: 6,
+        rollout_prompts_per_call: 2,
+        lr: 3e-3,
+        mini_batches: 2,
+        micro_batch_tokens: 40,
+        max_grad_norm: 0.05,
+        seed: 5,
+        ..Default::default()
+    };
+    let recs = five_records();
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b, c) = (
+        tmp.path().join("a"),
+        tmp.path().join("b"),
+        tmp.path().join("c"),
+    );
+    for dir in [&a, &b] {
+        let mut group = dp_group(&cfg, 2);
+        conrub_grpo::train(
+            &mut group,
+            &recs,
+            &dp_run_config(dir, 4),
+            None,
+            &mut WeightHooks,
+        )
+        .await
+        .unwrap();
+    }
+    let last =
+        |d: &std::path::Path| std::fs::read(d.join("checkpoint-000004/weights.bin")).unwrap();
+    assert_eq!(last(&a), last(&b), "two identical runs");
+    assert_eq!(metrics_without_times(&a), metrics_without_times(&b));
+
+    // Stopped after step 2 (its checkpoint is the last thing written), then resumed.
+    let mut group = dp_group(&cfg, 2);
+    conrub_grpo::train(
+        &mut group,
+        &recs,
+        &dp_run_config(&c, 2),
+        None,
+        &mut WeightHooks,
+    )
+    .await
+    .unwrap();
+    let ckpt = c.join("checkpoint-000002");
+    let mut group = dp_group(&cfg, 2);
+    conrub_grpo::train(
+        &mut group,
+        &recs,
+        &dp_run_config(&c, 4),
+        Some(&ckpt),
+        &mut WeightHooks,
+    )
+    .await
+    .unwrap();
+    assert_eq!(last(&a), last(&c), "resumed on 2 ranks");
+    assert_eq!(metrics_without_times(&a), metrics_without_times(&c));
+
+    // The replicated state resumes on one device too (the same run directory, from step 2).
+    let mut one = dp_builder(&cfg, &Default::default(), true).build().unwrap();
+    let summary = conrub_grpo::train(
+        &mut one,
+        &recs,
+        &dp_run_config(&c, 4),
+        Some(&ckpt),
+        &mut WeightHooks,
+    )
+    .await
+    .unwrap();
+    assert_eq!((summary.steps_run, summary.total_steps), (2, 4));
+    assert_eq!(
+        metrics_without_times(&a)[..2],
+        metrics_without_times(&c)[..2]
+    );
+}
+
+/// Panics while scoring the fifth prompt from step 1 on (rank 1 holds it on 2 ranks).
+struct FailsOnP4(EvenIds);
+
+#[async_trait::async_trait]
+impl RewardSource for FailsOnP4 {
+    async fn score_group(
+        &self,
+        record: &RubricRecord,
+        responses: &[String],
+        lengths: &[u32],
+        step: u64,
+    ) -> GroupScores {
+        assert!(
+            !(record.id == "p4" && step >= 1),
+            "judge budget exhausted on {}",
+            record.id
+        );
+        self.0.score_group(record, responses, lengths, step).await
+    }
+}
+
+/// A rank that fails stops every rank within seconds with that rank's error, and the last
+/// complete checkpoint stays intact.
+#[tokio::test]
+async fn a_failing_rank_stops_the_group_with_its_error() {
+    let cfg = LearnerConfig {
+        group_size: 4,
+        max_response_tokens: 6,
+        ..Default::default()
+    };
+    let recs = five_records();
+    let tmp = tempfile::tempdir().unwrap();
+    let devices = vec![Default::default(); 2];
+    let collective = Arc::new(conrub_grpo::HostCollective::new(2));
+    let mut group = conrub_grpo::DataParallel::build(&devices, collective, 4096, |_, d| {
+        Ok(dp_builder(&cfg, d, true).rewards(FailsOnP4(EvenIds)))
+    })
+    .unwrap();
+    let run = conrub_grpo::RunConfig {
+        checkpoint_every: 1,
+        ..dp_run_config(tmp.path(), 4)
+    };
+    let started = std::time::Instant::now();
+    let err = conrub_grpo::train(&mut group, &recs, &run, None, &mut WeightHooks)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+    // The epoch order decides which rank holds p4; the error names it and says why.
+    assert!(
+        err.contains(" panicked: judge budget exhausted on p4") && err.contains("rank "),
+        "{err}"
+    );
+    let ckpt = tmp.path().join("checkpoint-000001");
+    assert!(ckpt.join("weights.bin").is_file() && !tmp.path().join("checkpoint-000002").exists());
+    let mut fresh = dp_builder(&cfg, &Default::default(), true).build().unwrap();
+    let state = conrub_grpo::load_state(&mut fresh, &ckpt.join("training_state")).unwrap();
+    assert_eq!(state.step, 1);
+}

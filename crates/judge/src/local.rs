@@ -224,6 +224,7 @@ impl<B: GrpoOps> LocalJudge<B> {
                 },
                 seed: self.cfg.seed.wrapping_add(attempt as u64),
                 stop_ids: model.stop_ids(),
+                first_stream: 0,
             };
             let mut still = Vec::new();
             for chunk in pending.chunks(self.cfg.batch_size) {

@@ -248,7 +248,7 @@ pub fn rollout<B: GrpoOps, M: PagedModel<B>>(
             cached: 0,
             started: false,
             swapped: None,
-            rng: sequence_rng(cfg.seed, i),
+            rng: sequence_rng(cfg.seed, cfg.first_stream + i as u64),
         });
     }
     let bs = engine.block_size;

@@ -43,7 +43,7 @@ pub fn generate_static<B: GrpoOps, M: PagedModel<B>>(
         return Ok(out);
     }
     let mut rngs: Vec<ChaCha8Rng> = (0..prompts.len())
-        .map(|i| sequence_rng(cfg.seed, i))
+        .map(|i| sequence_rng(cfg.seed, cfg.first_stream + i as u64))
         .collect();
     let padded = PaddedBatch::new(prompts, 0, Padding::Left);
     let bs = DEFAULT_BLOCK_SIZE;

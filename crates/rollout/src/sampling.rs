@@ -114,6 +114,12 @@ pub struct SamplingConfig {
     pub seed: u64,
     /// Token ids that end a sequence (the stop token is kept as the last new token).
     pub stop_ids: Vec<u32>,
+    /// The stream of the call's first sequence: sequence `i` draws from stream
+    /// `first_stream + i`. A caller that splits one batch into several calls (data-parallel
+    /// ranks, each with a slice of the step's groups) gives each call the streams its sequences
+    /// had in the whole batch, so a response does not depend on the split. 0 unless told.
+    #[serde(default)]
+    pub first_stream: u64,
 }
 
 impl Default for SamplingConfig {
@@ -123,6 +129,7 @@ impl Default for SamplingConfig {
             decoding: Decoding::default(),
             seed: 0,
             stop_ids: Vec::new(),
+            first_stream: 0,
         }
     }
 }
@@ -206,10 +213,11 @@ pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut ChaCha8Rng) 
     conrub_kernels::sampling::sample_row(logits, &cfg.decoding.params(), u)
 }
 
-/// The RNG stream of sequence `row` for a call seeded with `seed`.
-pub fn sequence_rng(seed: u64, row: usize) -> ChaCha8Rng {
+/// The RNG stream of sequence `row` for a call seeded with `seed` (a call's sequence `i` uses
+/// `row = first_stream + i`, see [`SamplingConfig::first_stream`]).
+pub fn sequence_rng(seed: u64, row: u64) -> ChaCha8Rng {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    rng.set_stream(row as u64);
+    rng.set_stream(row);
     rng
 }
 

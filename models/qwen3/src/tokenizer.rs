@@ -32,6 +32,7 @@ impl Default for ChatOptions {
 }
 
 /// A Qwen3 tokenizer with its chat template and special tokens.
+#[derive(Clone)]
 pub struct Qwen3Tokenizer {
     inner: tokenizers::Tokenizer,
     chat_template: Option<String>,

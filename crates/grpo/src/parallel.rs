@@ -1,0 +1,254 @@
+//! Data-parallel training on the devices of one node: one [`Learner`] per device, each on a
+//! thread of its own, with a replica of the policy and of the optimizer state.
+//!
+//! A step splits its prompt groups across the ranks in contiguous slices (a group never splits;
+//! the first ranks take one more when the split is uneven). Each rank samples, scores and ranks
+//! its own groups (exact ties and pairwise directions are per group, so they stay local), builds
+//! its train batch, and for every optimizer step accumulates the gradients of its rows of the
+//! mini-batch, weighted by the mini-batch's global counts. One all-reduce of flattened gradient
+//! buckets per optimizer step sums them, so clipping and AdamW see what one device would compute
+//! for the same rows, and every replica stays identical. Rollout streams follow the step's global
+//! layout ([`crate::RolloutRequest::first_group`]), so responses, rewards and tie verdicts do not
+//! depend on the number of ranks.
+//!
+//! A rank that fails (an error or a panic) aborts the group's [`Collective`]: the other ranks
+//! stop at their next collective call, and the step returns the failing rank's error.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::Tensor;
+use conrub_kernels::GrpoOps;
+use conrub_rubric::RubricRecord;
+
+use crate::collective::Collective;
+use crate::error::{GrpoError, Result};
+use crate::learner::{step_output, Learner, LearnerBuilder, RankSlot, Shard, StepOutput};
+use crate::policy::Policy;
+
+/// The learners of a data-parallel group, rank 0 first.
+pub struct DataParallel<B, P>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+{
+    ranks: Vec<Learner<B, P>>,
+    collective: Arc<dyn Collective<B::InnerBackend>>,
+}
+
+impl<B, P> DataParallel<B, P>
+where
+    B: AutodiffBackend + GrpoOps,
+    P: Policy<B> + AutodiffModule<B> + Send,
+    P::InnerModule: Policy<B::InnerBackend>,
+{
+    /// One learner per device: `builder(rank, device)` returns the builder of that rank's
+    /// learner (the same policy weights and settings on every rank, moved to its device); the
+    /// group adds each rank's slot in `collective`.
+    pub fn build(
+        devices: &[B::Device],
+        collective: Arc<dyn Collective<B::InnerBackend>>,
+        bucket_bytes: usize,
+        mut builder: impl FnMut(usize, &B::Device) -> Result<LearnerBuilder<B, P>>,
+    ) -> Result<Self> {
+        if devices.len() != collective.world_size() {
+            return Err(GrpoError::config(
+                "devices",
+                format!(
+                    "{} devices for a collective of {} ranks",
+                    devices.len(),
+                    collective.world_size()
+                ),
+            ));
+        }
+        let ranks = devices
+            .iter()
+            .enumerate()
+            .map(|(rank, device)| {
+                let slot = RankSlot {
+                    rank,
+                    collective: collective.clone(),
+                    bucket_bytes,
+                };
+                builder(rank, device)?.rank(slot).build()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { ranks, collective })
+    }
+
+    /// Ranks in the group.
+    pub fn world_size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Rank 0's learner (every rank holds the same policy and optimizer state).
+    pub fn learner(&self) -> &Learner<B, P> {
+        &self.ranks[0]
+    }
+
+    /// Every rank's learner, rank 0 first.
+    pub fn learners(&self) -> &[Learner<B, P>] {
+        &self.ranks
+    }
+
+    /// One training step on `records`, split across the ranks. Ranks run on threads of their
+    /// own; async stages (judging) run on the caller's tokio runtime when there is one (a
+    /// served judge needs a multi-threaded runtime, whose worker this call blocks).
+    pub async fn step(&mut self, records: &[&RubricRecord]) -> Result<StepOutput> {
+        if records.is_empty() {
+            return Err(GrpoError::NoRecords);
+        }
+        let world = self.ranks.len();
+        let shards = split_groups(records.len(), world);
+        let handle = tokio::runtime::Handle::try_current().ok();
+        let collective = &self.collective;
+        let ranks = &mut self.ranks;
+        let mut run = || {
+            std::thread::scope(|s| {
+                let threads: Vec<_> = ranks
+                    .iter_mut()
+                    .zip(&shards)
+                    .enumerate()
+                    .map(|(rank, (learner, range))| {
+                        let records = &records[range.clone()];
+                        let shard = Shard {
+                            first: range.start,
+                            total: shards.last().map_or(0, |r| r.end),
+                        };
+                        let handle = handle.clone();
+                        s.spawn(move || {
+                            let out = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                                let fut = learner.step_parts(records, shard);
+                                match &handle {
+                                    Some(h) => h.block_on(fut),
+                                    None => futures::executor::block_on(fut),
+                                }
+                            }))
+                            .unwrap_or_else(|panic| {
+                                Err(GrpoError::Stage(format!(
+                                    "rank {rank} panicked: {}",
+                                    panic_message(panic.as_ref())
+                                )))
+                            });
+                            if let Err(e) = &out {
+                                collective.abort(rank, &e.to_string());
+                            }
+                            out
+                        })
+                    })
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| t.join().expect("rank panics are caught"))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let multi_thread = handle
+            .as_ref()
+            .is_some_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let results = if multi_thread {
+            tokio::task::block_in_place(run)
+        } else {
+            run()
+        };
+        // The failing rank's own error, not the "rank r failed" of those it stopped.
+        if results.iter().any(Result::is_err) {
+            let mut errors: Vec<GrpoError> = results.into_iter().filter_map(Result::err).collect();
+            let own = errors
+                .iter()
+                .position(|e| !matches!(e, GrpoError::RankFailed { .. }))
+                .unwrap_or(0);
+            return Err(errors.swap_remove(own));
+        }
+        let parts: Vec<_> = results.into_iter().map(|r| r.expect("checked")).collect();
+        let step = self.ranks[0].step;
+        for l in &mut self.ranks {
+            l.step += 1;
+        }
+        Ok(step_output(
+            step,
+            self.ranks[0].cfg.group_size,
+            world,
+            parts,
+        ))
+    }
+
+    /// Loads a saved training state into every rank (saved by any number of ranks: the state
+    /// is replicated), and checks that the replicas agree.
+    pub fn load_state(&mut self, dir: &std::path::Path) -> Result<crate::TrainingState> {
+        let mut state = None;
+        for l in &mut self.ranks {
+            state = Some(crate::checkpoint::load_state(l, dir)?);
+        }
+        self.check_replicas()?;
+        Ok(state.expect("a group has ranks"))
+    }
+
+    /// Compares a checksum of every rank's parameters with rank 0's; a difference is an error
+    /// naming the rank that drifted (call it at checkpoints).
+    pub fn check_replicas(&self) -> Result<()> {
+        let sums: Vec<u64> = self.ranks.iter().map(|l| checksum(&l.policy)).collect();
+        match sums.iter().position(|s| *s != sums[0]) {
+            None => Ok(()),
+            Some(rank) => Err(GrpoError::Stage(format!(
+                "rank {rank}'s parameters differ from rank 0's (checksum {:016x} vs {:016x})",
+                sums[rank], sums[0]
+            ))),
+        }
+    }
+}
+
+/// Contiguous group ranges of `groups` over `world` ranks; the first `groups % world` ranks take
+/// one more.
+pub fn split_groups(groups: usize, world: usize) -> Vec<std::ops::Range<usize>> {
+    let (base, extra) = (groups / world, groups % world);
+    let mut start = 0;
+    (0..world)
+        .map(|r| {
+            let n = base + usize::from(r < extra);
+            let range = start..start + n;
+            start += n;
+            range
+        })
+        .collect()
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// FNV-1a over the bits of every float parameter, in the module's order.
+fn checksum<B: Backend, M: Module<B>>(module: &M) -> u64 {
+    struct Sum(u64);
+    impl<B: Backend> ModuleVisitor<B> for Sum {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let data = param.val().into_data().convert::<f32>();
+            for x in data.iter::<f32>() {
+                for b in x.to_bits().to_le_bytes() {
+                    self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
+                }
+            }
+        }
+    }
+    let mut s = Sum(0xcbf2_9ce4_8422_2325);
+    module.visit(&mut s);
+    s.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_split_contiguously_with_the_remainder_first() {
+        assert_eq!(split_groups(5, 2), vec![0..3, 3..5]);
+        assert_eq!(split_groups(5, 3), vec![0..2, 2..4, 4..5]);
+        assert_eq!(split_groups(2, 3), vec![0..1, 1..2, 2..2]);
+    }
+}
