@@ -231,14 +231,25 @@ fn devices_replace_device_and_must_share_a_backend() {
     let two = cfg("devices = [\"cpu\", \"cpu\"]\n").unwrap();
     assert_eq!((two.devices.len(), two.device.as_str()), (2, "cpu"));
     assert_eq!(cfg("").unwrap().devices, vec!["cpu".to_string()]);
-    let e = cfg("device = \"cpu\"\ndevices = [\"cpu\"]\n").unwrap_err().to_string();
-    assert!(e.contains("t.toml: devices: give `device` or `devices`, not both"), "{e}");
-    let e = cfg("devices = [\"cuda:0\", \"wgpu\"]\n").unwrap_err().to_string();
-    assert!(e.contains("devices: \"cuda:0\" and \"wgpu\": every rank runs on one backend"), "{e}");
+    let e = cfg("device = \"cpu\"\ndevices = [\"cpu\"]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("t.toml: devices: give `device` or `devices`, not both"),
+        "{e}"
+    );
+    let e = cfg("devices = [\"cuda:0\", \"wgpu\"]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("devices: \"cuda:0\" and \"wgpu\": every rank runs on one backend"),
+        "{e}"
+    );
     let e = cfg("devices = []\n").unwrap_err().to_string();
     assert!(e.contains("devices: needs at least one device"), "{e}");
     let mut c = cfg("").unwrap();
-    c.set_devices(vec!["cuda:0".into(), "cuda:1".into()]).unwrap();
+    c.set_devices(vec!["cuda:0".into(), "cuda:1".into()])
+        .unwrap();
     assert_eq!((c.device.as_str(), c.devices.len()), ("cuda:0", 2));
     // A plan is per rank: the step's prompts over the ranks, the first ones taking one more.
     let mut c = cfg("[run]\nprompts_per_step = 5\n").unwrap();
