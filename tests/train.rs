@@ -372,3 +372,39 @@ fn demo_trains_on_libtorch() {
         }
     }
 }
+
+/// `--devices cpu,cpu`: two simulated data-parallel ranks from the command line. The first step
+/// (the same weights on both) gives the one-device run's rewards and ties exactly; the metrics say
+/// how many ranks ran and what the all-reduce moved; mixing backends is an error naming both.
+#[test]
+fn data_parallel_ranks_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    train(&one, &["--set", "run.max_steps=1"]);
+    let log = train(&two, &["--set", "run.max_steps=2", "--devices", "cpu,cpu"]);
+    assert!(log.contains("data parallel: 2 ranks on cpu, cpu"), "{log}");
+    let (a, b) = (steps(&one), steps(&two));
+    assert_eq!(b.len(), 2);
+    for key in ["reward_mean", "ties", "responses", "response_tokens"] {
+        assert_eq!(a[0][key], b[0][key], "{key}");
+    }
+    assert_eq!(
+        (a[0]["ranks"].as_u64(), b[0]["ranks"].as_u64()),
+        (Some(1), Some(2))
+    );
+    assert!(b[0]["allreduce_bytes"].as_u64().unwrap() > 0);
+    assert!(two.join("checkpoint-000002/config.json").is_file());
+
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(["train", "--config"])
+        .arg(root().join("configs/demo-cpu.toml"))
+        .args(["--devices", "cpu,wgpu"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        e.contains("devices: \"cpu\" and \"wgpu\": every rank runs on one backend"),
+        "{e}"
+    );
+}
