@@ -375,7 +375,8 @@ fn demo_trains_on_libtorch() {
 
 /// `--devices cpu,cpu`: two simulated data-parallel ranks from the command line. The first step
 /// (the same weights on both) gives the one-device run's rewards and ties exactly; the metrics say
-/// how many ranks ran and what the all-reduce moved; mixing backends is an error naming both.
+/// how many ranks ran and what the all-reduce moved; a 2-rank run resumed from its checkpoint
+/// repeats the straight 2-rank run; mixing backends is an error naming both.
 #[test]
 fn data_parallel_ranks_from_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -394,6 +395,41 @@ fn data_parallel_ranks_from_the_command_line() {
     );
     assert!(b[0]["allreduce_bytes"].as_u64().unwrap() > 0);
     assert!(two.join("checkpoint-000002/config.json").is_file());
+
+    // Stopped after step 3 (its step line is written, the last checkpoint is step 2's), then
+    // resumed on two ranks: the straight 2-rank run's metrics, timing aside.
+    let straight = dir.path().join("straight");
+    train(
+        &straight,
+        &["--set", "run.max_steps=4", "--devices", "cpu,cpu"],
+    );
+    let split = dir.path().join("split");
+    train(
+        &split,
+        &["--set", "run.max_steps=3", "--devices", "cpu,cpu"],
+    );
+    let ckpt = split.join("checkpoint-000002");
+    let resume = [
+        "--set",
+        "run.max_steps=4",
+        "--devices",
+        "cpu,cpu",
+        "--resume",
+    ];
+    train(&split, &[&resume[..], &[ckpt.to_str().unwrap()]].concat());
+    let (x, y) = (steps(&straight), steps(&split));
+    assert_eq!((x.len(), y.len()), (4, 4));
+    for (x, y) in x.iter().zip(&y) {
+        for key in [
+            "reward_mean",
+            "loss",
+            "grad_norms",
+            "response_tokens",
+            "ties",
+        ] {
+            assert_eq!(x[key], y[key], "step {}: {key}", x["step"]);
+        }
+    }
 
     let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
         .args(["train", "--config"])
