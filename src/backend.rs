@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
+use conrub_config::backend_of;
 use conrub_grpo::{Collective, HostCollective};
 use conrub_kernels::GrpoOps;
 
@@ -96,11 +97,6 @@ impl<T: BackendTask> DevicesTask for One<T> {
 /// Parses `spec` and runs `task` on that device.
 pub fn run_on_device<T: BackendTask>(spec: &str, task: T) -> Result<()> {
     run_on_devices(&[spec.to_string()], One(task))
-}
-
-/// The backend a device spec names (`cuda:1` -> `cuda`).
-fn backend_of(spec: &str) -> &str {
-    spec.split(':').next().unwrap_or(spec)
 }
 
 /// Parses `specs` (all of one backend) and runs `task` on those devices.

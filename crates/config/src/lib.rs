@@ -85,8 +85,8 @@ pub(crate) struct Schema {
     pub rollout: RolloutSection,
 }
 
-/// The backend a device spec names (`cuda:1` -> `cuda`).
-fn backend_of(spec: &str) -> &str {
+/// The backend a device spec names (`cuda:1` -> `cuda`): the ranks of one run share it.
+pub fn backend_of(spec: &str) -> &str {
     spec.split(':').next().unwrap_or(spec)
 }
 

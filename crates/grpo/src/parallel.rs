@@ -102,7 +102,8 @@ where
             return Err(GrpoError::NoRecords);
         }
         let world = self.ranks.len();
-        let shards = split_groups(records.len(), world);
+        let total = records.len();
+        let shards = split_groups(total, world);
         let handle = tokio::runtime::Handle::try_current().ok();
         let collective = &self.collective;
         let ranks = &mut self.ranks;
@@ -116,7 +117,7 @@ where
                         let records = &records[range.clone()];
                         let shard = Shard {
                             first: range.start,
-                            total: shards.last().map_or(0, |r| r.end),
+                            total,
                         };
                         let handle = handle.clone();
                         s.spawn(move || {
