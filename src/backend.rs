@@ -69,9 +69,7 @@ impl RankCollective for burn::backend::NdArray<f32> {}
 impl RankCollective for burn::backend::Wgpu {}
 #[cfg(feature = "tch")]
 impl RankCollective for burn::backend::LibTorch {}
-#[cfg(all(feature = "cuda", not(feature = "nccl")))]
-impl RankCollective for burn::backend::Cuda {}
-#[cfg(feature = "nccl")]
+#[cfg(feature = "cuda")]
 impl RankCollective for burn::backend::Cuda {
     fn rank_collective(devices: &[Self::Device]) -> Arc<dyn Collective<Self>> {
         Arc::new(conrub_grpo::NcclCollective::new::<Self>(devices))

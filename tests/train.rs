@@ -14,7 +14,8 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn train(out: &Path, extra: &[&str]) -> String {
+/// The arguments of a shrunk demo run into `out`, then `extra`.
+fn train_args(out: &Path, extra: &[&str]) -> Vec<String> {
     let mut args: Vec<String> = vec![
         "train".into(),
         "--config".into(),
@@ -33,6 +34,11 @@ fn train(out: &Path, extra: &[&str]) -> String {
         args.push(s);
     }
     args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn train(out: &Path, extra: &[&str]) -> String {
+    let args = train_args(out, extra);
     let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
         .args(&args)
         .output()
@@ -375,8 +381,8 @@ fn demo_trains_on_libtorch() {
 
 /// `--devices cpu,cpu`: two simulated data-parallel ranks from the command line. The first step
 /// (the same weights on both) gives the one-device run's rewards and ties exactly; the metrics say
-/// how many ranks ran and what the all-reduce moved; a 2-rank run resumed from its checkpoint
-/// repeats the straight 2-rank run; mixing backends is an error naming both.
+/// how many ranks ran and what the all-reduce moved; a 2-rank run killed with SIGKILL and resumed
+/// from its checkpoint repeats the straight 2-rank run; mixing backends is an error naming both.
 #[test]
 fn data_parallel_ranks_from_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -396,28 +402,41 @@ fn data_parallel_ranks_from_the_command_line() {
     assert!(b[0]["allreduce_bytes"].as_u64().unwrap() > 0);
     assert!(two.join("checkpoint-000002/config.json").is_file());
 
-    // Stopped after step 3 (its step line is written, the last checkpoint is step 2's), then
-    // resumed on two ranks: the straight 2-rank run's metrics, timing aside.
+    // Killed with SIGKILL once step 2's checkpoint is complete, then resumed on two ranks from
+    // it: the straight 2-rank run's metrics (timing aside) and exported weights, byte for byte.
     let straight = dir.path().join("straight");
-    train(
-        &straight,
-        &["--set", "run.max_steps=4", "--devices", "cpu,cpu"],
+    let four = ["--set", "run.max_steps=4", "--devices", "cpu,cpu"];
+    train(&straight, &four);
+    let killed = dir.path().join("killed");
+    let ckpt = killed.join("checkpoint-000002");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(train_args(&killed, &four))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    // A checkpoint directory appears whole (it is renamed from `.tmp` when complete).
+    while !ckpt.is_dir() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before the kill"
+        );
+        assert!(
+            started.elapsed().as_secs() < 600,
+            "no checkpoint after 10 minutes"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL on Unix
+    child.wait().unwrap();
+    assert!(ckpt.join("training_state/state.json").is_file());
+    assert!(
+        !killed.join("checkpoint-000004").exists(),
+        "killed too late to test anything"
     );
-    let split = dir.path().join("split");
-    train(
-        &split,
-        &["--set", "run.max_steps=3", "--devices", "cpu,cpu"],
-    );
-    let ckpt = split.join("checkpoint-000002");
-    let resume = [
-        "--set",
-        "run.max_steps=4",
-        "--devices",
-        "cpu,cpu",
-        "--resume",
-    ];
-    train(&split, &[&resume[..], &[ckpt.to_str().unwrap()]].concat());
-    let (x, y) = (steps(&straight), steps(&split));
+    let resume = [&four[..], &["--resume", ckpt.to_str().unwrap()]].concat();
+    train(&killed, &resume);
+    let (x, y) = (steps(&straight), steps(&killed));
     assert_eq!((x.len(), y.len()), (4, 4));
     for (x, y) in x.iter().zip(&y) {
         for key in [
@@ -430,6 +449,11 @@ fn data_parallel_ranks_from_the_command_line() {
             assert_eq!(x[key], y[key], "step {}: {key}", x["step"]);
         }
     }
+    let weights = |d: &Path| std::fs::read(d.join("checkpoint-000004/model.safetensors")).unwrap();
+    assert!(
+        weights(&straight) == weights(&killed),
+        "exported weights differ"
+    );
 
     let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
         .args(["train", "--config"])

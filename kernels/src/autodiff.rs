@@ -9,10 +9,7 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
-use crate::{
-    float, AttentionLayout, AttentionOps, AutodiffInner, Clip, DecodeOps, LossOps, PagedLayout,
-    Reduce,
-};
+use crate::{float, AttentionLayout, AttentionOps, Clip, DecodeOps, LossOps, PagedLayout, Reduce};
 
 #[derive(Debug)]
 struct AttentionBackward;
@@ -119,7 +116,7 @@ impl<B: LossOps> Backward<B, 1> for SurrogateBackward {
     }
 }
 
-impl<B: LossOps + AutodiffInner, C: CheckpointStrategy> LossOps for Autodiff<B, C> {
+impl<B: LossOps, C: CheckpointStrategy> LossOps for Autodiff<B, C> {
     fn token_logprobs(
         hidden: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -186,7 +183,7 @@ impl<B: LossOps + AutodiffInner, C: CheckpointStrategy> LossOps for Autodiff<B, 
     }
 }
 
-impl<B: AttentionOps + AutodiffInner, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
+impl<B: AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
     /// Runs on `B` (its kernel where it has one); the output carries no gradient.
     fn paged_decode_attention(
         q: FloatTensor<Self>,
@@ -243,4 +240,4 @@ impl<B: AttentionOps + AutodiffInner, C: CheckpointStrategy> AttentionOps for Au
     }
 }
 
-impl<B: DecodeOps + AutodiffInner, C: CheckpointStrategy> DecodeOps for Autodiff<B, C> {}
+impl<B: DecodeOps, C: CheckpointStrategy> DecodeOps for Autodiff<B, C> {}

@@ -18,7 +18,8 @@
 //! log-probs) and libtorch through a fallback made of primitive tensor ops ([`fallback`]), and for
 //! `Autodiff<B>` with hand-written backwards. [`reference`] holds the textbook formulas used as
 //! the independent check in tests and as the naive baseline in benchmarks. kernels/README.md says
-//! which files to touch to add an op.
+//! which files to touch to add an op. With feature `cuda`, [`NcclOps`] sums tensors across the
+//! CUDA devices of one process (the data-parallel gradient all-reduce).
 
 mod attention;
 mod autodiff;
@@ -38,6 +39,10 @@ mod cube_paged;
 pub mod fallback;
 #[cfg(feature = "cube")]
 mod fusion;
+#[cfg(feature = "cuda")]
+mod nccl;
+#[cfg(feature = "cuda")]
+pub use nccl::NcclOps;
 pub mod kv;
 pub mod paged_attention;
 pub mod reference;
@@ -296,22 +301,9 @@ pub trait DecodeOps: Backend {
 /// ask of a backend. Implemented for every backend that implements [`LossOps`], [`AttentionOps`]
 /// and [`DecodeOps`] (burn's CubeCL backends, their fusion wrapper, flex, ndarray, libtorch, and
 /// `Autodiff` over any of them); write `B: GrpoOps` unless a function needs one family only.
-pub trait GrpoOps: LossOps + AttentionOps + DecodeOps + AutodiffInner {}
+pub trait GrpoOps: LossOps + AttentionOps + DecodeOps {}
 
-impl<B: LossOps + AttentionOps + DecodeOps + AutodiffInner> GrpoOps for B {}
-
-/// What `Autodiff<B>` asks of `B`: any backend, or with feature `distributed` (burn's, for NCCL)
-/// a `DistributedBackend` (burn 0.21 makes that a condition of autodiff in such a build).
-#[cfg(not(feature = "distributed"))]
-pub trait AutodiffInner: Backend {}
-#[cfg(not(feature = "distributed"))]
-impl<B: Backend> AutodiffInner for B {}
-/// What `Autodiff<B>` asks of `B`: any backend, or with feature `distributed` (burn's, for NCCL)
-/// a `DistributedBackend` (burn 0.21 makes that a condition of autodiff in such a build).
-#[cfg(feature = "distributed")]
-pub trait AutodiffInner: Backend + burn::tensor::backend::distributed::DistributedBackend {}
-#[cfg(feature = "distributed")]
-impl<B: Backend + burn::tensor::backend::distributed::DistributedBackend> AutodiffInner for B {}
+impl<B: LossOps + AttentionOps + DecodeOps> GrpoOps for B {}
 
 /// Per-token outputs of [`token_logprobs`].
 #[derive(Debug, Clone)]

@@ -704,7 +704,8 @@ where
 
     /// The micro-batches of the step's rows `range` (global indices) that hold this learner's
     /// rows, as indices into its train batch: the one-device plan of the whole step, cut to this
-    /// learner's rows, so that only a micro-batch spanning two ranks differs from one device's.
+    /// learner's rows. Micro-batches never span two groups and ranks own whole groups, so the
+    /// cut only drops other ranks' micro-batches.
     fn local_micro_batches(
         &self,
         rows: &GlobalRows,
@@ -712,13 +713,18 @@ where
         local: usize,
     ) -> Vec<Range<usize>> {
         let end = rows.first + local;
-        plan_micro_batches(&rows.seq_lens, range, self.cfg.micro_batch_tokens)
-            .into_iter()
-            .filter_map(|m| {
-                let (lo, hi) = (m.start.max(rows.first), m.end.min(end));
-                (lo < hi).then(|| lo - rows.first..hi - rows.first)
-            })
-            .collect()
+        plan_micro_batches(
+            &rows.seq_lens,
+            range,
+            self.cfg.micro_batch_tokens,
+            self.cfg.group_size,
+        )
+        .into_iter()
+        .filter_map(|m| {
+            let (lo, hi) = (m.start.max(rows.first), m.end.min(end));
+            (lo < hi).then(|| lo - rows.first..hi - rows.first)
+        })
+        .collect()
     }
 
     /// Stage 1: `group_size` responses per record, sampled on the inner backend.

@@ -49,7 +49,7 @@ mod group;
 mod learner;
 mod loss;
 pub mod memory;
-#[cfg(feature = "nccl")]
+#[cfg(feature = "cuda")]
 mod nccl;
 mod parallel;
 mod policy;
@@ -72,7 +72,7 @@ pub use group::{GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
 pub use learner::{Learner, LearnerBuilder, LearnerConfig, RankSlot, StepMetrics, StepOutput};
 pub use loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch, SurrogateOutput};
 pub use memory::{MemoryPlan, MemoryPlanInput, ModelShape};
-#[cfg(feature = "nccl")]
+#[cfg(feature = "cuda")]
 pub use nccl::NcclCollective;
 pub use parallel::{split_groups, DataParallel};
 pub use policy::{sample_by_recomputation, Policy, ResponseLogprobs};

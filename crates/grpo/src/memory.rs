@@ -344,17 +344,22 @@ impl MemoryPlanInput {
             .max(1)
     }
 
-    /// Full-length rows in one micro-batch (at least one; at most the step's rows).
+    /// Full-length rows that fit one micro-batch's budget (at least one; at most the step's
+    /// rows). Micro-batches never span two groups, so fewer may be used: the peak is bounded
+    /// by this many.
     pub fn micro_batch_rows(&self) -> usize {
         let s = self.sequence_tokens().max(1);
         (self.micro_batch_tokens / s).clamp(1, self.step_rows().max(1))
     }
 
     /// Micro-batches whose gradients one optimizer step sums: the mini-batch's rows
-    /// (`step_rows / mini_batches`, rounded up) in micro-batches of [`Self::micro_batch_rows`].
+    /// (`step_rows / mini_batches`, rounded up), each group in micro-batches of
+    /// [`Self::micro_batch_rows`].
     pub fn micro_batches_per_optimizer_step(&self) -> usize {
+        let group = self.group_size.max(1);
         let mini = self.step_rows().max(1).div_ceil(self.mini_batches.max(1));
-        mini.div_ceil(self.micro_batch_rows())
+        let rows = self.micro_batch_rows().min(group);
+        mini.div_ceil(group) * group.min(mini).div_ceil(rows)
     }
 
     /// Device memory in bytes.

@@ -1,12 +1,12 @@
-//! [`Collective`] over NCCL for ranks on CUDA devices (burn's `distributed` feature; feature
-//! `nccl` of this crate): the gradient buckets are summed device to device. Host numbers go
+//! [`Collective`] over NCCL for ranks on CUDA devices (conrub-kernels' [`NcclOps`]; feature
+//! `cuda` of this crate): the gradient buckets are summed device to device. Host numbers go
 //! through a [`HostCollective`], which is also the barrier every rank passes before an NCCL call:
 //! a rank enters NCCL only when all have arrived, so a rank that failed aborts the barrier
 //! instead of leaving the others inside NCCL for ever.
 
-use burn::tensor::backend::distributed::{DistributedBackend, ReduceOperation};
 use burn::tensor::backend::{Backend, DeviceId, DeviceOps};
 use burn::tensor::{Tensor, TensorPrimitive};
+use conrub_kernels::NcclOps;
 
 use crate::collective::{Collective, HostCollective};
 use crate::error::Result;
@@ -27,19 +27,14 @@ impl NcclCollective {
     }
 }
 
-impl<B: Backend + DistributedBackend> Collective<B> for NcclCollective {
+impl<B: NcclOps> Collective<B> for NcclCollective {
     fn world_size(&self) -> usize {
         self.devices.len()
     }
 
     fn all_reduce_sum(&self, rank: usize, bucket: Tensor<B, 1>) -> Result<Tensor<B, 1>> {
         Collective::<B>::all_gather(&self.host, rank, Vec::new())?;
-        let sum = B::all_reduce(
-            bucket.into_primitive().tensor(),
-            ReduceOperation::Sum,
-            self.devices.clone(),
-        )
-        .resolve();
+        let sum = B::nccl_all_reduce_sum(bucket.into_primitive().tensor(), &self.devices);
         Ok(Tensor::from_primitive(TensorPrimitive::Float(sum)))
     }
 

@@ -53,7 +53,8 @@ pub fn epoch_order(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
 }
 
 /// Where a checkpoint for `step` goes: `output_dir/checkpoint-{step}` (the HF export) with the
-/// training state in its `training_state/` subdirectory.
+/// training state in its `training_state/` subdirectory. It is written as `checkpoint-{step}.tmp`
+/// and renamed when complete.
 pub fn checkpoint_dir(output_dir: &Path, step: u64) -> PathBuf {
     output_dir.join(format!("checkpoint-{step:06}"))
 }
@@ -214,10 +215,23 @@ where
         trainee.verify()?;
         let learner = trainee.lead();
         let dir = checkpoint_dir(&run.output_dir, learner.step);
-        hooks.export(&learner.policy, &dir)?;
+        // Written whole under `.tmp`, then renamed: a kill leaves no partial checkpoint.
+        let tmp = dir.with_extension("tmp");
+        let io = |p: &Path, e: std::io::Error| GrpoError::io(p, e);
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+        }
+        hooks.export(&learner.policy, &tmp)?;
         let cursor =
             serde_json::json!({ "step": learner.step, "steps_per_epoch": steps_per_epoch });
-        save_state(learner, cursor, &dir.join("training_state"))?;
+        save_state(learner, cursor, &tmp.join("training_state"))?;
+        conrub_rubric::io::sync_dir(&tmp).map_err(|e| io(&tmp, e))?;
+        if dir.exists() {
+            // A checkpoint of a run resumed from an earlier one: superseded.
+            std::fs::remove_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        }
+        std::fs::rename(&tmp, &dir).map_err(|e| io(&dir, e))?;
+        conrub_rubric::io::sync_dir(&run.output_dir).map_err(|e| io(&run.output_dir, e))?;
         hooks.checkpointed(&run.output_dir, &dir)?;
         summary.last_checkpoint = Some(dir);
         Ok(())

@@ -574,11 +574,13 @@ fn dp_builder(
 }
 
 /// `steps` steps on `world` ranks (1: a plain learner): every step's output, and the weights.
+/// With `states`, the state before each step is saved to `states/<step>` (one device only).
 async fn dp_run(
     cfg: &LearnerConfig,
     world: usize,
     even_ids: bool,
     steps: usize,
+    states: Option<&std::path::Path>,
 ) -> (Vec<conrub_grpo::StepOutput>, Vec<f32>) {
     let recs = five_records();
     let refs: Vec<&RubricRecord> = recs.iter().collect();
@@ -587,22 +589,54 @@ async fn dp_run(
         let mut l = dp_builder(cfg, &Default::default(), even_ids)
             .build()
             .unwrap();
-        for _ in 0..steps {
+        for s in 0..steps {
+            if let Some(dir) = states {
+                conrub_grpo::save_state(&l, serde_json::Value::Null, &dir.join(s.to_string()))
+                    .unwrap();
+            }
             outs.push(l.step(&refs).await.unwrap());
         }
         return (outs, weights(l.policy()));
     }
-    let devices = vec![Default::default(); world];
-    let collective = Arc::new(conrub_grpo::HostCollective::new(world));
-    let mut dp = conrub_grpo::DataParallel::build(&devices, collective, 4096, |_, d| {
-        Ok(dp_builder(cfg, d, even_ids))
-    })
-    .unwrap();
+    let mut dp = dp_group_of(cfg, world, even_ids);
     for _ in 0..steps {
         outs.push(dp.step(&refs).await.unwrap());
     }
     dp.check_replicas().unwrap();
     (outs, weights(dp.learner().policy()))
+}
+
+fn dp_group_of(
+    cfg: &LearnerConfig,
+    world: usize,
+    even_ids: bool,
+) -> conrub_grpo::DataParallel<B, Qwen3ForCausalLM<B>> {
+    let devices = vec![Default::default(); world];
+    let collective = Arc::new(conrub_grpo::HostCollective::new(world));
+    conrub_grpo::DataParallel::build(&devices, collective, 4096, |_, d| {
+        Ok(dp_builder(cfg, d, even_ids))
+    })
+    .unwrap()
+}
+
+/// Each step of `world` ranks started from the one-device run's state before that step (saved
+/// in `states`): the step itself compared, without the drift of earlier steps.
+async fn dp_steps_from(
+    cfg: &LearnerConfig,
+    world: usize,
+    even_ids: bool,
+    states: &std::path::Path,
+    steps: usize,
+) -> Vec<conrub_grpo::StepOutput> {
+    let recs = five_records();
+    let refs: Vec<&RubricRecord> = recs.iter().collect();
+    let mut dp = dp_group_of(cfg, world, even_ids);
+    let mut outs = Vec::new();
+    for s in 0..steps {
+        dp.load_state(&states.join(s.to_string())).unwrap();
+        outs.push(dp.step(&refs).await.unwrap());
+    }
+    outs
 }
 
 /// Advantages, tie status and every pair's verdicts of a step (its timings aside).
@@ -671,7 +705,8 @@ async fn data_parallel_ranks_train_as_one_device() {
             ..base.clone()
         };
         let what = format!("{aggregation:?}, {tie_mode:?}");
-        let (one, w1) = dp_run(&cfg, 1, even_ids, 3).await;
+        let states = tempfile::tempdir().unwrap();
+        let (one, w1) = dp_run(&cfg, 1, even_ids, 3, Some(states.path())).await;
         assert!(
             one.iter()
                 .flat_map(|o| &o.metrics.grad_norms)
@@ -679,29 +714,35 @@ async fn data_parallel_ranks_train_as_one_device() {
             "{what}: clipping is active"
         );
         for &world in worlds {
-            let (many, wn) = dp_run(&cfg, world, even_ids, 3).await;
-            for (s, (a, b)) in one.iter().zip(&many).enumerate() {
+            let (many, wn) = dp_run(&cfg, world, even_ids, 3, None).await;
+            let synced = dp_steps_from(&cfg, world, even_ids, states.path(), 3).await;
+            for (s, ((a, b), c)) in one.iter().zip(&many).zip(&synced).enumerate() {
                 let at = format!("{what}, {world} ranks, step {s}");
-                assert_eq!(a.responses, b.responses, "{at}: responses");
-                assert_eq!(a.scores, b.scores, "{at}: rewards");
-                assert_eq!(
-                    verdicts(&a.outcomes),
-                    verdicts(&b.outcomes),
-                    "{at}: advantages, verdicts"
-                );
-                let (ma, mb) = (&a.metrics, &b.metrics);
-                assert_eq!(ma.ties, mb.ties, "{at}: tie counts");
-                assert_eq!((mb.ranks, ma.ranks), (world, 1), "{at}");
-                assert!(mb.allreduce_bytes > 0, "{at}: the gradients were reduced");
-                eprintln!(
-                    "DBG {at}: loss rel {:e} ({} vs {})",
-                    rel(ma.loss, mb.loss),
-                    ma.loss,
-                    mb.loss
-                );
-                for (x, y) in ma.grad_norms.iter().zip(&mb.grad_norms) {
-                    assert!(rel(*x, *y) < 1e-5, "{at}: grad norm {x} vs {y}");
+                for (b, run) in [(b, "free run"), (c, "from one device's state")] {
+                    assert_eq!(a.responses, b.responses, "{at}, {run}: responses");
+                    assert_eq!(a.scores, b.scores, "{at}, {run}: rewards");
+                    assert_eq!(
+                        verdicts(&a.outcomes),
+                        verdicts(&b.outcomes),
+                        "{at}, {run}: advantages, verdicts"
+                    );
+                    let (ma, mb) = (&a.metrics, &b.metrics);
+                    assert_eq!(ma.ties, mb.ties, "{at}, {run}: tie counts");
+                    assert_eq!((mb.ranks, ma.ranks), (world, 1), "{at}");
+                    assert!(mb.allreduce_bytes > 0, "{at}: the gradients were reduced");
+                    for (x, y) in ma.grad_norms.iter().zip(&mb.grad_norms) {
+                        assert!(rel(*x, *y) < 1e-5, "{at}, {run}: grad norm {x} vs {y}");
+                    }
                 }
+                // The step's loss from the same state: within 1e-6. A free run drifts by f32
+                // rounding (summation order), amplified over steps; its weights are bounded below.
+                let (la, lc) = (a.metrics.loss, c.metrics.loss);
+                eprintln!(
+                    "{at}: loss rel {:e}, free run {:e}",
+                    rel(la, lc),
+                    rel(la, b.metrics.loss)
+                );
+                assert!(rel(la, lc) < 1e-6, "{at}: loss {la} vs {lc}");
             }
             let scale = w1.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
             let diff = w1
@@ -749,12 +790,7 @@ fn dp_group(
     cfg: &LearnerConfig,
     world: usize,
 ) -> conrub_grpo::DataParallel<B, Qwen3ForCausalLM<B>> {
-    let devices = vec![Default::default(); world];
-    let collective = Arc::new(conrub_grpo::HostCollective::new(world));
-    conrub_grpo::DataParallel::build(&devices, collective, 4096, |_, d| {
-        Ok(dp_builder(cfg, d, true))
-    })
-    .unwrap()
+    dp_group_of(cfg, world, true)
 }
 
 /// metrics.jsonl without its timing fields.
