@@ -82,7 +82,8 @@ pub struct LearnerConfig {
     /// Optimizer steps per pass (the batch is split into this many mini-batches).
     pub mini_batches: usize,
     /// Token budget (prompt + response, padded) of one micro-batch; gradients are accumulated
-    /// over them.
+    /// over them. A micro-batch holds rows of one group only (so data-parallel ranks, which own
+    /// whole groups, run exactly one device's micro-batches).
     pub micro_batch_tokens: usize,
     /// Activation checkpointing per decoder layer: keep only each layer's input and recompute
     /// its forward during the backward (one extra forward per micro-batch; memory linear in
