@@ -202,6 +202,7 @@ where
         aggregation: Aggregation::SequenceMean,
         kl_beta: 0.0,
         max_response_tokens: RESPONSE,
+        tis_cap: None,
     };
     let mut update = Update::<A<Bk>, Qwen3ForCausalLM<A<Bk>>>::new(UpdateConfig {
         lr: 3e-6,
@@ -218,6 +219,7 @@ where
             advantages: advantages.clone(),
             mask: tf.mask.clone(),
             logp_ref: None,
+            logp_engine: None,
         };
         let out = loss.compute(batch);
         let grads = GradientsParams::from_grads(out.loss.backward(), &policy);

@@ -227,6 +227,8 @@ pub struct TrainBatch<B: Backend> {
     pub logp_old: Tensor<B, 2>,
     /// Log-probabilities under the frozen reference (only with a KL term).
     pub logp_ref: Option<Tensor<B, 2>>,
+    /// The rollout engine's log-probabilities of the sampled tokens (only with `tis_cap`).
+    pub logp_engine: Option<Tensor<B, 2>>,
     /// Sequence advantages.
     pub advantages: Tensor<B, 1>,
     /// Per row: `prompt ++ response` length (host copy, for planning micro-batches).
@@ -247,6 +249,10 @@ impl<B: Backend> TrainBatch<B> {
             logp_old: self.logp_old.clone().slice([rows.clone(), 0..response_len]),
             logp_ref: self
                 .logp_ref
+                .as_ref()
+                .map(|t| t.clone().slice([rows.clone(), 0..response_len])),
+            logp_engine: self
+                .logp_engine
                 .as_ref()
                 .map(|t| t.clone().slice([rows.clone(), 0..response_len])),
             advantages: self.advantages.clone().slice([rows.clone()]),

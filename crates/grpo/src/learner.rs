@@ -33,7 +33,7 @@ use crate::group::{reward_bin, GroupOutcome, TieAwareAdvantages, TieMode, TieSta
 use crate::loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch};
 use crate::policy::{row_index, Policy};
 use crate::reward::{GroupScores, RewardSource};
-use crate::rollout::{GroupSampler, RolloutEngine, RolloutRequest};
+use crate::rollout::{GroupSampler, RolloutEngine, RolloutRequest, WeightSync};
 use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
 use crate::update::{Update, UpdateConfig};
 
@@ -73,6 +73,12 @@ pub struct LearnerConfig {
     pub scale_rewards: ScaleRewards,
     /// Weight of the k3 KL to the initial policy (0: no reference model is kept).
     pub kl_beta: f64,
+    /// Truncated importance sampling (off when unset): each token's policy loss is weighted by
+    /// `min(exp(logp_old - logp_engine), tis_cap)`, the learner's old probability of the sampled
+    /// token over the rollout engine's, capped (TRL's and verl's correction for an engine whose
+    /// numerics differ from the trainer's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tis_cap: Option<f64>,
     /// What happens to exactly tied groups.
     pub tie_mode: TieMode,
     /// Beta of the GRPO+DPO baseline.
@@ -118,6 +124,7 @@ impl Default for LearnerConfig {
             aggregation: Aggregation::SequenceMean,
             scale_rewards: ScaleRewards::Group,
             kl_beta: 0.0,
+            tis_cap: None,
             tie_mode: TieMode::Pairwise,
             dpo_beta: 2.0,
             ppo_epochs: 1,
@@ -166,6 +173,11 @@ impl LearnerConfig {
         }
         if !(self.allreduce_bucket_mb > 0.0) {
             return bad("allreduce_bucket_mb", "must be > 0");
+        }
+        if let Some(cap) = self.tis_cap {
+            if !(cap > 0.0 && cap.is_finite()) {
+                return bad("tis_cap", "must be a positive number");
+            }
         }
         Ok(())
     }
@@ -295,6 +307,22 @@ pub struct StepMetrics {
     /// See `update_secs_rank_max`.
     #[serde(default)]
     pub update_secs_rank_min: f64,
+    /// Seconds spent handing the policy's weights to the rollout engine (0 in process).
+    #[serde(default)]
+    pub weight_sync_secs: f64,
+    /// Bytes of weights written for the rollout engine (0 in process).
+    #[serde(default)]
+    pub weight_sync_bytes: u64,
+    /// Mean over response tokens of `|logp_learner - logp_engine|`, the learner's recomputed
+    /// old log-prob against the one the engine reported for the token it sampled.
+    #[serde(default)]
+    pub rollout_logprob_diff_mean: f64,
+    /// Largest `|logp_learner - logp_engine|` of the step.
+    #[serde(default)]
+    pub rollout_logprob_diff_max: f64,
+    /// k3 estimate of KL(engine || learner) per response token (see `rollout_logprob_diff_mean`).
+    #[serde(default)]
+    pub rollout_kl: f64,
 }
 
 fn one() -> usize {
@@ -372,6 +400,57 @@ pub(crate) struct StepParts {
     pub rollout_secs: f64,
     pub judge_secs: f64,
     pub update_secs: f64,
+    pub weight_sync: WeightSync,
+    pub logprob_gap: LogprobGap,
+}
+
+/// The learner's old log-probs against the engine's for the same sampled tokens, summed over
+/// response tokens: `d = logp_learner - logp_engine`, `|d|` (sum and max) and the k3 estimate
+/// of KL(engine || learner), `exp(d) - d - 1` (non-negative, unbiased under the engine's samples).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct LogprobGap {
+    pub abs_sum: f64,
+    pub abs_max: f64,
+    pub k3_sum: f64,
+    pub tokens: usize,
+}
+
+impl LogprobGap {
+    /// The gap of `batch`'s old log-probs (read to the host once) and `rollout`'s.
+    fn of<B: burn::tensor::backend::Backend>(batch: &TrainBatch<B>, rollout: &RolloutBatch) -> Self {
+        let [_, width] = batch.logp_old.dims();
+        let old: Vec<f32> = batch
+            .logp_old
+            .clone()
+            .into_data()
+            .convert::<f32>()
+            .into_vec()
+            .unwrap_or_default();
+        let mut gap = Self::default();
+        for (r, engine) in rollout.logprobs.iter().enumerate() {
+            for (t, e) in engine.iter().enumerate().take(width) {
+                let Some(l) = old.get(r * width + t) else {
+                    continue;
+                };
+                let d = (*l as f64) - (*e as f64);
+                gap.abs_sum += d.abs();
+                gap.abs_max = gap.abs_max.max(d.abs());
+                gap.k3_sum += d.exp() - d - 1.0;
+                gap.tokens += 1;
+            }
+        }
+        gap
+    }
+
+    /// The gaps of several ranks as one.
+    fn merge(parts: impl IntoIterator<Item = LogprobGap>) -> Self {
+        parts.into_iter().fold(Self::default(), |a, b| Self {
+            abs_sum: a.abs_sum + b.abs_sum,
+            abs_max: a.abs_max.max(b.abs_max),
+            k3_sum: a.k3_sum + b.k3_sum,
+            tokens: a.tokens + b.tokens,
+        })
+    }
 }
 
 /// Builds a [`Learner`]: the policy, its settings and device, a [`TextCodec`] and a
@@ -494,6 +573,7 @@ where
             aggregation: cfg.aggregation,
             kl_beta: cfg.kl_beta,
             max_response_tokens: cfg.max_response_tokens,
+            tis_cap: cfg.tis_cap,
         };
         let reference = (cfg.kl_beta != 0.0).then(|| self.policy.valid());
         Ok(Learner {
@@ -595,6 +675,9 @@ where
         let k = self.cfg.group_size;
         let t0 = Instant::now();
         let inner = self.policy.valid();
+        // An engine outside the process may not hold the policy's weights yet (a first step, a
+        // resume, a warm-up); one that does skips this.
+        let mut weight_sync = self.rollout.sync_weights(&inner, self.step)?;
         let rollout = self.rollout_stage(&inner, records, shard.first)?;
         rollout.check_shape(records.len(), k)?;
         let texts: Vec<String> = rollout
@@ -631,7 +714,10 @@ where
 
         let t2 = Instant::now();
         let rows = self.global_rows(&rollout, shard)?;
+        // Every rank's rollouts are done (the lengths were just gathered from all of them).
+        self.rollout.release()?;
         let batch = self.train_batch(&inner, &rollout, &outcomes, &rows);
+        let logprob_gap = LogprobGap::of(&batch, &rollout);
         let dpo_pairs: Vec<(usize, usize)> = if self.cfg.tie_mode == TieMode::GrpoDpo {
             outcomes
                 .iter()
@@ -647,8 +733,10 @@ where
         };
         let update = self.update_stage(&batch, &dpo_pairs, &rows)?;
         // The new weights go to the engine before the next rollout reads them.
-        self.rollout
+        let synced = self
+            .rollout
             .sync_weights(&self.policy.valid(), self.step + 1)?;
+        weight_sync = weight_sync.add(synced);
         let update_secs = t2.elapsed().as_secs_f64();
         Ok(StepParts {
             rollout,
@@ -660,6 +748,8 @@ where
             rollout_secs,
             judge_secs,
             update_secs,
+            weight_sync,
+            logprob_gap,
         })
     }
 
@@ -863,9 +953,19 @@ where
             .iter()
             .flat_map(|o| o.advantages.iter().map(|&a| a as f32))
             .collect();
+        // The engine's log-probs, right-padded like `logp_old` (only the TIS correction reads them).
+        let logp_engine = self.cfg.tis_cap.map(|_| {
+            let mut flat = vec![0f32; n * width];
+            for (r, l) in rollout.logprobs.iter().enumerate() {
+                let t = l.len().min(width);
+                flat[r * width..r * width + t].copy_from_slice(&l[..t]);
+            }
+            Tensor::from_data(TensorData::new(flat, [n, width]), &self.device)
+        });
         TrainBatch {
             logp_old: logprobs(inner),
             logp_ref: self.reference.as_ref().map(logprobs),
+            logp_engine,
             advantages: Tensor::from_data(TensorData::new(advantages, [n]), &self.device),
             tokens,
             seq_lens,
@@ -922,6 +1022,7 @@ where
                             advantages: mb.advantages.clone(),
                             mask: mb.tokens.mask.clone(),
                             logp_ref: mb.logp_ref.clone(),
+                            logp_engine: mb.logp_engine.clone(),
                         });
                         if last {
                             let w = mb.response_tokens() as f64;
@@ -1149,6 +1250,15 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
         .map(|p| p.update.allreduce_secs)
         .fold(0.0, f64::max);
     let dpo_pairs = parts.iter().map(|p| p.dpo_pairs).sum();
+    // Shared engines sync once for all ranks: the slowest rank's sync is the step's.
+    let weight_sync = parts
+        .iter()
+        .map(|p| p.weight_sync)
+        .fold(WeightSync::default(), |a, b| WeightSync {
+            secs: a.secs.max(b.secs),
+            bytes: a.bytes.max(b.bytes),
+        });
+    let gap = LogprobGap::merge(parts.iter().map(|p| p.logprob_gap));
     let mut parts = parts.into_iter();
     let first = parts.next().expect("a step has at least one part");
     let update = first.update.clone();
@@ -1170,6 +1280,11 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
     ) = (rollout_max, judge_secs, update_max);
     metrics.ranks = ranks;
     (metrics.allreduce_bytes, metrics.allreduce_secs) = (allreduce_bytes, allreduce_secs);
+    (metrics.weight_sync_secs, metrics.weight_sync_bytes) = (weight_sync.secs, weight_sync.bytes);
+    let tokens = gap.tokens.max(1) as f64;
+    metrics.rollout_logprob_diff_mean = gap.abs_sum / tokens;
+    metrics.rollout_logprob_diff_max = gap.abs_max;
+    metrics.rollout_kl = gap.k3_sum / tokens;
     (metrics.rollout_secs_rank_max, metrics.rollout_secs_rank_min) = (rollout_max, rollout_min);
     (metrics.update_secs_rank_max, metrics.update_secs_rank_min) = (update_max, update_min);
     StepOutput {

@@ -77,7 +77,7 @@ pub use nccl::NcclCollective;
 pub use parallel::{split_groups, DataParallel};
 pub use policy::{sample_by_recomputation, Policy, ResponseLogprobs};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
-pub use rollout::{GroupSampler, InProcessEngine, RolloutEngine, RolloutRequest};
+pub use rollout::{GroupSampler, InProcessEngine, RolloutEngine, RolloutRequest, WeightSync};
 pub use telemetry::{EpochSummary, MetricsLine};
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
 pub use trainer::{train, RunConfig, RunHooks, RunSummary, Trainee};

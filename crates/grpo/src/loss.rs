@@ -10,7 +10,7 @@
 use burn::tensor::activation::log_sigmoid;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
-use conrub_kernels::{Clip, GrpoOps, Reduce};
+use conrub_kernels::{Clip, GrpoOps, Reduce, SurrogateLoss};
 use serde::{Deserialize, Serialize};
 
 /// How per-token losses become one number.
@@ -38,6 +38,9 @@ pub struct PolicyLoss {
     pub kl_beta: f64,
     /// Dr. GRPO's constant length normaliser (the rollout's maximum response length).
     pub max_response_tokens: usize,
+    /// Cap of the truncated importance-sampling weight (used only when the batch has the
+    /// engine's log-probs): per token `w = min(exp(logp_old - logp_engine), cap)`, no gradient.
+    pub tis_cap: Option<f64>,
 }
 
 /// Inputs of one (micro-)batch.
@@ -57,6 +60,9 @@ pub struct SurrogateBatch<B: Backend> {
     pub mask: Tensor<B, 2>,
     /// Reference-model log-probabilities for the optional KL term.
     pub logp_ref: Option<Tensor<B, 2>>,
+    /// The rollout engine's log-probabilities of the sampled tokens, for the optional truncated
+    /// importance-sampling weight.
+    pub logp_engine: Option<Tensor<B, 2>>,
 }
 
 /// The loss and its diagnostics.
@@ -87,20 +93,27 @@ impl PolicyLoss {
             advantages,
             mask,
             logp_ref,
+            logp_engine,
         } = batch;
         let [n, _t] = logp.dims();
         let reduce = match self.aggregation {
             Aggregation::SequenceMean => Reduce::MeanPerResponse,
             _ => Reduce::SumPerResponse,
         };
-        let fused = conrub_kernels::clipped_surrogate(
-            logp.clone(),
-            logp_old,
-            advantages,
-            mask.clone(),
-            self.clip,
-            reduce,
-        );
+        let fused = match (self.tis_cap, logp_engine) {
+            (Some(cap), Some(engine)) => {
+                let weight = (logp_old.clone() - engine).exp().clamp_max(cap).detach();
+                weighted_surrogate(&logp, logp_old, advantages, &mask, &weight, self.clip, reduce)
+            }
+            _ => conrub_kernels::clipped_surrogate(
+                logp.clone(),
+                logp_old,
+                advantages,
+                mask.clone(),
+                self.clip,
+                reduce,
+            ),
+        };
         let tokens = mask.clone().sum().clamp_min(1.0);
         // Per-response values -> the aggregate; the same rule then applies to the KL term.
         let aggregate = |per_response: Tensor<B, 1>| match self.aggregation {
@@ -133,6 +146,41 @@ impl PolicyLoss {
     }
 }
 
+/// The clipped surrogate with a per-token weight (the TIS correction), in plain tensor ops:
+/// `-w * min(rho * A, clip(rho) * A)` per token, masked and reduced per response like the fused
+/// op, whose clip counts it also returns.
+fn weighted_surrogate<B: GrpoOps>(
+    logp: &Tensor<B, 2>,
+    logp_old: Tensor<B, 2>,
+    advantages: Tensor<B, 1>,
+    mask: &Tensor<B, 2>,
+    weight: &Tensor<B, 2>,
+    clip: conrub_kernels::Clip,
+    reduce: Reduce,
+) -> SurrogateLoss<B> {
+    let [n, t] = logp.dims();
+    let a = advantages.reshape([n, 1]).expand([n, t]);
+    let rho = (logp.clone() - logp_old).exp();
+    let clipped = rho.clone().clamp(1.0 - clip.low, 1.0 + clip.high);
+    let per_token = (rho.clone() * a.clone()).min_pair(clipped * a.clone()).neg()
+        * weight.clone()
+        * mask.clone();
+    let mut per_response = per_token.sum_dim(1).reshape([n]);
+    if reduce == Reduce::MeanPerResponse {
+        per_response = per_response / mask.clone().sum_dim(1).clamp_min(1.0).reshape([n]);
+    }
+    let count = |hit: Tensor<B, 2, burn::tensor::Bool>| {
+        (hit.float() * mask.clone()).sum_dim(1).reshape([n]).detach()
+    };
+    let rho = rho.detach();
+    let a = a.detach();
+    SurrogateLoss {
+        per_response,
+        clip_low: count(rho.clone().lower_elem(1.0 - clip.low).bool_and(a.clone().lower_elem(0.0))),
+        clip_high: count(rho.greater_elem(1.0 + clip.high).bool_and(a.greater_elem(0.0))),
+    }
+}
+
 /// The GRPO+DPO baseline term over accepted pairs: `-(1/B_global) * sum log sigmoid(beta *
 /// (Delta_theta - Delta_old))`, `Delta = log pi(y+) - log pi(y-)` (sequence log-probabilities);
 /// `global_batch` is B_global, the number of responses in the global batch.
@@ -149,4 +197,68 @@ pub fn dpo_pair_loss<B: Backend>(
 ) -> Tensor<B, 1> {
     let delta = (winner - loser) - (winner_old - loser_old);
     log_sigmoid(delta * beta).sum().neg() / global_batch.max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::TensorData;
+
+    type B = Autodiff<Flex>;
+
+    fn t2(v: Vec<f32>, rows: usize) -> Tensor<B, 2> {
+        let cols = v.len() / rows;
+        Tensor::from_data(TensorData::new(v, [rows, cols]), &Default::default())
+    }
+
+    /// The TIS weight `min(exp(logp_old - logp_engine), cap)` against a hand computation, value
+    /// and gradient, next to the unweighted loss.
+    #[test]
+    fn truncated_importance_sampling_weights_each_token() {
+        let ln = |p: f32| p.ln();
+        // Response 0 (A = +1): tokens 0 and 1 (token 2 is padding). Response 1 (A = -1): one
+        // token, its ratio 0.75 clipped at 0.8.
+        let logp = t2(vec![ln(0.5), ln(0.25), 0.0, ln(0.3), 0.0, 0.0], 2).require_grad();
+        let old = t2(vec![ln(0.4), ln(0.25), 0.0, ln(0.4), 0.0, 0.0], 2);
+        let engine = t2(vec![ln(0.2), ln(0.5), 0.0, ln(0.4), 0.0, 0.0], 2);
+        let mask = t2(vec![1.0, 1.0, 0.0, 1.0, 0.0, 0.0], 2);
+        let adv = Tensor::<B, 1>::from_floats([1.0, -1.0], &Default::default());
+        let batch = |engine: Option<Tensor<B, 2>>| SurrogateBatch {
+            logp: logp.clone(),
+            logp_old: old.clone(),
+            advantages: adv.clone(),
+            mask: mask.clone(),
+            logp_ref: None,
+            logp_engine: engine,
+        };
+        let loss = |tis_cap| PolicyLoss {
+            clip: Clip::default(),
+            aggregation: Aggregation::SequenceMean,
+            kl_beta: 0.0,
+            max_response_tokens: 3,
+            tis_cap,
+        };
+        let scalar = |t: Tensor<B, 1>| t.into_data().convert::<f32>().to_vec::<f32>().unwrap()[0];
+        // Weights: token 0 min(0.4 / 0.2, 1.5) = 1.5, token 1 min(0.25 / 0.5, 1.5) = 0.5,
+        // response 1 min(1, 1.5) = 1. Response 0: -(1.5 * 1.25 + 0.5 * 1) / 2 = -1.1875;
+        // response 1: +0.8; mean -0.19375.
+        let out = loss(Some(1.5)).compute(batch(Some(engine.clone())));
+        assert!((scalar(out.loss.clone()) + 0.19375).abs() < 1e-6);
+        assert!((scalar(out.clip_low) - 1.0 / 3.0).abs() < 1e-6);
+        let grads = out.loss.backward();
+        let g = logp.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap();
+        // d/dlogp of -w * rho * A / (2 tokens) / (2 responses): -1.5 * 1.25 / 4, -0.5 / 4; the
+        // clipped token and the padding get none.
+        let want = [-0.46875, -0.125, 0.0, 0.0, 0.0, 0.0];
+        for (a, b) in g.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{g:?}");
+        }
+        // Without a cap (or without the engine's log-probs) the fused loss: -(1.25 + 1) / 2 and
+        // 0.8, mean -0.1625.
+        let plain = loss(None).compute(batch(Some(engine)));
+        assert!((scalar(plain.loss) + 0.1625).abs() < 1e-6);
+        let fused = loss(Some(1.5)).compute(batch(None));
+        assert!((scalar(fused.loss) + 0.1625).abs() < 1e-6);
+    }
 }

@@ -30,10 +30,35 @@ pub struct RolloutRequest<'a> {
     pub first_group: usize,
 }
 
-/// Produces the responses of one step. The learner calls [`RolloutEngine::rollout`] with the
-/// policy on the inner backend (no autodiff tape) and a seed derived from the run seed and the
-/// step, and [`RolloutEngine::sync_weights`] once the step's optimizer steps are done (the next
-/// rollout is the first reader of the new weights).
+/// What handing the policy's weights to an engine cost (zero for an in-process engine).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WeightSync {
+    /// Wall seconds (writing the weights, the servers' reloads).
+    pub secs: f64,
+    /// Bytes of weights written.
+    pub bytes: u64,
+}
+
+impl WeightSync {
+    /// Both costs of `self` and `other`.
+    pub fn add(self, other: WeightSync) -> WeightSync {
+        WeightSync {
+            secs: self.secs + other.secs,
+            bytes: self.bytes + other.bytes,
+        }
+    }
+}
+
+/// Produces the responses of one step. Per learner step the learner calls, in order:
+/// [`RolloutEngine::sync_weights`] with the policy and the step count (an engine whose weights
+/// are already that version does nothing), [`RolloutEngine::rollout`] with the policy on the
+/// inner backend (no autodiff tape) and a seed derived from the run seed and the step,
+/// [`RolloutEngine::release`] once every rank's rollouts are done and before the update stage,
+/// and [`RolloutEngine::sync_weights`] again with the step count plus one once the step's
+/// optimizer steps are done (the next rollout is the first reader of the new weights).
+///
+/// Data-parallel ranks may share one engine (it is `Sync`): each rank calls every method, so an
+/// engine that syncs or releases must do it once per version or step.
 pub trait RolloutEngine<B: Backend, P: Policy<B>>: Send + Sync {
     /// `request.group_size` responses to each prompt, prompt-major (row `r` answers prompt
     /// `r / group_size`), each with its per-token log-probabilities and finish reason.
@@ -44,11 +69,42 @@ pub trait RolloutEngine<B: Backend, P: Policy<B>>: Send + Sync {
         device: &B::Device,
     ) -> Result<RolloutBatch>;
 
-    /// Hands the engine the weights of `policy` after learner step `step` (counted from 1). The
+    /// Makes the engine sample from `policy`, the weights after `version` learner steps. The
     /// default does nothing: an in-process engine samples from the policy it is given.
-    fn sync_weights(&self, policy: &P, step: u64) -> Result<()> {
-        let _ = (policy, step);
+    fn sync_weights(&self, policy: &P, version: u64) -> Result<WeightSync> {
+        let _ = (policy, version);
+        Ok(WeightSync::default())
+    }
+
+    /// The step's rollouts are over on every rank: an engine that shares the learner's devices
+    /// gives its memory back until the next [`RolloutEngine::sync_weights`]. Default: nothing.
+    fn release(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// One engine shared by several learners (the ranks of a data-parallel group).
+impl<B, P, E> RolloutEngine<B, P> for std::sync::Arc<E>
+where
+    B: Backend,
+    P: Policy<B>,
+    E: RolloutEngine<B, P> + ?Sized,
+{
+    fn rollout(
+        &self,
+        policy: &P,
+        request: &RolloutRequest<'_>,
+        device: &B::Device,
+    ) -> Result<RolloutBatch> {
+        (**self).rollout(policy, request, device)
+    }
+
+    fn sync_weights(&self, policy: &P, version: u64) -> Result<WeightSync> {
+        (**self).sync_weights(policy, version)
+    }
+
+    fn release(&self) -> Result<()> {
+        (**self).release()
     }
 }
 

@@ -434,7 +434,8 @@ async fn checkpointing_set_on_the_learner_reaches_the_policy_and_keeps_the_run()
 /// An engine outside the policy (what an inference server looks like to the learner): it answers
 /// every prompt with fixed responses and records the weight syncs it is sent.
 struct ScriptedEngine {
-    syncs: Arc<std::sync::Mutex<Vec<u64>>>,
+    /// The versions of `sync_weights` calls in order, -1 for `release`.
+    syncs: Arc<std::sync::Mutex<Vec<i64>>>,
     /// Drop the last log-probability of row 0 (a malformed reply).
     malformed: bool,
 }
@@ -466,10 +467,58 @@ impl RolloutEngine<Flex, Inner> for ScriptedEngine {
         Ok(batch)
     }
 
-    fn sync_weights(&self, _policy: &Inner, step: u64) -> conrub_grpo::Result<()> {
-        self.syncs.lock().unwrap().push(step);
+    fn sync_weights(
+        &self,
+        _policy: &Inner,
+        version: u64,
+    ) -> conrub_grpo::Result<conrub_grpo::WeightSync> {
+        self.syncs.lock().unwrap().push(version as i64);
+        Ok(conrub_grpo::WeightSync {
+            secs: 0.5,
+            bytes: 100,
+        })
+    }
+
+    fn release(&self) -> conrub_grpo::Result<()> {
+        self.syncs.lock().unwrap().push(-1);
         Ok(())
     }
+}
+
+/// The learner's log-probs of the scripted engine's responses to `recs` against `engine_lp`
+/// per token: the sum and max of `|d|`, the sum of `exp(d) - d - 1`, and the token count.
+fn gap_to(
+    policy: &Qwen3ForCausalLM<B>,
+    recs: &[RubricRecord],
+    engine_lp: f64,
+) -> (f64, f64, f64, f64) {
+    use conrub_grpo::{Policy, TextCodec};
+    let inner = policy.valid();
+    let (mut sum, mut max, mut k3, mut tokens) = (0f64, 0f64, 0f64, 0f64);
+    for rec in recs {
+        let prompt = WordCodec.encode_prompt(&rec.question).unwrap();
+        for r in 0..8u32 {
+            let response = vec![if r % 2 == 0 { 7 } else { 5 }, 11, 3 + r];
+            let batch = conrub_grpo::TokenBatch::<Flex>::new(
+                [(prompt.as_slice(), response.as_slice())],
+                &Default::default(),
+            );
+            let lp: Vec<f32> = inner
+                .response_logprobs(&batch)
+                .logprobs
+                .into_data()
+                .to_vec()
+                .unwrap();
+            for l in lp {
+                let d = l as f64 - engine_lp;
+                sum += d.abs();
+                max = max.max(d.abs());
+                k3 += d.exp() - d - 1.0;
+                tokens += 1.0;
+            }
+        }
+    }
+    (sum, max, k3, tokens)
 }
 
 /// A learner whose rollouts come from `engine`.
@@ -500,6 +549,9 @@ async fn an_external_engine_supplies_the_rollouts_and_gets_a_sync_after_every_st
         malformed: false,
     });
     for step in 0..3 {
+        // The learner's own log-probs of the engine's tokens before the step: the engine said
+        // -0.5 for each, so the gap is known exactly.
+        let (sum, max, k3, tokens) = gap_to(l.policy(), &recs, -0.5);
         let out = l.step(&refs).await.unwrap();
         let m = &out.metrics;
         assert_eq!((m.responses, m.truncated), (32, 0), "step {step}");
@@ -507,8 +559,14 @@ async fn an_external_engine_supplies_the_rollouts_and_gets_a_sync_after_every_st
         // No engine telemetry from this engine: the in-process counters stay 0.
         assert_eq!((m.rollout_decode_steps, m.rollout_kv_blocks), (0, 0));
         assert!(m.grad_norms.iter().all(|g| *g > 0.0), "it trains on them");
+        // Two syncs a step (before the rollout, a no-op for a synced engine, and after).
+        assert_eq!((m.weight_sync_secs, m.weight_sync_bytes), (1.0, 200));
+        let near = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs().max(1e-3);
+        assert!(near(m.rollout_logprob_diff_mean, sum / tokens), "step {step}");
+        assert!(near(m.rollout_logprob_diff_max, max), "step {step}");
+        assert!(near(m.rollout_kl, k3 / tokens), "step {step}");
     }
-    assert_eq!(*syncs.lock().unwrap(), vec![1, 2, 3]);
+    assert_eq!(*syncs.lock().unwrap(), vec![0, -1, 1, 1, -1, 2, 2, -1, 3]);
 
     let mut l = scripted_learner(ScriptedEngine {
         syncs: Default::default(),

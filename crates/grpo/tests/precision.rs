@@ -62,6 +62,7 @@ fn train(
         aggregation: Aggregation::SequenceMean,
         kl_beta: 0.0,
         max_response_tokens: 20,
+        tis_cap: None,
     };
     let mut update = Update::<A, Qwen3ForCausalLM<A>>::new(UpdateConfig {
         lr: 3e-6,
@@ -84,6 +85,7 @@ fn train(
             advantages: advantages.clone(),
             mask: tf.mask.clone(),
             logp_ref: None,
+            logp_engine: None,
         });
         losses.push(out.loss.clone().into_scalar() as f64);
         let grads = GradientsParams::from_grads(out.loss.backward(), &policy);

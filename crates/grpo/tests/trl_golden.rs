@@ -99,12 +99,14 @@ fn loss_values_gradients_and_clip_fractions_match_trl() {
             ),
             mask: tensor2(&l["mask"]),
             logp_ref: Some(tensor2(&l["logp_ref"])),
+            logp_engine: None,
         };
         let out = PolicyLoss {
             clip: Clip::default(),
             aggregation,
             kl_beta: beta,
             max_response_tokens: t,
+            tis_cap: None,
         }
         .compute(batch);
         let value = out.loss.clone().into_scalar() as f64;
