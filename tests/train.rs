@@ -468,3 +468,141 @@ fn data_parallel_ranks_from_the_command_line() {
         "{e}"
     );
 }
+
+/// `[rollout] engine = "sglang"` against the scripted server: one weight update before the first
+/// rollout and one after every step, between the steps' generate calls, each the step's exported
+/// weights (checksums); the memory released and resumed around each update stage; the learner's
+/// rows are the server's tokens; a failed weight update mid-run ends it with the server's error,
+/// leaving the last checkpoint intact, and `--resume` syncs first and continues.
+#[test]
+fn sglang_rollouts_with_a_weight_update_after_every_step() {
+    use conrub_remote::testing::{Event, Fault, ScriptedSglang};
+    use sha2::Digest;
+    let server = ScriptedSglang::start();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let urls = format!("rollout.urls=[\"{}\"]", server.url);
+    let args = [
+        "--set",
+        "rollout.engine=\"sglang\"",
+        "--set",
+        &urls,
+        "--set",
+        "rollout.colocate=true",
+        "--set",
+        "model.save_dtype=\"bf16\"",
+        "--set",
+        "run.checkpoint_every=1",
+        "--set",
+        "run.max_steps=3",
+    ];
+    let log = train(&out, &args);
+    assert!(
+        log.contains(&format!("rollouts on SGLang: {}", server.url)),
+        "{log}"
+    );
+    let events = server.state.events();
+    let mut seen = Vec::new();
+    let mut tokens_per_step = vec![0usize];
+    for e in &events {
+        match e {
+            Event::Generate { version, tokens } => {
+                *tokens_per_step.last_mut().unwrap() += tokens;
+                seen.push(format!("generate {version}"));
+            }
+            Event::Update { version, .. } => {
+                tokens_per_step.push(0);
+                seen.push(format!("update {version}"));
+            }
+            Event::Release => seen.push("release".into()),
+            Event::Resume => seen.push("resume".into()),
+        }
+    }
+    seen.dedup();
+    let want = [
+        "update step-000000",
+        "generate step-000000",
+        "release",
+        "resume",
+        "update step-000001",
+        "generate step-000001",
+        "release",
+        "resume",
+        "update step-000002",
+        "generate step-000002",
+        "release",
+        "resume",
+        "update step-000003",
+    ];
+    assert_eq!(seen, want);
+    let sha = |p: &Path| -> String {
+        let d = sha2::Sha256::digest(std::fs::read(p).unwrap());
+        d.iter().map(|b| format!("{b:02x}")).collect()
+    };
+    for e in &events {
+        if let Event::Update { version, sha256 } = e {
+            let step: u64 = version["step-".len()..].parse().unwrap();
+            if step > 0 {
+                let ckpt = out.join(format!("checkpoint-{step:06}/model.safetensors"));
+                assert_eq!(sha256, &sha(&ckpt), "{version}");
+            }
+        }
+    }
+    let m = steps(&out);
+    for (s, m) in m.iter().enumerate() {
+        // The rows are the server's: their token count, and the gap to its log-prob of -ln 8.
+        assert_eq!(
+            m["response_tokens"].as_u64(),
+            Some(tokens_per_step[s + 1] as u64)
+        );
+        assert!(m["rollout_logprob_diff_mean"].as_f64().unwrap() > 0.0);
+        assert!(m["weight_sync_bytes"].as_u64().unwrap() > 0);
+    }
+    let kept = std::fs::read_dir(out.join("rollout-weights"))
+        .unwrap()
+        .count();
+    assert_eq!(kept, 2, "two weight versions kept");
+
+    // A weight update that fails after step 1: the run stops with the server's error.
+    let failing = dir.path().join("failing");
+    let five: Vec<&str> = args[..args.len() - 1]
+        .iter()
+        .copied()
+        .chain(["run.max_steps=5"])
+        .collect();
+    let before = server.state.events().len();
+    let child = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(train_args(&failing, &five))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let updated_1 = |ev: &[Event]| {
+        ev.iter()
+            .any(|e| matches!(e, Event::Update { version, .. } if version == "step-000001"))
+    };
+    while !updated_1(&server.state.events()[before..]) {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    server.state.set_fault(Some(Fault::FailUpdate));
+    let o = child.wait_with_output().unwrap();
+    server.state.set_fault(None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains(&format!("{}: weight update to ", server.url))
+            && err.contains("out of memory"),
+        "{err}"
+    );
+    let ckpt = failing.join("checkpoint-000001");
+    assert!(ckpt.join("training_state/state.json").is_file());
+    assert!(!failing.join("checkpoint-000002").exists());
+    let before = server.state.events().len();
+    let resume = [&five[..], &["--resume", ckpt.to_str().unwrap()]].concat();
+    train(&failing, &resume);
+    let first = server.state.events()[before].clone();
+    assert!(
+        matches!(&first, Event::Update { version, .. } if version == "step-000001"),
+        "a resume syncs before its first rollout: {first:?}"
+    );
+    assert_eq!(steps(&failing).len(), 5);
+}

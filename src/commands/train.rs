@@ -3,19 +3,21 @@
 //! stage of the set-up.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, Module};
 use clap::Args;
-use conrub_config::TrainConfig;
+use conrub_config::{RolloutEngineKind, TrainConfig};
 use conrub_grpo::{
     sft_warmup, train, warmup_pairs, ChatTemplateCodec, DataParallel, GrpoError, InProcessEngine,
-    JudgeRewards, Learner, LearnerBuilder, PairwiseTieBreaker, RunHooks, TieMode,
+    JudgeRewards, Learner, LearnerBuilder, PairwiseTieBreaker, RolloutEngine, RunHooks, TieMode,
 };
 use conrub_judge::{JudgeKind, Judges};
 use conrub_kernels::GrpoOps;
 use conrub_qwen3::{save_pretrained, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+use conrub_remote::{SglangConfig, SglangEngine, WeightWriter};
 use conrub_rollout::{EngineConfig, PagedModel};
 use conrub_rubric::{read_rubrics, RubricRecord, RubricSet};
 
@@ -329,10 +331,16 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
         Some(_) => model,
     };
 
-    let engine = InProcessEngine {
-        prompts_per_call: cfg.learner.rollout_prompts_per_call,
-        engine: rollout_engine::<B>(&cfg, &model, kv_pool_blocks),
-    };
+    let mut run = cfg.run.clone();
+    run.output_dir = cfg.resolve(&run.output_dir);
+    let engine = rollout_engine_of::<B>(
+        &cfg,
+        &model,
+        kv_pool_blocks,
+        &model_config,
+        &tokenizer_dir,
+        &run.output_dir,
+    )?;
     // One judge (client, concurrency limit, cache) for every rank.
     let breaker = PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed);
     let builder = |model, device: &B::Device| -> LearnerBuilder<Autodiff<B>, _> {
@@ -346,8 +354,6 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
             _ => b.tie_breaker(breaker.clone()),
         }
     };
-    let mut run = cfg.run.clone();
-    run.output_dir = cfg.resolve(&run.output_dir);
     let mut hooks = Hooks::<B> {
         config: model_config,
         generation_config,
@@ -388,6 +394,54 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
     .map_err(|e| anyhow!(e))?;
     report(&summary, &run.output_dir);
     Ok(())
+}
+
+/// The run's rollout engine: conrub-rollout's in process, or SGLang servers that get the
+/// policy as bf16 safetensors in `output_dir/rollout-weights` after every step.
+fn rollout_engine_of<B: GrpoOps>(
+    cfg: &TrainConfig,
+    model: &Qwen3ForCausalLM<Autodiff<B>>,
+    kv_pool_blocks: Option<usize>,
+    model_config: &Qwen3Config,
+    tokenizer_dir: &Path,
+    output_dir: &Path,
+) -> Result<Arc<dyn RolloutEngine<B, Qwen3ForCausalLM<B>>>> {
+    let r = &cfg.rollout;
+    if r.engine == RolloutEngineKind::Paged {
+        return Ok(Arc::new(InProcessEngine {
+            prompts_per_call: cfg.learner.rollout_prompts_per_call,
+            engine: rollout_engine::<B>(cfg, model, kv_pool_blocks),
+        }));
+    }
+    let (config, tokenizer) = (model_config.clone(), tokenizer_dir.to_path_buf());
+    let writer: WeightWriter<Qwen3ForCausalLM<B>> = Arc::new(move |policy, dir| {
+        save_pretrained(
+            policy,
+            &config,
+            None,
+            Some(&tokenizer),
+            dir,
+            SaveDtype::Bf16,
+        )?;
+        Ok(std::fs::metadata(dir.join("model.safetensors"))?.len())
+    });
+    let sglang = SglangConfig {
+        urls: r.urls.clone(),
+        timeout_secs: r.timeout_secs,
+        max_retries: r.max_retries,
+        backoff_secs: 1.0,
+        concurrency: r.concurrency,
+        colocate: r.colocate,
+        vocab_size: model_config.vocab_size,
+        weights_dir: output_dir.join("rollout-weights"),
+    };
+    eprintln!(
+        "rollouts on SGLang: {} (weights in {}{})",
+        r.urls.join(", "),
+        sglang.weights_dir.display(),
+        if r.colocate { ", colocated" } else { "" }
+    );
+    Ok(Arc::new(SglangEngine::new(sglang, writer)?))
 }
 
 /// The closing lines: one per epoch, then where everything went.

@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{ConfigError, Result};
 pub use sections::{
-    DataSection, ModelSection, RandomModel, RewardSection, RolloutSection, WarmupSection,
+    DataSection, ModelSection, RandomModel, RewardSection, RolloutEngineKind, RolloutSection,
+    WarmupSection,
 };
 
 /// A train config (`conrub train --config FILE`, `conrub plan --config FILE`).

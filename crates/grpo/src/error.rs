@@ -35,6 +35,9 @@ pub enum GrpoError {
         /// The cause.
         message: String,
     },
+    /// A rollout engine outside the process (an inference server) failed.
+    #[error("rollout engine: {0}")]
+    Engine(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A [`RunHooks`](crate::RunHooks) callback other than the export failed.
     #[error("run hook: {0}")]
     Hook(#[source] Box<dyn std::error::Error + Send + Sync>),

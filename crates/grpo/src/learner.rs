@@ -417,7 +417,10 @@ pub(crate) struct LogprobGap {
 
 impl LogprobGap {
     /// The gap of `batch`'s old log-probs (read to the host once) and `rollout`'s.
-    fn of<B: burn::tensor::backend::Backend>(batch: &TrainBatch<B>, rollout: &RolloutBatch) -> Self {
+    fn of<B: burn::tensor::backend::Backend>(
+        batch: &TrainBatch<B>,
+        rollout: &RolloutBatch,
+    ) -> Self {
         let [_, width] = batch.logp_old.dims();
         let old: Vec<f32> = batch
             .logp_old
@@ -736,7 +739,7 @@ where
         let synced = self
             .rollout
             .sync_weights(&self.policy.valid(), self.step + 1)?;
-        weight_sync = weight_sync.add(synced);
+        weight_sync = weight_sync.plus(synced);
         let update_secs = t2.elapsed().as_secs_f64();
         Ok(StepParts {
             rollout,

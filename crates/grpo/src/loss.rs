@@ -103,7 +103,9 @@ impl PolicyLoss {
         let fused = match (self.tis_cap, logp_engine) {
             (Some(cap), Some(engine)) => {
                 let weight = (logp_old.clone() - engine).exp().clamp_max(cap).detach();
-                weighted_surrogate(&logp, logp_old, advantages, &mask, &weight, self.clip, reduce)
+                weighted_surrogate(
+                    &logp, logp_old, advantages, &mask, &weight, self.clip, reduce,
+                )
             }
             _ => conrub_kernels::clipped_surrogate(
                 logp.clone(),
@@ -162,7 +164,9 @@ fn weighted_surrogate<B: GrpoOps>(
     let a = advantages.reshape([n, 1]).expand([n, t]);
     let rho = (logp.clone() - logp_old).exp();
     let clipped = rho.clone().clamp(1.0 - clip.low, 1.0 + clip.high);
-    let per_token = (rho.clone() * a.clone()).min_pair(clipped * a.clone()).neg()
+    let per_token = (rho.clone() * a.clone())
+        .min_pair(clipped * a.clone())
+        .neg()
         * weight.clone()
         * mask.clone();
     let mut per_response = per_token.sum_dim(1).reshape([n]);
@@ -170,14 +174,24 @@ fn weighted_surrogate<B: GrpoOps>(
         per_response = per_response / mask.clone().sum_dim(1).clamp_min(1.0).reshape([n]);
     }
     let count = |hit: Tensor<B, 2, burn::tensor::Bool>| {
-        (hit.float() * mask.clone()).sum_dim(1).reshape([n]).detach()
+        (hit.float() * mask.clone())
+            .sum_dim(1)
+            .reshape([n])
+            .detach()
     };
     let rho = rho.detach();
     let a = a.detach();
     SurrogateLoss {
         per_response,
-        clip_low: count(rho.clone().lower_elem(1.0 - clip.low).bool_and(a.clone().lower_elem(0.0))),
-        clip_high: count(rho.greater_elem(1.0 + clip.high).bool_and(a.greater_elem(0.0))),
+        clip_low: count(
+            rho.clone()
+                .lower_elem(1.0 - clip.low)
+                .bool_and(a.clone().lower_elem(0.0)),
+        ),
+        clip_high: count(
+            rho.greater_elem(1.0 + clip.high)
+                .bool_and(a.greater_elem(0.0)),
+        ),
     }
 }
 
@@ -247,7 +261,12 @@ mod tests {
         assert!((scalar(out.loss.clone()) + 0.19375).abs() < 1e-6);
         assert!((scalar(out.clip_low) - 1.0 / 3.0).abs() < 1e-6);
         let grads = out.loss.backward();
-        let g = logp.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap();
+        let g = logp
+            .grad(&grads)
+            .unwrap()
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
         // d/dlogp of -w * rho * A / (2 tokens) / (2 responses): -1.5 * 1.25 / 4, -0.5 / 4; the
         // clipped token and the padding get none.
         let want = [-0.46875, -0.125, 0.0, 0.0, 0.0, 0.0];

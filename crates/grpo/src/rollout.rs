@@ -41,7 +41,7 @@ pub struct WeightSync {
 
 impl WeightSync {
     /// Both costs of `self` and `other`.
-    pub fn add(self, other: WeightSync) -> WeightSync {
+    pub fn plus(self, other: WeightSync) -> WeightSync {
         WeightSync {
             secs: self.secs + other.secs,
             bytes: self.bytes + other.bytes,

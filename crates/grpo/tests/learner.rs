@@ -562,7 +562,10 @@ async fn an_external_engine_supplies_the_rollouts_and_gets_a_sync_after_every_st
         // Two syncs a step (before the rollout, a no-op for a synced engine, and after).
         assert_eq!((m.weight_sync_secs, m.weight_sync_bytes), (1.0, 200));
         let near = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs().max(1e-3);
-        assert!(near(m.rollout_logprob_diff_mean, sum / tokens), "step {step}");
+        assert!(
+            near(m.rollout_logprob_diff_mean, sum / tokens),
+            "step {step}"
+        );
         assert!(near(m.rollout_logprob_diff_max, max), "step {step}");
         assert!(near(m.rollout_kl, k3 / tokens), "step {step}");
     }
