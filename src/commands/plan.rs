@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use conrub_config::{ModelSection, TrainConfig};
-use conrub_grpo::memory::{MemoryPlan, ModelShape, DEFAULT_GPU_MEMORY_GB, GB, KNOWN_SHAPES};
+use conrub_config::{ModelSection, RolloutEngineKind, TrainConfig};
+use conrub_grpo::memory::{MemoryPlan, ModelShape, Phase, DEFAULT_GPU_MEMORY_GB, GB, KNOWN_SHAPES};
 use conrub_qwen3::Qwen3Config;
 
 /// Arguments of `conrub plan`.
@@ -140,6 +140,39 @@ pub fn plan_for_config(cfg: &TrainConfig, gpu_memory_gb: f64) -> Result<MemoryPl
 }
 
 /// Runs `conrub plan`.
+/// With `rollout.engine = "sglang"`: the rollout line of the plan. The learner holds no KV pool
+/// or sampling buffers (its peak is the training peak, the table's rollout rows do not apply);
+/// colocated servers get what the learner's resident parts leave of the device.
+fn remote_rollout(cfg: &TrainConfig, plan: &MemoryPlan) -> Option<String> {
+    if cfg.rollout.engine != RolloutEngineKind::Sglang {
+        return None;
+    }
+    let mut line = format!(
+        "rollout: on SGLang servers ({}): no KV pool or rollout buffers on the learner's side; its peak is the training peak, {:.2} GB (the table's rollout rows are for the in-process engine)",
+        cfg.rollout.urls.join(", "),
+        plan.training_peak / GB
+    );
+    if cfg.rollout.colocate {
+        let resident: f64 = plan
+            .parts
+            .iter()
+            .filter(|p| p.phase == Phase::Always)
+            .map(|p| p.bytes)
+            .sum();
+        let gpu = plan.input.gpu_bytes();
+        let share = (gpu - resident).max(0.0);
+        line.push_str(&format!(
+            "\ncolocated: while the servers decode, the learner keeps its resident {:.2} GB (weights, optimizer moments); a server on this device may take {:.2} GB ({:.0}% of {:.0} GB: SGLang's --mem-fraction-static at most {:.2}); it releases that memory before each update stage",
+            resident / GB,
+            share / GB,
+            100.0 * share / gpu,
+            gpu / GB,
+            share / gpu
+        ));
+    }
+    Some(line)
+}
+
 pub fn run(a: PlanArgs) -> Result<()> {
     let cfg = TrainConfig::from_file(&a.config, &a.overrides)?;
     let (plan, model) = plan_of(&cfg, a.gpu_memory_gb, a.max_prompt_tokens)?;
@@ -151,10 +184,15 @@ pub fn run(a: PlanArgs) -> Result<()> {
         v["devices"] = cfg.devices.clone().into();
         v["prompts_per_rank"] = cfg.prompts_per_rank().into();
         v["model"] = serde_json::json!({ "path": model.name, "source": model.source });
+        v["rollout_engine"] = serde_json::to_value(cfg.rollout.engine)?;
+        if let Some(r) = remote_rollout(&cfg, &plan) {
+            v["rollout_remote"] = r.into();
+        }
         return super::print_lines([serde_json::to_string_pretty(&v)?]);
     }
     let i = &plan.input;
     let m = &i.model;
+    let remote = remote_rollout(&cfg, &plan);
     let mut lines = vec![
         format!("memory plan of {} on a {:.0} GB device", a.config.display(), i.gpu_memory_gb),
         format!("model: {} ({})", model.name, model.source),
@@ -216,6 +254,11 @@ pub fn run(a: PlanArgs) -> Result<()> {
         ),
         String::new(),
     ];
+    if let Some(r) = remote {
+        // The two in-process rollout lines do not apply: say what does.
+        lines.truncate(lines.len() - 3);
+        lines.extend([r, String::new()]);
+    }
     lines.extend(plan.table().lines().map(str::to_string));
     let advice = plan.advice();
     if !advice.is_empty() {

@@ -52,6 +52,7 @@ clip = { low = 0.2, high = 0.28 }
 aggregation = "sequence-mean"
 scale_rewards = "group"
 kl_beta = 0.0
+tis_cap = 2.0
 tie_mode = "pairwise"
 dpo_beta = 2.0
 ppo_epochs = 1
@@ -191,6 +192,19 @@ fn errors_name_the_file_and_the_key() {
     assert_eq!(e, "t.toml: learner.lr: must be > 0");
     let e = error_of(&format!("{random}[rollout]\nmax_rows = 0\n"));
     assert_eq!(e, "t.toml: rollout.max_rows: must be at least 1");
+    let e = error_of(&format!("{random}[rollout]\nengine = \"sglang\"\n"));
+    assert_eq!(
+        e,
+        "t.toml: rollout.urls: engine = \"sglang\" needs the servers' URLs"
+    );
+    let e = error_of(&format!("{random}[rollout]\nurls = [\"http://s:1\"]\n"));
+    assert_eq!(e, "t.toml: rollout.urls: only for engine = \"sglang\"");
+    let e = error_of(&format!(
+        "{random}[rollout]\nengine = \"sglang\"\nurls = [\"s:1\"]\n"
+    ));
+    assert_eq!(e, "t.toml: rollout.urls: \"s:1\" is not an http(s) URL");
+    let e = error_of(&format!("{random}[learner]\ntis_cap = 0.0\n"));
+    assert_eq!(e, "t.toml: learner.tis_cap: must be a positive number");
     // A judge key of another kind names `judge.<key>` and both kinds.
     let e = error_of(&format!("{random}[judge]\nkind = \"lexical\"\nurls = []\n"));
     assert_eq!(
