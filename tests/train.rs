@@ -563,6 +563,28 @@ fn sglang_rollouts_with_a_weight_update_after_every_step() {
         .count();
     assert_eq!(kept, 2, "two weight versions kept");
 
+    // Two data-parallel ranks share the engine: one update per version, every group generated.
+    let before = server.state.events().len();
+    let two = [
+        &args[..args.len() - 1],
+        &["run.max_steps=2", "--devices", "cpu,cpu"],
+    ]
+    .concat();
+    train(&dir.path().join("ranks"), &two);
+    let ev = &server.state.events()[before..];
+    let updates: Vec<&str> = ev
+        .iter()
+        .filter_map(|e| match e {
+            Event::Update { version, .. } => Some(version.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(updates, ["step-000000", "step-000001", "step-000002"]);
+    let generates = ev.iter().filter(|e| matches!(e, Event::Generate { .. }));
+    assert_eq!(generates.count(), 8, "4 groups a step, over both ranks");
+    let releases = ev.iter().filter(|e| matches!(e, Event::Release)).count();
+    assert_eq!(releases, 2, "one release a step");
+
     // A weight update that fails after step 1: the run stops with the server's error.
     let failing = dir.path().join("failing");
     let five: Vec<&str> = args[..args.len() - 1]
