@@ -139,16 +139,15 @@ pub fn plan_for_config(cfg: &TrainConfig, gpu_memory_gb: f64) -> Result<MemoryPl
     Ok(plan_of(cfg, gpu_memory_gb, None)?.0)
 }
 
-/// Runs `conrub plan`.
 /// With `rollout.engine = "sglang"`: the rollout line of the plan. The learner holds no KV pool
-/// or sampling buffers (its peak is the training peak, the table's rollout rows do not apply);
-/// colocated servers get what the learner's resident parts leave of the device.
+/// or sampling buffers (the plan has no rollout parts); colocated servers get what the
+/// learner's resident parts leave of the device.
 fn remote_rollout(cfg: &TrainConfig, plan: &MemoryPlan) -> Option<String> {
     if cfg.rollout.engine != RolloutEngineKind::Sglang {
         return None;
     }
     let mut line = format!(
-        "rollout: on SGLang servers ({}): no KV pool or rollout buffers on the learner's side; its peak is the training peak, {:.2} GB (the table's rollout rows are for the in-process engine)",
+        "rollout: on SGLang servers ({}): no KV pool or rollout buffers on the learner's side; its peak is the training peak, {:.2} GB",
         cfg.rollout.urls.join(", "),
         plan.training_peak / GB
     );
@@ -173,6 +172,7 @@ fn remote_rollout(cfg: &TrainConfig, plan: &MemoryPlan) -> Option<String> {
     Some(line)
 }
 
+/// Runs `conrub plan`.
 pub fn run(a: PlanArgs) -> Result<()> {
     let cfg = TrainConfig::from_file(&a.config, &a.overrides)?;
     let (plan, model) = plan_of(&cfg, a.gpu_memory_gb, a.max_prompt_tokens)?;
@@ -233,32 +233,32 @@ pub fn run(a: PlanArgs) -> Result<()> {
             plan.micro_batch_tokens_used,
             i.chunk_tokens
         ),
-        format!(
-            "rollout: {} prompts x {} per call = {} rows ({} decoding at once at most); step: {} prompts x {} = {} rows",
-            i.rollout_prompts_per_call.min(i.prompts_per_step),
-            i.group_size,
-            plan.rollout_rows,
-            i.decode_rows(),
-            i.prompts_per_step,
-            i.group_size,
-            i.step_rows()
-        ),
-        format!(
-            "KV pool: {} blocks of {} positions = {:.2} GB ({}), {} full-length rows of {} tokens at once",
-            plan.kv_pool_blocks,
-            i.kv_block_size,
-            plan.kv_pool_bytes() / GB,
-            if i.kv_cache_gb.is_some() { "rollout.kv_cache_gb" } else { "budget rule: 90% of what the rollout leaves free" },
-            plan.max_rollout_rows,
-            i.sequence_tokens()
-        ),
-        String::new(),
     ];
-    if let Some(r) = remote {
-        // The two in-process rollout lines do not apply: say what does.
-        lines.truncate(lines.len() - 3);
-        lines.extend([r, String::new()]);
+    match remote {
+        Some(r) => lines.push(r),
+        None => lines.extend([
+            format!(
+                "rollout: {} prompts x {} per call = {} rows ({} decoding at once at most); step: {} prompts x {} = {} rows",
+                i.rollout_prompts_per_call.min(i.prompts_per_step),
+                i.group_size,
+                plan.rollout_rows,
+                i.decode_rows(),
+                i.prompts_per_step,
+                i.group_size,
+                i.step_rows()
+            ),
+            format!(
+                "KV pool: {} blocks of {} positions = {:.2} GB ({}), {} full-length rows of {} tokens at once",
+                plan.kv_pool_blocks,
+                i.kv_block_size,
+                plan.kv_pool_bytes() / GB,
+                if i.kv_cache_gb.is_some() { "rollout.kv_cache_gb" } else { "budget rule: 90% of what the rollout leaves free" },
+                plan.max_rollout_rows,
+                i.sequence_tokens()
+            ),
+        ]),
     }
+    lines.push(String::new());
     lines.extend(plan.table().lines().map(str::to_string));
     let advice = plan.advice();
     if !advice.is_empty() {

@@ -65,24 +65,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if let Some(gb) = gpu_gb {
         // Stop before loading anything when the run cannot fit (the table says what to change).
         let plan = super::plan::plan_for_config(&cfg, gb)?;
-        if cfg.rollout.engine == RolloutEngineKind::Sglang {
-            // No rollout on the learner's side: its training peak is what must fit.
-            if plan.training_peak > gb * 1e9 {
-                bail!(
-                    "{}: training needs {:.2} GB, more than {gb} GB:\n{}",
-                    a.config.display(),
-                    plan.training_peak / 1e9,
-                    plan.table()
-                );
-            }
-        } else {
-            plan.check((gb * 1e9) as u64).map_err(|e| {
-                anyhow!(
-                    "{}: the run does not fit in {gb} GB:\n{e}",
-                    a.config.display()
-                )
-            })?;
-        }
+        plan.check((gb * 1e9) as u64).map_err(|e| {
+            anyhow!(
+                "{}: the run does not fit in {gb} GB:\n{e}",
+                a.config.display()
+            )
+        })?;
         // The engine gets the pool the plan budgeted.
         kv_pool_blocks = Some(plan.kv_pool_blocks);
     }

@@ -310,6 +310,7 @@ impl TrainConfig {
         input.kv_cache_gb = self.rollout.kv_cache_gb;
         input.kv_block_size = self.rollout.block_size;
         input.rollout_max_rows = self.rollout.max_rows;
+        input.rollout_in_process = self.rollout.engine == RolloutEngineKind::Paged;
         input.gpu_memory_gb = gpu_memory_gb;
         input
     }

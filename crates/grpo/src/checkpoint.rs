@@ -51,7 +51,6 @@ where
     P::InnerModule: Policy<B::InnerBackend>,
 {
     let tmp = PathBuf::from(format!("{}.tmp", dir.display()));
-    let old = PathBuf::from(format!("{}.old", dir.display()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     let rec = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
@@ -82,14 +81,20 @@ where
             .and_then(|h| h.sync_all())
             .map_err(|e| io(&f, e))?;
     }
-    // The entries of `tmp`, then the swap in the parent, made durable (the file-level twin is
-    // `conrub_rubric::io::AtomicFile`).
-    sync_dir(&tmp).map_err(|e| io(&tmp, e))?;
+    swap_in(&tmp, dir)
+}
+
+/// Replaces `dir` with the complete directory `tmp`: the entries of `tmp`, then the swap in the
+/// parent, made durable; the previous `dir` waits in `dir.old` until the new one is in place
+/// (the file-level twin is `conrub_rubric::io::AtomicFile`).
+pub(crate) fn swap_in(tmp: &Path, dir: &Path) -> Result<()> {
+    let old = PathBuf::from(format!("{}.old", dir.display()));
+    sync_dir(tmp).map_err(|e| io(tmp, e))?;
     let _ = std::fs::remove_dir_all(&old);
     if dir.exists() {
         std::fs::rename(dir, &old).map_err(|e| io(dir, e))?;
     }
-    std::fs::rename(&tmp, dir).map_err(|e| io(dir, e))?;
+    std::fs::rename(tmp, dir).map_err(|e| io(dir, e))?;
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         sync_dir(parent).map_err(|e| io(parent, e))?;
     }

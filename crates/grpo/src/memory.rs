@@ -280,6 +280,9 @@ pub struct MemoryPlanInput {
     pub kv_block_size: usize,
     /// `rollout.max_rows`: sequences the engine decodes at once at most.
     pub rollout_max_rows: usize,
+    /// The rollouts run in this process (conrub-rollout's engine). `false` when inference
+    /// servers generate them: no rollout parts and no KV pool on the learner's side.
+    pub rollout_in_process: bool,
     /// Device memory in decimal GB.
     pub gpu_memory_gb: f64,
 }
@@ -305,6 +308,7 @@ impl MemoryPlanInput {
             kv_cache_gb: None,
             kv_block_size: conrub_rollout::DEFAULT_BLOCK_SIZE,
             rollout_max_rows: conrub_rollout::DEFAULT_MAX_ROWS,
+            rollout_in_process: true,
             gpu_memory_gb: DEFAULT_GPU_MEMORY_GB,
         }
     }
@@ -681,6 +685,9 @@ fn rollout_weights(i: &MemoryPlanInput) -> f64 {
 /// The engine's KV pool: `kv_cache_gb` when set, else [`AUTO_KV_SHARE`] of what the rollout
 /// leaves free, capped at every row of a call at full length plus its prompts; whole blocks.
 fn kv_pool_bytes(i: &MemoryPlanInput) -> f64 {
+    if !i.rollout_in_process {
+        return 0.0;
+    }
     let block = i.kv_block_bytes();
     let bytes = match i.kv_cache_gb {
         Some(gb) => gb * GB,
@@ -702,6 +709,9 @@ fn kv_pool_bytes(i: &MemoryPlanInput) -> f64 {
 
 fn rollout_parts(i: &MemoryPlanInput) -> Vec<Part> {
     let mut parts = Vec::new();
+    if !i.rollout_in_process {
+        return parts;
+    }
     if i.precision == Precision::Bf16Mixed {
         parts.push(part(
             "rollout_weights_bf16",
@@ -819,9 +829,10 @@ impl MemoryPlan {
     }
 
     /// Whether the rollout fits the device: its peak does, and the KV pool holds at least one
-    /// full-length row.
+    /// full-length row (always, when servers generate the rollouts).
     pub fn rollout_fits(&self) -> bool {
-        self.rollout_peak <= self.input.gpu_bytes() && self.max_rollout_rows >= 1
+        !self.input.rollout_in_process
+            || (self.rollout_peak <= self.input.gpu_bytes() && self.max_rollout_rows >= 1)
     }
 
     /// The engine's KV pool in bytes (whole blocks): `kv_cache_gb` when set, else
@@ -1209,6 +1220,22 @@ mod tests {
             big_gpu.max_micro_batch_tokens > large.max_micro_batch_tokens
                 && big_gpu.max_rollout_rows > large.max_rollout_rows
         );
+    }
+
+    #[test]
+    fn rollouts_on_servers_leave_the_learner_its_training_peak() {
+        let input = MemoryPlanInput {
+            rollout_in_process: false,
+            ..published(Precision::Bf16Mixed, true, 65536)
+        };
+        let plan = MemoryPlan::new(input);
+        assert!(plan.parts.iter().all(|p| p.phase != Phase::Rollout));
+        assert_eq!((plan.kv_pool_blocks, plan.max_rollout_rows), (0, 0));
+        assert_eq!(plan.peak, plan.training_peak);
+        assert!(plan.rollout_fits() && plan.fits(), "{}", plan.table());
+        let local = MemoryPlan::new(published(Precision::Bf16Mixed, true, 65536));
+        assert_eq!(local.training_peak, plan.training_peak);
+        assert!(local.peak > plan.peak);
     }
 
     #[test]

@@ -217,21 +217,15 @@ where
         let dir = checkpoint_dir(&run.output_dir, learner.step);
         // Written whole under `.tmp`, then renamed: a kill leaves no partial checkpoint.
         let tmp = dir.with_extension("tmp");
-        let io = |p: &Path, e: std::io::Error| GrpoError::io(p, e);
         if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+            std::fs::remove_dir_all(&tmp).map_err(|e| GrpoError::io(&tmp, e))?;
         }
         hooks.export(&learner.policy, &tmp)?;
         let cursor =
             serde_json::json!({ "step": learner.step, "steps_per_epoch": steps_per_epoch });
         save_state(learner, cursor, &tmp.join("training_state"))?;
-        conrub_rubric::io::sync_dir(&tmp).map_err(|e| io(&tmp, e))?;
-        if dir.exists() {
-            // A checkpoint of a run resumed from an earlier one: superseded.
-            std::fs::remove_dir_all(&dir).map_err(|e| io(&dir, e))?;
-        }
-        std::fs::rename(&tmp, &dir).map_err(|e| io(&dir, e))?;
-        conrub_rubric::io::sync_dir(&run.output_dir).map_err(|e| io(&run.output_dir, e))?;
+        // (An existing `dir` is a checkpoint of a run resumed from an earlier one: superseded.)
+        crate::checkpoint::swap_in(&tmp, &dir)?;
         hooks.checkpointed(&run.output_dir, &dir)?;
         summary.last_checkpoint = Some(dir);
         Ok(())
