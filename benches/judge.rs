@@ -5,7 +5,10 @@
 //!   next to the baseline of bare reqwest POSTs with the same concurrency to the same server: the
 //!   ratio is the overhead of our stack, not of a model.
 //! - In-process: criteria per second of the local judge on a tiny Qwen3 (hidden 64, the full
-//!   151,936-token vocabulary), cheap log-probability-margin mode next to the generate mode.
+//!   151,936-token vocabulary), cheap log-probability-margin mode next to the generate mode, and
+//!   of a probe judge (a linear probe distilled on the same model, `conrub judge distill`) on the
+//!   same requests. Group `judge-probe-vs-generative` counts response tokens scored per second
+//!   (the unit), probe against the generative judge on the same model.
 //!
 //! `cargo bench --bench judge`
 
@@ -13,13 +16,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use burn::backend::Flex;
+use conrub_judge::probe::{
+    distill, DistillConfig, LabelledExample, Pooling, ProbeFeaturizer, ProbeJudge,
+};
 use conrub_judge::testing::ScriptedServer;
 use conrub_judge::{
     score_jobs, ChatClient, ClientConfig, CriterionJudge, CriterionRequest, JudgeCache, LocalJudge,
     LocalJudgeConfig, LocalMode, OpenAiJudge, PromptSet, ScoreJob,
 };
 use conrub_qwen3::{Qwen3, Qwen3Config, Qwen3ForCausalLM, Qwen3Tokenizer};
-use conrub_rubric::{LengthPenalty, ScoringMode};
+use conrub_rubric::{Label, LengthPenalty, ScoringMode};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 const N: usize = 256;
@@ -212,7 +218,79 @@ fn local(c: &mut Criterion) {
     g.bench_function("generate-48-tokens", |b| {
         b.iter(|| rt.block_on(generate.judge_batch(&reqs)))
     });
+    let probe = probe_judge(model);
+    g.bench_function("probe", |b| {
+        b.iter(|| rt.block_on(probe.judge_batch(&reqs)))
+    });
     g.finish();
+
+    // The same two judges per response token scored.
+    let tok = Qwen3Tokenizer::from_dir(&tok_dir).unwrap();
+    let tokens: usize = reqs
+        .iter()
+        .map(|r| tok.encode(&r.response).unwrap().len())
+        .sum();
+    let mut g = c.benchmark_group("judge-probe-vs-generative");
+    g.throughput(Throughput::Elements(tokens as u64))
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(10));
+    g.bench_function("generative-judge-48-tokens", |b| {
+        b.iter(|| rt.block_on(generate.judge_batch(&reqs)))
+    });
+    g.bench_function("probe-judge", |b| {
+        b.iter(|| rt.block_on(probe.judge_batch(&reqs)))
+    });
+    g.finish();
+}
+
+/// A probe distilled on `model` from labels by a fixed rule (criterion index mod 3), written to a
+/// temporary directory, as a judge on a second copy of the model.
+fn probe_judge(model: impl Fn() -> Qwen3<Flex>) -> ProbeJudge<Flex> {
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<LabelledExample> = jobs("")
+        .into_iter()
+        .take(8)
+        .enumerate()
+        .flat_map(|(i, j)| {
+            let r = j.request;
+            r.criteria
+                .into_iter()
+                .enumerate()
+                .map(move |(c, criterion)| LabelledExample {
+                    prompt_id: format!("p{i}"),
+                    prompt: r.question.clone(),
+                    criterion,
+                    response: r.response.clone(),
+                    label: [Label::Correct, Label::Missing, Label::Wrong][c % 3],
+                })
+        })
+        .collect();
+    let featurizer =
+        || ProbeFeaturizer::new(model(), Default::default(), PromptSet::default(), 16).unwrap();
+    let cfg = DistillConfig {
+        layer: Some(1),
+        pooling: Some(Pooling::Mean),
+        ..Default::default()
+    };
+    let f = featurizer();
+    distill(
+        &f,
+        "tiny",
+        ScoringMode::ThreeState,
+        &rows,
+        &cfg,
+        dir.path(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    ProbeJudge::new(
+        featurizer(),
+        &dir.path().join("probe.safetensors"),
+        None,
+        None,
+        None,
+    )
+    .unwrap()
 }
 
 criterion_group!(benches, http, local);

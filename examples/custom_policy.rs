@@ -123,6 +123,7 @@ impl RewardSource for EvenTokens {
             criteria: vec![],
             judge_retries: 0,
             judge_latency_ms: 0.0,
+            judge_deferred: 0,
         }
     }
 }

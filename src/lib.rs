@@ -37,6 +37,9 @@ enum Command {
     Score(commands::score::ScoreArgs),
     /// Compare two responses with the pairwise judge in both orders.
     JudgePair(commands::judge_pair::JudgePairArgs),
+    /// Build judges: `judge distill` trains a probe judge on a big judge's verdicts.
+    #[command(subcommand)]
+    Judge(commands::distill::JudgeCommand),
     /// Train a Qwen3 policy with GRPO on rubric rewards.
     Train(commands::train::TrainArgs),
     /// Predict the peak device memory of a train config and the largest micro-batch and rollout
@@ -63,6 +66,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Rubrics(cmd) => commands::rubrics::run(cmd),
         Command::Score(args) => commands::score::run(args),
         Command::JudgePair(args) => commands::judge_pair::run(args),
+        Command::Judge(cmd) => commands::distill::run(cmd),
         Command::Train(args) => commands::train::run(args),
         Command::Plan(args) => commands::plan::run(args),
         Command::Eval(cmd) => commands::eval::run(cmd),

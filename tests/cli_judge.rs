@@ -352,3 +352,156 @@ fn score_with_the_in_process_judge_in_logprob_margin_mode() {
         assert_eq!(r["margins"].as_array().unwrap().len(), labels.len());
     }
 }
+
+/// The probe path end to end: `conrub score` with a served judge (a scripted server) fills its
+/// cache; `conrub judge distill --cache` trains a probe on a tiny Qwen3 from it and prints one
+/// JSON report; `conrub score` with `kind = "probe"` scores every sample response from it; a
+/// rerun of the distillation computes no feature again; errors name the file or the flag.
+#[test]
+fn distill_a_probe_from_a_judge_cache_and_score_with_it() {
+    use burn::backend::Flex;
+    use conrub_qwen3::{save_pretrained, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt.block_on(ScriptedServer::start(0, 0));
+    let dir = tempfile::tempdir().unwrap();
+    let served = write_judge_config(dir.path(), &server.url);
+    let scored = dir.path().join("served.jsonl");
+    ok(&[
+        "score",
+        "--rubrics",
+        &sample("rubrics.jsonl"),
+        "--responses",
+        &sample("responses.jsonl"),
+        "--judge",
+        served.to_str().unwrap(),
+        "--out",
+        scored.to_str().unwrap(),
+    ]);
+    let cache = dir.path().join("cache/judge.sqlite");
+    assert!(cache.exists());
+
+    let model_dir = dir.path().join("tiny-probe");
+    let config = Qwen3Config::tiny(151_936);
+    let model = Qwen3ForCausalLM::<Flex>::random(&config, 0.5, 5, &Default::default());
+    let tokenizer = root().join("models/qwen3/testdata/qwen3-tokenizer");
+    save_pretrained(
+        &model,
+        &config,
+        None,
+        Some(&tokenizer),
+        &model_dir,
+        SaveDtype::F32,
+    )
+    .unwrap();
+    let out_dir = dir.path().join("probe");
+    let distill = |extra: &[&str]| {
+        let mut args = vec![
+            "judge",
+            "distill",
+            "--cache",
+            cache.to_str().unwrap(),
+            "--model",
+            model_dir.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+            "--holdout",
+            "0.34",
+            "--json",
+        ];
+        args.extend(extra);
+        let out = ok(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let last = stdout.lines().last().unwrap().to_string();
+        let report: serde_json::Value = serde_json::from_str(&last).unwrap();
+        (report, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (report, log) = distill(&[]);
+    // 6 responses of 5 prompts; every criterion is a row; prompts, not rows, are held out.
+    let rows_total = report["train"]["rows"].as_u64().unwrap()
+        + report["heldout_counts"]["rows"].as_u64().unwrap();
+    assert_eq!(report["caches"]["used_verdicts"], 6, "{report}");
+    let criteria: usize = rows(&scored)
+        .iter()
+        .map(|r| r["labels"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(rows_total, criteria as u64, "{report}");
+    assert_eq!(
+        report["train"]["prompts"].as_u64().unwrap()
+            + report["heldout_counts"]["prompts"].as_u64().unwrap(),
+        5
+    );
+    for k in ["accuracy", "macro_f1", "kappa", "per_class", "ece"] {
+        assert!(report["heldout"].get(k).is_some(), "{k}: {report}");
+    }
+    assert_eq!(report["chosen_by"], "sweep");
+    assert_eq!(report["sweep"].as_array().unwrap().len(), 4);
+    assert!(
+        log.contains("held out (") && log.contains("wrote "),
+        "{log}"
+    );
+    assert_eq!(report["features_reused"], 0);
+    let (again, _) = distill(&[]);
+    assert_eq!(again["features_computed"], 0);
+    assert_eq!(again["features_reused"].as_u64().unwrap(), rows_total);
+
+    let probe_cfg = dir.path().join("probe.toml");
+    std::fs::write(
+        &probe_cfg,
+        "kind = \"probe\"\nmodel = \"tiny-probe\"\nprobe = \"probe/probe.safetensors\"\n",
+    )
+    .unwrap();
+    let out_path = dir.path().join("probe.jsonl");
+    let out = ok(&[
+        "score",
+        "--rubrics",
+        &sample("rubrics.jsonl"),
+        "--responses",
+        &sample("responses.jsonl"),
+        "--judge",
+        probe_cfg.to_str().unwrap(),
+        "--out",
+        out_path.to_str().unwrap(),
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("scored 6/6 responses"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for r in rows(&out_path) {
+        assert!(r["labels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l == "correct" || l == "missing" || l == "wrong"));
+    }
+
+    // Bad input names what is wrong.
+    let labels = dir.path().join("labels.jsonl");
+    std::fs::write(&labels, "{\"prompt_id\":\"a\",\"prompt\":\"q\",\"criterion\":\"c\",\"response\":\"r\",\"label\":\"maybe\"}\n").unwrap();
+    let out = conrub(&[
+        "judge",
+        "distill",
+        "--labels",
+        labels.to_str().unwrap(),
+        "--model",
+        model_dir.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("labels.jsonl:1: label: `maybe`"), "{err}");
+    let out = conrub(&[
+        "judge",
+        "distill",
+        "--cache",
+        "nope.sqlite",
+        "--model",
+        "m",
+        "--out",
+        "o",
+        "--holdout",
+        "1.5",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--holdout: 1.5"));
+}

@@ -628,3 +628,154 @@ fn sglang_rollouts_with_a_weight_update_after_every_step() {
     );
     assert_eq!(steps(&failing).len(), 5);
 }
+
+/// `[eval] every = 2` on a 6-step run: three `kind = "eval"` lines after steps 2, 4 and 6, each
+/// with the training judge's and the grader's scores (bootstrap deviations, label shares, length),
+/// the validation chart, and `best-checkpoint.json` naming the checkpoint of the grader's best
+/// round, which `run.keep_checkpoints = 1` keeps although it is not the newest. A grader that
+/// always fails (a closed port) leaves the run going and its fields unscored.
+#[test]
+fn validation_during_training_with_a_grader() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("eval");
+    // Held-out prompts: four of the sample rubrics (a real run holds out prompts it never trains
+    // on; here the point is the plumbing and the scores moving).
+    let data = root().join("data/samples/rubrics.jsonl");
+    let data = format!("eval.data=\"{}\"", data.display());
+    let common = [
+        "--set",
+        "run.checkpoint_every=0",
+        "--set",
+        "eval.every=2",
+        "--set",
+        &data,
+        "--set",
+        "eval.samples=2",
+        "--set",
+        "eval.decoding=\"sampled\"",
+        "--set",
+        "eval.limit=4",
+        "--set",
+        "eval.max_new_tokens=32",
+    ];
+    let mut args = vec![
+        "--set",
+        "run.max_steps=6",
+        "--set",
+        "run.keep_checkpoints=1",
+    ];
+    args.extend(common);
+    // The grader: the lexical judge without a keyword file (each criterion matched by its own
+    // words), so its scores differ from the training judge's.
+    args.extend(["--set", "eval.grader.kind=\"lexical\""]);
+    let log = train(&out, &args);
+    let evals = lines(&out, "eval");
+    assert_eq!(
+        evals
+            .iter()
+            .map(|e| e["step"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![2, 4, 6],
+        "{log}"
+    );
+    for e in &evals {
+        assert_eq!(
+            (e["prompts"].as_u64(), e["responses"].as_u64()),
+            (Some(4), Some(8))
+        );
+        assert_eq!(e["decoding"], "sampled");
+        assert!(e["response_len_mean"].as_f64().unwrap() > 0.0);
+        for judge in ["training", "grader"] {
+            let j = &e[judge];
+            assert_eq!(
+                (j["scored"].as_u64(), j["unscored"].as_u64()),
+                (Some(8), Some(0))
+            );
+            let s = j["score"].as_f64().unwrap();
+            assert!((-1.0..=1.0).contains(&s), "{j}");
+            assert!(j["score_std"].as_f64().unwrap() >= 0.0);
+            let shares: f64 = j["labels"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_f64().unwrap())
+                .sum();
+            assert!((shares - 1.0).abs() < 1e-9, "{j}");
+        }
+    }
+    eprintln!(
+        "{:#?}",
+        evals
+            .iter()
+            .map(|e| (
+                e["step"].clone(),
+                e["training"]["score"].clone(),
+                e["grader"]["score"].clone()
+            ))
+            .collect::<Vec<_>>()
+    );
+    assert!(log.contains("eval after step 4: 4 prompts x 2"), "{log}");
+    let svg = std::fs::read_to_string(out.join("eval.svg")).unwrap();
+    assert!(svg.contains("training judge") && svg.contains("grader"));
+    // The best round (the first of equal scores) is recorded, and its checkpoint survives
+    // pruning to one checkpoint.
+    let best: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("best-checkpoint.json")).unwrap())
+            .unwrap();
+    let top = evals
+        .iter()
+        .map(|e| e["grader"]["score"].as_f64().unwrap())
+        .fold(f64::NEG_INFINITY, f64::max);
+    let first_best = evals
+        .iter()
+        .find(|e| e["grader"]["score"].as_f64().unwrap() == top)
+        .unwrap();
+    assert_eq!(best["step"], first_best["step"], "{best}");
+    assert_eq!(best["grader_score"].as_f64().unwrap(), top);
+    let kept: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("checkpoint-"))
+        .collect();
+    let best_dir = format!("checkpoint-{:06}", best["step"].as_u64().unwrap());
+    assert!(kept.contains(&best_dir), "{kept:?}");
+    assert!(kept.contains(&"checkpoint-000006".to_string()), "{kept:?}");
+    assert!(kept.len() <= 2, "{kept:?}");
+    assert!(log.contains("best checkpoint by the grader: "), "{log}");
+
+    // A grader on a port nothing listens on: every call fails, the run goes on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("eval.grader.url=\"http://127.0.0.1:{port}/v1\"");
+    let failing = dir.path().join("failing");
+    let mut args = vec!["--set", "run.max_steps=2"];
+    args.extend(common);
+    args.extend([
+        "--set",
+        "eval.grader.kind=\"openai\"",
+        "--set",
+        "eval.grader.model=\"grader\"",
+        "--set",
+        &url,
+        "--set",
+        "eval.grader.max_retries=0",
+        "--set",
+        "eval.grader.timeout_secs=5",
+    ]);
+    let log = train(&failing, &args);
+    let evals = lines(&failing, "eval");
+    assert_eq!(evals.len(), 1, "{log}");
+    let g = &evals[0]["grader"];
+    assert!(
+        g["score"].is_null() && g["scored"] == 0 && g["unscored"] == 8,
+        "{g}"
+    );
+    assert!(g["error"].as_str().unwrap().contains("127.0.0.1"), "{g}");
+    assert_eq!(evals[0]["training"]["scored"], 8);
+    assert!(log.contains("grader unscored (8 of 8: "), "{log}");
+    assert!(!failing.join("best-checkpoint.json").exists());
+    assert_eq!(steps(&failing).len(), 2);
+}

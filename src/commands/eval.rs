@@ -5,12 +5,13 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use conrub_eval::{extract_choice, load_items, McqFormat, McqSummary};
+use conrub_eval::{
+    extract_choice, load_items, read_eval_examples, EvalExample, McqFormat, McqSummary,
+};
 use conrub_judge::{CriterionRequest, CriterionVerdict};
 use conrub_kernels::GrpoOps;
 use conrub_qwen3::{ChatOptions, Qwen3};
 use conrub_rollout::{Decoding, SamplingConfig};
-use conrub_rubric::import::{HealthBenchItem, HealthBenchRow};
 use conrub_rubric::io::{write_bytes_atomic, write_jsonl_atomic};
 use serde_json::json;
 
@@ -66,108 +67,6 @@ pub struct RubricArgs {
     pub skip_three_state: bool,
 }
 
-/// One evaluation example from either input format.
-struct EvalExample {
-    id: Option<String>,
-    prompt: Vec<conrub_rubric::Message>,
-    example_tags: Vec<String>,
-    /// Points-weighted items graded met / not met (HealthBench style).
-    items: Vec<HealthBenchItem>,
-    /// Criteria graded correct / missing / wrong (content criteria plus the two global controls).
-    criteria: Vec<String>,
-}
-
-impl EvalExample {
-    /// A HealthBench row: every item is graded for points; the positive items plus our global
-    /// controls form the three-state rubric (negative items describe behaviour to avoid, which
-    /// our criteria never reward, docs/METHOD.md §2).
-    fn from_healthbench(row: HealthBenchRow) -> Self {
-        let mut criteria: Vec<String> = row
-            .rubrics
-            .iter()
-            .filter(|i| i.points > 0.0)
-            .map(|i| i.criterion.clone())
-            .collect();
-        criteria.extend(
-            conrub_rubric::record::global_controls()
-                .into_iter()
-                .map(|c| c.text),
-        );
-        Self {
-            id: row.prompt_id,
-            prompt: row.prompt,
-            example_tags: row.example_tags,
-            items: row.rubrics,
-            criteria,
-        }
-    }
-
-    /// One of our rubric records: content criteria are the points items (their imported points, else
-    /// 1 each); all criteria, the global controls included, form the three-state rubric.
-    fn from_record(r: conrub_rubric::RubricRecord) -> Self {
-        use conrub_rubric::record::CriterionKind;
-        let items = r
-            .criteria
-            .iter()
-            .filter(|c| c.kind == CriterionKind::Content)
-            .map(|c| HealthBenchItem {
-                criterion: c.text.clone(),
-                points: c.provenance.source_points.unwrap_or(1.0),
-                tags: c.provenance.source_tags.clone(),
-            })
-            .collect();
-        let example_tags = r
-            .provenance
-            .as_ref()
-            .and_then(|p| p.extra.as_ref())
-            .and_then(|e| e.get("example_tags"))
-            .and_then(|t| serde_json::from_value(t.clone()).ok())
-            .unwrap_or_default();
-        Self {
-            criteria: r.criterion_texts(),
-            id: Some(r.id),
-            prompt: r.question,
-            example_tags,
-            items,
-        }
-    }
-}
-
-/// Reads HealthBench rows (with `rubrics`) or our rubric records (with `criteria`), line by line.
-fn read_eval_examples(path: &std::path::Path) -> Result<Vec<EvalExample>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: not a JSON object", path.display(), i + 1))?;
-        if v.get("rubrics").is_some() {
-            out.push(EvalExample::from_healthbench(HealthBenchRow::parse(
-                line,
-                path,
-                i + 1,
-            )?));
-        } else if v.get("criteria").is_some() {
-            out.push(EvalExample::from_record(conrub_rubric::io::parse_line(
-                line,
-                path,
-                i + 1,
-            )?));
-        } else {
-            bail!(
-                "{}:{}: neither a HealthBench row (`rubrics`) nor a rubric record (`criteria`)",
-                path.display(),
-                i + 1
-            );
-        }
-    }
-    Ok(out)
-}
-
 /// What the report says about the model: the argument, the directory it resolved to, and the
 /// training step when it is a `checkpoint-NNNNNN` folder.
 fn model_info(arg: &str, dir: &std::path::Path) -> serde_json::Value {
@@ -195,9 +94,10 @@ impl BackendTask for RubricArgs {
         let start = Instant::now();
         let gen = generate_responses(&self, &qwen, &rows, &device)?;
         let empty = conrub_rubric::RubricSet::from_records("none", vec![])?;
-        let judges = match grader.kind() {
-            conrub_judge::JudgeKind::Local => grader.build_local::<B>(&device)?,
-            _ => grader.build(&empty)?,
+        let judges = if grader.kind().in_process() {
+            grader.build_local::<B>(&device)?
+        } else {
+            grader.build(&empty)?
         };
         let graded = grade(&self, &judges, &rows, &gen)?;
         let t = tabulate(&self, &rows, &gen, &graded);
@@ -737,37 +637,6 @@ fn by_subject(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `eval rubric` reads HealthBench rows with conrub-rubric's reader (the one `rubrics import`
-    /// uses): a plain-string prompt is one user message, and errors name the field.
-    #[test]
-    fn healthbench_rows_are_read_by_the_rubric_crate() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("hb.jsonl");
-        let good = r#"{"prompt_id":"a","prompt":"Is it safe?","rubrics":[{"criterion":"Says yes.","points":5},{"criterion":"Is rude.","points":-2}],"example_tags":["theme:t"]}"#;
-        std::fs::write(&p, format!("{good}\n")).unwrap();
-        let rows = read_eval_examples(&p).unwrap();
-        assert_eq!(
-            rows[0].prompt,
-            vec![conrub_rubric::Message::user("Is it safe?")]
-        );
-        assert_eq!(rows[0].items.len(), 2, "every item is graded for points");
-        assert_eq!(
-            rows[0].criteria.len(),
-            1 + 2,
-            "positive items plus the two global controls"
-        );
-        let bad = r#"{"prompt":[{"role":"user","content":"q"}],"rubrics":[{"criterion":"A.","points":1},{"criterion":"B.","points":"high"}]}"#;
-        std::fs::write(&p, format!("{good}\n{bad}\n")).unwrap();
-        let e = format!("{:#}", read_eval_examples(&p).err().unwrap());
-        assert_eq!(
-            e,
-            format!(
-                "{}:2: rubrics[1].points: invalid type: string \"high\", expected f64",
-                p.display()
-            )
-        );
-    }
 
     #[test]
     fn compare_lists_every_numeric_field_with_the_difference() {

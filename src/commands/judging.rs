@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use conrub_judge::{JudgeConfig, JudgeKind, Judges};
+use conrub_judge::{JudgeConfig, Judges};
 use conrub_kernels::GrpoOps;
 use conrub_rubric::RubricSet;
 
@@ -45,11 +45,10 @@ pub fn with_judges(
     device: Option<&str>,
     f: impl FnOnce(Judges) -> Result<()>,
 ) -> Result<()> {
-    match cfg.kind() {
-        JudgeKind::Local => {
-            let device = device.or(cfg.device()).unwrap_or("cpu").to_string();
-            run_on_device(&device, LocalTask { cfg, f })
-        }
-        _ => f(cfg.build(rubrics).context("building the judge")?),
+    if cfg.kind().in_process() {
+        let device = device.or(cfg.device()).unwrap_or("cpu").to_string();
+        run_on_device(&device, LocalTask { cfg, f })
+    } else {
+        f(cfg.build(rubrics).context("building the judge")?)
     }
 }

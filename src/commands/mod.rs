@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod allreduce;
+pub mod distill;
 pub mod eval;
 pub mod generate;
 pub mod judge_pair;

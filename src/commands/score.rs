@@ -123,6 +123,12 @@ pub fn run(a: ScoreArgs) -> Result<()> {
             summary.responses as f64 / summary.wall_secs.max(1e-9),
             judges.criterion.id()
         );
+        if summary.deferred > 0 {
+            eprintln!(
+                "{} criteria went to the probe's fallback judge (top class probability under abstain_below)",
+                summary.deferred
+            );
+        }
         report_inputs(&a, &jobs, &penalty);
         report_judges(&judges);
         report_unscored(&a, &jobs, &results, &summary)
@@ -347,6 +353,7 @@ fn report_unscored(
 fn cfg_batch(cfg: &conrub_judge::JudgeConfig) -> Option<usize> {
     match &cfg.spec {
         conrub_judge::JudgeSpec::Local(l) => Some(l.local.batch_size.max(1) * 4),
+        conrub_judge::JudgeSpec::Probe(p) => Some(p.batch_size.max(1) * 4),
         _ => None,
     }
 }

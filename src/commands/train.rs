@@ -13,8 +13,9 @@ use conrub_config::{RolloutEngineKind, TrainConfig};
 use conrub_grpo::{
     sft_warmup, train, warmup_pairs, ChatTemplateCodec, DataParallel, GrpoError, InProcessEngine,
     JudgeRewards, Learner, LearnerBuilder, PairwiseTieBreaker, RolloutEngine, RunHooks, TieMode,
+    Validator,
 };
-use conrub_judge::{JudgeKind, Judges};
+use conrub_judge::{JudgeConfig, Judges};
 use conrub_kernels::GrpoOps;
 use conrub_qwen3::{save_pretrained, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
 use conrub_remote::{SglangConfig, SglangEngine, WeightWriter};
@@ -132,11 +133,7 @@ fn build_rewards<B: GrpoOps>(
     rubrics: &RubricSet,
     device: &B::Device,
 ) -> Result<(Judges, JudgeRewards)> {
-    let judge = cfg.judge()?;
-    let judges = match judge.kind() {
-        JudgeKind::Local => judge.build_local::<B>(device)?,
-        _ => judge.build(rubrics)?,
-    };
+    let judges = build_judges::<B>(cfg.judge()?, rubrics, device)?;
     let rewards = JudgeRewards {
         judge: judges.criterion.clone(),
         mode: cfg.reward.mode,
@@ -145,6 +142,49 @@ fn build_rewards<B: GrpoOps>(
         seed: cfg.learner.seed,
     };
     Ok((judges, rewards))
+}
+
+/// Builds `[eval]`'s judges (in process on the training device, or clients) and reads its held-out
+/// prompts: the validator, or `None` without `[eval]`.
+fn build_validator<B: GrpoOps>(
+    cfg: &TrainConfig,
+    judges: &Judges,
+    device: &B::Device,
+) -> Result<Option<Validator>> {
+    let Some(e) = &cfg.eval else {
+        return Ok(None);
+    };
+    let data = cfg.resolve(&e.settings.data);
+    let mut examples = conrub_eval::read_eval_examples(&data)?;
+    if let Some(n) = e.settings.limit {
+        examples.truncate(n);
+    }
+    if examples.is_empty() {
+        bail!("[eval] data: {} has no examples", data.display());
+    }
+    let grader = build_judges::<B>(&e.grader, &RubricSet::from_records("eval", vec![])?, device)
+        .context("[eval.grader]")?;
+    Ok(Some(Validator {
+        cfg: e.settings.clone(),
+        examples,
+        mode: cfg.reward.mode,
+        training: judges.criterion.clone(),
+        grader: grader.criterion,
+        seed: cfg.learner.seed,
+    }))
+}
+
+/// A judge config's judges: in process on `device`, or the client of a served one.
+fn build_judges<B: GrpoOps>(
+    judge: &JudgeConfig,
+    rubrics: &RubricSet,
+    device: &B::Device,
+) -> Result<Judges> {
+    Ok(if judge.kind().in_process() {
+        judge.build_local::<B>(device)?
+    } else {
+        judge.build(rubrics)?
+    })
 }
 
 /// The optional supervised warm-up on reference answers (fresh runs only).
@@ -308,6 +348,7 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
     let rubrics = read_rubrics(&rubrics_path)?;
     let records: Vec<_> = rubrics.iter().cloned().collect();
     let (judges, rewards) = build_rewards::<B>(&cfg, &rubrics, &device)?;
+    let validator = build_validator::<B>(&cfg, &judges, &device)?;
 
     let qwen = load_policy::<B>(&cfg, &device)?;
     let stop_ids = qwen.stop_ids();
@@ -377,7 +418,14 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
     let resume = resume.as_deref();
     let summary = if devices.len() == 1 {
         let mut learner = builder(model, &device).build()?;
-        rt.block_on(train(&mut learner, &records, &run, resume, &mut hooks))
+        rt.block_on(train(
+            &mut learner,
+            &records,
+            &run,
+            resume,
+            validator.as_ref(),
+            &mut hooks,
+        ))
     } else {
         eprintln!(
             "data parallel: {} ranks on {}",
@@ -389,7 +437,14 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
         let mut group = DataParallel::build(&devices, collective, bucket, |_, d| {
             Ok(builder(model.clone().fork(d), d))
         })?;
-        rt.block_on(train(&mut group, &records, &run, resume, &mut hooks))
+        rt.block_on(train(
+            &mut group,
+            &records,
+            &run,
+            resume,
+            validator.as_ref(),
+            &mut hooks,
+        ))
     }
     .map_err(|e| anyhow!(e))?;
     report(&summary, &run.output_dir);
@@ -459,6 +514,16 @@ fn report(summary: &conrub_grpo::RunSummary, output_dir: &Path) {
             e.ties.order_flips,
             e.ties.invalid,
             e.response_len_mean
+        );
+    }
+    if let Some(b) = &summary.best {
+        eprintln!(
+            "best checkpoint by the grader: {} (step {}, score {:+.4} ± {:.4}; {})",
+            b.checkpoint.display(),
+            b.step,
+            b.grader_score,
+            b.grader_score_std,
+            conrub_grpo::best_checkpoint_path(output_dir).display()
         );
     }
     eprintln!(

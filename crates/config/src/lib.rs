@@ -19,8 +19,8 @@ mod sections;
 use std::path::{Path, PathBuf};
 
 use conrub_grpo::memory::{MemoryPlanInput, ModelShape, DEFAULT_MAX_PROMPT_TOKENS};
-use conrub_grpo::{LearnerConfig, RunConfig};
-use conrub_judge::{JudgeConfig, JudgeSpec};
+use conrub_grpo::{LearnerConfig, RunConfig, ValidationConfig};
+use conrub_judge::JudgeConfig;
 use conrub_qwen3::{AttentionImpl, Execution, Precision};
 use serde::{Deserialize, Serialize};
 
@@ -56,8 +56,20 @@ pub struct TrainConfig {
     pub warmup: Option<WarmupSection>,
     /// The rollout engine.
     pub rollout: RolloutSection,
+    /// Validation during training (`[eval]`), with its grader judge.
+    pub eval: Option<EvalSection>,
     /// The file the config was read from.
     pub path: PathBuf,
+}
+
+/// `[eval]`: validation every N steps on held-out prompts, scored by the training judge and by
+/// the `[eval.grader]` judge (a judge table, or `config = "FILE"` alone, like `[judge]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalSection {
+    /// Every key but the grader.
+    pub settings: ValidationConfig,
+    /// The grader.
+    pub grader: JudgeConfig,
 }
 
 /// The keys of the file as serde reads them (`[judge]` is parsed apart, by its kind).
@@ -125,20 +137,60 @@ impl TrainConfig {
                 ))
             }
         };
-        let schema: Schema =
-            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
-                let key = e.path().to_string();
-                let message = e.into_inner().message().trim_end().to_string();
-                key_error(key, message)
-            })?;
+        let eval_table = match table.remove("eval") {
+            None => None,
+            Some(toml::Value::Table(t)) => Some(t),
+            Some(other) => {
+                return Err(key_error(
+                    "eval".into(),
+                    format!("expected a table, found {}", other.type_str()),
+                ))
+            }
+        };
+        let serde_key_error = |prefix: &str, e: serde_path_to_error::Error<toml::de::Error>| {
+            let key = match e.path().to_string() {
+                p if p == "." && !prefix.is_empty() => prefix.trim_end_matches('.').to_string(),
+                p => format!("{prefix}{p}"),
+            };
+            let message = e.into_inner().message().trim_end().to_string();
+            key_error(key, message)
+        };
+        let schema: Schema = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| serde_key_error("", e))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let judge_error = |source| ConfigError::Judge {
+            path: path.to_path_buf(),
+            source,
+        };
         let judge = judge_table
-            .map(|t| read_judge(t, &base))
+            .map(|t| read_judge(t, &base, "judge."))
             .transpose()
-            .map_err(|source| ConfigError::Judge {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            .map_err(judge_error)?;
+        let eval = match eval_table {
+            None => None,
+            Some(mut t) => {
+                let grader = match t.remove("grader") {
+                    Some(toml::Value::Table(g)) => {
+                        read_judge(g, &base, "eval.grader.").map_err(judge_error)?
+                    }
+                    Some(other) => {
+                        return Err(key_error(
+                            "eval.grader".into(),
+                            format!("expected a judge table, found {}", other.type_str()),
+                        ))
+                    }
+                    None => {
+                        return Err(key_error(
+                            "eval.grader".into(),
+                            "missing: validation needs a grader judge ([eval.grader])".into(),
+                        ))
+                    }
+                };
+                let settings = serde_path_to_error::deserialize(toml::Value::Table(t))
+                    .map_err(|e| serde_key_error("eval.", e))?;
+                Some(EvalSection { settings, grader })
+            }
+        };
         let devices = match (schema.device, schema.devices) {
             (Some(_), Some(_)) => {
                 return Err(key_error(
@@ -162,6 +214,7 @@ impl TrainConfig {
             run: schema.run,
             warmup: schema.warmup,
             rollout: schema.rollout,
+            eval,
             path: path.to_path_buf(),
         };
         cfg.validate()?;
@@ -220,12 +273,21 @@ impl TrainConfig {
                 return Err(key_error("warmup", "needs steps >= 1 and lr > 0".into()));
             }
         }
-        if let Some(JudgeSpec::Local(l)) = self.judge.as_ref().map(|j| &j.spec) {
-            if let Some(d) = &l.device {
+        if let Some(e) = &self.eval {
+            e.settings.validate().map_err(|e| match e {
+                conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
+                other => key_error("eval", other.to_string()),
+            })?;
+        }
+        let judges = [("judge", self.judge.as_ref())]
+            .into_iter()
+            .chain([("eval.grader", self.eval.as_ref().map(|e| &e.grader))]);
+        for (key, judge) in judges {
+            if let Some(d) = judge.and_then(JudgeConfig::device) {
                 return Err(key_error(
-                    "judge.device",
+                    &format!("{key}.device"),
                     format!(
-                        "\"{d}\": `conrub train` runs the local judge on the training device ({}); remove the key (`conrub score` and `conrub judge-pair` use it)",
+                        "\"{d}\": `conrub train` runs an in-process judge on the training device ({}); remove the key (`conrub score` and `conrub judge-pair` use it)",
                         self.device
                     ),
                 ));
@@ -316,12 +378,12 @@ impl TrainConfig {
     }
 }
 
-/// `[judge]`: either `config = "FILE"` alone (a judge file, relative to the config) or the judge
-/// table inline.
-fn read_judge(table: toml::Table, base: &Path) -> conrub_judge::Result<JudgeConfig> {
+/// `[judge]` (or `[eval.grader]`, keys named under `prefix`): either `config = "FILE"` alone (a
+/// judge file, relative to the config) or the judge table inline.
+fn read_judge(table: toml::Table, base: &Path, prefix: &str) -> conrub_judge::Result<JudgeConfig> {
     match table.get("config").and_then(toml::Value::as_str) {
         Some(file) if table.len() == 1 => JudgeConfig::from_file(&base.join(file)),
-        _ => JudgeConfig::from_table(table, base, "judge."),
+        _ => JudgeConfig::from_table(table, base, prefix),
     }
 }
 

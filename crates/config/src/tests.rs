@@ -67,6 +67,7 @@ prompts_per_step = 8
 checkpoint_every = 6
 max_steps = 3
 output_dir = "runs/x"
+keep_checkpoints = 2
 
 [warmup]
 steps = 2
@@ -92,7 +93,7 @@ fn key_paths(prefix: &str, v: &serde_json::Value, out: &mut BTreeSet<String>) {
             "`{path}` is unset in the full example: set it"
         );
         // Tables are documented through their keys; a free-form map is one key.
-        if v.is_object() && path != "judge.chat_template_kwargs" {
+        if v.is_object() && path != "judge.chat_template_kwargs" && path != "judge.fallback" {
             key_paths(&format!("{path}."), v, out);
         } else {
             out.insert(path);
@@ -110,6 +111,7 @@ fn schema_keys() -> BTreeSet<String> {
         "kind = \"openai\"\nurl = \"http://a/v1\"\nmodel = \"m\"\napi_key_env = \"K\"\ncache = \"c\"\n[prompts]\ncriteria_binary = \"a\"\ncriteria_three_state = \"a\"\npairwise = \"a\"\nsingle_binary = \"a\"\nsingle_three_state = \"a\"\n",
         "kind = \"local\"\nmodel = \"m\"\ndevice = \"cpu\"\ncache = \"c\"\n",
         "kind = \"lexical\"\nkeywords = \"k\"\n",
+        "kind = \"probe\"\nmodel = \"m\"\nprobe = \"p\"\ndevice = \"cpu\"\ncache = \"c\"\nlayer = 1\npooling = \"mean\"\nabstain_below = 0.6\n[fallback]\nkind = \"lexical\"\n",
     ];
     for text in judges {
         let t: toml::Table = toml::from_str(text).unwrap();
@@ -117,13 +119,19 @@ fn schema_keys() -> BTreeSet<String> {
         let mut v = serde_json::to_value(&judge.spec).unwrap();
         // `prompts` of the local kind are the same keys as openai's.
         if let Some(o) = v.as_object_mut() {
-            if o["kind"] == "local" {
+            if o["kind"] == "local" || o["kind"] == "probe" {
                 o.remove("prompts");
             }
         }
         key_paths("judge.", &v, &mut keys);
     }
+    // `[eval]`: its settings, and the grader (a judge table like `[judge]`).
+    let eval: conrub_grpo::ValidationConfig =
+        toml::from_str("every = 1\ndata = \"d\"\nmax_new_tokens = 8\nlimit = 2\n").unwrap();
+    key_paths("eval.", &serde_json::to_value(&eval).unwrap(), &mut keys);
+    keys.insert("eval.grader".into());
     assert!(keys.contains("learner.clip.low") && keys.contains("judge.local.mode"));
+    assert!(keys.contains("eval.decoding") && keys.contains("judge.abstain_below"));
     keys
 }
 

@@ -6,14 +6,17 @@
 //! - [`mcq`]: answer extraction from free-form multiple-choice responses, accuracy with a Wilson
 //!   interval, and the invalid-output rate.
 //! - [`three_state`]: our three-state score of the same responses (mean of +1 / 0 / -1 labels).
+//! - [`examples`]: rubric evaluation data (HealthBench rows or our rubric records).
 
 pub mod error;
+pub mod examples;
 pub mod mcq;
 pub mod mcq_data;
 pub mod rubric_score;
 pub mod three_state;
 
 pub use error::EvalError;
+pub use examples::{read_eval_examples, EvalExample};
 pub use mcq::{extract_choice, McqSummary};
 pub use mcq_data::{load_items, McqFormat, McqItem};
 pub use rubric_score::{

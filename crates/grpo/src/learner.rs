@@ -257,6 +257,12 @@ pub struct StepMetrics {
     pub judge_retries: u64,
     /// Mean judge latency per response, milliseconds.
     pub judge_latency_ms: f64,
+    /// Criteria the judge handed to its fallback judge (a probe judge's abstentions).
+    #[serde(default)]
+    pub judge_deferred: u64,
+    /// `judge_deferred` over the criteria judged this step (responses × criteria).
+    #[serde(default)]
+    pub judge_deferred_share: f64,
     /// Response tokens sampled.
     pub response_tokens: usize,
     /// Seconds sampling.
@@ -646,6 +652,49 @@ where
     /// Steps completed.
     pub fn steps_done(&self) -> u64 {
         self.step
+    }
+
+    /// The token ids that end a response.
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stop_ids
+    }
+
+    /// `samples` answers of the current policy to each conversation of `prompts` (prompt-major),
+    /// through this learner's rollout engine and codec, with `sampling`. Training state is
+    /// untouched (validation during training uses it; see [`crate::Validator`]).
+    pub fn generate(
+        &self,
+        prompts: &[Vec<conrub_rubric::Message>],
+        samples: usize,
+        sampling: &SamplingConfig,
+    ) -> Result<Vec<crate::validation::Answer>> {
+        let ids: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|m| self.codec.encode_prompt(m))
+            .collect::<Result<_>>()?;
+        if ids.iter().any(Vec::is_empty) {
+            return Err(GrpoError::Stage("a prompt renders to no tokens".into()));
+        }
+        let inner = self.policy.valid();
+        self.rollout.sync_weights(&inner, self.step)?;
+        let request = RolloutRequest {
+            prompts: &ids,
+            group_size: samples,
+            sampling,
+            step: self.step,
+            first_group: 0,
+        };
+        let batch = self.rollout.rollout(&inner, &request, &self.device)?;
+        batch.check_shape(prompts.len(), samples)?;
+        batch
+            .responses
+            .iter()
+            .zip(&batch.finish_reasons)
+            .map(|(r, &f)| {
+                let text = self.codec.decode(r)?;
+                Ok(crate::validation::Answer::new(text, r.len(), f))
+            })
+            .collect()
     }
 
     /// One training step on `records` (one group of `group_size` responses per record).
@@ -1227,6 +1276,12 @@ fn step_metrics(
         m.rollout_decode_steps,
     ) = (e.mean_running_rows, e.prefill_tokens, e.decode_steps);
     m.judge_retries = scores.iter().map(|g| g.judge_retries as u64).sum();
+    m.judge_deferred = scores.iter().map(|g| g.judge_deferred).sum();
+    let criteria: usize = scores
+        .iter()
+        .map(|g| g.scores.len() * g.criteria.len())
+        .sum();
+    m.judge_deferred_share = m.judge_deferred as f64 / criteria.max(1) as f64;
     m.judge_latency_ms = scores.iter().map(|g| g.judge_latency_ms).sum::<f64>() / n.max(1) as f64;
     m
 }

@@ -28,7 +28,11 @@
 //!   fixed-order sums on the device, then AdamW), [`UpdateConfig`]
 //! - the run: [`train`] over a [`Trainee`] (a [`Learner`] or a [`DataParallel`] group; epochs in a seeded order, `metrics.jsonl` ([`MetricsLine`]), checkpoints,
 //!   resume), [`RunConfig`], [`RunHooks`], [`RunSummary`], [`EpochSummary`], [`save_state`],
-//!   [`load_state`], [`TrainingState`], [`sft_warmup`], [`warmup_pairs`]
+//!   [`load_state`], [`TrainingState`], [`sft_warmup`], [`warmup_pairs`], [`BestCheckpoint`],
+//!   [`best_checkpoint_path`]
+//! - validation during training: [`Validator`] (held-out prompts scored by the training judge and
+//!   a grader), [`ValidationConfig`], [`ValidationDecoding`], [`ValidationLine`], [`JudgeScore`],
+//!   [`Answer`]
 //! - data parallel: [`DataParallel`] (one learner per device on threads of one process, one
 //!   gradient all-reduce per optimizer step), [`Collective`], [`HostCollective`], [`RankSlot`],
 //!   [`split_groups`]
@@ -59,6 +63,7 @@ mod telemetry;
 mod ties;
 mod trainer;
 mod update;
+mod validation;
 mod warmup;
 
 pub use advantages::{AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus};
@@ -80,6 +85,11 @@ pub use reward::{GroupScores, JudgeRewards, RewardSource};
 pub use rollout::{GroupSampler, InProcessEngine, RolloutEngine, RolloutRequest, WeightSync};
 pub use telemetry::{EpochSummary, MetricsLine};
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
-pub use trainer::{train, RunConfig, RunHooks, RunSummary, Trainee};
+pub use trainer::{
+    best_checkpoint_path, train, BestCheckpoint, RunConfig, RunHooks, RunSummary, Trainee,
+};
 pub use update::{Update, UpdateConfig};
+pub use validation::{
+    Answer, JudgeScore, ValidationConfig, ValidationDecoding, ValidationLine, Validator,
+};
 pub use warmup::{sft_warmup, warmup_pairs};

@@ -18,6 +18,9 @@ pub struct GroupScores {
     pub judge_retries: u32,
     /// Sum of judge latencies over the group, milliseconds.
     pub judge_latency_ms: f64,
+    /// Criteria the judge handed to its fallback (a probe judge abstaining), over the group.
+    #[serde(default)]
+    pub judge_deferred: u64,
 }
 
 /// Scores a group of responses to one prompt.
@@ -96,6 +99,7 @@ impl RewardSource for JudgeRewards {
             criteria,
             judge_retries: summary.retries as u32,
             judge_latency_ms: summary.latency_ms_mean * summary.responses as f64,
+            judge_deferred: summary.deferred,
         }
     }
 }

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{GrpoError, Result};
 use crate::group::TieStats;
 use crate::learner::StepMetrics;
+use crate::validation::ValidationLine;
 
 /// One line of the metrics file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -25,6 +26,8 @@ pub enum MetricsLine {
     },
     /// A finished epoch.
     Epoch(EpochSummary),
+    /// A validation round (`[eval]`): the policy after `step` steps on held-out prompts.
+    Eval(ValidationLine),
 }
 
 /// Per-epoch totals.
@@ -84,7 +87,8 @@ pub struct MetricsLog {
 impl MetricsLog {
     /// Opens `path`. When resuming at `resume_step` (steps completed by the restored state) for a
     /// run of `total_steps`, lines that the resumed run writes again are dropped, so the file ends
-    /// with exactly one line per step and per epoch: step lines of later steps, summaries ending
+    /// with exactly one line per step, per epoch and per validation round: step lines of later
+    /// steps, validation lines after `resume_step`, summaries ending
     /// after `resume_step`, and summaries of a partial epoch (written when a run stopped early)
     /// unless the resumed run ends right there (`steps_per_epoch` steps per epoch).
     pub fn open(
@@ -103,6 +107,7 @@ impl MetricsLog {
                     .lines()
                     .filter(|l| match serde_json::from_str::<MetricsLine>(l) {
                         Ok(MetricsLine::Step { metrics, .. }) => metrics.step < step,
+                        Ok(MetricsLine::Eval(e)) => e.step <= step,
                         Ok(MetricsLine::Epoch(e)) => {
                             let end = e.epoch as u64 * steps_per_epoch + e.steps as u64;
                             end <= step && (e.steps as u64 == steps_per_epoch || end >= total_steps)
@@ -173,6 +178,28 @@ pub fn progress_line(m: &StepMetrics, total_steps: u64, secs_per_step: f64) -> S
         m.response_tokens as f64 / secs.max(1e-9),
         m.grad_norms.last().copied().unwrap_or(0.0),
         format_secs(eta)
+    )
+}
+
+/// The line printed after a validation round: both judges' scores.
+pub fn validation_progress_line(v: &ValidationLine) -> String {
+    let score = |j: &crate::validation::JudgeScore| match (j.score, j.score_std) {
+        (Some(s), Some(sd)) => format!("{s:+.3} ± {sd:.3} ({} scored)", j.scored),
+        _ => format!(
+            "unscored ({} of {}: {})",
+            j.unscored,
+            j.scored + j.unscored,
+            j.error.as_deref().unwrap_or("no labels")
+        ),
+    };
+    format!(
+        "eval after step {}: {} prompts x {}  training judge {}  grader {}  len {:.0}",
+        v.step,
+        v.prompts,
+        v.responses / v.prompts.max(1),
+        score(&v.training),
+        score(&v.grader),
+        v.response_len_mean
     )
 }
 

@@ -17,7 +17,10 @@ use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, StepMetrics, StepOutput};
 use crate::parallel::DataParallel;
 use crate::policy::Policy;
-use crate::telemetry::{progress_line, EpochSummary, MetricsLine, MetricsLog};
+use crate::telemetry::{
+    progress_line, validation_progress_line, EpochSummary, MetricsLine, MetricsLog,
+};
+use crate::validation::{ValidationLine, Validator};
 
 /// Loop settings (the `[run]` table of a train config).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,6 +36,9 @@ pub struct RunConfig {
     pub max_steps: Option<u64>,
     /// Output directory: metrics, plots, checkpoints.
     pub output_dir: PathBuf,
+    /// Keep only the newest this many checkpoints (and the best one by the validation grader,
+    /// see `[eval]`); `None` keeps every checkpoint.
+    pub keep_checkpoints: Option<usize>,
 }
 
 impl Default for RunConfig {
@@ -43,6 +49,7 @@ impl Default for RunConfig {
             checkpoint_every: 50,
             max_steps: None,
             output_dir: PathBuf::from("runs/conrub"),
+            keep_checkpoints: None,
         }
     }
 }
@@ -59,6 +66,89 @@ pub fn checkpoint_dir(output_dir: &Path, step: u64) -> PathBuf {
     output_dir.join(format!("checkpoint-{step:06}"))
 }
 
+/// The record of the best validated checkpoint, `output_dir/best-checkpoint.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BestCheckpoint {
+    /// Steps completed by the checkpoint.
+    pub step: u64,
+    /// Its directory.
+    pub checkpoint: PathBuf,
+    /// The grader's mean score of the validation round after that step.
+    pub grader_score: f64,
+    /// Its bootstrap standard deviation.
+    pub grader_score_std: f64,
+    /// The grader's id.
+    pub grader: String,
+    /// The training judge's score of the same responses.
+    pub training_score: Option<f64>,
+}
+
+/// The best-checkpoint record's path in `output_dir`.
+pub fn best_checkpoint_path(output_dir: &Path) -> PathBuf {
+    output_dir.join("best-checkpoint.json")
+}
+
+impl BestCheckpoint {
+    fn of(line: &ValidationLine, output_dir: &Path) -> Option<Self> {
+        Some(Self {
+            step: line.step,
+            checkpoint: checkpoint_dir(output_dir, line.step),
+            grader_score: line.grader.score?,
+            grader_score_std: line.grader.score_std.unwrap_or(0.0),
+            grader: line.grader.judge.clone(),
+            training_score: line.training.score,
+        })
+    }
+
+    /// Reads the record of a run resumed after `resume_step` steps (a record of a later step
+    /// belongs to steps the resumed run does again, and is dropped).
+    fn read(output_dir: &Path, resume_step: Option<u64>) -> Result<Option<Self>> {
+        let path = best_checkpoint_path(output_dir);
+        let Some(step) = resume_step.filter(|_| path.exists()) else {
+            if path.exists() {
+                std::fs::remove_file(&path).map_err(|e| GrpoError::io(&path, e))?;
+            }
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| GrpoError::io(&path, e))?;
+        let best: Self = serde_json::from_str(&text).map_err(|e| GrpoError::io(&path, e))?;
+        Ok((best.step <= step).then_some(best))
+    }
+
+    fn write(&self, output_dir: &Path) -> Result<()> {
+        let path = best_checkpoint_path(output_dir);
+        let text = serde_json::to_string_pretty(self).expect("record serialises");
+        conrub_rubric::io::write_bytes_atomic(&path, text.as_bytes())
+            .map_err(|e| GrpoError::io(&path, e))
+    }
+}
+
+/// Removes all but the newest `keep` checkpoints of `output_dir`, never the one of `best_step`.
+fn prune_checkpoints(output_dir: &Path, keep: usize, best_step: Option<u64>) -> Result<()> {
+    let entries = std::fs::read_dir(output_dir).map_err(|e| GrpoError::io(output_dir, e))?;
+    let mut steps: Vec<u64> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name();
+            let step = name
+                .to_str()?
+                .strip_prefix("checkpoint-")?
+                .parse::<u64>()
+                .ok()?;
+            e.path().is_dir().then_some(step)
+        })
+        .collect();
+    steps.sort_unstable();
+    let old = steps.len().saturating_sub(keep);
+    for &step in &steps[..old] {
+        if Some(step) != best_step {
+            let dir = checkpoint_dir(output_dir, step);
+            std::fs::remove_dir_all(&dir).map_err(|e| GrpoError::io(&dir, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// What a run did.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RunSummary {
@@ -70,6 +160,8 @@ pub struct RunSummary {
     pub last_checkpoint: Option<PathBuf>,
     /// Epoch summaries completed in this invocation.
     pub epochs: Vec<EpochSummary>,
+    /// The best checkpoint by the validation grader's score, when the run validates.
+    pub best: Option<BestCheckpoint>,
 }
 
 /// What the training loop asks of its caller.
@@ -163,11 +255,17 @@ where
 /// Runs training: epochs over `records` in a seeded order, `run.prompts_per_step` prompts a step,
 /// metrics after every step, checkpoints every `run.checkpoint_every` steps and at the
 /// end. `resume` is a checkpoint directory (or its `training_state`).
+///
+/// With a `validator`, the policy is validated whenever [`Validator::due`] says so (a
+/// `kind = "eval"` line in `metrics.jsonl`); a round whose grader score beats every earlier one
+/// gets a checkpoint (when its step has none already) and becomes `best-checkpoint.json`, which
+/// `run.keep_checkpoints` never prunes.
 pub async fn train<B, P, T>(
     trainee: &mut T,
     records: &[RubricRecord],
     run: &RunConfig,
     resume: Option<&Path>,
+    validator: Option<&Validator>,
     hooks: &mut dyn RunHooks<P>,
 ) -> Result<RunSummary>
 where
@@ -208,7 +306,10 @@ where
         steps_per_epoch,
         total,
     )?;
-    let mut summary = RunSummary::default();
+    let mut summary = RunSummary {
+        best: BestCheckpoint::read(&run.output_dir, resume_step)?,
+        ..Default::default()
+    };
     let mut history: Vec<StepMetrics> = log.steps()?;
     let started = Instant::now();
     let save = |trainee: &T, hooks: &mut dyn RunHooks<P>, summary: &mut RunSummary| -> Result<()> {
@@ -226,10 +327,15 @@ where
         save_state(learner, cursor, &tmp.join("training_state"))?;
         // (An existing `dir` is a checkpoint of a run resumed from an earlier one: superseded.)
         crate::checkpoint::swap_in(&tmp, &dir)?;
+        if let Some(keep) = run.keep_checkpoints {
+            prune_checkpoints(&run.output_dir, keep, summary.best.as_ref().map(|b| b.step))?;
+        }
         hooks.checkpointed(&run.output_dir, &dir)?;
         summary.last_checkpoint = Some(dir);
         Ok(())
     };
+    // A new best waits for its step's checkpoint before it is recorded.
+    let mut pending_best: Option<BestCheckpoint> = None;
     while trainee.lead().step < total {
         let step = trainee.lead().step;
         let epoch = (step / steps_per_epoch) as usize;
@@ -262,12 +368,30 @@ where
             log.append(&MetricsLine::Epoch(e.clone()))?;
             summary.epochs.push(e);
         }
-        if run.checkpoint_every > 0 && step.is_multiple_of(run.checkpoint_every) && step < total {
+        if let Some(v) = validator.filter(|v| v.due(step)) {
+            let line = v.validate(trainee.lead()).await?;
+            log.append(&MetricsLine::Eval(line.clone()))?;
+            hooks.progress(&validation_progress_line(&line));
+            let best = summary.best.as_ref().map(|b| b.grader_score);
+            pending_best = BestCheckpoint::of(&line, &run.output_dir)
+                .filter(|b| best.is_none_or(|s| b.grader_score > s));
+        }
+        let periodic = run.checkpoint_every > 0 && step.is_multiple_of(run.checkpoint_every);
+        if step < total && (periodic || pending_best.is_some()) {
+            summary.best = pending_best.take().or(summary.best.take());
             save(trainee, hooks, &mut summary)?;
+            if let Some(b) = summary.best.as_ref().filter(|b| b.step == step) {
+                b.write(&run.output_dir)?;
+            }
         }
     }
     if summary.steps_run > 0 || summary.last_checkpoint.is_none() {
+        summary.best = pending_best.take().or(summary.best.take());
         save(trainee, hooks, &mut summary)?;
+        let step = trainee.lead().step;
+        if let Some(b) = summary.best.as_ref().filter(|b| b.step == step) {
+            b.write(&run.output_dir)?;
+        }
     }
     summary.total_steps = trainee.lead().step;
     Ok(summary)

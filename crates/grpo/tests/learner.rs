@@ -145,6 +145,7 @@ impl RewardSource for EvenIds {
             criteria: vec![],
             judge_retries: 0,
             judge_latency_ms: 0.0,
+            judge_deferred: 0,
         }
     }
 }
@@ -844,6 +845,7 @@ fn dp_run_config(dir: &std::path::Path, max_steps: u64) -> conrub_grpo::RunConfi
         checkpoint_every: 2,
         max_steps: Some(max_steps),
         output_dir: dir.to_path_buf(),
+        keep_checkpoints: None,
     }
 }
 
@@ -903,6 +905,7 @@ async fn data_parallel_runs_repeat_and_resume_exactly() {
             &recs,
             &dp_run_config(dir, 4),
             None,
+            None,
             &mut WeightHooks,
         )
         .await
@@ -920,6 +923,7 @@ async fn data_parallel_runs_repeat_and_resume_exactly() {
         &recs,
         &dp_run_config(&c, 2),
         None,
+        None,
         &mut WeightHooks,
     )
     .await
@@ -931,6 +935,7 @@ async fn data_parallel_runs_repeat_and_resume_exactly() {
         &recs,
         &dp_run_config(&c, 4),
         Some(&ckpt),
+        None,
         &mut WeightHooks,
     )
     .await
@@ -945,6 +950,7 @@ async fn data_parallel_runs_repeat_and_resume_exactly() {
         &recs,
         &dp_run_config(&c, 4),
         Some(&ckpt),
+        None,
         &mut WeightHooks,
     )
     .await
@@ -999,7 +1005,7 @@ async fn a_failing_rank_stops_the_group_with_its_error() {
         ..dp_run_config(tmp.path(), 4)
     };
     let started = std::time::Instant::now();
-    let err = conrub_grpo::train(&mut group, &recs, &run, None, &mut WeightHooks)
+    let err = conrub_grpo::train(&mut group, &recs, &run, None, None, &mut WeightHooks)
         .await
         .unwrap_err()
         .to_string();
@@ -1014,4 +1020,140 @@ async fn a_failing_rank_stops_the_group_with_its_error() {
     let mut fresh = dp_builder(&cfg, &Default::default(), true).build().unwrap();
     let state = conrub_grpo::load_state(&mut fresh, &ckpt.join("training_state")).unwrap();
     assert_eq!(state.step, 1);
+}
+
+/// A grader whose labels depend on the validation round: all criteria `correct` in the round
+/// listed in `good`, `missing` otherwise, `wrong` in `bad` (rounds counted by requests seen).
+struct RoundGrader {
+    requests_per_round: usize,
+    seen: std::sync::atomic::AtomicUsize,
+    scores: Vec<Label>,
+}
+
+#[async_trait::async_trait]
+impl conrub_judge::CriterionJudge for RoundGrader {
+    fn id(&self) -> String {
+        "round-grader".into()
+    }
+
+    async fn judge(&self, r: &conrub_judge::CriterionRequest) -> conrub_judge::CriterionVerdict {
+        let n = self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let label = self.scores[(n / self.requests_per_round).min(self.scores.len() - 1)];
+        conrub_judge::CriterionVerdict::labelled(
+            vec![label; r.criteria.len()],
+            vec![],
+            1,
+            std::time::Duration::ZERO,
+        )
+    }
+}
+
+/// Validation rounds after steps 2, 4 and 6 with grader scores 0, +1, -1: the round after step 4
+/// is the best, gets a checkpoint although `checkpoint_every` is 0, is recorded in
+/// `best-checkpoint.json`, and survives `keep_checkpoints = 1`; a resume from step 4 keeps the
+/// record and the eval lines up to it.
+#[tokio::test]
+async fn validation_keeps_the_grader_best_checkpoint() {
+    use conrub_grpo::{ValidationConfig, ValidationDecoding, Validator};
+    let dir = tempfile::tempdir().unwrap();
+    let recs = records();
+    let examples: Vec<conrub_eval::EvalExample> = recs
+        .iter()
+        .take(2)
+        .map(|r| conrub_eval::EvalExample {
+            id: Some(r.id.clone()),
+            prompt: r.question.clone(),
+            example_tags: vec![],
+            items: vec![],
+            criteria: r.criterion_texts(),
+        })
+        .collect();
+    let validator = |scores: Vec<Label>| Validator {
+        cfg: ValidationConfig {
+            every: 2,
+            data: "unused".into(),
+            samples: 2,
+            decoding: ValidationDecoding::Greedy,
+            max_new_tokens: Some(4),
+            limit: None,
+            bootstrap_resamples: 100,
+        },
+        examples: examples.clone(),
+        mode: ScoringMode::ThreeState,
+        training: judge(),
+        grader: Arc::new(RoundGrader {
+            requests_per_round: 4,
+            seen: Default::default(),
+            scores,
+        }),
+        seed: 7,
+    };
+    let run = conrub_grpo::RunConfig {
+        epochs: 12,
+        prompts_per_step: 2,
+        checkpoint_every: 0,
+        max_steps: Some(6),
+        output_dir: dir.path().to_path_buf(),
+        keep_checkpoints: Some(1),
+    };
+    let v = validator(vec![Label::Missing, Label::Correct, Label::Wrong]);
+    let mut l = learner(config());
+    let summary = conrub_grpo::train(&mut l, &recs, &run, None, Some(&v), &mut WeightHooks)
+        .await
+        .unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["kind"] == "eval")
+        .collect();
+    let grader: Vec<f64> = lines
+        .iter()
+        .map(|e| e["grader"]["score"].as_f64().unwrap())
+        .collect();
+    assert_eq!(grader, vec![0.0, 1.0, -1.0]);
+    assert_eq!(
+        lines
+            .iter()
+            .map(|e| e["step"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![2, 4, 6]
+    );
+    for e in &lines {
+        assert_eq!(e["responses"], 4);
+        assert_eq!(e["training"]["scored"], 4);
+        assert_eq!(e["grader"]["labels"].as_object().unwrap().len(), 1);
+    }
+    let best = summary.best.expect("a best round");
+    assert_eq!((best.step, best.grader_score), (4, 1.0));
+    let record: conrub_grpo::BestCheckpoint = serde_json::from_str(
+        &std::fs::read_to_string(conrub_grpo::best_checkpoint_path(dir.path())).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record, best);
+    let mut kept: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("checkpoint-"))
+        .collect();
+    kept.sort();
+    assert_eq!(kept, vec!["checkpoint-000004", "checkpoint-000006"]);
+
+    // Resumed from the best checkpoint with a grader that now scores -1 everywhere: the record
+    // stays (nothing beats it), the eval lines after step 4 are written again.
+    let v = validator(vec![Label::Wrong]);
+    let mut l = learner(config());
+    let ckpt = dir.path().join("checkpoint-000004");
+    let summary = conrub_grpo::train(&mut l, &recs, &run, Some(&ckpt), Some(&v), &mut WeightHooks)
+        .await
+        .unwrap();
+    assert_eq!(summary.best.map(|b| b.step), Some(4));
+    let steps: Vec<u64> = std::fs::read_to_string(dir.path().join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "eval")
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, vec![2, 4, 6]);
 }

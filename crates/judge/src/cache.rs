@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{JudgeError, Result};
 
 /// A cache key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CacheKey(pub [u8; 32]);
 
 impl CacheKey {
@@ -129,6 +129,10 @@ impl JudgeCache {
                 raw TEXT NOT NULL,
                 parsed TEXT NOT NULL,
                 created_unix INTEGER NOT NULL
+            ) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS criterion_requests (
+                key BLOB PRIMARY KEY,
+                request TEXT NOT NULL
             ) WITHOUT ROWID;",
         )
     }
@@ -219,6 +223,100 @@ impl JudgeCache {
                 self.errors.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Stores a criterion verdict's labels with the request they grade, so that a probe can later
+    /// be distilled from the cache (`conrub judge distill --cache`): both rows in one transaction.
+    pub fn put_criteria(
+        &self,
+        key: &CacheKey,
+        judge: &str,
+        request: &crate::judge::CriterionRequest,
+        labels: &[conrub_rubric::Label],
+        raw: &str,
+    ) {
+        let (Ok(parsed), Ok(req)) = (
+            serde_json::to_string(labels),
+            serde_json::to_string(request),
+        ) else {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let r = (|| {
+            let tx = conn.transaction()?;
+            tx.execute(
+                "INSERT OR REPLACE INTO judge_cache (key, judge, kind, raw, parsed, created_unix) VALUES (?1, ?2, 'criteria', ?3, ?4, ?5)",
+                params![&key.0[..], judge, raw, &parsed, now as i64],
+            )?;
+            tx.execute(
+                "INSERT OR REPLACE INTO criterion_requests (key, request) VALUES (?1, ?2)",
+                params![&key.0[..], &req],
+            )?;
+            tx.commit()
+        })();
+        match r {
+            Ok(_) => self.writes.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.errors.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
+    /// Every criterion verdict stored with its request (see [`JudgeCache::put_criteria`]), in key
+    /// order: `(judge, request, labels)`. Verdicts stored without their request (by an older
+    /// conrub) are counted in the second value, not returned.
+    pub fn criterion_verdicts(
+        &self,
+    ) -> Result<(
+        Vec<(
+            String,
+            crate::judge::CriterionRequest,
+            Vec<conrub_rubric::Label>,
+        )>,
+        u64,
+    )> {
+        let err = |e: rusqlite::Error| JudgeError::Cache {
+            path: self.path.clone(),
+            source: e,
+        };
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut stmt = conn
+            .prepare(
+                "SELECT c.judge, c.parsed, r.request FROM judge_cache c
+                 LEFT JOIN criterion_requests r ON r.key = c.key
+                 WHERE c.kind = 'criteria' ORDER BY c.key",
+            )
+            .map_err(err)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                ))
+            })
+            .map_err(err)?;
+        let (mut out, mut bare) = (Vec::new(), 0);
+        for row in rows {
+            let (judge, parsed, request) = row.map_err(err)?;
+            let Some(request) = request else {
+                bare += 1;
+                continue;
+            };
+            let bad = |what: &str, e: serde_json::Error| {
+                JudgeError::Unfit(format!(
+                    "{}: a stored {what} does not parse: {e}",
+                    self.path.display()
+                ))
+            };
+            let request = serde_json::from_str(&request).map_err(|e| bad("request", e))?;
+            let labels = serde_json::from_str(&parsed).map_err(|e| bad("label list", e))?;
+            out.push((judge, request, labels));
+        }
+        Ok((out, bare))
     }
 
     /// Number of stored answers.

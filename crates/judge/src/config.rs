@@ -17,6 +17,17 @@
 //! precision = "f32"               # or "bf16-mixed"
 //! ```
 //!
+//! A probe judge (`conrub judge distill` writes the probe) names its base model and probe file, and
+//! optionally a fallback judge for the criteria it is unsure of:
+//!
+//! ```toml
+//! kind = "probe"
+//! model = "Qwen/Qwen3-1.7B"
+//! probe = "probes/med/probe.safetensors"
+//! abstain_below = 0.7            # top class probability under 0.7: ask the fallback
+//! fallback = "judge-sglang.toml" # or an inline [fallback] table
+//! ```
+//!
 //! The lexical test double takes one setting of its own, its keyword file (see [`crate::lexical`]):
 //!
 //! ```toml
@@ -49,11 +60,24 @@ pub enum JudgeKind {
     Local,
     /// The lexical test double.
     Lexical,
+    /// A linear probe on an in-process Qwen3's hidden states (`conrub judge distill`).
+    Probe,
 }
 
 impl JudgeKind {
     /// Every kind, in the order error messages list them.
-    pub const ALL: [JudgeKind; 3] = [JudgeKind::Openai, JudgeKind::Local, JudgeKind::Lexical];
+    pub const ALL: [JudgeKind; 4] = [
+        JudgeKind::Openai,
+        JudgeKind::Local,
+        JudgeKind::Lexical,
+        JudgeKind::Probe,
+    ];
+
+    /// True for the judges that run a model in this process (built with
+    /// [`JudgeConfig::build_local`] on a device).
+    pub fn in_process(self) -> bool {
+        matches!(self, JudgeKind::Local | JudgeKind::Probe)
+    }
 
     /// The `kind` value of a config.
     pub fn as_str(self) -> &'static str {
@@ -61,6 +85,7 @@ impl JudgeKind {
             JudgeKind::Openai => "openai",
             JudgeKind::Local => "local",
             JudgeKind::Lexical => "lexical",
+            JudgeKind::Probe => "probe",
         }
     }
 
@@ -70,6 +95,7 @@ impl JudgeKind {
             JudgeKind::Openai => OpenAiSettings::KEYS,
             JudgeKind::Local => LocalSettings::KEYS,
             JudgeKind::Lexical => LexicalSettings::KEYS,
+            JudgeKind::Probe => ProbeSettings::KEYS,
         }
     }
 
@@ -190,6 +216,60 @@ impl LexicalSettings {
     pub const KEYS: &'static [&'static str] = &["keywords"];
 }
 
+/// `kind = "probe"`: a distilled probe on an in-process Qwen3 (see [`crate::probe`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeSettings {
+    /// The probe's base model: checkpoint directory (relative to the config file) or hub id.
+    pub model: String,
+    /// The probe file `conrub judge distill` wrote (`probe.safetensors`), relative to the file.
+    pub probe: PathBuf,
+    /// Device of the judge for `conrub score` and `eval rubric`.
+    #[serde(default)]
+    pub device: Option<String>,
+    /// Judge cache database (SQLite), relative to the config file.
+    #[serde(default)]
+    pub cache: Option<PathBuf>,
+    /// Prompt overrides (the probe refuses prompts other than those it was distilled over).
+    #[serde(default)]
+    pub prompts: PromptOverrides,
+    /// The layer the probe must read (a check: the probe file says which it reads).
+    #[serde(default)]
+    pub layer: Option<usize>,
+    /// The pooling the probe must use (a check, like `layer`).
+    #[serde(default)]
+    pub pooling: Option<crate::probe::Pooling>,
+    /// Criterion rows per suffix pass.
+    #[serde(default = "default_probe_batch")]
+    pub batch_size: usize,
+    /// Criteria whose top class probability is below this go to `fallback`.
+    #[serde(default)]
+    pub abstain_below: Option<f64>,
+    /// The judge for abstained criteria: a judge table, or the path of a judge file.
+    #[serde(default)]
+    pub fallback: Option<toml::Value>,
+}
+
+fn default_probe_batch() -> usize {
+    16
+}
+
+impl ProbeSettings {
+    /// The keys of this kind.
+    pub const KEYS: &'static [&'static str] = &[
+        "model",
+        "probe",
+        "device",
+        "cache",
+        "prompts",
+        "layer",
+        "pooling",
+        "batch_size",
+        "abstain_below",
+        "fallback",
+    ];
+}
+
 /// Which judge, with the settings of its kind only.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -200,6 +280,8 @@ pub enum JudgeSpec {
     Local(LocalSettings),
     /// The lexical test double.
     Lexical(LexicalSettings),
+    /// A distilled probe.
+    Probe(ProbeSettings),
 }
 
 /// A parsed judge config: the judge and the directory its relative paths resolve against.
@@ -294,11 +376,71 @@ impl JudgeConfig {
             JudgeKind::Lexical => {
                 JudgeSpec::Lexical(serde_path_to_error::deserialize(value).map_err(field)?)
             }
+            JudgeKind::Probe => {
+                JudgeSpec::Probe(serde_path_to_error::deserialize(value).map_err(field)?)
+            }
         };
-        Ok(Self {
+        let cfg = Self {
             spec,
             base_dir: base_dir.to_path_buf(),
-        })
+        };
+        if let JudgeSpec::Probe(p) = &cfg.spec {
+            if let Some(b) = p.abstain_below.filter(|b| !(*b > 0.0 && *b <= 1.0)) {
+                return Err(JudgeError::config(
+                    format!("{prefix}abstain_below"),
+                    format!("{b} is not a probability in (0, 1]"),
+                ));
+            }
+            if p.batch_size == 0 {
+                return Err(JudgeError::config(
+                    format!("{prefix}batch_size"),
+                    "must be at least 1",
+                ));
+            }
+            if p.abstain_below.is_some() != p.fallback.is_some() {
+                return Err(JudgeError::config(
+                    format!("{prefix}fallback"),
+                    "abstain_below and fallback go together (abstained criteria need a judge)",
+                ));
+            }
+            cfg.fallback_in(prefix)?;
+        }
+        Ok(cfg)
+    }
+
+    /// A probe judge's fallback judge config (a table, or a file named by a string).
+    pub fn fallback(&self) -> Result<Option<JudgeConfig>> {
+        self.fallback_in("")
+    }
+
+    fn fallback_in(&self, prefix: &str) -> Result<Option<JudgeConfig>> {
+        let JudgeSpec::Probe(p) = &self.spec else {
+            return Ok(None);
+        };
+        let key = format!("{prefix}fallback");
+        let cfg = match &p.fallback {
+            None => return Ok(None),
+            Some(toml::Value::String(file)) => JudgeConfig::from_file(&self.base_dir.join(file))?,
+            Some(toml::Value::Table(t)) => {
+                JudgeConfig::from_table(t.clone(), &self.base_dir, &format!("{key}."))?
+            }
+            Some(other) => {
+                return Err(JudgeError::config(
+                    key,
+                    format!(
+                        "expected a judge table or a judge file's path, found {}",
+                        other.type_str()
+                    ),
+                ))
+            }
+        };
+        if cfg.kind() == JudgeKind::Probe {
+            return Err(JudgeError::config(
+                key,
+                "a probe's fallback cannot be a probe",
+            ));
+        }
+        Ok(Some(cfg))
     }
 
     /// Parses a judge file's TOML text; `base_dir` resolves relative paths.
@@ -328,6 +470,7 @@ impl JudgeConfig {
             JudgeSpec::Openai(_) => JudgeKind::Openai,
             JudgeSpec::Local(_) => JudgeKind::Local,
             JudgeSpec::Lexical(_) => JudgeKind::Lexical,
+            JudgeSpec::Probe(_) => JudgeKind::Probe,
         }
     }
 
@@ -335,6 +478,7 @@ impl JudgeConfig {
     pub fn device(&self) -> Option<&str> {
         match &self.spec {
             JudgeSpec::Local(l) => l.device.as_deref(),
+            JudgeSpec::Probe(p) => p.device.as_deref(),
             _ => None,
         }
     }
@@ -387,6 +531,7 @@ impl JudgeConfig {
         let overrides = match &self.spec {
             JudgeSpec::Openai(o) => &o.prompts,
             JudgeSpec::Local(l) => &l.prompts,
+            JudgeSpec::Probe(p) => &p.prompts,
             JudgeSpec::Lexical(_) => return Ok(PromptSet::default()),
         };
         PromptSet::with_overrides(overrides, &self.base_dir)
@@ -397,6 +542,7 @@ impl JudgeConfig {
         let cache = match &self.spec {
             JudgeSpec::Openai(o) => &o.cache,
             JudgeSpec::Local(l) => &l.cache,
+            JudgeSpec::Probe(p) => &p.cache,
             JudgeSpec::Lexical(_) => &None,
         };
         cache
@@ -440,9 +586,12 @@ impl JudgeConfig {
                     cache: None,
                 })
             }
-            JudgeSpec::Local(_) => Err(JudgeError::config(
+            JudgeSpec::Local(_) | JudgeSpec::Probe(_) => Err(JudgeError::config(
                 "kind",
-                "a local judge is built with build_local on a device",
+                format!(
+                    "a {} judge is built with build_local on a device",
+                    self.kind().as_str()
+                ),
             )),
         }
     }
@@ -469,37 +618,101 @@ impl JudgeConfig {
         Ok(judge)
     }
 
-    /// Builds the in-process judge on `device` (loads `model`).
+    /// Builds an in-process judge (`local` or `probe`) on `device`: loads `model` (and a probe's
+    /// file and fallback judge; a fallback that is itself in process runs on the same device).
     #[cfg(feature = "local")]
     pub fn build_local<B: conrub_kernels::GrpoOps>(&self, device: &B::Device) -> Result<Judges> {
-        let JudgeSpec::Local(settings) = &self.spec else {
-            return Err(JudgeError::config(
-                "kind",
-                format!(
-                    "build_local builds kind = \"local\", not \"{}\"",
-                    self.kind().as_str()
-                ),
-            ));
+        let model = match &self.spec {
+            JudgeSpec::Local(s) => &s.model,
+            JudgeSpec::Probe(s) => &s.model,
+            _ => {
+                return Err(JudgeError::config(
+                    "kind",
+                    format!(
+                        "build_local builds kind = \"local\" or \"probe\", not \"{}\"",
+                        self.kind().as_str()
+                    ),
+                ))
+            }
         };
-        let path = self.base_dir.join(&settings.model);
+        let path = self.base_dir.join(model);
         let loaded = if path.is_dir() {
             conrub_qwen3::Qwen3::<B>::load_dir(&path, device)
         } else {
-            conrub_qwen3::Qwen3::<B>::load(&settings.model, device)
+            conrub_qwen3::Qwen3::<B>::load(model, device)
         }
         .map_err(|e| JudgeError::Model(Box::new(e)))?;
         let cache = self.open_cache()?;
-        let judge = Arc::new(crate::local::LocalJudge::new(
+        match &self.spec {
+            JudgeSpec::Probe(settings) => self.build_probe::<B>(settings, loaded, device, cache),
+            JudgeSpec::Local(settings) => {
+                let judge = Arc::new(crate::local::LocalJudge::new(
+                    loaded,
+                    device.clone(),
+                    self.prompt_set()?,
+                    settings.local.clone(),
+                    cache.clone(),
+                )?);
+                Ok(Judges {
+                    criterion: judge.clone(),
+                    pairwise: judge,
+                    client: None,
+                    cache,
+                })
+            }
+            _ => unreachable!("checked above"),
+        }
+    }
+
+    #[cfg(feature = "local")]
+    fn build_probe<B: conrub_kernels::GrpoOps>(
+        &self,
+        settings: &ProbeSettings,
+        loaded: conrub_qwen3::Qwen3<B>,
+        device: &B::Device,
+        cache: Option<Arc<JudgeCache>>,
+    ) -> Result<Judges> {
+        use crate::probe::{Abstention, FeatureSpecFilter, ProbeFeaturizer, ProbeJudge};
+        let fallback = match self.fallback()? {
+            None => None,
+            Some(f) if f.kind().in_process() => Some(f.build_local::<B>(device)?),
+            Some(f) => {
+                let none = RubricSet::from_records("fallback", vec![])
+                    .map_err(|e| JudgeError::Probe(e.to_string()))?;
+                Some(f.build(&none)?)
+            }
+        };
+        let featurizer = ProbeFeaturizer::new(
             loaded,
             device.clone(),
             self.prompt_set()?,
-            settings.local.clone(),
+            settings.batch_size,
+        )?;
+        let abstention = match (settings.abstain_below, &fallback) {
+            (Some(below), Some(f)) => Some(Abstention {
+                below,
+                fallback: f.criterion.clone(),
+            }),
+            _ => None,
+        };
+        let judge = Arc::new(ProbeJudge::new(
+            featurizer,
+            &self.base_dir.join(&settings.probe),
+            Some(FeatureSpecFilter {
+                layer: settings.layer,
+                pooling: settings.pooling,
+            }),
+            abstention,
             cache.clone(),
         )?);
+        let (pairwise, client): (Arc<dyn PairwiseJudge>, _) = match fallback {
+            Some(f) => (f.pairwise, f.client),
+            None => (Arc::new(crate::probe::judge::NoComparisons), None),
+        };
         Ok(Judges {
-            criterion: judge.clone(),
-            pairwise: judge,
-            client: None,
+            criterion: judge,
+            pairwise,
+            client,
             cache,
         })
     }
@@ -603,6 +816,10 @@ mod tests {
                 JudgeKind::Openai => "kind = \"openai\"\nmodel = \"m\"\n",
                 JudgeKind::Local => "kind = \"local\"\nmodel = \"m\"\n",
                 JudgeKind::Lexical => "kind = \"lexical\"\n",
+                JudgeKind::Probe => {
+                    "kind = \"probe\"\nmodel = \"m\"\nprobe = \"p\"\nabstain_below = 0.5\n\
+                     [fallback]\nkind = \"lexical\"\n"
+                }
             };
             let c = JudgeConfig::from_toml(text, Path::new(".")).unwrap();
             let v = serde_json::to_value(&c.spec).unwrap();

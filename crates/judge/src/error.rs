@@ -73,6 +73,9 @@ pub enum JudgeError {
     /// The in-process model cannot serve as a judge.
     #[error("local judge: {0}")]
     Unfit(String),
+    /// A probe judge or its distillation cannot go on (bad data, a probe that does not fit).
+    #[error("probe: {0}")]
+    Probe(String),
 }
 
 impl JudgeError {

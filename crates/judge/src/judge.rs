@@ -59,6 +59,14 @@ pub struct CriterionVerdict {
     /// runner-up.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub margins: Vec<f64>,
+    /// Criteria this judge handed to another (a probe judge's fallback for criteria it abstained
+    /// on); 0 for every other judge.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub deferred: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl CriterionVerdict {
@@ -77,6 +85,7 @@ impl CriterionVerdict {
             latency_ms: latency.as_secs_f64() * 1e3,
             cached: false,
             margins: Vec::new(),
+            deferred: 0,
         }
     }
 

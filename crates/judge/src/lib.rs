@@ -8,6 +8,7 @@
 //!   limits, timeouts and bounded, jittered retries.
 //! - [`cache`]: a persistent SQLite judge cache, so reruns make no calls.
 //! - [`openai`], [`local`], [`lexical`]: the served, in-process (burn Qwen3) and test-double judges.
+//! - [`probe`]: probe judges distilled from a big judge's verdicts (`conrub judge distill`).
 //! - [`config`]: the judge TOML config; [`scoring`]: judging and scoring many responses.
 
 pub mod cache;
@@ -20,6 +21,9 @@ pub mod lexical;
 pub mod local;
 pub mod openai;
 pub mod parse;
+#[cfg(feature = "local")]
+mod prefix;
+pub mod probe;
 pub mod prompts;
 pub mod scoring;
 #[cfg(feature = "testing")]
@@ -29,6 +33,7 @@ pub use cache::{CacheKey, CacheStats, JudgeCache};
 pub use client::{CallError, CallOutcome, ChatClient, ClientConfig, ClientStats};
 pub use config::{
     JudgeConfig, JudgeKind, JudgeSpec, Judges, LexicalSettings, LocalSettings, OpenAiSettings,
+    ProbeSettings,
 };
 pub use error::{JudgeError, Result};
 pub use judge::{

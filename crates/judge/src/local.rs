@@ -15,13 +15,10 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{ChatOptions, Execution, Message, Precision, Qwen3};
-use conrub_rollout::{
-    Decoding, ForwardBatch, PaddedBatch, Padding, PagedKv, PagedModel, PagedPass, PagedPrefix,
-    SamplingConfig, DEFAULT_BLOCK_SIZE,
-};
+use conrub_qwen3::{Execution, Precision, Qwen3};
+use conrub_rollout::{Decoding, SamplingConfig};
 use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +29,7 @@ use crate::judge::{
     CriterionJudge, CriterionRequest, CriterionVerdict, PairRequest, PairVerdict, PairwiseJudge,
 };
 use crate::parse::{parse_labels, parse_pair, OutputError};
+use crate::prefix::{chat_ids, SharedPrefix};
 use crate::prompts::PromptSet;
 
 /// How the in-process judge decides.
@@ -175,18 +173,6 @@ impl<B: GrpoOps> LocalJudge<B> {
         })
     }
 
-    fn chat_ids(model: &Qwen3<B>, system: &str, user: &str) -> conrub_qwen3::Result<Vec<u32>> {
-        let tok = model.tokenizer.as_ref().expect("checked in new");
-        let msgs = [Message::system(system), Message::user(user)];
-        tok.apply_chat_template(
-            &msgs,
-            ChatOptions {
-                add_generation_prompt: true,
-                enable_thinking: Some(false),
-            },
-        )
-    }
-
     /// Generates answers for `prompts` (system, user) and parses each with `parse`; unparseable
     /// ones are retried with sampling. Returns per prompt (result, raw outputs, attempts).
     fn generate_parsed<T>(
@@ -201,7 +187,7 @@ impl<B: GrpoOps> LocalJudge<B> {
             .collect();
         let ids: Vec<conrub_qwen3::Result<Vec<u32>>> = prompts
             .iter()
-            .map(|(s, u)| Self::chat_ids(&model, s, u))
+            .map(|(s, u)| chat_ids(&model, s, u))
             .collect();
         let mut pending: Vec<usize> = Vec::new();
         for (i, r) in ids.iter().enumerate() {
@@ -278,14 +264,17 @@ impl<B: GrpoOps> LocalJudge<B> {
                         let (s, u) =
                             self.prompts
                                 .render_single(r.mode, &r.question, &r.response, c);
-                        Self::chat_ids(&model, &s, &u)
+                        chat_ids(&model, &s, &u)
                             .map_err(|e| CallError(format!("chat template: {e}")))
                     })
                     .collect::<std::result::Result<_, _>>()?;
                 let mut labels = Vec::with_capacity(seqs.len());
                 let mut margins = Vec::with_capacity(seqs.len());
-                for chunk in seqs.chunks(self.cfg.batch_size) {
-                    for (l, m) in self.next_token_labels(&model, chunk, r.mode)? {
+                let mut shared = SharedPrefix::new(&model, &seqs, None, &self.device);
+                let bs = self.cfg.batch_size;
+                for start in (0..seqs.len()).step_by(bs) {
+                    let rows = start..(start + bs).min(seqs.len());
+                    for (l, m) in self.next_token_labels(&model, &mut shared, rows, r.mode)? {
                         labels.push(l);
                         margins.push(m);
                     }
@@ -295,69 +284,17 @@ impl<B: GrpoOps> LocalJudge<B> {
             .collect()
     }
 
-    /// Label and margin from the next-token distribution after each sequence of `seqs`.
+    /// Label and margin from the next-token distribution after each prompt `rows` of `shared`.
     fn next_token_labels(
         &self,
         model: &Qwen3<B>,
-        seqs: &[Vec<u32>],
+        shared: &mut SharedPrefix<B>,
+        rows: std::ops::Range<usize>,
         mode: ScoringMode,
     ) -> std::result::Result<Vec<(Label, f64)>, CallError> {
-        // Longest common prefix, leaving at least one token of every sequence to run.
-        let shortest = seqs.iter().map(Vec::len).min().unwrap_or(0);
-        let mut prefix = 0;
-        while prefix + 1 < shortest && seqs.iter().all(|s| s[prefix] == seqs[0][prefix]) {
-            prefix += 1;
-        }
-        let n = seqs.len();
-        // The shared prefix goes through the model once, into a paged pool whose blocks hold it
-        // at slots 0..prefix; every suffix row then reads it before its own tokens.
-        let bs = DEFAULT_BLOCK_SIZE;
-        let mut kv = PagedKv::new(
-            model.model.kv_layout(),
-            prefix.div_ceil(bs).max(1),
-            bs,
-            &self.device,
-        );
-        let slots: Vec<u32> = (0..prefix as u32).collect();
-        let shared = (prefix > 0).then(|| {
-            let head = ForwardBatch::contiguous(&[seqs[0][..prefix].to_vec()], 0, &self.device);
-            let write = PagedPass::prefill(slots.clone());
-            let _ = model.model.forward_hidden_paged(&head, &mut kv, &write);
-            PagedPrefix::new(&slots, &self.device)
-        });
-        let suffixes: Vec<Vec<u32>> = seqs.iter().map(|s| s[prefix..].to_vec()).collect();
-        let padded = PaddedBatch::new(&suffixes, model.pad_id(), Padding::Left);
-        let batch = ForwardBatch {
-            input_ids: Tensor::<B, 2, Int>::from_data(
-                TensorData::new(
-                    padded.ids.iter().map(|&x| x as i64).collect::<Vec<_>>(),
-                    [n, padded.len],
-                ),
-                &self.device,
-            ),
-            position_ids: Tensor::<B, 2, Int>::from_data(
-                TensorData::new(
-                    padded
-                        .positions
-                        .iter()
-                        .map(|&p| p + prefix as i64)
-                        .collect::<Vec<_>>(),
-                    [n, padded.len],
-                ),
-                &self.device,
-            ),
-            key_mask: padded.has_padding().then(|| {
-                Tensor::<B, 2, Bool>::from_data(
-                    TensorData::new(padded.mask.clone(), [n, padded.len]),
-                    &self.device,
-                )
-            }),
-        };
-        // Suffixes read the prefix and are not cached themselves.
-        let suffix_pass = PagedPass {
-            prefix: shared,
-            ..PagedPass::prefill(Vec::new())
-        };
+        let n = rows.len();
+        let suffix = shared.rows(rows, model.pad_id(), &self.device);
+        let (kv, pass) = shared.cache();
         // Log-softmax on the device; only the label tokens' columns come back to the host.
         let labels = mode.labels();
         let columns: Vec<u32> = labels
@@ -367,7 +304,7 @@ impl<B: GrpoOps> LocalJudge<B> {
         let logp = log_softmax(
             model
                 .model
-                .forward_last_paged(&batch, &mut kv, &suffix_pass)
+                .forward_last_paged(&suffix.batch, kv, pass)
                 .cast(DType::F32),
             1,
         );
@@ -487,10 +424,10 @@ impl<B: GrpoOps> CriterionJudge for LocalJudge<B> {
             for &i in &todo {
                 let v = verdicts[i].as_ref().expect("filled above");
                 if let Some(labels) = &v.labels {
-                    c.put_parsed(
+                    c.put_criteria(
                         &keys[i],
                         &self.name,
-                        "criteria",
+                        &requests[i],
                         labels,
                         v.raw_outputs.last().map_or("", String::as_str),
                     );

@@ -96,10 +96,10 @@ impl CriterionJudge for OpenAiJudge {
         match out.result {
             Ok(labels) => {
                 if let Some(c) = &self.cache {
-                    c.put_parsed(
+                    c.put_criteria(
                         &key,
                         &CriterionJudge::id(self),
-                        "criteria",
+                        r,
                         &labels,
                         out.raw_outputs.last().map_or("", String::as_str),
                     );

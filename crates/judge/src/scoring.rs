@@ -42,6 +42,8 @@ pub struct ScoringSummary {
     pub reward_mean: f64,
     /// Judge attempts beyond the first, over all responses.
     pub retries: u64,
+    /// Criteria the judge handed to its fallback (a probe judge abstaining).
+    pub deferred: u64,
     /// Mean judge latency per response, milliseconds.
     pub latency_ms_mean: f64,
     /// Wall time of the run, seconds.
@@ -139,6 +141,7 @@ pub async fn score_jobs(
         }
         s.cached += r.verdict.cached as usize;
         s.retries += r.verdict.attempts.saturating_sub(1) as u64;
+        s.deferred += r.verdict.deferred as u64;
         lat += r.verdict.latency_ms;
     }
     s.unscored = s.responses - s.scored;

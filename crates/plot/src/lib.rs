@@ -2,11 +2,13 @@
 //! plotting is a separate step, run at checkpoints, at the end and by `conrub plot RUN_DIR`).
 //!
 //! [`plot_run`] reads `RUN_DIR/metrics.jsonl` and writes one SVG per curve of [`CURVES`] into the
-//! same directory (atomically: a reader never sees half a file); [`plot_steps`] draws given steps.
+//! same directory (atomically: a reader never sees half a file), plus `eval.svg` (the validation
+//! scores of the training judge and of the grader, see `[eval]`) when the run validates;
+//! [`plot_steps`] and [`plot_validation`] draw given lines.
 
 use std::path::{Path, PathBuf};
 
-use conrub_grpo::{MetricsLine, StepMetrics};
+use conrub_grpo::{MetricsLine, StepMetrics, ValidationLine};
 use plotters::prelude::*;
 
 /// What can go wrong while plotting a run.
@@ -87,13 +89,18 @@ pub const CURVES: [Curve; 4] = [
     },
 ];
 
-/// The step lines of a metrics file, in order (epoch summaries skipped).
+/// The step lines of a metrics file, in order (epoch summaries and validation lines skipped).
 pub fn read_steps(metrics: &Path) -> Result<Vec<StepMetrics>, PlotError> {
+    Ok(read_run(metrics)?.0)
+}
+
+/// The step lines and the validation lines of a metrics file, each in order.
+pub fn read_run(metrics: &Path) -> Result<(Vec<StepMetrics>, Vec<ValidationLine>), PlotError> {
     let text = std::fs::read_to_string(metrics).map_err(|source| PlotError::Io {
         path: metrics.to_path_buf(),
         source,
     })?;
-    let mut steps = Vec::new();
+    let (mut steps, mut evals) = (Vec::new(), Vec::new());
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -101,6 +108,7 @@ pub fn read_steps(metrics: &Path) -> Result<Vec<StepMetrics>, PlotError> {
         match serde_json::from_str::<MetricsLine>(line) {
             Ok(MetricsLine::Step { metrics, .. }) => steps.push(*metrics),
             Ok(MetricsLine::Epoch(_)) => {}
+            Ok(MetricsLine::Eval(e)) => evals.push(e),
             Err(source) => {
                 return Err(PlotError::Line {
                     path: metrics.to_path_buf(),
@@ -110,13 +118,70 @@ pub fn read_steps(metrics: &Path) -> Result<Vec<StepMetrics>, PlotError> {
             }
         }
     }
-    Ok(steps)
+    Ok((steps, evals))
 }
 
 /// Draws every curve of `run_dir/metrics.jsonl` into `run_dir`; returns the files written.
 pub fn plot_run(run_dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
-    let steps = read_steps(&run_dir.join("metrics.jsonl"))?;
-    plot_steps(&steps, run_dir)
+    let (steps, evals) = read_run(&run_dir.join("metrics.jsonl"))?;
+    let mut files = plot_steps(&steps, run_dir)?;
+    if !evals.is_empty() {
+        files.push(plot_validation(&evals, run_dir)?);
+    }
+    Ok(files)
+}
+
+/// The file name of the validation chart.
+pub const VALIDATION_CHART: &str = "eval.svg";
+
+/// Draws the validation scores of `evals` (the training judge in red, the grader in blue; an
+/// unscored round leaves a gap in its judge's points) into `dir/eval.svg`.
+pub fn plot_validation(evals: &[ValidationLine], dir: &Path) -> Result<PathBuf, PlotError> {
+    let points = |score: fn(&ValidationLine) -> Option<f64>| -> Vec<(f64, f64)> {
+        evals
+            .iter()
+            .filter_map(|e| Some((e.step as f64, score(e)?)))
+            .collect()
+    };
+    let series = [
+        Series {
+            name: "training judge",
+            color: RED,
+            points: points(|e| e.training.score),
+        },
+        Series {
+            name: "grader",
+            color: BLUE,
+            points: points(|e| e.grader.score),
+        },
+    ];
+    write_chart(
+        &dir.join(VALIDATION_CHART),
+        "Validation score (held-out prompts)",
+        "score",
+        &series,
+    )
+}
+
+/// One line of a chart.
+struct Series {
+    name: &'static str,
+    color: RGBColor,
+    points: Vec<(f64, f64)>,
+}
+
+fn write_chart(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    series: &[Series],
+) -> Result<PathBuf, PlotError> {
+    let svg = line_chart(title, y_label, series).map_err(|source| PlotError::Draw {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    conrub_rubric::io::write_bytes_atomic(path, svg.as_bytes()).map_err(PlotError::Write)?;
+    Ok(path.to_path_buf())
 }
 
 /// Draws every curve of `steps` into `dir`; returns the files written.
@@ -124,18 +189,16 @@ pub fn plot_steps(steps: &[StepMetrics], dir: &Path) -> Result<Vec<PathBuf>, Plo
     CURVES
         .iter()
         .map(|c| {
-            let path = dir.join(c.file);
             let points: Vec<(f64, f64)> = steps
                 .iter()
                 .map(|m| ((m.step + 1) as f64, (c.value)(m)))
                 .collect();
-            let svg = line_chart(c, &points).map_err(|source| PlotError::Draw {
-                path: path.clone(),
-                source,
-            })?;
-            conrub_rubric::io::write_bytes_atomic(&path, svg.as_bytes())
-                .map_err(PlotError::Write)?;
-            Ok(path)
+            let series = [Series {
+                name: c.y_label,
+                color: BLUE,
+                points,
+            }];
+            write_chart(&dir.join(c.file), c.title, c.y_label, &series)
         })
         .collect()
 }
@@ -156,20 +219,24 @@ fn padded_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
-/// One line chart of `points` (step, value) as an SVG document.
-fn line_chart(curve: &Curve, points: &[(f64, f64)]) -> Result<String, DrawError> {
+/// A line chart of `series` (step, value) as an SVG document; with two or more series, a legend
+/// names them.
+fn line_chart(title: &str, y_label: &str, series: &[Series]) -> Result<String, DrawError> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (640, 360)).into_drawing_area();
         root.fill(&WHITE)?;
-        let (x0, x1) = match (points.first(), points.last()) {
-            (Some(a), Some(b)) if b.0 > a.0 => (a.0, b.0),
-            (Some(a), _) => (a.0 - 0.5, a.0 + 0.5),
+        let all = || series.iter().flat_map(|s| s.points.iter());
+        let lo = all().map(|p| p.0).fold(f64::INFINITY, f64::min);
+        let hi = all().map(|p| p.0).fold(f64::NEG_INFINITY, f64::max);
+        let (x0, x1) = match (lo.is_finite(), hi > lo) {
+            (true, true) => (lo, hi),
+            (true, false) => (lo - 0.5, lo + 0.5),
             _ => (0.0, 1.0),
         };
-        let (y0, y1) = padded_range(points.iter().map(|p| p.1));
+        let (y0, y1) = padded_range(all().map(|p| p.1));
         let mut chart = ChartBuilder::on(&root)
-            .caption(curve.title, ("sans-serif", 18))
+            .caption(title, ("sans-serif", 18))
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(56)
@@ -177,14 +244,27 @@ fn line_chart(curve: &Curve, points: &[(f64, f64)]) -> Result<String, DrawError>
         chart
             .configure_mesh()
             .x_desc("step")
-            .y_desc(curve.y_label)
+            .y_desc(y_label)
             .light_line_style(WHITE.mix(0.0))
             .draw()?;
-        chart.draw_series(LineSeries::new(
-            points.iter().copied(),
-            BLUE.stroke_width(2),
-        ))?;
-        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, BLUE.filled())))?;
+        for s in series {
+            let color = s.color;
+            chart
+                .draw_series(LineSeries::new(
+                    s.points.iter().copied(),
+                    color.stroke_width(2),
+                ))?
+                .label(s.name)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
+            chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        }
+        if series.len() > 1 {
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()?;
+        }
         root.present()?;
     }
     Ok(svg)
@@ -245,6 +325,38 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         let e = plot_run(d.path()).unwrap_err().to_string();
         assert!(e.contains("metrics.jsonl:2:"), "{e}");
+    }
+
+    #[test]
+    fn validation_lines_get_a_chart_with_both_judges() {
+        let d = tempfile::tempdir().unwrap();
+        let path = metrics_file(d.path(), &[step(0, 0.1), step(1, 0.2)]);
+        let eval = |s: u64, grader: Option<f64>| {
+            let mut e = ValidationLine {
+                step: s,
+                ..Default::default()
+            };
+            e.training.score = Some(0.1 * s as f64);
+            e.grader.score = grader;
+            serde_json::to_string(&MetricsLine::Eval(e)).unwrap()
+        };
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text += &format!("{}\n{}\n", eval(1, Some(0.5)), eval(2, None));
+        std::fs::write(&path, text).unwrap();
+        let files = plot_run(d.path()).unwrap();
+        assert_eq!(files.len(), CURVES.len() + 1);
+        let svg = std::fs::read_to_string(d.path().join(VALIDATION_CHART)).unwrap();
+        assert!(
+            svg.contains("training judge") && svg.contains("grader"),
+            "{svg}"
+        );
+        // Two training-judge points (red), one grader point (blue; the unscored round is a gap).
+        assert_eq!(svg.matches("<circle").count(), 3, "{svg}");
+        assert_eq!(svg.matches("fill=\"#FF0000\"").count(), 2, "{svg}");
+        // Without validation lines, no chart.
+        let e = tempfile::tempdir().unwrap();
+        metrics_file(e.path(), &[step(0, 0.1)]);
+        assert_eq!(plot_run(e.path()).unwrap().len(), CURVES.len());
     }
 
     #[test]

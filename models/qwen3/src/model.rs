@@ -700,7 +700,32 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
         kv: &mut PagedKv<B>,
         pass: &PagedPass<B>,
     ) -> Tensor<B, 3> {
-        let [b, t] = batch.input_ids.dims();
+        let n = self.num_layers();
+        self.forward_layers_paged(batch, kv, pass, &[n])
+            .pop()
+            .expect("one layer asked for")
+    }
+
+    /// Hidden states `[batch, seq, hidden]` of `batch`'s new tokens at each of `layers`, in that
+    /// order, numbered as Hugging Face's `output_hidden_states`: `0` is the embedding, `l` the
+    /// residual stream after `l` decoder layers, and `num_layers` the final norm's output. Only
+    /// the layers up to the deepest one asked for run, so only their cache slots in `kv` are
+    /// written (a probe over layer 14 of 28 costs half a forward). See
+    /// [`Qwen3ForCausalLM::forward_hidden_paged`] for `kv` and `pass`.
+    pub fn forward_layers_paged(
+        &self,
+        batch: &ForwardBatch<B>,
+        kv: &mut PagedKv<B>,
+        pass: &PagedPass<B>,
+        layers: &[usize],
+    ) -> Vec<Tensor<B, 3>> {
+        let n = self.num_layers();
+        assert!(
+            layers.iter().all(|&l| l <= n),
+            "layers {layers:?} asked of a model with {n}"
+        );
+        let deepest = layers.iter().copied().max().unwrap_or(0);
+        let t = batch.input_ids.dims()[1];
         let mut x = self.embed(batch);
         let attn = &self.layers[0].self_attn;
         let rope = self.rope.tables(
@@ -714,11 +739,30 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
             pass.read.is_none() || t == 1,
             "decode steps feed one token per row"
         );
-        let _ = b;
-        for (layer, slot) in self.layers.iter().zip(kv.layers_mut().iter_mut()) {
-            x = layer.forward(x, &rope, &mask, Some((slot, pass)));
+        let mut out: Vec<Option<Tensor<B, 3>>> = vec![None; layers.len()];
+        let mut keep = |depth: usize, x: &Tensor<B, 3>| {
+            for (o, &l) in out.iter_mut().zip(layers) {
+                if l == depth {
+                    *o = Some(x.clone());
+                }
+            }
+        };
+        if n > 0 {
+            keep(0, &x);
         }
-        self.norm.forward(x)
+        let slots = kv.layers_mut().iter_mut();
+        for (depth, (layer, slot)) in self.layers.iter().zip(slots).enumerate().take(deepest) {
+            x = layer.forward(x, &rope, &mask, Some((slot, pass)));
+            if depth + 1 < n {
+                keep(depth + 1, &x);
+            }
+        }
+        if deepest == n {
+            keep(n, &self.norm.forward(x));
+        }
+        out.into_iter()
+            .map(|o| o.expect("every layer kept"))
+            .collect()
     }
 
     /// Next-token logits `[batch, vocab]` (last column) of a paged pass

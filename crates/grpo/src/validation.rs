@@ -1,0 +1,300 @@
+//! Validation during training (`[eval]` of a run config): every `every` steps the current policy
+//! answers held-out prompts through the learner's own rollout engine and codec, and the answers
+//! are scored on their full rubrics by two judges, the training judge and a *grader* (usually a
+//! stronger one). A training judge whose score keeps rising while the grader's falls is the sign
+//! of reward hacking that only a second judge shows. The trainer writes each result as a
+//! `kind = "eval"` line of `metrics.jsonl` and keeps the checkpoint the grader scores best.
+//!
+//! Scores are the reward mode's criterion mean (three-state: in [-1, 1]; binary: the share met)
+//! with no length penalty and no rubric dropout. A judge that fails never stops training: its
+//! fields say how many responses went unscored and why.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use conrub_eval::{bootstrap_std_clipped, EvalExample};
+use conrub_judge::{CriterionJudge, CriterionRequest, CriterionVerdict};
+use conrub_kernels::GrpoOps;
+use conrub_rollout::{Decoding, FinishReason};
+use conrub_rubric::{score_labels, LengthPenalty, ScoringMode};
+use serde::{Deserialize, Serialize};
+
+use crate::advantages::stable_seed;
+use crate::error::{GrpoError, Result};
+use crate::learner::Learner;
+use crate::policy::Policy;
+
+/// How validation answers are decoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValidationDecoding {
+    /// The most likely token each step (one sample per prompt is enough).
+    #[default]
+    Greedy,
+    /// The training sampler's settings (`learner.temperature`, `top_p`, `top_k`), seeded by the
+    /// run seed and the step.
+    Sampled,
+}
+
+/// The `[eval]` table of a run config, less its `grader` judge (read like `[judge]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidationConfig {
+    /// Validate after every this many steps (and never at step 0).
+    pub every: u64,
+    /// Held-out prompts: our rubric JSONL or HealthBench rows (relative to the config file).
+    pub data: PathBuf,
+    /// Responses per prompt.
+    #[serde(default = "one")]
+    pub samples: usize,
+    /// Greedy or sampled.
+    #[serde(default)]
+    pub decoding: ValidationDecoding,
+    /// Longest answer in tokens (default: `learner.max_response_tokens`).
+    #[serde(default)]
+    pub max_new_tokens: Option<usize>,
+    /// Validate on the first N prompts only.
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// Bootstrap resamples of each score's standard deviation.
+    #[serde(default = "thousand")]
+    pub bootstrap_resamples: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn thousand() -> usize {
+    1000
+}
+
+impl ValidationConfig {
+    /// Range checks; errors name the key under `eval.`.
+    pub fn validate(&self) -> Result<()> {
+        if self.every == 0 {
+            return Err(GrpoError::config("eval.every", "must be at least 1"));
+        }
+        if self.samples == 0 {
+            return Err(GrpoError::config("eval.samples", "must be at least 1"));
+        }
+        if self.max_new_tokens == Some(0) {
+            return Err(GrpoError::config(
+                "eval.max_new_tokens",
+                "must be at least 1",
+            ));
+        }
+        if self.limit == Some(0) {
+            return Err(GrpoError::config("eval.limit", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// One judge's view of a validation round.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JudgeScore {
+    /// The judge's id.
+    pub judge: String,
+    /// Mean score over the scored responses; `None` when none was scored.
+    pub score: Option<f64>,
+    /// Bootstrap standard deviation of `score`.
+    pub score_std: Option<f64>,
+    /// Responses scored.
+    pub scored: usize,
+    /// Responses the judge left unscored (failed calls, wrong label counts).
+    pub unscored: usize,
+    /// Share of each label over the scored responses' criteria.
+    pub labels: BTreeMap<String, f64>,
+    /// Why responses went unscored (the first error), when any did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A `kind = "eval"` line of `metrics.jsonl`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ValidationLine {
+    /// Training steps completed when the policy was validated.
+    pub step: u64,
+    /// Held-out prompts answered.
+    pub prompts: usize,
+    /// Responses generated (`prompts × samples`).
+    pub responses: usize,
+    /// `greedy` or `sampled`.
+    pub decoding: ValidationDecoding,
+    /// Mean response length in tokens.
+    pub response_len_mean: f64,
+    /// Responses cut at the length limit.
+    pub truncated: usize,
+    /// The training judge's scores.
+    pub training: JudgeScore,
+    /// The grader's scores.
+    pub grader: JudgeScore,
+    /// Seconds generating.
+    pub generate_secs: f64,
+    /// Seconds judging (both judges, concurrently).
+    pub judge_secs: f64,
+}
+
+/// Validates a learner's policy on held-out prompts with two judges.
+pub struct Validator {
+    /// The settings.
+    pub cfg: ValidationConfig,
+    /// The held-out prompts with their rubrics (`cfg.limit` already applied).
+    pub examples: Vec<EvalExample>,
+    /// The label set both judges grade with (the run's reward mode).
+    pub mode: ScoringMode,
+    /// The training judge.
+    pub training: Arc<dyn CriterionJudge>,
+    /// The grader.
+    pub grader: Arc<dyn CriterionJudge>,
+    /// The run seed (sampled decoding and the bootstrap).
+    pub seed: u64,
+}
+
+impl Validator {
+    /// True when the policy is validated after `steps_done` steps.
+    pub fn due(&self, steps_done: u64) -> bool {
+        steps_done > 0 && steps_done.is_multiple_of(self.cfg.every)
+    }
+
+    /// Generates with `learner`'s current policy and scores the answers with both judges.
+    pub async fn validate<B, P>(&self, learner: &Learner<B, P>) -> Result<ValidationLine>
+    where
+        B: AutodiffBackend + GrpoOps,
+        P: Policy<B> + AutodiffModule<B>,
+        P::InnerModule: Policy<B::InnerBackend>,
+    {
+        let step = learner.steps_done();
+        let started = Instant::now();
+        let prompts: Vec<_> = self.examples.iter().map(|e| e.prompt.clone()).collect();
+        let max_new = self
+            .cfg
+            .max_new_tokens
+            .unwrap_or(learner.config().max_response_tokens);
+        let seed = stable_seed(self.seed, &format!("eval/{step}"));
+        let mut sampling = learner.config().sampling(seed, learner.stop_ids());
+        sampling.max_new_tokens = max_new;
+        if self.cfg.decoding == ValidationDecoding::Greedy {
+            sampling.decoding = Decoding::Greedy;
+        }
+        let answers = learner.generate(&prompts, self.cfg.samples, &sampling)?;
+        let generate_secs = started.elapsed().as_secs_f64();
+        let requests: Vec<CriterionRequest> = answers
+            .iter()
+            .enumerate()
+            .map(|(row, a)| {
+                let ex = &self.examples[row / self.cfg.samples];
+                CriterionRequest {
+                    question: conrub_rubric::record::messages_text(&ex.prompt),
+                    response: a.text.clone(),
+                    criteria: ex.criteria.clone(),
+                    mode: self.mode,
+                }
+            })
+            .collect();
+        let judged = Instant::now();
+        let (training, grader) = futures::join!(
+            self.training.judge_batch(&requests),
+            self.grader.judge_batch(&requests)
+        );
+        let judge_secs = judged.elapsed().as_secs_f64();
+        let n = answers.len();
+        Ok(ValidationLine {
+            step,
+            prompts: self.examples.len(),
+            responses: n,
+            decoding: self.cfg.decoding,
+            response_len_mean: answers.iter().map(|a| a.tokens).sum::<usize>() as f64
+                / n.max(1) as f64,
+            truncated: answers.iter().filter(|a| a.truncated).count(),
+            training: self.judge_score(self.training.id(), &requests, &training, step),
+            grader: self.judge_score(self.grader.id(), &requests, &grader, step),
+            generate_secs,
+            judge_secs,
+        })
+    }
+
+    /// One judge's scores of the round's responses.
+    fn judge_score(
+        &self,
+        judge: String,
+        requests: &[CriterionRequest],
+        verdicts: &[CriterionVerdict],
+        step: u64,
+    ) -> JudgeScore {
+        let mut out = JudgeScore {
+            judge,
+            ..Default::default()
+        };
+        let mut scores = Vec::new();
+        let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+        let none = LengthPenalty::disabled();
+        for (r, v) in requests.iter().zip(verdicts) {
+            let scored = v.labels.as_ref().map(|labels| {
+                score_labels(labels, r.criteria.len(), self.mode, 0, &none)
+                    .map(|s| (labels, s.criteria_mean))
+                    .map_err(|e| e.to_string())
+            });
+            match scored {
+                Some(Ok((labels, s))) => {
+                    scores.push(s);
+                    for l in labels {
+                        *counts.entry(l.as_str()).or_default() += 1;
+                    }
+                }
+                Some(Err(e)) => {
+                    out.unscored += 1;
+                    out.error.get_or_insert(e);
+                }
+                None => {
+                    out.unscored += 1;
+                    let e = v.error.clone().unwrap_or_else(|| "no labels".into());
+                    out.error.get_or_insert(e);
+                }
+            }
+        }
+        out.scored = scores.len();
+        let total: usize = counts.values().sum();
+        out.labels = counts
+            .into_iter()
+            .map(|(l, c)| (l.to_string(), c as f64 / total.max(1) as f64))
+            .collect();
+        if !scores.is_empty() {
+            let range = match self.mode {
+                ScoringMode::Binary => (0.0, 1.0),
+                _ => (-1.0, 1.0),
+            };
+            let resamples = self.cfg.bootstrap_resamples;
+            let seed = stable_seed(self.seed, &format!("eval-bootstrap/{step}"));
+            out.score = Some(scores.iter().sum::<f64>() / scores.len() as f64);
+            out.score_std = Some(bootstrap_std_clipped(&scores, resamples, seed, range));
+        }
+        out
+    }
+}
+
+/// One generated answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The decoded text.
+    pub text: String,
+    /// Tokens generated.
+    pub tokens: usize,
+    /// Cut at the length limit.
+    pub truncated: bool,
+}
+
+impl Answer {
+    pub(crate) fn new(text: String, tokens: usize, finish: FinishReason) -> Self {
+        Self {
+            text,
+            tokens,
+            truncated: finish == FinishReason::Length,
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! The pooling setting of a probe (a config key, so it exists in every build).
+
+use serde::{Deserialize, Serialize};
+
+/// How one row's hidden states over its criterion suffix become one vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooling {
+    /// The state at the last prompt token, where the model would start its answer.
+    Last,
+    /// The mean over every suffix token (criterion, label definitions, answer cue).
+    Mean,
+}
+
+impl Pooling {
+    /// Every pooling, in sweep order.
+    pub const ALL: [Pooling; 2] = [Pooling::Last, Pooling::Mean];
+
+    /// The name used in files and flags.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooling::Last => "last",
+            Pooling::Mean => "mean",
+        }
+    }
+}
+
+impl std::str::FromStr for Pooling {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Pooling::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("`{s}` is not a pooling (last, mean)"))
+    }
+}
