@@ -5,9 +5,13 @@
 #   CUDARC_CUDA_VERSION=13000 cargo build --release --features cuda
 # Carry target/release/conrub and this script to the GPU machine, then:
 #   scripts/gpu-check.sh [path/to/conrub] [cuda device index]
-# It prints one table: parity of the fused ops on CUDA against the CPU fallback (values and
-# gradients at the full 151,936 vocabulary), parity of the fused causal attention against the
-# naive graph on the GPU (out, dq, dk, dv; GQA 16/8, head_dim 128, 300 queries, padded keys; f32
+# It prints one table: whether the device's f32 matmuls run in TF32 (burn 0.21's CUDA matmuls do on
+# an H200: cubek-matmul stages f32 operands as TF32 on tensor cores; the first H200 run measured
+# 4.5e-5 on log-probs and 1.1e-3 on their gradients against the CPU's f32), parity of the fused
+# ops on CUDA against true-f32 references (the log-prob rows against the textbook graph on the
+# same device when its matmuls are TF32, with the TF32 cost against the CPU printed beside; values
+# and gradients at the full 151,936 vocabulary), parity of the fused causal attention against the
+# textbook graph on the CPU (out, dq, dk, dv; GQA 16/8, head_dim 128, 300 queries, padded keys; f32
 # and bf16), parity and timing of the paged decode attention kernel against its gather fallback
 # (Qwen3-4B heads 32/8 x 128, 64 rows of up to 2,048 keys in an interleaved pool; f32 and bf16),
 # then fused vs naive timings of token_logprobs (4,096 x 151,936 x 1,024), of the
@@ -16,7 +20,15 @@
 # (bf16-mixed, fused attention, per-layer activation checkpointing, AdamW), and one rollout of the
 # paged engine at Qwen3-0.6B shape (64 rows = 8 prompts x 8, 256-token prompts, 1,024 new tokens,
 # bf16-mixed: tokens/s, prefills, KV blocks, preemptions), then the data-parallel gradient
-# all-reduce (NCCL vs host) on every GPU. It exits non-zero when parity fails.
+# all-reduce (NCCL vs host) on every GPU. It exits non-zero when parity fails (after the rest).
+#
+# On the lent H200 (CUDA 13.0 image): libnvrtc and libnccl live in the image's Python wheels; put
+# their directories on LD_LIBRARY_PATH, never the toolkit's `stubs` directory (its libcuda stub
+# fails the first call with CUDA_ERROR_STUB_LIBRARY). The first H200 run (2026-12-04) also found
+# that the demo's first rollout spent over a minute compiling ~300 kernels with NVRTC (114 of them
+# matmul autotune candidates, for each new shape bucket) with the GPU idle (`nvidia-dmon`: 0% SM);
+# the two demo steps below did not finish in 150 s. A lever to try next: CUBECL_AUTOTUNE_LEVEL=minimal
+# (coarser shape buckets: anchors at powers of 2.5 instead of 2, so fewer buckets tune).
 set -euo pipefail
 BIN="${1:-./target/release/conrub}"
 DEV="${2:-0}"
@@ -24,11 +36,18 @@ if [[ ! -x "$BIN" ]]; then
   echo "gpu-check: no executable at $BIN (build it with --features cuda and pass its path)" >&2
   exit 2
 fi
+if [[ -z "${CONRUB_KEEP_LD_PATH:-}" ]]; then
+  LIBS=$(find /usr/local /opt -name 'libnvrtc.so*' -o -name 'libnccl.so*' 2>/dev/null \
+    | grep -v stubs | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+  export LD_LIBRARY_PATH="${LIBS}${LD_LIBRARY_PATH:-}"
+fi
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 fi
 echo "== f32 kernels on cuda:$DEV"
-"$BIN" kernels-check --device "cuda:$DEV" --iters "${ITERS:-5}"
+# A failed parity goes on to the other checks (device time is short); the script's status says it.
+status=0
+"$BIN" kernels-check --device "cuda:$DEV" --iters "${ITERS:-5}" || status=$?
 
 # The learner pipeline on the GPU: two demo steps (rollout, lexical rewards, the device-resident
 # train batch, updates with global clipping). Run from the repository root (it reads configs/ and
@@ -54,3 +73,4 @@ if [[ "$NGPU" -ge 2 ]]; then
     --set run.max_steps=2 --set warmup.steps=2 --set "run.output_dir=\"$DP_DIR\""
   grep '"kind":"step"' "$DP_DIR/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"allreduce_bytes":([0-9]+),"allreduce_secs":([0-9.e-]+).*/step \1: all-reduce \2 bytes in \3 s/'
 fi
+exit "$status"
