@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use conrub_kernels::GrpoOps;
 use conrub_rubric::Label;
 use serde::Serialize;
+use sha2::Digest;
 
 use crate::cache::{CacheKey, JudgeCache};
 use crate::error::{JudgeError, Result};
@@ -217,8 +218,6 @@ pub struct FeatureSpecFilter {
     /// Expected pooling.
     pub pooling: Option<crate::probe::Pooling>,
 }
-
-use sha2::Digest;
 
 #[async_trait]
 impl<B: GrpoOps> CriterionJudge for ProbeJudge<B> {
