@@ -38,7 +38,7 @@ if [[ ! -x "$BIN" ]]; then
 fi
 if [[ -z "${CONRUB_KEEP_LD_PATH:-}" ]]; then
   LIBS=$(find /usr/local /opt -name 'libnvrtc.so*' -o -name 'libnccl.so*' 2>/dev/null \
-    | grep -v stubs | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+    | grep -v stubs | xargs -r -n1 dirname | sort -u | tr '\n' ':' || true)
   export LD_LIBRARY_PATH="${LIBS}${LD_LIBRARY_PATH:-}"
 fi
 if command -v nvidia-smi >/dev/null; then

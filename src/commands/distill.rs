@@ -41,7 +41,7 @@ pub struct DistillArgs {
     /// Output directory: probe.safetensors, report.json and the feature store.
     #[arg(long)]
     pub out: PathBuf,
-    /// Feature layer (0 = embeddings, N = after the final norm); default: sweep.
+    /// Feature layer (1..=N decoder layers; N = after the final norm); default: sweep.
     #[arg(long)]
     pub layer: Option<usize>,
     /// Feature pooling: last or mean; default: sweep.
