@@ -44,6 +44,23 @@ fi
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 fi
+# What each kernel should use here, compiled offline for sm_90 by `conrub kernels-compile` (CI
+# checks it on every change; README "Compiled for an H200 without a GPU" has the 48-row table):
+#   kernel (head_dim 128)      regs  spill B  stack B  shared B  blocks/SM  occupancy
+#   row_stats / logits_grad    22-30      0        0    0-3072          8       100%
+#   surrogate fwd / bwd        24-40      0        0    0-4096        6-8    75-100%
+#   attention_forward f32/bf16 255/166 104/0  296/1216    48316          4      12.5%
+#   attention_dq               168-176  0-16    ~1540     48316          4      12.5%
+#   attention_dkdv             255   108-164    ~2200     48504          4      12.5%
+#   paged_decode               32       0-8      0-8      33792          6      18.8%
+# With a toolkit on this machine (ptxas, NVRTC and the headers under one folder), the same table
+# from this machine's compiler; a difference from the list above is worth reading.
+CUDA_HOME_GUESS="${CUDA_HOME:-/usr/local/cuda}"
+if [[ -x "$CUDA_HOME_GUESS/bin/ptxas" ]]; then
+  echo "== kernels compiled for sm_90 with $CUDA_HOME_GUESS"
+  "$BIN" kernels-compile --arch sm_90 --tools "$CUDA_HOME_GUESS" \
+    --known-spills kernels/known-spills.json || echo "gpu-check: kernels-compile failed (above)"
+fi
 echo "== f32 kernels on cuda:$DEV"
 # A failed parity goes on to the other checks (device time is short); the script's status says it.
 status=0

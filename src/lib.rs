@@ -48,8 +48,11 @@ enum Command {
     /// Evaluate a model on benchmarks.
     #[command(subcommand)]
     Eval(commands::eval::EvalCommand),
-    /// Check the fused GRPO kernels on a device against the CPU fallback and time them.
+    /// Check the fused GRPO kernels on a device against true-f32 references and time them.
     KernelsCheck(commands::kernels::KernelsArgs),
+    /// Compile every CubeCL kernel for an NVIDIA architecture without a GPU (NVRTC, ptxas) and
+    /// report registers, spills, shared memory and occupancy.
+    KernelsCompile(commands::kernels_compile::KernelsCompileArgs),
     /// Check and time the data-parallel gradient all-reduce between devices (NCCL on CUDA)
     /// against the host sum.
     AllreduceCheck(commands::allreduce::AllreduceArgs),
@@ -71,6 +74,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plan(args) => commands::plan::run(args),
         Command::Eval(cmd) => commands::eval::run(cmd),
         Command::KernelsCheck(args) => commands::kernels::run(args),
+        Command::KernelsCompile(args) => commands::kernels_compile::run(args),
         Command::AllreduceCheck(args) => commands::allreduce::run(args),
         Command::Plot(args) => commands::plot::run(args),
     }

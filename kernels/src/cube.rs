@@ -8,6 +8,7 @@ use burn::tensor::{Shape, TensorMetadata};
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::ir::HardwareProperties;
 use cubecl::prelude::*;
 
 use crate::{AttentionLayout, AttentionOps, Clip, DecodeOps, LossOps, PagedLayout, Reduce};
@@ -35,7 +36,9 @@ fn row_stats_kernel<F: Float, I: Numeric>(
     let base = row * logits.stride(0);
     let cs = logits.stride(1);
     let one = F::new(1.0);
-    let mut m = F::new(-1.0e30);
+    // The dtype's lowest finite value: -1e30 overflows f16 (CubeCL then prints `-inf`, which
+    // NVRTC rejects; `conrub kernels-compile` found it).
+    let mut m = F::min_value();
     let mut s = F::new(0.0);
     let mut t = F::new(0.0);
     let mut v = unit;
@@ -79,7 +82,7 @@ fn row_stats_kernel<F: Float, I: Numeric>(
         let l = sm[0] + ss[0].ln();
         let tgt = u32::cast_from(targets[row * targets.stride(0)]) as usize;
         // An out-of-range target cannot be read; it gets a log-probability no real token has.
-        let mut lp = F::new(-1.0e30);
+        let mut lp = F::min_value();
         if tgt < vocab {
             lp = logits[base + tgt * cs] - l;
         }
@@ -236,10 +239,10 @@ fn empty_like<R: CubeRuntime>(t: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> 
     empty_device_dtype::<R>(t.client.clone(), t.device.clone(), shape, t.dtype)
 }
 
-fn row_block<R: CubeRuntime>(t: &CubeTensor<R>) -> u32 {
-    let hw = t.client.properties().hardware.max_cube_dim.0;
+/// Threads per cube of the row kernels on a device: [`ROW_BLOCK`], halved until it fits.
+pub(crate) fn row_block(hw: &HardwareProperties) -> u32 {
     let mut b = ROW_BLOCK;
-    while b > hw {
+    while b > hw.max_cube_dim.0 || b > hw.max_units_per_cube {
         b /= 2;
     }
     b
@@ -250,6 +253,95 @@ fn elementwise_grid(cols: usize, rows: usize, block: u32) -> (CubeCount, CubeDim
         CubeCount::Static((cols as u32).div_ceil(block), rows as u32, 1),
         CubeDim::new_1d(block),
     )
+}
+
+/// Launches [`row_stats_kernel`] over `rows` logit rows: `[logits, targets, logp, entropy,
+/// lse]`, dtypes `[float, int]`. The backend and the offline CUDA compile both launch here.
+pub(crate) fn launch_row_stats<R: Runtime>(
+    client: &ComputeClient<R>,
+    rows: usize,
+    [logits, targets, logp, entropy, lse]: [TensorArg<R>; 5],
+    dtypes: [StorageType; 2],
+) {
+    let block = row_block(&client.properties().hardware);
+    row_stats_kernel::launch::<R>(
+        client,
+        CubeCount::Static(rows as u32, 1, 1),
+        CubeDim::new_1d(block),
+        logits,
+        targets,
+        logp,
+        entropy,
+        lse,
+        block,
+        dtypes,
+    );
+}
+
+/// Launches [`logits_grad_kernel`] over `[rows, vocab]`: `[logits, targets, lse, grad, out]`.
+pub(crate) fn launch_logits_grad<R: Runtime>(
+    client: &ComputeClient<R>,
+    [rows, vocab]: [usize; 2],
+    [logits, targets, lse, grad, out]: [TensorArg<R>; 5],
+    dtypes: [StorageType; 2],
+) {
+    let (count, dim) = elementwise_grid(vocab, rows, row_block(&client.properties().hardware));
+    logits_grad_kernel::launch::<R>(client, count, dim, logits, targets, lse, grad, out, dtypes);
+}
+
+/// Launches [`surrogate_forward_kernel`] over `rows` responses: `[logp, logp_old, adv, mask,
+/// loss, low, high]`.
+pub(crate) fn launch_surrogate_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    rows: usize,
+    [logp, logp_old, adv, mask, loss, low, high]: [TensorArg<R>; 7],
+    (clip, reduce): (Clip, Reduce),
+    dtype: StorageType,
+) {
+    let block = row_block(&client.properties().hardware);
+    surrogate_forward_kernel::launch::<R>(
+        client,
+        CubeCount::Static(rows as u32, 1, 1),
+        CubeDim::new_1d(block),
+        logp,
+        logp_old,
+        adv,
+        mask,
+        loss,
+        low,
+        high,
+        clip.low as f32,
+        clip.high as f32,
+        (reduce == Reduce::MeanPerResponse) as u32,
+        block,
+        dtype,
+    );
+}
+
+/// Launches [`surrogate_backward_kernel`] over `[rows, len]`: `[logp, logp_old, adv, mask,
+/// scale, out]`.
+pub(crate) fn launch_surrogate_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    [rows, len]: [usize; 2],
+    [logp, logp_old, adv, mask, scale, out]: [TensorArg<R>; 6],
+    clip: Clip,
+    dtype: StorageType,
+) {
+    let (count, dim) = elementwise_grid(len, rows, row_block(&client.properties().hardware));
+    surrogate_backward_kernel::launch::<R>(
+        client,
+        count,
+        dim,
+        logp,
+        logp_old,
+        adv,
+        mask,
+        scale,
+        out,
+        clip.low as f32,
+        clip.high as f32,
+        dtype,
+    );
 }
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LossOps
@@ -265,21 +357,16 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LossOps
     ) -> [FloatTensor<Self>; 3] {
         let rows = logits.shape().dims::<2>()[0];
         let outs = [(); 3].map(|_| empty_like(&logits, Shape::new([rows])));
-        let block = row_block(&logits);
         let dtypes = [logits.dtype.into(), targets.dtype.into()];
         let client = logits.client.clone();
-        row_stats_kernel::launch::<R>(
-            &client,
-            CubeCount::Static(rows as u32, 1, 1),
-            CubeDim::new_1d(block),
+        let args = [
             logits.into_tensor_arg(),
             targets.into_tensor_arg(),
             outs[0].clone().into_tensor_arg(),
             outs[1].clone().into_tensor_arg(),
             outs[2].clone().into_tensor_arg(),
-            block,
-            dtypes,
-        );
+        ];
+        launch_row_stats(&client, rows, args, dtypes);
         outs
     }
 
@@ -289,22 +376,18 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LossOps
         lse: FloatTensor<Self>,
         grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let [rows, vocab] = logits.shape().dims::<2>();
-        let out = empty_like(&logits, Shape::new([rows, vocab]));
-        let (count, dim) = elementwise_grid(vocab, rows, row_block(&logits));
+        let dims = logits.shape().dims::<2>();
+        let out = empty_like(&logits, Shape::new(dims));
         let dtypes = [logits.dtype.into(), targets.dtype.into()];
         let client = logits.client.clone();
-        logits_grad_kernel::launch::<R>(
-            &client,
-            count,
-            dim,
+        let args = [
             logits.into_tensor_arg(),
             targets.into_tensor_arg(),
             lse.into_tensor_arg(),
             grad.into_tensor_arg(),
             out.clone().into_tensor_arg(),
-            dtypes,
-        );
+        ];
+        launch_logits_grad(&client, dims, args, dtypes);
         out
     }
 
@@ -318,13 +401,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LossOps
     ) -> [FloatTensor<Self>; 3] {
         let rows = logp.shape().dims::<2>()[0];
         let outs = [(); 3].map(|_| empty_like(&logp, Shape::new([rows])));
-        let block = row_block(&logp);
         let dtype = logp.dtype.into();
         let client = logp.client.clone();
-        surrogate_forward_kernel::launch::<R>(
-            &client,
-            CubeCount::Static(rows as u32, 1, 1),
-            CubeDim::new_1d(block),
+        let args = [
             logp.into_tensor_arg(),
             logp_old.into_tensor_arg(),
             advantages.into_tensor_arg(),
@@ -332,12 +411,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LossOps
             outs[0].clone().into_tensor_arg(),
             outs[1].clone().into_tensor_arg(),
             outs[2].clone().into_tensor_arg(),
-            clip.low as f32,
-            clip.high as f32,
-            (reduce == Reduce::MeanPerResponse) as u32,
-            block,
-            dtype,
-        );
+        ];
+        launch_surrogate_forward(&client, rows, args, (clip, reduce), dtype);
         outs
     }
 
@@ -349,25 +424,19 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LossOps
         clip: Clip,
         scale: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let [rows, len] = logp.shape().dims::<2>();
-        let out = empty_like(&logp, Shape::new([rows, len]));
-        let (count, dim) = elementwise_grid(len, rows, row_block(&logp));
+        let dims = logp.shape().dims::<2>();
+        let out = empty_like(&logp, Shape::new(dims));
         let dtype = logp.dtype.into();
         let client = logp.client.clone();
-        surrogate_backward_kernel::launch::<R>(
-            &client,
-            count,
-            dim,
+        let args = [
             logp.into_tensor_arg(),
             logp_old.into_tensor_arg(),
             advantages.into_tensor_arg(),
             mask.into_tensor_arg(),
             scale.into_tensor_arg(),
             out.clone().into_tensor_arg(),
-            clip.low as f32,
-            clip.high as f32,
-            dtype,
-        );
+        ];
+        launch_surrogate_backward(&client, dims, args, clip, dtype);
         out
     }
 }

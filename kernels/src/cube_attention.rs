@@ -40,6 +40,7 @@ use burn_cubecl::kernel::cast;
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
+use cubecl::ir::HardwareProperties;
 use cubecl::prelude::*;
 
 use crate::AttentionLayout;
@@ -536,11 +537,9 @@ fn attention_dkdv_kernel<F: Float>(
     }
 }
 
-/// Units per cube and tile rows for `head_dim` on this device: shared memory holds two
+/// Units per cube and tile rows for `head_dim` on a device: shared memory holds two
 /// `tile x head_dim` f32 tiles and two `tile` f32 vectors.
-fn geometry<R: CubeRuntime>(t: &CubeTensor<R>, head_dim: usize) -> (usize, usize) {
-    let props = t.client.properties();
-    let hw = &props.hardware;
+pub(crate) fn geometry(hw: &HardwareProperties, head_dim: usize) -> (usize, usize) {
     let mut rows = ROWS_PER_CUBE;
     while rows > 1 && (rows as u32 > hw.max_cube_dim.0 || rows as u32 > hw.max_units_per_cube) {
         rows /= 2;
@@ -572,13 +571,15 @@ fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> Cu
     empty_device_dtype::<R>(like.client.clone(), like.device.clone(), shape, dtype)
 }
 
-struct Dims {
-    b: usize,
-    heads: usize,
-    kv_heads: usize,
-    t: usize,
-    s: usize,
-    d: usize,
+/// The sizes of one attention call: batch, query and key/value heads, queries, keys, head
+/// dimension.
+pub(crate) struct Dims {
+    pub(crate) b: usize,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) t: usize,
+    pub(crate) s: usize,
+    pub(crate) d: usize,
 }
 
 fn dims<R: CubeRuntime>(
@@ -633,7 +634,8 @@ pub(crate) fn forward<R: CubeRuntime>(
     key_valid: CubeTensor<R>,
     layout: AttentionLayout,
 ) -> [CubeTensor<R>; 2] {
-    let Dims { b, heads, t, d, .. } = dims(&q, &k, &v, &key_valid, layout);
+    let dims = dims(&q, &k, &v, &key_valid, layout);
+    let Dims { b, heads, t, d, .. } = dims;
     let dtype = q.dtype;
     let (k, v, key_valid) = (
         to_dtype(k, dtype),
@@ -645,26 +647,16 @@ pub(crate) fn forward<R: CubeRuntime>(
     if b * heads * t == 0 {
         return [out, lse];
     }
-    let (rows, tile) = geometry(&q, d);
     let client = q.client.clone();
-    attention_forward_kernel::launch::<R>(
-        &client,
-        CubeCount::Static(t.div_ceil(rows) as u32, heads as u32, b as u32),
-        CubeDim::new_1d(rows as u32),
+    let args = [
         q.into_tensor_arg(),
         k.into_tensor_arg(),
         v.into_tensor_arg(),
         key_valid.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         lse.clone().into_tensor_arg(),
-        layout.past as u32,
-        layout.scale as f32,
-        d,
-        rows,
-        tile,
-        unroll_factor(d),
-        dtype.into(),
-    );
+    ];
+    launch_forward(&client, &dims, layout, dtype.into(), args);
     [out, lse]
 }
 
@@ -680,6 +672,7 @@ pub(crate) fn backward<R: CubeRuntime>(
     d_out: CubeTensor<R>,
     layout: AttentionLayout,
 ) -> [CubeTensor<R>; 3] {
+    let dims = dims(&q, &k, &v, &key_valid, layout);
     let Dims {
         b,
         heads,
@@ -687,7 +680,7 @@ pub(crate) fn backward<R: CubeRuntime>(
         t,
         s,
         d,
-    } = dims(&q, &k, &v, &key_valid, layout);
+    } = dims;
     assert_eq!(
         out.shape().dims::<4>(),
         [b, heads, t, d],
@@ -712,13 +705,10 @@ pub(crate) fn backward<R: CubeRuntime>(
     let dk = empty(&q, Shape::new([b, kv_heads, s, d]), dtype);
     let dv = empty(&q, Shape::new([b, kv_heads, s, d]), dtype);
     let delta = empty(&q, Shape::new([b, heads, t]), DType::F32);
-    let (rows, tile) = geometry(&q, d);
     let client = q.client.clone();
+    let dtype = dtype.into();
     if b * heads * t > 0 {
-        attention_dq_kernel::launch::<R>(
-            &client,
-            CubeCount::Static(t.div_ceil(rows) as u32, heads as u32, b as u32),
-            CubeDim::new_1d(rows as u32),
+        let args = [
             q.clone().into_tensor_arg(),
             k.clone().into_tensor_arg(),
             v.clone().into_tensor_arg(),
@@ -728,20 +718,11 @@ pub(crate) fn backward<R: CubeRuntime>(
             d_out.clone().into_tensor_arg(),
             dq.clone().into_tensor_arg(),
             delta.clone().into_tensor_arg(),
-            layout.past as u32,
-            layout.scale as f32,
-            d,
-            rows,
-            tile,
-            unroll_factor(d),
-            dtype.into(),
-        );
+        ];
+        launch_dq(&client, &dims, layout, dtype, args);
     }
     if b * kv_heads * s > 0 {
-        attention_dkdv_kernel::launch::<R>(
-            &client,
-            CubeCount::Static(s.div_ceil(rows) as u32, kv_heads as u32, b as u32),
-            CubeDim::new_1d(rows as u32),
+        let args = [
             q.into_tensor_arg(),
             k.into_tensor_arg(),
             v.into_tensor_arg(),
@@ -751,14 +732,114 @@ pub(crate) fn backward<R: CubeRuntime>(
             d_out.into_tensor_arg(),
             dk.clone().into_tensor_arg(),
             dv.clone().into_tensor_arg(),
-            layout.past as u32,
-            layout.scale as f32,
-            d,
-            rows,
-            tile,
-            unroll_factor(d),
-            dtype.into(),
-        );
+        ];
+        launch_dkdv(&client, &dims, layout, dtype, args);
     }
     [dq, to_dtype(dk, k_dtype), to_dtype(dv, v_dtype)]
+}
+
+/// Launches [`attention_forward_kernel`]: `[q, k, v, key_valid, out, lse]` (`dims.kv_heads` and
+/// `dims.s` unused). The backend and the offline CUDA compile both launch here.
+pub(crate) fn launch_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    dims: &Dims,
+    layout: AttentionLayout,
+    dtype: StorageType,
+    [q, k, v, key_valid, out, lse]: [TensorArg<R>; 6],
+) {
+    let (rows, tile) = geometry(&client.properties().hardware, dims.d);
+    attention_forward_kernel::launch::<R>(
+        client,
+        CubeCount::Static(
+            dims.t.div_ceil(rows) as u32,
+            dims.heads as u32,
+            dims.b as u32,
+        ),
+        CubeDim::new_1d(rows as u32),
+        q,
+        k,
+        v,
+        key_valid,
+        out,
+        lse,
+        layout.past as u32,
+        layout.scale as f32,
+        dims.d,
+        rows,
+        tile,
+        unroll_factor(dims.d),
+        dtype,
+    );
+}
+
+/// Launches [`attention_dq_kernel`]: `[q, k, v, key_valid, out, lse, d_out, dq, delta]`.
+pub(crate) fn launch_dq<R: Runtime>(
+    client: &ComputeClient<R>,
+    dims: &Dims,
+    layout: AttentionLayout,
+    dtype: StorageType,
+    [q, k, v, key_valid, out, lse, d_out, dq, delta]: [TensorArg<R>; 9],
+) {
+    let (rows, tile) = geometry(&client.properties().hardware, dims.d);
+    attention_dq_kernel::launch::<R>(
+        client,
+        CubeCount::Static(
+            dims.t.div_ceil(rows) as u32,
+            dims.heads as u32,
+            dims.b as u32,
+        ),
+        CubeDim::new_1d(rows as u32),
+        q,
+        k,
+        v,
+        key_valid,
+        out,
+        lse,
+        d_out,
+        dq,
+        delta,
+        layout.past as u32,
+        layout.scale as f32,
+        dims.d,
+        rows,
+        tile,
+        unroll_factor(dims.d),
+        dtype,
+    );
+}
+
+/// Launches [`attention_dkdv_kernel`]: `[q, k, v, key_valid, lse, delta, d_out, dk, dv]`.
+pub(crate) fn launch_dkdv<R: Runtime>(
+    client: &ComputeClient<R>,
+    dims: &Dims,
+    layout: AttentionLayout,
+    dtype: StorageType,
+    [q, k, v, key_valid, lse, delta, d_out, dk, dv]: [TensorArg<R>; 9],
+) {
+    let (rows, tile) = geometry(&client.properties().hardware, dims.d);
+    attention_dkdv_kernel::launch::<R>(
+        client,
+        CubeCount::Static(
+            dims.s.div_ceil(rows) as u32,
+            dims.kv_heads as u32,
+            dims.b as u32,
+        ),
+        CubeDim::new_1d(rows as u32),
+        q,
+        k,
+        v,
+        key_valid,
+        lse,
+        delta,
+        d_out,
+        dk,
+        dv,
+        layout.past as u32,
+        layout.scale as f32,
+        dims.d,
+        rows,
+        tile,
+        unroll_factor(dims.d),
+        dtype,
+    );
 }

@@ -26,6 +26,7 @@ use burn::tensor::{Shape, TensorMetadata};
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
+use cubecl::ir::HardwareProperties;
 use cubecl::prelude::*;
 
 use crate::cube_attention::{to_dtype, unroll_factor, MAX_HEAD_DIM, MAX_SHARED_BYTES};
@@ -184,9 +185,8 @@ fn paged_decode_kernel<F: Float, I: Numeric>(
     }
 }
 
-/// Units per cube and keys per tile for `head_dim` on this device.
-fn geometry<R: CubeRuntime>(t: &CubeTensor<R>, head_dim: usize) -> (usize, usize) {
-    let hw = &t.client.properties().hardware;
+/// Units per cube and keys per tile for `head_dim` on a device.
+pub(crate) fn geometry(hw: &HardwareProperties, head_dim: usize) -> (usize, usize) {
     let mut units = UNITS;
     while units > 1 && (units as u32 > hw.max_cube_dim.0 || units as u32 > hw.max_units_per_cube) {
         units /= 2;
@@ -225,19 +225,40 @@ pub(crate) fn paged_decode<R: CubeRuntime>(
     if rows * heads == 0 {
         return out;
     }
-    let (units, tile) = geometry(&q, d);
     let dtypes = [dtype.into(), tables.dtype.into()];
     let client = q.client.clone();
-    paged_decode_kernel::launch::<R>(
-        &client,
-        CubeCount::Static(heads as u32, rows as u32, 1),
-        CubeDim::new_1d(units as u32),
+    let args = [
         q.into_tensor_arg(),
         k_pool.into_tensor_arg(),
         v_pool.into_tensor_arg(),
         tables.into_tensor_arg(),
         lens.into_tensor_arg(),
         out.clone().into_tensor_arg(),
+    ];
+    launch_paged_decode(&client, [rows, heads, d], layout, args, dtypes);
+    out
+}
+
+/// Launches [`paged_decode_kernel`] for `[rows, heads, head_dim]`: `[q, k_pool, v_pool, tables,
+/// lens, out]`, dtypes `[float, int]`. The backend and the offline CUDA compile both launch here.
+pub(crate) fn launch_paged_decode<R: Runtime>(
+    client: &ComputeClient<R>,
+    [rows, heads, d]: [usize; 3],
+    layout: PagedLayout,
+    [q, k_pool, v_pool, tables, lens, out]: [TensorArg<R>; 6],
+    dtypes: [StorageType; 2],
+) {
+    let (units, tile) = geometry(&client.properties().hardware, d);
+    paged_decode_kernel::launch::<R>(
+        client,
+        CubeCount::Static(heads as u32, rows as u32, 1),
+        CubeDim::new_1d(units as u32),
+        q,
+        k_pool,
+        v_pool,
+        tables,
+        lens,
+        out,
         layout.block_size as u32,
         layout.scale as f32,
         d,
@@ -246,5 +267,4 @@ pub(crate) fn paged_decode<R: CubeRuntime>(
         unroll_factor(d),
         dtypes,
     );
-    out
 }

@@ -41,6 +41,8 @@ pub mod fallback;
 mod fusion;
 #[cfg(feature = "cuda")]
 mod nccl;
+#[cfg(feature = "cuda-compile")]
+pub mod offline;
 #[cfg(feature = "cuda")]
 pub use nccl::NcclOps;
 pub mod kv;

@@ -1,5 +1,5 @@
-//! `conrub kernels check`: the fused GRPO ops on a device against the CPU fallback (values and
-//! gradients), then timings of both ops and of a Qwen3-0.6B-shaped forward/backward step, fused
+//! `conrub kernels-check`: the fused GRPO ops on a device against true-f32 references (values
+//! and gradients), then timings of both ops and of a Qwen3-0.6B-shaped forward/backward step, fused
 //! against naive, as one table. `scripts/gpu-check.sh` runs it on a machine with an NVIDIA GPU.
 
 use std::time::Instant;

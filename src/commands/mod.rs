@@ -7,6 +7,7 @@ pub mod generate;
 pub mod judge_pair;
 pub mod judging;
 pub mod kernels;
+pub mod kernels_compile;
 pub mod logprobs;
 pub mod plan;
 pub mod plot;

@@ -252,6 +252,10 @@ impl TrainConfig {
             conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
             other => key_error("learner", other.to_string()),
         })?;
+        self.run.validate().map_err(|e| match e {
+            conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
+            other => key_error("run", other.to_string()),
+        })?;
         self.rollout.validate().map_err(|(k, m)| key_error(&k, m))?;
         self.model.validate().map_err(|(k, m)| key_error(&k, m))?;
         self.reward

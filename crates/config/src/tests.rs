@@ -213,6 +213,11 @@ fn errors_name_the_file_and_the_key() {
     assert_eq!(e, "t.toml: rollout.urls: \"s:1\" is not an http(s) URL");
     let e = error_of(&format!("{random}[learner]\ntis_cap = 0.0\n"));
     assert_eq!(e, "t.toml: learner.tis_cap: must be a positive number");
+    let e = error_of(&format!("{random}[run]\nkeep_checkpoints = 0\n"));
+    assert_eq!(
+        e,
+        "t.toml: run.keep_checkpoints: must be at least 1 (unset keeps every checkpoint)"
+    );
     // A judge key of another kind names `judge.<key>` and both kinds.
     let e = error_of(&format!("{random}[judge]\nkind = \"lexical\"\nurls = []\n"));
     assert_eq!(

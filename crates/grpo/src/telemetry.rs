@@ -158,6 +158,18 @@ impl MetricsLog {
             })
             .collect())
     }
+
+    /// All validation rounds (`kind = "eval"` lines) in the file, in order.
+    pub fn evals(&self) -> Result<Vec<ValidationLine>> {
+        let text = std::fs::read_to_string(&self.path).map_err(|e| GrpoError::io(&self.path, e))?;
+        Ok(text
+            .lines()
+            .filter_map(|l| match serde_json::from_str::<MetricsLine>(l) {
+                Ok(MetricsLine::Eval(e)) => Some(e),
+                _ => None,
+            })
+            .collect())
+    }
 }
 
 /// The live progress line: step, reward, tie rate, tokens/s and ETA.

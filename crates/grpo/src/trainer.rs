@@ -36,9 +36,30 @@ pub struct RunConfig {
     pub max_steps: Option<u64>,
     /// Output directory: metrics, plots, checkpoints.
     pub output_dir: PathBuf,
-    /// Keep only the newest this many checkpoints (and the best one by the validation grader,
-    /// see `[eval]`); `None` keeps every checkpoint.
+    /// Keep only the newest this many checkpoints, counting the one just written (and the best
+    /// one by the validation grader, see `[eval]`); at least 1. `None` keeps every checkpoint.
+    /// When pruning, a resumed run also removes the checkpoints of later steps left by an
+    /// earlier attempt.
     pub keep_checkpoints: Option<usize>,
+}
+
+impl RunConfig {
+    /// Range checks; errors name the key under `run.`.
+    pub fn validate(&self) -> Result<()> {
+        if self.prompts_per_step == 0 {
+            return Err(GrpoError::config(
+                "run.prompts_per_step",
+                "must be at least 1",
+            ));
+        }
+        if self.keep_checkpoints == Some(0) {
+            return Err(GrpoError::config(
+                "run.keep_checkpoints",
+                "must be at least 1 (unset keeps every checkpoint)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for RunConfig {
@@ -100,19 +121,45 @@ impl BestCheckpoint {
         })
     }
 
-    /// Reads the record of a run resumed after `resume_step` steps (a record of a later step
-    /// belongs to steps the resumed run does again, and is dropped).
-    fn read(output_dir: &Path, resume_step: Option<u64>) -> Result<Option<Self>> {
-        let path = best_checkpoint_path(output_dir);
-        let Some(step) = resume_step.filter(|_| path.exists()) else {
-            if path.exists() {
-                std::fs::remove_file(&path).map_err(|e| GrpoError::io(&path, e))?;
+    /// The best of the validation rounds `evals` of steps up to `up_to`, as training decides
+    /// it: the highest grader score, the earliest step among equal ones (a later round must beat
+    /// it); rounds the grader left unscored do not count.
+    fn best_of(evals: &[ValidationLine], up_to: u64, output_dir: &Path) -> Option<Self> {
+        let mut rounds: Vec<&ValidationLine> = evals.iter().filter(|l| l.step <= up_to).collect();
+        rounds.sort_by_key(|l| l.step);
+        let mut best: Option<Self> = None;
+        for b in rounds.into_iter().filter_map(|l| Self::of(l, output_dir)) {
+            if best
+                .as_ref()
+                .is_none_or(|s| b.grader_score > s.grader_score)
+            {
+                best = Some(b);
             }
-            return Ok(None);
-        };
-        let text = std::fs::read_to_string(&path).map_err(|e| GrpoError::io(&path, e))?;
-        let best: Self = serde_json::from_str(&text).map_err(|e| GrpoError::io(&path, e))?;
-        Ok((best.step <= step).then_some(best))
+        }
+        best
+    }
+
+    /// The record a run starts with, made the content of `best-checkpoint.json` (written
+    /// atomically, or removed when there is none). A fresh run (`resume_step` `None`) has none.
+    /// A run resumed after `resume_step` steps derives it from the validation rounds of
+    /// `metrics.jsonl` it keeps (`evals`; rounds after `resume_step` are dropped here too): the
+    /// file left by the earlier attempt is not trusted, since it may name a round of the steps
+    /// the resumed run does again, and forget the best round before it.
+    fn resume(
+        output_dir: &Path,
+        resume_step: Option<u64>,
+        evals: &[ValidationLine],
+    ) -> Result<Option<Self>> {
+        let best = resume_step.and_then(|step| Self::best_of(evals, step, output_dir));
+        let path = best_checkpoint_path(output_dir);
+        match &best {
+            Some(b) => b.write(output_dir)?,
+            None if path.exists() => {
+                std::fs::remove_file(&path).map_err(|e| GrpoError::io(&path, e))?
+            }
+            None => {}
+        }
+        Ok(best)
     }
 
     fn write(&self, output_dir: &Path) -> Result<()> {
@@ -123,10 +170,44 @@ impl BestCheckpoint {
     }
 }
 
-/// Removes all but the newest `keep` checkpoints of `output_dir`, never the one of `best_step`.
-fn prune_checkpoints(output_dir: &Path, keep: usize, best_step: Option<u64>) -> Result<()> {
+/// The steps of the checkpoints in `existing` that pruning to `keep` removes right after the
+/// checkpoint of step `just_written` was written, in ascending order. That one stays, and so does
+/// the one of `best`; of the earlier ones the newest `keep - 1` stay (the best counts among them
+/// when it is one of them); every later one goes: it was left by an earlier attempt at the steps
+/// a resumed run does again, and is no part of this run's history.
+fn checkpoints_to_prune(
+    existing: &[u64],
+    just_written: u64,
+    best: Option<u64>,
+    keep: usize,
+) -> Vec<u64> {
+    let mut earlier: Vec<u64> = existing
+        .iter()
+        .copied()
+        .filter(|&s| s < just_written)
+        .collect();
+    earlier.sort_unstable();
+    earlier.dedup();
+    let old = earlier.len().saturating_sub(keep.saturating_sub(1));
+    let mut prune = earlier[..old].to_vec();
+    prune.extend(existing.iter().copied().filter(|&s| s > just_written));
+    prune.retain(|&s| Some(s) != best);
+    prune.sort_unstable();
+    prune.dedup();
+    prune
+}
+
+/// Prunes the checkpoints of `output_dir` to `keep` right after the one of step `just_written`
+/// was written, never removing that one nor the one of `best_step` (see
+/// [`checkpoints_to_prune`]).
+fn prune_checkpoints(
+    output_dir: &Path,
+    keep: usize,
+    just_written: u64,
+    best_step: Option<u64>,
+) -> Result<()> {
     let entries = std::fs::read_dir(output_dir).map_err(|e| GrpoError::io(output_dir, e))?;
-    let mut steps: Vec<u64> = entries
+    let found: Vec<(u64, PathBuf)> = entries
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let name = e.file_name();
@@ -135,15 +216,15 @@ fn prune_checkpoints(output_dir: &Path, keep: usize, best_step: Option<u64>) -> 
                 .strip_prefix("checkpoint-")?
                 .parse::<u64>()
                 .ok()?;
-            e.path().is_dir().then_some(step)
+            let path = e.path();
+            path.is_dir().then_some((step, path))
         })
         .collect();
-    steps.sort_unstable();
-    let old = steps.len().saturating_sub(keep);
-    for &step in &steps[..old] {
-        if Some(step) != best_step {
-            let dir = checkpoint_dir(output_dir, step);
-            std::fs::remove_dir_all(&dir).map_err(|e| GrpoError::io(&dir, e))?;
+    let steps: Vec<u64> = found.iter().map(|(step, _)| *step).collect();
+    let prune = checkpoints_to_prune(&steps, just_written, best_step, keep);
+    for (step, dir) in &found {
+        if prune.binary_search(step).is_ok() {
+            std::fs::remove_dir_all(dir).map_err(|e| GrpoError::io(dir, e))?;
         }
     }
     Ok(())
@@ -259,7 +340,8 @@ where
 /// With a `validator`, the policy is validated whenever [`Validator::due`] says so (a
 /// `kind = "eval"` line in `metrics.jsonl`); a round whose grader score beats every earlier one
 /// gets a checkpoint (when its step has none already) and becomes `best-checkpoint.json`, which
-/// `run.keep_checkpoints` never prunes.
+/// `run.keep_checkpoints` never prunes. A resumed run derives that record from the validation
+/// rounds `metrics.jsonl` keeps (those up to the resumed step).
 pub async fn train<B, P, T>(
     trainee: &mut T,
     records: &[RubricRecord],
@@ -277,12 +359,7 @@ where
     if records.is_empty() {
         return Err(GrpoError::NoRecords);
     }
-    if run.prompts_per_step == 0 {
-        return Err(GrpoError::config(
-            "run.prompts_per_step",
-            "must be at least 1",
-        ));
-    }
+    run.validate()?;
     let resume_step = match resume {
         Some(dir) => {
             let state_dir = if dir.join("training_state").is_dir() {
@@ -307,7 +384,7 @@ where
         total,
     )?;
     let mut summary = RunSummary {
-        best: BestCheckpoint::read(&run.output_dir, resume_step)?,
+        best: BestCheckpoint::resume(&run.output_dir, resume_step, &log.evals()?)?,
         ..Default::default()
     };
     let mut history: Vec<StepMetrics> = log.steps()?;
@@ -328,7 +405,8 @@ where
         // (An existing `dir` is a checkpoint of a run resumed from an earlier one: superseded.)
         crate::checkpoint::swap_in(&tmp, &dir)?;
         if let Some(keep) = run.keep_checkpoints {
-            prune_checkpoints(&run.output_dir, keep, summary.best.as_ref().map(|b| b.step))?;
+            let best = summary.best.as_ref().map(|b| b.step);
+            prune_checkpoints(&run.output_dir, keep, learner.step, best)?;
         }
         hooks.checkpointed(&run.output_dir, &dir)?;
         summary.last_checkpoint = Some(dir);
@@ -395,4 +473,178 @@ where
     }
     summary.total_steps = trainee.lead().step;
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validation::JudgeScore;
+
+    /// A validation round after `step` whose grader scored `score`.
+    fn round(step: u64, score: Option<f64>) -> ValidationLine {
+        ValidationLine {
+            step,
+            grader: JudgeScore {
+                judge: "grader".into(),
+                score,
+                score_std: score.map(|_| 0.125),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn checkpoints(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("checkpoint-"))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A run resumed from step 10 in a directory that still holds the checkpoints of steps 12
+    /// and 14 of a longer attempt: the checkpoint it writes next (step 11, or step 12 again) is
+    /// never pruned, and the later leftovers go (but the best one).
+    #[test]
+    fn pruning_keeps_the_checkpoint_just_written_below_leftovers() {
+        assert_eq!(
+            checkpoints_to_prune(&[10, 11, 12, 14], 11, None, 1),
+            [10, 12, 14]
+        );
+        assert_eq!(
+            checkpoints_to_prune(&[10, 11, 12, 14], 11, None, 2),
+            [12, 14]
+        );
+        assert_eq!(checkpoints_to_prune(&[10, 12, 14], 12, None, 1), [10, 14]);
+        assert_eq!(checkpoints_to_prune(&[10, 12, 14], 12, Some(10), 1), [14]);
+        assert!(checkpoints_to_prune(&[10, 12, 14], 12, Some(14), 3).is_empty());
+        // Without leftovers: the newest `keep` counting the one just written, plus the best.
+        assert_eq!(checkpoints_to_prune(&[2, 4, 6, 8], 8, Some(2), 2), [4]);
+        assert_eq!(checkpoints_to_prune(&[2, 4, 6, 8], 8, Some(6), 2), [2, 4]);
+        assert!(checkpoints_to_prune(&[2, 4, 6, 8], 8, None, 4).is_empty());
+
+        let dir = tempfile::tempdir().unwrap();
+        for step in [10, 11, 12, 14] {
+            std::fs::create_dir_all(checkpoint_dir(dir.path(), step)).unwrap();
+        }
+        // A temporary directory and other files are no checkpoints.
+        std::fs::create_dir_all(checkpoint_dir(dir.path(), 13).with_extension("tmp")).unwrap();
+        std::fs::write(dir.path().join("metrics.jsonl"), "").unwrap();
+        prune_checkpoints(dir.path(), 1, 11, None).unwrap();
+        assert_eq!(
+            checkpoints(dir.path()),
+            ["checkpoint-000011", "checkpoint-000013.tmp"]
+        );
+        assert!(dir.path().join("metrics.jsonl").exists());
+    }
+
+    #[test]
+    fn keep_checkpoints_zero_is_an_error_naming_the_field() {
+        let run = |keep_checkpoints: Option<usize>| RunConfig {
+            keep_checkpoints,
+            ..Default::default()
+        };
+        let e = run(Some(0)).validate().unwrap_err().to_string();
+        assert!(
+            e.starts_with("run.keep_checkpoints: must be at least 1"),
+            "{e}"
+        );
+        run(Some(1)).validate().unwrap();
+        run(None).validate().unwrap();
+        let e = RunConfig {
+            prompts_per_step: 0,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert_eq!(e, "run.prompts_per_step: must be at least 1");
+    }
+
+    /// The best round is the highest grader score, the earliest of equal ones; unscored rounds
+    /// and rounds after the resumed step do not count.
+    #[test]
+    fn the_best_round_is_the_first_of_the_highest_scores() {
+        let dir = Path::new("out");
+        let evals = [
+            round(6, Some(0.75)),
+            round(2, Some(0.25)),
+            round(4, Some(0.75)),
+            round(8, None),
+            round(10, Some(1.0)),
+        ];
+        let best = BestCheckpoint::best_of(&evals, 9, dir).unwrap();
+        assert_eq!((best.step, best.grader_score), (4, 0.75));
+        assert_eq!(best.checkpoint, checkpoint_dir(dir, 4));
+        assert_eq!(
+            (best.grader_score_std, best.grader.as_str()),
+            (0.125, "grader")
+        );
+        assert_eq!(BestCheckpoint::best_of(&evals, 10, dir).unwrap().step, 10);
+        assert_eq!(BestCheckpoint::best_of(&evals, 3, dir).unwrap().step, 2);
+        assert!(BestCheckpoint::best_of(&evals, 1, dir).is_none());
+        assert!(BestCheckpoint::best_of(&[round(2, None)], 9, dir).is_none());
+    }
+
+    /// Rounds after steps 2, 4 and 6 scored 0.25, 0.5 and 1 recorded step 6 as the best; a resume
+    /// from step 5 re-derives the best from the rounds the metrics file keeps (step 4) and
+    /// rewrites the record; a resume before any scored round removes it, and so does a fresh
+    /// run.
+    #[test]
+    fn a_resume_below_the_recorded_best_rederives_it_from_the_kept_rounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        let metrics = out.join("metrics.jsonl");
+        let log = MetricsLog::open(&metrics, None, 1, 10).unwrap();
+        for (step, score) in [(1, None), (2, Some(0.25)), (4, Some(0.5)), (6, Some(1.0))] {
+            log.append(&MetricsLine::Eval(round(step, score))).unwrap();
+        }
+        let record = |out: &Path| -> Option<BestCheckpoint> {
+            let text = std::fs::read_to_string(best_checkpoint_path(out)).ok()?;
+            Some(serde_json::from_str(&text).unwrap())
+        };
+        let stale = BestCheckpoint::of(&round(6, Some(1.0)), out).unwrap();
+        stale.write(out).unwrap();
+        assert_eq!(record(out), Some(stale.clone()));
+
+        // Resumed at step 6 itself: the record stands.
+        let evals = MetricsLog::open(&metrics, Some(6), 1, 10)
+            .unwrap()
+            .evals()
+            .unwrap();
+        let best = BestCheckpoint::resume(out, Some(6), &evals).unwrap();
+        assert_eq!(best, Some(stale));
+
+        // Resumed at step 5: the round of step 6 is dropped, the best is step 4's.
+        let evals = MetricsLog::open(&metrics, Some(5), 1, 10)
+            .unwrap()
+            .evals()
+            .unwrap();
+        assert_eq!(evals.iter().map(|e| e.step).collect::<Vec<_>>(), [1, 2, 4]);
+        let best = BestCheckpoint::resume(out, Some(5), &evals)
+            .unwrap()
+            .unwrap();
+        assert_eq!((best.step, best.grader_score), (4, 0.5));
+        assert_eq!(best.checkpoint, checkpoint_dir(out, 4));
+        assert_eq!(record(out), Some(best));
+
+        // Resumed at step 1: the only kept round is unscored, so there is no best.
+        let evals = MetricsLog::open(&metrics, Some(1), 1, 10)
+            .unwrap()
+            .evals()
+            .unwrap();
+        assert_eq!(evals.len(), 1);
+        assert_eq!(BestCheckpoint::resume(out, Some(1), &evals).unwrap(), None);
+        assert_eq!(record(out), None);
+        assert!(!best_checkpoint_path(out).exists());
+
+        // A fresh run starts without a record.
+        let stale = BestCheckpoint::of(&round(2, Some(0.25)), out).unwrap();
+        stale.write(out).unwrap();
+        let evals = [round(2, Some(0.25))];
+        assert_eq!(BestCheckpoint::resume(out, None, &evals).unwrap(), None);
+        assert!(!best_checkpoint_path(out).exists());
+    }
 }
