@@ -71,7 +71,8 @@ pub struct DistillArgs {
     /// Device (cpu, wgpu, cuda:0, ...).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Model precision: f32 or bf16-mixed.
+    /// Model precision: f32 or bf16-mixed (recorded in the probe: its judge config's `precision`
+    /// must be the same).
     #[arg(long, value_parser = parse_precision, default_value = "f32")]
     pub precision: conrub_qwen3::Precision,
     /// Print one JSON report last.

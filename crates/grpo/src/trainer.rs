@@ -389,7 +389,14 @@ where
     };
     let mut history: Vec<StepMetrics> = log.steps()?;
     let started = Instant::now();
-    let save = |trainee: &T, hooks: &mut dyn RunHooks<P>, summary: &mut RunSummary| -> Result<()> {
+    // A new best (`pending`) waits for its step's checkpoint: it becomes the record once that
+    // checkpoint is in place.
+    let save = |trainee: &T,
+                hooks: &mut dyn RunHooks<P>,
+                summary: &mut RunSummary,
+                pending: &mut Option<BestCheckpoint>|
+     -> Result<()> {
+        summary.best = pending.take().or(summary.best.take());
         trainee.verify()?;
         let learner = trainee.lead();
         let dir = checkpoint_dir(&run.output_dir, learner.step);
@@ -410,9 +417,11 @@ where
         }
         hooks.checkpointed(&run.output_dir, &dir)?;
         summary.last_checkpoint = Some(dir);
+        if let Some(b) = summary.best.as_ref().filter(|b| b.step == learner.step) {
+            b.write(&run.output_dir)?;
+        }
         Ok(())
     };
-    // A new best waits for its step's checkpoint before it is recorded.
     let mut pending_best: Option<BestCheckpoint> = None;
     while trainee.lead().step < total {
         let step = trainee.lead().step;
@@ -456,20 +465,11 @@ where
         }
         let periodic = run.checkpoint_every > 0 && step.is_multiple_of(run.checkpoint_every);
         if step < total && (periodic || pending_best.is_some()) {
-            summary.best = pending_best.take().or(summary.best.take());
-            save(trainee, hooks, &mut summary)?;
-            if let Some(b) = summary.best.as_ref().filter(|b| b.step == step) {
-                b.write(&run.output_dir)?;
-            }
+            save(trainee, hooks, &mut summary, &mut pending_best)?;
         }
     }
     if summary.steps_run > 0 || summary.last_checkpoint.is_none() {
-        summary.best = pending_best.take().or(summary.best.take());
-        save(trainee, hooks, &mut summary)?;
-        let step = trainee.lead().step;
-        if let Some(b) = summary.best.as_ref().filter(|b| b.step == step) {
-            b.write(&run.output_dir)?;
-        }
+        save(trainee, hooks, &mut summary, &mut pending_best)?;
     }
     summary.total_steps = trainee.lead().step;
     Ok(summary)

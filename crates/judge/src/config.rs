@@ -24,6 +24,7 @@
 //! kind = "probe"
 //! model = "Qwen/Qwen3-1.7B"
 //! probe = "probes/med/probe.safetensors"
+//! precision = "f32"              # or "bf16-mixed": the probe's (`distill --precision`)
 //! abstain_below = 0.7            # top class probability under 0.7: ask the fallback
 //! fallback = "judge-sglang.toml" # or an inline [fallback] table
 //! ```
@@ -239,6 +240,15 @@ pub struct ProbeSettings {
     /// The pooling the probe must use (a check, like `layer`).
     #[serde(default)]
     pub pooling: Option<crate::probe::Pooling>,
+    /// Compute precision of the base model, `f32` or `bf16-mixed`: the probe's features depend
+    /// on it, so it must be the one the probe was distilled at (its file says which).
+    #[cfg(feature = "local")]
+    #[serde(default)]
+    pub precision: conrub_qwen3::Precision,
+    /// Compute precision of the base model (this build has no in-process judge).
+    #[cfg(not(feature = "local"))]
+    #[serde(default)]
+    pub precision: Option<String>,
     /// Criterion rows per suffix pass.
     #[serde(default = "default_probe_batch")]
     pub batch_size: usize,
@@ -264,6 +274,7 @@ impl ProbeSettings {
         "prompts",
         "layer",
         "pooling",
+        "precision",
         "batch_size",
         "abstain_below",
         "fallback",
@@ -682,8 +693,12 @@ impl JudgeConfig {
                 Some(f.build(&none)?)
             }
         };
+        let exec = conrub_qwen3::Execution {
+            precision: settings.precision,
+            ..loaded.model.exec
+        };
         let featurizer = ProbeFeaturizer::new(
-            loaded,
+            loaded.with_execution(exec),
             device.clone(),
             self.prompt_set()?,
             settings.batch_size,
@@ -791,6 +806,21 @@ mod tests {
             let e = err("kind = \"local\"\nmodel = \"m\"\n[local]\nprecision = \"bf16\"\n");
             assert!(
                 e.starts_with("local.precision: ") && e.contains("bf16-mixed"),
+                "{e}"
+            );
+            let probe = "kind = \"probe\"\nmodel = \"m\"\nprobe = \"p\"\n";
+            let c = JudgeConfig::from_toml(
+                &format!("{probe}precision = \"bf16-mixed\"\n"),
+                Path::new("."),
+            )
+            .unwrap();
+            let JudgeSpec::Probe(p) = &c.spec else {
+                panic!("{c:?}")
+            };
+            assert_eq!(p.precision, conrub_qwen3::Precision::Bf16Mixed);
+            let e = err(format!("{probe}precision = \"bf16\"\n").as_str());
+            assert!(
+                e.starts_with("precision: ") && e.contains("bf16-mixed"),
                 "{e}"
             );
         }

@@ -270,7 +270,9 @@ impl<B: GrpoOps> LocalJudge<B> {
                     .collect::<std::result::Result<_, _>>()?;
                 let mut labels = Vec::with_capacity(seqs.len());
                 let mut margins = Vec::with_capacity(seqs.len());
-                let mut shared = SharedPrefix::new(&model, &seqs, None, &self.device);
+                // The next-token distribution after the whole prompt does not depend on where
+                // the prompts split, so no span starts are needed.
+                let mut shared = SharedPrefix::new(&model, &seqs, None, None, &self.device);
                 let bs = self.cfg.batch_size;
                 for start in (0..seqs.len()).step_by(bs) {
                     let rows = start..(start + bs).min(seqs.len());

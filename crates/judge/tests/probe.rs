@@ -132,8 +132,12 @@ fn the_probe_learns_the_rule_from_features_and_not_from_leakage() {
     );
     // The sweep tried every candidate layer with both poolings, on training prompts only.
     assert_eq!(report.sweep.len(), 4);
-    assert!(report.heldout.kappa > 0.7, "{:?}", report.heldout);
-    assert!(report.heldout.macro_f1 > 0.75, "{:?}", report.heldout);
+    // Mean pooling reads each criterion's own span (from where its prompt departs from the
+    // template), whatever it is batched with: kappa 0.540, macro-F1 0.701 on this 2-layer random
+    // model, against about 0 for the shuffled labels below. (Before the span was fixed it began
+    // where the batch's criteria first differed, and the same rows gave 0.760.)
+    assert!(report.heldout.kappa > 0.45, "{:?}", report.heldout);
+    assert!(report.heldout.macro_f1 > 0.6, "{:?}", report.heldout);
     assert!(out.join("probe.safetensors").exists() && out.join("report.json").exists());
 
     // A rerun computes no feature again.
@@ -219,6 +223,8 @@ async fn the_probe_judge_scores_refuses_and_abstains() {
     )
     .unwrap();
     assert_eq!(report.chosen_by, "given");
+    assert_eq!(report.probe.format, conrub_judge::probe::PROBE_FORMAT);
+    assert_eq!(report.probe.precision, conrub_qwen3::Precision::F32);
     let probe_file = out.join("probe.safetensors");
 
     // Every criterion of every bundled sample response gets a label.
@@ -238,6 +244,29 @@ async fn the_probe_judge_scores_refuses_and_abstains() {
         .to_string();
     assert!(
         e.contains("does not fit this judge") && e.contains("another model"),
+        "{e}"
+    );
+
+    // A judge whose model runs at another precision than the probe was distilled at is refused,
+    // naming the setting (no forward pass needed).
+    let model = Qwen3::<B>::load_dir(&model_dir, &Default::default()).unwrap();
+    let exec = conrub_qwen3::Execution {
+        precision: conrub_qwen3::Precision::Bf16Mixed,
+        ..model.model.exec
+    };
+    let bf16 = ProbeFeaturizer::new(
+        model.with_execution(exec),
+        Default::default(),
+        PromptSet::default(),
+        16,
+    )
+    .unwrap();
+    let e = ProbeJudge::new(bf16, &probe_file, None, None, None)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("precision") && e.contains("bf16-mixed") && e.contains("f32"),
         "{e}"
     );
 

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{JudgeError, Result};
 use crate::probe::examples::{split_by_prompt, LabelledExample};
 use crate::probe::features::{FeatureSpec, FeatureStore, Pooling, ProbeFeaturizer, StoreMeta};
-use crate::probe::linear::{LinearProbe, ProbeMeta, ProbeTraining};
+use crate::probe::linear::{LinearProbe, ProbeMeta, ProbeTraining, PROBE_FORMAT};
 use crate::probe::metrics::{agreement, Agreement};
 
 /// Settings of a distillation.
@@ -185,6 +185,8 @@ pub fn distill<B: GrpoOps>(
         mode,
         specs: specs.clone(),
         hidden_size: h,
+        precision: featurizer.precision(),
+        span_version: StoreMeta::span_version_for(&specs),
     };
     let mut store = FeatureStore::open(&out.join("features"), &meta, cfg.shard_rows)?;
     let keys: Vec<_> = examples.iter().map(|e| e.feature_key(mode)).collect();
@@ -275,7 +277,7 @@ pub fn distill<B: GrpoOps>(
     let fit_secs = fit_started.elapsed().as_secs_f64();
     let spec = specs[chosen];
     let meta = ProbeMeta {
-        format: 1,
+        format: PROBE_FORMAT,
         base_model: base_model.to_string(),
         base_model_sha256: featurizer.model_digest().to_string(),
         layer: spec.layer,
@@ -284,6 +286,7 @@ pub fn distill<B: GrpoOps>(
         labels: labels.clone(),
         template_version: featurizer.template_version(mode),
         hidden_size: h,
+        precision: featurizer.precision(),
     };
     std::fs::create_dir_all(out).map_err(|e| JudgeError::File {
         path: out.into(),

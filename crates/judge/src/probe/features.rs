@@ -1,11 +1,16 @@
 //! Probe features: the hidden states of an in-process Qwen3 over the judge's one-criterion prompt,
-//! pooled over the criterion suffix, and a store that keeps them on disk so a rerun of
+//! pooled over the criterion's span, and a store that keeps them on disk so a rerun of
 //! `conrub judge distill` computes none twice.
 //!
 //! Prompt layout: the one-criterion prompt puts the question and response first and the criterion
 //! last, so all criteria of one response share their prefix; it runs once and each criterion adds
 //! only its suffix (criterion, label definitions, the answer cue). A response with `c` criteria
 //! costs one prefix pass and `⌈c / batch_size⌉` suffix passes, with no generation.
+//!
+//! A criterion's span is its prompt's tokens from the criterion's first token to the end (found per
+//! prompt, where it departs from the same prompt with an empty criterion). The shared prefix never
+//! runs past it, even when all criteria of a pass open with the same words ("The response ..."),
+//! so the span, and the features, are the same whichever criteria run together.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -13,14 +18,14 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Tensor, TensorData};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{Qwen3, Qwen3Config};
+use conrub_qwen3::{Precision, Qwen3, Qwen3Config};
 use conrub_rubric::ScoringMode;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::cache::CacheKey;
 use crate::error::{JudgeError, Result};
-use crate::prefix::{chat_ids, SharedPrefix};
+use crate::prefix::{chat_ids, criterion_start, SharedPrefix};
 use crate::prompts::PromptSet;
 
 pub use super::pooling::Pooling;
@@ -138,6 +143,11 @@ impl<B: GrpoOps> ProbeFeaturizer<B> {
         self.model.config.hidden_size
     }
 
+    /// Compute precision of the model (the features depend on it).
+    pub fn precision(&self) -> Precision {
+        self.model.model.exec.precision
+    }
+
     /// The version of the prompt the features are read over.
     pub fn template_version(&self, mode: ScoringMode) -> String {
         self.prompts.single(mode).version()
@@ -173,14 +183,20 @@ impl<B: GrpoOps> ProbeFeaturizer<B> {
         let mut layers: Vec<usize> = specs.iter().map(|s| s.layer).collect();
         layers.sort();
         layers.dedup();
+        let ids = |c: &str| {
+            let (s, u) = self.prompts.render_single(mode, question, response, c);
+            chat_ids(model, &s, &u).map_err(|e| JudgeError::Model(Box::new(e)))
+        };
         let seqs: Vec<Vec<u32>> = criteria
             .iter()
-            .map(|c| {
-                let (s, u) = self.prompts.render_single(mode, question, response, c);
-                chat_ids(model, &s, &u).map_err(|e| JudgeError::Model(Box::new(e)))
-            })
+            .map(|c| ids(c.as_str()))
             .collect::<Result<_>>()?;
-        let mut shared = SharedPrefix::new(model, &seqs, Some(deepest), &self.device);
+        // Each criterion's span starts where its prompt departs from the blank one: a function of
+        // the prompt alone, which the shared prefix never runs past.
+        let blank = ids("")?;
+        let starts: Vec<usize> = seqs.iter().map(|s| criterion_start(s, &blank)).collect();
+        let mut shared =
+            SharedPrefix::new(model, &seqs, Some(&starts[..]), Some(deepest), &self.device);
         let h = self.hidden_size();
         let mut out: Vec<Vec<f32>> = Vec::with_capacity(seqs.len());
         for start in (0..seqs.len()).step_by(self.batch_size) {
@@ -192,9 +208,9 @@ impl<B: GrpoOps> ProbeFeaturizer<B> {
             let states = model
                 .model
                 .forward_layers_paged(&suffix.batch, kv, pass, &layers);
-            let valid: Vec<f32> = suffix.mask.iter().map(|&v| v as u8 as f32).collect();
-            let valid = Tensor::<B, 2>::from_data(TensorData::new(valid, [m, len]), &self.device);
-            let counts = valid.clone().sum_dim(1);
+            let span: Vec<f32> = suffix.span.iter().map(|&v| v as u8 as f32).collect();
+            let span = Tensor::<B, 2>::from_data(TensorData::new(span, [m, len]), &self.device);
+            let counts = span.clone().sum_dim(1);
             let mut pooled: Vec<Vec<f32>> = Vec::with_capacity(specs.len());
             for spec in specs {
                 let li = layers.binary_search(&spec.layer).expect("layer listed");
@@ -202,7 +218,7 @@ impl<B: GrpoOps> ProbeFeaturizer<B> {
                 let v: Tensor<B, 2> = match spec.pooling {
                     Pooling::Last => x.slice([0..m, len - 1..len, 0..h]).reshape([m, h]),
                     Pooling::Mean => {
-                        let w = valid.clone().reshape([m, len, 1]);
+                        let w = span.clone().reshape([m, len, 1]);
                         (x * w).sum_dim(1).reshape([m, h]) / counts.clone()
                     }
                 };
@@ -225,7 +241,14 @@ impl<B: GrpoOps> ProbeFeaturizer<B> {
     }
 }
 
-/// What a store's features depend on; a store of other features lives in another directory.
+/// Version of the span [`Pooling::Mean`] reads: 2 is the criterion's span, the same whatever the
+/// batch (1, before it, was the suffix after the batch's shared prefix, which depended on the
+/// batch).
+pub const MEAN_SPAN_VERSION: u32 = 2;
+
+/// What a store's features depend on; a store of other features lives in another directory (named
+/// by a digest of this, serialised: the fields added later are left out at the values that the
+/// stores from before them had, so those keep their directory).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoreMeta {
     /// [`model_digest`] of the model.
@@ -238,6 +261,32 @@ pub struct StoreMeta {
     pub specs: Vec<FeatureSpec>,
     /// Width of one spec's vector.
     pub hidden_size: usize,
+    /// Compute precision of the model.
+    #[serde(default, skip_serializing_if = "is_f32")]
+    pub precision: Precision,
+    /// [`MEAN_SPAN_VERSION`] when a spec pools with [`Pooling::Mean`], else 0 (see
+    /// [`StoreMeta::span_version_for`]): mean-pooled features of an older span are not reused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub span_version: u32,
+}
+
+fn is_f32(p: &Precision) -> bool {
+    *p == Precision::F32
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+impl StoreMeta {
+    /// The `span_version` of a store of `specs`.
+    pub fn span_version_for(specs: &[FeatureSpec]) -> u32 {
+        if specs.iter().any(|s| s.pooling == Pooling::Mean) {
+            MEAN_SPAN_VERSION
+        } else {
+            0
+        }
+    }
 }
 
 /// Feature vectors on disk: `DIR/<digest of the meta>/shard-NNNNN.safetensors`, each shard
@@ -411,6 +460,8 @@ mod tests {
                 pooling: Pooling::Last,
             }],
             hidden_size: 2,
+            precision: Precision::F32,
+            span_version: 0,
         };
         let key = |i: u8| CacheKey([i; 32]);
         let mut s = FeatureStore::open(d.path(), &meta, 2).unwrap();
@@ -431,5 +482,33 @@ mod tests {
             ..meta
         };
         assert!(FeatureStore::open(d.path(), &other, 2).unwrap().is_empty());
+    }
+
+    #[test]
+    fn only_changed_features_move_to_another_store() {
+        let specs = |pooling| vec![FeatureSpec { layer: 1, pooling }];
+        let meta = |pooling, precision| StoreMeta {
+            model_sha256: "m".into(),
+            template_version: "t".into(),
+            mode: ScoringMode::Binary,
+            specs: specs(pooling),
+            hidden_size: 2,
+            precision,
+            span_version: StoreMeta::span_version_for(&specs(pooling)),
+        };
+        let text = |m: &StoreMeta| serde_json::to_string(m).unwrap();
+        // Last-pooled f32 features serialise (and so are stored) as before the two fields.
+        let last = text(&meta(Pooling::Last, Precision::F32));
+        assert!(
+            !last.contains("precision") && !last.contains("span_version"),
+            "{last}"
+        );
+        let old: StoreMeta = serde_json::from_str(&last).unwrap();
+        assert_eq!(old, meta(Pooling::Last, Precision::F32));
+        // Mean-pooled features of the old span and features of another precision are not reused.
+        let mean = text(&meta(Pooling::Mean, Precision::F32));
+        assert!(mean.contains("\"span_version\":2"), "{mean}");
+        let bf16 = text(&meta(Pooling::Last, Precision::Bf16Mixed));
+        assert!(bf16.contains("\"precision\":\"bf16-mixed\""), "{bf16}");
     }
 }

@@ -18,8 +18,8 @@ use crate::cache::{CacheKey, JudgeCache};
 use crate::error::{JudgeError, Result};
 use crate::judge::{CriterionJudge, CriterionRequest, CriterionVerdict};
 use crate::probe::distill::argmax;
-use crate::probe::features::{FeatureSpec, ProbeFeaturizer};
-use crate::probe::linear::{LinearProbe, ProbeMeta};
+use crate::probe::features::{FeatureSpec, Pooling, ProbeFeaturizer};
+use crate::probe::linear::{LinearProbe, ProbeMeta, PROBE_FORMAT};
 
 /// Counters of a probe judge (since it was built).
 #[derive(Debug, Default)]
@@ -80,8 +80,10 @@ struct Scored {
 
 impl<B: GrpoOps> ProbeJudge<B> {
     /// A judge from a featurizer and the probe file at `probe_path`. Refuses a probe distilled
-    /// from another model (by digest), over another prompt version, or of another width; `layer`
-    /// and `pooling`, when a config names them, must be the probe's.
+    /// from another model (by digest), over another prompt version, at another precision than the
+    /// featurizer's model runs at, or of another width, and a mean-pooled probe of format 1
+    /// (whose features depended on the batch); `layer` and `pooling`, when a config names them,
+    /// must be the probe's.
     pub fn new(
         featurizer: ProbeFeaturizer<B>,
         probe_path: &std::path::Path,
@@ -112,6 +114,28 @@ impl<B: GrpoOps> ProbeJudge<B> {
                  {template} (distill again with the same prompts)",
                 meta.template_version,
                 meta.mode.as_str()
+            ));
+        }
+        if meta.format > PROBE_FORMAT {
+            return refuse(format!(
+                "it is of format {}, newer than this build reads ({PROBE_FORMAT})",
+                meta.format
+            ));
+        }
+        if meta.format < 2 && meta.pooling == Pooling::Mean {
+            return refuse(
+                "it pools with `mean` over features of probe format 1, whose span depended on \
+                 which criteria ran together (distill it again)"
+                    .into(),
+            );
+        }
+        let precision = featurizer.precision();
+        if meta.precision != precision {
+            return refuse(format!(
+                "precision: it was distilled at precision = \"{}\", and this judge runs at \
+                 precision = \"{precision}\" (set the judge's `precision` to the probe's, or \
+                 distill again with --precision {precision})",
+                meta.precision
             ));
         }
         if meta.layer > featurizer.num_layers() || meta.hidden_size != featurizer.hidden_size() {

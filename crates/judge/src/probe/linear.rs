@@ -8,6 +8,7 @@ use std::path::Path;
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use conrub_qwen3::Precision;
 use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 
@@ -39,11 +40,16 @@ impl Default for ProbeTraining {
     }
 }
 
-/// What a probe was trained on and for; a probe judge refuses a probe whose model, layer or
-/// prompt differs from its own.
+/// The probe file format [`LinearProbe::save`] writes. 2: mean-pooled features are read over the
+/// criterion's span, the same whatever the batch ([`crate::probe::features`]; format 1's depended
+/// on which criteria ran together), and the model's precision is recorded.
+pub const PROBE_FORMAT: u32 = 2;
+
+/// What a probe was trained on and for; a probe judge refuses a probe whose model, layer, prompt
+/// or precision differs from its own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProbeMeta {
-    /// Format version of the probe file.
+    /// Format version of the probe file ([`PROBE_FORMAT`] for the probes written now).
     pub format: u32,
     /// The base model as given to `distill` (directory or hub id).
     pub base_model: String,
@@ -61,6 +67,10 @@ pub struct ProbeMeta {
     pub template_version: String,
     /// Feature width.
     pub hidden_size: usize,
+    /// Compute precision of the base model the features were read at (`conrub judge distill
+    /// --precision`); `f32` for files written before it was recorded (the default then).
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 /// A fitted linear probe.
@@ -269,5 +279,37 @@ impl LinearProbe {
             scale: read("scale", d)?,
         };
         Ok((probe, meta))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_files_without_a_precision_read_as_f32() {
+        let meta = ProbeMeta {
+            format: PROBE_FORMAT,
+            base_model: "m".into(),
+            base_model_sha256: "s".into(),
+            layer: 1,
+            pooling: Pooling::Last,
+            mode: ScoringMode::Binary,
+            labels: ScoringMode::Binary.labels().to_vec(),
+            template_version: "t".into(),
+            hidden_size: 2,
+            precision: Precision::Bf16Mixed,
+        };
+        let mut v = serde_json::to_value(&meta).unwrap();
+        assert_eq!(v["precision"], "bf16-mixed");
+        v.as_object_mut().unwrap().remove("precision");
+        let old: ProbeMeta = serde_json::from_value(v).unwrap();
+        assert_eq!(
+            old,
+            ProbeMeta {
+                precision: Precision::F32,
+                ..meta
+            }
+        );
     }
 }

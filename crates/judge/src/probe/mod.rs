@@ -3,7 +3,8 @@
 //! no generation.
 //!
 //! - [`examples`]: labelled rows from labels files and judge caches; the split by prompt.
-//! - [`features`]: the prompt layout, hidden-state pooling and the resumable feature store.
+//! - [`features`]: the prompt layout, hidden-state pooling over each criterion's span (the same
+//!   whatever the batch) and the resumable feature store.
 //! - [`linear`]: the probe (multinomial logistic regression) and its file.
 //! - [`metrics`]: agreement with the teacher (accuracy, macro-F1, kappa, calibration).
 //! - [`distill`]: the whole distillation, with its layer and pooling sweep.
@@ -31,8 +32,10 @@ pub use pooling::Pooling;
 #[cfg(feature = "local")]
 pub use distill::{candidate_layers, distill, DistillConfig, DistillReport, SweepRow};
 #[cfg(feature = "local")]
-pub use features::{model_digest, FeatureSpec, FeatureStore, ProbeFeaturizer, StoreMeta};
+pub use features::{
+    model_digest, FeatureSpec, FeatureStore, ProbeFeaturizer, StoreMeta, MEAN_SPAN_VERSION,
+};
 #[cfg(feature = "local")]
 pub use judge::{Abstention, FeatureSpecFilter, ProbeCounts, ProbeJudge, ProbeStats};
 #[cfg(feature = "local")]
-pub use linear::{LinearProbe, ProbeMeta, ProbeTraining};
+pub use linear::{LinearProbe, ProbeMeta, ProbeTraining, PROBE_FORMAT};

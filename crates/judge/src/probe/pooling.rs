@@ -2,13 +2,15 @@
 
 use serde::{Deserialize, Serialize};
 
-/// How one row's hidden states over its criterion suffix become one vector.
+/// How one row's hidden states over its criterion's span become one vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Pooling {
     /// The state at the last prompt token, where the model would start its answer.
     Last,
-    /// The mean over every suffix token (criterion, label definitions, answer cue).
+    /// The mean over the criterion's span: every prompt token from the criterion's first to the
+    /// end (criterion, label definitions, answer cue), fixed by the prompt alone, never by the
+    /// criteria it shares a pass with.
     Mean,
 }
 
