@@ -2,7 +2,7 @@
 # NVRTC, ptxas and the CUDA headers from NVIDIA's wheels on PyPI, unpacked into .cuda-tools/
 # (ignored by git; a second run finds them and does nothing). No GPU, driver or toolkit needed:
 # `conrub kernels-compile` (and kernels/tests/offline_compile.rs) compile CubeCL's generated CUDA
-# C++ with them for sm_90. About 150 MB of wheels, fetched from PyPI once.
+# C++ with them for sm_90. About 150 MB of wheels from PyPI (320 MB unpacked), fetched once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=.cuda-tools

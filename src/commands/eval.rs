@@ -94,11 +94,7 @@ impl BackendTask for RubricArgs {
         let start = Instant::now();
         let gen = generate_responses(&self, &qwen, &rows, &device)?;
         let empty = conrub_rubric::RubricSet::from_records("none", vec![])?;
-        let judges = if grader.kind().in_process() {
-            grader.build_local::<B>(&device)?
-        } else {
-            grader.build(&empty)?
-        };
+        let judges = grader.build_on::<B>(&device, &empty)?;
         let graded = grade(&self, &judges, &rows, &gen)?;
         let t = tabulate(&self, &rows, &gen, &graded);
         write_rubric_report(

@@ -15,7 +15,7 @@ use conrub_grpo::{
     JudgeRewards, Learner, LearnerBuilder, PairwiseTieBreaker, RolloutEngine, RunHooks, TieMode,
     Validator,
 };
-use conrub_judge::{JudgeConfig, Judges};
+use conrub_judge::Judges;
 use conrub_kernels::GrpoOps;
 use conrub_qwen3::{save_pretrained, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
 use conrub_remote::{SglangConfig, SglangEngine, WeightWriter};
@@ -133,7 +133,7 @@ fn build_rewards<B: GrpoOps>(
     rubrics: &RubricSet,
     device: &B::Device,
 ) -> Result<(Judges, JudgeRewards)> {
-    let judges = build_judges::<B>(cfg.judge()?, rubrics, device)?;
+    let judges = cfg.judge()?.build_on::<B>(device, rubrics)?;
     let rewards = JudgeRewards {
         judge: judges.criterion.clone(),
         mode: cfg.reward.mode,
@@ -162,7 +162,9 @@ fn build_validator<B: GrpoOps>(
     if examples.is_empty() {
         bail!("[eval] data: {} has no examples", data.display());
     }
-    let grader = build_judges::<B>(&e.grader, &RubricSet::from_records("eval", vec![])?, device)
+    let grader = e
+        .grader
+        .build_on::<B>(device, &RubricSet::from_records("eval", vec![])?)
         .context("[eval.grader]")?;
     Ok(Some(Validator {
         cfg: e.settings.clone(),
@@ -172,19 +174,6 @@ fn build_validator<B: GrpoOps>(
         grader: grader.criterion,
         seed: cfg.learner.seed,
     }))
-}
-
-/// A judge config's judges: in process on `device`, or the client of a served one.
-fn build_judges<B: GrpoOps>(
-    judge: &JudgeConfig,
-    rubrics: &RubricSet,
-    device: &B::Device,
-) -> Result<Judges> {
-    Ok(if judge.kind().in_process() {
-        judge.build_local::<B>(device)?
-    } else {
-        judge.build(rubrics)?
-    })
 }
 
 /// The optional supervised warm-up on reference answers (fresh runs only).

@@ -31,6 +31,11 @@ impl CacheKey {
     }
 }
 
+/// Lower-case hex of `bytes` (the digests in ids, prompt versions and file names).
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A stored answer: the raw text and the parsed value as JSON.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CachedAnswer {
@@ -306,11 +311,9 @@ impl JudgeCache {
                 bare += 1;
                 continue;
             };
-            let bad = |what: &str, e: serde_json::Error| {
-                JudgeError::Unfit(format!(
-                    "{}: a stored {what} does not parse: {e}",
-                    self.path.display()
-                ))
+            let bad = |what: &str, e: serde_json::Error| JudgeError::Parse {
+                path: self.path.clone(),
+                message: format!("a stored {what} does not parse: {e}"),
             };
             let request = serde_json::from_str(&request).map_err(|e| bad("request", e))?;
             let labels = serde_json::from_str(&parsed).map_err(|e| bad("label list", e))?;

@@ -225,7 +225,8 @@ pub struct ProbeSettings {
     pub model: String,
     /// The probe file `conrub judge distill` wrote (`probe.safetensors`), relative to the file.
     pub probe: PathBuf,
-    /// Device of the judge for `conrub score` and `eval rubric`.
+    /// Device of the probe's base model (`cpu`, `wgpu`, `cuda:0`, ...) for `conrub score` and
+    /// `judge-pair`, whose `--device` overrides it.
     #[serde(default)]
     pub device: Option<String>,
     /// Judge cache database (SQLite), relative to the config file.
@@ -302,6 +303,8 @@ pub struct JudgeConfig {
     pub spec: JudgeSpec,
     /// Directory the config was read from (relative paths resolve against it).
     pub base_dir: PathBuf,
+    /// A probe's fallback judge, parsed (and checked) with the config.
+    fallback: Option<Box<JudgeConfig>>,
 }
 
 /// A built judge: criterion and pairwise sides share the client and cache.
@@ -391,11 +394,8 @@ impl JudgeConfig {
                 JudgeSpec::Probe(serde_path_to_error::deserialize(value).map_err(field)?)
             }
         };
-        let cfg = Self {
-            spec,
-            base_dir: base_dir.to_path_buf(),
-        };
-        if let JudgeSpec::Probe(p) = &cfg.spec {
+        let mut fallback = None;
+        if let JudgeSpec::Probe(p) = &spec {
             if let Some(b) = p.abstain_below.filter(|b| !(*b > 0.0 && *b <= 1.0)) {
                 return Err(JudgeError::config(
                     format!("{prefix}abstain_below"),
@@ -414,26 +414,34 @@ impl JudgeConfig {
                     "abstain_below and fallback go together (abstained criteria need a judge)",
                 ));
             }
-            cfg.fallback_in(prefix)?;
+            fallback = Self::parse_fallback(p, base_dir, prefix)?.map(Box::new);
         }
-        Ok(cfg)
+        Ok(Self {
+            spec,
+            base_dir: base_dir.to_path_buf(),
+            fallback,
+        })
     }
 
-    /// A probe judge's fallback judge config (a table, or a file named by a string).
-    pub fn fallback(&self) -> Result<Option<JudgeConfig>> {
-        self.fallback_in("")
+    /// A probe judge's fallback judge config (a table, or a file named by a string), as it was
+    /// parsed with this config; `None` for other kinds and for a probe without one.
+    pub fn fallback(&self) -> Option<&JudgeConfig> {
+        self.fallback.as_deref()
     }
 
-    fn fallback_in(&self, prefix: &str) -> Result<Option<JudgeConfig>> {
-        let JudgeSpec::Probe(p) = &self.spec else {
-            return Ok(None);
-        };
+    /// Parses a probe's `fallback` (keys named with `prefix` in errors); `base_dir` resolves
+    /// relative paths.
+    fn parse_fallback(
+        p: &ProbeSettings,
+        base_dir: &Path,
+        prefix: &str,
+    ) -> Result<Option<JudgeConfig>> {
         let key = format!("{prefix}fallback");
         let cfg = match &p.fallback {
             None => return Ok(None),
-            Some(toml::Value::String(file)) => JudgeConfig::from_file(&self.base_dir.join(file))?,
+            Some(toml::Value::String(file)) => JudgeConfig::from_file(&base_dir.join(file))?,
             Some(toml::Value::Table(t)) => {
-                JudgeConfig::from_table(t.clone(), &self.base_dir, &format!("{key}."))?
+                JudgeConfig::from_table(t.clone(), base_dir, &format!("{key}."))?
             }
             Some(other) => {
                 return Err(JudgeError::config(
@@ -629,6 +637,22 @@ impl JudgeConfig {
         Ok(judge)
     }
 
+    /// Builds a judge of any kind: an in-process one (`local`, `probe`) on `device` with
+    /// [`JudgeConfig::build_local`], any other with [`JudgeConfig::build`], which checks it against
+    /// `rubrics` (the records it will grade; may be empty).
+    #[cfg(feature = "local")]
+    pub fn build_on<B: conrub_kernels::GrpoOps>(
+        &self,
+        device: &B::Device,
+        rubrics: &RubricSet,
+    ) -> Result<Judges> {
+        if self.kind().in_process() {
+            self.build_local::<B>(device)
+        } else {
+            self.build(rubrics)
+        }
+    }
+
     /// Builds an in-process judge (`local` or `probe`) on `device`: loads `model` (and a probe's
     /// file and fallback judge; a fallback that is itself in process runs on the same device).
     #[cfg(feature = "local")]
@@ -684,13 +708,12 @@ impl JudgeConfig {
         cache: Option<Arc<JudgeCache>>,
     ) -> Result<Judges> {
         use crate::probe::{Abstention, FeatureSpecFilter, ProbeFeaturizer, ProbeJudge};
-        let fallback = match self.fallback()? {
+        let fallback = match self.fallback() {
             None => None,
-            Some(f) if f.kind().in_process() => Some(f.build_local::<B>(device)?),
             Some(f) => {
                 let none = RubricSet::from_records("fallback", vec![])
                     .map_err(|e| JudgeError::Probe(e.to_string()))?;
-                Some(f.build(&none)?)
+                Some(f.build_on::<B>(device, &none)?)
             }
         };
         let exec = conrub_qwen3::Execution {

@@ -10,6 +10,7 @@ use conrub_rubric::ScoringMode;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::cache::hex;
 use crate::error::{JudgeError, Result};
 
 /// A system + user prompt pair.
@@ -49,7 +50,7 @@ impl PromptTemplate {
         h.update([0u8]);
         h.update(self.user.as_bytes());
         let d = h.finalize();
-        d[..6].iter().map(|b| format!("{b:02x}")).collect()
+        hex(&d[..6])
     }
 
     /// `(system, user)` with the placeholders filled.

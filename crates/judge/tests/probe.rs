@@ -336,7 +336,6 @@ async fn the_probe_judge_scores_refuses_and_abstains() {
     .unwrap();
     let verdicts = judge.judge_batch(&requests).await;
     assert_eq!(counted.load(Ordering::SeqCst), n_expected);
-    assert_eq!(judge.stats().snapshot().deferred, n_expected as u64);
     for ((v, deferred), r) in verdicts.iter().zip(&expected).zip(&requests) {
         let labels = v.labels.as_ref().unwrap_or_else(|| panic!("{:?}", v.error));
         assert_eq!(labels.len(), r.criteria.len());

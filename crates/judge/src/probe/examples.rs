@@ -9,7 +9,7 @@ use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::cache::{CacheKey, JudgeCache};
+use crate::cache::{hex, CacheKey, JudgeCache};
 use crate::error::{JudgeError, Result};
 
 /// One criterion of one response with the label a judge gave it.
@@ -41,15 +41,17 @@ impl LabelledExample {
 }
 
 /// Reads a label as a labels file writes it: `correct | missing | wrong` (three-state) or
-/// `met | unmet` (binary; `yes | no` too).
+/// `met | unmet` (binary; `yes | no` too), ignoring case and surrounding space. Unlike
+/// [`Label::parse`] it needs no label set (the label says which) and strips no quotes or periods.
 pub fn parse_label(s: &str) -> Option<Label> {
     match s.trim().to_ascii_lowercase().as_str() {
-        "correct" => Some(Label::Correct),
-        "missing" => Some(Label::Missing),
-        "wrong" => Some(Label::Wrong),
-        "met" | "yes" => Some(Label::Yes),
-        "unmet" | "no" => Some(Label::No),
-        _ => None,
+        "met" => Some(Label::Yes),
+        "unmet" => Some(Label::No),
+        t => [ScoringMode::ThreeState, ScoringMode::Binary]
+            .into_iter()
+            .flat_map(ScoringMode::labels)
+            .copied()
+            .find(|l| l.as_str() == t),
     }
 }
 
@@ -146,7 +148,7 @@ pub struct CacheHarvest {
 /// A stable prompt id for a question text.
 pub fn prompt_id_of(question: &str) -> String {
     let digest = Sha256::digest(question.as_bytes());
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    hex(&digest[..8])
 }
 
 /// Reads the criterion verdicts in `caches` as labelled rows (one per criterion). With several

@@ -23,7 +23,7 @@ use conrub_rubric::ScoringMode;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::cache::CacheKey;
+use crate::cache::{hex, CacheKey};
 use crate::error::{JudgeError, Result};
 use crate::prefix::{chat_ids, criterion_start, SharedPrefix};
 use crate::prompts::PromptSet;
@@ -75,10 +75,6 @@ pub fn model_digest(dir: &Path, config: &Qwen3Config) -> Result<String> {
         }
     }
     Ok(hex(&h.finalize()))
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Computes probe features with a Qwen3 in process.
@@ -151,12 +147,6 @@ impl<B: GrpoOps> ProbeFeaturizer<B> {
     /// The version of the prompt the features are read over.
     pub fn template_version(&self, mode: ScoringMode) -> String {
         self.prompts.single(mode).version()
-    }
-
-    /// Prompt tokens of each criterion's prompt (for throughput reports).
-    pub fn prompt_tokens(&self, mode: ScoringMode, question: &str, response: &str) -> usize {
-        let (s, u) = self.prompts.render_single(mode, question, response, "");
-        chat_ids(&self.model, &s, &u).map_or(0, |v| v.len())
     }
 
     /// Features of every criterion of one response: per criterion, the vectors of `specs`

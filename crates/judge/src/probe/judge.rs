@@ -4,7 +4,6 @@
 //! class probability is under `abstain_below` go to a fallback judge, in one request per response
 //! holding only those criteria.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -14,42 +13,12 @@ use conrub_rubric::Label;
 use serde::Serialize;
 use sha2::Digest;
 
-use crate::cache::{CacheKey, JudgeCache};
+use crate::cache::{hex, CacheKey, JudgeCache};
 use crate::error::{JudgeError, Result};
 use crate::judge::{CriterionJudge, CriterionRequest, CriterionVerdict};
 use crate::probe::distill::argmax;
 use crate::probe::features::{FeatureSpec, Pooling, ProbeFeaturizer};
 use crate::probe::linear::{LinearProbe, ProbeMeta, PROBE_FORMAT};
-
-/// Counters of a probe judge (since it was built).
-#[derive(Debug, Default)]
-pub struct ProbeStats {
-    criteria: AtomicU64,
-    deferred: AtomicU64,
-    fallback_failures: AtomicU64,
-}
-
-/// A snapshot of [`ProbeStats`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct ProbeCounts {
-    /// Criteria labelled (not from the cache), by the probe or its fallback.
-    pub criteria: u64,
-    /// Of those, the criteria sent to the fallback judge.
-    pub deferred: u64,
-    /// Fallback requests that came back without labels.
-    pub fallback_failures: u64,
-}
-
-impl ProbeStats {
-    /// The counters now.
-    pub fn snapshot(&self) -> ProbeCounts {
-        ProbeCounts {
-            criteria: self.criteria.load(Ordering::Relaxed),
-            deferred: self.deferred.load(Ordering::Relaxed),
-            fallback_failures: self.fallback_failures.load(Ordering::Relaxed),
-        }
-    }
-}
 
 /// Where abstained criteria go.
 pub struct Abstention {
@@ -66,7 +35,6 @@ pub struct ProbeJudge<B: GrpoOps> {
     meta: ProbeMeta,
     abstention: Option<Abstention>,
     cache: Option<Arc<JudgeCache>>,
-    stats: Arc<ProbeStats>,
     name: String,
 }
 
@@ -91,7 +59,11 @@ impl<B: GrpoOps> ProbeJudge<B> {
         abstention: Option<Abstention>,
         cache: Option<Arc<JudgeCache>>,
     ) -> Result<Self> {
-        let (probe, meta) = LinearProbe::load(probe_path)?;
+        let bytes = std::fs::read(probe_path).map_err(|e| JudgeError::File {
+            path: probe_path.into(),
+            source: e,
+        })?;
+        let (probe, meta) = LinearProbe::from_bytes(&bytes, probe_path)?;
         let refuse = |m: String| {
             Err(JudgeError::Probe(format!(
                 "{} does not fit this judge: {m}",
@@ -170,11 +142,7 @@ impl<B: GrpoOps> ProbeJudge<B> {
                 ));
             }
         }
-        let bytes = std::fs::read(probe_path).map_err(|e| JudgeError::File {
-            path: probe_path.into(),
-            source: e,
-        })?;
-        let digest = crate::probe::features::hex(&sha2::Sha256::digest(&bytes));
+        let digest = hex(&sha2::Sha256::digest(&bytes));
         let mut name = format!(
             "probe:{}:{}",
             featurizer.model_dir().display(),
@@ -189,7 +157,6 @@ impl<B: GrpoOps> ProbeJudge<B> {
             meta,
             abstention,
             cache,
-            stats: Arc::new(ProbeStats::default()),
             name,
         })
     }
@@ -197,11 +164,6 @@ impl<B: GrpoOps> ProbeJudge<B> {
     /// The probe's metadata.
     pub fn meta(&self) -> &ProbeMeta {
         &self.meta
-    }
-
-    /// The judge's counters.
-    pub fn stats(&self) -> Arc<ProbeStats> {
-        self.stats.clone()
     }
 
     fn key(&self, r: &CriterionRequest) -> CacheKey {
@@ -316,9 +278,6 @@ impl<B: GrpoOps> CriterionJudge for ProbeJudge<B> {
         }
         let mut failed: Vec<Option<String>> = vec![None; requests.len()];
         for ((i, low), answer) in deferred.iter().zip(answers) {
-            self.stats
-                .deferred
-                .fetch_add(low.len() as u64, Ordering::Relaxed);
             let entry = scored.iter_mut().find(|(j, _)| j == i).expect("scored");
             match answer.labels {
                 Some(l) if l.len() == low.len() => {
@@ -328,7 +287,6 @@ impl<B: GrpoOps> CriterionJudge for ProbeJudge<B> {
                     }
                 }
                 _ => {
-                    self.stats.fallback_failures.fetch_add(1, Ordering::Relaxed);
                     failed[*i] = Some(format!(
                         "fallback judge {}: {}",
                         self.abstention.as_ref().expect("abstaining").fallback.id(),
@@ -340,9 +298,6 @@ impl<B: GrpoOps> CriterionJudge for ProbeJudge<B> {
             }
         }
         for (i, labels) in scored {
-            self.stats
-                .criteria
-                .fetch_add(labels.len() as u64, Ordering::Relaxed);
             let raw: Vec<Scored> = labels
                 .iter()
                 .zip(&by[i])

@@ -244,16 +244,21 @@ impl LinearProbe {
             path: path.into(),
             source: e,
         })?;
+        Self::from_bytes(&data, path)
+    }
+
+    /// A probe from the bytes of a file [`LinearProbe::save`] wrote; `path` names it in errors.
+    pub fn from_bytes(data: &[u8], path: &Path) -> Result<(Self, ProbeMeta)> {
         let bad = |m: String| JudgeError::Probe(format!("{}: {m}", path.display()));
         let (_, header) =
-            safetensors::SafeTensors::read_metadata(&data).map_err(|e| bad(e.to_string()))?;
+            safetensors::SafeTensors::read_metadata(data).map_err(|e| bad(e.to_string()))?;
         let meta: ProbeMeta = header
             .metadata()
             .as_ref()
             .and_then(|m| m.get("conrub_probe"))
             .ok_or_else(|| bad("not a conrub probe (no `conrub_probe` metadata)".into()))
             .and_then(|s| serde_json::from_str(s).map_err(|e| bad(e.to_string())))?;
-        let st = safetensors::SafeTensors::deserialize(&data).map_err(|e| bad(e.to_string()))?;
+        let st = safetensors::SafeTensors::deserialize(data).map_err(|e| bad(e.to_string()))?;
         let read = |name: &str, len: usize| -> Result<Vec<f32>> {
             let t = st.tensor(name).map_err(|e| bad(e.to_string()))?;
             let v: Vec<f32> = t

@@ -36,6 +36,6 @@ pub use features::{
     model_digest, FeatureSpec, FeatureStore, ProbeFeaturizer, StoreMeta, MEAN_SPAN_VERSION,
 };
 #[cfg(feature = "local")]
-pub use judge::{Abstention, FeatureSpecFilter, ProbeCounts, ProbeJudge, ProbeStats};
+pub use judge::{Abstention, FeatureSpecFilter, ProbeJudge};
 #[cfg(feature = "local")]
 pub use linear::{LinearProbe, ProbeMeta, ProbeTraining, PROBE_FORMAT};
