@@ -25,9 +25,6 @@ pub struct KernelConfig {
     pub dtype: DType,
     /// Its head dimension, for the attention kernels.
     pub head_dim: Option<usize>,
-    /// Whether it runs in every step (all of ours do: log-probs and loss every update, attention
-    /// forward and backward every layer, paged decode every generated token).
-    pub hot: bool,
 }
 
 /// The row kernels (log-probabilities and the clipped-ratio loss).
@@ -65,7 +62,6 @@ impl KernelConfig {
                     kernel,
                     dtype,
                     head_dim: None,
-                    hot: true,
                 });
             }
             for head_dim in HEAD_DIMS {
@@ -74,7 +70,6 @@ impl KernelConfig {
                         kernel,
                         dtype,
                         head_dim: Some(head_dim),
-                        hot: true,
                     });
                 }
             }

@@ -107,19 +107,8 @@ impl Arch {
         }
     }
 
-    pub(crate) fn from_sm(sm: u16) -> Self {
-        Self {
-            sm: if sm == 0 { 90 } else { sm },
-        }
-    }
-
-    /// The `--gpu-architecture` CubeCL gives NVRTC: `sm_90a` from Hopper on (its
-    /// architecture-specific features), `sm_80` before.
-    pub fn virtual_name(self) -> String {
-        self.real_name()
-    }
-
-    /// The `-arch` of ptxas (the same name).
+    /// The name NVRTC (`--gpu-architecture`, as CubeCL passes it) and ptxas (`-arch`) take:
+    /// `sm_90a` from Hopper on (its architecture-specific features), `sm_80` before.
     pub fn real_name(self) -> String {
         if self.sm >= 90 {
             format!("sm_{}a", self.sm)
@@ -287,8 +276,6 @@ pub struct KernelResources {
     /// Blocks and warps per SM.
     #[serde(flatten)]
     pub occupancy: Occupancy,
-    /// Whether it runs in every training or rollout step (spills there fail the check).
-    pub hot: bool,
 }
 
 /// Compiles one generated kernel with NVRTC and ptxas for `arch`.
@@ -319,7 +306,6 @@ pub fn compile(
             report.registers,
             shared,
         ),
-        hot: generated.config.hot,
     })
 }
 
@@ -338,8 +324,9 @@ pub struct KnownSpill {
     pub spills: u32,
 }
 
-/// What fails the check: a spill in a hot kernel that `known` does not list (or one bigger than
-/// listed), shared memory over the per-block limit.
+/// What fails the check: a spill that `known` does not list (or one bigger than listed; every
+/// kernel of ours runs in every step, so none may spill unnoticed), shared memory over the
+/// per-block limit.
 pub fn problems(arch: Arch, resources: &[KernelResources], known: &[KnownSpill]) -> Vec<String> {
     let limit = arch.limits().max_shared_per_block;
     let mut out = Vec::new();
@@ -349,7 +336,6 @@ pub fn problems(arch: Arch, resources: &[KernelResources], known: &[KnownSpill])
             .find(|k| k.kernel == r.kernel && k.config == r.config);
         let spills = r.spills > 0 || r.spill_loads > 0;
         match listed {
-            _ if !r.hot => {}
             None if spills => out.push(format!(
                 "{} [{}]: spills {} bytes (stores) / {} bytes (loads) per thread at {} registers",
                 r.kernel, r.config, r.spills, r.spill_loads, r.registers

@@ -138,7 +138,7 @@ impl Nvrtc {
         };
         let c_source = CString::new(source).map_err(|e| fail(format!("source: {e}")))?;
         let options = [
-            format!("--gpu-architecture={}", arch.virtual_name()),
+            format!("--gpu-architecture={}", arch.real_name()),
             format!("--include-path={}", self.include.display()),
             "-lineinfo".to_string(),
         ];
@@ -211,26 +211,26 @@ pub fn ptxas(
     ptx: &str,
     arch: Arch,
 ) -> Result<PtxasReport, OfflineError> {
-    let dir = tempfile_dir()?;
-    let ptx_path = dir.join(format!("{}.ptx", sanitize(name)));
-    let cubin = dir.join(format!("{}.cubin", sanitize(name)));
-    let io = |e: std::io::Error| OfflineError::Io {
+    let dir = tempfile::tempdir().map_err(|e| OfflineError::Io {
+        path: std::env::temp_dir(),
+        source: e,
+    })?;
+    let ptx_path = dir.path().join("kernel.ptx");
+    std::fs::write(&ptx_path, ptx).map_err(|e| OfflineError::Io {
         path: ptx_path.clone(),
         source: e,
-    };
-    std::fs::write(&ptx_path, ptx).map_err(io)?;
+    })?;
     let out = Command::new(&tools.ptxas)
         .arg(format!("-arch={}", arch.real_name()))
         .arg("-v")
         .arg("-o")
-        .arg(&cubin)
+        .arg(dir.path().join("kernel.cubin"))
         .arg(&ptx_path)
         .output()
         .map_err(|e| OfflineError::Tools {
             root: tools.ptxas.clone(),
             reason: format!("cannot run ptxas: {e}"),
         })?;
-    let _ = std::fs::remove_dir_all(&dir);
     let log =
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
@@ -243,27 +243,6 @@ pub fn ptxas(
         kernel: name.to_string(),
         reason: format!("no resource line in ptxas' output: {}", log.trim_end()),
     })
-}
-
-fn sanitize(name: &str) -> String {
-    name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
-}
-
-fn tempfile_dir() -> Result<PathBuf, OfflineError> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "conrub-ptxas-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).map_err(|e| OfflineError::Io {
-        path: dir.clone(),
-        source: e,
-    })?;
-    Ok(dir)
 }
 
 /// The numbers of ptxas' `-v` lines for a file holding one entry function:

@@ -60,10 +60,16 @@ pub(crate) fn take_recorded() -> Vec<Result<RecordedKernel, String>> {
 }
 
 /// The device of [`OfflineCuda`]: one per architecture (its index is the sm version).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct OfflineDevice {
-    /// Compute capability times ten (90 for sm_90); 0 means sm_90.
+    /// Compute capability times ten (90 for sm_90).
     pub sm: u16,
+}
+
+impl Default for OfflineDevice {
+    fn default() -> Self {
+        Self { sm: Arch::SM90.sm }
+    }
 }
 
 /// Device type id of [`OfflineDevice`], apart from every real runtime's.
@@ -148,7 +154,9 @@ pub struct RecordingServer {
 
 impl DeviceService for RecordingServer {
     fn init(device_id: DeviceId) -> Self {
-        let arch = Arch::from_sm(OfflineDevice::from_id(device_id).sm);
+        let arch = Arch {
+            sm: OfflineDevice::from_id(device_id).sm,
+        };
         let logger = Arc::new(ServerLogger::default());
         let properties = device_properties(arch);
         let policy = ContiguousMemoryLayoutPolicy::new(properties.memory.alignment as usize);
