@@ -4,8 +4,15 @@
 # Build here (offline; CUDA kernels compile with NVRTC at run time; match the driver's CUDA version):
 #   CUDARC_CUDA_VERSION=13000 cargo build --release --features cuda
 # Carry target/release/conrub and this script to the GPU machine, then:
-#   scripts/gpu-check.sh [path/to/conrub] [cuda device index]
-# It prints one table: whether the device's f32 matmuls run in TF32 (burn 0.21's CUDA matmuls do on
+#   scripts/gpu-check.sh [--only SECTIONS] [path/to/conrub] [cuda device index]
+# SECTIONS (comma-separated, default all, in this order): compile, parity, demo, bench, allreduce.
+# `bench` is the benchmark against PyTorch (benches/gpu/compare.py: conrub's train step and
+# rollout against transformers' on the same GPU, cold vs warm first step; its JSON lines go to
+# $BENCH_OUT, default gpu-bench.jsonl, as they are measured) and needs python3 with torch and
+# transformers; `demo` runs the demo's first steps twice on one kernel cache (cold, then warm)
+# and prints each step's time and kernel_compiles. Sized for the lent machine: bench at most 5
+# minutes of GPU time, the whole script at most 8, starts included.
+# `parity` prints one table: whether the device's f32 matmuls run in TF32 (burn 0.21's CUDA matmuls do on
 # an H200: cubek-matmul stages f32 operands as TF32 on tensor cores; the first H200 run measured
 # 4.5e-5 on log-probs and 1.1e-3 on their gradients against the CPU's f32), parity of the fused
 # ops on CUDA against true-f32 references (the log-prob rows against the textbook graph on the
@@ -30,8 +37,14 @@
 # the two demo steps below did not finish in 150 s. A lever to try next: CUBECL_AUTOTUNE_LEVEL=minimal
 # (coarser shape buckets: anchors at powers of 2.5 instead of 2, so fewer buckets tune).
 set -euo pipefail
+ONLY="compile,parity,demo,bench,allreduce"
+if [[ "${1:-}" == "--only" ]]; then
+  ONLY="$2"
+  shift 2
+fi
 BIN="${1:-./target/release/conrub}"
 DEV="${2:-0}"
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
 if [[ ! -x "$BIN" ]]; then
   echo "gpu-check: no executable at $BIN (build it with --features cuda and pass its path)" >&2
   exit 2
@@ -44,6 +57,11 @@ fi
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 fi
+status=0
+# One kernel cache for the whole script (a fresh one: the first section that needs a kernel
+# compiles it, the later ones load it).
+export CONRUB_KERNEL_CACHE="${CONRUB_KERNEL_CACHE:-$(mktemp -d)/kernels}"
+echo "kernel cache: $CONRUB_KERNEL_CACHE"
 # What each kernel should use here, compiled offline for sm_90 by `conrub kernels-compile` (CI
 # checks it on every change; README "Compiled for an H200 without a GPU" has the 48-row table):
 #   kernel (head_dim 128)      regs  spill B  stack B  shared B  blocks/SM  occupancy
@@ -56,38 +74,65 @@ fi
 # With a toolkit on this machine (ptxas, NVRTC and the headers under one folder), the same table
 # from this machine's compiler; a difference from the list above is worth reading.
 CUDA_HOME_GUESS="${CUDA_HOME:-/usr/local/cuda}"
-if [[ -x "$CUDA_HOME_GUESS/bin/ptxas" ]]; then
+if want compile && [[ -x "$CUDA_HOME_GUESS/bin/ptxas" ]]; then
   echo "== kernels compiled for sm_90 with $CUDA_HOME_GUESS"
   "$BIN" kernels-compile --arch sm_90 --tools "$CUDA_HOME_GUESS" \
     --known-spills kernels/known-spills.json || echo "gpu-check: kernels-compile failed (above)"
 fi
-echo "== f32 kernels on cuda:$DEV"
-# A failed parity goes on to the other checks (device time is short); the script's status says it.
-status=0
-"$BIN" kernels-check --device "cuda:$DEV" --iters "${ITERS:-5}" || status=$?
+if want parity; then
+  echo "== f32 kernels on cuda:$DEV"
+  # A failed parity goes on to the other checks (device time is short); the script's status says it.
+  "$BIN" kernels-check --device "cuda:$DEV" --iters "${ITERS:-5}" || status=$?
+fi
 
-# The learner pipeline on the GPU: two demo steps (rollout, lexical rewards, the device-resident
-# train batch, updates with global clipping). Run from the repository root (it reads configs/ and
-# data/). Prints the phase timings of each step; the update reads its metrics once per step.
-echo "== learner steps on cuda:$DEV (demo config)"
-OUT_DIR="$(mktemp -d)"
-"$BIN" train --config configs/demo-cpu.toml --device "cuda:$DEV" \
-  --set run.max_steps=2 --set warmup.steps=2 --set "run.output_dir=\"$OUT_DIR\""
-grep '"kind":"step"' "$OUT_DIR/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"rollout_secs":([0-9.e-]+),"judge_secs":([0-9.e-]+),"update_secs":([0-9.e-]+).*/step \1: rollout \2 s, judge \3 s, update \4 s/'
+# The learner pipeline on the GPU: the demo's first two steps (rollout, lexical rewards, the
+# device-resident train batch, updates with global clipping), twice on one fresh kernel cache: the
+# first run compiles (its kernel warm-up line says how much), the second should compile nothing.
+# Run from the repository root (it reads configs/ and data/).
+if want demo; then
+  DEMO_CACHE="$(mktemp -d)"
+  for pass in cold warm; do
+    echo "== demo steps on cuda:$DEV, $pass kernel cache"
+    OUT_DIR="$(mktemp -d)"
+    "$BIN" --kernel-cache "$DEMO_CACHE" train --config configs/demo-cpu.toml --device "cuda:$DEV" \
+      --set run.max_steps=2 --set warmup.steps=2 --set "run.output_dir=\"$OUT_DIR\"" || status=$?
+    python3 - "$OUT_DIR/metrics.jsonl" <<'PY' || true
+import json, sys
+for l in open(sys.argv[1]):
+    d = json.loads(l)
+    if d["kind"] == "kernel_warmup":
+        print(f"kernel warm-up: {d['secs']:.1f} s, {d.get('kernel_compiles')} compiles, {d.get('autotune_runs')} autotune runs")
+    if d["kind"] == "step":
+        secs = d["rollout_secs"] + d["judge_secs"] + d["update_secs"]
+        print(f"step {d['step']}: {secs:.1f} s (rollout {d['rollout_secs']:.1f}, judge {d['judge_secs']:.1f}, update {d['update_secs']:.1f}), "
+              f"kernel_compiles {d.get('kernel_compiles')}, autotune_runs {d.get('autotune_runs')}")
+PY
+  done
+fi
+
+# conrub against PyTorch on this GPU (benches/gpu/compare.py; at most about 5 minutes).
+if want bench; then
+  echo "== benchmark against PyTorch on cuda:$DEV"
+  python3 benches/gpu/compare.py --bin "$BIN" --device "$DEV" --out "${BENCH_OUT:-gpu-bench.jsonl}" \
+    --timeout "${BENCH_TIMEOUT:-150}" --kernel-cache "$CONRUB_KERNEL_CACHE" \
+    ${BENCH_ONLY:+--only "$BENCH_ONLY"} || status=$?
+fi
 
 # Data parallelism on whatever GPUs the machine has: the NCCL all-reduce of gradient buckets
 # (world size 1 on one GPU) against the host sum of the same buckets, with GB/s per rank; then,
 # with two or more GPUs, two demo steps on all of them (one rank per GPU).
-NGPU="$(nvidia-smi -L 2>/dev/null | wc -l || echo 1)"
-[[ "$NGPU" -ge 1 ]] || NGPU=1
-DEVS="$(seq -s, -f 'cuda:%g' 0 $((NGPU - 1)))"
-echo "== gradient all-reduce on $DEVS (NCCL vs host)"
-"$BIN" allreduce-check --devices "$DEVS" --mb 64 --buckets 4
-if [[ "$NGPU" -ge 2 ]]; then
-  echo "== data-parallel learner steps on $DEVS (demo config)"
-  DP_DIR="$(mktemp -d)"
-  "$BIN" train --config configs/demo-cpu.toml --devices "$DEVS" \
-    --set run.max_steps=2 --set warmup.steps=2 --set "run.output_dir=\"$DP_DIR\""
-  grep '"kind":"step"' "$DP_DIR/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"allreduce_bytes":([0-9]+),"allreduce_secs":([0-9.e-]+).*/step \1: all-reduce \2 bytes in \3 s/'
+if want allreduce; then
+  NGPU="$(nvidia-smi -L 2>/dev/null | wc -l || echo 1)"
+  [[ "$NGPU" -ge 1 ]] || NGPU=1
+  DEVS="$(seq -s, -f 'cuda:%g' 0 $((NGPU - 1)))"
+  echo "== gradient all-reduce on $DEVS (NCCL vs host)"
+  "$BIN" allreduce-check --devices "$DEVS" --mb 64 --buckets 4
+  if [[ "$NGPU" -ge 2 ]]; then
+    echo "== data-parallel learner steps on $DEVS (demo config)"
+    DP_DIR="$(mktemp -d)"
+    "$BIN" train --config configs/demo-cpu.toml --devices "$DEVS" \
+      --set run.max_steps=2 --set warmup.steps=2 --set "run.output_dir=\"$DP_DIR\""
+    grep '"kind":"step"' "$DP_DIR/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"allreduce_bytes":([0-9]+),"allreduce_secs":([0-9.e-]+).*/step \1: all-reduce \2 bytes in \3 s/'
+  fi
 fi
 exit "$status"

@@ -1,6 +1,7 @@
 //! Backend selection: cargo features decide which backends exist, `--device` picks one at run time.
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Result};
 use conrub_config::backend_of;
@@ -30,6 +31,106 @@ pub fn inference_execution(precision: conrub_qwen3::Precision) -> conrub_qwen3::
         precision,
         ..Default::default()
     }
+}
+
+/// Where compiled kernels and autotune results are kept: `--kernel-cache`, else a run config's
+/// `kernel_cache`, else `~/.cache/conrub/kernels`.
+#[derive(Debug, Default)]
+struct KernelCacheRoots {
+    flag: Option<PathBuf>,
+    config: Option<PathBuf>,
+}
+
+static KERNEL_CACHE_ROOTS: Mutex<KernelCacheRoots> = Mutex::new(KernelCacheRoots {
+    flag: None,
+    config: None,
+});
+
+/// `--kernel-cache DIR` (wins over a config's `kernel_cache`).
+pub fn set_kernel_cache_flag(dir: Option<PathBuf>) {
+    KERNEL_CACHE_ROOTS.lock().expect("not poisoned").flag = dir;
+}
+
+/// A run config's `kernel_cache`.
+pub fn set_kernel_cache_config(dir: Option<PathBuf>) {
+    KERNEL_CACHE_ROOTS.lock().expect("not poisoned").config = dir;
+}
+
+/// The kernel cache's root for this process.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn kernel_cache_root() -> PathBuf {
+    let roots = KERNEL_CACHE_ROOTS.lock().expect("not poisoned");
+    roots
+        .flag
+        .clone()
+        .or(roots.config.clone())
+        .unwrap_or_else(conrub_kernels::kernel_cache::default_root)
+}
+
+/// Points CubeCL at the kernel cache of the device `identity` names (before the device starts)
+/// and says where it is and what it holds, the first time in this process.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn prepare_kernel_cache(
+    identity: std::result::Result<
+        conrub_kernels::kernel_cache::DeviceIdentity,
+        conrub_kernels::kernel_cache::KernelCacheError,
+    >,
+) -> Result<()> {
+    use conrub_kernels::kernel_cache::{install, installed, KernelCache};
+    let cache = KernelCache::open(&kernel_cache_root(), identity?)?;
+    let first = installed().is_none();
+    install(&cache)?;
+    if first {
+        let e = cache.entries();
+        let _ = KERNEL_CACHE_COLD.set(e.compiled == 0);
+        eprintln!(
+            "kernel cache: {} ({} compiled kernels, {} autotune results; {})",
+            cache.dir.display(),
+            e.compiled,
+            e.autotune,
+            cache.identity.name
+        );
+    }
+    Ok(())
+}
+
+/// Whether this process's kernel cache held no compiled kernel when the device started.
+static KERNEL_CACHE_COLD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// True when a CubeCL device started on an empty kernel cache in this process (what makes
+/// `conrub train` run its kernel warm-up); false on the CPU backends and libtorch.
+pub fn kernel_cache_was_cold() -> bool {
+    KERNEL_CACHE_COLD.get().copied().unwrap_or(false)
+}
+
+/// The closing line of a command that ran kernels: how many were compiled (cache misses), loaded
+/// from the kernel cache (hits) and autotuned; nothing when nothing was counted or happened.
+pub fn report_kernel_events() {
+    if let Some(e) = conrub_kernels::events::snapshot() {
+        if e != Default::default() {
+            eprintln!(
+                "kernels: {} compiled (cache misses), {} loaded from the kernel cache (hits), {} autotune runs",
+                e.kernel_compiles, e.kernel_cache_loads, e.autotune_runs
+            );
+        }
+    }
+}
+
+/// The memory of the device `spec` names, asked of its driver: CUDA devices (the memory plan is
+/// checked against it); `None` for the others (no fixed device memory to check against).
+pub fn device_memory_bytes(spec: &str) -> Result<Option<u64>> {
+    if backend_of(spec) != "cuda" {
+        return Ok(None);
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let index = index(spec, "cuda")?;
+        Ok(Some(conrub_kernels::kernel_cache::cuda_total_memory(
+            index,
+        )?))
+    }
+    #[cfg(not(feature = "cuda"))]
+    Ok(None)
 }
 
 /// Devices accepted by `--device`.
@@ -137,6 +238,9 @@ pub fn run_on_devices<T: DevicesTask>(specs: &[String], task: T) -> Result<()> {
             #[cfg(feature = "wgpu")]
             {
                 use burn::backend::wgpu::WgpuDevice;
+                prepare_kernel_cache(conrub_kernels::kernel_cache::wgpu_identity(
+                    (first != "wgpu").then_some(indices[0]),
+                ))?;
                 let devices = specs
                     .iter()
                     .zip(indices)
@@ -166,6 +270,8 @@ pub fn run_on_devices<T: DevicesTask>(specs: &[String], task: T) -> Result<()> {
                 .iter()
                 .map(|s| index(s, "cuda"))
                 .collect::<Result<Vec<_>>>()?;
+            #[cfg(feature = "cuda")]
+            prepare_kernel_cache(conrub_kernels::kernel_cache::cuda_identity(indices[0]))?;
             #[cfg(feature = "cuda")]
             return task.run::<burn::backend::Cuda>(
                 indices

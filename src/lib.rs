@@ -18,6 +18,11 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "conrub", version, about)]
 struct Cli {
+    /// Where compiled kernels and autotune results are kept on the CubeCL backends (cuda, wgpu):
+    /// one folder per device and conrub build inside it. Overrides a train config's
+    /// `kernel_cache`; default `~/.cache/conrub/kernels` ($XDG_CACHE_HOME/conrub/kernels).
+    #[arg(long, global = true, value_name = "DIR", env = "CONRUB_KERNEL_CACHE")]
+    kernel_cache: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -48,8 +53,15 @@ enum Command {
     /// Evaluate a model on benchmarks.
     #[command(subcommand)]
     Eval(commands::eval::EvalCommand),
+    /// conrub's side of the GPU benchmark against PyTorch (benches/gpu/): one training step or
+    /// one rollout at a Qwen3 shape, as a JSON line.
+    #[command(subcommand)]
+    Bench(commands::bench::BenchCommand),
     /// Check the fused GRPO kernels on a device against true-f32 references and time them.
     KernelsCheck(commands::kernels::KernelsArgs),
+    /// Compile and autotune the kernels of a train config's steps into the kernel cache (a dry
+    /// step of the run's shapes), so that its first step compiles nothing.
+    KernelsWarmup(commands::kernel_warmup::KernelsWarmupArgs),
     /// Compile every CubeCL kernel for an NVIDIA architecture without a GPU (NVRTC, ptxas) and
     /// report registers, spills, shared memory and occupancy.
     KernelsCompile(commands::kernels_compile::KernelsCompileArgs),
@@ -62,7 +74,16 @@ enum Command {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    match cli.command {
+    // Counts CubeCL's compilations and autotune runs (metrics lines, the closing report).
+    conrub_kernels::events::install();
+    backend::set_kernel_cache_flag(cli.kernel_cache);
+    run_command(cli.command)?;
+    backend::report_kernel_events();
+    Ok(())
+}
+
+fn run_command(command: Command) -> Result<()> {
+    match command {
         Command::Generate(args) => commands::generate::run(args),
         Command::Logprobs(args) => commands::logprobs::run(args),
         Command::Tokenize(args) => commands::tokenize::run(args),
@@ -74,6 +95,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plan(args) => commands::plan::run(args),
         Command::Eval(cmd) => commands::eval::run(cmd),
         Command::KernelsCheck(args) => commands::kernels::run(args),
+        Command::Bench(cmd) => commands::bench::run(cmd),
+        Command::KernelsWarmup(args) => commands::kernel_warmup::run_command(args),
         Command::KernelsCompile(args) => commands::kernels_compile::run(args),
         Command::AllreduceCheck(args) => commands::allreduce::run(args),
         Command::Plot(args) => commands::plot::run(args),

@@ -170,3 +170,158 @@ fn lm_head_matches_flex_at_full_vocabulary() {
         assert!(worst < 1e-4, "{rows} rows: logits differ by up to {worst}");
     }
 }
+
+/// The metrics lines of `kind` in `dir/metrics.jsonl`.
+fn metrics_lines(dir: &Path, kind: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == kind)
+        .collect()
+}
+
+/// `conrub ARGS` with the kernel cache in `cache`; its stderr (the run must succeed).
+fn conrub_with_cache(cache: &Path, args: &[&str], build: Option<&str>) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_conrub"));
+    cmd.args(args).arg("--kernel-cache").arg(cache);
+    if let Some(id) = build {
+        cmd.env(conrub_kernels::kernel_cache::BUILD_ID_ENV, id);
+    }
+    let o = cmd.output().expect("binary runs");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "conrub {args:?}: {err}");
+    err
+}
+
+/// The shrunk demo on wgpu at the full 151,936-token vocabulary (the real tokenizer): on a cold
+/// kernel cache `train` first runs the kernel warm-up (which compiles and autotunes), and then no
+/// step compiles or autotunes anything; `kernels-warmup` on the warm cache and a second `train`
+/// with the same `--kernel-cache` compile nothing at any line (kernels come from the cache).
+#[test]
+fn demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
+    if !conrub_kernels::wgpu_adapter_or_skip("demo_on_wgpu_compiles_once_and_keeps_its_kernels") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("kernels");
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/demo-cpu.toml");
+    let shrink = [
+        "--set",
+        "run.max_steps=4",
+        "--set",
+        "warmup.steps=2",
+        "--set",
+        "learner.group_size=4",
+        "--set",
+        "learner.max_response_tokens=16",
+    ];
+    let train = |out: &Path| -> String {
+        let out_dir = format!("run.output_dir=\"{}\"", out.display());
+        let mut args = vec!["train", "--config", config.to_str().unwrap()];
+        args.extend(["--device", "wgpu", "--set", &out_dir]);
+        args.extend(shrink);
+        conrub_with_cache(&cache, &args, None)
+    };
+    let zero = |v: &serde_json::Value, what: &str| {
+        assert_eq!(v["kernel_compiles"], 0, "{what}: {v}");
+        assert_eq!(v["autotune_runs"], 0, "{what}: {v}");
+    };
+
+    let cold = dir.path().join("cold");
+    let log = train(&cold);
+    let warmups = metrics_lines(&cold, "kernel_warmup");
+    assert_eq!(warmups.len(), 1, "a cold cache gets a warm-up: {log}");
+    assert!(
+        warmups[0]["kernel_compiles"].as_u64().unwrap() > 0
+            && warmups[0]["autotune_runs"].as_u64().unwrap() > 0,
+        "{}",
+        warmups[0]
+    );
+    let steps = metrics_lines(&cold, "step");
+    assert_eq!(steps.len(), 4);
+    for s in &steps {
+        zero(s, "a step after the warm-up");
+    }
+
+    let log = conrub_with_cache(
+        &cache,
+        &[
+            &[
+                "kernels-warmup",
+                "--config",
+                config.to_str().unwrap(),
+                "--device",
+                "wgpu",
+            ][..],
+            &shrink[..],
+        ]
+        .concat(),
+        None,
+    );
+    assert!(
+        log.contains("kernels compiled") && log.contains(": 0 kernels compiled,"),
+        "kernels-warmup on a warm cache: {log}"
+    );
+
+    let warm = dir.path().join("warm");
+    let log = train(&warm);
+    assert!(
+        metrics_lines(&warm, "kernel_warmup").is_empty(),
+        "no warm-up on a warm cache: {log}"
+    );
+    for s in &metrics_lines(&warm, "step") {
+        zero(s, "a step of the second run");
+    }
+    assert!(
+        log.contains("kernels: 0 compiled (cache misses)"),
+        "the second run compiled nothing at all: {log}"
+    );
+}
+
+/// A kernel cache entry written by another build of the kernels is not used: the same command
+/// compiles again under another build id, and nothing under the first one's.
+#[test]
+fn another_builds_cache_entries_are_not_used() {
+    if !conrub_kernels::wgpu_adapter_or_skip("another_builds_cache_entries_are_not_used") {
+        return;
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let model = testdata("tied-gqa-f32");
+    let args = [
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        "1,2,3",
+        "--greedy",
+        "--max-new-tokens",
+        "2",
+        "--device",
+        "wgpu",
+    ];
+    let compiled = |log: &str| -> u64 {
+        let line = log
+            .lines()
+            .find(|l| l.starts_with("kernels: "))
+            .unwrap_or_else(|| panic!("no closing kernels line: {log}"));
+        line["kernels: ".len()..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let first = compiled(&conrub_with_cache(cache.path(), &args, Some("build-a")));
+    assert!(first > 0);
+    assert_eq!(
+        compiled(&conrub_with_cache(cache.path(), &args, Some("build-a"))),
+        0,
+        "the same build reuses its entries"
+    );
+    let other = compiled(&conrub_with_cache(cache.path(), &args, Some("build-b")));
+    assert!(
+        other > 0,
+        "another build compiles again ({other} kernels; the first build compiled {first})"
+    );
+}

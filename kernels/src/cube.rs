@@ -11,7 +11,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use cubecl::ir::HardwareProperties;
 use cubecl::prelude::*;
 
-use crate::{AttentionLayout, AttentionOps, Clip, DecodeOps, LossOps, PagedLayout, Reduce};
+use crate::{AttentionLayout, AttentionOps, Clip, LossOps, PagedLayout, Reduce};
 
 /// Threads per cube of the row kernels (a power of two).
 const ROW_BLOCK: u32 = 256;
@@ -479,7 +479,4 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
     }
 }
 
-impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> DecodeOps
-    for CubeBackend<R, F, I, BT>
-{
-}
+// `DecodeOps` (sampling) is in `cube_sampling.rs`.

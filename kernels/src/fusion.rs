@@ -12,6 +12,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
+use crate::sampling::SampleParams;
 use crate::{
     AttentionLayout, AttentionOps, Clip, DecodeOps, GrpoOps, LossOps, PagedLayout, Reduce,
 };
@@ -27,6 +28,7 @@ enum Hook {
     AttentionForward(AttentionLayout),
     AttentionBackward(AttentionLayout),
     PagedDecode(PagedLayout),
+    Sample(SampleParams),
 }
 
 #[derive(Clone, Debug)]
@@ -106,6 +108,12 @@ impl<B: FusionBackend + GrpoOps> Operation<B::FusionRuntime> for HookOp<B> {
                     &outs[0].id,
                     B::paged_decode_attention(q, k, v, tables, lens, layout),
                 );
+            }
+            Hook::Sample(params) => {
+                let (logits, uniforms) = (f(h, 0), f(h, 1));
+                let (tokens, logp) = B::sample_rows_on(logits, uniforms, &params);
+                h.register_int_tensor::<B>(&outs[0].id, tokens);
+                h.register_float_tensor::<B>(&outs[1].id, logp);
             }
         }
     }
@@ -289,4 +297,36 @@ impl<B: FusionBackend + GrpoOps> AttentionOps for Fusion<B> {
     }
 }
 
-impl<B: FusionBackend + GrpoOps> DecodeOps for Fusion<B> {}
+impl<B: FusionBackend + GrpoOps> DecodeOps for Fusion<B> {
+    fn sample_rows(
+        logits: FloatTensor<Self>,
+        params: &SampleParams,
+        uniforms: &[f64],
+    ) -> (IntTensor<Self>, FloatTensor<Self>) {
+        let rows = logits.shape.dims::<2>()[0];
+        let u = crate::cube_sampling::uniforms_tensor::<Self>(
+            rows,
+            params,
+            uniforms,
+            &logits.client.device().clone(),
+        );
+        Self::sample_rows_on(logits, u, params)
+    }
+
+    fn sample_rows_on(
+        logits: FloatTensor<Self>,
+        uniforms: FloatTensor<Self>,
+        params: &SampleParams,
+    ) -> (IntTensor<Self>, FloatTensor<Self>) {
+        let rows = Shape::new([logits.shape.dims::<2>()[0]]);
+        let int = <B::IntElem as burn::tensor::Element>::dtype();
+        let mut outs = register::<B>(
+            "conrub_sample",
+            Hook::Sample(*params),
+            vec![logits, uniforms],
+            &[(rows.clone(), int), (rows, DType::F32)],
+        );
+        let logp = outs.pop().expect("two outputs");
+        (outs.pop().expect("two outputs"), logp)
+    }
+}

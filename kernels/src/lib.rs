@@ -36,9 +36,14 @@ mod cube;
 mod cube_attention;
 #[cfg(feature = "cube")]
 mod cube_paged;
+#[cfg(feature = "cube")]
+mod cube_sampling;
+pub mod events;
 pub mod fallback;
 #[cfg(feature = "cube")]
 mod fusion;
+#[cfg(feature = "cube")]
+pub mod kernel_cache;
 #[cfg(feature = "cuda")]
 mod nccl;
 #[cfg(feature = "cuda-compile")]
@@ -290,12 +295,19 @@ pub trait DecodeOps: Backend {
         params: &sampling::SampleParams,
         uniforms: &[f64],
     ) -> (IntTensor<Self>, FloatTensor<Self>) {
-        let (t, l) = sampling::sample_rows_by_tensors::<Self>(
-            Tensor::from_primitive(TensorPrimitive::Float(logits)),
-            params,
-            uniforms,
-        );
-        (t.into_primitive(), l.into_primitive().tensor())
+        sampling::sample_rows_by_tensor_ops::<Self>(logits, params, uniforms)
+    }
+
+    /// [`Self::sample_rows`] with the draws already on the device (`uniforms` `[rows]` f32): how
+    /// the fusion wrapper hands a sampling step to its inner backend. The default reads the
+    /// draws back and calls [`Self::sample_rows`]; the CubeCL backends launch their kernel.
+    fn sample_rows_on(
+        logits: FloatTensor<Self>,
+        uniforms: FloatTensor<Self>,
+        params: &sampling::SampleParams,
+    ) -> (IntTensor<Self>, FloatTensor<Self>) {
+        let u = sampling::host_uniforms::<Self>(uniforms);
+        Self::sample_rows(logits, params, &u)
     }
 }
 

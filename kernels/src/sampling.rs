@@ -2,7 +2,9 @@
 //! applies on the host), and [`crate::DecodeOps::sample_rows`], which applies it to a `[rows, vocab]`
 //! tensor where the logits are and returns only token ids and log-probabilities: as tensor ops by
 //! default ([`sample_rows_by_tensors`], cumulative sums in f32), on burn-flex straight on the
-//! logits' buffer with the host rule ([`sample_rows_flex`]).
+//! logits' buffer with the host rule ([`sample_rows_flex`]), on the CubeCL backends with one
+//! kernel (`cube_sampling.rs`: greedy and whole-distribution draws in two reads of each logit;
+//! top-k and top-p rows take the tensor ops).
 //!
 //! Greedy takes the argmax and reports the model's own log-probability; sampling scales by the
 //! temperature, keeps the `top_k` most likely tokens and then the smallest prefix (by descending
@@ -10,7 +12,8 @@
 //! `u x total` for the row's uniform draw `u`. Every row is computed on its own.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 
 /// The sampling settings of one call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -177,6 +180,33 @@ pub fn sample_rows_by_tensors<B: Backend>(
     let tok = idx.gather(1, choice.clone());
     let lp = (w.gather(1, choice) / kept_total).log();
     (tok.reshape([n]), lp.reshape([n]))
+}
+
+/// [`sample_rows_by_tensors`] on primitives: the default of [`crate::DecodeOps::sample_rows`].
+pub fn sample_rows_by_tensor_ops<B: Backend>(
+    logits: FloatTensor<B>,
+    params: &SampleParams,
+    uniforms: &[f64],
+) -> (IntTensor<B>, FloatTensor<B>) {
+    let (t, l) = sample_rows_by_tensors::<B>(
+        Tensor::from_primitive(TensorPrimitive::Float(logits)),
+        params,
+        uniforms,
+    );
+    (t.into_primitive(), l.into_primitive().tensor())
+}
+
+/// A device tensor of draws `[rows]` read back to the host (the default of
+/// [`crate::DecodeOps::sample_rows_on`], which then samples with the host's copy).
+pub fn host_uniforms<B: Backend>(uniforms: FloatTensor<B>) -> Vec<f64> {
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(uniforms))
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("f32 draws")
+        .into_iter()
+        .map(f64::from)
+        .collect()
 }
 
 /// [`sample_row`] on every row of a burn-flex `[rows, vocab]` tensor, reading its buffer in place

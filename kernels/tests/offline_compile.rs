@@ -31,8 +31,8 @@ fn every_kernel_is_generated_for_sm_90_with_the_launchers_geometry() {
     let generated = offline::generate(Arch::SM90).unwrap();
     assert_eq!(
         generated.len(),
-        48,
-        "4 row kernels x 3 dtypes + 4 attention x 3 x 3"
+        51,
+        "5 row kernels x 3 dtypes + 4 attention x 3 x 3"
     );
     for g in &generated {
         let entry = &g.kernel.entry;

@@ -275,6 +275,122 @@ pub fn row_hooks_match_fallback<B: GrpoOps>(device: &B::Device, vocab: usize, ro
     assert_close("logit gradients", &host(a), &host(b));
 }
 
+/// Whether `tok` is the host rule's draw for `u` up to f32 rounding of the cumulative sums:
+/// `u x total` falls inside `tok`'s interval of the f64 cumulative distribution widened by
+/// `1e-5 x total` (the kernel adds 151,936 f32 weights in chunks; the host adds f64 in order).
+fn draw_within_rounding(row: &[f32], inv_t: f64, u: f64, tok: usize) -> bool {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let w: Vec<f64> = row
+        .iter()
+        .map(|&x| ((x as f64 - max) * inv_t).exp())
+        .collect();
+    let total: f64 = w.iter().sum();
+    let before: f64 = w[..tok].iter().sum();
+    let target = u * total;
+    let slack = 1e-5 * total;
+    before - slack <= target && target < before + w[tok] + slack
+}
+
+/// `DecodeOps::sample_rows` against the host rule ([`conrub_kernels::sampling::sample_row`]) at
+/// `vocab`, on a strided (transposed) view: greedy takes the host's token with its
+/// log-probability; a draw from the whole distribution (temperature 1 and 0.7) takes the host's
+/// token wherever the host's f64 sums are not within f32 rounding of a token boundary, and a
+/// token whose interval holds the draw up to that rounding everywhere; log-probabilities within
+/// 1e-4 of the f64 value of the token drawn. Rows: wide and peaked logits, a row with masked
+/// (-inf) ids at both ends, draws near 0 and near 1.
+pub fn sampling_matches_host_rule<B: GrpoOps>(device: &B::Device, vocab: usize) {
+    use conrub_kernels::sampling::{sample_row, SampleParams};
+    let rows = 6;
+    let mut rng = ChaCha8Rng::seed_from_u64(11 + vocab as u64);
+    let std = [3.0, 1.0, 6.0, 0.3, 3.0, 2.0];
+    let mut host_rows: Vec<Vec<f32>> = (0..rows)
+        .map(|r| (0..vocab).map(|_| normal(&mut rng, 0.0, std[r])).collect())
+        .collect();
+    let masked = vocab.min(40);
+    for x in host_rows[4][..masked / 2].iter_mut() {
+        *x = f32::NEG_INFINITY;
+    }
+    for x in host_rows[4][vocab - masked / 2..].iter_mut() {
+        *x = f32::NEG_INFINITY;
+    }
+    // `[vocab, rows]` transposed to a `[rows, vocab]` view with strides (1, rows).
+    let col_major: Vec<f32> = (0..vocab)
+        .flat_map(|v| host_rows.iter().map(move |r| r[v]))
+        .collect();
+    let logits =
+        Tensor::<B, 2>::from_data(TensorData::new(col_major, [vocab, rows]), device).transpose();
+    let uniforms = [1e-7, 0.25, 0.5, 0.75, 0.999_999, 0.6];
+    let modes = [
+        SampleParams {
+            greedy: true,
+            temperature: 1.0,
+            top_k: None,
+            top_p: 1.0,
+        },
+        SampleParams {
+            greedy: false,
+            temperature: 1.0,
+            top_k: None,
+            top_p: 1.0,
+        },
+        SampleParams {
+            greedy: false,
+            temperature: 0.7,
+            top_k: None,
+            top_p: 1.0,
+        },
+    ];
+    for params in &modes {
+        poison::<B>(&[rows, rows], device);
+        let (tok, lp) = B::sample_rows(logits.clone().into_primitive().tensor(), params, &uniforms);
+        let tok: Vec<i64> = Tensor::<B, 1, Int>::from_primitive(tok)
+            .into_data()
+            .convert::<i64>()
+            .into_vec()
+            .unwrap();
+        let lp = host(float1::<B>(lp));
+        let mut exact = 0;
+        for r in 0..rows {
+            let row = &host_rows[r];
+            let (want_tok, want_lp) = sample_row(row, params, uniforms[r]);
+            let t = tok[r] as usize;
+            assert!(t < vocab, "{params:?} row {r}: token {t} out of range");
+            if t == want_tok as usize {
+                exact += 1;
+                assert!(
+                    (lp[r] - want_lp).abs() < 1e-4,
+                    "{params:?} row {r}: log-prob {} vs host {want_lp}",
+                    lp[r]
+                );
+                continue;
+            }
+            assert!(
+                !params.greedy,
+                "greedy row {r}: token {t} vs host {want_tok}"
+            );
+            let inv_t = 1.0 / params.temperature;
+            assert!(
+                draw_within_rounding(row, inv_t, uniforms[r], t),
+                "{params:?} row {r}: token {t} is not the draw {} (host {want_tok})",
+                uniforms[r]
+            );
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = row
+                .iter()
+                .map(|&x| ((x as f64 - max) * inv_t).exp())
+                .sum::<f64>()
+                .ln();
+            let own = (row[t] as f64 - max) * inv_t - lse;
+            assert!(
+                (lp[r] as f64 - own).abs() < 1e-4,
+                "{params:?} row {r}: log-prob {} vs {own}",
+                lp[r]
+            );
+        }
+        println!("  sampling {params:?} at vocab {vocab}: {exact}/{rows} tokens equal to the host rule's, the rest within f32 rounding");
+    }
+}
+
 /// `clipped_surrogate` (loss, gradient, clip counts) against the textbook formula under autodiff.
 pub fn surrogate_matches_autodiff<B: GrpoOps>(device: &B::Device, len: usize) {
     type A<B> = Autodiff<B>;
@@ -368,6 +484,11 @@ mod flex {
     }
 
     #[test]
+    fn sampling_on_flex() {
+        super::sampling_matches_host_rule::<Flex>(&Default::default(), super::VOCAB);
+    }
+
+    #[test]
     fn row_hooks_on_flex() {
         super::row_hooks_match_fallback::<Flex>(&Default::default(), super::VOCAB, 5);
     }
@@ -457,6 +578,11 @@ mod wgpu {
         );
         for len in [45, 300] {
             super::surrogate_matches_autodiff::<Wgpu>(&device, len);
+        }
+        // The sampling kernel at the full vocabulary (two reads per logit), and at widths below
+        // and just above one cube of units (empty chunks, a one-id last chunk).
+        for vocab in [super::VOCAB, 100, 257] {
+            super::sampling_matches_host_rule::<Wgpu>(&device, vocab);
         }
         println!(
             "wgpu kernels: every check passed on `{}`",

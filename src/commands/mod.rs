@@ -1,11 +1,13 @@
 //! One module per subcommand.
 
 pub mod allreduce;
+pub mod bench;
 pub mod distill;
 pub mod eval;
 pub mod generate;
 pub mod judge_pair;
 pub mod judging;
+pub mod kernel_warmup;
 pub mod kernels;
 pub mod kernels_compile;
 pub mod logprobs;

@@ -44,14 +44,40 @@ pub struct TrainArgs {
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
     /// Device memory for the memory plan checked before the first step (`conrub plan`); on
-    /// `cuda` devices the default is an H200's 141 GB, elsewhere the plan is checked only when
-    /// this is given.
+    /// `cuda` devices the default is the device's own total memory as its driver reports it (an
+    /// 80 GB H100 is checked against 80 GB, not an H200's 141), elsewhere the plan is checked
+    /// only when this is given.
     #[arg(long)]
     pub gpu_memory_gb: Option<f64>,
+    /// Never run the kernel warm-up (by default it runs before the first step on cuda and wgpu
+    /// when the device's kernel cache holds no compiled kernel; see `conrub kernels-warmup`).
+    #[arg(long)]
+    pub no_kernel_warmup: bool,
+}
+
+/// When the kernel warm-up runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KernelWarmup {
+    /// Before the first step when the kernel cache was cold.
+    WhenCold,
+    /// Never.
+    Never,
+    /// The warm-up alone, then exit (`conrub kernels-warmup`).
+    Only,
 }
 
 /// Runs `conrub train`.
 pub fn run(a: TrainArgs) -> Result<()> {
+    let warmup = if a.no_kernel_warmup {
+        KernelWarmup::Never
+    } else {
+        KernelWarmup::WhenCold
+    };
+    run_with(a, warmup)
+}
+
+/// `conrub train`'s set-up, with the kernel warm-up as `warmup` says.
+pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
     let mut cfg = TrainConfig::from_file(&a.config, &a.overrides)?;
     if let Some(ds) = a.devices.or(a.device.map(|d| vec![d])) {
         cfg.set_devices(ds)?;
@@ -59,9 +85,10 @@ pub fn run(a: TrainArgs) -> Result<()> {
     // Fail before loading anything when training needs what the file lacks.
     cfg.rubrics_path()?;
     cfg.judge()?;
-    let gpu_gb = a
-        .gpu_memory_gb
-        .or_else(|| cfg.device.starts_with("cuda").then_some(141.0));
+    let gpu_gb = match a.gpu_memory_gb {
+        Some(gb) => Some(gb),
+        None => crate::backend::device_memory_bytes(&cfg.device)?.map(|b| b as f64 / 1e9),
+    };
     let mut kv_pool_blocks = None;
     if let Some(gb) = gpu_gb {
         // Stop before loading anything when the run cannot fit (the table says what to change).
@@ -75,6 +102,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         // The engine gets the pool the plan budgeted.
         kv_pool_blocks = Some(plan.kv_pool_blocks);
     }
+    crate::backend::set_kernel_cache_config(cfg.kernel_cache.clone());
     let devices = cfg.devices.clone();
     run_on_devices(
         &devices,
@@ -82,6 +110,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
             cfg,
             resume: a.resume,
             kv_pool_blocks,
+            warmup,
         },
     )
 }
@@ -91,6 +120,7 @@ struct TrainTask {
     resume: Option<PathBuf>,
     /// The memory plan's KV pool, when the device size is known.
     kv_pool_blocks: Option<usize>,
+    warmup: KernelWarmup,
 }
 
 impl DevicesTask for TrainTask {
@@ -292,10 +322,20 @@ struct Hooks<B: burn::tensor::backend::Backend> {
     generation_config: Option<conrub_qwen3::GenerationConfig>,
     tokenizer_dir: PathBuf,
     dtype: SaveDtype,
+    /// The kernel warm-up's line, written once `metrics.jsonl` is open.
+    kernel_warmup: Option<conrub_grpo::KernelWarmupLine>,
     _b: std::marker::PhantomData<B>,
 }
 
 impl<B: GrpoOps> RunHooks<Qwen3ForCausalLM<Autodiff<B>>> for Hooks<B> {
+    fn opening_lines(&mut self) -> Vec<conrub_grpo::MetricsLine> {
+        self.kernel_warmup
+            .take()
+            .map(conrub_grpo::MetricsLine::KernelWarmup)
+            .into_iter()
+            .collect()
+    }
+
     fn export(
         &mut self,
         policy: &Qwen3ForCausalLM<Autodiff<B>>,
@@ -331,6 +371,7 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
         cfg,
         resume,
         kv_pool_blocks,
+        warmup,
     } = task;
     let device = devices[0].clone();
     let rubrics_path = cfg.rubrics_path()?;
@@ -356,11 +397,6 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
         Some(r) => cfg.resolve(&r.tokenizer),
         None => model_dir,
     };
-    let model = match &resume {
-        None => warm_up::<B>(&cfg, model, &records, &codec, &stop_ids, &device)?,
-        Some(_) => model,
-    };
-
     let mut run = cfg.run.clone();
     run.output_dir = cfg.resolve(&run.output_dir);
     let engine = rollout_engine_of::<B>(
@@ -371,6 +407,38 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
         &tokenizer_dir,
         &run.output_dir,
     )?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let run_warmup = match warmup {
+        KernelWarmup::Only => true,
+        KernelWarmup::WhenCold => crate::backend::kernel_cache_was_cold(),
+        KernelWarmup::Never => false,
+    };
+    let (model, warmup_line) = if run_warmup {
+        let inputs = super::kernel_warmup::WarmupInputs {
+            cfg: &cfg,
+            records: &records,
+            codec: &codec,
+            stop_ids: &stop_ids,
+            engine: engine.clone(),
+            device: &device,
+            resumed: resume.is_some(),
+        };
+        let (model, line) = super::kernel_warmup::run::<B>(model, inputs, &rt)?;
+        (model, Some(line))
+    } else {
+        (model, None)
+    };
+    if warmup == KernelWarmup::Only {
+        return Ok(());
+    }
+    let model = match &resume {
+        None => warm_up::<B>(&cfg, model, &records, &codec, &stop_ids, &device)?,
+        Some(_) => model,
+    };
+
     // One judge (client, concurrency limit, cache) for every rank.
     let breaker = PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed);
     let builder = |model, device: &B::Device| -> LearnerBuilder<Autodiff<B>, _> {
@@ -389,12 +457,9 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
         generation_config,
         tokenizer_dir,
         dtype: cfg.model.save_dtype,
+        kernel_warmup: warmup_line,
         _b: std::marker::PhantomData,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
     eprintln!(
         "training on {} prompts from {} with judge {} ({} mode, ties: {:?}) -> {}",
         records.len(),

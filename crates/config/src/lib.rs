@@ -58,6 +58,10 @@ pub struct TrainConfig {
     pub rollout: RolloutSection,
     /// Validation during training (`[eval]`), with its grader judge.
     pub eval: Option<EvalSection>,
+    /// Where compiled kernels and autotune results are kept on the CubeCL backends (cuda,
+    /// wgpu), relative to the file (`kernel_cache = "DIR"`); `None`: `--kernel-cache`, else
+    /// `~/.cache/conrub/kernels` (XDG rules).
+    pub kernel_cache: Option<PathBuf>,
     /// The file the config was read from.
     pub path: PathBuf,
 }
@@ -96,6 +100,8 @@ pub(crate) struct Schema {
     pub warmup: Option<WarmupSection>,
     #[serde(default)]
     pub rollout: RolloutSection,
+    #[serde(default)]
+    pub kernel_cache: Option<PathBuf>,
 }
 
 /// The backend a device spec names (`cuda:1` -> `cuda`): the ranks of one run share it.
@@ -215,6 +221,7 @@ impl TrainConfig {
             warmup: schema.warmup,
             rollout: schema.rollout,
             eval,
+            kernel_cache: schema.kernel_cache.map(|p| base.join(p)),
             path: path.to_path_buf(),
         };
         cfg.validate()?;

@@ -8,6 +8,7 @@ use super::*;
 const FULL: &str = r#"
 device = "cpu"
 precision = "bf16-mixed"
+kernel_cache = "kernels"
 
 [model]
 path = "Qwen/Qwen3-0.6B"

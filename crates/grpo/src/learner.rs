@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
-use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 use conrub_kernels::{Clip, GrpoOps};
@@ -292,6 +292,12 @@ pub struct StepMetrics {
     pub judge_secs: f64,
     /// Seconds of optimisation (old log-probs included).
     pub update_secs: f64,
+    /// CubeCL kernels compiled, loaded from the kernel cache and autotune runs during the step
+    /// (`kernel_compiles`, `kernel_cache_loads`, `autotune_runs`; absent when the process does
+    /// not count them: see `conrub_kernels::events`). A warm run compiles nothing after its
+    /// first steps.
+    #[serde(flatten, default)]
+    pub kernels: Option<conrub_kernels::events::KernelEvents>,
     /// Data-parallel ranks that ran the step (1 on one device).
     #[serde(default = "one")]
     pub ranks: usize,
@@ -697,6 +703,27 @@ where
             .collect()
     }
 
+    /// A step of `records` that keeps nothing: the whole step runs (rollout, rewards, old
+    /// log-probs, every micro-batch's forward and backward, clipping, AdamW) with a learning rate
+    /// of 0, so the weights come out as they went in and the step counter does not move; the
+    /// optimizer's moments do change, so a dry-stepped learner is thrown away (take its policy
+    /// back with [`Learner::into_policy`]). What a kernel warm-up runs: every kernel and autotune
+    /// key of a step at the run's shapes, before the first real step.
+    pub async fn dry_step(&mut self, records: &[&RubricRecord]) -> Result<StepOutput> {
+        self.update.set_lr(0.0);
+        let out = self.step(records).await;
+        self.update.set_lr(self.cfg.lr);
+        if out.is_ok() {
+            self.step -= 1;
+        }
+        out
+    }
+
+    /// The policy, the learner dropped (after a [`Learner::dry_step`]).
+    pub fn into_policy(self) -> P {
+        self.policy
+    }
+
     /// One training step on `records` (one group of `group_size` responses per record).
     pub async fn step(&mut self, records: &[&RubricRecord]) -> Result<StepOutput> {
         let shard = Shard {
@@ -1055,7 +1082,9 @@ where
                 // This learner's rows of the mini-batch (maybe none), as indices into `batch`.
                 let lo = mini.start.clamp(local.start, local.end);
                 let mine = lo - rows.first..mini.end.clamp(lo, local.end) - rows.first;
-                let mut acc = GradientsAccumulator::<P>::new();
+                // The running sum of the mini-batch's gradients: each micro-batch adds into it
+                // as its backward goes (`Policy::loss_gradients_into`).
+                let mut acc = GradientsParams::new();
                 for micro in self.local_micro_batches(rows, mini.clone(), batch.rows()) {
                     let mb = batch.slice(micro.clone());
                     // Weights that make the sum over micro-batches the mini-batch's aggregate.
@@ -1067,41 +1096,48 @@ where
                     };
                     let mut parts: Option<Tensor<B::InnerBackend, 1>> = None;
                     let loss = &self.loss;
-                    let grads = self.policy.loss_gradients(&mb.tokens, &mut |out_lp| {
-                        let out = loss.compute(SurrogateBatch {
-                            logp: out_lp.logprobs,
-                            logp_old: mb.logp_old.clone(),
-                            advantages: mb.advantages.clone(),
-                            mask: mb.tokens.mask.clone(),
-                            logp_ref: mb.logp_ref.clone(),
-                            logp_engine: mb.logp_engine.clone(),
-                        });
-                        if last {
-                            let w = mb.response_tokens() as f64;
-                            let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
-                            let zero = || {
-                                Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device())
-                                    .cast(DType::F32)
-                            };
-                            has_entropy |= out_lp.entropy.is_some();
-                            parts = Some(Tensor::cat(
-                                vec![
-                                    f32_of(out.loss.clone()) * weight,
-                                    f32_of(out.clip_low.clone()) * w,
-                                    f32_of(out.clip_high.clone()) * w,
-                                    out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
-                                    out_lp.entropy.map(|e| f32_of(e.sum())).unwrap_or_else(zero),
-                                ],
-                                0,
-                            ));
-                        }
-                        out.loss * weight
-                    });
+                    let sum = std::mem::take(&mut acc);
+                    acc = self.policy.loss_gradients_into(
+                        &mb.tokens,
+                        &mut |out_lp| {
+                            let out = loss.compute(SurrogateBatch {
+                                logp: out_lp.logprobs,
+                                logp_old: mb.logp_old.clone(),
+                                advantages: mb.advantages.clone(),
+                                mask: mb.tokens.mask.clone(),
+                                logp_ref: mb.logp_ref.clone(),
+                                logp_engine: mb.logp_engine.clone(),
+                            });
+                            if last {
+                                let w = mb.response_tokens() as f64;
+                                let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
+                                let zero = || {
+                                    Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device())
+                                        .cast(DType::F32)
+                                };
+                                has_entropy |= out_lp.entropy.is_some();
+                                parts = Some(Tensor::cat(
+                                    vec![
+                                        f32_of(out.loss.clone()) * weight,
+                                        f32_of(out.clip_low.clone()) * w,
+                                        f32_of(out.clip_high.clone()) * w,
+                                        out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
+                                        out_lp
+                                            .entropy
+                                            .map(|e| f32_of(e.sum()))
+                                            .unwrap_or_else(zero),
+                                    ],
+                                    0,
+                                ));
+                            }
+                            out.loss * weight
+                        },
+                        sum,
+                    );
                     if let Some(v) = parts {
                         micro_parts.push(v);
                         token_count += mb.response_tokens();
                     }
-                    acc.accumulate(&self.policy, grads);
                 }
                 let pairs: Vec<(usize, usize)> = dpo_pairs
                     .iter()
@@ -1109,9 +1145,10 @@ where
                     .filter(|(w, _)| mine.contains(w))
                     .collect();
                 if !pairs.is_empty() {
-                    acc.accumulate(&self.policy, self.dpo_gradients(batch, &pairs, n));
+                    let dpo = self.dpo_gradients(batch, &pairs, n);
+                    acc = crate::policy::add_gradients(&self.policy, acc, dpo);
                 }
-                let mut grads = acc.grads();
+                let mut grads = acc;
                 if let Some(slot) = &self.rank {
                     let t = Instant::now();
                     let (reduced, bytes) = crate::buckets::all_reduce(&self.policy, grads, slot)?;

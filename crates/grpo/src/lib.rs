@@ -80,13 +80,14 @@ pub use memory::{MemoryPlan, MemoryPlanInput, ModelShape};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclCollective;
 pub use parallel::{split_groups, DataParallel};
-pub use policy::{sample_by_recomputation, Policy, ResponseLogprobs};
+pub use policy::{add_gradients, sample_by_recomputation, Policy, ResponseLogprobs};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
 pub use rollout::{GroupSampler, InProcessEngine, RolloutEngine, RolloutRequest, WeightSync};
-pub use telemetry::{EpochSummary, MetricsLine};
+pub use telemetry::{EpochSummary, KernelWarmupLine, MetricsLine};
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
 pub use trainer::{
-    best_checkpoint_path, train, BestCheckpoint, RunConfig, RunHooks, RunSummary, Trainee,
+    best_checkpoint_path, epoch_order, train, BestCheckpoint, RunConfig, RunHooks, RunSummary,
+    Trainee,
 };
 pub use update::{Update, UpdateConfig};
 pub use validation::{

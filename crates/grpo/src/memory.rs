@@ -25,8 +25,10 @@
 //!   backward and a layer's attention never run at once, so only the larger of the two counts.
 //! - The backward makes gradients top down while it frees the tape, so at its start (the tape's
 //!   peak) only the head's and one layer's gradients exist. When an optimizer step sums several
-//!   micro-batches, the running sum (`4P`) is alive through every micro-batch, and at the end of
-//!   each backward a second `4P` exists until it is added in.
+//!   micro-batches, the running sum (`4P`) is alive through every micro-batch; with activation
+//!   checkpointing each segment's gradients are added into it as they are made (one layer's
+//!   set beside it), without, the micro-batch's whole set (a second `4P`) exists until it is
+//!   added in.
 //! - The rollout (no autodiff) keeps master weights and AdamW moments allocated, frees the
 //!   gradients, and under `bf16-mixed` samples with a bf16 copy of the weights (`2P`). The rollout
 //!   engine (`conrub_rollout`) holds its KV cache in one pool of blocks of
@@ -582,7 +584,17 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
         n * nh * block * 4.0 * ATTENTION_BLOCK_COPIES + 3.0 * n * nkv * d * 4.0,
     ));
     let largest = m.largest_tensor() as f64 * 4.0;
-    if summing {
+    if summing && i.activation_checkpointing {
+        // Each segment's gradients go into the running sum as its backward makes them
+        // (`Policy::loss_gradients_into`): one layer's set (or the head's, counted in the
+        // micro-batch's backward gradients) beside the sum, never a whole model's.
+        parts.push(part(
+            "micro_batch_gradients",
+            "one layer's gradients added into the sum in place + transient",
+            Phase::GradientSum,
+            4.0 * layer_params + largest,
+        ));
+    } else if summing {
         parts.push(part(
             "micro_batch_gradients",
             "one micro-batch's gradients (f32) + sum transient",
@@ -769,20 +781,6 @@ fn rollout_peak_of(i: &MemoryPlanInput) -> f64 {
     sum(&parts, Phase::Always) + sum(&parts, Phase::Rollout)
 }
 
-/// Largest `k` in `0..=hi` with `ok(k)`, for `ok` monotone (true then false); 0 when none.
-fn largest(hi: usize, ok: impl Fn(usize) -> bool) -> usize {
-    let (mut lo, mut hi) = (0usize, hi);
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if ok(mid) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    lo
-}
-
 impl MemoryPlan {
     /// Computes the plan.
     pub fn new(input: MemoryPlanInput) -> Self {
@@ -798,14 +796,19 @@ impl MemoryPlan {
         let kv_pool_blocks = (kv_pool_bytes(&input) / input.kv_block_bytes()).round() as usize;
         let s = input.sequence_tokens().max(1);
         let whole_step = (input.step_rows().max(1) * s).div_ceil(MICRO_BATCH_STEP);
+        // Scanned from the top: the peak is not monotone in the micro-batch size (a micro-batch
+        // of the whole step sums nothing, so it holds no running sum of gradients), and a
+        // bisection stopped below such a fitting top said 0 next to "fits yes".
         let max_micro_batch_tokens = MICRO_BATCH_STEP
-            * largest(whole_step, |k| {
-                k > 0
-                    && training_peak_of(&MemoryPlanInput {
+            * (1..=whole_step)
+                .rev()
+                .find(|&k| {
+                    training_peak_of(&MemoryPlanInput {
                         micro_batch_tokens: k * MICRO_BATCH_STEP,
                         ..input.clone()
                     }) <= gpu
-            });
+                })
+                .unwrap_or(0);
         let max_rollout_rows = kv_pool_blocks / input.full_row_blocks();
         Self {
             parameters: input.model.parameters(),

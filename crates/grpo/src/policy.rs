@@ -70,6 +70,26 @@ pub trait Policy<B: Backend>: Module<B> {
         GradientsParams::from_grads(loss(self.response_logprobs(batch)).backward(), self)
     }
 
+    /// [`Policy::loss_gradients`] added into `sum`, the running sum of an optimizer step's
+    /// micro-batches (empty for the first); returns the new sum. The default adds the whole set
+    /// once the backward is done; a policy that makes its gradients piece by piece (Qwen3 with
+    /// activation checkpointing: the head, then a layer at a time) adds each piece as it is
+    /// made, so a micro-batch's full set never exists beside the sum (conrub plan counts one
+    /// layer's gradients there instead of a whole model's).
+    fn loss_gradients_into(
+        &self,
+        batch: &TokenBatch<B>,
+        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+        sum: GradientsParams,
+    ) -> GradientsParams
+    where
+        B: AutodiffBackend,
+        Self: AutodiffModule<B>,
+    {
+        let new = self.loss_gradients(batch, loss);
+        add_gradients(self, sum, new)
+    }
+
     /// Turns per-layer activation checkpointing on for [`Policy::loss_gradients`]
     /// ([`LearnerConfig::activation_checkpointing`](crate::LearnerConfig) calls it when the learner
     /// is built). `Err` says why the model cannot; the default (no layers to recompute) always
@@ -153,6 +173,27 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
         })
     }
 
+    fn loss_gradients_into(
+        &self,
+        batch: &TokenBatch<B>,
+        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+        sum: GradientsParams,
+    ) -> GradientsParams
+    where
+        B: AutodiffBackend,
+        Self: AutodiffModule<B>,
+    {
+        if !self.exec.activation_checkpointing {
+            let new = self.loss_gradients(batch, loss);
+            return add_gradients(self, sum, new);
+        }
+        self.layerwise_gradients_into(
+            &teacher_forcing(batch),
+            &mut |hidden| loss(head_logprobs(self, hidden, batch)),
+            sum,
+        )
+    }
+
     fn enable_activation_checkpointing(&mut self) -> Result<()> {
         self.exec.activation_checkpointing = true;
         Ok(())
@@ -216,4 +257,33 @@ fn head_logprobs<B: GrpoOps>(
 pub(crate) fn row_index<B: Backend>(rows: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
     let ids: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
     Tensor::from_data(TensorData::new(ids, [rows.len()]), device)
+}
+
+/// `sum + new`, parameter by parameter over `module`'s parameters (a parameter in one of them only
+/// keeps its gradient): what [`Policy::loss_gradients_into`] does with a whole set.
+pub fn add_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    mut sum: GradientsParams,
+    mut new: GradientsParams,
+) -> GradientsParams {
+    struct Add<'a> {
+        sum: &'a mut GradientsParams,
+        new: &'a mut GradientsParams,
+    }
+    impl<B: AutodiffBackend> burn::module::ModuleVisitor<B> for Add<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+            if let Some(g) = self.new.remove::<B::InnerBackend, D>(param.id) {
+                let total = match self.sum.remove::<B::InnerBackend, D>(param.id) {
+                    Some(old) => old + g,
+                    None => g,
+                };
+                self.sum.register(param.id, total);
+            }
+        }
+    }
+    module.visit(&mut Add {
+        sum: &mut sum,
+        new: &mut new,
+    });
+    sum
 }

@@ -28,6 +28,24 @@ pub enum MetricsLine {
     Epoch(EpochSummary),
     /// A validation round (`[eval]`): the policy after `step` steps on held-out prompts.
     Eval(ValidationLine),
+    /// A kernel warm-up before the first step (`conrub train` on a CubeCL backend with a cold
+    /// kernel cache): what it compiled and how long it took.
+    KernelWarmup(KernelWarmupLine),
+}
+
+/// What a kernel warm-up did: a dry step ([`crate::Learner::dry_step`]) of the run's shapes, and
+/// of its supervised warm-up when the run has one, before the run's first step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KernelWarmupLine {
+    /// Whether the run was resumed from a checkpoint (else it ran before step 0).
+    pub resumed: bool,
+    /// What ran, in words.
+    pub ran: String,
+    /// Seconds it took.
+    pub secs: f64,
+    /// Kernels compiled, loaded from the kernel cache and autotune runs during it.
+    #[serde(flatten, default)]
+    pub kernels: Option<conrub_kernels::events::KernelEvents>,
 }
 
 /// Per-epoch totals.
@@ -108,6 +126,8 @@ impl MetricsLog {
                     .filter(|l| match serde_json::from_str::<MetricsLine>(l) {
                         Ok(MetricsLine::Step { metrics, .. }) => metrics.step < step,
                         Ok(MetricsLine::Eval(e)) => e.step <= step,
+                        // The warm-ups of earlier attempts: what those processes compiled.
+                        Ok(MetricsLine::KernelWarmup(_)) => true,
                         Ok(MetricsLine::Epoch(e)) => {
                             let end = e.epoch as u64 * steps_per_epoch + e.steps as u64;
                             end <= step && (e.steps as u64 == steps_per_epoch || end >= total_steps)

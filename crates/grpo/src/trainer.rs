@@ -252,6 +252,11 @@ pub trait RunHooks<P> {
     fn export(&mut self, policy: &P, dir: &Path) -> Result<()>;
     /// Called with the progress line after every step.
     fn progress(&mut self, _line: &str) {}
+    /// Lines written to `metrics.jsonl` once it is opened, before the first step (the binary's
+    /// kernel warm-up line).
+    fn opening_lines(&mut self) -> Vec<MetricsLine> {
+        Vec::new()
+    }
     /// Called after every checkpoint (the periodic ones and the last) with the run directory,
     /// whose `metrics.jsonl` is complete up to that step: where `conrub train` draws its curves.
     fn checkpointed(&mut self, _run_dir: &Path, _checkpoint: &Path) -> Result<()> {
@@ -383,6 +388,9 @@ where
         steps_per_epoch,
         total,
     )?;
+    for line in hooks.opening_lines() {
+        log.append(&line)?;
+    }
     let mut summary = RunSummary {
         best: BestCheckpoint::resume(&run.output_dir, resume_step, &log.evals()?)?,
         ..Default::default()
@@ -434,7 +442,11 @@ where
             .take(run.prompts_per_step)
             .map(|&i| &records[i])
             .collect();
-        let m = trainee.train_step(&batch).await?.metrics;
+        let before = conrub_kernels::events::snapshot();
+        let mut m = trainee.train_step(&batch).await?.metrics;
+        m.kernels = before
+            .zip(conrub_kernels::events::snapshot())
+            .map(|(a, b)| b.since(&a));
         let step = trainee.lead().step;
         log.append(&MetricsLine::Step {
             epoch,
@@ -456,7 +468,11 @@ where
             summary.epochs.push(e);
         }
         if let Some(v) = validator.filter(|v| v.due(step)) {
-            let line = v.validate(trainee.lead()).await?;
+            let before = conrub_kernels::events::snapshot();
+            let mut line = v.validate(trainee.lead()).await?;
+            line.kernels = before
+                .zip(conrub_kernels::events::snapshot())
+                .map(|(a, b)| b.since(&a));
             log.append(&MetricsLine::Eval(line.clone()))?;
             hooks.progress(&validation_progress_line(&line));
             let best = summary.best.as_ref().map(|b| b.grader_score);

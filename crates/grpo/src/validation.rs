@@ -138,6 +138,10 @@ pub struct ValidationLine {
     pub generate_secs: f64,
     /// Seconds judging (both judges, concurrently).
     pub judge_secs: f64,
+    /// CubeCL kernels compiled, loaded from the cache and autotune runs during the round (see
+    /// [`crate::StepMetrics::kernels`]).
+    #[serde(flatten, default)]
+    pub kernels: Option<conrub_kernels::events::KernelEvents>,
 }
 
 /// Validates a learner's policy on held-out prompts with two judges.
@@ -216,6 +220,7 @@ impl Validator {
             grader: self.judge_score(self.grader.id(), &requests, &grader, step),
             generate_secs,
             judge_secs,
+            kernels: None,
         })
     }
 

@@ -107,7 +107,7 @@ pub fn read_run(metrics: &Path) -> Result<(Vec<StepMetrics>, Vec<ValidationLine>
         }
         match serde_json::from_str::<MetricsLine>(line) {
             Ok(MetricsLine::Step { metrics, .. }) => steps.push(*metrics),
-            Ok(MetricsLine::Epoch(_)) => {}
+            Ok(MetricsLine::Epoch(_) | MetricsLine::KernelWarmup(_)) => {}
             Ok(MetricsLine::Eval(e)) => evals.push(e),
             Err(source) => {
                 return Err(PlotError::Line {

@@ -27,12 +27,13 @@ pub struct KernelConfig {
     pub head_dim: Option<usize>,
 }
 
-/// The row kernels (log-probabilities and the clipped-ratio loss).
-pub const ROW_KERNELS: [&str; 4] = [
+/// The row kernels (log-probabilities, the clipped-ratio loss and the rollout's sampling).
+pub const ROW_KERNELS: [&str; 5] = [
     "row_stats_kernel",
     "logits_grad_kernel",
     "surrogate_forward_kernel",
     "surrogate_backward_kernel",
+    "sample_kernel",
 ];
 /// The attention kernels, per head dimension.
 pub const ATTENTION_KERNELS: [&str; 4] = [
@@ -52,7 +53,7 @@ fn dtype_name(dtype: DType) -> &'static str {
 }
 
 impl KernelConfig {
-    /// Every kernel of this crate at every dtype and head dimension: 4 row kernels x 3 dtypes
+    /// Every kernel of this crate at every dtype and head dimension: 5 row kernels x 3 dtypes
     /// and 4 attention kernels x 3 dtypes x 3 head dimensions.
     pub fn all() -> Vec<Self> {
         let mut out = Vec::new();
@@ -189,6 +190,24 @@ pub(crate) fn launch(client: &ComputeClient<OfflineCuda>, config: &KernelConfig)
             ],
             Clip::default(),
             float,
+        ),
+        // The drawing variant (greedy is the same kernel without step 3's scan).
+        "sample_kernel" => crate::cube_sampling::launch_sample(
+            client,
+            rows,
+            [
+                t(&[rows, vocab], f),
+                t(&[rows], full),
+                t(&[rows], i),
+                t(&[rows], full),
+            ],
+            &crate::sampling::SampleParams {
+                greedy: false,
+                temperature: 1.0,
+                top_k: None,
+                top_p: 1.0,
+            },
+            dtypes,
         ),
         "attention_forward_kernel" => launch_forward(
             client,

@@ -878,6 +878,19 @@ impl<B: GrpoOps + AutodiffBackend> Qwen3ForCausalLM<B> {
         batch: &ForwardBatch<B>,
         loss: &mut dyn FnMut(Tensor<B, 3>) -> Tensor<B, 1>,
     ) -> GradientsParams {
+        self.layerwise_gradients_into(batch, loss, GradientsParams::new())
+    }
+
+    /// [`Qwen3ForCausalLM::layerwise_gradients`] added into `sum` (an optimizer step's running
+    /// sum over its micro-batches), each segment's gradients as soon as its backward made them:
+    /// the micro-batch's whole set of gradients never exists next to the sum, only the head's or
+    /// one layer's. Returns the new sum.
+    pub fn layerwise_gradients_into(
+        &self,
+        batch: &ForwardBatch<B>,
+        loss: &mut dyn FnMut(Tensor<B, 3>) -> Tensor<B, 1>,
+        sum: GradientsParams,
+    ) -> GradientsParams {
         let key_mask = batch.key_mask.clone();
         let (rope, mask) = self.pass_context(batch, key_mask);
         // 1. No graph: untracked parameters.
@@ -895,7 +908,9 @@ impl<B: GrpoOps + AutodiffBackend> Qwen3ForCausalLM<B> {
         let mut upstream = leaf
             .grad(&grads)
             .expect("the loss depends on the hidden states");
-        let mut acc = GradientsParams::from_grads(grads, self);
+        let mut acc = sum;
+        let new = GradientsParams::from_grads(grads, self);
+        self.visit(&mut MergeGrads { acc: &mut acc, new });
         // 3. Layers from the top.
         for (layer, input) in self.layers.iter().zip(inputs).rev() {
             let leaf = input.detach().require_grad();

@@ -1,0 +1,197 @@
+//! Kernel warm-up (not the `[warmup]` supervised steps): before a run's first step on a CubeCL
+//! backend, one dry supervised step (when the run has `[warmup]`) and one dry GRPO step
+//! ([`conrub_grpo::Learner::dry_step`]: learning rate 0, the weights unchanged) of the run's own
+//! shapes, so that every kernel and autotune key those steps need is compiled, tuned and kept in
+//! the kernel cache while a counter shows progress, instead of during a silent first step.
+//! The dry step's rewards come from a lexical judge with no keyword file (no server is called)
+//! and its tie breaking is off; nothing is written.
+//!
+//! `conrub train` runs it when the device's kernel cache held no compiled kernel (see
+//! `backend.rs`); `conrub kernels-warmup --config FILE` runs it alone (train's set-up, then
+//! the warm-up, then exit).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, Result};
+use burn::backend::Autodiff;
+use conrub_config::TrainConfig;
+use conrub_grpo::{
+    sft_warmup, warmup_pairs, ChatTemplateCodec, JudgeRewards, KernelWarmupLine, Learner,
+    RolloutEngine, TieMode,
+};
+use conrub_judge::LexicalJudge;
+use conrub_kernels::GrpoOps;
+use conrub_qwen3::Qwen3ForCausalLM;
+use conrub_rubric::RubricRecord;
+
+/// Arguments of `conrub kernels-warmup`: those of `conrub train` that choose the run.
+#[derive(clap::Args)]
+pub struct KernelsWarmupArgs {
+    /// Train config (TOML): the run whose kernels to compile.
+    #[arg(long)]
+    pub config: std::path::PathBuf,
+    /// Device (overrides the config's).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Override a config value (as `conrub train --set`).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+/// Runs `conrub kernels-warmup`: train's set-up (the memory check included), the warm-up, and
+/// the counts; the kernel cache keeps what it compiled for the run that follows.
+pub fn run_command(a: KernelsWarmupArgs) -> Result<()> {
+    let args = super::train::TrainArgs {
+        config: a.config,
+        resume: None,
+        device: a.device,
+        devices: None,
+        overrides: a.overrides,
+        gpu_memory_gb: None,
+        no_kernel_warmup: false,
+    };
+    super::train::run_with(args, super::train::KernelWarmup::Only)
+}
+
+/// Prints what the warm-up compiled so far while it runs: a spinner line on a terminal, else a
+/// plain line every 15 s (a log file shows it too).
+struct Ticker {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn counts_line(started: Instant) -> String {
+    let e = conrub_kernels::events::snapshot().unwrap_or_default();
+    format!(
+        "kernel warm-up: {} kernels compiled, {} loaded from the cache, {} autotune runs, {:.0} s",
+        e.kernel_compiles,
+        e.kernel_cache_loads,
+        e.autotune_runs,
+        started.elapsed().as_secs_f64()
+    )
+}
+
+impl Ticker {
+    fn start() -> Self {
+        use std::io::IsTerminal;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            let bar = std::io::stderr().is_terminal().then(|| {
+                let bar = indicatif::ProgressBar::new_spinner();
+                bar.enable_steady_tick(std::time::Duration::from_millis(200));
+                bar
+            });
+            let mut last_line = Instant::now();
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                match &bar {
+                    Some(bar) => bar.set_message(counts_line(started)),
+                    None if last_line.elapsed().as_secs() >= 15 => {
+                        eprintln!("{}", counts_line(started));
+                        last_line = Instant::now();
+                    }
+                    None => {}
+                }
+            }
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What a warm-up needs of the run's set-up.
+pub(super) struct WarmupInputs<'a, B: GrpoOps> {
+    pub cfg: &'a TrainConfig,
+    pub records: &'a [RubricRecord],
+    pub codec: &'a ChatTemplateCodec,
+    pub stop_ids: &'a [u32],
+    pub engine: Arc<dyn RolloutEngine<B, Qwen3ForCausalLM<B>>>,
+    pub device: &'a B::Device,
+    /// A resumed run: it has no supervised warm-up to warm.
+    pub resumed: bool,
+}
+
+/// Runs the warm-up on `model` and gives it back unchanged, with the metrics line.
+pub(super) fn run<B: GrpoOps>(
+    model: Qwen3ForCausalLM<Autodiff<B>>,
+    inputs: WarmupInputs<'_, B>,
+    rt: &tokio::runtime::Runtime,
+) -> Result<(Qwen3ForCausalLM<Autodiff<B>>, KernelWarmupLine)> {
+    let started = Instant::now();
+    let before = conrub_kernels::events::snapshot();
+    let ticker = Ticker::start();
+    let cfg = inputs.cfg;
+    let mut ran = Vec::new();
+    let mut model = model;
+    if cfg.warmup.is_some() && !inputs.resumed {
+        let pairs = warmup_pairs(inputs.records, inputs.codec, inputs.stop_ids)
+            .map_err(|e| anyhow!("[warmup]: {e}"))?;
+        if !pairs.is_empty() {
+            // Learning rate 0: the supervised warm-up's kernels, the weights unchanged.
+            model = sft_warmup(model, &pairs, 1, 0.0, inputs.device, &mut |_, _| {}).0;
+            ran.push(format!("1 supervised step of {} answers", pairs.len()));
+        }
+    }
+    let rewards = JudgeRewards {
+        judge: Arc::new(LexicalJudge::default()),
+        mode: cfg.reward.mode,
+        penalty: cfg.reward.length_penalty(cfg.learner.max_response_tokens),
+        dropout: None,
+        seed: cfg.learner.seed,
+    };
+    let learner_cfg = conrub_grpo::LearnerConfig {
+        tie_mode: TieMode::Off,
+        ..cfg.learner.clone()
+    };
+    let mut learner = Learner::builder(model, learner_cfg, inputs.device.clone())
+        .rollout(inputs.engine)
+        .codec(inputs.codec.clone())
+        .rewards(rewards)
+        .stop_ids(inputs.stop_ids.to_vec())
+        .build()?;
+    let order = conrub_grpo::epoch_order(inputs.records.len(), cfg.learner.seed, 0);
+    let batch: Vec<&RubricRecord> = order
+        .iter()
+        .take(cfg.run.prompts_per_step)
+        .map(|&i| &inputs.records[i])
+        .collect();
+    rt.block_on(learner.dry_step(&batch))?;
+    ran.push(format!(
+        "1 dry GRPO step of {} prompts x {} responses",
+        batch.len(),
+        cfg.learner.group_size
+    ));
+    drop(ticker);
+    let line = KernelWarmupLine {
+        resumed: inputs.resumed,
+        ran: ran.join(", "),
+        secs: started.elapsed().as_secs_f64(),
+        kernels: before
+            .zip(conrub_kernels::events::snapshot())
+            .map(|(a, b)| b.since(&a)),
+    };
+    let e = line.kernels.unwrap_or_default();
+    eprintln!(
+        "kernel warm-up: {} in {:.1} s: {} kernels compiled, {} loaded from the cache, {} autotune runs",
+        line.ran, line.secs, e.kernel_compiles, e.kernel_cache_loads, e.autotune_runs
+    );
+    Ok((learner.into_policy(), line))
+}
