@@ -67,22 +67,48 @@ fn kernel_cache_root() -> PathBuf {
         .unwrap_or_else(conrub_kernels::kernel_cache::default_root)
 }
 
-/// Points CubeCL at the kernel cache of the device `identity` names (before the device starts)
-/// and says where it is and what it holds, the first time in this process.
+/// Points CubeCL at the kernel cache of the devices `identities` name (before they start) and
+/// says where it is and what it holds, the first time in this process. The cache is skipped,
+/// with a warning, when the devices are of different kinds (one folder cannot serve them) or
+/// the folder or a device's name cannot be had: the run goes on, compiling as CubeCL would.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn prepare_kernel_cache(
-    identity: std::result::Result<
-        conrub_kernels::kernel_cache::DeviceIdentity,
-        conrub_kernels::kernel_cache::KernelCacheError,
+    identities: Vec<
+        std::result::Result<
+            conrub_kernels::kernel_cache::DeviceIdentity,
+            conrub_kernels::kernel_cache::KernelCacheError,
+        >,
     >,
-) -> Result<()> {
+) {
     use conrub_kernels::kernel_cache::{install, installed, KernelCache};
-    let cache = KernelCache::open(&kernel_cache_root(), identity?)?;
     let first = installed().is_none();
-    install(&cache)?;
+    let opened = (|| -> Result<KernelCache> {
+        let ids = identities
+            .into_iter()
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        if let Some(other) = ids.iter().find(|i| **i != ids[0]) {
+            bail!(
+                "devices of different kinds ({} and {}) cannot share one",
+                ids[0].folder(),
+                other.folder()
+            );
+        }
+        let cache = KernelCache::open(&kernel_cache_root(), ids[0].clone())?;
+        install(&cache)?;
+        Ok(cache)
+    })();
+    let cache = match opened {
+        Ok(cache) => cache,
+        Err(e) => {
+            eprintln!("warning: no kernel cache: {e:#}; kernels compile as CubeCL's defaults say");
+            return;
+        }
+    };
     if first {
         let e = cache.entries();
-        let _ = KERNEL_CACHE_COLD.set(e.compiled == 0);
+        // Autotune results are kept on every backend, compiled kernels only where CubeCL can
+        // (CUDA, SPIR-V): a cache with either is not cold.
+        let _ = KERNEL_CACHE_COLD.set(e.compiled == 0 && e.autotune == 0);
         eprintln!(
             "kernel cache: {} ({} compiled kernels, {} autotune results; {})",
             cache.dir.display(),
@@ -91,7 +117,6 @@ fn prepare_kernel_cache(
             cache.identity.name
         );
     }
-    Ok(())
 }
 
 /// Whether this process's kernel cache held no compiled kernel when the device started.
@@ -238,9 +263,15 @@ pub fn run_on_devices<T: DevicesTask>(specs: &[String], task: T) -> Result<()> {
             #[cfg(feature = "wgpu")]
             {
                 use burn::backend::wgpu::WgpuDevice;
-                prepare_kernel_cache(conrub_kernels::kernel_cache::wgpu_identity(
-                    (first != "wgpu").then_some(indices[0]),
-                ))?;
+                prepare_kernel_cache(
+                    specs
+                        .iter()
+                        .zip(&indices)
+                        .map(|(s, &i)| {
+                            conrub_kernels::kernel_cache::wgpu_identity((s != "wgpu").then_some(i))
+                        })
+                        .collect(),
+                );
                 let devices = specs
                     .iter()
                     .zip(indices)
@@ -271,7 +302,12 @@ pub fn run_on_devices<T: DevicesTask>(specs: &[String], task: T) -> Result<()> {
                 .map(|s| index(s, "cuda"))
                 .collect::<Result<Vec<_>>>()?;
             #[cfg(feature = "cuda")]
-            prepare_kernel_cache(conrub_kernels::kernel_cache::cuda_identity(indices[0]))?;
+            prepare_kernel_cache(
+                indices
+                    .iter()
+                    .map(|&i| conrub_kernels::kernel_cache::cuda_identity(i))
+                    .collect(),
+            );
             #[cfg(feature = "cuda")]
             return task.run::<burn::backend::Cuda>(
                 indices

@@ -779,3 +779,47 @@ fn validation_during_training_with_a_grader() {
     assert!(!failing.join("best-checkpoint.json").exists());
     assert_eq!(steps(&failing).len(), 2);
 }
+
+/// The kernel warm-up leaves no trace in the run: with `--kernel-warmup always` (on the CPU, where
+/// `auto` never runs it) every step's rewards, loss, gradient norms, lengths and tie counts equal
+/// those of the same run without it, bit for bit, and the metrics file opens with one
+/// `kernel_warmup` line saying what ran.
+#[test]
+fn kernel_warmup_leaves_the_run_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, warmed) = (dir.path().join("plain"), dir.path().join("warmed"));
+    train(&plain, &["--set", "run.max_steps=2"]);
+    let log = train(
+        &warmed,
+        &["--set", "run.max_steps=2", "--kernel-warmup", "always"],
+    );
+    assert!(
+        log.contains("kernel warm-up: 2 supervised steps of 4 answers, 1 GRPO step of 4 prompts x 4 responses in "),
+        "{log}"
+    );
+    assert!(lines(&plain, "kernel_warmup").is_empty());
+    let w = lines(&warmed, "kernel_warmup");
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0]["resumed"], false);
+    let first = std::fs::read_to_string(warmed.join("metrics.jsonl")).unwrap();
+    assert!(first.starts_with("{\"kind\":\"kernel_warmup\""), "{first}");
+    let keys = [
+        "reward_mean",
+        "loss",
+        "grad_norms",
+        "response_len_mean",
+        "reward_histogram",
+        "ties",
+        "clip_low",
+        "clip_high",
+        "entropy",
+    ];
+    let (a, b) = (steps(&plain), steps(&warmed));
+    assert_eq!(a.len(), 2);
+    assert_eq!(b.len(), 2);
+    for (x, y) in a.iter().zip(&b) {
+        for k in keys {
+            assert_eq!(x[k], y[k], "step {}: {k}", x["step"]);
+        }
+    }
+}

@@ -194,10 +194,10 @@ fn conrub_with_cache(cache: &Path, args: &[&str], build: Option<&str>) -> String
     err
 }
 
-/// The shrunk demo on wgpu at the full 151,936-token vocabulary (the real tokenizer): on a cold
-/// kernel cache `train` first runs the kernel warm-up (which compiles and autotunes), and then no
-/// step compiles or autotunes anything; `kernels-warmup` on the warm cache and a second `train`
-/// with the same `--kernel-cache` compile nothing at any line (kernels come from the cache).
+/// The shrunk demo on wgpu at the full 151,936-token vocabulary (the real tokenizer):
+/// `kernels-warmup` on a cold kernel cache compiles and autotunes, and then `train` on the same
+/// `--kernel-cache` (its second process) compiles and autotunes nothing at any line, runs no
+/// warm-up of its own (the cache is warm), and loads its kernels from the cache.
 #[test]
 fn demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
     if !conrub_kernels::wgpu_adapter_or_skip("demo_on_wgpu_compiles_once_and_keeps_its_kernels") {
@@ -206,6 +206,7 @@ fn demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("kernels");
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/demo-cpu.toml");
+    let config = config.to_str().unwrap();
     let shrink = [
         "--set",
         "run.max_steps=4",
@@ -216,66 +217,49 @@ fn demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
         "--set",
         "learner.max_response_tokens=16",
     ];
-    let train = |out: &Path| -> String {
-        let out_dir = format!("run.output_dir=\"{}\"", out.display());
-        let mut args = vec!["train", "--config", config.to_str().unwrap()];
-        args.extend(["--device", "wgpu", "--set", &out_dir]);
-        args.extend(shrink);
-        conrub_with_cache(&cache, &args, None)
-    };
-    let zero = |v: &serde_json::Value, what: &str| {
-        assert_eq!(v["kernel_compiles"], 0, "{what}: {v}");
-        assert_eq!(v["autotune_runs"], 0, "{what}: {v}");
-    };
+    let warmup = [
+        &["kernels-warmup", "--config", config, "--device", "wgpu"][..],
+        &shrink[..],
+    ]
+    .concat();
+    let log = conrub_with_cache(&cache, &warmup, None);
+    let compiled: u64 = log
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("kernel warm-up: ")
+                .and_then(|l| l.split(": ").nth(1))
+                .and_then(|l| l.split(' ').next())
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no warm-up summary: {log}"));
+    assert!(compiled > 0, "a cold cache compiles: {log}");
 
-    let cold = dir.path().join("cold");
-    let log = train(&cold);
-    let warmups = metrics_lines(&cold, "kernel_warmup");
-    assert_eq!(warmups.len(), 1, "a cold cache gets a warm-up: {log}");
+    let out = dir.path().join("run");
+    let out_dir = format!("run.output_dir=\"{}\"", out.display());
+    let train = [
+        &["train", "--config", config, "--device", "wgpu", "--set", &out_dir][..],
+        &shrink[..],
+    ]
+    .concat();
+    let log = conrub_with_cache(&cache, &train, None);
     assert!(
-        warmups[0]["kernel_compiles"].as_u64().unwrap() > 0
-            && warmups[0]["autotune_runs"].as_u64().unwrap() > 0,
-        "{}",
-        warmups[0]
-    );
-    let steps = metrics_lines(&cold, "step");
-    assert_eq!(steps.len(), 4);
-    for s in &steps {
-        zero(s, "a step after the warm-up");
-    }
-
-    let log = conrub_with_cache(
-        &cache,
-        &[
-            &[
-                "kernels-warmup",
-                "--config",
-                config.to_str().unwrap(),
-                "--device",
-                "wgpu",
-            ][..],
-            &shrink[..],
-        ]
-        .concat(),
-        None,
-    );
-    assert!(
-        log.contains("kernels compiled") && log.contains(": 0 kernels compiled,"),
-        "kernels-warmup on a warm cache: {log}"
-    );
-
-    let warm = dir.path().join("warm");
-    let log = train(&warm);
-    assert!(
-        metrics_lines(&warm, "kernel_warmup").is_empty(),
+        metrics_lines(&out, "kernel_warmup").is_empty(),
         "no warm-up on a warm cache: {log}"
     );
-    for s in &metrics_lines(&warm, "step") {
-        zero(s, "a step of the second run");
+    let steps = metrics_lines(&out, "step");
+    assert_eq!(steps.len(), 4);
+    for s in &steps {
+        assert_eq!(s["kernel_compiles"], 0, "{s}");
+        assert_eq!(s["autotune_runs"], 0, "{s}");
     }
     assert!(
+        steps[0]["kernel_cache_loads"].as_u64().unwrap() > 0,
+        "step 0 loads its kernels from the cache: {}",
+        steps[0]
+    );
+    assert!(
         log.contains("kernels: 0 compiled (cache misses)"),
-        "the second run compiled nothing at all: {log}"
+        "the run compiled nothing at all: {log}"
     );
 }
 

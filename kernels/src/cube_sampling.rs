@@ -31,7 +31,8 @@ use crate::sampling::SampleParams;
 /// See the module docs. `logits` `[rows, vocab]` in any float dtype, `uniforms` `[rows]` f32
 /// (unread when greedy), `tokens` `[rows]` in the backend's int dtype, `logp` `[rows]` f32.
 #[cube(launch)]
-#[allow(clippy::too_many_arguments)]
+// `div_ceil` has no CubeCL expansion; `vocab - vocab` is a run-time zero (see below).
+#[allow(clippy::too_many_arguments, clippy::manual_div_ceil, clippy::eq_op)]
 fn sample_kernel<F: Float, I: Numeric>(
     logits: &Tensor<F>,
     uniforms: &Tensor<f32>,
@@ -123,26 +124,30 @@ fn sample_kernel<F: Float, I: Numeric>(
             let target = uniforms[row * uniforms.stride(0)] * total;
             // The first chunk whose inclusive sum passes the target; past the end (rounding),
             // the last chunk with any weight.
+            // The first chunk whose inclusive sum passes the target, and the sum before it;
+            // past the end (a draw that rounds to the total), the last chunk with any weight.
+            let mut run = 0.0f32;
             let mut acc = 0.0f32;
-            // (`vocab - vocab`: a runtime zero; a literal would be a compile-time constant.)
+            let mut before_last = 0.0f32;
             let mut found = false;
+            // (`vocab - vocab`: a runtime zero; a literal would be a compile-time constant.)
             let mut c = vocab - vocab;
             let mut last = vocab - vocab;
             for i in 0..step {
                 if ss[i] > 0.0f32 {
                     last = i;
+                    before_last = run;
                 }
-                if !found {
-                    if acc + ss[i] > target {
-                        c = i;
-                        found = true;
-                    } else {
-                        acc += ss[i];
-                    }
+                if !found && run + ss[i] > target {
+                    c = i;
+                    acc = run;
+                    found = true;
                 }
+                run += ss[i];
             }
             if !found {
                 c = last;
+                acc = before_last;
             }
             let lo = c * chunk;
             let mut hi = lo + chunk;
@@ -219,7 +224,7 @@ pub(crate) fn sample_rows_on<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
     params: &SampleParams,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let [rows, vocab] = logits.shape().dims::<2>();
-    if !kernel_applies(params, vocab) {
+    if rows == 0 || !kernel_applies(params, vocab) {
         let u = crate::sampling::host_uniforms::<CubeBackend<R, F, I, BT>>(uniforms);
         return crate::sampling::sample_rows_by_tensor_ops::<CubeBackend<R, F, I, BT>>(
             logits, params, &u,
@@ -256,7 +261,12 @@ pub(crate) fn uniforms_tensor<B: burn::tensor::backend::Backend>(
         vec![0.0; rows]
     } else {
         assert_eq!(uniforms.len(), rows, "one uniform draw per row");
-        uniforms.iter().map(|&x| x as f32).collect()
+        // Below 1 after the f32 rounding too, so that `u x total` stays inside the distribution.
+        let below_one = f32::from_bits(0x3f7f_ffff);
+        uniforms
+            .iter()
+            .map(|&x| (x as f32).min(below_one))
+            .collect()
     };
     B::float_cast(
         B::float_from_data(TensorData::new(u, [rows]), device),
@@ -272,7 +282,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> crate::Dec
         params: &SampleParams,
         uniforms: &[f64],
     ) -> (IntTensor<Self>, FloatTensor<Self>) {
-        let rows = logits.shape().dims::<2>()[0];
+        let [rows, vocab] = logits.shape().dims::<2>();
+        if rows == 0 || !kernel_applies(params, vocab) {
+            return crate::sampling::sample_rows_by_tensor_ops::<Self>(logits, params, uniforms);
+        }
         let u = uniforms_tensor::<Self>(rows, params, uniforms, &logits.device);
         sample_rows_on::<R, F, I, BT>(logits, u, params)
     }

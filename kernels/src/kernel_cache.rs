@@ -46,6 +46,13 @@ pub enum KernelCacheError {
         /// The folder in use.
         current: PathBuf,
     },
+    /// CubeCL had read its configuration before the cache was chosen (a device was already
+    /// started in this process).
+    #[error("kernel cache {wanted}: CubeCL already started in this process without it")]
+    TooLate {
+        /// The folder asked for.
+        wanted: PathBuf,
+    },
     /// The device could not be asked for its name.
     #[error("kernel cache: cannot identify device {device}: {message}")]
     Device {
@@ -175,9 +182,14 @@ fn count_entries(dir: &Path, out: &mut CacheEntries, autotune: bool) {
 static INSTALLED: OnceLock<PathBuf> = OnceLock::new();
 
 /// Points CubeCL's compilation cache (on) and autotune cache at `cache.dir` for the rest of the
-/// process. Call before any CubeCL device starts; a second call with the same folder does
-/// nothing, with another one is [`KernelCacheError::AlreadySet`].
+/// process. Call before any CubeCL device starts ([`KernelCacheError::TooLate`] after); a second
+/// call with the same folder does nothing, with another one is [`KernelCacheError::AlreadySet`].
 pub fn install(cache: &KernelCache) -> Result<(), KernelCacheError> {
+    if INSTALLED.get().is_none() && CubeClRuntimeConfig::storage().lock().is_some() {
+        return Err(KernelCacheError::TooLate {
+            wanted: cache.dir.clone(),
+        });
+    }
     let mut first = false;
     let current = INSTALLED.get_or_init(|| {
         first = true;
@@ -193,7 +205,9 @@ pub fn install(cache: &KernelCache) -> Result<(), KernelCacheError> {
             })
         };
     }
-    let mut config = CubeClRuntimeConfig::default().override_from_env();
+    // What CubeCL itself would read (cubecl.toml or burn.toml upward from the working
+    // directory, then its environment variables), with the two caches moved here.
+    let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
     config.compilation.cache = Some(CacheConfig::File(cache.dir.clone()));
     config.autotune.cache = CacheConfig::File(cache.dir.clone());
     CubeClRuntimeConfig::set(config);
@@ -205,8 +219,9 @@ pub fn installed() -> Option<&'static Path> {
     INSTALLED.get().map(PathBuf::as_path)
 }
 
-/// The name and compute capability of CUDA device `index`, asked of the driver before CubeCL
-/// starts (through the same primary context CubeCL then uses).
+/// The name, compute capability and driver version of CUDA device `index`, asked of the
+/// driver before CubeCL starts (through the same primary context CubeCL then uses): PTX is kept
+/// per architecture and driver, since an older driver rejects a newer PTX version.
 #[cfg(feature = "cuda")]
 pub fn cuda_identity(index: usize) -> Result<DeviceIdentity, KernelCacheError> {
     let err = |e: cudarc::driver::DriverError| KernelCacheError::Device {
@@ -215,9 +230,14 @@ pub fn cuda_identity(index: usize) -> Result<DeviceIdentity, KernelCacheError> {
     };
     let ctx = cudarc::driver::CudaContext::new(index).map_err(err)?;
     let (major, minor) = ctx.compute_capability().map_err(err)?;
+    let mut driver: std::ffi::c_int = 0;
+    // SAFETY: the driver is loaded and initialised (the context above); it writes one int.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }
+        .result()
+        .map_err(err)?;
     Ok(DeviceIdentity {
         name: ctx.name().map_err(err)?,
-        arch: format!("sm_{major}{minor}"),
+        arch: format!("sm_{major}{minor}-driver{driver}"),
     })
 }
 

@@ -319,7 +319,8 @@ pub fn sampling_matches_host_rule<B: GrpoOps>(device: &B::Device, vocab: usize) 
         .collect();
     let logits =
         Tensor::<B, 2>::from_data(TensorData::new(col_major, [vocab, rows]), device).transpose();
-    let uniforms = [1e-7, 0.25, 0.5, 0.75, 0.999_999, 0.6];
+    // Draws near both ends: 1 - 1e-9 rounds to 1.0 in f32 (the kernel keeps it inside).
+    let uniforms = [1e-7, 0.25, 0.5, 0.75, 0.999_999, 1.0 - 1e-9];
     let modes = [
         SampleParams {
             greedy: true,

@@ -1,14 +1,16 @@
 //! Kernel warm-up (not the `[warmup]` supervised steps): before a run's first step on a CubeCL
-//! backend, one dry supervised step (when the run has `[warmup]`) and one dry GRPO step
-//! ([`conrub_grpo::Learner::dry_step`]: learning rate 0, the weights unchanged) of the run's own
-//! shapes, so that every kernel and autotune key those steps need is compiled, tuned and kept in
-//! the kernel cache while a counter shows progress, instead of during a silent first step.
-//! The dry step's rewards come from a lexical judge with no keyword file (no server is called)
-//! and its tie breaking is off; nothing is written.
+//! backend, the run's first supervised steps (when it has `[warmup]`: two, so AdamW's step with
+//! moments runs too) and one GRPO step, exactly as the run will take them (same learner
+//! settings, learning rates and tie mode), on the run's first prompts; then the weights are put
+//! back from a host copy taken before (f32, exact). Every kernel and autotune key of those steps
+//! is compiled, tuned and kept in the kernel cache while a counter shows progress, instead of
+//! during a silent first step. Its rewards and tie verdicts come from a lexical judge with no
+//! keyword file (no server is called); nothing is written but the kernel cache.
 //!
 //! `conrub train` runs it when the device's kernel cache held no compiled kernel (see
-//! `backend.rs`); `conrub kernels-warmup --config FILE` runs it alone (train's set-up, then
-//! the warm-up, then exit).
+//! `backend.rs`); `conrub kernels-warmup --config FILE` runs it alone (train's set-up, then the
+//! warm-up, then exit). Its cost: about one step, plus a host copy of the weights (4 bytes per
+//! parameter of host memory, and a transfer each way).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,10 +18,12 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 use burn::backend::Autodiff;
+use burn::module::Module;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use conrub_config::TrainConfig;
 use conrub_grpo::{
     sft_warmup, warmup_pairs, ChatTemplateCodec, JudgeRewards, KernelWarmupLine, Learner,
-    RolloutEngine, TieMode,
+    PairwiseTieBreaker, RolloutEngine, TieMode,
 };
 use conrub_judge::LexicalJudge;
 use conrub_kernels::GrpoOps;
@@ -50,7 +54,7 @@ pub fn run_command(a: KernelsWarmupArgs) -> Result<()> {
         devices: None,
         overrides: a.overrides,
         gpu_memory_gb: None,
-        no_kernel_warmup: false,
+        kernel_warmup: super::train::KernelWarmup::Only,
     };
     super::train::run_with(args, super::train::KernelWarmup::Only)
 }
@@ -138,51 +142,19 @@ pub(super) fn run<B: GrpoOps>(
     let started = Instant::now();
     let before = conrub_kernels::events::snapshot();
     let ticker = Ticker::start();
-    let cfg = inputs.cfg;
-    let mut ran = Vec::new();
-    let mut model = model;
-    if cfg.warmup.is_some() && !inputs.resumed {
-        let pairs = warmup_pairs(inputs.records, inputs.codec, inputs.stop_ids)
-            .map_err(|e| anyhow!("[warmup]: {e}"))?;
-        if !pairs.is_empty() {
-            // Learning rate 0: the supervised warm-up's kernels, the weights unchanged.
-            model = sft_warmup(model, &pairs, 1, 0.0, inputs.device, &mut |_, _| {}).0;
-            ran.push(format!("1 supervised step of {} answers", pairs.len()));
-        }
-    }
-    let rewards = JudgeRewards {
-        judge: Arc::new(LexicalJudge::default()),
-        mode: cfg.reward.mode,
-        penalty: cfg.reward.length_penalty(cfg.learner.max_response_tokens),
-        dropout: None,
-        seed: cfg.learner.seed,
-    };
-    let learner_cfg = conrub_grpo::LearnerConfig {
-        tie_mode: TieMode::Off,
-        ..cfg.learner.clone()
-    };
-    let mut learner = Learner::builder(model, learner_cfg, inputs.device.clone())
-        .rollout(inputs.engine)
-        .codec(inputs.codec.clone())
-        .rewards(rewards)
-        .stop_ids(inputs.stop_ids.to_vec())
-        .build()?;
-    let order = conrub_grpo::epoch_order(inputs.records.len(), cfg.learner.seed, 0);
-    let batch: Vec<&RubricRecord> = order
-        .iter()
-        .take(cfg.run.prompts_per_step)
-        .map(|&i| &inputs.records[i])
-        .collect();
-    rt.block_on(learner.dry_step(&batch))?;
-    ran.push(format!(
-        "1 dry GRPO step of {} prompts x {} responses",
-        batch.len(),
-        cfg.learner.group_size
-    ));
+    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let saved = recorder
+        .record(model.clone().into_record(), ())
+        .map_err(|e| anyhow!("kernel warm-up: copying the weights to the host: {e}"))?;
+    let (model, ran) = steps(model, &inputs, rt)?;
+    let record = recorder
+        .load(saved, inputs.device)
+        .map_err(|e| anyhow!("kernel warm-up: restoring the weights: {e}"))?;
+    let model = model.load_record(record);
     drop(ticker);
     let line = KernelWarmupLine {
         resumed: inputs.resumed,
-        ran: ran.join(", "),
+        ran,
         secs: started.elapsed().as_secs_f64(),
         kernels: before
             .zip(conrub_kernels::events::snapshot())
@@ -193,5 +165,55 @@ pub(super) fn run<B: GrpoOps>(
         "kernel warm-up: {} in {:.1} s: {} kernels compiled, {} loaded from the cache, {} autotune runs",
         line.ran, line.secs, e.kernel_compiles, e.kernel_cache_loads, e.autotune_runs
     );
-    Ok((learner.into_policy(), line))
+    Ok((model, line))
+}
+
+/// The steps of the warm-up (see the module docs); returns the policy they left and what ran.
+fn steps<B: GrpoOps>(
+    mut model: Qwen3ForCausalLM<Autodiff<B>>,
+    inputs: &WarmupInputs<'_, B>,
+    rt: &tokio::runtime::Runtime,
+) -> Result<(Qwen3ForCausalLM<Autodiff<B>>, String)> {
+    let cfg = inputs.cfg;
+    let mut ran = Vec::new();
+    if let (Some(w), false) = (&cfg.warmup, inputs.resumed) {
+        let pairs = warmup_pairs(inputs.records, inputs.codec, inputs.stop_ids)
+            .map_err(|e| anyhow!("[warmup]: {e}"))?;
+        let n = w.steps.min(2);
+        if !pairs.is_empty() && n > 0 {
+            model = sft_warmup(model, &pairs, n, w.lr, inputs.device, &mut |_, _| {}).0;
+            ran.push(format!("{n} supervised steps of {} answers", pairs.len()));
+        }
+    }
+    let judge = Arc::new(LexicalJudge::default());
+    let rewards = JudgeRewards {
+        judge: judge.clone(),
+        mode: cfg.reward.mode,
+        penalty: cfg.reward.length_penalty(cfg.learner.max_response_tokens),
+        dropout: cfg.reward.dropout,
+        seed: cfg.learner.seed,
+    };
+    let builder = Learner::builder(model, cfg.learner.clone(), inputs.device.clone())
+        .rollout(inputs.engine.clone())
+        .codec(inputs.codec.clone())
+        .rewards(rewards)
+        .stop_ids(inputs.stop_ids.to_vec());
+    let builder = match cfg.learner.tie_mode {
+        TieMode::Off => builder,
+        _ => builder.tie_breaker(PairwiseTieBreaker::new(judge, cfg.learner.seed)),
+    };
+    let mut learner = builder.build()?;
+    let order = conrub_grpo::epoch_order(inputs.records.len(), cfg.learner.seed, 0);
+    let batch: Vec<&RubricRecord> = order
+        .iter()
+        .take(cfg.run.prompts_per_step)
+        .map(|&i| &inputs.records[i])
+        .collect();
+    rt.block_on(learner.step(&batch))?;
+    ran.push(format!(
+        "1 GRPO step of {} prompts x {} responses",
+        batch.len(),
+        cfg.learner.group_size
+    ));
+    Ok((learner.into_policy(), ran.join(", ")))
 }

@@ -49,30 +49,31 @@ pub struct TrainArgs {
     /// only when this is given.
     #[arg(long)]
     pub gpu_memory_gb: Option<f64>,
-    /// Never run the kernel warm-up (by default it runs before the first step on cuda and wgpu
-    /// when the device's kernel cache holds no compiled kernel; see `conrub kernels-warmup`).
-    #[arg(long)]
-    pub no_kernel_warmup: bool,
+    /// The kernel warm-up before the first step: `auto` (on cuda and wgpu when the device's
+    /// kernel cache holds nothing, with the in-process rollout engine), `always` (any backend),
+    /// `never`. See `conrub kernels-warmup`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub kernel_warmup: KernelWarmup,
 }
 
 /// When the kernel warm-up runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KernelWarmup {
-    /// Before the first step when the kernel cache was cold.
-    WhenCold,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelWarmup {
+    /// Before the first step when the kernel cache was cold (CubeCL backends, in-process
+    /// rollouts).
+    Auto,
+    /// Before the first step, on any backend.
+    Always,
     /// Never.
     Never,
     /// The warm-up alone, then exit (`conrub kernels-warmup`).
+    #[value(skip)]
     Only,
 }
 
 /// Runs `conrub train`.
 pub fn run(a: TrainArgs) -> Result<()> {
-    let warmup = if a.no_kernel_warmup {
-        KernelWarmup::Never
-    } else {
-        KernelWarmup::WhenCold
-    };
+    let warmup = a.kernel_warmup;
     run_with(a, warmup)
 }
 
@@ -412,8 +413,13 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
         .build()
         .context("starting the async runtime")?;
     let run_warmup = match warmup {
-        KernelWarmup::Only => true,
-        KernelWarmup::WhenCold => crate::backend::kernel_cache_was_cold(),
+        KernelWarmup::Only | KernelWarmup::Always => true,
+        // With SGLang rollouts the servers compile their own kernels, and a warm-up's weight
+        // syncs would leave the engine at a version the run's own first sync could then skip.
+        KernelWarmup::Auto => {
+            crate::backend::kernel_cache_was_cold()
+                && cfg.rollout.engine == RolloutEngineKind::Paged
+        }
         KernelWarmup::Never => false,
     };
     let (model, warmup_line) = if run_warmup {

@@ -703,23 +703,7 @@ where
             .collect()
     }
 
-    /// A step of `records` that keeps nothing: the whole step runs (rollout, rewards, old
-    /// log-probs, every micro-batch's forward and backward, clipping, AdamW) with a learning rate
-    /// of 0, so the weights come out as they went in and the step counter does not move; the
-    /// optimizer's moments do change, so a dry-stepped learner is thrown away (take its policy
-    /// back with [`Learner::into_policy`]). What a kernel warm-up runs: every kernel and autotune
-    /// key of a step at the run's shapes, before the first real step.
-    pub async fn dry_step(&mut self, records: &[&RubricRecord]) -> Result<StepOutput> {
-        self.update.set_lr(0.0);
-        let out = self.step(records).await;
-        self.update.set_lr(self.cfg.lr);
-        if out.is_ok() {
-            self.step -= 1;
-        }
-        out
-    }
-
-    /// The policy, the learner dropped (after a [`Learner::dry_step`]).
+    /// The policy, the learner dropped (a kernel warm-up takes its policy back this way).
     pub fn into_policy(self) -> P {
         self.policy
     }
@@ -1145,8 +1129,7 @@ where
                     .filter(|(w, _)| mine.contains(w))
                     .collect();
                 if !pairs.is_empty() {
-                    let dpo = self.dpo_gradients(batch, &pairs, n);
-                    acc = crate::policy::add_gradients(&self.policy, acc, dpo);
+                    acc = self.dpo_gradients(batch, &pairs, n, acc);
                 }
                 let mut grads = acc;
                 if let Some(slot) = &self.rank {
@@ -1199,13 +1182,15 @@ where
         })
     }
 
-    /// Gradients of the GRPO+DPO baseline term for accepted `(winner, loser)` rows.
-    /// `total` is the step's row count (the term is normalised by it).
+    /// Gradients of the GRPO+DPO baseline term for accepted `(winner, loser)` rows, added into
+    /// `sum` (the mini-batch's running sum). `total` is the step's row count (the term is
+    /// normalised by it).
     fn dpo_gradients(
         &self,
         batch: &TrainBatch<B>,
         pairs: &[(usize, usize)],
         total: usize,
+        sum: GradientsParams,
     ) -> GradientsParams {
         let rows: Vec<usize> = pairs.iter().flat_map(|&(w, l)| [w, l]).collect();
         let index = row_index::<B>(&rows, &self.device);
@@ -1228,17 +1213,21 @@ where
         let winners = row_index::<B>(&(0..p).map(|i| 2 * i).collect::<Vec<_>>(), &self.device);
         let losers = row_index::<B>(&(0..p).map(|i| 2 * i + 1).collect::<Vec<_>>(), &self.device);
         let beta = self.cfg.dpo_beta;
-        self.policy.loss_gradients(&tokens, &mut |lp| {
-            let seq = lp.logprobs.sum_dim(1).reshape([rows.len()]);
-            dpo_pair_loss(
-                seq.clone().select(0, winners.clone()),
-                seq.select(0, losers.clone()),
-                old.clone().select(0, winners.clone()),
-                old.clone().select(0, losers.clone()),
-                beta,
-                total,
-            )
-        })
+        self.policy.loss_gradients_into(
+            &tokens,
+            &mut |lp| {
+                let seq = lp.logprobs.sum_dim(1).reshape([rows.len()]);
+                dpo_pair_loss(
+                    seq.clone().select(0, winners.clone()),
+                    seq.select(0, losers.clone()),
+                    old.clone().select(0, winners.clone()),
+                    old.clone().select(0, losers.clone()),
+                    beta,
+                    total,
+                )
+            },
+            sum,
+        )
     }
 }
 

@@ -33,8 +33,8 @@ pub enum MetricsLine {
     KernelWarmup(KernelWarmupLine),
 }
 
-/// What a kernel warm-up did: a dry step ([`crate::Learner::dry_step`]) of the run's shapes, and
-/// of its supervised warm-up when the run has one, before the run's first step.
+/// What a kernel warm-up did: one step of the run's shapes (and its supervised warm-up's first
+/// steps when it has one) on weights that are then restored, before the run's first step.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KernelWarmupLine {
     /// Whether the run was resumed from a checkpoint (else it ran before step 0).

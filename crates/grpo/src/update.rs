@@ -140,11 +140,6 @@ impl<B: AutodiffBackend, P: AutodiffModule<B>> Update<B, P> {
         Self { optim, cfg }
     }
 
-    /// The learning rate of the next steps (a kernel warm-up's dry step sets 0).
-    pub(crate) fn set_lr(&mut self, lr: f64) {
-        self.cfg.lr = lr;
-    }
-
     /// Clips `grads` and takes one optimizer step; returns the new policy and the gradient norm
     /// before clipping.
     ///
