@@ -237,7 +237,9 @@ fn demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
     let out = dir.path().join("run");
     let out_dir = format!("run.output_dir=\"{}\"", out.display());
     let train = [
-        &["train", "--config", config, "--device", "wgpu", "--set", &out_dir][..],
+        &[
+            "train", "--config", config, "--device", "wgpu", "--set", &out_dir,
+        ][..],
         &shrink[..],
     ]
     .concat();
