@@ -63,7 +63,7 @@ status=0
 export CONRUB_KERNEL_CACHE="${CONRUB_KERNEL_CACHE:-$(mktemp -d)/kernels}"
 echo "kernel cache: $CONRUB_KERNEL_CACHE"
 # What each kernel should use here, compiled offline for sm_90 by `conrub kernels-compile` (CI
-# checks it on every change; README "Compiled for an H200 without a GPU" has the 48-row table):
+# checks it on every change; README "Compiled for an H200 without a GPU" has the 51-row table):
 #   kernel (head_dim 128)      regs  spill B  stack B  shared B  blocks/SM  occupancy
 #   row_stats / logits_grad    22-30      0        0    0-3072          8       100%
 #   surrogate fwd / bwd        24-40      0        0    0-4096        6-8    75-100%
@@ -71,6 +71,7 @@ echo "kernel cache: $CONRUB_KERNEL_CACHE"
 #   attention_dq               168-176  0-16    ~1540     48316          4      12.5%
 #   attention_dkdv             255   108-164    ~2200     48504          4      12.5%
 #   paged_decode               32       0-8      0-8      33792          6      18.8%
+#   sample (all dtypes)        32         0        0       3072          8       100%
 # With a toolkit on this machine (ptxas, NVRTC and the headers under one folder), the same table
 # from this machine's compiler; a difference from the list above is worth reading.
 CUDA_HOME_GUESS="${CUDA_HOME:-/usr/local/cuda}"
