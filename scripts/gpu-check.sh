@@ -63,7 +63,7 @@ status=0
 export CONRUB_KERNEL_CACHE="${CONRUB_KERNEL_CACHE:-$(mktemp -d)/kernels}"
 echo "kernel cache: $CONRUB_KERNEL_CACHE"
 # What each kernel should use here, compiled offline for sm_90 by `conrub kernels-compile` (CI
-# checks it on every change; README "Compiled for an H200 without a GPU" has the 51-row table):
+# checks it on every change; README "Compiled for an H200 without a GPU" has the full table):
 #   kernel (head_dim 128)      regs  spill B  stack B  shared B  blocks/SM  occupancy
 #   row_stats / logits_grad    22-30      0        0    0-3072          8       100%
 #   surrogate fwd / bwd        24-40      0        0    0-4096        6-8    75-100%
