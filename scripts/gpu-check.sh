@@ -115,7 +115,8 @@ fi
 if want bench; then
   echo "== benchmark against PyTorch on cuda:$DEV"
   python3 benches/gpu/compare.py --bin "$BIN" --device "$DEV" --out "${BENCH_OUT:-gpu-bench.jsonl}" \
-    --timeout "${BENCH_TIMEOUT:-150}" --kernel-cache "$CONRUB_KERNEL_CACHE" \
+    --timeout "${BENCH_TIMEOUT:-120}" --budget "${BENCH_BUDGET:-270}" \
+    --kernel-cache "$CONRUB_KERNEL_CACHE" \
     ${BENCH_ONLY:+--only "$BENCH_ONLY"} || status=$?
 fi
 

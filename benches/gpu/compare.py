@@ -12,8 +12,9 @@ Cases (`--only` picks some, by name):
 
 Every conrub case shares one kernel cache folder (`--kernel-cache`, a fresh one by default), so
 kernels compile once per run of this script, in whichever case needs them first (`first-step`
-runs first when selected). A case that takes longer than `--timeout` seconds is recorded as
-skipped with that reason.
+runs first when selected). A side of a case that takes longer than `--timeout` seconds is recorded
+as skipped with that reason, and no case starts once `--budget` seconds (300 by default: the
+issue's five minutes of GPU time) have passed.
 
 Usage: python3 benches/gpu/compare.py --bin target/release/conrub [--device 0] [--only ...]
        python3 benches/gpu/compare.py --device cpu --check  (every case shrunk: a check without a
@@ -178,6 +179,8 @@ def main():
     p.add_argument("--out", default="gpu-bench.jsonl")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per side of a case")
     p.add_argument("--iters", type=int, default=2)
+    p.add_argument("--budget", type=float, default=300.0,
+                   help="seconds for the whole run: cases not started by then are skipped")
     p.add_argument("--kernel-cache", default=None, help="conrub's kernel cache (default: fresh)")
     p.add_argument("--check", action="store_true",
                    help="every case at the tiny shape and a few tokens (no GPU needed)")
@@ -189,7 +192,13 @@ def main():
         unknown = [c for c in args.only.split(",") if c and c not in CASES]
         if unknown:
             sys.exit(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+        started = time.time()
         for name in [c for c in CASES if c in args.only.split(",")]:
+            spent = time.time() - started
+            if spent > args.budget:
+                emit(args.out, name, {"side": "both", "skipped":
+                                      f"the run's budget of {args.budget:.0f} s was spent ({spent:.0f} s)"})
+                continue
             run_case(args, name, CASES[name])
     table(args.out)
 
