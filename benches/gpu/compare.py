@@ -139,6 +139,10 @@ def table(path):
     print("| case | conrub | PyTorch | conrub / PyTorch | notes |")
     print("|---|---|---|---|---|")
     for case, rs in by.items():
+        both = next((r for r in rs if r.get("side") == "both"), None)
+        if both:
+            print(f"| {case} | skipped | skipped | - | {both['skipped']} |")
+            continue
         c = next((r for r in rs if r.get("side") == "conrub" and "cache" not in r), None)
         t = next((r for r in rs if r.get("side") == "pytorch"), None)
         if case == "first-step":
