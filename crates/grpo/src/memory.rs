@@ -590,7 +590,7 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
         // micro-batch's backward gradients) beside the sum, never a whole model's.
         parts.push(part(
             "micro_batch_gradients",
-            "one layer's gradients added into the sum in place + transient",
+            "one layer's gradients (f32) into the sum + transient",
             Phase::GradientSum,
             4.0 * layer_params + largest,
         ));
