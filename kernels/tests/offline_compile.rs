@@ -87,7 +87,7 @@ fn every_kernel_is_generated_for_sm_90_with_the_launchers_geometry() {
     }
     let kernels: std::collections::BTreeSet<_> =
         generated.iter().map(|g| g.config.kernel).collect();
-    assert_eq!(kernels.len(), 8, "{kernels:?}");
+    assert_eq!(kernels.len(), 9, "{kernels:?}");
 }
 
 #[test]
