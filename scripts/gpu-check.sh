@@ -6,7 +6,9 @@
 # Carry target/release/conrub and this script to the GPU machine, then:
 #   scripts/gpu-check.sh [--only SECTIONS] [path/to/conrub] [cuda device index]
 # SECTIONS (comma-separated, default all, in this order): compile, parity, demo, bench, allreduce.
-# `bench` is the benchmark against PyTorch (benches/gpu/compare.py: conrub's train step and
+# `bench` first times sampling at the full vocabulary against one softmax (`conrub bench sampling`,
+# 256 rows; lines to $SAMPLING_OUT, default gpu-sampling.jsonl), then runs
+# the benchmark against PyTorch (benches/gpu/compare.py: conrub's train step and
 # rollout against transformers' on the same GPU, cold vs warm first step; its JSON lines go to
 # $BENCH_OUT, default gpu-bench.jsonl, as they are measured) and needs python3 with torch and
 # transformers; `demo` runs the demo's first steps twice on one kernel cache (cold, then warm)
@@ -113,6 +115,12 @@ fi
 
 # conrub against PyTorch on this GPU (benches/gpu/compare.py; at most about 5 minutes).
 if want bench; then
+  echo "== sampling at the full vocabulary vs one softmax (256 rows) on cuda:$DEV"
+  "$BIN" bench sampling --device "cuda:$DEV" --rows 256 --iters 5 | tee "${SAMPLING_OUT:-gpu-sampling.jsonl}" \
+    | python3 -c 'import json, sys
+for l in sys.stdin:
+    d = json.loads(l)
+    print("  %-22s %9.3f ms  %6.2fx softmax" % (d["op"], d["secs"] * 1e3, d["vs_softmax"]))' || status=$?
   echo "== benchmark against PyTorch on cuda:$DEV"
   python3 benches/gpu/compare.py --bin "$BIN" --device "$DEV" --out "${BENCH_OUT:-gpu-bench.jsonl}" \
     --timeout "${BENCH_TIMEOUT:-120}" --budget "${BENCH_BUDGET:-270}" \

@@ -180,17 +180,409 @@ fn sample_kernel<F: Float, I: Numeric>(
     }
 }
 
-/// Whether [`sample_kernel`] applies `params`: greedy, or a draw from the whole distribution
-/// (top-k and top-p rows take the tensor rule).
-pub(crate) fn kernel_applies(params: &SampleParams, vocab: usize) -> bool {
-    params.greedy || (params.top_k.is_none_or(|k| k >= vocab) && params.top_p >= 1.0)
+/// Candidates [`prefix_search`] tests per pass: the 16 values of the next 4 bits of the key.
+const CANDIDATES: usize = 16;
+
+/// A logit's place in the descending order as a `u32` that orders like `f32::total_cmp` (a
+/// larger key is a larger logit).
+#[cube]
+fn order_key(x: f32) -> u32 {
+    let b = u32::reinterpret(x);
+    let mut key = b | 0x8000_0000u32;
+    if (b >> 31u32) == 1u32 {
+        key = b ^ 0xFFFF_FFFFu32;
+    }
+    key
 }
 
-/// Launches [`sample_kernel`] over `rows` rows: `[logits, uniforms, tokens, logp]`, dtypes
-/// `[logits' float, tokens' int]`. The backend and the offline CUDA compile both launch here.
+/// Whether the id `id` with key `key` is in the prefix `{key > set_key} ∪ {key == set_key, id
+/// <= set_id}` of the order (descending logit, ties by ascending id); `(0, vocab)` is the
+/// whole row.
+#[cube]
+fn in_prefix(key: u32, id: u32, set_key: u32, set_id: u32) -> bool {
+    key > set_key || (key == set_key && id <= set_id)
+}
+
+/// What a search or a sum adds per id: 1 (a count) or the id's weight `exp((x - max) / T)`.
+#[cube]
+fn measure(x: f32, max: f32, inv_temp: f32, #[comptime] count: bool) -> f32 {
+    let mut f = 1.0f32;
+    if !count {
+        f = ((x - max) * inv_temp).exp();
+    }
+    f
+}
+
+/// The cube's sum of every unit's `value` (a tree in `red`, `block` floats).
+#[cube]
+fn cube_sum(red: &mut SharedMemory<f32>, value: f32) -> f32 {
+    let unit = UNIT_POS_X as usize;
+    red[unit] = value;
+    sync_cube();
+    let mut half = (CUBE_DIM_X / 2) as usize;
+    while half > 0 {
+        if unit < half {
+            let other = red[unit + half];
+            red[unit] += other;
+        }
+        sync_cube();
+        half /= 2;
+    }
+    let total = red[0];
+    sync_cube();
+    total
+}
+
+/// The count or weight (`count`) of the ids of a row in the prefix `(set_key, set_id)`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn prefix_sum<F: Float>(
+    logits: &Tensor<F>,
+    base: usize,
+    max: f32,
+    inv_temp: f32,
+    set_key: u32,
+    set_id: u32,
+    red: &mut SharedMemory<f32>,
+    #[comptime] block: u32,
+    #[comptime] count: bool,
+) -> f32 {
+    let vocab = logits.shape(1);
+    let cs = logits.stride(1);
+    let mut s = 0.0f32;
+    let mut v = UNIT_POS_X as usize;
+    while v < vocab {
+        let x = f32::cast_from(logits[base + v * cs]);
+        if in_prefix(order_key(x), v as u32, set_key, set_id) {
+            s += measure(x, max, inv_temp, count);
+        }
+        v += block as usize;
+    }
+    cube_sum(red, s)
+}
+
+/// The shortest prefix of the row's order (descending logit, ties by id), among the ids in
+/// the prefix `(set_key, set_id)`, whose count or weight (`count`) reaches `target` (`>=`, or
+/// `>` when `strict`). Writes `res = [key, id, found]`: the prefix is `{key' > key} ∪ {key' ==
+/// key, id' <= id}`; `found` is 0 when even the whole set falls short (f32 rounding).
+///
+/// Eight passes fix the crossing logit's 32-bit key 4 bits at a time (each unit sums the
+/// measure above the 15 candidate values of the next 4 bits; a tree sums them over the cube);
+/// a ninth sums what lies above that key and, per contiguous chunk of ids, what lies at it, and
+/// unit 0 walks the one chunk where the ties cross.
+#[cube]
+#[allow(clippy::too_many_arguments, clippy::manual_div_ceil)]
+fn prefix_search<F: Float>(
+    logits: &Tensor<F>,
+    base: usize,
+    max: f32,
+    inv_temp: f32,
+    set_key: u32,
+    set_id: u32,
+    target: f32,
+    hist: &mut SharedMemory<f32>,
+    red: &mut SharedMemory<f32>,
+    res: &mut SharedMemory<u32>,
+    #[comptime] block: u32,
+    #[comptime] count: bool,
+    #[comptime] strict: bool,
+) {
+    let unit = UNIT_POS_X as usize;
+    let step = block as usize;
+    let vocab = logits.shape(1);
+    let cs = logits.stride(1);
+    let mut prefix = 0u32;
+    for pass in 0..8u32 {
+        let shift = 28u32 - pass * 4u32;
+        let top = (prefix >> shift) >> 4u32;
+        let mut acc = Array::<f32>::new(CANDIDATES);
+        #[unroll]
+        for c in 0..CANDIDATES {
+            acc[c] = 0.0f32;
+        }
+        let mut v = unit;
+        while v < vocab {
+            let x = f32::cast_from(logits[base + v * cs]);
+            let key = order_key(x);
+            if in_prefix(key, v as u32, set_key, set_id) {
+                let hi = key >> shift;
+                let mut level = 0u32;
+                if (hi >> 4u32) > top {
+                    level = 15u32;
+                } else if (hi >> 4u32) == top {
+                    level = hi & 15u32;
+                }
+                let f = measure(x, max, inv_temp, count);
+                #[unroll]
+                for c in 1..CANDIDATES {
+                    if level >= c as u32 {
+                        acc[c] += f;
+                    }
+                }
+            }
+            v += step;
+        }
+        #[unroll]
+        for c in 1..CANDIDATES {
+            hist[c * step + unit] = acc[c];
+        }
+        sync_cube();
+        let mut half = (CUBE_DIM_X / 2) as usize;
+        while half > 0 {
+            if unit < half {
+                #[unroll]
+                for c in 1..CANDIDATES {
+                    let other = hist[c * step + unit + half];
+                    hist[c * step + unit] += other;
+                }
+            }
+            sync_cube();
+            half /= 2;
+        }
+        // The measure above a candidate falls as the candidate rises (sums of non-negative
+        // terms in one order round monotonically): the last that still reaches the target.
+        let mut best = 0u32;
+        #[unroll]
+        for c in 1..CANDIDATES {
+            let g = hist[c * step];
+            let mut reaches = g >= target;
+            if strict {
+                reaches = g > target;
+            }
+            if reaches {
+                best = c as u32;
+            }
+        }
+        sync_cube();
+        prefix |= best << shift;
+    }
+
+    // What lies above the key, and at it per contiguous chunk of ids.
+    let key_at = prefix;
+    let mut above = 0.0f32;
+    let mut v = unit;
+    while v < vocab {
+        let x = f32::cast_from(logits[base + v * cs]);
+        let key = order_key(x);
+        if key > key_at && in_prefix(key, v as u32, set_key, set_id) {
+            above += measure(x, max, inv_temp, count);
+        }
+        v += step;
+    }
+    let above = cube_sum(red, above);
+    let chunk = (vocab + step - 1) / step;
+    let start = unit * chunk;
+    let mut end = start + chunk;
+    if end > vocab {
+        end = vocab;
+    }
+    let mut s = 0.0f32;
+    let mut j = start;
+    while j < end {
+        let x = f32::cast_from(logits[base + j * cs]);
+        let key = order_key(x);
+        if key == key_at && in_prefix(key, j as u32, set_key, set_id) {
+            s += measure(x, max, inv_temp, count);
+        }
+        j += 1;
+    }
+    hist[unit] = s;
+    sync_cube();
+    if unit == 0 {
+        let mut run = above;
+        let mut acc = 0.0f32;
+        let mut found = false;
+        let mut c = vocab - vocab;
+        let mut last = vocab - vocab;
+        let mut before_last = above;
+        for i in 0..step {
+            if hist[i] > 0.0f32 {
+                last = i;
+                before_last = run;
+            }
+            let mut reaches = run + hist[i] >= target;
+            if strict {
+                reaches = run + hist[i] > target;
+            }
+            if !found && reaches {
+                c = i;
+                acc = run;
+                found = true;
+            }
+            run += hist[i];
+        }
+        res[2] = 1u32;
+        if !found {
+            // Short by rounding, or the whole set is short: the set's last tie chunk.
+            c = last;
+            acc = before_last;
+            res[2] = 0u32;
+        }
+        let lo = c * chunk;
+        let mut hi = lo + chunk;
+        if hi > vocab {
+            hi = vocab;
+        }
+        let mut id = vocab;
+        let mut last_tie = lo;
+        let mut k = lo;
+        while k < hi {
+            let x = f32::cast_from(logits[base + k * cs]);
+            let key = order_key(x);
+            if key == key_at && in_prefix(key, k as u32, set_key, set_id) {
+                let f = measure(x, max, inv_temp, count);
+                if f > 0.0f32 {
+                    last_tie = k;
+                }
+                if id == vocab {
+                    acc += f;
+                    let mut reaches = acc >= target;
+                    if strict {
+                        reaches = acc > target;
+                    }
+                    if reaches {
+                        id = k;
+                    }
+                }
+            }
+            k += 1;
+        }
+        if id == vocab {
+            id = last_tie;
+        }
+        res[0] = key_at;
+        res[1] = id as u32;
+    }
+    sync_cube();
+}
+
+/// [`crate::sampling::sample_row`]'s rule with top-k and/or top-p, without a sort: one cube
+/// per row finds the top-k prefix of the order (descending logit, ties by id) by its count, the
+/// top-p prefix of that by its weight, and the draw's token by the weight of the kept prefix
+/// before it, each with [`prefix_search`] (nine reads of the row), so the token is the host
+/// rule's up to f32 rounding of the sums. `top_k` 0 is none; `top_p` 1 is none.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn sample_restricted_kernel<F: Float, I: Numeric>(
+    logits: &Tensor<F>,
+    uniforms: &Tensor<f32>,
+    tokens: &mut Tensor<I>,
+    logp: &mut Tensor<f32>,
+    inv_temp: f32,
+    top_k: u32,
+    top_p: f32,
+    #[comptime] block: u32,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let row = CUBE_POS_X as usize;
+    let unit = UNIT_POS_X as usize;
+    let step = block as usize;
+    let vocab = logits.shape(1);
+    let base = row * logits.stride(0);
+    let cs = logits.stride(1);
+    let mut hist = SharedMemory::<f32>::new(CANDIDATES * step);
+    let mut red = SharedMemory::<f32>::new(step);
+    let mut res = SharedMemory::<u32>::new(3usize);
+
+    // The row's maximum.
+    let mut m = f32::cast_from(F::min_value());
+    let mut v = unit;
+    while v < vocab {
+        let x = f32::cast_from(logits[base + v * cs]);
+        if x > m {
+            m = x;
+        }
+        v += step;
+    }
+    red[unit] = m;
+    sync_cube();
+    let mut half = (CUBE_DIM_X / 2) as usize;
+    while half > 0 {
+        if unit < half {
+            let other = red[unit + half];
+            if other > red[unit] {
+                red[unit] = other;
+            }
+        }
+        sync_cube();
+        half /= 2;
+    }
+    let max = red[0];
+    sync_cube();
+
+    // Top-k: the first `top_k` ids of the order.
+    let all_id = vocab as u32;
+    let mut k_key = 0u32;
+    let mut k_id = all_id;
+    if top_k > 0u32 && (top_k as usize) < vocab {
+        prefix_search(
+            logits, base, max, inv_temp, 0u32, all_id, f32::cast_from(top_k), &mut hist,
+            &mut red, &mut res, block, true, false,
+        );
+        k_key = res[0];
+        k_id = res[1];
+        sync_cube();
+    }
+    let k_total = prefix_sum(logits, base, max, inv_temp, k_key, k_id, &mut red, block, false);
+
+    // Top-p: the shortest prefix of those whose share reaches `top_p`.
+    let mut p_key = k_key;
+    let mut p_id = k_id;
+    let mut kept = k_total;
+    if top_p < 1.0f32 {
+        prefix_search(
+            logits, base, max, inv_temp, k_key, k_id, top_p * k_total, &mut hist, &mut red,
+            &mut res, block, false, false,
+        );
+        let found = res[2];
+        let key = res[0];
+        let id = res[1];
+        sync_cube();
+        if found == 1u32 {
+            p_key = key;
+            p_id = id;
+            kept = prefix_sum(logits, base, max, inv_temp, p_key, p_id, &mut red, block, false);
+        }
+    }
+
+    // The draw: the first id of the kept prefix whose running weight passes `u x kept`; past
+    // the end (rounding), the prefix's last id.
+    let target = uniforms[row * uniforms.stride(0)] * kept;
+    prefix_search(
+        logits, base, max, inv_temp, p_key, p_id, target, &mut hist, &mut red, &mut res, block,
+        false, true,
+    );
+    let found = res[2];
+    let mut tok = res[1];
+    sync_cube();
+    if found == 0u32 {
+        let n = prefix_sum(logits, base, max, inv_temp, p_key, p_id, &mut red, block, true);
+        prefix_search(
+            logits, base, max, inv_temp, p_key, p_id, n, &mut hist, &mut red, &mut res, block,
+            true, false,
+        );
+        tok = res[1];
+    }
+    if unit == 0 {
+        let t = tok as usize;
+        tokens[row * tokens.stride(0)] = I::cast_from(tok);
+        logp[row * logp.stride(0)] =
+            (f32::cast_from(logits[base + t * cs]) - max) * inv_temp - kept.ln();
+    }
+}
+
+/// Whether `params` restricts the draw (top-k below the vocabulary, or top-p below 1): such
+/// rows take [`sample_restricted_kernel`], the rest [`sample_kernel`].
+pub(crate) fn restricted(params: &SampleParams, vocab: usize) -> bool {
+    !params.greedy && (params.top_k.is_some_and(|k| k < vocab) || params.top_p < 1.0)
+}
+
+/// Launches the sampling kernel `params` needs over `rows` rows of `vocab` ids: `[logits,
+/// uniforms, tokens, logp]`, dtypes `[logits' float, tokens' int]`. The backend and the
+/// offline CUDA compile both launch here.
 pub(crate) fn launch_sample<R: Runtime>(
     client: &ComputeClient<R>,
-    rows: usize,
+    [rows, vocab]: [usize; 2],
     [logits, uniforms, tokens, logp]: [TensorArg<R>; 4],
     params: &SampleParams,
     dtypes: [StorageType; 2],
@@ -201,9 +593,28 @@ pub(crate) fn launch_sample<R: Runtime>(
     } else {
         (1.0 / params.temperature) as f32
     };
+    let count = CubeCount::Static(rows as u32, 1, 1);
+    if restricted(params, vocab) {
+        let top_k = params.top_k.filter(|&k| k < vocab).unwrap_or(0) as u32;
+        sample_restricted_kernel::launch::<R>(
+            client,
+            count,
+            CubeDim::new_1d(block),
+            logits,
+            uniforms,
+            tokens,
+            logp,
+            inv_temp,
+            top_k,
+            params.top_p.min(1.0) as f32,
+            block,
+            dtypes,
+        );
+        return;
+    }
     sample_kernel::launch::<R>(
         client,
-        CubeCount::Static(rows as u32, 1, 1),
+        count,
         CubeDim::new_1d(block),
         logits,
         uniforms,
@@ -217,14 +628,14 @@ pub(crate) fn launch_sample<R: Runtime>(
 }
 
 /// `sample_rows` on a CubeCL backend with the draws already on the device (`uniforms` `[rows]`
-/// f32): the kernel where it applies, else the tensor rule on the host's copy of the draws.
+/// f32), by [`launch_sample`].
 pub(crate) fn sample_rows_on<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     logits: CubeTensor<R>,
     uniforms: CubeTensor<R>,
     params: &SampleParams,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let [rows, vocab] = logits.shape().dims::<2>();
-    if rows == 0 || !kernel_applies(params, vocab) {
+    if rows == 0 {
         let u = crate::sampling::host_uniforms::<CubeBackend<R, F, I, BT>>(uniforms);
         return crate::sampling::sample_rows_by_tensor_ops::<CubeBackend<R, F, I, BT>>(
             logits, params, &u,
@@ -246,7 +657,7 @@ pub(crate) fn sample_rows_on<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
         tokens.clone().into_tensor_arg(),
         logp.clone().into_tensor_arg(),
     ];
-    launch_sample(&client, rows, args, params, dtypes);
+    launch_sample(&client, [rows, vocab], args, params, dtypes);
     (tokens, logp)
 }
 
@@ -282,8 +693,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> crate::Dec
         params: &SampleParams,
         uniforms: &[f64],
     ) -> (IntTensor<Self>, FloatTensor<Self>) {
-        let [rows, vocab] = logits.shape().dims::<2>();
-        if rows == 0 || !kernel_applies(params, vocab) {
+        let rows = logits.shape().dims::<2>()[0];
+        if rows == 0 {
             return crate::sampling::sample_rows_by_tensor_ops::<Self>(logits, params, uniforms);
         }
         let u = uniforms_tensor::<Self>(rows, params, uniforms, &logits.device);

@@ -54,6 +54,7 @@ pub mod kv;
 pub mod paged_attention;
 pub mod reference;
 pub mod sampling;
+pub mod sampling_bench;
 #[cfg(feature = "wgpu")]
 mod wgpu_probe;
 #[cfg(feature = "wgpu")]

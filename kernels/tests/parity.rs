@@ -291,6 +291,51 @@ fn draw_within_rounding(row: &[f32], inv_t: f64, u: f64, tok: usize) -> bool {
     before - slack <= target && target < before + w[tok] + slack
 }
 
+/// Whether `tok` is the restricted (top-k / top-p) draw `u` of `row` up to f32 rounding: the
+/// host rule's kept prefix (descending logit, ties by id) in f64, widened by one id where the
+/// top-p share is within 1e-5 of its threshold, must hold `tok`, and the weight before `tok` in
+/// that order must bracket `u x kept` within 1e-5 of the kept weight.
+fn restricted_draw_within_rounding(
+    row: &[f32],
+    params: &conrub_kernels::sampling::SampleParams,
+    u: f64,
+    tok: usize,
+) -> bool {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let inv_t = 1.0 / params.temperature;
+    let mut idx: Vec<usize> = (0..row.len()).collect();
+    idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    idx.truncate(params.top_k.unwrap_or(row.len()).min(row.len()));
+    let w: Vec<f64> = idx
+        .iter()
+        .map(|&i| ((row[i] as f64 - max) * inv_t).exp())
+        .collect();
+    let total: f64 = w.iter().sum();
+    let mut keep = w.len();
+    if params.top_p < 1.0 {
+        let mut acc = 0.0;
+        for (n, x) in w.iter().enumerate() {
+            acc += x / total;
+            if acc >= params.top_p - 1e-5 {
+                keep = (n + 2).min(w.len());
+                break;
+            }
+        }
+    }
+    let Some(pos) = idx[..keep].iter().position(|&i| i == tok) else {
+        return false;
+    };
+    // Both ends of the widened prefix as the kept weight.
+    let lo_total: f64 = w[..keep.saturating_sub(1).max(1)].iter().sum();
+    let hi_total: f64 = w[..keep].iter().sum();
+    let before: f64 = w[..pos].iter().sum();
+    [lo_total, hi_total].iter().any(|&kept| {
+        let slack = 1e-5 * kept;
+        let target = u * kept;
+        before - slack <= target && target < before + w[pos] + slack
+    })
+}
+
 /// `DecodeOps::sample_rows` against the host rule ([`conrub_kernels::sampling::sample_row`]) at
 /// `vocab`, on a strided (transposed) view: greedy takes the host's token with its
 /// log-probability; a draw from the whole distribution (temperature 1 and 0.7) takes the host's
@@ -340,6 +385,25 @@ pub fn sampling_matches_host_rule<B: GrpoOps>(device: &B::Device, vocab: usize) 
             top_k: None,
             top_p: 1.0,
         },
+        // Restricted draws (no sort on the CubeCL backends): top-k alone, top-p alone, both.
+        SampleParams {
+            greedy: false,
+            temperature: 1.0,
+            top_k: Some(50),
+            top_p: 1.0,
+        },
+        SampleParams {
+            greedy: false,
+            temperature: 0.7,
+            top_k: None,
+            top_p: 0.9,
+        },
+        SampleParams {
+            greedy: false,
+            temperature: 1.0,
+            top_k: Some(vocab / 3),
+            top_p: 0.5,
+        },
     ];
     for params in &modes {
         poison::<B>(&[rows, rows], device);
@@ -370,6 +434,14 @@ pub fn sampling_matches_host_rule<B: GrpoOps>(device: &B::Device, vocab: usize) 
                 "greedy row {r}: token {t} vs host {want_tok}"
             );
             let inv_t = 1.0 / params.temperature;
+            if params.top_k.is_some() || params.top_p < 1.0 {
+                assert!(
+                    restricted_draw_within_rounding(row, params, uniforms[r], t),
+                    "{params:?} row {r}: token {t} is not the draw {} (host {want_tok})",
+                    uniforms[r]
+                );
+                continue;
+            }
             assert!(
                 draw_within_rounding(row, inv_t, uniforms[r], t),
                 "{params:?} row {r}: token {t} is not the draw {} (host {want_tok})",

@@ -10,6 +10,10 @@
 //! - `bench rollout`: the rollout engine, `rows` prompts of `prompt` tokens, exactly `new` new
 //!   tokens each (no stop token), sampling at temperature 1, `bf16-mixed`; tokens/s and the bound
 //!   of reading the weights and the KV cache once per decode step at `--bandwidth-gbs`.
+//! - `bench sampling`: one token per row at the full vocabulary (greedy, whole distribution,
+//!   top-k, top-p) against one softmax over the same logits, one JSON line per operation with its
+//!   ratio to the softmax (`conrub_kernels::sampling_bench`; `benches/sampling.rs` prints the
+//!   same as a table).
 
 use std::time::Instant;
 
@@ -88,6 +92,26 @@ pub enum BenchCommand {
     Train(TrainBench),
     /// One rollout (see the module docs).
     Rollout(RolloutBench),
+    /// Sampling one token per row at the full vocabulary against one softmax over the same
+    /// logits (`conrub_kernels::sampling_bench`).
+    Sampling(SamplingBench),
+}
+
+/// Arguments of `conrub bench sampling`.
+#[derive(Args, Clone)]
+pub struct SamplingBench {
+    /// Rows (sequences decoding at once).
+    #[arg(long, default_value_t = 256)]
+    pub rows: usize,
+    /// Vocabulary (Qwen3's by default).
+    #[arg(long, default_value_t = 151_936)]
+    pub vocab: usize,
+    /// Timed calls per mode after one untimed call (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub iters: usize,
+    /// Device.
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
 }
 
 /// Arguments of `conrub bench train`.
@@ -147,6 +171,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Train(a) => run_on_device(&a.device.clone(), a),
         BenchCommand::Rollout(a) => run_on_device(&a.device.clone(), a),
+        BenchCommand::Sampling(a) => run_on_device(&a.device.clone(), a),
     }
 }
 
@@ -274,6 +299,34 @@ impl BackendTask for TrainBench {
             "mfu": flops / secs / (self.peak_tflops * 1e12),
         });
         println!("{record}");
+        Ok(())
+    }
+}
+
+impl BackendTask for SamplingBench {
+    /// One JSON line per timed operation, with its ratio to the softmax.
+    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+        let cube = self.device.starts_with("wgpu") || self.device.starts_with("cuda");
+        let timings = conrub_kernels::sampling_bench::sampling_timings::<B>(
+            &device,
+            [self.rows, self.vocab],
+            self.iters,
+            cube,
+        );
+        let base = timings[0].secs;
+        for t in &timings {
+            let record = serde_json::json!({
+                "bench": "sampling",
+                "device": device_name(&self.device),
+                "op": t.label,
+                "rows": self.rows,
+                "vocab": self.vocab,
+                "secs": t.secs,
+                "us_per_row": t.secs * 1e6 / self.rows as f64,
+                "vs_softmax": t.secs / base,
+            });
+            println!("{record}");
+        }
         Ok(())
     }
 }

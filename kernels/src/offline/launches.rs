@@ -28,12 +28,13 @@ pub struct KernelConfig {
 }
 
 /// The row kernels (log-probabilities, the clipped-ratio loss and the rollout's sampling).
-pub const ROW_KERNELS: [&str; 5] = [
+pub const ROW_KERNELS: [&str; 6] = [
     "row_stats_kernel",
     "logits_grad_kernel",
     "surrogate_forward_kernel",
     "surrogate_backward_kernel",
     "sample_kernel",
+    "sample_restricted_kernel",
 ];
 /// The attention kernels, per head dimension.
 pub const ATTENTION_KERNELS: [&str; 4] = [
@@ -53,7 +54,7 @@ fn dtype_name(dtype: DType) -> &'static str {
 }
 
 impl KernelConfig {
-    /// Every kernel of this crate at every dtype and head dimension: 5 row kernels x 3 dtypes
+    /// Every kernel of this crate at every dtype and head dimension: 6 row kernels x 3 dtypes
     /// and 4 attention kernels x 3 dtypes x 3 head dimensions.
     pub fn all() -> Vec<Self> {
         let mut out = Vec::new();
@@ -191,10 +192,11 @@ pub(crate) fn launch(client: &ComputeClient<OfflineCuda>, config: &KernelConfig)
             Clip::default(),
             float,
         ),
-        // The drawing variant (greedy is the same kernel without step 3's scan).
-        "sample_kernel" => crate::cube_sampling::launch_sample(
+        // The drawing variant (greedy is the same kernel without step 3's scan), and the
+        // top-k/top-p one.
+        "sample_kernel" | "sample_restricted_kernel" => crate::cube_sampling::launch_sample(
             client,
-            rows,
+            [rows, vocab],
             [
                 t(&[rows, vocab], f),
                 t(&[rows], full),
@@ -204,7 +206,7 @@ pub(crate) fn launch(client: &ComputeClient<OfflineCuda>, config: &KernelConfig)
             &crate::sampling::SampleParams {
                 greedy: false,
                 temperature: 1.0,
-                top_k: None,
+                top_k: (config.kernel == "sample_restricted_kernel").then_some(20),
                 top_p: 1.0,
             },
             dtypes,
