@@ -271,7 +271,8 @@ fn prefix_sum<F: Float>(
 /// a ninth sums what lies above that key and, per contiguous chunk of ids, what lies at it, and
 /// unit 0 walks the one chunk where the ties cross.
 #[cube]
-#[allow(clippy::too_many_arguments, clippy::manual_div_ceil)]
+// `div_ceil` has no CubeCL expansion; `vocab - vocab` is a run-time zero (as in `sample_kernel`).
+#[allow(clippy::too_many_arguments, clippy::manual_div_ceil, clippy::eq_op)]
 fn prefix_search<F: Float>(
     logits: &Tensor<F>,
     base: usize,
@@ -516,14 +517,27 @@ fn sample_restricted_kernel<F: Float, I: Numeric>(
     let mut k_id = all_id;
     if top_k > 0u32 && (top_k as usize) < vocab {
         prefix_search(
-            logits, base, max, inv_temp, 0u32, all_id, f32::cast_from(top_k), &mut hist,
-            &mut red, &mut res, block, true, false,
+            logits,
+            base,
+            max,
+            inv_temp,
+            0u32,
+            all_id,
+            f32::cast_from(top_k),
+            &mut hist,
+            &mut red,
+            &mut res,
+            block,
+            true,
+            false,
         );
         k_key = res[0];
         k_id = res[1];
         sync_cube();
     }
-    let k_total = prefix_sum(logits, base, max, inv_temp, k_key, k_id, &mut red, block, false);
+    let k_total = prefix_sum(
+        logits, base, max, inv_temp, k_key, k_id, &mut red, block, false,
+    );
 
     // Top-p: the shortest prefix of those whose share reaches `top_p`.
     let mut p_key = k_key;
@@ -531,8 +545,19 @@ fn sample_restricted_kernel<F: Float, I: Numeric>(
     let mut kept = k_total;
     if top_p < 1.0f32 {
         prefix_search(
-            logits, base, max, inv_temp, k_key, k_id, top_p * k_total, &mut hist, &mut red,
-            &mut res, block, false, false,
+            logits,
+            base,
+            max,
+            inv_temp,
+            k_key,
+            k_id,
+            top_p * k_total,
+            &mut hist,
+            &mut red,
+            &mut res,
+            block,
+            false,
+            false,
         );
         let found = res[2];
         let key = res[0];
@@ -541,7 +566,9 @@ fn sample_restricted_kernel<F: Float, I: Numeric>(
         if found == 1u32 {
             p_key = key;
             p_id = id;
-            kept = prefix_sum(logits, base, max, inv_temp, p_key, p_id, &mut red, block, false);
+            kept = prefix_sum(
+                logits, base, max, inv_temp, p_key, p_id, &mut red, block, false,
+            );
         }
     }
 
@@ -556,7 +583,9 @@ fn sample_restricted_kernel<F: Float, I: Numeric>(
     let mut tok = res[1];
     sync_cube();
     if found == 0u32 {
-        let n = prefix_sum(logits, base, max, inv_temp, p_key, p_id, &mut red, block, true);
+        let n = prefix_sum(
+            logits, base, max, inv_temp, p_key, p_id, &mut red, block, true,
+        );
         prefix_search(
             logits, base, max, inv_temp, p_key, p_id, n, &mut hist, &mut red, &mut res, block,
             true, false,

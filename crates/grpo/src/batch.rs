@@ -131,20 +131,43 @@ pub struct TokenBatch<B: Backend> {
 }
 
 impl<B: Backend> TokenBatch<B> {
-    /// Uploads `(prompt, response)` rows (four transfers). Every prompt must be non-empty.
+    /// Uploads `(prompt, response)` rows (four transfers), padded to the longest of each.
+    /// Every prompt must be non-empty.
     pub fn new<'a>(
         rows: impl IntoIterator<Item = (&'a [u32], &'a [u32])>,
         device: &B::Device,
     ) -> Self {
+        Self::padded(rows, |w| w, device)
+    }
+
+    /// [`TokenBatch::new`] with both widths rounded up to their [`bucket_len`] (the learner's
+    /// train batch: its micro-batches are slices of it at bucketed widths).
+    pub fn bucketed<'a>(
+        rows: impl IntoIterator<Item = (&'a [u32], &'a [u32])>,
+        device: &B::Device,
+    ) -> Self {
+        Self::padded(rows, bucket_len, device)
+    }
+
+    /// The rows padded to `width(longest)` columns (S and R alike; at least the longest).
+    fn padded<'a>(
+        rows: impl IntoIterator<Item = (&'a [u32], &'a [u32])>,
+        width: impl Fn(usize) -> usize,
+        device: &B::Device,
+    ) -> Self {
         let rows: Vec<(&[u32], &[u32])> = rows.into_iter().collect();
         let n = rows.len();
-        let s = rows
+        let longest_s = rows
             .iter()
             .map(|(p, r)| p.len() + r.len())
             .max()
             .unwrap_or(0)
             .max(1);
-        let r_len = rows.iter().map(|(_, r)| r.len()).max().unwrap_or(0).max(1);
+        let longest_r = rows.iter().map(|(_, r)| r.len()).max().unwrap_or(0).max(1);
+        let (s, r_len) = (
+            width(longest_s).max(longest_s),
+            width(longest_r).max(longest_r),
+        );
         let mut tokens = vec![0i64; n * s];
         let mut positions = vec![0i64; n * r_len];
         let mut targets = vec![0i64; n * r_len];
@@ -235,15 +258,26 @@ pub struct TrainBatch<B: Backend> {
     pub seq_lens: Vec<usize>,
     /// Per row: response length (host copy).
     pub response_lens: Vec<usize>,
+    /// `learner.micro_batch_tokens`: a micro-batch's padded width never takes it past this
+    /// (see [`padded_width`]).
+    pub micro_batch_tokens: usize,
 }
 
 impl<B: Backend> TrainBatch<B> {
-    /// Rows `rows` as a smaller batch, padding cut to the longest row inside it.
+    /// The token and response widths a micro-batch of `rows` is cut to: [`padded_width`] of its
+    /// longest rows, never wider than the batch.
+    pub fn widths(&self, rows: impl IntoIterator<Item = usize> + Clone) -> (usize, usize) {
+        micro_batch_widths(
+            (&self.seq_lens, &self.response_lens),
+            rows,
+            self.micro_batch_tokens,
+            (self.tokens.tokens.dims()[1], self.tokens.mask.dims()[1]),
+        )
+    }
+
+    /// Rows `rows` as a smaller batch, padding cut to the bucket of the longest row inside it.
     pub fn slice(&self, rows: Range<usize>) -> Self {
-        let (seq_len, response_len) = (
-            longest(&self.seq_lens, rows.clone()),
-            longest(&self.response_lens, rows.clone()),
-        );
+        let (seq_len, response_len) = self.widths(rows.clone());
         Self {
             tokens: self.tokens.slice(rows.clone(), seq_len, response_len),
             logp_old: self.logp_old.clone().slice([rows.clone(), 0..response_len]),
@@ -258,6 +292,7 @@ impl<B: Backend> TrainBatch<B> {
             advantages: self.advantages.clone().slice([rows.clone()]),
             seq_lens: self.seq_lens[rows.clone()].to_vec(),
             response_lens: self.response_lens[rows].to_vec(),
+            micro_batch_tokens: self.micro_batch_tokens,
         }
     }
 
@@ -272,9 +307,48 @@ impl<B: Backend> TrainBatch<B> {
     }
 }
 
-/// The longest of `lens` over `rows` (at least 1): the padded width of a batch of those rows.
+/// The longest of `lens` over `rows` (at least 1).
 pub(crate) fn longest(lens: &[usize], rows: impl IntoIterator<Item = usize>) -> usize {
     rows.into_iter().map(|r| lens[r]).max().unwrap_or(1).max(1)
+}
+
+/// The length buckets every learner width is padded to, so that a run's kernels and autotune
+/// keys come from a finite set: 16 and below pad to 16; above, 8 sizes per doubling (a multiple
+/// of `next_power_of_two(n) / 16`: 18, 20, .., 32, 36, .., 64, 72, .., 2048, 2304, ..), at most
+/// 12.5% of padding. Padding is masked as before (right padding: the causal mask hides it from
+/// real tokens, and the response mask from the loss).
+pub fn bucket_len(n: usize) -> usize {
+    if n <= 16 {
+        return 16;
+    }
+    let step = n.next_power_of_two() / 16;
+    n.div_ceil(step) * step
+}
+
+/// The width a micro-batch of `rows` rows whose longest row is `longest` tokens is padded to:
+/// [`bucket_len`]`(longest)`, but never past `max(longest, budget / rows)`, so a micro-batch
+/// that [`plan_micro_batches`] fits in `budget` padded tokens still fits after bucketing (the
+/// memory plan counts on it). Where that cap binds, the width is `budget / rows`: one more
+/// shape per row count.
+pub fn padded_width(longest: usize, rows: usize, budget: usize) -> usize {
+    bucket_len(longest).min((budget / rows.max(1)).max(longest))
+}
+
+/// A micro-batch's `(tokens, responses)` widths: [`padded_width`] of its longest sequence, the
+/// bucket of its longest response, neither past the full batch's `full` widths.
+pub(crate) fn micro_batch_widths(
+    (seq_lens, response_lens): (&[usize], &[usize]),
+    rows: impl IntoIterator<Item = usize> + Clone,
+    budget: usize,
+    full: (usize, usize),
+) -> (usize, usize) {
+    let count = rows.clone().into_iter().count();
+    let s = longest(seq_lens, rows.clone());
+    let r = longest(response_lens, rows);
+    (
+        padded_width(s, count, budget).min(full.0).max(s),
+        bucket_len(r).min(full.1).max(r),
+    )
 }
 
 /// Splits `rows` into consecutive micro-batches whose padded size (rows x longest
@@ -360,6 +434,50 @@ mod tests {
         // A row longer than the budget still forms its own micro-batch.
         assert_eq!(plan_micro_batches(&lens, 1..3, 4, 7), vec![1..2, 2..3]);
         assert!(plan_micro_batches(&lens, 2..2, 4, 7).is_empty());
+    }
+
+    #[test]
+    fn buckets_are_few_and_pad_little() {
+        assert_eq!(bucket_len(1), 16);
+        assert_eq!(bucket_len(16), 16);
+        assert_eq!(bucket_len(17), 18);
+        assert_eq!(bucket_len(33), 36);
+        assert_eq!(bucket_len(2048), 2048);
+        assert_eq!(bucket_len(2049), 2304);
+        assert_eq!(bucket_len(8192 + 256), 9216);
+        // Every length up to 16,384 lands in one of 81 buckets, each at most 12.5% padding.
+        let mut buckets = std::collections::BTreeSet::new();
+        for n in 1..=16_384usize {
+            let b = bucket_len(n);
+            assert!(b >= n && bucket_len(b) == b, "{n} -> {b}");
+            assert!(n <= 16 || (b - n) * 8 <= n, "{n} -> {b}");
+            buckets.insert(b);
+        }
+        assert_eq!(buckets.len(), 81);
+        // The token budget caps the width (the memory plan's rows x width).
+        assert_eq!(padded_width(17, 4, 1000), 18);
+        assert_eq!(padded_width(2049, 2, 4400), 2200);
+        assert_eq!(padded_width(5000, 1, 4000), 5000);
+    }
+
+    #[test]
+    fn bucketed_batches_pad_right_and_slices_take_their_buckets() {
+        let dev = Default::default();
+        let prompts: [&[u32]; 2] = [&[11; 12], &[5; 3]];
+        let responses: [&[u32]; 2] = [&[7; 9], &[8; 2]];
+        let b = TokenBatch::<Flex>::bucketed(
+            prompts.iter().copied().zip(responses.iter().copied()),
+            &dev,
+        );
+        assert_eq!(b.tokens.dims(), [2, 22]);
+        assert_eq!(b.positions.dims(), [2, 16]);
+        let mask: Vec<f32> = b.mask.into_data().convert::<f32>().into_vec().unwrap();
+        assert_eq!(mask.iter().sum::<f32>(), 11.0);
+        let widths = |rows: std::ops::Range<usize>| {
+            micro_batch_widths((&[21, 5], &[9, 2]), rows, 1000, (22, 16))
+        };
+        assert_eq!(widths(0..2), (22, 16));
+        assert_eq!(widths(1..2), (16, 16));
     }
 
     #[test]

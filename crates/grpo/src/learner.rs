@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::advantages::{stable_seed, AdvantageEstimator, GroupRelative, ScaleRewards};
 use crate::batch::{
-    longest, pad_columns, plan_micro_batches, RolloutBatch, TokenBatch, TrainBatch,
+    micro_batch_widths, pad_columns, plan_micro_batches, RolloutBatch, TokenBatch, TrainBatch,
 };
 use crate::codec::TextCodec;
 use crate::collective::Collective;
@@ -288,6 +288,14 @@ pub struct StepMetrics {
     /// Rollout engine: decode steps.
     #[serde(default)]
     pub rollout_decode_steps: usize,
+    /// Token positions the update's forward passes computed, over every PPO epoch and rank
+    /// (micro-batches padded to their length bucket, `conrub_grpo::bucket_len`), and the
+    /// real `prompt ++ response` tokens among them: the cost of a finite set of shapes.
+    #[serde(default)]
+    pub tokens_computed: u64,
+    /// See `tokens_computed`.
+    #[serde(default)]
+    pub tokens_needed: u64,
     /// Seconds judging (rewards and tie breaking).
     pub judge_secs: f64,
     /// Seconds of optimisation (old log-probs included).
@@ -619,6 +627,8 @@ pub(crate) struct UpdateStats {
     clip_high: f64,
     kl: Option<f64>,
     entropy: Option<f64>,
+    tokens_computed: u64,
+    tokens_needed: u64,
     pub allreduce_bytes: u64,
     pub allreduce_secs: f64,
 }
@@ -983,7 +993,7 @@ where
         rows: &GlobalRows,
     ) -> TrainBatch<B> {
         let n = rollout.rows();
-        let tokens = TokenBatch::<B>::new(
+        let tokens = TokenBatch::<B>::bucketed(
             (0..n).map(|r| (rollout.prompt(r), rollout.responses[r].as_slice())),
             &self.device,
         );
@@ -992,16 +1002,17 @@ where
             .collect();
         let response_lens: Vec<usize> = rollout.responses.iter().map(Vec::len).collect();
         let width = tokens.positions.dims()[1];
+        let full = (tokens.tokens.dims()[1], width);
+        let budget = self.cfg.micro_batch_tokens;
         let inner_tokens = tokens.inner();
         let micro = self.local_micro_batches(rows, rows.first..rows.first + n, n);
         let logprobs = |model: &P::InnerModule| -> Tensor<B, 2> {
             let parts: Vec<_> = micro
                 .iter()
                 .map(|m| {
-                    let (s, r) = (
-                        longest(&seq_lens, m.clone()),
-                        longest(&response_lens, m.clone()),
-                    );
+                    // The widths the update's slices of these rows take (`TrainBatch::widths`).
+                    let (s, r) =
+                        micro_batch_widths((&seq_lens, &response_lens), m.clone(), budget, full);
                     pad_columns(
                         model
                             .response_logprobs(&inner_tokens.slice(m.clone(), s, r))
@@ -1033,6 +1044,7 @@ where
             tokens,
             seq_lens,
             response_lens,
+            micro_batch_tokens: budget,
         }
     }
 
@@ -1058,6 +1070,8 @@ where
         // f64): weighted loss, clip_low x tokens, clip_high x tokens, kl x tokens, entropy sum.
         let mut micro_parts: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
         let (mut token_count, mut has_entropy) = (0usize, false);
+        // Token positions the policy's forward passes computed (padding included) and needed.
+        let (mut computed, mut needed) = (0usize, 0usize);
         let (mut allreduce_bytes, mut allreduce_secs) = (0u64, 0f64);
         for epoch in 0..self.cfg.ppo_epochs {
             let last = epoch + 1 == self.cfg.ppo_epochs;
@@ -1071,6 +1085,8 @@ where
                 let mut acc = GradientsParams::new();
                 for micro in self.local_micro_batches(rows, mini.clone(), batch.rows()) {
                     let mb = batch.slice(micro.clone());
+                    computed += mb.tokens.tokens.dims().iter().product::<usize>();
+                    needed += mb.seq_lens.iter().sum::<usize>();
                     // Weights that make the sum over micro-batches the mini-batch's aggregate.
                     let weight = match self.cfg.aggregation {
                         Aggregation::GlobalTokenMean => {
@@ -1160,7 +1176,12 @@ where
                 *acc += x;
             }
         }
-        s.extend([token_count as f64, has_entropy as u8 as f64]);
+        s.extend([
+            token_count as f64,
+            has_entropy as u8 as f64,
+            computed as f64,
+            needed as f64,
+        ]);
         if let Some(slot) = &self.rank {
             // Every rank's sums, added in rank order: the same numbers on every rank.
             let all = slot.collective.all_gather(slot.rank, s)?;
@@ -1177,6 +1198,8 @@ where
             clip_high: s[2] / tokens,
             kl: (self.cfg.kl_beta != 0.0).then(|| s[3] / tokens),
             entropy: (s[6] > 0.0).then(|| s[4] / tokens),
+            tokens_computed: s[7] as u64,
+            tokens_needed: s[8] as u64,
             allreduce_bytes,
             allreduce_secs,
         })
@@ -1194,11 +1217,8 @@ where
     ) -> GradientsParams {
         let rows: Vec<usize> = pairs.iter().flat_map(|&(w, l)| [w, l]).collect();
         let index = row_index::<B>(&rows, &self.device);
-        // Padding cut to the longest of these rows, as for a micro-batch.
-        let (seq_len, response_len) = (
-            longest(&batch.seq_lens, rows.iter().copied()),
-            longest(&batch.response_lens, rows.iter().copied()),
-        );
+        // Padding cut to the bucket of the longest of these rows, as for a micro-batch.
+        let (seq_len, response_len) = batch.widths(rows.iter().copied());
         let tokens = batch
             .tokens
             .select(index.clone())
@@ -1258,6 +1278,8 @@ fn step_metrics(
         clip_high: u.clip_high,
         kl: u.kl,
         entropy: u.entropy,
+        tokens_computed: u.tokens_computed,
+        tokens_needed: u.tokens_needed,
         ..Default::default()
     };
     if !scored.is_empty() {
