@@ -1,6 +1,7 @@
-//! Sampling on the CubeCL backends in one pass of work per row: [`sample_kernel`] applies
+//! Sampling on the CubeCL backends: [`sample_kernel`] applies
 //! [`crate::sampling::sample_row`]'s rule for greedy decoding and for a draw from the whole
-//! (temperature-scaled) distribution, without a cumulative sum over the vocabulary.
+//! (temperature-scaled) distribution, without a cumulative sum over the vocabulary;
+//! [`sample_restricted_kernel`] applies it with top-k and/or top-p, without a sort.
 //!
 //! burn-cubecl 0.21's `cumsum` re-reads every earlier element for each output (O(vocab²) per
 //! row: ~1.15e10 reads per row per token at Qwen3's 151,936 tokens), which is what the tensor

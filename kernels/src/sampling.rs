@@ -2,9 +2,9 @@
 //! applies on the host), and [`crate::DecodeOps::sample_rows`], which applies it to a `[rows, vocab]`
 //! tensor where the logits are and returns only token ids and log-probabilities: as tensor ops by
 //! default ([`sample_rows_by_tensors`], cumulative sums in f32), on burn-flex straight on the
-//! logits' buffer with the host rule ([`sample_rows_flex`]), on the CubeCL backends with one
-//! kernel (`cube_sampling.rs`: greedy and whole-distribution draws in two reads of each logit;
-//! top-k and top-p rows take the tensor ops).
+//! logits' buffer with the host rule ([`sample_rows_flex`]), on the CubeCL backends with a
+//! kernel of ours (`cube_sampling.rs`: greedy and whole-distribution draws in two reads of each
+//! logit; top-k and top-p draws without a sort).
 //!
 //! Greedy takes the argmax and reports the model's own log-probability; sampling scales by the
 //! temperature, keeps the `top_k` most likely tokens and then the smallest prefix (by descending
