@@ -204,14 +204,7 @@ where
         max_response_tokens: RESPONSE,
         tis_cap: None,
     };
-    let mut update = Update::<A<Bk>, Qwen3ForCausalLM<A<Bk>>>::new(UpdateConfig {
-        lr: 3e-6,
-        weight_decay: 0.1,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        max_grad_norm: 1.0,
-    });
+    let mut update = Update::<A<Bk>, Qwen3ForCausalLM<A<Bk>>>::new(UpdateConfig::recipe());
     let mut step = || {
         let batch = SurrogateBatch {
             logp: policy.response_logprobs(&tf).logprobs,

@@ -65,14 +65,7 @@ pub fn measure(mode: &str, t: usize, iters: usize, micro_batches: usize) -> (f64
         std::iter::once((prompt.as_slice(), response.as_slice())),
         &dev,
     );
-    let mut update = Update::<A, Qwen3ForCausalLM<A>>::new(UpdateConfig {
-        lr: 3e-6,
-        weight_decay: 0.1,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        max_grad_norm: 1.0,
-    });
+    let mut update = Update::<A, Qwen3ForCausalLM<A>>::new(UpdateConfig::recipe());
     let weight = Tensor::<A, 2>::from_data(
         TensorData::new(vec![-1.0f32 / (t - 16) as f32; t - 16], [1, t - 16]),
         &dev,

@@ -42,6 +42,7 @@ pub mod events;
 pub mod fallback;
 #[cfg(feature = "cube")]
 mod fusion;
+pub mod gradients;
 #[cfg(feature = "cube")]
 pub mod kernel_cache;
 #[cfg(feature = "cuda")]

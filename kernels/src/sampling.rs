@@ -28,6 +28,46 @@ pub struct SampleParams {
     pub top_p: f64,
 }
 
+impl SampleParams {
+    /// Greedy decoding.
+    pub const GREEDY: Self = Self {
+        greedy: true,
+        temperature: 1.0,
+        top_k: None,
+        top_p: 1.0,
+    };
+
+    /// A draw at `temperature`, kept to the `top_k` most likely ids and then to the `top_p`
+    /// nucleus (1: none).
+    pub fn draw(temperature: f64, top_k: Option<usize>, top_p: f64) -> Self {
+        Self {
+            greedy: false,
+            temperature,
+            top_k,
+            top_p,
+        }
+    }
+
+    /// The settings every sampler is checked at against [`sample_row`] (its unit test here,
+    /// `kernels/tests/parity.rs` on each backend) for `vocab` ids: greedy; the whole distribution
+    /// at temperature 1 and 0.7; top-k 1, 5 and 50; top-p 0.6 at temperature 0.8 and 0.9 at 0.7;
+    /// top-k 12 with top-p 0.9; top-k `vocab / 3` with top-p 0.5.
+    pub fn checked_modes(vocab: usize) -> Vec<Self> {
+        vec![
+            Self::GREEDY,
+            Self::draw(1.0, None, 1.0),
+            Self::draw(0.7, None, 1.0),
+            Self::draw(1.0, Some(1), 1.0),
+            Self::draw(1.0, Some(5), 1.0),
+            Self::draw(1.0, Some(50), 1.0),
+            Self::draw(0.8, None, 0.6),
+            Self::draw(0.7, None, 0.9),
+            Self::draw(1.0, Some(12), 0.9),
+            Self::draw(1.0, Some(vocab / 3), 0.5),
+        ]
+    }
+}
+
 /// Picks the next token from one row of logits with the uniform draw `u` in `[0, 1)` (unused
 /// when greedy); returns `(token, logprob)`.
 pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
@@ -272,50 +312,7 @@ mod tests {
         let all: Vec<f32> = (0..rows)
             .flat_map(|r| logits.iter().map(move |x| x + r as f32 * 0.01))
             .collect();
-        let cfgs = [
-            SampleParams {
-                greedy: true,
-                temperature: 1.0,
-                top_k: None,
-                top_p: 1.0,
-            },
-            SampleParams {
-                greedy: false,
-                temperature: 1.0,
-                top_k: None,
-                top_p: 1.0,
-            },
-            SampleParams {
-                greedy: false,
-                temperature: 0.7,
-                top_k: None,
-                top_p: 1.0,
-            },
-            SampleParams {
-                greedy: false,
-                temperature: 1.0,
-                top_k: Some(5),
-                top_p: 1.0,
-            },
-            SampleParams {
-                greedy: false,
-                temperature: 0.8,
-                top_k: None,
-                top_p: 0.6,
-            },
-            SampleParams {
-                greedy: false,
-                temperature: 1.0,
-                top_k: Some(12),
-                top_p: 0.9,
-            },
-            SampleParams {
-                greedy: false,
-                temperature: 1.0,
-                top_k: Some(1),
-                top_p: 1.0,
-            },
-        ];
+        let cfgs = SampleParams::checked_modes(50);
         for cfg in &cfgs {
             for round in 0..5 {
                 let u: Vec<f64> = (0..rows)

@@ -43,36 +43,11 @@ fn median(iters: usize, mut f: impl FnMut()) -> f64 {
 
 /// The sampling modes timed, with their labels.
 pub fn modes() -> [(&'static str, SampleParams); 4] {
-    let full = SampleParams {
-        greedy: false,
-        temperature: 1.0,
-        top_k: None,
-        top_p: 1.0,
-    };
     [
-        (
-            "greedy",
-            SampleParams {
-                greedy: true,
-                ..full
-            },
-        ),
-        ("whole distribution", full),
-        (
-            "top-k 50",
-            SampleParams {
-                top_k: Some(50),
-                ..full
-            },
-        ),
-        (
-            "top-p 0.9, T 0.7",
-            SampleParams {
-                temperature: 0.7,
-                top_p: 0.9,
-                ..full
-            },
-        ),
+        ("greedy", SampleParams::GREEDY),
+        ("whole distribution", SampleParams::draw(1.0, None, 1.0)),
+        ("top-k 50", SampleParams::draw(1.0, Some(50), 1.0)),
+        ("top-p 0.9, T 0.7", SampleParams::draw(0.7, None, 0.9)),
     ]
 }
 

@@ -366,45 +366,7 @@ pub fn sampling_matches_host_rule<B: GrpoOps>(device: &B::Device, vocab: usize) 
         Tensor::<B, 2>::from_data(TensorData::new(col_major, [vocab, rows]), device).transpose();
     // Draws near both ends: 1 - 1e-9 rounds to 1.0 in f32 (the kernel keeps it inside).
     let uniforms = [1e-7, 0.25, 0.5, 0.75, 0.999_999, 1.0 - 1e-9];
-    let modes = [
-        SampleParams {
-            greedy: true,
-            temperature: 1.0,
-            top_k: None,
-            top_p: 1.0,
-        },
-        SampleParams {
-            greedy: false,
-            temperature: 1.0,
-            top_k: None,
-            top_p: 1.0,
-        },
-        SampleParams {
-            greedy: false,
-            temperature: 0.7,
-            top_k: None,
-            top_p: 1.0,
-        },
-        // Restricted draws (no sort on the CubeCL backends): top-k alone, top-p alone, both.
-        SampleParams {
-            greedy: false,
-            temperature: 1.0,
-            top_k: Some(50),
-            top_p: 1.0,
-        },
-        SampleParams {
-            greedy: false,
-            temperature: 0.7,
-            top_k: None,
-            top_p: 0.9,
-        },
-        SampleParams {
-            greedy: false,
-            temperature: 1.0,
-            top_k: Some(vocab / 3),
-            top_p: 0.5,
-        },
-    ];
+    let modes = SampleParams::checked_modes(vocab);
     for params in &modes {
         poison::<B>(&[rows, rows], device);
         let (tok, lp) = B::sample_rows(logits.clone().into_primitive().tensor(), params, &uniforms);

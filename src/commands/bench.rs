@@ -258,14 +258,7 @@ impl BackendTask for TrainBench {
         );
         let targets = self.rows * (self.seq - 1);
         let w = Tensor::<A<B>, 2>::full([self.rows, self.seq - 1], -1.0 / targets as f32, &device);
-        let mut update = Update::<A<B>, Qwen3ForCausalLM<A<B>>>::new(UpdateConfig {
-            lr: 3e-6,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            max_grad_norm: 1.0,
-        });
+        let mut update = Update::<A<B>, Qwen3ForCausalLM<A<B>>>::new(UpdateConfig::recipe());
         let mut step = || {
             let start = Instant::now();
             let before = events();

@@ -538,14 +538,7 @@ fn train_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: 
     let tf =
         conrub_grpo::TokenBatch::<A<B>>::new(std::iter::once((p.as_slice(), r.as_slice())), device);
     let w = Tensor::<A<B>, 2>::full([1, resp], -1.0 / resp as f32, device);
-    let mut update = Update::<A<B>, Qwen3ForCausalLM<A<B>>>::new(UpdateConfig {
-        lr: 3e-6,
-        weight_decay: 0.1,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        max_grad_norm: 1.0,
-    });
+    let mut update = Update::<A<B>, Qwen3ForCausalLM<A<B>>>::new(UpdateConfig::recipe());
     let secs = time(args.iters, || {
         let m = model.take().expect("model");
         let grads = m.loss_gradients(&tf, &mut |lp| (lp.logprobs * w.clone()).sum());

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
-use conrub_rollout::{FinishReason, Generation, RolloutStats};
+use conrub_rollout::{bucket_len, FinishReason, Generation, RolloutStats};
 
 /// The responses of one rollout, `group_size` per prompt, in prompt-major order (row `r` answers
 /// prompt `r / group_size`).
@@ -140,8 +140,10 @@ impl<B: Backend> TokenBatch<B> {
         Self::padded(rows, |w| w, device)
     }
 
-    /// [`TokenBatch::new`] with both widths rounded up to their [`bucket_len`] (the learner's
-    /// train batch: its micro-batches are slices of it at bucketed widths).
+    /// [`TokenBatch::new`] with both widths rounded up to their length bucket
+    /// ([`conrub_rollout::bucket_len`]; the learner's train batch: its micro-batches are slices
+    /// of it at bucketed widths). Padding is on the right, hidden from real tokens by the causal
+    /// mask and from the loss by the response mask.
     pub fn bucketed<'a>(
         rows: impl IntoIterator<Item = (&'a [u32], &'a [u32])>,
         device: &B::Device,
@@ -312,21 +314,8 @@ pub(crate) fn longest(lens: &[usize], rows: impl IntoIterator<Item = usize>) -> 
     rows.into_iter().map(|r| lens[r]).max().unwrap_or(1).max(1)
 }
 
-/// The length buckets every learner width is padded to, so that a run's kernels and autotune
-/// keys come from a finite set: 16 and below pad to 16; above, 8 sizes per doubling (a multiple
-/// of `next_power_of_two(n) / 16`: 18, 20, .., 32, 36, .., 64, 72, .., 2048, 2304, ..), at most
-/// 12.5% of padding. Padding is masked as before (right padding: the causal mask hides it from
-/// real tokens, and the response mask from the loss).
-pub fn bucket_len(n: usize) -> usize {
-    if n <= 16 {
-        return 16;
-    }
-    let step = n.next_power_of_two() / 16;
-    n.div_ceil(step) * step
-}
-
 /// The width a micro-batch of `rows` rows whose longest row is `longest` tokens is padded to:
-/// [`bucket_len`]`(longest)`, but never past `max(longest, budget / rows)`, so a micro-batch
+/// its length bucket (`conrub_rollout::bucket_len`), but never past `max(longest, budget / rows)`, so a micro-batch
 /// that [`plan_micro_batches`] fits in `budget` padded tokens still fits after bucketing (the
 /// memory plan counts on it). Where that cap binds, the width is `budget / rows`: one more
 /// shape per row count.
@@ -437,24 +426,8 @@ mod tests {
     }
 
     #[test]
-    fn buckets_are_few_and_pad_little() {
-        assert_eq!(bucket_len(1), 16);
-        assert_eq!(bucket_len(16), 16);
-        assert_eq!(bucket_len(17), 18);
-        assert_eq!(bucket_len(33), 36);
-        assert_eq!(bucket_len(2048), 2048);
-        assert_eq!(bucket_len(2049), 2304);
-        assert_eq!(bucket_len(8192 + 256), 9216);
-        // Every length up to 16,384 lands in one of 81 buckets, each at most 12.5% padding.
-        let mut buckets = std::collections::BTreeSet::new();
-        for n in 1..=16_384usize {
-            let b = bucket_len(n);
-            assert!(b >= n && bucket_len(b) == b, "{n} -> {b}");
-            assert!(n <= 16 || (b - n) * 8 <= n, "{n} -> {b}");
-            buckets.insert(b);
-        }
-        assert_eq!(buckets.len(), 81);
-        // The token budget caps the width (the memory plan's rows x width).
+    fn the_token_budget_caps_the_width() {
+        // The memory plan's rows x width: a bucket never takes a micro-batch past its budget.
         assert_eq!(padded_width(17, 4, 1000), 18);
         assert_eq!(padded_width(2049, 2, 4400), 2200);
         assert_eq!(padded_width(5000, 1, 4000), 5000);

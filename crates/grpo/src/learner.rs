@@ -289,13 +289,21 @@ pub struct StepMetrics {
     #[serde(default)]
     pub rollout_decode_steps: usize,
     /// Token positions the update's forward passes computed, over every PPO epoch and rank
-    /// (micro-batches padded to their length bucket, `conrub_grpo::bucket_len`), and the
+    /// (micro-batches padded to their length bucket, `conrub_rollout::bucket_len`), and the
     /// real `prompt ++ response` tokens among them: the cost of a finite set of shapes.
     #[serde(default)]
-    pub tokens_computed: u64,
-    /// See `tokens_computed`.
+    pub update_tokens_computed: u64,
+    /// See `update_tokens_computed`.
     #[serde(default)]
-    pub tokens_needed: u64,
+    pub update_tokens_needed: u64,
+    /// Token positions the rollout engine's forward passes computed (prefills padded to their
+    /// length bucket, decode steps to their row bucket: `conrub_rollout::bucket_rows`), and the
+    /// real ones among them.
+    #[serde(default)]
+    pub rollout_tokens_computed: u64,
+    /// See `rollout_tokens_computed`.
+    #[serde(default)]
+    pub rollout_tokens_needed: u64,
     /// Seconds judging (rewards and tie breaking).
     pub judge_secs: f64,
     /// Seconds of optimisation (old log-probs included).
@@ -1278,8 +1286,8 @@ fn step_metrics(
         clip_high: u.clip_high,
         kl: u.kl,
         entropy: u.entropy,
-        tokens_computed: u.tokens_computed,
-        tokens_needed: u.tokens_needed,
+        update_tokens_computed: u.tokens_computed,
+        update_tokens_needed: u.tokens_needed,
         ..Default::default()
     };
     if !scored.is_empty() {
@@ -1323,6 +1331,8 @@ fn step_metrics(
         m.rollout_prefill_tokens,
         m.rollout_decode_steps,
     ) = (e.mean_running_rows, e.prefill_tokens, e.decode_steps);
+    (m.rollout_tokens_computed, m.rollout_tokens_needed) =
+        (e.tokens_computed as u64, e.tokens_needed as u64);
     m.judge_retries = scores.iter().map(|g| g.judge_retries as u64).sum();
     m.judge_deferred = scores.iter().map(|g| g.judge_deferred).sum();
     let criteria: usize = scores

@@ -67,7 +67,7 @@ mod validation;
 mod warmup;
 
 pub use advantages::{AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus};
-pub use batch::{bucket_len, padded_width, RolloutBatch, TokenBatch, TrainBatch};
+pub use batch::{padded_width, RolloutBatch, TokenBatch, TrainBatch};
 pub use checkpoint::{load_state, save_state, TrainingState};
 pub use codec::{ChatTemplateCodec, TextCodec};
 pub use collective::{Collective, HostCollective};

@@ -86,8 +86,7 @@ pub trait Policy<B: Backend>: Module<B> {
         B: AutodiffBackend,
         Self: AutodiffModule<B>,
     {
-        let new = self.loss_gradients(batch, loss);
-        add_gradients(self, sum, new)
+        whole_gradients_into(self, batch, loss, sum)
     }
 
     /// Turns per-layer activation checkpointing on for [`Policy::loss_gradients`]
@@ -184,8 +183,7 @@ impl<B: GrpoOps> Policy<B> for Qwen3ForCausalLM<B> {
         Self: AutodiffModule<B>,
     {
         if !self.exec.activation_checkpointing {
-            let new = self.loss_gradients(batch, loss);
-            return add_gradients(self, sum, new);
+            return whole_gradients_into(self, batch, loss, sum);
         }
         self.layerwise_gradients_into(
             &teacher_forcing(batch),
@@ -259,31 +257,22 @@ pub(crate) fn row_index<B: Backend>(rows: &[usize], device: &B::Device) -> Tenso
     Tensor::from_data(TensorData::new(ids, [rows.len()]), device)
 }
 
-/// `sum + new`, parameter by parameter over `module`'s parameters (a parameter in one of them only
-/// keeps its gradient): what [`Policy::loss_gradients_into`] does with a whole set.
-pub fn add_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
-    module: &M,
-    mut sum: GradientsParams,
-    mut new: GradientsParams,
-) -> GradientsParams {
-    struct Add<'a> {
-        sum: &'a mut GradientsParams,
-        new: &'a mut GradientsParams,
-    }
-    impl<B: AutodiffBackend> burn::module::ModuleVisitor<B> for Add<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
-            if let Some(g) = self.new.remove::<B::InnerBackend, D>(param.id) {
-                let total = match self.sum.remove::<B::InnerBackend, D>(param.id) {
-                    Some(old) => old + g,
-                    None => g,
-                };
-                self.sum.register(param.id, total);
-            }
-        }
-    }
-    module.visit(&mut Add {
-        sum: &mut sum,
-        new: &mut new,
-    });
-    sum
+/// [`Policy::loss_gradients_into`] by default: the whole set of `loss`'s gradients, then added
+/// into `sum`.
+fn whole_gradients_into<B, P>(
+    policy: &P,
+    batch: &TokenBatch<B>,
+    loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+    sum: GradientsParams,
+) -> GradientsParams
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+{
+    let new = policy.loss_gradients(batch, loss);
+    add_gradients(policy, sum, new)
 }
+
+/// See [`conrub_kernels::gradients::add_gradients`]: what [`Policy::loss_gradients_into`] does
+/// with a whole set.
+pub use conrub_kernels::gradients::add_gradients;

@@ -122,6 +122,22 @@ pub struct UpdateConfig {
     pub max_grad_norm: f64,
 }
 
+impl UpdateConfig {
+    /// The recipe's optimizer (`configs/`: learning rate 3e-6, weight decay 0.1, betas 0.9 /
+    /// 0.999, epsilon 1e-8, gradients clipped at norm 1): what benches and checks that time or
+    /// test one update use.
+    pub fn recipe() -> Self {
+        Self {
+            lr: 3e-6,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            max_grad_norm: 1.0,
+        }
+    }
+}
+
 /// The update stage: global clipping, then AdamW.
 pub struct Update<B: AutodiffBackend, P: AutodiffModule<B>> {
     pub(crate) optim: OptimizerAdaptor<AdamW, P, B>,

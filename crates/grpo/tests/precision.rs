@@ -64,14 +64,7 @@ fn train(
         max_response_tokens: 20,
         tis_cap: None,
     };
-    let mut update = Update::<A, Qwen3ForCausalLM<A>>::new(UpdateConfig {
-        lr: 3e-6,
-        weight_decay: 0.1,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        max_grad_norm: 1.0,
-    });
+    let mut update = Update::<A, Qwen3ForCausalLM<A>>::new(UpdateConfig::recipe());
     let old = policy
         .valid()
         .response_logprobs(&tf.inner())

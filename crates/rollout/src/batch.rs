@@ -35,7 +35,13 @@ pub struct PaddedBatch {
 impl PaddedBatch {
     /// Pads `seqs` to a common length.
     pub fn new(seqs: &[Vec<u32>], pad_id: u32, padding: Padding) -> Self {
-        let len = seqs.iter().map(Vec::len).max().unwrap_or(0);
+        Self::to_len(seqs, pad_id, padding, 0)
+    }
+
+    /// Pads `seqs` to `len` columns, or to the longest of them where that is longer (the rollout
+    /// engine's prefill pads to a length bucket, [`crate::bucket_len`]).
+    pub fn to_len(seqs: &[Vec<u32>], pad_id: u32, padding: Padding, len: usize) -> Self {
+        let len = seqs.iter().map(Vec::len).max().unwrap_or(0).max(len);
         let batch = seqs.len();
         let mut ids = Vec::with_capacity(batch * len);
         let mut mask = Vec::with_capacity(batch * len);

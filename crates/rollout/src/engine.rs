@@ -34,12 +34,13 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::batch::ForwardBatch;
+use crate::batch::{ForwardBatch, PaddedBatch, Padding};
 use crate::device_sampling::sample_on_device;
 use crate::error::{Result, RolloutError};
 use crate::model::{KvLayout, PagedModel};
 use crate::paged::{BlockAllocator, PagedKv, PagedPass, PagedRead};
 use crate::sampling::{check_sequences, sequence_rng, Generation, SamplingConfig};
+use crate::shapes::{attended_blocks, bucket_len, bucket_rows};
 
 /// Positions per KV block unless told otherwise.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -127,6 +128,14 @@ pub struct RolloutStats {
     pub host_bytes_read: u64,
     /// Per decode step: `(running rows, KV blocks in use)`.
     pub steps: Vec<(u32, u32)>,
+    /// Token positions the forward passes computed: prefills padded to their length bucket
+    /// ([`crate::bucket_len`]) and decode steps padded to their row bucket
+    /// ([`crate::bucket_rows`]).
+    #[serde(default)]
+    pub tokens_computed: usize,
+    /// The real tokens among `tokens_computed` (prompt tokens prefilled, rows decoded).
+    #[serde(default)]
+    pub tokens_needed: usize,
 }
 
 impl RolloutStats {
@@ -155,6 +164,8 @@ impl RolloutStats {
         self.peak_running_rows = self.peak_running_rows.max(other.peak_running_rows);
         self.host_bytes_read += other.host_bytes_read;
         self.steps.extend_from_slice(&other.steps);
+        self.tokens_computed += other.tokens_computed;
+        self.tokens_needed += other.tokens_needed;
     }
 }
 
@@ -193,16 +204,6 @@ fn blocks_for(tokens: usize, block_size: usize) -> usize {
     tokens.div_ceil(block_size)
 }
 
-/// Blocks a decode step reads per row when its longest row has `blocks`: rounded up to a power
-/// of two up to 8, then to a multiple of a sixteenth of the next power of two (at most 12.5% more
-/// than needed), so a run sees a bounded number of attention shapes (8 per doubling of length).
-pub fn attended_blocks(blocks: usize) -> usize {
-    if blocks <= 8 {
-        return blocks.max(1).next_power_of_two();
-    }
-    blocks.next_multiple_of(blocks.next_power_of_two() / 16)
-}
-
 /// The state of one engine call.
 struct Engine<'a, B: GrpoOps, M: PagedModel<B>> {
     model: &'a M,
@@ -220,6 +221,8 @@ struct Engine<'a, B: GrpoOps, M: PagedModel<B>> {
     waiting: VecDeque<usize>,
     /// In admission order (oldest first).
     running: Vec<usize>,
+    /// A pool block outside the allocator's: the padding rows of a decode step write there.
+    scratch: u32,
     stats: RolloutStats,
 }
 
@@ -261,7 +264,8 @@ pub fn rollout<B: GrpoOps, M: PagedModel<B>>(
             .map(|p| blocks_for(p.len(), bs))
             .sum::<usize>();
     let num_blocks = engine.kv_blocks.unwrap_or(full.max(1));
-    let kv = PagedKv::new(model.kv_layout(), num_blocks, bs, device);
+    // One block more than the allocator hands out: the scratch block of padding rows.
+    let kv = PagedKv::new(model.kv_layout(), num_blocks + 1, bs, device);
     let mut unstarted = vec![0usize; unique.len()];
     for s in &seqs {
         unstarted[s.prompt] += 1;
@@ -288,6 +292,7 @@ pub fn rollout<B: GrpoOps, M: PagedModel<B>>(
         unstarted,
         waiting: (0..prompts.len()).collect(),
         running: Vec::new(),
+        scratch: num_blocks as u32,
         stats,
     };
     if cfg.max_new_tokens > 0 {
@@ -458,13 +463,25 @@ impl<B: GrpoOps, M: PagedModel<B>> Engine<'_, B, M> {
         (0..len).map(|p| Self::slot(table, p, bs)).collect()
     }
 
-    /// Prefills one prompt (unpadded) into the blocks `table`; returns its next-token logits
-    /// `[1, vocab]` (f32).
+    /// Prefills one prompt into the blocks `table`, left-padded to its length bucket under a key
+    /// mask (only its real positions are written); returns its next-token logits `[1, vocab]`
+    /// (f32).
     fn prefill(&mut self, ids: &[u32], table: &[u32]) -> Tensor<B, 2> {
-        let pass = PagedPass::prefill(Self::slots(table, ids.len(), self.engine.block_size));
-        let batch = ForwardBatch::<B>::contiguous(&[ids.to_vec()], 0, self.device);
+        let len = bucket_len(ids.len());
+        let pad = len - ids.len();
+        let padded = PaddedBatch::to_len(&[ids.to_vec()], 0, Padding::Left, len);
+        let mut pass = PagedPass::prefill(Self::slots(table, ids.len(), self.engine.block_size));
+        if pad > 0 {
+            let rows: Vec<i64> = (pad as i64..len as i64).collect();
+            pass.write_rows = Some(Tensor::from_data(
+                TensorData::new(rows, [ids.len()]),
+                self.device,
+            ));
+        }
+        self.stats.tokens_computed += len;
+        self.stats.tokens_needed += ids.len();
         self.model
-            .forward_paged(&batch, &mut self.kv, &pass)
+            .forward_paged(&padded.to_device(self.device), &mut self.kv, &pass)
             .cast(DType::F32)
     }
 
@@ -602,6 +619,18 @@ impl<B: GrpoOps, M: PagedModel<B>> Engine<'_, B, M> {
             tables.push(s.blocks.clone());
         }
         let blocks = attended_blocks(tables.iter().map(Vec::len).max().unwrap_or(1));
+        // Padding rows up to the row bucket: a dummy token at position 0, written to and read
+        // from the scratch block; their logits are dropped before sampling.
+        let rows = bucket_rows(n);
+        for _ in n..rows {
+            tokens.push(0);
+            positions.push(0);
+            write_slots.push(self.scratch * bs as u32);
+            lens.push(1);
+            tables.push(vec![self.scratch]);
+        }
+        self.stats.tokens_computed += rows;
+        self.stats.tokens_needed += n;
         let read = PagedRead::new(&tables, blocks, bs, &lens, self.device);
         let pass = PagedPass {
             write_slots,
@@ -610,14 +639,23 @@ impl<B: GrpoOps, M: PagedModel<B>> Engine<'_, B, M> {
             prefix: None,
         };
         let batch = ForwardBatch {
-            input_ids: Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [n, 1]), self.device),
+            input_ids: Tensor::<B, 2, Int>::from_data(
+                TensorData::new(tokens, [rows, 1]),
+                self.device,
+            ),
             position_ids: Tensor::<B, 2, Int>::from_data(
-                TensorData::new(positions, [n, 1]),
+                TensorData::new(positions, [rows, 1]),
                 self.device,
             ),
             key_mask: None,
         };
         let logits = self.model.forward_paged(&batch, &mut self.kv, &pass);
+        let logits = if rows > n {
+            let vocab = logits.dims()[1];
+            logits.slice([0..n, 0..vocab])
+        } else {
+            logits
+        };
         for &id in &ids {
             self.seqs[id].cached += 1;
         }
@@ -637,36 +675,5 @@ impl<B: GrpoOps, M: PagedModel<B>> Engine<'_, B, M> {
         }
         self.running = still;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::attended_blocks;
-
-    #[test]
-    fn attended_lengths_come_in_a_few_sizes() {
-        assert_eq!(
-            (1..=8).map(attended_blocks).collect::<Vec<_>>(),
-            vec![1, 2, 4, 4, 8, 8, 8, 8]
-        );
-        assert_eq!(
-            (
-                attended_blocks(9),
-                attended_blocks(10),
-                attended_blocks(17),
-                attended_blocks(576)
-            ),
-            (9, 10, 18, 576)
-        );
-        for b in 1..5000 {
-            let a = attended_blocks(b);
-            assert!(
-                a >= b && (b <= 8 || a as f64 <= b as f64 * 1.125 + 1.0),
-                "{b} -> {a}"
-            );
-        }
-        let sizes: std::collections::BTreeSet<usize> = (1..=1024).map(attended_blocks).collect();
-        assert!(sizes.len() <= 4 + 8 * 7, "{}", sizes.len());
     }
 }

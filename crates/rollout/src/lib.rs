@@ -28,12 +28,12 @@ mod model;
 mod paged;
 mod reference;
 mod sampling;
+mod shapes;
 
 pub use batch::{ForwardBatch, PaddedBatch, Padding};
 pub use device_sampling::sample_on_device;
 pub use engine::{
-    attended_blocks, generate, rollout, EngineConfig, Rollout, RolloutStats, DEFAULT_BLOCK_SIZE,
-    DEFAULT_MAX_ROWS,
+    generate, rollout, EngineConfig, Rollout, RolloutStats, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_ROWS,
 };
 pub use error::{Result, RolloutError};
 pub use model::{KvLayout, PagedModel};
@@ -42,3 +42,4 @@ pub use reference::generate_static;
 pub use sampling::{
     check_sequences, sample_token, sequence_rng, Decoding, FinishReason, Generation, SamplingConfig,
 };
+pub use shapes::{attended_blocks, bucket_len, bucket_rows};

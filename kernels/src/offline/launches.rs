@@ -203,12 +203,11 @@ pub(crate) fn launch(client: &ComputeClient<OfflineCuda>, config: &KernelConfig)
                 t(&[rows], i),
                 t(&[rows], full),
             ],
-            &crate::sampling::SampleParams {
-                greedy: false,
-                temperature: 1.0,
-                top_k: (config.kernel == "sample_restricted_kernel").then_some(20),
-                top_p: 1.0,
-            },
+            &crate::sampling::SampleParams::draw(
+                1.0,
+                (config.kernel == "sample_restricted_kernel").then_some(20),
+                1.0,
+            ),
             dtypes,
         ),
         "attention_forward_kernel" => launch_forward(

@@ -1,7 +1,6 @@
 //! The Qwen3 decoder: RMSNorm, rotate-half RoPE, grouped-query attention with per-head q/k norms,
 //! SwiGLU MLP, and the causal-LM head (tied or untied).
 
-use burn::module::ModuleVisitor;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::optim::GradientsParams;
@@ -9,6 +8,7 @@ use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
+use conrub_kernels::gradients::add_gradients;
 use conrub_kernels::{
     causal_attention, paged_decode_attention, AttentionLayout, GrpoOps, PagedLayout,
 };
@@ -838,24 +838,6 @@ impl<B: GrpoOps> PagedModel<B> for Qwen3ForCausalLM<B> {
     }
 }
 
-/// Adds every gradient of `new` into `acc` (parameter by parameter).
-struct MergeGrads<'a> {
-    acc: &'a mut GradientsParams,
-    new: GradientsParams,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for MergeGrads<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(g) = self.new.remove::<B::InnerBackend, D>(param.id) {
-            let sum = match self.acc.remove::<B::InnerBackend, D>(param.id) {
-                Some(old) => old + g,
-                None => g,
-            };
-            self.acc.register(param.id, sum);
-        }
-    }
-}
-
 impl<B: GrpoOps + AutodiffBackend> Qwen3ForCausalLM<B> {
     /// Gradients of `loss(hidden)` with respect to every parameter, where `hidden` is
     /// [`Qwen3ForCausalLM::forward_hidden`] of `batch` (no cache), computed one decoder layer at a
@@ -910,7 +892,7 @@ impl<B: GrpoOps + AutodiffBackend> Qwen3ForCausalLM<B> {
             .expect("the loss depends on the hidden states");
         let mut acc = sum;
         let new = GradientsParams::from_grads(grads, self);
-        self.visit(&mut MergeGrads { acc: &mut acc, new });
+        acc = add_gradients(self, acc, new);
         // 3. Layers from the top.
         for (layer, input) in self.layers.iter().zip(inputs).rev() {
             let leaf = input.detach().require_grad();
@@ -920,14 +902,14 @@ impl<B: GrpoOps + AutodiffBackend> Qwen3ForCausalLM<B> {
                 .grad(&grads)
                 .expect("a layer's output depends on its input");
             let new = GradientsParams::from_grads(grads, layer);
-            layer.visit(&mut MergeGrads { acc: &mut acc, new });
+            acc = add_gradients(layer, acc, new);
         }
         // 4. The embedding (tied heads add to what the head's segment gave it).
         let grads = (self.embed(batch) * Tensor::from_inner(upstream))
             .sum()
             .backward();
         let new = GradientsParams::from_grads(grads, self);
-        self.visit(&mut MergeGrads { acc: &mut acc, new });
+        acc = add_gradients(self, acc, new);
         acc
     }
 }
