@@ -158,6 +158,26 @@ pub fn device_memory_bytes(spec: &str) -> Result<Option<u64>> {
     Ok(None)
 }
 
+/// Host memory available to each rank when every device of `devices` runs on the CPU (`cpu`,
+/// `flex`, `ndarray`, `tch:cpu`): `MemAvailable` of `/proc/meminfo` over the rank count. `None`
+/// for GPU devices or where the kernel does not say.
+pub fn host_memory_for(devices: &[String]) -> Option<u64> {
+    let on_cpu = |d: &String| matches!(d.as_str(), "cpu" | "flex" | "ndarray" | "tch:cpu" | "tch");
+    if devices.is_empty() || !devices.iter().all(on_cpu) {
+        return None;
+    }
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024 / devices.len() as u64)
+}
+
 /// Devices accepted by `--device`.
 pub const DEVICE_HELP: &str = "cpu (default), ndarray, flex, wgpu[:N], cuda[:N], tch[:cpu|:cuda:N]";
 

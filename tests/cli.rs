@@ -269,3 +269,66 @@ fn bad_input_gives_clear_errors() {
         "{err}"
     );
 }
+
+/// A model whose weights hold a NaN is refused when loaded, naming the tensor, instead of
+/// printing `null` log-probabilities; `rubrics import` will not write over its input.
+#[test]
+fn nonfinite_weights_and_self_overwrites_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for e in std::fs::read_dir(testdata("tied-gqa-f32")).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, model.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let st = model.join("model.safetensors");
+    let mut bytes = std::fs::read(&st).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let name = "model.norm.weight";
+    let start = header[name]["data_offsets"][0].as_u64().unwrap() as usize + 8 + header_len;
+    bytes[start..start + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&st, bytes).unwrap();
+    let logprobs = || {
+        stderr_of_failure(&[
+            "logprobs",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            "1,2,3",
+            "--json",
+        ])
+    };
+    let err = logprobs();
+    assert!(
+        err.contains(name) && err.contains("1 of 64 values are not finite"),
+        "{err}"
+    );
+
+    // A header whose offsets lie (one tensor 4 bytes longer than its shape): named too.
+    let mut bytes = std::fs::read(testdata("tied-gqa-f32").join("model.safetensors")).unwrap();
+    let header = &mut bytes[8..8 + header_len];
+    let at = header
+        .windows(13)
+        .position(|w| w == b"361856,362112")
+        .expect("the norm's offsets in the header");
+    header[at..at + 13].copy_from_slice(b"361856,362116");
+    std::fs::write(&st, bytes).unwrap();
+    let err = logprobs();
+    assert!(
+        err.contains(name)
+            && err
+                .contains("data_offsets [361856, 362116] lie outside the file's 362112 data bytes"),
+        "{err}"
+    );
+
+    let rubrics = dir.path().join("in.jsonl");
+    let original = "{\"prompt\": \"q\", \"rubric\": []}\n";
+    std::fs::write(&rubrics, original).unwrap();
+    let path = rubrics.to_str().unwrap();
+    let err = stderr_of_failure(&["rubrics", "import", "--format", "rar", path, path]);
+    assert!(err.contains("the output is the input file"), "{err}");
+    assert_eq!(std::fs::read_to_string(&rubrics).unwrap(), original);
+}

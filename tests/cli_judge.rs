@@ -225,6 +225,13 @@ fn score_and_judge_pair_against_a_loopback_server_with_cache() {
     assert_eq!(r[0]["reward"]["value"], 0.0);
     assert_eq!(r[1]["status"], "unscored");
     assert_eq!(r[1]["attempts"], 3);
+    let raw = std::fs::read_to_string(&out1).unwrap();
+    let unscored_line = raw.lines().nth(1).unwrap();
+    assert_eq!(
+        unscored_line.matches("\"attempts\"").count(),
+        1,
+        "one `attempts` key: {unscored_line}"
+    );
     assert!(
         r[1].get("reward").is_none(),
         "unscored rows carry no reward"

@@ -271,7 +271,7 @@ fn plan_and_train_give_the_same_config_errors() {
             "judge.urls=[]",
             "judge.urls: not a key of kind = \"lexical\" (it belongs to kind = \"openai\")",
         ),
-        ("learner.lr=-1.0", "learner.lr: must be > 0"),
+        ("learner.lr=-1.0", "learner.lr: must be a finite number > 0"),
     ] {
         let plan = error_line(&["plan", "--config", c, "--set", set]);
         let train = error_line(&["train", "--config", c, "--set", set]);

@@ -823,3 +823,372 @@ fn kernel_warmup_leaves_the_run_unchanged() {
         }
     }
 }
+
+/// Every file under `dir` with its bytes, by path relative to `dir`.
+fn files(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().to_path_buf();
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// A run folder belongs to one run: a fresh run into a folder holding an earlier run is refused
+/// before anything is written (the earlier metrics and checkpoints stay byte for byte, pruning
+/// included), a folder locked by a live process is refused naming it, a lock left by a process
+/// that no longer runs is taken over, and `--overwrite` starts over.
+#[test]
+fn run_folders_are_owned() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    train(
+        &out,
+        &[
+            "--set",
+            "run.max_steps=2",
+            "--set",
+            "run.checkpoint_every=1",
+        ],
+    );
+    let before = files(&out);
+    assert!(before.keys().any(|p| p.starts_with("checkpoint-000001")));
+    let rerun = |extra: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+            .args(train_args(&out, extra))
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = rerun(&[
+        "--set",
+        "run.max_steps=1",
+        "--set",
+        "run.keep_checkpoints=1",
+    ]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("holds an earlier run (checkpoint-000001, checkpoint-000002, metrics.jsonl)")
+            && err.contains("--resume")
+            && err.contains("--overwrite"),
+        "{err}"
+    );
+    assert_eq!(files(&out), before, "nothing of the earlier run changed");
+
+    // Locked by a live process (this test's): refused, naming it.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into());
+    let lock = |pid: u32| {
+        std::fs::write(
+            out.join("run.lock"),
+            serde_json::json!({ "pid": pid, "host": host }).to_string(),
+        )
+        .unwrap()
+    };
+    lock(std::process::id());
+    let (ok, err) = rerun(&["--resume", out.join("checkpoint-000002").to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "in use by process {} on {host}",
+            std::process::id()
+        )),
+        "{err}"
+    );
+
+    // A lock of a process that no longer runs is taken over; --overwrite starts over.
+    lock(4_194_305);
+    // (More prompts per step than records: every step takes all of them, and says so.)
+    let (ok, err) = rerun(&[
+        "--set",
+        "run.max_steps=1",
+        "--set",
+        "run.prompts_per_step=1000",
+        "--overwrite",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("taking over the lock of process 4194305"),
+        "{err}"
+    );
+    assert!(
+        err.contains("warning: run.prompts_per_step = 1000 but there are "),
+        "{err}"
+    );
+    assert_eq!(steps(&out).len(), 1);
+    assert!(!out.join("checkpoint-000002").exists());
+    assert!(!out.join("run.lock").exists(), "released at the end");
+}
+
+/// Training that goes non-finite stops loudly before it is saved: a warm-up whose loss overflows
+/// stops at that warm-up step (no checkpoint), and an infinite learning rate is refused by the
+/// config check. (A GRPO step whose gradients are not finite: `crates/grpo/tests/learner.rs`.)
+#[test]
+fn nonfinite_training_stops_before_it_is_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |out: &Path, extra: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+            .args(train_args(out, extra))
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let checkpoints = |out: &Path| -> Vec<String> {
+        let mut c: Vec<String> = std::fs::read_dir(out)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("checkpoint-"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        c.sort();
+        c
+    };
+
+    let out = dir.path().join("warm-up");
+    let (ok, err) = run(
+        &out,
+        &["--set", "warmup.lr=1e30", "--set", "run.max_steps=2"],
+    );
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("warm-up step ") && err.contains("the supervised loss is"),
+        "{err}"
+    );
+    assert!(checkpoints(&out).is_empty());
+
+    let (ok, err) = run(&dir.path().join("inf"), &["--set", "learner.lr=inf"]);
+    assert!(!ok);
+    assert!(
+        err.contains("learner.lr: must be a finite number > 0"),
+        "{err}"
+    );
+}
+
+/// A judge that answers nothing (a closed port): every response is unscored, so no step updates
+/// the policy, and the third such step in a row stops the run (non-zero) with the judge's error.
+#[test]
+fn a_dead_judge_stops_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let judge = format!(
+        "judge={{ kind = \"openai\", url = \"http://127.0.0.1:{port}/v1\", model = \"m\", max_retries = 0, timeout_secs = 5.0 }}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(train_args(
+            &out,
+            &["--set", &judge, "--set", "run.max_steps=6"],
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("step 2: 3 steps in a row scored less than reward.min_scored_share = 0.5")
+            && err.contains("the judge's last error: "),
+        "{err}"
+    );
+    let s = steps(&out);
+    assert_eq!(s.len(), 2, "{err}");
+    for x in &s {
+        assert_eq!(
+            (x["scored"].as_u64(), x["optimizer_steps"].as_u64()),
+            (Some(0), Some(0))
+        );
+    }
+}
+
+/// `--resume` checks what it reads: a flipped byte in each state file, a truncated optimizer
+/// file, a folder that is not a checkpoint, a checkpoint of another model (intermediate size,
+/// layer count) and a changed `group_size` each fail, naming the cause, before anything trains;
+/// the untouched checkpoint then resumes.
+#[test]
+fn resume_checks_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    train(&out, &["--set", "run.max_steps=2"]);
+    let ckpt = out.join("checkpoint-000002");
+    let state = ckpt.join("training_state");
+    let resume = |extra: &[&str]| {
+        let mut args = vec![
+            "--set",
+            "run.max_steps=3",
+            "--resume",
+            ckpt.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+            .args(train_args(&out, &args))
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let expect = |extra: &[&str], needle: &str| {
+        let (ok, err) = resume(extra);
+        assert!(!ok, "{extra:?} should fail: {err}");
+        assert!(
+            err.contains(needle),
+            "{extra:?}: wanted {needle:?} in {err}"
+        );
+        assert_eq!(steps(&out).len(), 2, "nothing trained: {err}");
+    };
+    for file in ["policy.mpk", "optimizer.mpk"] {
+        let path = state.join(file);
+        let good = std::fs::read(&path).unwrap();
+        let mut bad = good.clone();
+        let at = bad.len() / 2;
+        bad[at] ^= 0x40;
+        std::fs::write(&path, &bad).unwrap();
+        expect(
+            &[],
+            &format!("corrupted: {file} does not match the SHA-256 its manifest recorded"),
+        );
+        if file == "optimizer.mpk" {
+            std::fs::write(&path, &good[..good.len() - 100]).unwrap();
+            expect(
+                &[],
+                &format!("corrupted: {file} is {} bytes", good.len() - 100),
+            );
+        }
+        std::fs::write(&path, &good).unwrap();
+    }
+    let (ok, err) = {
+        let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+            .args(train_args(
+                &out,
+                &[
+                    "--set",
+                    "run.max_steps=3",
+                    "--resume",
+                    out.to_str().unwrap(),
+                ],
+            ))
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    assert!(!ok && err.contains("not a checkpoint"), "{err}");
+    expect(
+        &["--set", "model.random.intermediate_size=96"],
+        "another model: ",
+    );
+    expect(
+        &["--set", "model.random.num_hidden_layers=3"],
+        "another model: the checkpoint's policy has ",
+    );
+    expect(
+        &["--set", "learner.group_size=2"],
+        "learner.group_size was 4 for this run, now 2",
+    );
+    let (ok, err) = resume(&[]);
+    assert!(ok, "{err}");
+    assert_eq!(steps(&out).len(), 3);
+}
+
+/// `train` refuses rubric records that `conrub rubrics validate` rejects (here a duplicate id),
+/// naming file and line, before anything loads.
+#[test]
+fn train_refuses_what_rubrics_validate_rejects() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = std::fs::read_to_string(root().join("data/samples/rubrics.jsonl")).unwrap();
+    let mut lines: Vec<serde_json::Value> = sample
+        .lines()
+        .take(2)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    lines[1]["id"] = lines[0]["id"].clone();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let rubrics = format!("data.rubrics=\"{}\"", bad.display());
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(train_args(&dir.path().join("run"), &["--set", &rubrics]))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("`conrub rubrics validate` rejects")
+            && err.contains(&format!("{}: line 2 (id ", bad.display()))
+            && err.contains("duplicate id (first on line 1)"),
+        "{err}"
+    );
+    assert!(!dir.path().join("run").exists(), "nothing written");
+}
+
+/// What would abort or panic mid-run is refused before anything loads: a response length whose
+/// step cannot fit the host's memory (the memory plan, checked on the CPU too) and a zero head
+/// width (an error naming the key).
+#[test]
+fn impossible_runs_are_refused_before_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+            .args(train_args(&dir.path().join("run"), extra))
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = run(&["--set", "learner.max_response_tokens=100000000"]);
+    assert!(!ok);
+    assert!(
+        err.contains("the run does not fit in the ") && err.contains("GB of host memory"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("warm-up"),
+        "refused before the warm-up: {err}"
+    );
+    let (ok, err) = run(&["--set", "model.random.head_dim=0"]);
+    assert!(!ok);
+    assert!(
+        err.contains("model.random") && err.contains("head_dim"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    // An output folder that is a file, or an empty name (which would mean the config's folder).
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let (ok, err) = run(&["--set", &format!("run.output_dir=\"{}\"", file.display())]);
+    assert!(!ok);
+    assert!(err.contains("is a file, not a folder"), "{err}");
+    assert!(
+        !err.contains("warm-up"),
+        "refused before the warm-up: {err}"
+    );
+    let (ok, err) = run(&["--set", "run.output_dir=\"\""]);
+    assert!(!ok);
+    assert!(err.contains("run.output_dir: is empty"), "{err}");
+}

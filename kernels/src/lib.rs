@@ -71,7 +71,7 @@ pub use paged_attention::{paged_decode_attention, PagedLayout};
 /// Asymmetric clipping of the probability ratio: `[1 - low, 1 + high]` (`learner.clip` in a train
 /// config; the method's 0.20 / 0.28 by default).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct Clip {
     /// `eps_low`: the ratio is clipped below at `1 - low`.
     pub low: f64,

@@ -50,6 +50,7 @@ pub fn run_command(a: KernelsWarmupArgs) -> Result<()> {
     let args = super::train::TrainArgs {
         config: a.config,
         resume: None,
+        overwrite: false,
         device: a.device,
         devices: None,
         overrides: a.overrides,
@@ -181,7 +182,7 @@ fn steps<B: GrpoOps>(
             .map_err(|e| anyhow!("[warmup]: {e}"))?;
         let n = w.steps.min(2);
         if !pairs.is_empty() && n > 0 {
-            model = sft_warmup(model, &pairs, n, w.lr, inputs.device, &mut |_, _| {}).0;
+            model = sft_warmup(model, &pairs, n, w.lr, inputs.device, &mut |_, _| {})?.0;
             ran.push(format!("{n} supervised steps of {} answers", pairs.len()));
         }
     }
@@ -193,7 +194,7 @@ fn steps<B: GrpoOps>(
         dropout: cfg.reward.dropout,
         seed: cfg.learner.seed,
     };
-    let builder = Learner::builder(model, cfg.learner.clone(), inputs.device.clone())
+    let builder = Learner::builder(model, cfg.learner_config(), inputs.device.clone())
         .rollout(inputs.engine.clone())
         .codec(inputs.codec.clone())
         .rewards(rewards)

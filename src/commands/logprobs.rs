@@ -1,6 +1,6 @@
 //! `conrub logprobs`.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Args;
 use conrub_kernels::GrpoOps;
 use conrub_qwen3::{score_sequences, Qwen3};
@@ -41,6 +41,18 @@ impl BackendTask for Task {
         let scores = score_sequences(&qwen.model, &[self.ids], qwen.pad_id(), &device)?
             .pop()
             .expect("one sequence");
+        if let Some((i, x)) = scores
+            .token_logprobs
+            .iter()
+            .enumerate()
+            .find(|(_, x)| !x.is_finite())
+        {
+            bail!(
+                "{}: the log-probability of token {} is {x} (the model's outputs are not finite)",
+                self.model,
+                i + 1
+            );
+        }
         if self.json {
             println!(
                 "{}",

@@ -71,7 +71,9 @@ struct ScoreRow<'a> {
     #[serde(flatten)]
     score: &'a ResponseScore,
     response_tokens: Option<u32>,
-    attempts: u32,
+    /// Judge attempts; an unscored row carries them in its reason (one `attempts` key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempts: Option<u32>,
     cached: bool,
     judge_latency_ms: f64,
     #[serde(skip_serializing_if = "<[f64]>::is_empty")]
@@ -245,7 +247,7 @@ fn write_rows(a: &ScoreArgs, jobs: &Jobs, results: &[ScoredJob]) -> Result<()> {
                 index: *k,
                 score: &r.score,
                 response_tokens: job.response_tokens,
-                attempts: r.verdict.attempts,
+                attempts: r.score.is_scored().then_some(r.verdict.attempts),
                 cached: r.verdict.cached,
                 judge_latency_ms: r.verdict.latency_ms,
                 margins: &r.verdict.margins,

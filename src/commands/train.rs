@@ -33,6 +33,10 @@ pub struct TrainArgs {
     /// Continue from a checkpoint directory (`output_dir/checkpoint-NNNNNN`).
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Start a fresh run in an output folder that holds an earlier run, deleting its metrics and
+    /// checkpoints (without it such a folder is refused; `--resume` continues it instead).
+    #[arg(long, conflicts_with = "resume")]
+    pub overwrite: bool,
     /// Device (overrides the config's `device` or `devices`).
     #[arg(long, conflicts_with = "devices")]
     pub device: Option<String>,
@@ -83,9 +87,24 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
     if let Some(ds) = a.devices.or(a.device.map(|d| vec![d])) {
         cfg.set_devices(ds)?;
     }
-    // Fail before loading anything when training needs what the file lacks.
-    cfg.rubrics_path()?;
+    // Fail before loading anything when training needs what the file lacks, or on records
+    // `conrub rubrics validate` rejects.
+    check_rubrics(&cfg.rubrics_path()?)?;
     cfg.judge()?;
+    cfg.run.overwrite = a.overwrite;
+    if warmup != KernelWarmup::Only {
+        // A run folder that is a file, cannot be written, is in use or holds an earlier run
+        // fails now, not after the model loads and the kernel warm-up.
+        if cfg.run.output_dir.as_os_str().is_empty() {
+            return Err(GrpoError::config(
+                "run.output_dir",
+                "is empty (name the folder the run writes to)",
+            )
+            .into());
+        }
+        let dir = cfg.resolve(&cfg.run.output_dir);
+        conrub_grpo::run_folder::check_start(&dir, a.resume.is_some(), a.overwrite)?;
+    }
     let gpu_gb = match a.gpu_memory_gb {
         Some(gb) => Some(gb),
         None => crate::backend::device_memory_bytes(&cfg.device)?.map(|b| b as f64 / 1e9),
@@ -102,6 +121,18 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
         })?;
         // The engine gets the pool the plan budgeted.
         kv_pool_blocks = Some(plan.kv_pool_blocks);
+    } else if let Some(avail) = crate::backend::host_memory_for(&cfg.devices) {
+        // CPU ranks share the host's memory: each gets its part of what is available now. The
+        // engine keeps its CPU pool (every row at full length); only the check is the plan's.
+        let gb = avail as f64 / 1e9;
+        let plan = super::plan::plan_for_config(&cfg, gb)?;
+        plan.check(avail).map_err(|e| {
+            anyhow!(
+                "{}: the run does not fit in the {gb:.1} GB of host memory available to each of its {} CPU rank(s):\n{e}",
+                a.config.display(),
+                cfg.devices.len()
+            )
+        })?;
     }
     crate::backend::set_kernel_cache_config(cfg.kernel_cache.clone());
     let devices = cfg.devices.clone();
@@ -114,6 +145,27 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
             warmup,
         },
     )
+}
+
+/// Refuses a rubric file that `conrub rubrics validate` rejects (its errors name line and field).
+fn check_rubrics(path: &Path) -> Result<()> {
+    let records: Vec<(usize, RubricRecord)> = conrub_rubric::read_jsonl(path)?;
+    let report = conrub_rubric::validate_records(&records);
+    if !report.is_ok() {
+        let errors: Vec<String> = report
+            .to_string()
+            .lines()
+            .filter(|l| l.starts_with("error: "))
+            .map(|l| format!("  {}: {}", path.display(), &l["error: ".len()..]))
+            .collect();
+        bail!(
+            "{}: {} errors that `conrub rubrics validate` rejects; training refuses them:\n{}",
+            path.display(),
+            report.errors(),
+            errors.join("\n")
+        );
+    }
+    Ok(())
 }
 
 struct TrainTask {
@@ -230,7 +282,7 @@ fn warm_up<B: GrpoOps>(
         let mut progress = PhaseProgress::new("warm-up", w.steps);
         sft_warmup(model, &pairs, w.steps, w.lr, device, &mut |done, loss| {
             progress.update(done, &format!("loss {loss:.3}"))
-        })
+        })?
     };
     eprintln!(
         "warm-up: {} steps on {} reference answers, loss {:.3} -> {:.3}",
@@ -448,7 +500,7 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
     // One judge (client, concurrency limit, cache) for every rank.
     let breaker = PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed);
     let builder = |model, device: &B::Device| -> LearnerBuilder<Autodiff<B>, _> {
-        let b = Learner::builder(model, cfg.learner.clone(), device.clone())
+        let b = Learner::builder(model, cfg.learner_config(), device.clone())
             .rollout(engine.clone())
             .codec(codec.clone())
             .rewards(rewards.clone())

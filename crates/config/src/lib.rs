@@ -269,6 +269,18 @@ impl TrainConfig {
             .length_penalty(self.learner.max_response_tokens)
             .validate()
             .map_err(|e| key_error("reward", e.to_string()))?;
+        if !(0.0..=1.0).contains(&self.reward.min_scored_share) {
+            return Err(key_error(
+                "reward.min_scored_share",
+                "must be in [0, 1]".into(),
+            ));
+        }
+        if self.reward.max_unscored_steps == 0 {
+            return Err(key_error(
+                "reward.max_unscored_steps",
+                "must be at least 1".into(),
+            ));
+        }
         if let Some(d) = &self.reward.dropout {
             d.validate()
                 .map_err(|e| key_error("reward.dropout", e.to_string()))?;
@@ -280,8 +292,11 @@ impl TrainConfig {
             ));
         }
         if let Some(w) = &self.warmup {
-            if w.steps == 0 || !(w.lr > 0.0) {
-                return Err(key_error("warmup", "needs steps >= 1 and lr > 0".into()));
+            if w.steps == 0 || !(w.lr > 0.0 && w.lr.is_finite()) {
+                return Err(key_error(
+                    "warmup",
+                    "needs steps >= 1 and a finite lr > 0".into(),
+                ));
             }
         }
         if let Some(e) = &self.eval {
@@ -316,6 +331,16 @@ impl TrainConfig {
             .parent()
             .map(|d| d.join(p))
             .unwrap_or_else(|| p.to_path_buf())
+    }
+
+    /// The learner's settings: `[learner]`, with the unscored budget of `[reward]`
+    /// (`min_scored_share`, `max_unscored_steps`).
+    pub fn learner_config(&self) -> LearnerConfig {
+        LearnerConfig {
+            min_scored_share: self.reward.min_scored_share,
+            max_unscored_steps: self.reward.max_unscored_steps,
+            ..self.learner.clone()
+        }
     }
 
     /// The rubric file, resolved; an error when the config has none.

@@ -116,6 +116,11 @@ pub struct RewardSection {
     pub length_buffer_tokens: u32,
     /// Rubric dropout; off when absent.
     pub dropout: Option<RubricDropout>,
+    /// A step whose share of scored responses (every reward part scored) is below this does not
+    /// update the policy (`learner.min_scored_share` of the learner).
+    pub min_scored_share: f64,
+    /// That many such steps in a row stop the run with the judge's last error.
+    pub max_unscored_steps: usize,
 }
 
 impl Default for RewardSection {
@@ -125,6 +130,8 @@ impl Default for RewardSection {
             length_penalty: true,
             length_buffer_tokens: 1024,
             dropout: None,
+            min_scored_share: 0.5,
+            max_unscored_steps: 3,
         }
     }
 }

@@ -34,6 +34,8 @@ max_prompt_tokens = 1024
 mode = "three-state"
 length_penalty = true
 length_buffer_tokens = 16
+min_scored_share = 0.5
+max_unscored_steps = 3
 dropout = { min_fraction = 0.3, max_fraction = 0.5, keep_global_controls = false }
 
 [learner]
@@ -61,6 +63,8 @@ mini_batches = 2
 micro_batch_tokens = 8192
 activation_checkpointing = false
 seed = 1234
+on_nonfinite = "stop"
+max_skipped_steps = 3
 
 [run]
 epochs = 1
@@ -198,7 +202,7 @@ fn errors_name_the_file_and_the_key() {
         "{e}"
     );
     let e = error_of(&format!("{random}[learner]\nlr = -1.0\n"));
-    assert_eq!(e, "t.toml: learner.lr: must be > 0");
+    assert_eq!(e, "t.toml: learner.lr: must be a finite number > 0");
     let e = error_of(&format!("{random}[rollout]\nmax_rows = 0\n"));
     assert_eq!(e, "t.toml: rollout.max_rows: must be at least 1");
     let e = error_of(&format!("{random}[rollout]\nengine = \"sglang\"\n"));
@@ -232,6 +236,23 @@ fn errors_name_the_file_and_the_key() {
         e.starts_with("t.toml: judge.device: \"cpu\": `conrub train` runs"),
         "{e}"
     );
+}
+
+/// `[learner.clip]` with one bound keeps the documented default of the other; an unscored
+/// budget outside its range names its key.
+#[test]
+fn partial_tables_take_defaults_and_budgets_are_checked() {
+    let mut table: toml::Table = toml::from_str(FULL).unwrap();
+    table["model"].as_table_mut().unwrap().remove("path");
+    apply_override(&mut table, "learner.clip={ low = 0.1 }").unwrap();
+    let cfg = TrainConfig::from_table(table.clone(), Path::new("t.toml")).unwrap();
+    assert_eq!((cfg.learner.clip.low, cfg.learner.clip.high), (0.1, 0.28));
+    assert_eq!(cfg.learner_config().min_scored_share, 0.5);
+    apply_override(&mut table, "reward.min_scored_share=1.5").unwrap();
+    let e = TrainConfig::from_table(table, Path::new("t.toml"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "t.toml: reward.min_scored_share: must be in [0, 1]");
 }
 
 #[test]

@@ -1,8 +1,20 @@
 //! Training state on disk: the policy (with its parameter ids), the optimizer moments, the step and
 //! the caller's data cursor, written to a temporary directory and swapped in, so a crash leaves
 //! either the previous complete state or the new one.
+//!
+//! A manifest (`manifest.json`) records the policy's parameters (path and shape) and the size and
+//! SHA-256 of every state file; [`load_state`] checks it before reading anything, and the
+//! learner settings a resume must keep ([`KEPT_ON_RESUME`]) against the running learner's, so a
+//! flipped byte, a truncated copy, another model or a changed `group_size` is an error naming
+//! it, never a run that trains on.
 
+use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
+
+use burn::module::{ModuleVisitor, Param};
+use burn::tensor::Tensor;
+use sha2::{Digest, Sha256};
 
 use burn::module::{AutodiffModule, Module};
 use burn::optim::Optimizer;
@@ -34,6 +46,103 @@ const POLICY: &str = "policy";
 const OPTIMIZER: &str = "optimizer";
 const STATE: &str = "state.json";
 const REFERENCE: &str = "reference";
+const MANIFEST: &str = "manifest.json";
+/// The state format written now (1: no manifest, loaded unchecked).
+const FORMAT: u32 = 2;
+
+/// Learner settings a resume must keep (they shape the groups, the advantages, the loss or the
+/// sampling of the run so far); the others (learning rate, clipping norm, micro-batch size, ...)
+/// may change on resume. Listed in configs/README.md.
+pub const KEPT_ON_RESUME: [&str; 14] = [
+    "group_size",
+    "max_response_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "clip",
+    "aggregation",
+    "scale_rewards",
+    "kl_beta",
+    "tie_mode",
+    "dpo_beta",
+    "ppo_epochs",
+    "mini_batches",
+    "seed",
+];
+
+/// Size and SHA-256 of one state file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct FileDigest {
+    bytes: u64,
+    sha256: String,
+}
+
+/// What a training state holds, to check before loading it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Manifest {
+    /// The policy's float parameters in visiting order: module path and shape.
+    parameters: Vec<(String, Vec<usize>)>,
+    /// Every state file but the manifest, by name.
+    files: BTreeMap<String, FileDigest>,
+}
+
+/// The policy's float parameters: module path (each field entered on the way, the parameter's
+/// own last) and shape.
+#[derive(Default)]
+struct Shapes {
+    path: Vec<String>,
+    found: Vec<(String, Vec<usize>)>,
+}
+
+impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for Shapes {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let name = if self.path.is_empty() {
+            format!("parameter {}", self.found.len())
+        } else {
+            self.path.join(".")
+        };
+        self.found.push((name, param.val().dims().to_vec()));
+    }
+}
+
+fn shapes<B: burn::tensor::backend::Backend, M: Module<B>>(m: &M) -> Vec<(String, Vec<usize>)> {
+    let mut v = Shapes::default();
+    m.visit(&mut v);
+    v.found
+}
+
+fn digest(path: &Path) -> Result<FileDigest> {
+    let mut f = std::fs::File::open(path).map_err(|e| io(path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    let sha256 = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(FileDigest { bytes, sha256 })
+}
+
+/// An error about the checkpoint `dir` in a user's words.
+fn bad_checkpoint(dir: &Path, message: impl std::fmt::Display) -> GrpoError {
+    GrpoError::Checkpoint {
+        dir: dir.to_path_buf(),
+        message: message.to_string(),
+    }
+}
 
 fn io(path: &Path, e: impl std::fmt::Display) -> GrpoError {
     GrpoError::io(path, e)
@@ -71,10 +180,26 @@ where
         step: learner.step,
         data_cursor,
         learner: learner.cfg.clone(),
-        format: 1,
+        format: FORMAT,
     };
     let json = serde_json::to_vec_pretty(&state).map_err(|e| io(&tmp.join(STATE), e))?;
     std::fs::write(tmp.join(STATE), json).map_err(|e| io(&tmp.join(STATE), e))?;
+    let mut files = BTreeMap::new();
+    for f in std::fs::read_dir(&tmp).map_err(|e| io(&tmp, e))? {
+        let f = f.map_err(|e| io(&tmp, e))?.path();
+        let name = f
+            .file_name()
+            .expect("a file")
+            .to_string_lossy()
+            .into_owned();
+        files.insert(name, digest(&f)?);
+    }
+    let manifest = Manifest {
+        parameters: shapes(&learner.policy),
+        files,
+    };
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| io(&tmp.join(MANIFEST), e))?;
+    std::fs::write(tmp.join(MANIFEST), json).map_err(|e| io(&tmp.join(MANIFEST), e))?;
     for f in std::fs::read_dir(&tmp).map_err(|e| io(&tmp, e))? {
         let f = f.map_err(|e| io(&tmp, e))?.path();
         std::fs::File::open(&f)
@@ -117,24 +242,16 @@ where
     } else {
         dir
     };
-    let state_path = dir.join(STATE);
-    let text = std::fs::read_to_string(&state_path).map_err(|e| io(&state_path, e))?;
-    let state: TrainingState = serde_json::from_str(&text).map_err(|e| io(&state_path, e))?;
-    if state.format != 1 {
-        return Err(io(
-            &state_path,
-            format!("unsupported state format {}", state.format),
-        ));
-    }
+    let state = check_state(learner, dir)?;
     let rec = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
     learner.policy = learner
         .policy
         .clone()
         .load_file(dir.join(POLICY), &rec, &learner.device)
-        .map_err(|e| io(&dir.join(POLICY), e))?;
+        .map_err(|e| bad_checkpoint(dir, format!("{POLICY}.mpk cannot be read: {e}")))?;
     let record = rec
         .load(dir.join(OPTIMIZER), &learner.device)
-        .map_err(|e| io(&dir.join(OPTIMIZER), e))?;
+        .map_err(|e| bad_checkpoint(dir, format!("{OPTIMIZER}.mpk cannot be read: {e}")))?;
     learner.update.optim = learner.update.optim.clone().load_record(record);
     learner.step = state.step;
     // The KL reference is the run's initial policy, saved with the state.
@@ -148,6 +265,114 @@ where
             base.load_file(path.clone(), &rec, &learner.device)
                 .map_err(|e| io(&path, e))?,
         );
+    }
+    Ok(state)
+}
+
+/// Reads `dir/state.json` and checks the state against its manifest (files, sizes, SHA-256, the
+/// policy's parameters) and the settings a resume must keep; nothing is loaded yet.
+fn check_state<B, P>(learner: &Learner<B, P>, dir: &Path) -> Result<TrainingState>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+{
+    let state_path = dir.join(STATE);
+    if !state_path.is_file() {
+        return Err(bad_checkpoint(
+            dir,
+            "not a checkpoint: it has no state.json (resume from output_dir/checkpoint-NNNNNN)",
+        ));
+    }
+    let text = std::fs::read_to_string(&state_path).map_err(|e| io(&state_path, e))?;
+    let state: TrainingState = serde_json::from_str(&text)
+        .map_err(|e| bad_checkpoint(dir, format!("corrupted: state.json: {e}")))?;
+    match state.format {
+        1 => {
+            eprintln!(
+                "warning: {}: a training state without a manifest (format 1): loaded unchecked",
+                dir.display()
+            );
+            return Ok(state);
+        }
+        FORMAT => {}
+        other => {
+            return Err(bad_checkpoint(
+                dir,
+                format!(
+                    "state format {other}, which this build does not read (it writes {FORMAT})"
+                ),
+            ))
+        }
+    }
+    let manifest_path = dir.join(MANIFEST);
+    let text = std::fs::read_to_string(&manifest_path)
+        .map_err(|e| bad_checkpoint(dir, format!("corrupted: {MANIFEST}: {e}")))?;
+    let manifest: Manifest = serde_json::from_str(&text)
+        .map_err(|e| bad_checkpoint(dir, format!("corrupted: {MANIFEST}: {e}")))?;
+    for (name, want) in &manifest.files {
+        let path = dir.join(name);
+        if !path.is_file() {
+            return Err(bad_checkpoint(
+                dir,
+                format!("incomplete: {name} is missing"),
+            ));
+        }
+        let got = digest(&path)?;
+        if got.bytes != want.bytes {
+            return Err(bad_checkpoint(
+                dir,
+                format!(
+                    "corrupted: {name} is {} bytes, the manifest says {} (a truncated or partial copy?)",
+                    got.bytes, want.bytes
+                ),
+            ));
+        }
+        if got.sha256 != want.sha256 {
+            return Err(bad_checkpoint(
+                dir,
+                format!("corrupted: {name} does not match the SHA-256 its manifest recorded"),
+            ));
+        }
+    }
+    let here = shapes(&learner.policy);
+    if here.len() != manifest.parameters.len() {
+        return Err(bad_checkpoint(
+            dir,
+            format!(
+                "another model: the checkpoint's policy has {} parameter tensors, the configured one {} (a different layer count?)",
+                manifest.parameters.len(),
+                here.len()
+            ),
+        ));
+    }
+    if let Some(((name, there), (_, now))) = manifest
+        .parameters
+        .iter()
+        .zip(&here)
+        .find(|((_, a), (_, b))| a != b)
+    {
+        return Err(bad_checkpoint(
+            dir,
+            format!("another model: {name} is {there:?} in the checkpoint, {now:?} in the configured model"),
+        ));
+    }
+    let saved = serde_json::to_value(&state.learner).expect("settings serialize");
+    let now = serde_json::to_value(&learner.cfg).expect("settings serialize");
+    for key in KEPT_ON_RESUME {
+        if saved.get(key) != now.get(key) {
+            let show = |v: Option<&serde_json::Value>| {
+                v.map(|v| v.to_string()).unwrap_or_else(|| "unset".into())
+            };
+            return Err(bad_checkpoint(
+                dir,
+                format!(
+                    "learner.{key} was {} for this run, now {}: a resume must keep it (configs/README.md lists what may change)",
+                    show(saved.get(key)),
+                    show(now.get(key))
+                ),
+            ));
+        }
     }
     Ok(state)
 }

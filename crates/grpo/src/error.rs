@@ -52,6 +52,47 @@ pub enum GrpoError {
     /// A replaceable stage returned output of the wrong size.
     #[error("stage output: {0}")]
     Stage(String),
+    /// A run folder cannot be used: it is a file, cannot be written, is in use by another
+    /// run, or holds an earlier run that a fresh one would overwrite.
+    #[error("run folder {}: {message}", dir.display())]
+    RunFolder {
+        /// The folder.
+        dir: PathBuf,
+        /// Why, and what to do.
+        message: String,
+    },
+    /// Training produced a non-finite number (a loss, a gradient norm, a weight): the run stops
+    /// before that update and before any checkpoint of it.
+    #[error("{at}: {what}; the run stopped before writing it (lower the learning rate, or see learner.on_nonfinite)")]
+    NonFinite {
+        /// Where: `step 12`, `warm-up step 3`.
+        at: String,
+        /// The quantity and its value.
+        what: String,
+    },
+    /// The judge left too many responses unscored for too many steps in a row.
+    #[error("step {step}: {steps} steps in a row scored less than reward.min_scored_share = {min} of their responses (this one {:.1}%), and none updated the policy; the judge's last error: {last}", share * 100.0)]
+    Unscored {
+        /// The step.
+        step: u64,
+        /// Steps in a row below the share.
+        steps: usize,
+        /// This step's scored share.
+        share: f64,
+        /// `reward.min_scored_share`.
+        min: f64,
+        /// The judge's last message.
+        last: String,
+    },
+    /// A checkpoint cannot be resumed: not a checkpoint, corrupted, of another model, or of a
+    /// run with other settings that a resume must keep.
+    #[error("checkpoint {}: {message}", dir.display())]
+    Checkpoint {
+        /// The state directory.
+        dir: PathBuf,
+        /// What is wrong, in a user's words.
+        message: String,
+    },
     /// There is nothing to train on.
     #[error("no rubric records to train on")]
     NoRecords,

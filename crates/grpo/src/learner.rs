@@ -103,6 +103,34 @@ pub struct LearnerConfig {
     pub allreduce_bucket_mb: f64,
     /// Run seed.
     pub seed: u64,
+    /// What a non-finite gradient norm (from a NaN or infinite loss or gradient) does: `stop`
+    /// the run with an error naming the step, before that optimizer step and before any
+    /// checkpoint of it; or `skip-step`: drop that optimizer step, count it in the step's
+    /// `skipped_optimizer_steps`, and stop once more than `max_skipped_steps` were dropped in a
+    /// row. A non-finite weight after an update always stops the run.
+    pub on_nonfinite: OnNonFinite,
+    /// See `on_nonfinite`.
+    pub max_skipped_steps: usize,
+    /// A step whose share of scored responses (over every rank) is below this does not update
+    /// the policy; `max_unscored_steps` such steps in a row stop the run with the judge's last
+    /// error. Set from `reward.min_scored_share` / `reward.max_unscored_steps` (not `[learner]`
+    /// keys).
+    #[serde(skip)]
+    pub min_scored_share: f64,
+    /// See `min_scored_share`.
+    #[serde(skip)]
+    pub max_unscored_steps: usize,
+}
+
+/// What a non-finite gradient norm does (`learner.on_nonfinite`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnNonFinite {
+    /// Stop the run with an error naming the step.
+    #[default]
+    Stop,
+    /// Drop the optimizer step and go on (at most `learner.max_skipped_steps` in a row).
+    SkipStep,
 }
 
 impl Default for LearnerConfig {
@@ -133,6 +161,10 @@ impl Default for LearnerConfig {
             activation_checkpointing: false,
             allreduce_bucket_mb: 64.0,
             seed: 1234,
+            on_nonfinite: OnNonFinite::Stop,
+            max_skipped_steps: 3,
+            min_scored_share: 0.5,
+            max_unscored_steps: 3,
         }
     }
 }
@@ -156,8 +188,8 @@ impl LearnerConfig {
         if self.top_k == Some(0) {
             return bad("top_k", "must be at least 1");
         }
-        if !(self.lr > 0.0) {
-            return bad("lr", "must be > 0");
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return bad("lr", "must be a finite number > 0");
         }
         for (key, v) in [
             ("ppo_epochs", self.ppo_epochs),
@@ -251,6 +283,10 @@ pub struct StepMetrics {
     pub grad_norms: Vec<f64>,
     /// Optimizer steps taken.
     pub optimizer_steps: usize,
+    /// Optimizer steps dropped for a non-finite gradient norm (`learner.on_nonfinite =
+    /// "skip-step"`).
+    #[serde(default)]
+    pub skipped_optimizer_steps: usize,
     /// Accepted pairs used by the DPO term (GRPO+DPO mode).
     pub dpo_pairs: usize,
     /// Judge attempts beyond the first.
@@ -396,6 +432,11 @@ where
     loss: PolicyLoss,
     stop_ids: Vec<u32>,
     rank: Option<RankSlot<B::InnerBackend>>,
+    /// Optimizer steps skipped in a row for a non-finite gradient norm
+    /// (`learner.on_nonfinite = "skip-step"`).
+    skipped_in_a_row: usize,
+    /// Steps in a row whose scored share fell below `min_scored_share`.
+    unscored_in_a_row: usize,
 }
 
 /// A learner's place in a group of data-parallel ranks (see [`crate::DataParallel`]): its
@@ -621,15 +662,19 @@ where
             loss,
             stop_ids: self.stop_ids,
             rank: self.rank,
+            skipped_in_a_row: 0,
+            unscored_in_a_row: 0,
         })
     }
 }
 
-/// What the update stage measured, read from the device in one transfer.
-#[derive(Debug, Clone)]
+/// What the update stage measured (its gradient norms read one per optimizer step, the rest in
+/// one transfer); all zero for a step that did not update.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct UpdateStats {
     grad_norms: Vec<f64>,
     optimizer_steps: usize,
+    skipped_optimizer_steps: usize,
     loss: f64,
     clip_low: f64,
     clip_high: f64,
@@ -812,7 +857,11 @@ where
         } else {
             Vec::new()
         };
-        let update = self.update_stage(&batch, &dpo_pairs, &rows)?;
+        let update = if self.enough_scored(&scores)? {
+            self.update_stage(&batch, &dpo_pairs, &rows)?
+        } else {
+            UpdateStats::default()
+        };
         // The new weights go to the engine before the next rollout reads them.
         let synced = self
             .rollout
@@ -831,6 +880,49 @@ where
             update_secs,
             weight_sync,
             logprob_gap,
+        })
+    }
+
+    /// Whether the step's scored share (responses whose every reward part was scored, over every
+    /// rank) reaches `min_scored_share`; below it the step does not update the policy, and the
+    /// `max_unscored_steps`-th such step in a row is an error with the judge's last message.
+    fn enough_scored(&mut self, scores: &[GroupScores]) -> Result<bool> {
+        let all = scores.iter().flat_map(|g| &g.scores);
+        let mut counts = vec![
+            all.clone().filter(|s| s.is_scored()).count() as f64,
+            all.count() as f64,
+        ];
+        if let Some(slot) = &self.rank {
+            let gathered = slot.collective.all_gather(slot.rank, counts)?;
+            counts = vec![
+                gathered.iter().map(|v| v[0]).sum(),
+                gathered.iter().map(|v| v[1]).sum(),
+            ];
+        }
+        let share = counts[0] / counts[1].max(1.0);
+        if share >= self.cfg.min_scored_share {
+            self.unscored_in_a_row = 0;
+            return Ok(true);
+        }
+        self.unscored_in_a_row += 1;
+        if self.unscored_in_a_row < self.cfg.max_unscored_steps {
+            return Ok(false);
+        }
+        let last = scores
+            .iter()
+            .flat_map(|g| &g.scores)
+            .rev()
+            .find_map(|s| match s {
+                ResponseScore::Unscored(r) => Some(r.message.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| "(on another rank)".into());
+        Err(GrpoError::Unscored {
+            step: self.step,
+            steps: self.unscored_in_a_row,
+            share,
+            min: self.cfg.min_scored_share,
+            last,
         })
     }
 
@@ -1073,7 +1165,10 @@ where
         let size = n.div_ceil(self.cfg.mini_batches).max(1);
         let minis: Vec<Range<usize>> = (0..n).step_by(size).map(|s| s..(s + size).min(n)).collect();
         let local = rows.first..rows.first + batch.rows();
-        let mut norms: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
+        // Gradient norms of the optimizer steps taken (read one scalar per optimizer step, so a
+        // non-finite norm stops or skips that step before it changes the weights).
+        let mut norms: Vec<f64> = Vec::new();
+        let mut skipped = 0usize;
         // Last PPO epoch, per micro-batch (kept on the device, read once, summed on the host in
         // f64): weighted loss, clip_low x tokens, clip_high x tokens, kl x tokens, entropy sum.
         let mut micro_parts: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
@@ -1163,21 +1258,32 @@ where
                     allreduce_bytes += bytes;
                     allreduce_secs += t.elapsed().as_secs_f64();
                 }
-                let (policy, norm) = self.update.apply(self.policy.clone(), grads);
+                let (policy, norm, stepped) =
+                    self.update.apply_if_finite(self.policy.clone(), grads);
                 self.policy = policy;
-                norms.push(norm);
+                if stepped {
+                    self.skipped_in_a_row = 0;
+                    norms.push(norm);
+                } else {
+                    self.skip_nonfinite(norm)?;
+                    skipped += 1;
+                }
             }
         }
-        // The one read of the update's numbers.
+        if !norms.is_empty() {
+            self.check_weights_finite()?;
+        }
+        // The one read of the update's other numbers.
         let steps = norms.len();
-        let mut all = norms;
-        all.extend(micro_parts);
-        let host: Vec<f64> = Tensor::cat(all, 0)
-            .into_data()
-            .convert::<f64>()
-            .into_vec()
-            .expect("f64 metrics");
-        let (norms, per_micro) = host.split_at(steps);
+        let per_micro: Vec<f64> = if micro_parts.is_empty() {
+            Vec::new()
+        } else {
+            Tensor::cat(micro_parts, 0)
+                .into_data()
+                .convert::<f64>()
+                .into_vec()
+                .expect("f64 metrics")
+        };
         let mut s = vec![0f64; 5];
         for part in per_micro.chunks(5) {
             for (acc, x) in s.iter_mut().zip(part) {
@@ -1199,8 +1305,9 @@ where
         }
         let tokens = s[5].max(1.0);
         Ok(UpdateStats {
-            grad_norms: norms.to_vec(),
+            grad_norms: norms,
             optimizer_steps: steps,
+            skipped_optimizer_steps: skipped,
             loss: s[0] / minis.len().max(1) as f64,
             clip_low: s[1] / tokens,
             clip_high: s[2] / tokens,
@@ -1210,6 +1317,43 @@ where
             tokens_needed: s[8] as u64,
             allreduce_bytes,
             allreduce_secs,
+        })
+    }
+
+    /// An optimizer step whose gradient norm is `norm` (non-finite) was not taken: an error
+    /// under `learner.on_nonfinite = "stop"`, and under `"skip-step"` once
+    /// `learner.max_skipped_steps` were skipped in a row.
+    fn skip_nonfinite(&mut self, norm: f64) -> Result<()> {
+        let at = format!("step {}", self.step);
+        let what = format!("the gradient norm is {norm} (a non-finite loss or gradient)");
+        match self.cfg.on_nonfinite {
+            OnNonFinite::Stop => Err(GrpoError::NonFinite { at, what }),
+            OnNonFinite::SkipStep => {
+                self.skipped_in_a_row += 1;
+                if self.skipped_in_a_row > self.cfg.max_skipped_steps {
+                    return Err(GrpoError::NonFinite {
+                        at,
+                        what: format!(
+                            "{what}, {} optimizer steps skipped in a row (learner.max_skipped_steps = {})",
+                            self.skipped_in_a_row, self.cfg.max_skipped_steps
+                        ),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Every weight of the policy is finite after the step's updates (one device reduction and
+    /// one scalar read); a non-finite one stops the run whatever `learner.on_nonfinite` says.
+    fn check_weights_finite(&self) -> Result<()> {
+        let sum = crate::update::nonfinite_probe(&self.policy);
+        if sum.is_finite() {
+            return Ok(());
+        }
+        Err(GrpoError::NonFinite {
+            at: format!("step {}", self.step),
+            what: "a weight is not finite after the update".into(),
         })
     }
 
@@ -1281,6 +1425,7 @@ fn step_metrics(
         unscored: n - scored.len(),
         grad_norms: u.grad_norms,
         optimizer_steps: u.optimizer_steps,
+        skipped_optimizer_steps: u.skipped_optimizer_steps,
         loss: u.loss,
         clip_low: u.clip_low,
         clip_high: u.clip_high,

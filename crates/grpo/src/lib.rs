@@ -59,6 +59,7 @@ mod parallel;
 mod policy;
 mod reward;
 mod rollout;
+pub mod run_folder;
 mod telemetry;
 mod ties;
 mod trainer;
@@ -74,7 +75,9 @@ pub use collective::{Collective, HostCollective};
 pub use conrub_kernels::Clip;
 pub use error::{GrpoError, Result};
 pub use group::{GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
-pub use learner::{Learner, LearnerBuilder, LearnerConfig, RankSlot, StepMetrics, StepOutput};
+pub use learner::{
+    Learner, LearnerBuilder, LearnerConfig, OnNonFinite, RankSlot, StepMetrics, StepOutput,
+};
 pub use loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch, SurrogateOutput};
 pub use memory::{MemoryPlan, MemoryPlanInput, ModelShape};
 #[cfg(feature = "cuda")]

@@ -795,20 +795,30 @@ impl MemoryPlan {
         let rollout_peak = rollout_peak_of(&input);
         let kv_pool_blocks = (kv_pool_bytes(&input) / input.kv_block_bytes()).round() as usize;
         let s = input.sequence_tokens().max(1);
-        let whole_step = (input.step_rows().max(1) * s).div_ceil(MICRO_BATCH_STEP);
+        let step_rows = input.step_rows().max(1);
+        let whole_step = (step_rows * s).div_ceil(MICRO_BATCH_STEP);
         // Scanned from the top: the peak is not monotone in the micro-batch size (a micro-batch
         // of the whole step sums nothing, so it holds no running sum of gradients), and a
-        // bisection stopped below such a fitting top said 0 next to "fits yes".
+        // bisection stopped below such a fitting top said 0 next to "fits yes". The peak depends
+        // on the budget only through the rows it holds, so each row count is tried once, at the
+        // largest budget (a multiple of MICRO_BATCH_STEP) that holds that many rows.
         let max_micro_batch_tokens = MICRO_BATCH_STEP
-            * (1..=whole_step)
+            * (1..=step_rows)
                 .rev()
-                .find(|&k| {
-                    training_peak_of(&MemoryPlanInput {
+                .filter_map(|rows| {
+                    let k = if rows == step_rows {
+                        whole_step
+                    } else {
+                        ((rows + 1) * s - 1) / MICRO_BATCH_STEP
+                    };
+                    let candidate = MemoryPlanInput {
                         micro_batch_tokens: k * MICRO_BATCH_STEP,
                         ..input.clone()
-                    }) <= gpu
+                    };
+                    (k >= 1 && candidate.micro_batch_rows() == rows).then_some((k, candidate))
                 })
-                .unwrap_or(0);
+                .find(|(_, candidate)| training_peak_of(candidate) <= gpu)
+                .map_or(0, |(k, _)| k);
         let max_rollout_rows = kv_pool_blocks / input.full_row_blocks();
         Self {
             parameters: input.model.parameters(),

@@ -41,6 +41,11 @@ pub struct RunConfig {
     /// When pruning, a resumed run also removes the checkpoints of later steps left by an
     /// earlier attempt.
     pub keep_checkpoints: Option<usize>,
+    /// Start a fresh run over an earlier run's metrics and checkpoints in `output_dir`, deleting
+    /// them (`conrub train --overwrite`; not a config key, so no config file carries it).
+    /// Without it a fresh run into such a folder is refused (see [`crate::run_folder`]).
+    #[serde(skip)]
+    pub overwrite: bool,
 }
 
 impl RunConfig {
@@ -71,6 +76,7 @@ impl Default for RunConfig {
             max_steps: None,
             output_dir: PathBuf::from("runs/conrub"),
             keep_checkpoints: None,
+            overwrite: false,
         }
     }
 }
@@ -338,7 +344,8 @@ where
     }
 }
 
-/// Runs training: epochs over `records` in a seeded order, `run.prompts_per_step` prompts a step,
+/// Runs training (the run folder `run.output_dir` locked for the whole run, see
+/// [`crate::run_folder::claim`]): epochs over `records` in a seeded order, `run.prompts_per_step` prompts a step,
 /// metrics after every step, checkpoints every `run.checkpoint_every` steps and at the
 /// end. `resume` is a checkpoint directory (or its `training_state`).
 ///
@@ -365,6 +372,13 @@ where
         return Err(GrpoError::NoRecords);
     }
     run.validate()?;
+    if run.prompts_per_step > records.len() {
+        eprintln!(
+            "warning: run.prompts_per_step = {} but there are {} records: each step takes all of them",
+            run.prompts_per_step,
+            records.len()
+        );
+    }
     let resume_step = match resume {
         Some(dir) => {
             let state_dir = if dir.join("training_state").is_dir() {
@@ -376,7 +390,9 @@ where
         }
         None => None,
     };
-    std::fs::create_dir_all(&run.output_dir).map_err(|e| GrpoError::io(&run.output_dir, e))?;
+    // The folder is this run's until it returns (`run.lock`); a fresh run never starts over an
+    // earlier one unless told to overwrite it.
+    let _lock = crate::run_folder::claim(&run.output_dir, resume.is_some(), run.overwrite)?;
     let steps_per_epoch = records.len().div_ceil(run.prompts_per_step) as u64;
     let mut total = steps_per_epoch * run.epochs as u64;
     if let Some(m) = run.max_steps {
@@ -413,10 +429,19 @@ where
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp).map_err(|e| GrpoError::io(&tmp, e))?;
         }
-        hooks.export(&learner.policy, &tmp)?;
         let cursor =
             serde_json::json!({ "step": learner.step, "steps_per_epoch": steps_per_epoch });
-        save_state(learner, cursor, &tmp.join("training_state"))?;
+        let written = hooks
+            .export(&learner.policy, &tmp)
+            .and_then(|_| save_state(learner, cursor, &tmp.join("training_state")));
+        if let Err(e) = written {
+            // A partial checkpoint (a full disk, say) is removed, not left filling the disk.
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(GrpoError::io(
+                &dir,
+                format!("writing the checkpoint failed and its partial copy was removed (is the disk full?): {e}"),
+            ));
+        }
         // (An existing `dir` is a checkpoint of a run resumed from an earlier one: superseded.)
         crate::checkpoint::swap_in(&tmp, &dir)?;
         if let Some(keep) = run.keep_checkpoints {

@@ -96,13 +96,51 @@ pub fn clip_global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     max_norm: f64,
 ) -> Tensor<B::InnerBackend, 1> {
     let norm = global_grad_norm(module, grads);
-    let coef = (norm.clone().add_scalar(1e-6).recip() * max_norm).clamp_max(1.0);
+    scale_to_norm(module, grads, norm.clone(), max_norm);
+    norm
+}
+
+/// Scales `grads`, whose global norm is `norm`, by [`clip_global_norm`]'s coefficient.
+fn scale_to_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &mut GradientsParams,
+    norm: Tensor<B::InnerBackend, 1>,
+    max_norm: f64,
+) {
+    let coef = (norm.add_scalar(1e-6).recip() * max_norm).clamp_max(1.0);
     let mut v = Scale::<B> {
         grads,
         factor: coef,
     };
     module.visit(&mut v);
-    norm
+}
+
+struct NonFinite<B: AutodiffBackend> {
+    parts: Vec<Tensor<B::InnerBackend, 1>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for NonFinite<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let x = param.val().inner().cast(DType::F32);
+        // `x - x` is 0 for a finite value and NaN for NaN or an infinity.
+        self.parts.push((x.clone() - x).sum());
+    }
+}
+
+/// 0 when every float parameter of `module` is finite, else NaN (one reduction per parameter,
+/// one scalar read).
+pub fn nonfinite_probe<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> f64 {
+    let mut v = NonFinite::<B> { parts: Vec::new() };
+    module.visit(&mut v);
+    if v.parts.is_empty() {
+        return 0.0;
+    }
+    Tensor::cat(v.parts, 0)
+        .sum()
+        .into_data()
+        .convert::<f64>()
+        .into_vec::<f64>()
+        .expect("a sum")[0]
 }
 
 /// Settings of the update stage.
@@ -172,6 +210,26 @@ impl<B: AutodiffBackend, P: AutodiffModule<B>> Update<B, P> {
             global_grad_norm(&policy, &grads)
         };
         (self.optim.step(self.cfg.lr, policy, grads), norm)
+    }
+
+    /// [`Update::apply`] when the gradients' global norm is finite; else the policy unchanged
+    /// and no optimizer step (a NaN or infinite loss or gradient shows in the norm). Returns the
+    /// policy, the norm (read to the host: one scalar per optimizer step) and whether it stepped.
+    pub fn apply_if_finite(&mut self, policy: P, mut grads: GradientsParams) -> (P, f64, bool) {
+        let norm = global_grad_norm(&policy, &grads);
+        let value = norm
+            .clone()
+            .into_data()
+            .convert::<f64>()
+            .into_vec::<f64>()
+            .expect("a norm")[0];
+        if !value.is_finite() {
+            return (policy, value, false);
+        }
+        if self.cfg.max_grad_norm > 0.0 {
+            scale_to_norm(&policy, &mut grads, norm, self.cfg.max_grad_norm);
+        }
+        (self.optim.step(self.cfg.lr, policy, grads), value, true)
     }
 }
 

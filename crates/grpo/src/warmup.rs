@@ -44,7 +44,8 @@ pub fn warmup_pairs(
 
 /// Runs `steps` AdamW steps (lr `lr`) of mean token cross-entropy on `(prompt, answer)` pairs, all
 /// pairs per step; `on_step(done, loss)` is called after each step (for a progress bar). Returns
-/// the policy and the loss of each step.
+/// the policy and the loss of each step; a non-finite loss stops it before its step, with an
+/// error naming the step ([`GrpoError::NonFinite`]).
 pub fn sft_warmup<B, P>(
     mut policy: P,
     pairs: &[(Vec<u32>, Vec<u32>)],
@@ -52,7 +53,7 @@ pub fn sft_warmup<B, P>(
     lr: f64,
     device: &B::Device,
     on_step: &mut dyn FnMut(usize, f64),
-) -> (P, Vec<f64>)
+) -> Result<(P, Vec<f64>)>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
@@ -67,10 +68,16 @@ where
     for done in 1..=steps {
         let loss = policy.response_logprobs(&batch).logprobs.sum().neg() / tokens as f64;
         let value = loss.clone().into_scalar().elem::<f64>();
+        if !value.is_finite() {
+            return Err(GrpoError::NonFinite {
+                at: format!("warm-up step {done}"),
+                what: format!("the supervised loss is {value} (warmup.lr is {lr})"),
+            });
+        }
         losses.push(value);
         let grads = GradientsParams::from_grads(loss.backward(), &policy);
         policy = optim.step(lr, policy, grads);
         on_step(done, value);
     }
-    (policy, losses)
+    Ok((policy, losses))
 }

@@ -225,6 +225,45 @@ async fn reward_rises_and_telemetry_is_complete() {
     );
 }
 
+/// A learning rate that blows the weights up: the next step's gradient norm is not finite, and
+/// under `on_nonfinite = "stop"` that step stops with an error naming it before its update; under
+/// `"skip-step"` the optimizer step is dropped and counted, and the run stops once more than
+/// `max_skipped_steps` were dropped in a row. The weights never become non-finite.
+#[tokio::test]
+async fn nonfinite_gradients_stop_or_skip_the_step() {
+    let recs = records();
+    let refs: Vec<&RubricRecord> = recs.iter().collect();
+    let blow_up = LearnerConfig {
+        lr: 1e30,
+        mini_batches: 1,
+        ..config()
+    };
+    let mut l = learner(blow_up.clone());
+    l.step(&refs).await.unwrap();
+    let e = l.step(&refs).await.unwrap_err().to_string();
+    assert!(
+        e.starts_with("step 1: the gradient norm is NaN") && e.contains("before writing it"),
+        "{e}"
+    );
+    assert!(weights(l.policy()).iter().all(|w| w.is_finite()));
+
+    let mut l = learner(LearnerConfig {
+        on_nonfinite: conrub_grpo::OnNonFinite::SkipStep,
+        max_skipped_steps: 1,
+        ..blow_up
+    });
+    l.step(&refs).await.unwrap();
+    let m = l.step(&refs).await.unwrap().metrics;
+    assert_eq!((m.optimizer_steps, m.skipped_optimizer_steps), (0, 1));
+    assert!(m.grad_norms.is_empty());
+    let e = l.step(&refs).await.unwrap_err().to_string();
+    assert!(
+        e.starts_with("step 2: ") && e.contains("2 optimizer steps skipped in a row"),
+        "{e}"
+    );
+    assert!(weights(l.policy()).iter().all(|w| w.is_finite()));
+}
+
 #[tokio::test]
 async fn same_seed_same_run_bit_for_bit() {
     let cfg = LearnerConfig {
@@ -846,6 +885,7 @@ fn dp_run_config(dir: &std::path::Path, max_steps: u64) -> conrub_grpo::RunConfi
         max_steps: Some(max_steps),
         output_dir: dir.to_path_buf(),
         keep_checkpoints: None,
+        overwrite: false,
     }
 }
 
@@ -1095,6 +1135,7 @@ async fn validation_keeps_the_grader_best_checkpoint() {
         max_steps: Some(6),
         output_dir: dir.path().to_path_buf(),
         keep_checkpoints: Some(1),
+        overwrite: false,
     };
     let v = validator(vec![Label::Missing, Label::Correct, Label::Wrong]);
     let mut l = learner(config());

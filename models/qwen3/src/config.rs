@@ -218,10 +218,13 @@ impl Qwen3Config {
                 ),
             );
         }
-        if !self.head_dim().is_multiple_of(2) {
+        if self.head_dim() == 0 || !self.head_dim().is_multiple_of(2) {
             return err(
                 "head_dim",
-                format!("{} must be even for RoPE", self.head_dim()),
+                format!(
+                    "{} must be a positive even number (RoPE rotates pairs)",
+                    self.head_dim()
+                ),
             );
         }
         if !(self.rms_norm_eps > 0.0) {

@@ -84,10 +84,14 @@ impl WeightFiles {
             // SAFETY: the file is opened read-only; like every mmap-based loader we assume it is not
             // truncated by another process while the model loads.
             let map = unsafe { Mmap::map(&file) }.map_err(|e| Qwen3Error::io(path, e))?;
-            let st = SafeTensors::deserialize(&map).map_err(|e| Qwen3Error::Weights {
-                file: path.clone(),
-                tensor: "<header>".into(),
-                message: e.to_string(),
+            let st = SafeTensors::deserialize(&map).map_err(|e| {
+                let (tensor, message) =
+                    inconsistent_tensor(&map).unwrap_or_else(|| ("<header>".into(), e.to_string()));
+                Qwen3Error::Weights {
+                    file: path.clone(),
+                    tensor,
+                    message,
+                }
             })?;
             for name in st.names() {
                 if index.insert(name.to_string(), i).is_some() {
@@ -132,7 +136,7 @@ impl WeightFiles {
             )));
         }
         let bytes = view.data();
-        Ok(match view.dtype() {
+        let values: Vec<f32> = match view.dtype() {
             Dtype::F32 => bytes
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -150,8 +154,65 @@ impl WeightFiles {
                 .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
                 .collect(),
             other => return Err(err(format!("unsupported dtype {other:?}"))),
-        })
+        };
+        // A diverged run's weights: refused here rather than turned into NaN outputs.
+        if let Some((at, x)) = values.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            let bad = values.iter().filter(|x| !x.is_finite()).count();
+            return Err(err(format!(
+                "{bad} of {} values are not finite (the first, at flat index {at}, is {x})",
+                values.len()
+            )));
+        }
+        Ok(values)
     }
+}
+
+/// The first tensor whose header entry does not fit the file (offsets reversed or past the data,
+/// or a byte length that is not its shape x dtype), and why: what a safetensors file whose
+/// header lies is reported as, where the parser only says that the header is invalid.
+fn inconsistent_tensor(bytes: &[u8]) -> Option<(String, String)> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
+    let data = bytes.len() - 8 - n;
+    let mut entries: Vec<_> = header
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .collect();
+    entries.sort_by_key(|(_, t)| t["data_offsets"][0].as_u64());
+    for (name, t) in entries {
+        let offsets = (t["data_offsets"][0].as_u64(), t["data_offsets"][1].as_u64());
+        let (Some(a), Some(b)) = offsets else {
+            return Some((name.clone(), "no data_offsets [start, end]".into()));
+        };
+        let size = match t["dtype"].as_str() {
+            Some("F64" | "I64" | "U64") => 8,
+            Some("F32" | "I32" | "U32") => 4,
+            Some("F16" | "BF16" | "I16" | "U16") => 2,
+            Some("I8" | "U8" | "BOOL") => 1,
+            _ => continue,
+        };
+        let elems: u64 = t["shape"]
+            .as_array()?
+            .iter()
+            .map(|d| d.as_u64().unwrap_or(0))
+            .product();
+        let message = if b < a || b > data as u64 {
+            format!("data_offsets [{a}, {b}] lie outside the file's {data} data bytes")
+        } else if b - a != elems * size {
+            format!(
+                "data_offsets [{a}, {b}] hold {} bytes, but shape {} x {} needs {}",
+                b - a,
+                t["shape"],
+                t["dtype"],
+                elems * size
+            )
+        } else {
+            continue;
+        };
+        return Some((name.clone(), message));
+    }
+    None
 }
 
 /// Builds burn modules from checkpoint tensors, recording which names were consumed.

@@ -1,0 +1,303 @@
+//! A run folder is owned by one run at a time: [`RunLock`] holds `run.lock` (the owner's process
+//! id and host) for as long as training runs, and [`claim`] refuses to start a fresh run over an
+//! earlier one unless told to overwrite it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{GrpoError, Result};
+
+/// The lock file's name inside the run folder.
+pub const LOCK_FILE: &str = "run.lock";
+
+/// Who holds a run folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Owner {
+    pid: u32,
+    host: String,
+}
+
+impl Owner {
+    fn this_process() -> Self {
+        Self {
+            pid: std::process::id(),
+            host: host_name(),
+        }
+    }
+
+    /// Whether the owner certainly no longer runs: on this host, with no such process.
+    fn is_gone(&self) -> bool {
+        self.host == host_name() && !process_runs(self.pid)
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into())
+}
+
+/// Whether process `pid` exists (Linux: `/proc/PID`; elsewhere every process counts as running,
+/// so a lock is never taken over there).
+fn process_runs(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        Path::new("/proc").join(pid.to_string()).exists()
+    } else {
+        true
+    }
+}
+
+/// The error of a folder whose lock `owner` holds.
+fn in_use(dir: &Path, owner: &Owner) -> GrpoError {
+    GrpoError::RunFolder {
+        dir: dir.to_path_buf(),
+        message: format!(
+            "in use by process {} on {} (lock file {}; remove it only if that process no longer trains here)",
+            owner.pid,
+            owner.host,
+            dir.join(LOCK_FILE).display()
+        ),
+    }
+}
+
+/// The run folder's lock, released (the file removed) when dropped.
+#[derive(Debug)]
+pub struct RunLock {
+    path: PathBuf,
+}
+
+impl RunLock {
+    /// Takes `dir/run.lock` for this process. A lock held by a live process (or by another
+    /// host) is an error naming the owner; one left by a process that no longer runs on this
+    /// host is taken over.
+    pub fn acquire(dir: &Path) -> Result<Self> {
+        let path = dir.join(LOCK_FILE);
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut f) => {
+                    let owner =
+                        serde_json::to_string(&Owner::this_process()).expect("an owner serializes");
+                    f.write_all(owner.as_bytes())
+                        .and_then(|_| f.sync_all())
+                        .map_err(|e| GrpoError::io(&path, e))?;
+                    return Ok(Self { path });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    match serde_json::from_str::<Owner>(&text) {
+                        Ok(owner) if owner.is_gone() => {
+                            eprintln!(
+                                "warning: {}: taking over the lock of process {} on {}, which no longer runs",
+                                path.display(),
+                                owner.pid,
+                                owner.host
+                            );
+                            std::fs::remove_file(&path).map_err(|e| GrpoError::io(&path, e))?;
+                        }
+                        Ok(owner) => return Err(in_use(dir, &owner)),
+                        Err(_) => {
+                            return Err(GrpoError::RunFolder {
+                                dir: dir.to_path_buf(),
+                                message: format!(
+                                    "its lock file {} does not name an owner; if no run uses this folder, remove the file",
+                                    path.display()
+                                ),
+                            })
+                        }
+                    }
+                }
+                Err(e) => return Err(GrpoError::io(&path, e)),
+            }
+        }
+        Err(GrpoError::RunFolder {
+            dir: dir.to_path_buf(),
+            message: format!("another process took {} first", path.display()),
+        })
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        // Only our own lock: a folder taken over meanwhile keeps its new owner's.
+        let ours = std::fs::read_to_string(&self.path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Owner>(&t).ok())
+            .is_some_and(|o| o == Owner::this_process());
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// What of an earlier run `dir` holds: its metrics and checkpoints.
+fn earlier_run(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let metrics = dir.join("metrics.jsonl");
+    if std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0) {
+        found.push(metrics);
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| GrpoError::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| GrpoError::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let best = crate::trainer::best_checkpoint_path(dir);
+        if name.starts_with("checkpoint-") || entry.path() == best {
+            found.push(entry.path());
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// What a run can check of its folder before it loads anything (the binary calls it first, so
+/// a bad folder fails in seconds, not after the model loads and the kernel warm-up): the name is
+/// not empty, it is a folder or can be created as one, it can be written, and a fresh run
+/// (`resuming` false) does not start over an earlier run's metrics or checkpoints unless
+/// `overwrite`. Returns what an overwrite would delete.
+pub fn check_start(dir: &Path, resuming: bool, overwrite: bool) -> Result<Vec<PathBuf>> {
+    if dir.as_os_str().is_empty() {
+        return Err(GrpoError::config(
+            "run.output_dir",
+            "is empty (name the folder the run writes to)",
+        ));
+    }
+    if dir.exists() && !dir.is_dir() {
+        return Err(GrpoError::RunFolder {
+            dir: dir.to_path_buf(),
+            message: "is a file, not a folder".into(),
+        });
+    }
+    std::fs::create_dir_all(dir).map_err(|e| GrpoError::io(dir, e))?;
+    let probe = dir.join(".conrub-write-probe");
+    std::fs::write(&probe, b"")
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| GrpoError::RunFolder {
+            dir: dir.to_path_buf(),
+            message: format!("cannot be written: {e}"),
+        })?;
+    // A live owner other than this process (a lock of a process gone is taken over later).
+    let owner = std::fs::read_to_string(dir.join(LOCK_FILE))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Owner>(&t).ok());
+    if let Some(owner) = owner.filter(|o| !o.is_gone() && *o != Owner::this_process()) {
+        return Err(in_use(dir, &owner));
+    }
+    if resuming {
+        return Ok(Vec::new());
+    }
+    let earlier = earlier_run(dir)?;
+    if !earlier.is_empty() && !overwrite {
+        let names: Vec<String> = earlier
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        let newest = names
+            .iter()
+            .rev()
+            .find(|n| n.starts_with("checkpoint-"))
+            .map(String::as_str)
+            .unwrap_or("checkpoint-NNNNNN");
+        return Err(GrpoError::RunFolder {
+            dir: dir.to_path_buf(),
+            message: format!(
+                "holds an earlier run ({}); continue it with --resume {}, or start over with --overwrite (which deletes them)",
+                names.join(", "),
+                dir.join(newest).display()
+            ),
+        });
+    }
+    Ok(earlier)
+}
+
+/// Claims the run folder `dir` for a run: [`check_start`], then its lock ([`RunLock`]), then, for
+/// a fresh run with `overwrite`, the earlier run's metrics and checkpoints are deleted (the fresh
+/// run starts from an empty history, and pruning never meets another run's checkpoints).
+pub fn claim(dir: &Path, resuming: bool, overwrite: bool) -> Result<RunLock> {
+    check_start(dir, resuming, overwrite)?;
+    let lock = RunLock::acquire(dir)?;
+    // Checked again under the lock: another run may have written meanwhile.
+    for path in check_start(dir, resuming, overwrite)? {
+        let removed = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.map_err(|e| GrpoError::io(&path, e))?;
+    }
+    Ok(lock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_claim_names_the_owner_and_a_dead_owner_is_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = claim(dir.path(), false, false).unwrap();
+        let err = claim(dir.path(), true, false).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("in use by process {}", std::process::id())),
+            "{err}"
+        );
+        drop(lock);
+        assert!(!dir.path().join(LOCK_FILE).exists(), "released on drop");
+        // A lock left by a process that no longer runs (pid beyond Linux's maximum).
+        let stale = Owner {
+            pid: 4_194_305,
+            host: host_name(),
+        };
+        std::fs::write(
+            dir.path().join(LOCK_FILE),
+            serde_json::to_string(&stale).unwrap(),
+        )
+        .unwrap();
+        let _lock = claim(dir.path(), false, false).unwrap();
+    }
+
+    #[test]
+    fn a_fresh_run_over_an_earlier_one_is_refused_unless_overwriting() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("metrics.jsonl"), "{}\n").unwrap();
+        std::fs::create_dir(dir.path().join("checkpoint-000004")).unwrap();
+        let err = claim(dir.path(), false, false).unwrap_err().to_string();
+        assert!(
+            err.contains("holds an earlier run (checkpoint-000004, metrics.jsonl)")
+                && err.contains("--resume")
+                && err.contains("--overwrite"),
+            "{err}"
+        );
+        assert!(
+            dir.path().join("checkpoint-000004").exists(),
+            "nothing lost"
+        );
+        assert!(
+            !dir.path().join(LOCK_FILE).exists(),
+            "the refused run let go"
+        );
+        drop(claim(dir.path(), true, false).unwrap());
+        drop(claim(dir.path(), false, true).unwrap());
+        assert!(!dir.path().join("checkpoint-000004").exists());
+        assert!(!dir.path().join("metrics.jsonl").exists());
+    }
+
+    #[test]
+    fn a_file_or_an_empty_name_is_no_run_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        let err = claim(&file, false, false).unwrap_err().to_string();
+        assert!(err.ends_with("is a file, not a folder"), "{err}");
+        let err = claim(Path::new(""), false, false).unwrap_err().to_string();
+        assert!(err.starts_with("run.output_dir: is empty"), "{err}");
+    }
+}
