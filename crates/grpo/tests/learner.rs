@@ -877,6 +877,53 @@ impl conrub_grpo::RunHooks<Qwen3ForCausalLM<B>> for WeightHooks {
     }
 }
 
+/// An export that writes part of a checkpoint and then fails, as a full disk would.
+struct DiskFullHooks;
+
+impl conrub_grpo::RunHooks<Qwen3ForCausalLM<B>> for DiskFullHooks {
+    fn export(
+        &mut self,
+        _policy: &Qwen3ForCausalLM<B>,
+        dir: &std::path::Path,
+    ) -> conrub_grpo::Result<()> {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("model.safetensors"), vec![0u8; 4096]).unwrap();
+        Err(conrub_grpo::GrpoError::io(
+            dir.join("model.safetensors"),
+            "No space left on device (os error 28)",
+        ))
+    }
+}
+
+/// A checkpoint whose writing fails (a full disk) stops the run with an error that says so, and
+/// its partial copy is removed rather than left filling the disk.
+#[tokio::test]
+async fn a_failed_checkpoint_write_leaves_no_partial_copy() {
+    let recs = records();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut l = learner(config());
+    let run = conrub_grpo::RunConfig {
+        max_steps: Some(1),
+        ..dp_run_config(tmp.path(), 1)
+    };
+    let err = conrub_grpo::train(&mut l, &recs, &run, None, None, &mut DiskFullHooks)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("checkpoint-000001")
+            && err.contains("its partial copy was removed (is the disk full?)")
+            && err.contains("No space left on device"),
+        "{err}"
+    );
+    let left: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("checkpoint-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 fn dp_run_config(dir: &std::path::Path, max_steps: u64) -> conrub_grpo::RunConfig {
     conrub_grpo::RunConfig {
         epochs: 4,
