@@ -113,11 +113,14 @@ fn every_kernel_compiles_for_sm_90_within_its_limits() {
     }
     let problems = offline::problems(arch, &resources, &known_spills());
     assert!(problems.is_empty(), "{problems:#?}");
-    // The row kernels hold a few scalars per thread: they must never spill.
-    for r in resources
-        .iter()
-        .filter(|r| !r.kernel.starts_with("attention") && !r.kernel.starts_with("paged"))
-    {
+    // The row kernels hold a few scalars per thread: they must never spill. (The restricted
+    // sampler keeps 15 running sums per thread and spills 0 or 8 B from one process to the next,
+    // listed in known-spills.json and bounded by the check above.)
+    for r in resources.iter().filter(|r| {
+        !r.kernel.starts_with("attention")
+            && !r.kernel.starts_with("paged")
+            && r.kernel != "sample_restricted_kernel"
+    }) {
         assert_eq!((r.spills, r.spill_loads, r.stack_bytes), (0, 0, 0), "{r:?}");
     }
     // With no known spills, the spilling attention kernels fail the check.
