@@ -7,7 +7,9 @@
 #   scripts/gpu-check.sh [--only SECTIONS] [path/to/conrub] [cuda device index]
 # SECTIONS (comma-separated, default all, in this order): compile, parity, demo, bench, allreduce.
 # `bench` first times sampling at the full vocabulary against one softmax (`conrub bench sampling`,
-# 256 rows; lines to $SAMPLING_OUT, default gpu-sampling.jsonl), then runs
+# 256 rows; lines to $SAMPLING_OUT, default gpu-sampling.jsonl), then the attention kernels
+# (`conrub bench attention`: portable vs tensor-core TFLOP/s at 2k and 8k tokens next to torch's
+# SDPA from benches/gpu/sdpa.py, and split-KV decode; lines to $ATTENTION_OUT), then runs
 # the benchmark against PyTorch (benches/gpu/compare.py: conrub's train step and
 # rollout against transformers' on the same GPU, cold vs warm first step; its JSON lines go to
 # $BENCH_OUT, default gpu-bench.jsonl, as they are measured) and needs python3 with torch and
@@ -21,7 +23,9 @@
 # same device when its matmuls are TF32, with the TF32 cost against the CPU printed beside; values
 # and gradients at the full 151,936 vocabulary), parity of the fused causal attention against the
 # textbook graph on the CPU (out, dq, dk, dv; GQA 16/8, head_dim 128, 300 queries, padded keys; f32
-# and bf16), parity and timing of the paged decode attention kernel against its gather fallback
+# and bf16; then the tensor-core kernels in bf16 and f16 at the same shape and at 8,192 keys,
+# GQA 4/2; a pass there is what lets `attention_kernels = "auto"` pick them, see
+# conrub_kernels::TENSOR_CORE_KERNELS_VALIDATED), parity and timing of the paged decode attention kernel against its gather fallback
 # (Qwen3-4B heads 32/8 x 128, 64 rows of up to 2,048 keys in an interleaved pool; f32 and bf16),
 # then fused vs naive timings of token_logprobs (4,096 x 151,936 x 1,024), of the
 # clipped surrogate (64 x 8,192) and of a Qwen3-0.6B-shaped forward/backward step (4 x 1,024
@@ -73,6 +77,8 @@ echo "kernel cache: $CONRUB_KERNEL_CACHE"
 #   attention_dq               168-176  0-16    ~1540     48316          4      12.5%
 #   attention_dkdv             255   108-164    ~2200     48504          4      12.5%
 #   paged_decode               32       0-8      0-8      33792          6      18.8%
+#   flash fwd / dq bf16,f16    72-96      0        0  102528-107008     2      12.5%
+#   flash dkdv bf16,f16        72-128     0        0      78080          2       6.2%
 #   sample (all dtypes)        32         0        0       3072          8       100%
 # With a toolkit on this machine (ptxas, NVRTC and the headers under one folder), the same table
 # from this machine's compiler; a difference from the list above is worth reading.
@@ -121,6 +127,31 @@ if want bench; then
 for l in sys.stdin:
     d = json.loads(l)
     print("  %-22s %9.3f ms  %6.2fx softmax" % (d["op"], d["secs"] * 1e3, d["vs_softmax"]))' || status=$?
+  # Causal attention: the portable and tensor-core kernels (TFLOP/s, forward and forward +
+  # backward, GQA 32/8 x 128, bf16, 2k and 8k tokens) next to torch's SDPA (flash) on this GPU,
+  # and decode over the paged pool (64 rows x 2,048 keys, 1 row x 32,768) with and without key
+  # splits against the gather fallback. Lines to $ATTENTION_OUT (default gpu-attention.jsonl).
+  echo "== attention kernels vs torch SDPA on cuda:$DEV"
+  ATT_OUT="${ATTENTION_OUT:-gpu-attention.jsonl}"
+  : > "$ATT_OUT"
+  "$BIN" bench attention --device "cuda:$DEV" --iters 5 >> "$ATT_OUT" || status=$?
+  python3 benches/gpu/sdpa.py --device "cuda:$DEV" --iters 5 >> "$ATT_OUT" || status=$?
+  python3 - "$ATT_OUT" <<'PY' || true
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+sdpa = {(r["op"], r["tokens"]): r for r in rows if r.get("impl") == "torch-sdpa"}
+print("  %-17s %6s  %-12s %10s %8s %8s" % ("op", "tokens", "kernels", "ms", "TFLOP/s", "x SDPA"))
+for r in rows:
+    if r.get("op") == "decode":
+        continue
+    ref = sdpa.get((r["op"], r["tokens"]))
+    name = r.get("kernels") or r.get("impl")
+    ratio = "%8.2f" % (r["tflops"] / ref["tflops"]) if ref and r.get("tflops") else "       -"
+    print("  %-17s %6d  %-12s %10.3f %8.1f %s" % (r["op"], r["tokens"], name, r["secs"] * 1e3, r["tflops"], ratio))
+for r in rows:
+    if r.get("op") == "decode":
+        print("  decode %3d rows x %6d keys  %-8s %9.3f ms  %5.2fx gather" % (r["rows"], r["tokens"], r["kernels"], r["secs"] * 1e3, r["vs_gather"]))
+PY
   echo "== benchmark against PyTorch on cuda:$DEV"
   python3 benches/gpu/compare.py --bin "$BIN" --device "$DEV" --out "${BENCH_OUT:-gpu-bench.jsonl}" \
     --timeout "${BENCH_TIMEOUT:-120}" --budget "${BENCH_BUDGET:-270}" \

@@ -24,13 +24,34 @@ pub fn parse_precision(s: &str) -> std::result::Result<conrub_qwen3::Precision, 
     })
 }
 
-/// The model's execution settings for `--precision` (fused attention, no checkpointing: these
-/// commands do not train).
-pub fn inference_execution(precision: conrub_qwen3::Precision) -> conrub_qwen3::Execution {
-    conrub_qwen3::Execution {
+/// `--attention-kernels` of the commands that load a model: `auto`, `tensor-core`, `portable`.
+pub fn parse_attention_kernels(
+    s: &str,
+) -> std::result::Result<conrub_qwen3::AttentionKernelChoice, String> {
+    conrub_qwen3::AttentionKernelChoice::parse(s).ok_or_else(|| {
+        format!(
+            "`{s}` is not an attention kernel choice (allowed: {})",
+            conrub_qwen3::AttentionKernelChoice::NAMES
+        )
+    })
+}
+
+/// The model's execution settings for `--precision` and `--attention-kernels` on `device`
+/// (fused attention, no checkpointing: these commands do not train). An error when the device
+/// cannot run the kernels asked for.
+pub fn inference_execution<B: GrpoOps>(
+    precision: conrub_qwen3::Precision,
+    attention_kernels: conrub_qwen3::AttentionKernelChoice,
+    device: &B::Device,
+) -> Result<conrub_qwen3::Execution> {
+    let attention_kernels = attention_kernels
+        .resolve::<B>(device)
+        .map_err(|why| anyhow::anyhow!("--attention-kernels: {why}"))?;
+    Ok(conrub_qwen3::Execution {
         precision,
+        attention_kernels,
         ..Default::default()
-    }
+    })
 }
 
 /// Where compiled kernels and autotune results are kept: `--kernel-cache`, else a run config's

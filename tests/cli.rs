@@ -252,6 +252,36 @@ fn bad_input_gives_clear_errors() {
     );
     let err = stderr_of_failure(&["logprobs", "--model", m, "--ids", "1", "--device", "tpu"]);
     assert!(err.contains("unknown device `tpu`"), "{err}");
+    let err = stderr_of_failure(&[
+        "logprobs",
+        "--model",
+        m,
+        "--ids",
+        "1",
+        "--attention-kernels",
+        "fast",
+    ]);
+    assert!(
+        err.contains(
+            "`fast` is not an attention kernel choice (allowed: auto, tensor-core, portable)"
+        ),
+        "{err}"
+    );
+    // The CPU has only the portable kernels: asking for tensor cores names why.
+    let err = stderr_of_failure(&[
+        "logprobs",
+        "--model",
+        m,
+        "--ids",
+        "1",
+        "--attention-kernels",
+        "tensor-core",
+    ]);
+    assert!(
+        err.contains("--attention-kernels: attention_kernels = \"tensor-core\"")
+            && err.contains("no `tensor-core` attention kernels"),
+        "{err}"
+    );
     #[cfg(not(feature = "cuda"))]
     {
         let err = stderr_of_failure(&[

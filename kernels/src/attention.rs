@@ -22,13 +22,113 @@ pub const QUERY_BLOCK: usize = 256;
 /// turns into NaN.
 pub const ATTENTION_MASKED_LSE: f32 = -1.0e30;
 
-/// Where the queries sit among the keys, and the score scale.
+/// Where the queries sit among the keys, the score scale, and which kernels run the call.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionLayout {
     /// Keys before the first query (a KV cache's length; 0 in training, where `s == t`).
     pub past: usize,
     /// Multiplier of `q · k` (Qwen3: `1 / sqrt(head_dim)`).
     pub scale: f64,
+    /// The CubeCL kernels a CubeCL backend runs (other backends ignore it).
+    pub kernels: AttentionKernels,
+}
+
+impl AttentionLayout {
+    /// `past` keys before the queries, scores scaled by `scale`, the portable kernels.
+    pub fn new(past: usize, scale: f64) -> Self {
+        Self {
+            past,
+            scale,
+            kernels: AttentionKernels::Portable,
+        }
+    }
+}
+
+/// Which CubeCL kernels run causal attention (forward and backward) on a CubeCL backend.
+///
+/// Chosen once per run from the run config's `attention_kernels` by
+/// [`AttentionOps::check_attention_kernels`]; CPU backends ignore it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum AttentionKernels {
+    /// One unit per row (`cube_attention.rs`): every CubeCL device, every dtype.
+    #[default]
+    Portable,
+    /// The tiled kernels of `cube_flash.rs` with their products on tensor cores (WMMA, f32
+    /// accumulation) for bf16 and f16 inputs whose head dimension is a multiple of 16; f32
+    /// inputs and other head dimensions keep the portable kernels. Needs cooperative matrices.
+    TensorCore,
+    /// The same tiled kernels with their products computed by plain units: the tensor-core
+    /// kernels' algorithm on any device and dtype (the CI check of that algorithm on lavapipe;
+    /// slower than `Portable`, never chosen by a run config).
+    TiledUnits,
+}
+
+/// The run config's `attention_kernels` (and `--attention-kernels`): `auto`, `tensor-core` or
+/// `portable`, resolved against the device once per run by [`AttentionKernelChoice::resolve`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttentionKernelChoice {
+    /// The tensor-core kernels where the device has cooperative matrices and
+    /// [`TENSOR_CORE_KERNELS_VALIDATED`] is set, the portable ones elsewhere.
+    #[default]
+    Auto,
+    /// [`AttentionKernels::TensorCore`]; an error on a device without cooperative matrices.
+    TensorCore,
+    /// [`AttentionKernels::Portable`].
+    Portable,
+}
+
+/// Whether a parity run of the tensor-core kernels on a GPU has passed (`scripts/gpu-check.sh`
+/// section `parity`). Until one has, `auto` keeps the portable kernels everywhere and the
+/// tensor-core ones run only when asked for by name.
+pub const TENSOR_CORE_KERNELS_VALIDATED: bool = false;
+
+impl AttentionKernelChoice {
+    /// The accepted spellings, for messages.
+    pub const NAMES: &'static str = "auto, tensor-core, portable";
+
+    /// `auto`, `tensor-core` or `portable`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auto" => Some(Self::Auto),
+            "tensor-core" => Some(Self::TensorCore),
+            "portable" => Some(Self::Portable),
+            _ => None,
+        }
+    }
+
+    /// The kernels backend `B` runs on `device` under this choice; `Err` names the missing
+    /// device feature when `tensor-core` cannot run there.
+    pub fn resolve<B: AttentionOps>(self, device: &B::Device) -> Result<AttentionKernels, String> {
+        match self {
+            Self::Portable => Ok(AttentionKernels::Portable),
+            Self::TensorCore => {
+                B::check_attention_kernels(device, AttentionKernels::TensorCore)
+                    .map_err(|why| format!("attention_kernels = \"tensor-core\": {why}"))?;
+                Ok(AttentionKernels::TensorCore)
+            }
+            Self::Auto => Ok(
+                if TENSOR_CORE_KERNELS_VALIDATED
+                    && B::check_attention_kernels(device, AttentionKernels::TensorCore).is_ok()
+                {
+                    AttentionKernels::TensorCore
+                } else {
+                    AttentionKernels::Portable
+                },
+            ),
+        }
+    }
+}
+
+impl AttentionKernels {
+    /// The run config's spelling: `portable`, `tensor-core`, `tiled-units`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Portable => "portable",
+            Self::TensorCore => "tensor-core",
+            Self::TiledUnits => "tiled-units",
+        }
+    }
 }
 
 fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {

@@ -9,7 +9,10 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
-use crate::{float, AttentionLayout, AttentionOps, Clip, DecodeOps, LossOps, PagedLayout, Reduce};
+use crate::{
+    float, AttentionKernels, AttentionLayout, AttentionOps, Clip, DecodeOps, LossOps, PagedLayout,
+    Reduce,
+};
 
 #[derive(Debug)]
 struct AttentionBackward;
@@ -184,6 +187,13 @@ impl<B: LossOps, C: CheckpointStrategy> LossOps for Autodiff<B, C> {
 }
 
 impl<B: AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
+    fn check_attention_kernels(
+        device: &Self::Device,
+        kernels: AttentionKernels,
+    ) -> Result<(), String> {
+        B::check_attention_kernels(device, kernels)
+    }
+
     /// Runs on `B` (its kernel where it has one); the output carries no gradient.
     fn paged_decode_attention(
         q: FloatTensor<Self>,

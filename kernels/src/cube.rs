@@ -4,14 +4,14 @@
 //! buffers, and logits may arrive as transposed views.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Shape, TensorMetadata};
+use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::ir::HardwareProperties;
 use cubecl::prelude::*;
 
-use crate::{AttentionLayout, AttentionOps, Clip, LossOps, PagedLayout, Reduce};
+use crate::{AttentionKernels, AttentionLayout, AttentionOps, Clip, LossOps, PagedLayout, Reduce};
 
 /// Threads per cube of the row kernels (a power of two).
 const ROW_BLOCK: u32 = 256;
@@ -444,6 +444,29 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LossOps
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionOps
     for CubeBackend<R, F, I, BT>
 {
+    fn check_attention_kernels(
+        device: &Self::Device,
+        kernels: AttentionKernels,
+    ) -> Result<(), String> {
+        if kernels != AttentionKernels::TensorCore {
+            return Ok(());
+        }
+        let client = R::client(device);
+        let props = client.properties();
+        if [DType::BF16, DType::F16]
+            .iter()
+            .any(|&d| crate::cube_flash::device_has_cmma(props, d))
+        {
+            Ok(())
+        } else {
+            Err(format!(
+                "device {device:?} has no cooperative matrices (cmma/WMMA: 16x16x16 tiles of bf16 \
+                 or f16 with f32 accumulation) in its features, which the `tensor-core` attention \
+                 kernels need; use `portable` (or `auto`)"
+            ))
+        }
+    }
+
     fn attention_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

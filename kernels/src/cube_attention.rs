@@ -567,12 +567,17 @@ pub(crate) fn to_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTe
     }
 }
 
-fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> CubeTensor<R> {
+pub(crate) fn empty<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    shape: Shape,
+    dtype: DType,
+) -> CubeTensor<R> {
     empty_device_dtype::<R>(like.client.clone(), like.device.clone(), shape, dtype)
 }
 
 /// The sizes of one attention call: batch, query and key/value heads, queries, keys, head
 /// dimension.
+#[derive(Clone, Copy)]
 pub(crate) struct Dims {
     pub(crate) b: usize,
     pub(crate) heads: usize,
@@ -642,6 +647,11 @@ pub(crate) fn forward<R: CubeRuntime>(
         to_dtype(v, dtype),
         to_dtype(key_valid, DType::F32),
     );
+    if let Some(tensor_cores) =
+        crate::cube_flash::route(q.client.properties(), layout.kernels, dtype, d)
+    {
+        return crate::cube_flash::forward([q, k, v, key_valid], &dims, layout, tensor_cores);
+    }
     let out = empty(&q, Shape::new([b, heads, t, d]), dtype);
     let lse = empty(&q, Shape::new([b, heads, t]), DType::F32);
     if b * heads * t == 0 {
@@ -701,6 +711,17 @@ pub(crate) fn backward<R: CubeRuntime>(
     let (k, v) = (to_dtype(k, dtype), to_dtype(v, dtype));
     let (out, d_out) = (to_dtype(out, dtype), to_dtype(d_out, dtype));
     let (key_valid, lse) = (to_dtype(key_valid, DType::F32), to_dtype(lse, DType::F32));
+    if let Some(tensor_cores) =
+        crate::cube_flash::route(q.client.properties(), layout.kernels, dtype, d)
+    {
+        let [dq, dk, dv] = crate::cube_flash::backward(
+            [q, k, v, key_valid, out, lse, d_out],
+            &dims,
+            layout,
+            tensor_cores,
+        );
+        return [dq, to_dtype(dk, k_dtype), to_dtype(dv, v_dtype)];
+    }
     let dq = empty(&q, Shape::new([b, heads, t, d]), dtype);
     let dk = empty(&q, Shape::new([b, kv_heads, s, d]), dtype);
     let dv = empty(&q, Shape::new([b, kv_heads, s, d]), dtype);

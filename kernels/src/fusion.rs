@@ -14,7 +14,8 @@ use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
 use crate::sampling::SampleParams;
 use crate::{
-    AttentionLayout, AttentionOps, Clip, DecodeOps, GrpoOps, LossOps, PagedLayout, Reduce,
+    AttentionKernels, AttentionLayout, AttentionOps, Clip, DecodeOps, GrpoOps, LossOps,
+    PagedLayout, Reduce,
 };
 
 /// Which hook a custom operation runs.
@@ -235,6 +236,13 @@ impl<B: FusionBackend + GrpoOps> LossOps for Fusion<B> {
 }
 
 impl<B: FusionBackend + GrpoOps> AttentionOps for Fusion<B> {
+    fn check_attention_kernels(
+        device: &Self::Device,
+        kernels: AttentionKernels,
+    ) -> Result<(), String> {
+        B::check_attention_kernels(device, kernels)
+    }
+
     fn attention_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

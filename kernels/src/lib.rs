@@ -35,6 +35,8 @@ mod cube;
 #[cfg(feature = "cube")]
 mod cube_attention;
 #[cfg(feature = "cube")]
+pub mod cube_flash;
+#[cfg(feature = "cube")]
 mod cube_paged;
 #[cfg(feature = "cube")]
 mod cube_sampling;
@@ -51,6 +53,7 @@ mod nccl;
 pub mod offline;
 #[cfg(feature = "cuda")]
 pub use nccl::NcclOps;
+pub mod attention_bench;
 pub mod kv;
 pub mod paged_attention;
 pub mod reference;
@@ -65,7 +68,10 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
-pub use attention::{causal_attention, AttentionLayout, ATTENTION_MASKED_LSE};
+pub use attention::{
+    causal_attention, AttentionKernelChoice, AttentionKernels, AttentionLayout,
+    ATTENTION_MASKED_LSE, TENSOR_CORE_KERNELS_VALIDATED,
+};
 pub use paged_attention::{paged_decode_attention, PagedLayout};
 
 /// Asymmetric clipping of the probability ratio: `[1 - low, 1 + high]` (`learner.clip` in a train
@@ -260,6 +266,24 @@ pub trait AttentionOps: Backend {
         layout: PagedLayout,
     ) -> FloatTensor<Self> {
         paged_attention::fallback_paged_decode::<Self>(q, k_pool, v_pool, tables, lens, layout)
+    }
+
+    /// Whether this backend on `device` runs `kernels`: `Err` names what is missing. The default
+    /// (CPU backends) has only [`AttentionKernels::Portable`]; CubeCL backends have the tiled
+    /// kernels everywhere and the tensor-core ones where the device has cooperative matrices.
+    fn check_attention_kernels(
+        device: &Self::Device,
+        kernels: AttentionKernels,
+    ) -> Result<(), String> {
+        let _ = device;
+        match kernels {
+            AttentionKernels::Portable => Ok(()),
+            other => Err(format!(
+                "the {} backend has no `{}` attention kernels (they are CubeCL kernels: cuda or wgpu)",
+                Self::name(device),
+                other.name()
+            )),
+        }
     }
 
     /// Causal attention's output; under autodiff it is differentiable with respect to `q`, `k`, `v`

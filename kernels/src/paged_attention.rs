@@ -20,6 +20,23 @@ pub struct PagedLayout {
     pub block_size: usize,
     /// Multiplier of `q · k` (Qwen3: `1 / sqrt(head_dim)`).
     pub scale: f64,
+    /// Splits of each row's keys on CubeCL backends (flash-decoding: each split runs its own
+    /// online softmax, a second kernel combines them): 0 lets the backend choose from the
+    /// device and the batch (`cube_paged::kv_splits`: only where heads x rows leave the SMs short
+    /// of two cubes each), 1 never splits. Other backends
+    /// ignore it.
+    pub kv_splits: usize,
+}
+
+impl PagedLayout {
+    /// Blocks of `block_size` positions, scores scaled by `scale`, splits chosen by the backend.
+    pub fn new(block_size: usize, scale: f64) -> Self {
+        Self {
+            block_size,
+            scale,
+            kv_splits: 0,
+        }
+    }
 }
 
 /// `softmax(scale · q kᵀ) v` of each row's one query against its first `lens[r]` keys in the pool.
@@ -121,10 +138,7 @@ pub fn fallback_paged_decode<B: AttentionOps>(
         gather(k_pool),
         gather(v_pool),
         valid.into_primitive().tensor(),
-        AttentionLayout {
-            past: keys.saturating_sub(1),
-            scale: layout.scale,
-        },
+        AttentionLayout::new(keys.saturating_sub(1), layout.scale),
     );
     out
 }

@@ -78,10 +78,7 @@ fn run(c: Case, fused: bool, dtype: DType) -> (Outputs, Vec<bool>) {
         })
         .collect();
     let key_valid = Tensor::<A, 2>::from_data(TensorData::new(valid, [b, s]), &dev);
-    let layout = AttentionLayout {
-        past: c.past,
-        scale: 1.0 / (d as f64).sqrt(),
-    };
+    let layout = AttentionLayout::new(c.past, 1.0 / (d as f64).sqrt());
     let out = if fused {
         causal_attention(q.clone(), k.clone(), v.clone(), key_valid, layout)
     } else {
@@ -217,4 +214,34 @@ fn fused_attention_in_bf16_stays_close_to_f32() {
         DType::BF16,
         3e-2,
     );
+}
+
+/// CPU backends have only the portable kernels: `tensor-core` is refused with the backend's
+/// name, `auto` and `portable` resolve to the portable kernels.
+#[test]
+fn cpu_backends_refuse_the_tensor_core_kernels() {
+    use burn::backend::Flex;
+    use conrub_kernels::{AttentionKernelChoice, AttentionKernels, AttentionOps};
+    let dev = Default::default();
+    assert_eq!(
+        AttentionKernelChoice::Auto.resolve::<Flex>(&dev),
+        Ok(AttentionKernels::Portable)
+    );
+    assert_eq!(
+        AttentionKernelChoice::Portable.resolve::<Flex>(&dev),
+        Ok(AttentionKernels::Portable)
+    );
+    let err = AttentionKernelChoice::TensorCore
+        .resolve::<Flex>(&dev)
+        .unwrap_err();
+    assert!(
+        err.starts_with("attention_kernels = \"tensor-core\"") && err.contains("CubeCL"),
+        "{err}"
+    );
+    assert!(Flex::check_attention_kernels(&dev, AttentionKernels::TiledUnits).is_err());
+    assert_eq!(
+        AttentionKernelChoice::parse("tensor-core"),
+        Some(AttentionKernelChoice::TensorCore)
+    );
+    assert_eq!(AttentionKernelChoice::parse("fast"), None);
 }

@@ -19,7 +19,9 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
-use conrub_kernels::{causal_attention, AttentionLayout, AttentionOps, ATTENTION_MASKED_LSE};
+use conrub_kernels::{
+    causal_attention, AttentionKernels, AttentionLayout, AttentionOps, ATTENTION_MASKED_LSE,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -45,6 +47,8 @@ struct Case {
     pad: Vec<usize>,
     /// Interior padding keys (`key_valid = 0`) for every batch row.
     holes: Vec<usize>,
+    /// The kernels that run it.
+    kernels: AttentionKernels,
 }
 
 impl Case {
@@ -79,6 +83,7 @@ impl Case {
         AttentionLayout {
             past: self.past,
             scale: 1.0 / (self.d as f64).sqrt(),
+            kernels: self.kernels,
         }
     }
 }
@@ -458,6 +463,7 @@ fn case(
         d,
         pad: pad.to_vec(),
         holes: vec![],
+        kernels: AttentionKernels::Portable,
     }
 }
 
@@ -551,4 +557,94 @@ fn attention_half_precision() {
     let c = case("16-bit, GQA 2, left padding", 2, 4, 2, 37, 0, 64, &[0, 4]);
     let worst = run_case(&c, dtype, &dev);
     println!("attention_half_precision: every check passed in {dtype:?}, worst relative error {worst:.2e}");
+}
+
+/// The tensor-core kernels' algorithm (`cube_flash.rs`: tiles staged in shared memory, 16-row
+/// warp products, the online softmax by one unit per row, causal tiles skipped, the split dQ and
+/// dK/dV backward) with its products computed by plain units: lavapipe has no cooperative
+/// matrices, so this is what CI can run of those kernels. Same reference, same tolerances.
+#[test]
+fn tiled_kernels_match_the_reference() {
+    let Some(dev) = device("tiled_kernels_match_the_reference") else {
+        return;
+    };
+    let tiled = |c: Case| Case {
+        kernels: AttentionKernels::TiledUnits,
+        ..c
+    };
+    let mut worst = 0f64;
+    let cases = [
+        // Several query and key tiles, GQA 4, left padding and a hole.
+        tiled(Case {
+            holes: vec![20],
+            ..case("tiled: t = s = 70, GQA 4", 2, 4, 1, 70, 0, 32, &[0, 9])
+        }),
+        // Queries after cached keys (some rows see nothing), keys past the last query.
+        tiled(Case {
+            extra_keys: 5,
+            ..case("tiled: past 30, t 21, MHA", 2, 2, 2, 21, 30, 32, &[2, 33])
+        }),
+        // head_dim 64, two query heads on one key/value head. (head_dim 128 does not fit
+        // lavapipe's 32 KiB of shared memory even at 16 x 16 tiles, and `TiledUnits` refuses
+        // rather than run the portable kernels: it runs in sm_90's compile check and on a GPU.)
+        tiled(case(
+            "tiled: head_dim 64, GQA 2",
+            1,
+            2,
+            1,
+            24,
+            0,
+            64,
+            &[3],
+        )),
+    ];
+    for c in &cases {
+        worst = worst.max(run_case(c, DType::F32, &dev));
+    }
+    let half = [DType::BF16, DType::F16]
+        .into_iter()
+        .find(|&d| W::supports_dtype(&dev, d));
+    if let Some(dtype) = half {
+        let c = tiled(case("tiled: 16-bit, GQA 2", 2, 4, 2, 37, 0, 32, &[0, 4]));
+        worst = worst.max(run_case(&c, dtype, &dev));
+    }
+    println!(
+        "tiled_kernels_match_the_reference: every check passed, worst relative error {worst:.2e}"
+    );
+}
+
+/// A device without cooperative matrices (lavapipe) has the tiled kernels but not the
+/// tensor-core ones: `tensor-core` is an error naming what is missing, `auto` and `portable`
+/// resolve to the portable kernels, and a `TensorCore` layout there runs the portable kernels.
+#[test]
+fn kernel_selection_follows_the_device() {
+    use conrub_kernels::AttentionKernelChoice;
+    let Some(dev) = device("kernel_selection_follows_the_device") else {
+        return;
+    };
+    assert_eq!(
+        AttentionKernelChoice::Portable.resolve::<W>(&dev),
+        Ok(AttentionKernels::Portable)
+    );
+    assert_eq!(
+        AttentionKernelChoice::Auto.resolve::<W>(&dev),
+        Ok(AttentionKernels::Portable)
+    );
+    let err = AttentionKernelChoice::TensorCore
+        .resolve::<W>(&dev)
+        .expect_err("lavapipe has no cooperative matrices");
+    assert!(
+        err.contains("tensor-core") && err.contains("cooperative matrices") && err.contains("cmma"),
+        "{err}"
+    );
+    assert_eq!(
+        <W as AttentionOps>::check_attention_kernels(&dev, AttentionKernels::TiledUnits),
+        Ok(())
+    );
+    // Asked for anyway, the tensor-core layout falls back to the portable kernels there.
+    let c = Case {
+        kernels: AttentionKernels::TensorCore,
+        ..case("tensor-core layout on lavapipe", 1, 2, 1, 20, 0, 64, &[0])
+    };
+    run_case(&c, DType::F32, &dev);
 }

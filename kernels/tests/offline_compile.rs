@@ -4,6 +4,7 @@
 //! missing tool fails them.
 #![cfg(feature = "cuda-compile")]
 
+use conrub_kernels::cube_flash::{self, FlashKernel};
 use conrub_kernels::offline::{
     self, Arch, CudaTools, KernelConfig, KnownSpill, Nvrtc, OfflineError,
 };
@@ -31,13 +32,13 @@ fn every_kernel_is_generated_for_sm_90_with_the_launchers_geometry() {
     let generated = offline::generate(Arch::SM90).unwrap();
     assert_eq!(
         generated.len(),
-        54,
-        "6 row kernels x 3 dtypes + 4 attention x 3 x 3"
+        90,
+        "6 row kernels x 3 dtypes + 6 attention x 3 x 3 + 3 tensor-core x 2 x 3"
     );
     for g in &generated {
         let entry = &g.kernel.entry;
         assert!(
-            entry.starts_with(g.config.kernel),
+            entry.starts_with(g.config.kernel.trim_end_matches("+split")),
             "{entry} for {}",
             g.config.label()
         );
@@ -63,7 +64,35 @@ fn every_kernel_is_generated_for_sm_90_with_the_launchers_geometry() {
         // sized to 48 KiB: two tile x head_dim f32 tiles and two tile-long vectors.
         let d = g.config.head_dim;
         match (g.config.kernel, d) {
-            ("paged_decode_kernel", Some(d)) => {
+            (kernel, Some(d)) if kernel.starts_with("flash_") => {
+                // The tensor-core kernels: a warp per 16 rows, tiles sized to the H200's
+                // 227 KiB (two cubes per SM where they fit), 2-byte inputs.
+                let which = match kernel {
+                    "flash_forward_kernel" => FlashKernel::Forward,
+                    "flash_dq_kernel" => FlashKernel::Dq,
+                    _ => FlashKernel::Dkdv,
+                };
+                let tiles = cube_flash::tiles(which, d, 2, 227 * 1024, 1024).unwrap();
+                assert_eq!(
+                    g.kernel.threads as usize,
+                    tiles.units(),
+                    "{}",
+                    g.config.label()
+                );
+                let want = tiles.shared_bytes(which, d, 2);
+                let shared = g.kernel.dynamic_shared_bytes;
+                // CubeCL may pad between buffers for their alignment.
+                assert!(
+                    shared >= want && shared <= want + 16 * 32,
+                    "{}: {shared} bytes, {want} planned",
+                    g.config.label()
+                );
+            }
+            ("paged_combine_kernel", Some(_)) => {
+                assert_eq!(g.kernel.threads, 64);
+                assert_eq!(g.kernel.dynamic_shared_bytes, 0);
+            }
+            ("paged_decode_kernel" | "paged_decode_kernel+split", Some(d)) => {
                 assert_eq!(g.kernel.threads, 64);
                 let tile = ((48 * 1024 / 4 - d) / (d + 2)).min(64);
                 // The tile's keys, the query, the scores and the tile's pool slots.
@@ -87,7 +116,7 @@ fn every_kernel_is_generated_for_sm_90_with_the_launchers_geometry() {
     }
     let kernels: std::collections::BTreeSet<_> =
         generated.iter().map(|g| g.config.kernel).collect();
-    assert_eq!(kernels.len(), 10, "{kernels:?}");
+    assert_eq!(kernels.len(), 15, "{kernels:?}");
 }
 
 #[test]
@@ -125,6 +154,60 @@ fn every_kernel_compiles_for_sm_90_within_its_limits() {
     }
     // With no known spills, the spilling attention kernels fail the check.
     assert!(!offline::problems(arch, &resources, &[]).is_empty() || known_spills().is_empty());
+}
+
+/// The tensor-core kernels at head_dim 128 (and 64, 256), bf16 and f16: their sources multiply
+/// with WMMA, they compile without spilling, and none is excused by known-spills.json.
+#[test]
+fn tensor_core_kernels_use_wmma_and_never_spill() {
+    let generated = offline::generate(Arch::SM90).unwrap();
+    let flash: Vec<_> = generated
+        .iter()
+        .filter(|g| g.config.kernel.starts_with("flash_"))
+        .collect();
+    assert_eq!(
+        flash.len(),
+        18,
+        "3 kernels x bf16, f16 x head_dim 64, 128, 256"
+    );
+    for g in &flash {
+        let src = &g.kernel.source;
+        for needle in [
+            "wmma::load_matrix_sync",
+            "wmma::mma_sync",
+            "wmma::store_matrix_sync",
+        ] {
+            assert!(src.contains(needle), "{} lacks {needle}", g.config.label());
+        }
+    }
+    for k in known_spills() {
+        assert!(
+            !k.kernel.starts_with("flash_"),
+            "{k:?}: tensor-core kernels may not spill"
+        );
+    }
+    let Some(tools) = tools() else { return };
+    let nvrtc = Nvrtc::load(&tools).unwrap();
+    for g in &flash {
+        let r = offline::compile(&nvrtc, &tools, Arch::SM90, g).unwrap_or_else(|e| panic!("{e}"));
+        println!(
+            "{}: {} registers, {} B shared, {} threads, occupancy {:.1}% ({} blocks/SM, {} warps, limited by {})",
+            g.config.label(),
+            r.registers,
+            r.shared_bytes,
+            g.kernel.threads,
+            100.0 * r.occupancy.occupancy,
+            r.occupancy.blocks_per_sm,
+            r.occupancy.warps_per_sm,
+            r.occupancy.limiter
+        );
+        assert_eq!(
+            (r.spills, r.spill_loads, r.stack_bytes),
+            (0, 0, 0),
+            "{} spills: {r:?}",
+            g.config.label()
+        );
+    }
 }
 
 #[test]

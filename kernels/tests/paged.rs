@@ -24,6 +24,8 @@ struct Case {
     block_size: usize,
     /// Keys per row (0: a row that attends to nothing).
     lens: Vec<usize>,
+    /// `PagedLayout::kv_splits` (0: the backend chooses).
+    kv_splits: usize,
 }
 
 struct Inputs {
@@ -129,8 +131,8 @@ fn run<B: GrpoOps>(c: &Case, x: &Inputs, dtype: DType, device: &B::Device) -> Ve
         device,
     );
     let layout = PagedLayout {
-        block_size: c.block_size,
-        scale: 1.0 / (d as f64).sqrt(),
+        kv_splits: c.kv_splits,
+        ..PagedLayout::new(c.block_size, 1.0 / (d as f64).sqrt())
     };
     let out = paged_decode_attention(
         q,
@@ -215,6 +217,7 @@ fn cases() -> Vec<Case> {
             head_dim: 64,
             block_size: 16,
             lens: vec![1, 16, 17, 40, 0],
+            kv_splits: 0,
         },
         // Several key tiles per row (the kernel's online softmax across tiles).
         Case {
@@ -224,6 +227,7 @@ fn cases() -> Vec<Case> {
             head_dim: 128,
             block_size: 16,
             lens: vec![700, 63, 130],
+            kv_splits: 0,
         },
         Case {
             name: "MHA, head_dim 40, block 4",
@@ -232,6 +236,7 @@ fn cases() -> Vec<Case> {
             head_dim: 40,
             block_size: 4,
             lens: vec![9, 3, 4],
+            kv_splits: 0,
         },
     ]
 }
@@ -264,8 +269,28 @@ mod wgpu {
             head_dim: 256,
             block_size: 16,
             lens: vec![33, 70],
+            kv_splits: 0,
         });
         check::<W>("wgpu", &all, DType::F32, 1e-4, &dev);
+    }
+
+    /// Flash-decoding: each row's keys split across cubes, then combined. Rows shorter than the
+    /// first split, rows with no key and splits past a row's end all occur.
+    #[test]
+    fn split_keys_match_the_reference() {
+        let Some(dev) = device("split_keys_match_the_reference") else {
+            return;
+        };
+        let split = |c: Case, kv_splits| Case { kv_splits, ..c };
+        let all = cases();
+        let splits = vec![
+            split(all[0].clone(), 3),
+            split(all[1].clone(), 5),
+            split(all[2].clone(), 2),
+        ];
+        check::<W>("wgpu split", &splits, DType::F32, 1e-4, &dev);
+        // The CPU fallback has no splits: the setting changes nothing there.
+        check::<Flex>("flex split", &splits, DType::F32, 1e-5, &Default::default());
     }
 
     /// WGSL has no bf16, so lavapipe runs this in f16.

@@ -95,6 +95,37 @@ pub enum BenchCommand {
     /// Sampling one token per row at the full vocabulary against one softmax over the same
     /// logits (`conrub_kernels::sampling_bench`).
     Sampling(SamplingBench),
+    /// Causal attention forward and forward + backward (TFLOP/s) under the portable and the
+    /// tensor-core kernels, and paged decode with and without key splits against the gather
+    /// fallback (`conrub_kernels::attention_bench`).
+    Attention(AttentionBench),
+}
+
+/// Arguments of `conrub bench attention`.
+#[derive(Args, Clone)]
+pub struct AttentionBench {
+    /// Training sequence lengths (queries = keys), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "2048,8192")]
+    pub seq: Vec<usize>,
+    /// Query heads, key/value heads and head dimension (Qwen3-4B's by default).
+    #[arg(long, value_delimiter = ',', default_value = "32,8,128")]
+    pub heads: Vec<usize>,
+    /// Kernels timed (the first is the baseline of `vs_first`): `portable`, `tensor-core`,
+    /// `tiled-units`.
+    #[arg(long, value_delimiter = ',', default_value = "portable,tensor-core")]
+    pub kernels: Vec<String>,
+    /// Decode cases as ROWSxKEYS, comma-separated (empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "64x2048,1x32768")]
+    pub decode: Vec<String>,
+    /// Input dtype: `bf16`, `f16` or `f32`.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// Timed calls per case after one untimed call (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub iters: usize,
+    /// Device.
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
 }
 
 /// Arguments of `conrub bench sampling`.
@@ -172,6 +203,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Train(a) => run_on_device(&a.device.clone(), a),
         BenchCommand::Rollout(a) => run_on_device(&a.device.clone(), a),
         BenchCommand::Sampling(a) => run_on_device(&a.device.clone(), a),
+        BenchCommand::Attention(a) => run_on_device(&a.device.clone(), a),
     }
 }
 
@@ -240,6 +272,7 @@ impl BackendTask for TrainBench {
             precision: conrub_qwen3::Precision::Bf16Mixed,
             attention: conrub_qwen3::AttentionImpl::Fused,
             activation_checkpointing: self.checkpointing,
+            ..Default::default()
         };
         let mut model =
             Some(Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, &device).with_execution(exec));
@@ -319,6 +352,121 @@ impl BackendTask for SamplingBench {
                 "vs_softmax": t.secs / base,
             });
             println!("{record}");
+        }
+        Ok(())
+    }
+}
+
+impl AttentionBench {
+    /// The checked arguments: heads, kernels, decode cases, dtype.
+    #[allow(clippy::type_complexity)]
+    fn parsed(
+        &self,
+    ) -> Result<(
+        [usize; 3],
+        Vec<conrub_kernels::AttentionKernels>,
+        Vec<[usize; 2]>,
+        burn::tensor::DType,
+    )> {
+        use conrub_kernels::AttentionKernels as K;
+        let [h, kv, d] = self.heads[..] else {
+            anyhow::bail!(
+                "--heads: expected HEADS,KV_HEADS,HEAD_DIM, got {:?}",
+                self.heads
+            );
+        };
+        anyhow::ensure!(
+            kv > 0 && h % kv == 0 && d > 0,
+            "--heads: {h} query heads are not a multiple of {kv} key/value heads (head_dim {d})"
+        );
+        let kernels = self
+            .kernels
+            .iter()
+            .map(|k| match k.as_str() {
+                "portable" => Ok(K::Portable),
+                "tensor-core" => Ok(K::TensorCore),
+                "tiled-units" => Ok(K::TiledUnits),
+                other => Err(anyhow::anyhow!(
+                    "--kernels: `{other}` (allowed: portable, tensor-core, tiled-units)"
+                )),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let decode = self
+            .decode
+            .iter()
+            .filter(|c| !c.is_empty())
+            .map(|c| {
+                let parsed = c
+                    .split_once('x')
+                    .and_then(|(r, k)| Some([r.parse().ok()?, k.parse().ok()?]));
+                parsed.ok_or_else(|| anyhow::anyhow!("--decode: `{c}` is not ROWSxKEYS"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let dtype = match self.dtype.as_str() {
+            "bf16" => burn::tensor::DType::BF16,
+            "f16" => burn::tensor::DType::F16,
+            "f32" => burn::tensor::DType::F32,
+            other => anyhow::bail!("--dtype: `{other}` (allowed: bf16, f16, f32)"),
+        };
+        Ok(([h, kv, d], kernels, decode, dtype))
+    }
+}
+
+impl BackendTask for AttentionBench {
+    /// One JSON line per timed case: seconds, TFLOP/s, and the ratio to the first kernels' time
+    /// (training) or to the gather fallback (decode).
+    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+        use conrub_kernels::attention_bench::{decode_timings, training_timings};
+        let ([h, kv, d], kernels, decode, dtype) = self.parsed()?;
+        for k in &kernels {
+            if *k == conrub_kernels::AttentionKernels::TensorCore {
+                B::check_attention_kernels(&device, *k)
+                    .map_err(|why| anyhow::anyhow!("--kernels tensor-core: {why}"))?;
+            }
+        }
+        let name = device_name(&self.device);
+        for &t in &self.seq {
+            let timings =
+                training_timings::<B>(&device, [1, h, kv, t, d], dtype, &kernels, self.iters);
+            for tm in &timings {
+                let base = timings
+                    .iter()
+                    .find(|b| b.op == tm.op)
+                    .map(|b| b.secs)
+                    .unwrap_or(tm.secs);
+                let record = serde_json::json!({
+                    "bench": "attention",
+                    "device": name,
+                    "op": tm.op,
+                    "kernels": tm.kernels,
+                    "dtype": self.dtype,
+                    "heads": [h, kv, d],
+                    "tokens": tm.tokens,
+                    "secs": tm.secs,
+                    "tflops": tm.tflops,
+                    "vs_first": tm.secs / base,
+                });
+                println!("{record}");
+            }
+        }
+        for [rows, keys] in decode {
+            let timings = decode_timings::<B>(&device, [rows, keys, h, kv, d], dtype, self.iters);
+            let gather = timings.last().map(|g| g.secs).unwrap_or(1.0);
+            for tm in &timings {
+                let record = serde_json::json!({
+                    "bench": "attention",
+                    "device": name,
+                    "op": tm.op,
+                    "kernels": tm.kernels,
+                    "dtype": self.dtype,
+                    "heads": [h, kv, d],
+                    "rows": rows,
+                    "tokens": keys,
+                    "secs": tm.secs,
+                    "vs_gather": tm.secs / gather,
+                });
+                println!("{record}");
+            }
         }
         Ok(())
     }

@@ -62,6 +62,10 @@ pub struct RubricArgs {
     /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
     #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
     pub precision: conrub_qwen3::Precision,
+    /// Attention kernels on CubeCL devices: `auto`, `tensor-core` (an error without cooperative
+    /// matrices) or `portable`.
+    #[arg(long, default_value = "auto", value_parser = crate::backend::parse_attention_kernels)]
+    pub attention_kernels: conrub_qwen3::AttentionKernelChoice,
     /// Grade only the points rubric, not our three-state score.
     #[arg(long)]
     pub skip_three_state: bool,
@@ -89,8 +93,13 @@ impl BackendTask for RubricArgs {
         }
         // The grader config is read before the model loads, so a bad config fails fast.
         let grader = crate::commands::judging::load_config(&self.grader)?;
-        let qwen = Qwen3::<B>::load(&self.model, &device)?
-            .with_execution(crate::backend::inference_execution(self.precision));
+        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(
+            crate::backend::inference_execution::<B>(
+                self.precision,
+                self.attention_kernels,
+                &device,
+            )?,
+        );
         let start = Instant::now();
         let gen = generate_responses(&self, &qwen, &rows, &device)?;
         let empty = conrub_rubric::RubricSet::from_records("none", vec![])?;
@@ -458,6 +467,10 @@ pub struct McqArgs {
     /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
     #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
     pub precision: conrub_qwen3::Precision,
+    /// Attention kernels on CubeCL devices: `auto`, `tensor-core` (an error without cooperative
+    /// matrices) or `portable`.
+    #[arg(long, default_value = "auto", value_parser = crate::backend::parse_attention_kernels)]
+    pub attention_kernels: conrub_qwen3::AttentionKernelChoice,
 }
 
 /// Runs an `eval` subcommand.
@@ -512,8 +525,13 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
 impl BackendTask for McqArgs {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
         let items = read_mcq_items(&self)?;
-        let qwen = Qwen3::<B>::load(&self.model, &device)?
-            .with_execution(crate::backend::inference_execution(self.precision));
+        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(
+            crate::backend::inference_execution::<B>(
+                self.precision,
+                self.attention_kernels,
+                &device,
+            )?,
+        );
         let tok = qwen
             .tokenizer
             .as_ref()

@@ -60,6 +60,10 @@ pub struct GenerateArgs {
     /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
     #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
     pub precision: conrub_qwen3::Precision,
+    /// Attention kernels on CubeCL devices: `auto`, `tensor-core` (an error without cooperative
+    /// matrices) or `portable`.
+    #[arg(long, default_value = "auto", value_parser = crate::backend::parse_attention_kernels)]
+    pub attention_kernels: conrub_qwen3::AttentionKernelChoice,
     /// Print one JSON object: new_tokens, text, token_logprobs, finish_reason.
     #[arg(long)]
     pub json: bool,
@@ -67,8 +71,13 @@ pub struct GenerateArgs {
 
 impl BackendTask for GenerateArgs {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        let qwen = Qwen3::<B>::load(&self.model, &device)?
-            .with_execution(crate::backend::inference_execution(self.precision));
+        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(
+            crate::backend::inference_execution::<B>(
+                self.precision,
+                self.attention_kernels,
+                &device,
+            )?,
+        );
         let tok = qwen.tokenizer.as_ref();
         let prompt: Vec<u32> = if let Some(ids) = &self.ids {
             super::parse_ids(ids)?

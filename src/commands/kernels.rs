@@ -269,8 +269,55 @@ fn parity<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table)
             ));
         }
     }
+    ok &= tensor_core_parity::<B>(device, table);
     ensure!(ok, "kernel parity failed on {}", args.device);
     Ok(())
+}
+
+/// The tensor-core attention kernels (bf16 and f16) against the textbook graph on the CPU: the
+/// shape above (GQA 16/8, 300 queries, padded keys) and 8,192 keys (GQA 4/2, one sequence), at
+/// the bound of the 16-bit checks above. A device without cooperative matrices gets a row saying
+/// so (and no failure). Returns whether every check passed.
+#[cfg(feature = "flex")]
+fn tensor_core_parity<B: GrpoOps>(device: &B::Device, table: &mut Table) -> bool {
+    use conrub_kernels::AttentionKernels;
+    if let Err(why) = B::check_attention_kernels(device, AttentionKernels::TensorCore) {
+        table.push((
+            "parity: tensor-core attention".into(),
+            "-".into(),
+            format!("not run: {why}"),
+        ));
+        return true;
+    }
+    let bound = 3e-2;
+    let mut ok = true;
+    for dtype in [burn::tensor::DType::BF16, burn::tensor::DType::F16] {
+        for shape in [[2, 16, 8, 300], [1, 4, 2, 8192]] {
+            let fused =
+                attention_run::<B>(device, dtype, Some(AttentionKernels::TensorCore), shape);
+            let naive =
+                attention_run::<burn::backend::Flex>(&Default::default(), dtype, None, shape);
+            for (name, (a, b)) in ["out", "d q", "d k", "d v"]
+                .into_iter()
+                .zip(fused.iter().zip(&naive))
+            {
+                let e = relative_error(a, b);
+                ok &= e <= bound;
+                table.push((
+                    format!(
+                        "parity: tensor-core attention {name} ({dtype:?}, {} keys)",
+                        shape[3]
+                    ),
+                    format!("{e:.2e}"),
+                    format!(
+                        "{} (bound {bound:.0e})",
+                        if e <= bound { "ok" } else { "FAIL" }
+                    ),
+                ));
+            }
+        }
+    }
+    ok
 }
 
 /// Decode attention over the paged pool: the backend's op (the kernel on CubeCL) vs
@@ -314,10 +361,7 @@ fn paged_decode<B: GrpoOps>(
             TensorData::new(lens.iter().map(|&l| l as i64).collect::<Vec<_>>(), [rows]),
             device,
         );
-        let layout = PagedLayout {
-            block_size: bs,
-            scale: 1.0 / (d as f64).sqrt(),
-        };
+        let layout = PagedLayout::new(bs, 1.0 / (d as f64).sqrt());
         let run = |kernel: bool| -> Tensor<B, 4> {
             let (q, k, v, t, l) = (
                 q.clone().into_primitive().tensor(),
@@ -529,6 +573,7 @@ fn train_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: 
         precision: conrub_qwen3::Precision::Bf16Mixed,
         attention: conrub_qwen3::AttentionImpl::Fused,
         activation_checkpointing: true,
+        ..Default::default()
     };
     let mut model =
         Some(Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, device).with_execution(exec));
@@ -610,8 +655,10 @@ fn attention_parity<B: GrpoOps>(
     device: &B::Device,
     dtype: burn::tensor::DType,
 ) -> Vec<(&'static str, f64)> {
-    let fused = attention_run::<B>(device, dtype, true);
-    let naive = attention_run::<burn::backend::Flex>(&Default::default(), dtype, false);
+    let shape = [2, 16, 8, 300];
+    let portable = Some(conrub_kernels::AttentionKernels::Portable);
+    let fused = attention_run::<B>(device, dtype, portable, shape);
+    let naive = attention_run::<burn::backend::Flex>(&Default::default(), dtype, None, shape);
     ["out", "d q", "d k", "d v"]
         .into_iter()
         .zip(fused.iter().zip(&naive))
@@ -619,16 +666,18 @@ fn attention_parity<B: GrpoOps>(
         .collect()
 }
 
-/// Out, dq, dk, dv of one attention (fused or textbook) on `B`, as f32 host vectors.
+/// Out, dq, dk, dv of one attention on `B` (fused under `kernels`, or the textbook graph when
+/// `None`) of `[batch, heads, kv_heads, t]` at head_dim 128, as f32 host vectors.
 #[cfg(feature = "flex")]
 fn attention_run<B: GrpoOps>(
     device: &B::Device,
     dtype: burn::tensor::DType,
-    fused: bool,
+    kernels: Option<conrub_kernels::AttentionKernels>,
+    [b, nh, nkv, t]: [usize; 4],
 ) -> [Vec<f32>; 4] {
     use burn::tensor::DType;
     use conrub_kernels::{causal_attention, reference::naive_causal_attention, AttentionLayout};
-    let (b, nh, nkv, t, d) = (2usize, 16usize, 8usize, 300usize, 128usize);
+    let d = 128usize;
     let mk = |shape: [usize; 4], seed: u64| {
         let n = shape.iter().product();
         Tensor::<Autodiff<B>, 4>::from_data(
@@ -640,7 +689,8 @@ fn attention_run<B: GrpoOps>(
     };
     let mut valid = vec![1.0f32; b * t];
     for j in 5..40 {
-        valid[t + j] = 0.0; // keys 5..40 of row 1 are padding; key 0 keeps every query row visible
+        // Keys 5..40 of the last row are padding; key 0 keeps every query row visible.
+        valid[(b - 1) * t + j] = 0.0;
     }
     let (q, k, v) = (
         mk([b, nh, t, d], 21),
@@ -648,14 +698,16 @@ fn attention_run<B: GrpoOps>(
         mk([b, nkv, t, d], 23),
     );
     let kv = Tensor::<Autodiff<B>, 2>::from_data(TensorData::new(valid, [b, t]), device);
-    let layout = AttentionLayout {
-        past: 0,
-        scale: 1.0 / (d as f64).sqrt(),
-    };
-    let out = if fused {
-        causal_attention(q.clone(), k.clone(), v.clone(), kv, layout)
-    } else {
-        naive_causal_attention(q.clone(), k.clone(), v.clone(), kv, layout)
+    let layout = AttentionLayout::new(0, 1.0 / (d as f64).sqrt());
+    let out = match kernels {
+        Some(kernels) => causal_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            kv,
+            AttentionLayout { kernels, ..layout },
+        ),
+        None => naive_causal_attention(q.clone(), k.clone(), v.clone(), kv, layout),
     };
     let g = Tensor::<Autodiff<B>, 4>::from_data(
         TensorData::new(seeded_uniform(b * nh * t * d, 24, 1.0), [b, nh, t, d]),

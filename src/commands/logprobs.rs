@@ -22,6 +22,10 @@ pub struct LogprobsArgs {
     /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
     #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
     pub precision: conrub_qwen3::Precision,
+    /// Attention kernels on CubeCL devices: `auto`, `tensor-core` (an error without cooperative
+    /// matrices) or `portable`.
+    #[arg(long, default_value = "auto", value_parser = crate::backend::parse_attention_kernels)]
+    pub attention_kernels: conrub_qwen3::AttentionKernelChoice,
     /// Print `{"token_logprobs": [...], "argmax": [...]}`.
     #[arg(long)]
     pub json: bool,
@@ -32,12 +36,18 @@ struct Task {
     ids: Vec<u32>,
     json: bool,
     precision: conrub_qwen3::Precision,
+    attention_kernels: conrub_qwen3::AttentionKernelChoice,
 }
 
 impl BackendTask for Task {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        let qwen = Qwen3::<B>::load(&self.model, &device)?
-            .with_execution(crate::backend::inference_execution(self.precision));
+        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(
+            crate::backend::inference_execution::<B>(
+                self.precision,
+                self.attention_kernels,
+                &device,
+            )?,
+        );
         let scores = score_sequences(&qwen.model, &[self.ids], qwen.pad_id(), &device)?
             .pop()
             .expect("one sequence");
@@ -76,6 +86,7 @@ pub fn run(args: LogprobsArgs) -> Result<()> {
             ids,
             json: args.json,
             precision: args.precision,
+            attention_kernels: args.attention_kernels,
         },
     )
 }

@@ -207,7 +207,19 @@ fn load_policy<B: GrpoOps>(cfg: &TrainConfig, device: &B::Device) -> Result<Qwen
     if q.tokenizer.is_none() {
         bail!("[model]: {} has no tokenizer.json", q.dir.display());
     }
-    Ok(q.with_execution(cfg.execution()))
+    let kernels = cfg
+        .attention_kernels
+        .resolve::<B>(device)
+        .map_err(|why| anyhow::anyhow!("{}: {why}", cfg.path.display()))?;
+    if kernels == conrub_qwen3::AttentionKernels::TensorCore
+        && cfg.precision == conrub_qwen3::Precision::F32
+    {
+        eprintln!(
+            "warning: attention_kernels = \"tensor-core\" with precision f32: f32 attention keeps \
+             the portable kernels (the tensor-core ones take bf16 and f16)"
+        );
+    }
+    Ok(q.with_execution(cfg.execution(kernels)))
 }
 
 /// The judges of `[judge]` (an in-process judge on the training device) and the reward stage.

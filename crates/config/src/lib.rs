@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 use conrub_grpo::memory::{MemoryPlanInput, ModelShape, DEFAULT_MAX_PROMPT_TOKENS};
 use conrub_grpo::{LearnerConfig, RunConfig, ValidationConfig};
 use conrub_judge::JudgeConfig;
-use conrub_qwen3::{AttentionImpl, Execution, Precision};
+
+use conrub_qwen3::{AttentionImpl, AttentionKernelChoice, AttentionKernels, Execution, Precision};
 use serde::{Deserialize, Serialize};
 
 pub use error::{ConfigError, Result};
@@ -40,6 +41,9 @@ pub struct TrainConfig {
     pub devices: Vec<String>,
     /// Compute precision of the policy.
     pub precision: Precision,
+    /// The attention kernels on CubeCL devices (`attention_kernels = "auto" | "tensor-core" |
+    /// "portable"`), resolved against the device when the policy loads.
+    pub attention_kernels: AttentionKernelChoice,
     /// The policy.
     pub model: ModelSection,
     /// The rubric records.
@@ -86,6 +90,8 @@ pub(crate) struct Schema {
     pub devices: Option<Vec<String>>,
     #[serde(default)]
     pub precision: Precision,
+    #[serde(default)]
+    pub attention_kernels: AttentionKernelChoice,
     #[serde(default)]
     pub model: ModelSection,
     #[serde(default)]
@@ -212,6 +218,7 @@ impl TrainConfig {
             device: devices.first().cloned().unwrap_or_default(),
             devices,
             precision: schema.precision,
+            attention_kernels: schema.attention_kernels,
             model: schema.model,
             data: schema.data,
             judge,
@@ -362,14 +369,16 @@ impl TrainConfig {
         })
     }
 
-    /// How the policy runs. Activation checkpointing is not set here: the learner applies
-    /// `learner.activation_checkpointing` when it is built (`LearnerBuilder::build`), the one place
-    /// that does.
-    pub fn execution(&self) -> Execution {
+    /// How the policy runs, with `attention_kernels` as resolved against the device
+    /// ([`AttentionKernelChoice::resolve`]). Activation checkpointing is not set here: the
+    /// learner applies `learner.activation_checkpointing` when it is built
+    /// (`LearnerBuilder::build`), the one place that does.
+    pub fn execution(&self, attention_kernels: AttentionKernels) -> Execution {
         Execution {
             precision: self.precision,
             attention: AttentionImpl::Fused,
             activation_checkpointing: false,
+            attention_kernels,
         }
     }
 

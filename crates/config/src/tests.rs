@@ -8,6 +8,7 @@ use super::*;
 const FULL: &str = r#"
 device = "cpu"
 precision = "bf16-mixed"
+attention_kernels = "tensor-core"
 kernel_cache = "kernels"
 
 [model]
@@ -153,6 +154,12 @@ fn the_full_example_is_one_valid_config() {
     table["model"].as_table_mut().unwrap().remove("path");
     let cfg = TrainConfig::from_table(table, Path::new("x/train.toml")).unwrap();
     assert_eq!(cfg.precision, Precision::Bf16Mixed);
+    assert_eq!(cfg.attention_kernels, AttentionKernelChoice::TensorCore);
+    assert_eq!(
+        cfg.execution(AttentionKernels::TensorCore)
+            .attention_kernels,
+        AttentionKernels::TensorCore
+    );
     assert_eq!(cfg.model.save_dtype, conrub_qwen3::SaveDtype::Bf16);
     assert_eq!(cfg.learner.top_k, Some(50));
     assert_eq!(cfg.resolve(Path::new("r.jsonl")), Path::new("x/r.jsonl"));
@@ -199,6 +206,11 @@ fn errors_name_the_file_and_the_key() {
     let e = error_of(&format!("precision = \"bf16\"\n{random}"));
     assert!(
         e.starts_with("t.toml: precision: ") && e.contains("bf16-mixed"),
+        "{e}"
+    );
+    let e = error_of(&format!("attention_kernels = \"fast\"\n{random}"));
+    assert!(
+        e.starts_with("t.toml: attention_kernels: ") && e.contains("tensor-core"),
         "{e}"
     );
     let e = error_of(&format!("{random}[learner]\nlr = -1.0\n"));

@@ -8,7 +8,7 @@ use cubecl::zspace::{Shape, Strides};
 
 use super::OfflineCuda;
 use crate::cube_attention::{launch_dkdv, launch_dq, launch_forward, Dims};
-use crate::{cube, cube_paged, AttentionLayout, Clip, PagedLayout, Reduce};
+use crate::{cube, cube_flash, cube_paged, AttentionLayout, Clip, PagedLayout, Reduce};
 
 /// Float dtypes a kernel is generated for: f32 (full precision), bf16 (`--precision bf16` and
 /// mixed runs' attention), f16.
@@ -36,12 +36,21 @@ pub const ROW_KERNELS: [&str; 6] = [
     "sample_kernel",
     "sample_restricted_kernel",
 ];
-/// The attention kernels, per head dimension.
-pub const ATTENTION_KERNELS: [&str; 4] = [
+/// The tensor-core attention kernels, per 16-bit dtype and head dimension (f32 attention keeps
+/// the portable kernels).
+pub const TENSOR_CORE_KERNELS: [&str; 3] = [
+    "flash_forward_kernel",
+    "flash_dq_kernel",
+    "flash_dkdv_kernel",
+];
+/// The attention kernels, per head dimension (`+split`: the same kernel's flash-decoding variant).
+pub const ATTENTION_KERNELS: [&str; 6] = [
     "attention_forward_kernel",
     "attention_dq_kernel",
     "attention_dkdv_kernel",
     "paged_decode_kernel",
+    "paged_decode_kernel+split",
+    "paged_combine_kernel",
 ];
 
 fn dtype_name(dtype: DType) -> &'static str {
@@ -54,11 +63,23 @@ fn dtype_name(dtype: DType) -> &'static str {
 }
 
 impl KernelConfig {
-    /// Every kernel of this crate at every dtype and head dimension: 6 row kernels x 3 dtypes
-    /// and 4 attention kernels x 3 dtypes x 3 head dimensions.
+    /// Every kernel of this crate at every dtype and head dimension: 6 row kernels x 3 dtypes,
+    /// 6 portable attention kernels x 3 dtypes x 3 head dimensions, and 3 tensor-core attention
+    /// kernels x 2 dtypes (bf16, f16) x 3 head dimensions.
     pub fn all() -> Vec<Self> {
         let mut out = Vec::new();
         for dtype in FLOATS {
+            if dtype != DType::F32 {
+                for head_dim in HEAD_DIMS {
+                    for kernel in TENSOR_CORE_KERNELS {
+                        out.push(Self {
+                            kernel,
+                            dtype,
+                            head_dim: Some(head_dim),
+                        });
+                    }
+                }
+            }
             for kernel in ROW_KERNELS {
                 out.push(Self {
                     kernel,
@@ -131,10 +152,7 @@ pub(crate) fn launch(client: &ComputeClient<OfflineCuda>, config: &KernelConfig)
         s: n,
         d,
     };
-    let layout = AttentionLayout {
-        past: 0,
-        scale: 1.0 / (d as f64).sqrt(),
-    };
+    let layout = AttentionLayout::new(0, 1.0 / (d as f64).sqrt());
     let q = || t(&[b, heads, n, d], f);
     let kv = || t(&[b, kv_heads, n, d], f);
     let per_row = || t(&[b, heads, n], full);
@@ -251,15 +269,16 @@ pub(crate) fn launch(client: &ComputeClient<OfflineCuda>, config: &KernelConfig)
                 kv(),
             ],
         ),
-        "paged_decode_kernel" => {
+        "paged_decode_kernel" | "paged_decode_kernel+split" => {
             let (slots, block_size, blocks) = (256, 16, 16);
+            // The split variant: 4 splits of 64 keys (flash-decoding's first kernel).
+            let splits = (config.kernel == "paged_decode_kernel+split").then_some((4, 64));
+            let parts = splits.unwrap_or((1, 0)).0;
             cube_paged::launch_paged_decode(
                 client,
                 [rows, heads, d],
-                PagedLayout {
-                    block_size,
-                    scale: layout.scale,
-                },
+                PagedLayout::new(block_size, layout.scale),
+                splits,
                 [
                     t(&[rows, heads, 1, d], f),
                     t(&[slots, kv_heads * d], f),
@@ -267,10 +286,67 @@ pub(crate) fn launch(client: &ComputeClient<OfflineCuda>, config: &KernelConfig)
                     t(&[rows, blocks], i),
                     t(&[rows], i),
                     t(&[rows, heads, 1, d], f),
+                    t(&[rows, heads, parts, d], full),
+                    t(&[rows, heads, parts, 2], full),
                 ],
                 dtypes,
             )
         }
+        "paged_combine_kernel" => cube_paged::launch_paged_combine(
+            client,
+            [rows, heads, d],
+            [
+                t(&[rows, heads, 4, d], full),
+                t(&[rows, heads, 4, 2], full),
+                t(&[rows, heads, 1, d], f),
+            ],
+            float,
+        ),
+        // The tensor-core kernels (`tensor_cores = true`: WMMA tiles).
+        "flash_forward_kernel" => cube_flash::launch_flash_forward(
+            client,
+            &dims,
+            layout,
+            float,
+            true,
+            [q(), kv(), kv(), t(&[b, n], full), q(), per_row()],
+        ),
+        "flash_dq_kernel" => cube_flash::launch_flash_dq(
+            client,
+            &dims,
+            layout,
+            float,
+            true,
+            [
+                q(),
+                kv(),
+                kv(),
+                t(&[b, n], full),
+                q(),
+                per_row(),
+                q(),
+                q(),
+                per_row(),
+            ],
+        ),
+        "flash_dkdv_kernel" => cube_flash::launch_flash_dkdv(
+            client,
+            &dims,
+            layout,
+            float,
+            true,
+            [
+                q(),
+                kv(),
+                kv(),
+                t(&[b, n], full),
+                per_row(),
+                per_row(),
+                q(),
+                kv(),
+                kv(),
+            ],
+        ),
         other => panic!("no launch for kernel {other}"),
     }
 }

@@ -97,6 +97,8 @@ type DestroyProgram = unsafe extern "C" fn(*mut Program) -> c_int;
 pub struct Nvrtc {
     lib: libloading::Library,
     include: PathBuf,
+    /// The compiler's own headers (`crt/mma.h`, which WMMA code includes), next to `ptxas`.
+    compiler_include: PathBuf,
 }
 
 impl Nvrtc {
@@ -108,9 +110,16 @@ impl Nvrtc {
                 root: tools.nvrtc.clone(),
                 reason: format!("cannot load NVRTC: {e}"),
             })?;
+        let compiler_include = tools
+            .ptxas
+            .parent()
+            .and_then(Path::parent)
+            .map(|root| root.join("include"))
+            .unwrap_or_else(|| tools.include.clone());
         Ok(Self {
             lib,
             include: tools.include.clone(),
+            compiler_include,
         })
     }
 
@@ -140,6 +149,7 @@ impl Nvrtc {
         let options = [
             format!("--gpu-architecture={}", arch.real_name()),
             format!("--include-path={}", self.include.display()),
+            format!("--include-path={}", self.compiler_include.display()),
             "-lineinfo".to_string(),
         ];
         let options: Vec<CString> = options

@@ -25,9 +25,14 @@ use cubecl::server::{
 use cubecl::stream_id::StreamId;
 use cubecl::zspace::{Shape, Strides};
 use cubecl::{CubeTask, MemoryUsage};
+use cubecl_cpp::cuda::arch::CudaArchitecture;
 use cubecl_cpp::cuda::mma::CudaWmmaCompiler;
 use cubecl_cpp::cuda::CudaDialect;
-use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
+use cubecl_cpp::shared::{
+    register_mma_features, register_wmma_features, CompilationOptions, CppCompiler,
+    CppSupportedFeatures,
+};
+use cubecl_cpp::DialectWmmaCompiler;
 use cubecl_runtime::allocator::ContiguousMemoryLayoutPolicy;
 use cubecl_runtime::logging::ServerLogger;
 use cubecl_runtime::memory_management::{ManagedMemoryHandle, MemoryAllocationMode};
@@ -323,6 +328,19 @@ pub(crate) fn device_properties(arch: Arch) -> DeviceProperties {
     let mut props =
         DeviceProperties::new(Default::default(), memory, hardware, TimingMethod::System);
     cubecl_cpp::register_supported_types(&mut props);
+    // The cooperative-matrix (WMMA) and manual MMA shapes `cubecl-cuda` registers for the
+    // architecture, from the same compiler: the tensor-core kernels check for them.
+    let cuda_arch = CudaArchitecture {
+        version: u32::from(arch.sm),
+    };
+    register_wmma_features(
+        <CudaWmmaCompiler as DialectWmmaCompiler<CudaDialect<CudaWmmaCompiler>>>::supported_wmma_combinations(&cuda_arch),
+        &mut props,
+    );
+    register_mma_features(
+        <CudaWmmaCompiler as DialectWmmaCompiler<CudaDialect<CudaWmmaCompiler>>>::supported_mma_combinations(&cuda_arch),
+        &mut props,
+    );
     props.register_type_usage(ElemType::Float(FloatKind::TF32), TypeUsage::Conversion);
     let atomic =
         |kind, size| Type::new(StorageType::Atomic(ElemType::Float(kind))).with_vector_size(size);

@@ -38,6 +38,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{GenerationConfig, Qwen3Config, TokenIds};
+pub use conrub_kernels::{AttentionKernelChoice, AttentionKernels};
 pub use conrub_rollout::{ForwardBatch, PaddedBatch, Padding};
 pub use error::{Qwen3Error, Result};
 pub use hub::resolve_model_dir;

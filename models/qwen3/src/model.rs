@@ -10,7 +10,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 use conrub_kernels::gradients::add_gradients;
 use conrub_kernels::{
-    causal_attention, paged_decode_attention, AttentionLayout, GrpoOps, PagedLayout,
+    causal_attention, paged_decode_attention, AttentionKernels, AttentionLayout, GrpoOps,
+    PagedLayout,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -92,6 +93,9 @@ pub struct Execution {
     /// each layer's input from a forward pass without a graph, and recompute each layer's
     /// forward during the backward instead of keeping its activations. Used by the learner.
     pub activation_checkpointing: bool,
+    /// The CubeCL kernels of fused attention (portable or tensor-core; CPU backends ignore it).
+    /// Checked against the device by `AttentionOps::check_attention_kernels` where it is chosen.
+    pub attention_kernels: AttentionKernels,
 }
 
 /// `t` in `dtype` (a no-op when it already is).
@@ -390,10 +394,7 @@ impl<B: Backend> Attention<B> {
             }
             let out = match &pass.read {
                 Some(read) => {
-                    let layout = PagedLayout {
-                        block_size: read.block_size,
-                        scale,
-                    };
+                    let layout = PagedLayout::new(read.block_size, scale);
                     paged_decode_attention(
                         q,
                         kp.clone(),
@@ -432,7 +433,11 @@ impl<B: Backend> Attention<B> {
                         k.swap_dims(1, 2),
                         v.swap_dims(1, 2),
                         key_valid,
-                        AttentionLayout { past, scale },
+                        AttentionLayout {
+                            past,
+                            scale,
+                            kernels: mask.kernels,
+                        },
                     )
                 }
             };
@@ -450,7 +455,11 @@ impl<B: Backend> Attention<B> {
                 k,
                 v,
                 key_valid.clone(),
-                AttentionLayout { past: 0, scale },
+                AttentionLayout {
+                    past: 0,
+                    scale,
+                    kernels: mask.kernels,
+                },
             ),
             None => {
                 let group = nh / nkv;
@@ -481,6 +490,8 @@ pub struct AttentionMask<B: Backend> {
     pub bias: Option<Tensor<B, 4>>,
     /// Fused path: key validity `[batch, keys]` (1 = real token), causality implied.
     pub fused: Option<Tensor<B, 2>>,
+    /// The fused path's kernels ([`Execution::attention_kernels`]).
+    pub kernels: AttentionKernels,
 }
 
 /// SwiGLU feed-forward block: `down(silu(gate(x)) * up(x))`.
@@ -669,11 +680,13 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
             AttentionMask {
                 bias: None,
                 fused: Some(valid),
+                kernels: self.exec.attention_kernels,
             }
         } else {
             AttentionMask {
                 bias: attention_bias(b, t, 0, key_mask, &device),
                 fused: None,
+                kernels: self.exec.attention_kernels,
             }
         };
         (rope, mask)
@@ -734,7 +747,11 @@ impl<B: GrpoOps> Qwen3ForCausalLM<B> {
             attn.num_kv_heads,
         );
         let fused = batch.key_mask.clone().map(|m| m.float().cast(DType::F32));
-        let mask = AttentionMask { bias: None, fused };
+        let mask = AttentionMask {
+            bias: None,
+            fused,
+            kernels: self.exec.attention_kernels,
+        };
         debug_assert!(
             pass.read.is_none() || t == 1,
             "decode steps feed one token per row"
