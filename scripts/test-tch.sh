@@ -37,6 +37,6 @@ export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CARGO_TERM_COLOR=never
 
 cargo test -p conrub-qwen3 --features tch --test parity
-cargo test -p conrub-kernels --features tch --test parity tch
+cargo test -p conrub-kernels --features tch --test kernels tch
 cargo test --features tch --test train demo_trains_on_libtorch
 echo "test-tch: every tch test passed"

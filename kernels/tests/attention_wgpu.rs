@@ -587,16 +587,7 @@ fn tiled_kernels_match_the_reference() {
         // head_dim 64, two query heads on one key/value head. (head_dim 128 does not fit
         // lavapipe's 32 KiB of shared memory even at 16 x 16 tiles, and `TiledUnits` refuses
         // rather than run the portable kernels: it runs in sm_90's compile check and on a GPU.)
-        tiled(case(
-            "tiled: head_dim 64, GQA 2",
-            1,
-            2,
-            1,
-            24,
-            0,
-            64,
-            &[3],
-        )),
+        tiled(case("tiled: head_dim 64, GQA 2", 1, 2, 1, 24, 0, 64, &[3])),
     ];
     for c in &cases {
         worst = worst.max(run_case(c, DType::F32, &dev));
