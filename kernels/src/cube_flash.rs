@@ -61,8 +61,18 @@ const NEG: f32 = crate::ATTENTION_MASKED_LSE;
 const EDGE: usize = 16;
 /// Units per warp on NVIDIA GPUs (and the units of one warp product in the portable form).
 const WARP: usize = 32;
-/// Result tiles a warp keeps in accumulator fragments at once (8 f32 registers each).
+/// Result tiles a warp keeps in accumulator fragments at once, at most (8 f32 registers each).
 const GROUP: usize = 4;
+
+/// Result tiles per accumulator group for `tiles` result tiles: the largest count up to
+/// [`GROUP`] that divides it, so the groups cover every tile (head_dim 96 has 6: two groups
+/// of 3).
+fn group_of(tiles: usize) -> usize {
+    (1..=GROUP)
+        .rev()
+        .find(|g| tiles.is_multiple_of(*g))
+        .unwrap_or(1)
+}
 
 /// `c[c_off..] (+)= a[a_off..] · B` for one warp: `a` holds 16 rows of `depth` values (row
 /// stride `lda`), the result is 16 rows of `width` f32 values (row stride `ldc`). `B` is
@@ -89,13 +99,9 @@ fn warp_product<F: Float>(
     #[comptime] tensor_cores: bool,
 ) {
     if tensor_cores {
-        // GROUP result tiles at a time stay in accumulator fragments while the A fragment of
-        // each k step is loaded once for all of them.
-        let group = comptime!(if width / EDGE < GROUP {
-            width / EDGE
-        } else {
-            GROUP
-        });
+        // Up to GROUP result tiles at a time stay in accumulator fragments while the A fragment
+        // of each k step is loaded once for all of them.
+        let group = comptime!(group_of(width / EDGE));
         for g in 0..comptime!(width / (EDGE * group)) {
             let mut accs = Sequence::<cmma::Matrix<f32>>::new();
             #[unroll]
@@ -818,6 +824,9 @@ fn flash_dkdv_kernel<F: Float>(
         }
     }
 
+    // The query loop may not run at all (no query sees these keys): the zeroed accumulators
+    // must still be visible to every warp before they are read.
+    sync_cube();
     let kb = bi * dk.stride(0) + hk * dk.stride(1);
     let vb = bi * dv.stride(0) + hk * dv.stride(1);
     let mut idx = lane;
@@ -915,22 +924,32 @@ pub fn tiles(
         .copied()
 }
 
-/// Whether the device runs 16x16x16 WMMA tiles of `dtype` (bf16 or f16) inputs with f32
-/// accumulation.
+/// Whether the device runs these kernels' 16x16x16 WMMA tiles of `dtype` (bf16 or f16) inputs
+/// with f32 accumulation: the cooperative-matrix shape in its features, 32-lane warps (the
+/// kernels map units to warps as `unit / 32`), and for bf16 an sm_80-class device (CubeCL lists
+/// bf16 WMMA from sm_70, where NVRTC rejects it; its TF32 16x16x8 entry starts at sm_80).
 pub fn device_has_cmma(props: &DeviceProperties, dtype: DType) -> bool {
     let kind = match dtype {
         DType::BF16 => FloatKind::BF16,
         DType::F16 => FloatKind::F16,
         _ => return false,
     };
-    let input: StorageType = ElemType::Float(kind).into();
-    let acc: StorageType = ElemType::Float(FloatKind::F32).into();
-    props.features.matmul.cmma.iter().any(|c| {
-        c.a_type == input
-            && c.b_type == input
-            && c.cd_type == acc
-            && (c.m, c.n, c.k) == (EDGE as u32, EDGE as u32, EDGE as u32)
-    })
+    let has = |input: FloatKind, (m, n, k): (u32, u32, u32)| {
+        let input: StorageType = ElemType::Float(input).into();
+        let acc: StorageType = ElemType::Float(FloatKind::F32).into();
+        props.features.matmul.cmma.iter().any(|c| {
+            c.a_type == input
+                && c.b_type == input
+                && c.cd_type == acc
+                && (c.m, c.n, c.k) == (m, n, k)
+        })
+    };
+    let hw = &props.hardware;
+    let warp32 = hw.plane_size_min == WARP as u32 && hw.plane_size_max == WARP as u32;
+    let edge = EDGE as u32;
+    warp32
+        && has(kind, (edge, edge, edge))
+        && (kind != FloatKind::BF16 || has(FloatKind::TF32, (16, 16, 8)))
 }
 
 /// Whether the tiled kernels take a call in `dtype` at `head_dim` under `kernels`, and with
@@ -1196,6 +1215,35 @@ pub(crate) fn launch_flash_dkdv<R: Runtime>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accumulator_groups_cover_every_result_tile() {
+        // tile widths 16, 32, 64 and head_dim 64, 80, 96, 128, 256 (in 16-column tiles)
+        for (tiles, group) in [(1, 1), (2, 2), (4, 4), (5, 1), (6, 3), (8, 4), (16, 4)] {
+            assert_eq!(group_of(tiles), group, "{tiles} tiles");
+            assert!(tiles.is_multiple_of(group_of(tiles)));
+        }
+    }
+
+    /// What `cubecl-cuda` registers for sm_90 has the tiles; 64-lane warps or bf16 without
+    /// an sm_80-class device do not.
+    #[cfg(feature = "cuda-compile")]
+    #[test]
+    fn tensor_cores_need_wmma_32_lane_warps_and_sm_80_for_bf16() {
+        let sm90 = crate::offline::runtime_device_properties(crate::offline::Arch::SM90);
+        assert!(device_has_cmma(&sm90, DType::BF16));
+        assert!(device_has_cmma(&sm90, DType::F16));
+        assert!(!device_has_cmma(&sm90, DType::F32));
+        let mut wide = sm90.clone();
+        wide.hardware.plane_size_min = 64;
+        wide.hardware.plane_size_max = 64;
+        assert!(!device_has_cmma(&wide, DType::F16));
+        let mut old = sm90.clone();
+        let tf32: StorageType = ElemType::Float(FloatKind::TF32).into();
+        old.features.matmul.cmma.retain(|c| c.a_type != tf32);
+        assert!(!device_has_cmma(&old, DType::BF16));
+        assert!(device_has_cmma(&old, DType::F16));
+    }
 
     #[test]
     fn tilings_fit_an_h100_with_two_cubes_where_they_can() {

@@ -357,7 +357,8 @@ const MIN_SPLIT_KEYS: usize = 256;
 const MAX_SPLITS: usize = 64;
 
 /// `Some((splits, keys per split))` when the rows' keys are split (flash-decoding), `None` when
-/// each (head, row) runs in one cube. `layout.kv_splits` > 0 asks for that many (1: never);
+/// each (head, row) runs in one cube. `layout.kv_splits` > 0 asks for that many (1: never; at
+/// most [`MAX_SPLITS`] and one per tile);
 /// 0 splits only when `cubes` (heads x rows) leave the device's SMs short of two cubes each and
 /// rows may hold at least two splits of [`MIN_SPLIT_KEYS`]. `keys_max` bounds every row's keys
 /// (the block table's width times the block size); a split's keys are a multiple of `tile`.
@@ -379,7 +380,7 @@ pub fn kv_splits(
                 .min(keys_max / MIN_SPLIT_KEYS)
                 .min(MAX_SPLITS)
         }
-        n => n.min(keys_max.div_ceil(tile)),
+        n => n.min(keys_max.div_ceil(tile)).min(MAX_SPLITS),
     };
     if wanted < 2 {
         return None;

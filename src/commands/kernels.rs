@@ -275,7 +275,8 @@ fn parity<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table)
 }
 
 /// The tensor-core attention kernels (bf16 and f16) against the textbook graph on the CPU: the
-/// shape above (GQA 16/8, 300 queries, padded keys) and 8,192 keys (GQA 4/2, one sequence), at
+/// shape above (GQA 16/8, 300 queries, padded keys), 8,192 keys (GQA 4/2, one sequence) and
+/// head_dim 96, at
 /// the bound of the 16-bit checks above. A device without cooperative matrices gets a row saying
 /// so (and no failure). Returns whether every check passed.
 #[cfg(feature = "flex")]
@@ -292,7 +293,13 @@ fn tensor_core_parity<B: GrpoOps>(device: &B::Device, table: &mut Table) -> bool
     let bound = 3e-2;
     let mut ok = true;
     for dtype in [burn::tensor::DType::BF16, burn::tensor::DType::F16] {
-        for shape in [[2, 16, 8, 300], [1, 4, 2, 8192]] {
+        // The parity shape, 8,192 keys, and head_dim 96 (six 16-column tiles: accumulator
+        // groups of three).
+        for shape in [
+            [2, 16, 8, 300, 128],
+            [1, 4, 2, 8192, 128],
+            [1, 4, 2, 300, 96],
+        ] {
             let fused =
                 attention_run::<B>(device, dtype, Some(AttentionKernels::TensorCore), shape);
             let naive =
@@ -305,8 +312,8 @@ fn tensor_core_parity<B: GrpoOps>(device: &B::Device, table: &mut Table) -> bool
                 ok &= e <= bound;
                 table.push((
                     format!(
-                        "parity: tensor-core attention {name} ({dtype:?}, {} keys)",
-                        shape[3]
+                        "parity: tensor-core attention {name} ({dtype:?}, {} keys, head_dim {})",
+                        shape[3], shape[4]
                     ),
                     format!("{e:.2e}"),
                     format!(
@@ -655,7 +662,7 @@ fn attention_parity<B: GrpoOps>(
     device: &B::Device,
     dtype: burn::tensor::DType,
 ) -> Vec<(&'static str, f64)> {
-    let shape = [2, 16, 8, 300];
+    let shape = [2, 16, 8, 300, 128];
     let portable = Some(conrub_kernels::AttentionKernels::Portable);
     let fused = attention_run::<B>(device, dtype, portable, shape);
     let naive = attention_run::<burn::backend::Flex>(&Default::default(), dtype, None, shape);
@@ -667,17 +674,16 @@ fn attention_parity<B: GrpoOps>(
 }
 
 /// Out, dq, dk, dv of one attention on `B` (fused under `kernels`, or the textbook graph when
-/// `None`) of `[batch, heads, kv_heads, t]` at head_dim 128, as f32 host vectors.
+/// `None`) of `[batch, heads, kv_heads, t, head_dim]`, as f32 host vectors.
 #[cfg(feature = "flex")]
 fn attention_run<B: GrpoOps>(
     device: &B::Device,
     dtype: burn::tensor::DType,
     kernels: Option<conrub_kernels::AttentionKernels>,
-    [b, nh, nkv, t]: [usize; 4],
+    [b, nh, nkv, t, d]: [usize; 5],
 ) -> [Vec<f32>; 4] {
     use burn::tensor::DType;
     use conrub_kernels::{causal_attention, reference::naive_causal_attention, AttentionLayout};
-    let d = 128usize;
     let mk = |shape: [usize; 4], seed: u64| {
         let n = shape.iter().product();
         Tensor::<Autodiff<B>, 4>::from_data(

@@ -25,6 +25,8 @@ use std::sync::Mutex;
 
 pub use launches::KernelConfig;
 pub use nvrtc::{parse_ptxas, ptxas, CudaTools, Nvrtc, PtxasReport};
+#[cfg(test)]
+pub(crate) use runtime::device_properties as runtime_device_properties;
 pub use runtime::{OfflineCuda, OfflineDevice, RecordedKernel};
 
 /// What went wrong in an offline compile.
