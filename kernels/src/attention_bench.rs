@@ -10,12 +10,11 @@
 //! `AttentionOps::paged_decode_attention` with the backend's key splits, without splits, and
 //! the gather fallback, over a pool whose blocks are interleaved between rows.
 
-use std::time::Instant;
-
 use burn::tensor::{DType, Int, Tensor, TensorData};
 
 use crate::paged_attention::fallback_paged_decode;
 use crate::reference::seeded_uniform;
+use crate::sampling_bench::median;
 use crate::{AttentionKernels, AttentionLayout, GrpoOps, PagedLayout};
 
 /// One timed operation.
@@ -33,20 +32,6 @@ pub struct AttentionTiming {
     pub secs: f64,
     /// Useful TFLOP/s (training only; see the module docs).
     pub tflops: Option<f64>,
-}
-
-/// The median of `iters` timings of `f`, after one untimed call (compiles, autotune).
-fn median(iters: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut t: Vec<f64> = (0..iters.max(1))
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed().as_secs_f64()
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
 }
 
 /// FLOPs of one causal forward (see the module docs).

@@ -27,8 +27,9 @@ pub struct SamplingTiming {
     pub secs: f64,
 }
 
-/// The median of `iters` timings of `f`, after one untimed call (compiles, autotune).
-fn median(iters: usize, mut f: impl FnMut()) -> f64 {
+/// The median of `iters` timings of `f`, after one untimed call (compiles, autotune); the
+/// attention bench times with it too.
+pub(crate) fn median(iters: usize, mut f: impl FnMut()) -> f64 {
     f();
     let mut t: Vec<f64> = (0..iters.max(1))
         .map(|_| {

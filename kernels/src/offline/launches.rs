@@ -156,6 +156,26 @@ pub(crate) fn launch(client: &ComputeClient<OfflineCuda>, config: &KernelConfig)
     let q = || t(&[b, heads, n, d], f);
     let kv = || t(&[b, kv_heads, n, d], f);
     let per_row = || t(&[b, heads, n], full);
+    // The arguments of the attention kernels, portable and tensor-core alike.
+    let forward_args = || [q(), kv(), kv(), t(&[b, n], full), q(), per_row()];
+    let dq_args = || {
+        let (valid, out, lse) = (t(&[b, n], full), q(), per_row());
+        [q(), kv(), kv(), valid, out, lse, q(), q(), per_row()]
+    };
+    let dkdv_args = || {
+        let valid = t(&[b, n], full);
+        [
+            q(),
+            kv(),
+            kv(),
+            valid,
+            per_row(),
+            per_row(),
+            q(),
+            kv(),
+            kv(),
+        ]
+    };
     match config.kernel {
         "row_stats_kernel" => cube::launch_row_stats(
             client,
@@ -228,47 +248,9 @@ pub(crate) fn launch(client: &ComputeClient<OfflineCuda>, config: &KernelConfig)
             ),
             dtypes,
         ),
-        "attention_forward_kernel" => launch_forward(
-            client,
-            &dims,
-            layout,
-            float,
-            [q(), kv(), kv(), t(&[b, n], full), q(), per_row()],
-        ),
-        "attention_dq_kernel" => launch_dq(
-            client,
-            &dims,
-            layout,
-            float,
-            [
-                q(),
-                kv(),
-                kv(),
-                t(&[b, n], full),
-                q(),
-                per_row(),
-                q(),
-                q(),
-                per_row(),
-            ],
-        ),
-        "attention_dkdv_kernel" => launch_dkdv(
-            client,
-            &dims,
-            layout,
-            float,
-            [
-                q(),
-                kv(),
-                kv(),
-                t(&[b, n], full),
-                per_row(),
-                per_row(),
-                q(),
-                kv(),
-                kv(),
-            ],
-        ),
+        "attention_forward_kernel" => launch_forward(client, &dims, layout, float, forward_args()),
+        "attention_dq_kernel" => launch_dq(client, &dims, layout, float, dq_args()),
+        "attention_dkdv_kernel" => launch_dkdv(client, &dims, layout, float, dkdv_args()),
         "paged_decode_kernel" | "paged_decode_kernel+split" => {
             let (slots, block_size, blocks) = (256, 16, 16);
             // The split variant: 4 splits of 64 keys (flash-decoding's first kernel).
@@ -303,50 +285,15 @@ pub(crate) fn launch(client: &ComputeClient<OfflineCuda>, config: &KernelConfig)
             float,
         ),
         // The tensor-core kernels (`tensor_cores = true`: WMMA tiles).
-        "flash_forward_kernel" => cube_flash::launch_flash_forward(
-            client,
-            &dims,
-            layout,
-            float,
-            true,
-            [q(), kv(), kv(), t(&[b, n], full), q(), per_row()],
-        ),
-        "flash_dq_kernel" => cube_flash::launch_flash_dq(
-            client,
-            &dims,
-            layout,
-            float,
-            true,
-            [
-                q(),
-                kv(),
-                kv(),
-                t(&[b, n], full),
-                q(),
-                per_row(),
-                q(),
-                q(),
-                per_row(),
-            ],
-        ),
-        "flash_dkdv_kernel" => cube_flash::launch_flash_dkdv(
-            client,
-            &dims,
-            layout,
-            float,
-            true,
-            [
-                q(),
-                kv(),
-                kv(),
-                t(&[b, n], full),
-                per_row(),
-                per_row(),
-                q(),
-                kv(),
-                kv(),
-            ],
-        ),
+        "flash_forward_kernel" => {
+            cube_flash::launch_flash_forward(client, &dims, layout, float, true, forward_args())
+        }
+        "flash_dq_kernel" => {
+            cube_flash::launch_flash_dq(client, &dims, layout, float, true, dq_args())
+        }
+        "flash_dkdv_kernel" => {
+            cube_flash::launch_flash_dkdv(client, &dims, layout, float, true, dkdv_args())
+        }
         other => panic!("no launch for kernel {other}"),
     }
 }
