@@ -24,7 +24,7 @@ use conrub_judge::{
     score_jobs, ChatClient, ClientConfig, CriterionJudge, CriterionRequest, JudgeCache, LocalJudge,
     LocalJudgeConfig, LocalMode, OpenAiJudge, PromptSet, ScoreJob,
 };
-use conrub_qwen3::{Qwen3, Qwen3Config, Qwen3ForCausalLM, Qwen3Tokenizer};
+use conrub_models::{CausalLm, ChatTokenizer, ModelConfig, Pretrained};
 use conrub_rubric::{Label, LengthPenalty, ScoringMode};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
@@ -167,15 +167,15 @@ fn local(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let tok_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models/qwen3/testdata/qwen3-tokenizer");
+    let tok_dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/testdata/qwen3-tokenizer");
     let model = || {
-        let config = Qwen3Config::tiny(151_936);
-        Qwen3::<Flex> {
-            model: Qwen3ForCausalLM::random(&config, 0.5, 3, &Default::default()),
+        let config = ModelConfig::tiny(151_936);
+        Pretrained::<Flex> {
+            model: CausalLm::random(&config, 0.5, 3, &Default::default()),
             config,
             generation_config: None,
-            tokenizer: Some(Qwen3Tokenizer::from_dir(&tok_dir).unwrap()),
+            tokenizer: Some(ChatTokenizer::from_dir(&tok_dir).unwrap()),
             dir: "tiny".into(),
         }
     };
@@ -225,7 +225,7 @@ fn local(c: &mut Criterion) {
     g.finish();
 
     // The same two judges per response token scored.
-    let tok = Qwen3Tokenizer::from_dir(&tok_dir).unwrap();
+    let tok = ChatTokenizer::from_dir(&tok_dir).unwrap();
     let tokens: usize = reqs
         .iter()
         .map(|r| tok.encode(&r.response).unwrap().len())
@@ -245,7 +245,7 @@ fn local(c: &mut Criterion) {
 
 /// A probe distilled on `model` from labels by a fixed rule (criterion index mod 3), written to a
 /// temporary directory, as a judge on a second copy of the model.
-fn probe_judge(model: impl Fn() -> Qwen3<Flex>) -> ProbeJudge<Flex> {
+fn probe_judge(model: impl Fn() -> Pretrained<Flex>) -> ProbeJudge<Flex> {
     let dir = tempfile::tempdir().unwrap();
     let rows: Vec<LabelledExample> = jobs("")
         .into_iter()

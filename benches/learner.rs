@@ -21,7 +21,7 @@ use conrub_grpo::{
 };
 use conrub_judge::{score_jobs, CriterionRequest, LexicalJudge, ScoreJob};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
+use conrub_models::{CausalLm, ModelConfig};
 use conrub_rollout::SamplingConfig;
 use conrub_rubric::{read_rubrics, LengthPenalty, ScoringMode};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -31,8 +31,8 @@ const ROWS: usize = 64;
 const PROMPT: usize = 40;
 const RESPONSE: usize = 48;
 
-fn demo_config() -> Qwen3Config {
-    let mut c = Qwen3Config::tiny(151_936);
+fn demo_config() -> ModelConfig {
+    let mut c = ModelConfig::tiny(151_936);
     c.num_key_value_heads = Some(2);
     c.head_dim = Some(16);
     c
@@ -41,7 +41,7 @@ fn demo_config() -> Qwen3Config {
 fn bench(c: &mut Criterion) {
     let dev = Default::default();
     let cfg = demo_config();
-    let model = Qwen3ForCausalLM::<B>::random(&cfg, 0.02, 0, &dev);
+    let model = CausalLm::<B>::random(&cfg, 0.02, 0, &dev);
     let prompts: Vec<Vec<u32>> = (0..ROWS)
         .map(|i| {
             (0..PROMPT)
@@ -176,18 +176,18 @@ fn bench(c: &mut Criterion) {
 /// global clipping at the published max_grad_norm = 1, AdamW) on `Autodiff<Bk>`: one warm-up step,
 /// then three timed.
 fn time_update<Bk: GrpoOps>(
-    cfg: &Qwen3Config,
+    cfg: &ModelConfig,
     rows: &[(&[u32], &[u32])],
     label: &str,
     host_head: bool,
 ) -> f64
 where
-    Qwen3ForCausalLM<Autodiff<Bk>>: Policy<Autodiff<Bk>>,
+    CausalLm<Autodiff<Bk>>: Policy<Autodiff<Bk>>,
 {
     type A<Bk> = Autodiff<Bk>;
     conrub_kernels::set_host_head(host_head);
     let dev = Default::default();
-    let mut policy = Qwen3ForCausalLM::<A<Bk>>::random(cfg, 0.02, 0, &dev);
+    let mut policy = CausalLm::<A<Bk>>::random(cfg, 0.02, 0, &dev);
     let tf = TokenBatch::<A<Bk>>::new(rows.iter().copied(), &dev);
     let old = policy.valid().response_logprobs(&tf.inner()).logprobs;
     let adv: Vec<f32> = (0..rows.len())
@@ -204,7 +204,7 @@ where
         max_response_tokens: RESPONSE,
         tis_cap: None,
     };
-    let mut update = Update::<A<Bk>, Qwen3ForCausalLM<A<Bk>>>::new(UpdateConfig::recipe());
+    let mut update = Update::<A<Bk>, CausalLm<A<Bk>>>::new(UpdateConfig::recipe());
     let mut step = || {
         let batch = SurrogateBatch {
             logp: policy.response_logprobs(&tf).logprobs,

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
+use conrub_models::{CausalLm, ModelConfig};
 use conrub_rollout::{generate_static, rollout, EngineConfig, SamplingConfig, DEFAULT_BLOCK_SIZE};
 
 #[path = "common/peak.rs"]
@@ -29,8 +29,8 @@ const PROMPTS: usize = 8;
 const GROUP: usize = 8;
 const PROMPT_LEN: usize = 40;
 
-fn demo_config(vocab: usize) -> Qwen3Config {
-    let mut c = Qwen3Config::tiny(vocab);
+fn demo_config(vocab: usize) -> ModelConfig {
+    let mut c = ModelConfig::tiny(vocab);
     c.num_key_value_heads = Some(2);
     c.head_dim = Some(16);
     c
@@ -52,7 +52,7 @@ fn measure<B: GrpoOps>(
     device: &B::Device,
 ) -> (Measured, Measured) {
     let cfg = demo_config(vocab);
-    let model = Qwen3ForCausalLM::<B>::random(&cfg, 0.02, 0, device);
+    let model = CausalLm::<B>::random(&cfg, 0.02, 0, device);
     let prompts: Vec<Vec<u32>> = (0..PROMPTS)
         .flat_map(|p| {
             let ids: Vec<u32> = (0..PROMPT_LEN)

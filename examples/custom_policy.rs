@@ -72,10 +72,10 @@ impl<B: Backend> Policy<B> for Bigram<B> {
 struct Ids;
 
 impl TextCodec for Ids {
-    fn encode_prompt(&self, messages: &[Message]) -> conrub_grpo::Result<Vec<u32>> {
+    fn encode_prompt(&self, messages: &[Message]) -> conrub_contracts::Result<Vec<u32>> {
         Ok(vec![(messages[0].content.len() % VOCAB) as u32])
     }
-    fn decode(&self, ids: &[u32]) -> conrub_grpo::Result<String> {
+    fn decode(&self, ids: &[u32]) -> conrub_contracts::Result<String> {
         Ok(ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" "))
     }
 }

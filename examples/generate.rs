@@ -9,7 +9,7 @@
 //! default CPU backend.
 
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{ChatOptions, Message, Qwen3};
+use conrub_models::{ChatOptions, Message, Pretrained};
 use conrub_rollout::{Decoding, SamplingConfig};
 
 fn answer<B: GrpoOps>(
@@ -17,7 +17,7 @@ fn answer<B: GrpoOps>(
     question: &str,
     device: &B::Device,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let qwen = Qwen3::<B>::load(model, device)?;
+    let qwen = Pretrained::<B>::load(model, device)?;
     let tokenizer = qwen
         .tokenizer
         .as_ref()

@@ -2,7 +2,7 @@
 # The libtorch backend (`--features tch`) on a fresh machine: sets up PyTorch 2.9.0 (the version
 # tch 0.22 / burn-tch 0.21 are built for) in .tch/venv (ignored by git), builds with
 # LIBTORCH_USE_PYTORCH=1 and runs on libtorch's CPU device:
-#   - the model's HF parity tests (models/qwen3/tests/parity.rs),
+#   - the model's HF parity tests (models/tests/parity.rs),
 #   - the kernels' parity tests (the portable fallback; kernels/tests/parity.rs),
 #   - the shrunk demo training with resume (tests/train.rs, demo_trains_on_libtorch).
 # Exit 0 only when all of it passed. CI does not run this (see README: torch's wheel and its CUDA
@@ -36,7 +36,7 @@ torch_lib=$("$venv/bin/python3" -c 'import pathlib, torch; print(pathlib.Path(to
 export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CARGO_TERM_COLOR=never
 
-cargo test -p conrub-qwen3 --features tch --test parity
+cargo test -p conrub-models --features tch --test parity
 cargo test -p conrub-kernels --features tch --test kernels tch
 cargo test --features tch --test train demo_trains_on_libtorch
 echo "test-tch: every tch test passed"

@@ -15,11 +15,11 @@ pub trait BackendTask {
 }
 
 /// `--precision` of the commands that load a model: `f32` or `bf16-mixed`.
-pub fn parse_precision(s: &str) -> std::result::Result<conrub_qwen3::Precision, String> {
-    conrub_qwen3::Precision::parse(s).ok_or_else(|| {
+pub fn parse_precision(s: &str) -> std::result::Result<conrub_models::Precision, String> {
+    conrub_models::Precision::parse(s).ok_or_else(|| {
         format!(
             "`{s}` is not a precision (allowed: {})",
-            conrub_qwen3::Precision::NAMES
+            conrub_models::Precision::NAMES
         )
     })
 }
@@ -27,11 +27,11 @@ pub fn parse_precision(s: &str) -> std::result::Result<conrub_qwen3::Precision, 
 /// `--attention-kernels` of the commands that load a model: `auto`, `tensor-core`, `portable`.
 pub fn parse_attention_kernels(
     s: &str,
-) -> std::result::Result<conrub_qwen3::AttentionKernelChoice, String> {
-    conrub_qwen3::AttentionKernelChoice::parse(s).ok_or_else(|| {
+) -> std::result::Result<conrub_models::AttentionKernelChoice, String> {
+    conrub_models::AttentionKernelChoice::parse(s).ok_or_else(|| {
         format!(
             "`{s}` is not an attention kernel choice (allowed: {})",
-            conrub_qwen3::AttentionKernelChoice::NAMES
+            conrub_models::AttentionKernelChoice::NAMES
         )
     })
 }
@@ -40,14 +40,14 @@ pub fn parse_attention_kernels(
 /// (fused attention, no checkpointing: these commands do not train). An error when the device
 /// cannot run the kernels asked for.
 pub fn inference_execution<B: GrpoOps>(
-    precision: conrub_qwen3::Precision,
-    attention_kernels: conrub_qwen3::AttentionKernelChoice,
+    precision: conrub_models::Precision,
+    attention_kernels: conrub_models::AttentionKernelChoice,
     device: &B::Device,
-) -> Result<conrub_qwen3::Execution> {
+) -> Result<conrub_models::Execution> {
     let attention_kernels = attention_kernels
         .resolve::<B>(device)
         .map_err(|why| anyhow::anyhow!("--attention-kernels: {why}"))?;
-    Ok(conrub_qwen3::Execution {
+    Ok(conrub_models::Execution {
         precision,
         attention_kernels,
         ..Default::default()

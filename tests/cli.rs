@@ -1,11 +1,11 @@
-//! End-to-end tests of the `conrub` binary against the HF fixtures of `models/qwen3/testdata`.
+//! End-to-end tests of the `conrub` binary against the HF fixtures of `models/testdata`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models/qwen3/testdata")
+        .join("models/testdata")
         .join(name)
 }
 
@@ -54,7 +54,7 @@ fn ids_arg(v: &serde_json::Value) -> String {
 
 #[test]
 fn generate_greedy_json_matches_transformers() {
-    for name in ["tied-gqa-f32", "untied-mqa-bf16"] {
+    for name in ["qwen3/tied-gqa-f32", "qwen3/untied-mqa-bf16"] {
         let r = reference(name);
         let model = testdata(name);
         let out = json_ok(&[
@@ -79,7 +79,7 @@ fn generate_greedy_json_matches_transformers() {
 
 #[test]
 fn generate_sampling_is_seeded_and_stops_on_stop_ids() {
-    let model = testdata("tied-gqa-f32");
+    let model = testdata("qwen3/tied-gqa-f32");
     let m = model.to_str().unwrap();
     let args = |seed: &str| {
         json_ok(&[
@@ -136,7 +136,7 @@ fn generate_sampling_is_seeded_and_stops_on_stop_ids() {
 
 #[test]
 fn logprobs_json_matches_transformers() {
-    let name = "tied-mha-bf16-sharded";
+    let name = "qwen3/tied-mha-bf16-sharded";
     let r = reference(name);
     let seq = &r["sequences"][1];
     let out = json_ok(&[
@@ -229,7 +229,7 @@ fn tokenize_matches_chat_fixtures() {
 
 #[test]
 fn bad_input_gives_clear_errors() {
-    let m = testdata("tied-gqa-f32");
+    let m = testdata("qwen3/tied-gqa-f32");
     let m = m.to_str().unwrap();
     let err = stderr_of_failure(&["generate", "--model", m, "--ids", "1,x,3"]);
     assert!(err.contains("--ids") && err.contains("`x`"), "{err}");
@@ -307,7 +307,7 @@ fn nonfinite_weights_and_self_overwrites_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model");
     std::fs::create_dir(&model).unwrap();
-    for e in std::fs::read_dir(testdata("tied-gqa-f32")).unwrap() {
+    for e in std::fs::read_dir(testdata("qwen3/tied-gqa-f32")).unwrap() {
         let p = e.unwrap().path();
         if p.is_file() {
             std::fs::copy(&p, model.join(p.file_name().unwrap())).unwrap();
@@ -338,7 +338,8 @@ fn nonfinite_weights_and_self_overwrites_are_refused() {
     );
 
     // A header whose offsets lie (one tensor 4 bytes longer than its shape): named too.
-    let mut bytes = std::fs::read(testdata("tied-gqa-f32").join("model.safetensors")).unwrap();
+    let mut bytes =
+        std::fs::read(testdata("qwen3/tied-gqa-f32").join("model.safetensors")).unwrap();
     let header = &mut bytes[8..8 + header_len];
     let at = header
         .windows(13)

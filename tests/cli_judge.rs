@@ -119,7 +119,7 @@ fn import_each_public_format() {
 fn score_with_the_lexical_judge_and_token_counts() {
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("scores.jsonl");
-    let tok = root().join("models/qwen3/testdata/qwen3-tokenizer");
+    let tok = root().join("models/testdata/qwen3-tokenizer");
     let out = ok(&[
         "score",
         "--rubrics",
@@ -322,16 +322,16 @@ fn score_fails_when_nothing_could_be_scored_but_writes_the_rows() {
 #[test]
 fn score_with_the_in_process_judge_in_logprob_margin_mode() {
     use burn::backend::Flex;
-    use conrub_qwen3::{save_pretrained, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+    use conrub_models::{save_pretrained, CausalLm, ModelConfig, SaveDtype};
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("tiny-judge");
-    let config = Qwen3Config::tiny(151_936);
-    let model = Qwen3ForCausalLM::<Flex>::random(&config, 0.5, 11, &Default::default());
+    let config = ModelConfig::tiny(151_936);
+    let model = CausalLm::<Flex>::random(&config, 0.5, 11, &Default::default());
     save_pretrained(
         &model,
         &config,
         None,
-        Some(&root().join("models/qwen3/testdata/qwen3-tokenizer")),
+        Some(&root().join("models/testdata/qwen3-tokenizer")),
         &model_dir,
         SaveDtype::F32,
     )
@@ -367,7 +367,7 @@ fn score_with_the_in_process_judge_in_logprob_margin_mode() {
 #[test]
 fn distill_a_probe_from_a_judge_cache_and_score_with_it() {
     use burn::backend::Flex;
-    use conrub_qwen3::{save_pretrained, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+    use conrub_models::{save_pretrained, CausalLm, ModelConfig, SaveDtype};
     let rt = tokio::runtime::Runtime::new().unwrap();
     let server = rt.block_on(ScriptedServer::start(0, 0));
     let dir = tempfile::tempdir().unwrap();
@@ -388,9 +388,9 @@ fn distill_a_probe_from_a_judge_cache_and_score_with_it() {
     assert!(cache.exists());
 
     let model_dir = dir.path().join("tiny-probe");
-    let config = Qwen3Config::tiny(151_936);
-    let model = Qwen3ForCausalLM::<Flex>::random(&config, 0.5, 5, &Default::default());
-    let tokenizer = root().join("models/qwen3/testdata/qwen3-tokenizer");
+    let config = ModelConfig::tiny(151_936);
+    let model = CausalLm::<Flex>::random(&config, 0.5, 5, &Default::default());
+    let tokenizer = root().join("models/testdata/qwen3-tokenizer");
     save_pretrained(
         &model,
         &config,

@@ -4,19 +4,19 @@ use std::path::Path;
 use std::process::Command;
 
 use burn::backend::Flex;
-use conrub_qwen3::{save_pretrained, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+use conrub_models::{save_pretrained, CausalLm, ModelConfig, SaveDtype};
 
 /// A tiny random Qwen3 with the full vocabulary and the real tokenizer, saved under `dir/tiny`.
 fn tiny_model(dir: &Path, seed: u64) -> std::path::PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let model = dir.join("tiny");
-    let config = Qwen3Config::tiny(151_936);
-    let m = Qwen3ForCausalLM::<Flex>::random(&config, 0.02, seed, &Default::default());
+    let config = ModelConfig::tiny(151_936);
+    let m = CausalLm::<Flex>::random(&config, 0.02, seed, &Default::default());
     save_pretrained(
         &m,
         &config,
         None,
-        Some(&root.join("models/qwen3/testdata/qwen3-tokenizer")),
+        Some(&root.join("models/testdata/qwen3-tokenizer")),
         &model,
         SaveDtype::F32,
     )

@@ -190,7 +190,7 @@ fn random_and_local_models_plan() {
     std::fs::create_dir(dir.path().join("ckpt")).unwrap();
     std::fs::write(
         dir.path().join("ckpt/config.json"),
-        conrub_qwen3::config::QWEN3_0_6B_CONFIG,
+        conrub_models::config::QWEN3_0_6B_CONFIG,
     )
     .unwrap();
     let toml = dir.path().join("train.toml");

@@ -8,7 +8,7 @@ use std::process::Command;
 use burn::backend::Flex;
 use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
-use conrub_qwen3::{ForwardBatch, Qwen3, Qwen3ForCausalLM};
+use conrub_models::{CausalLm, ForwardBatch, Pretrained};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -174,8 +174,8 @@ fn train_resume_and_export() {
     // The exported HF directory holds exactly the trained policy.
     let last = split.join("checkpoint-000004");
     let dev = Default::default();
-    let hf = Qwen3::<Flex>::load_dir(&last, &dev).unwrap();
-    let state = Qwen3ForCausalLM::<Flex>::random(&hf.config, 0.02, 77, &dev)
+    let hf = Pretrained::<Flex>::load_dir(&last, &dev).unwrap();
+    let state = CausalLm::<Flex>::random(&hf.config, 0.02, 77, &dev)
         .load_file(
             last.join("training_state/policy"),
             &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
@@ -228,6 +228,56 @@ fn train_resume_and_export() {
 /// A rollout KV pool that holds about a quarter of a step's rows at full length: the engine
 /// queues and preempts, and the run writes the same per-step rewards and lengths as with the
 /// default pool (every row at once).
+/// Fields of a metrics line that measure time, not training: left out of golden comparisons.
+fn is_timing(key: &str) -> bool {
+    key.contains("_secs") || key == "judge_latency_ms"
+}
+
+/// The line without its timing fields.
+fn untimed(mut line: serde_json::Value) -> serde_json::Value {
+    if let Some(m) = line.as_object_mut() {
+        m.retain(|k, _| !is_timing(k));
+    }
+    line
+}
+
+/// README's main job, unshrunk, writes exactly the metrics it wrote before the learner became a
+/// library (tests/golden/README.md), timings aside.
+#[test]
+fn the_demo_writes_its_golden_metrics() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("demo");
+    let args = [
+        "train".to_string(),
+        "--config".into(),
+        root().join("configs/demo-cpu.toml").display().to_string(),
+        "--set".into(),
+        format!("run.output_dir=\"{}\"", out.display()),
+    ];
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "conrub {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let read = |p: &Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .map(|l| untimed(serde_json::from_str(l).unwrap()))
+            .collect()
+    };
+    let got = read(&out.join("metrics.jsonl"));
+    let want = read(&root().join("tests/golden/demo-cpu-metrics.dev.jsonl"));
+    assert_eq!(got.len(), want.len(), "metrics lines");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "metrics.jsonl line {} differs from the golden", i + 1);
+    }
+}
+
 #[test]
 fn a_tiny_kv_budget_gives_the_same_run() {
     let dir = tempfile::tempdir().unwrap();

@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use burn::backend::wgpu::{Wgpu, WgpuDevice};
-use conrub_qwen3::{score_sequences, Qwen3};
+use conrub_models::{score_sequences, Pretrained};
 use conrub_rollout::{generate, Decoding, SamplingConfig};
 
 fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models/qwen3/testdata")
+        .join("models/testdata")
         .join(name)
 }
 
@@ -46,10 +46,14 @@ fn wgpu_matches_transformers() {
         return;
     }
     let device = WgpuDevice::DefaultDevice;
-    for name in ["tied-gqa-f32", "untied-mqa-bf16", "tied-mha-bf16-sharded"] {
+    for name in [
+        "qwen3/tied-gqa-f32",
+        "qwen3/untied-mqa-bf16",
+        "qwen3/tied-mha-bf16-sharded",
+    ] {
         let dir = testdata(name);
         let (r, bytes) = reference(&dir);
-        let qwen = Qwen3::<Wgpu>::load_dir(&dir, &device).unwrap();
+        let qwen = Pretrained::<Wgpu>::load_dir(&dir, &device).unwrap();
         let want = ids(&r["greedy_tokens"]);
         let n = GREEDY_TOKENS.min(want.len());
         let cfg = SamplingConfig {
@@ -90,7 +94,7 @@ fn cli_runs_on_wgpu() {
     if !conrub_kernels::wgpu_adapter_or_skip("cli_runs_on_wgpu") {
         return;
     }
-    let dir = testdata("tied-gqa-f32");
+    let dir = testdata("qwen3/tied-gqa-f32");
     let (r, _) = reference(&dir);
     let prompt = ids(&r["greedy_prompt"])
         .iter()
@@ -137,11 +141,11 @@ fn lm_head_matches_flex_at_full_vocabulary() {
     }
     use burn::backend::Flex;
     use burn::tensor::{Tensor, TensorData};
-    use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
-    let cfg = Qwen3Config::tiny(151_936);
+    use conrub_models::{CausalLm, ModelConfig};
+    let cfg = ModelConfig::tiny(151_936);
     let device = WgpuDevice::DefaultDevice;
-    let on_wgpu = Qwen3ForCausalLM::<Wgpu>::random(&cfg, 0.02, 3, &device);
-    let on_cpu = Qwen3ForCausalLM::<Flex>::random(&cfg, 0.02, 3, &Default::default());
+    let on_wgpu = CausalLm::<Wgpu>::random(&cfg, 0.02, 3, &device);
+    let on_cpu = CausalLm::<Flex>::random(&cfg, 0.02, 3, &Default::default());
     let h = cfg.hidden_size;
     for rows in [1usize, 8, 16, 37] {
         let v: Vec<f32> = (0..rows * h)
@@ -273,7 +277,7 @@ fn another_builds_cache_entries_are_not_used() {
         return;
     }
     let cache = tempfile::tempdir().unwrap();
-    let model = testdata("tied-gqa-f32");
+    let model = testdata("qwen3/tied-gqa-f32");
     let args = [
         "generate",
         "--model",

@@ -9,9 +9,9 @@ use std::time::Instant;
 use burn::backend::{Autodiff, Flex};
 use burn::optim::GradientsAccumulator;
 use burn::tensor::{Tensor, TensorData};
-use conrub_grpo::memory::{MemoryPlan, MemoryPlanInput, ModelShape, Phase};
 use conrub_grpo::{Policy, TokenBatch, Update, UpdateConfig};
-use conrub_qwen3::{AttentionImpl, Execution, Qwen3Config, Qwen3ForCausalLM};
+use conrub_memory::{MemoryPlan, MemoryPlanInput, Phase};
+use conrub_models::{AttentionImpl, CausalLm, Execution, ModelConfig};
 
 use super::peak::{CURRENT, PEAK};
 
@@ -21,8 +21,8 @@ pub const MODES: [&str; 3] = ["naive", "fused", "fused+ckpt"];
 
 /// Qwen3-0.6B's head geometry (16 query heads, 8 KV heads, head_dim 128) on a narrow, 2-layer
 /// body with a small vocabulary, so attention is what grows with T.
-pub fn config() -> Qwen3Config {
-    let mut c = Qwen3Config::tiny(4096);
+pub fn config() -> ModelConfig {
+    let mut c = ModelConfig::tiny(4096);
     c.hidden_size = 256;
     c.intermediate_size = 768;
     c.num_hidden_layers = 2;
@@ -55,8 +55,7 @@ fn exec(mode: &str) -> Execution {
 /// of `micro_batches` one-row micro-batches (as the learner does) before its AdamW step.
 pub fn measure(mode: &str, t: usize, iters: usize, micro_batches: usize) -> (f64, u64) {
     let dev = Default::default();
-    let mut policy =
-        Qwen3ForCausalLM::<A>::random(&config(), 0.02, 0, &dev).with_execution(exec(mode));
+    let mut policy = CausalLm::<A>::random(&config(), 0.02, 0, &dev).with_execution(exec(mode));
     let prompt: Vec<u32> = (0..16).map(|i| (i * 131 % 4096) as u32).collect();
     let response: Vec<u32> = (0..t - 16)
         .map(|i| ((i * 7919 + 3) % 4096) as u32)
@@ -65,12 +64,12 @@ pub fn measure(mode: &str, t: usize, iters: usize, micro_batches: usize) -> (f64
         std::iter::once((prompt.as_slice(), response.as_slice())),
         &dev,
     );
-    let mut update = Update::<A, Qwen3ForCausalLM<A>>::new(UpdateConfig::recipe());
+    let mut update = Update::<A, CausalLm<A>>::new(UpdateConfig::recipe());
     let weight = Tensor::<A, 2>::from_data(
         TensorData::new(vec![-1.0f32 / (t - 16) as f32; t - 16], [1, t - 16]),
         &dev,
     );
-    let mut step = |policy: Qwen3ForCausalLM<A>| {
+    let mut step = |policy: CausalLm<A>| {
         let start = Instant::now();
         let mut loss = |lp: conrub_grpo::ResponseLogprobs<A>| (lp.logprobs * weight.clone()).sum();
         let grads = if micro_batches <= 1 {
@@ -109,7 +108,7 @@ pub fn predicted(mode: &str, t: usize, micro_batches: usize) -> Option<f64> {
     if mode == "naive" {
         return None; // the plan models the fused attention only
     }
-    let mut input = MemoryPlanInput::new(ModelShape::from_config(&config()));
+    let mut input = MemoryPlanInput::new(config().shape());
     input.activation_checkpointing = mode == "fused+ckpt";
     input.micro_batch_tokens = t;
     input.max_prompt_tokens = 16;

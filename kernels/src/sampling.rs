@@ -1,4 +1,4 @@
-//! Token sampling from logits: one rule ([`sample_row`], what `conrub_qwen3::sample_token`
+//! Token sampling from logits: one rule ([`sample_row`], what `conrub_models::sample_token`
 //! applies on the host), and [`crate::DecodeOps::sample_rows`], which applies it to a `[rows, vocab]`
 //! tensor where the logits are and returns only token ids and log-probabilities: as tensor ops by
 //! default ([`sample_rows_by_tensors`], cumulative sums in f32), on burn-flex straight on the

@@ -22,7 +22,7 @@ use burn::backend::Autodiff;
 use burn::tensor::Tensor;
 use clap::{Args, Subcommand, ValueEnum};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
+use conrub_models::{CausalLm, ModelConfig};
 
 use crate::backend::{run_on_device, BackendTask};
 
@@ -48,12 +48,12 @@ impl Shape {
         }
     }
 
-    fn config(self) -> Qwen3Config {
+    fn config(self) -> ModelConfig {
         match self {
-            Shape::Tiny => Qwen3Config::tiny(151_936),
-            Shape::Qwen06b => Qwen3Config::qwen3_0_6b(),
+            Shape::Tiny => ModelConfig::tiny(151_936),
+            Shape::Qwen06b => ModelConfig::qwen3_0_6b(),
             Shape::Qwen4b => {
-                let mut c = Qwen3Config::qwen3_0_6b();
+                let mut c = ModelConfig::qwen3_0_6b();
                 c.hidden_size = 2560;
                 c.intermediate_size = 9728;
                 c.num_hidden_layers = 36;
@@ -67,7 +67,7 @@ impl Shape {
 }
 
 /// Weights that take part in matmuls per token (every projection and the LM head).
-fn matmul_params(c: &Qwen3Config) -> f64 {
+fn matmul_params(c: &ModelConfig) -> f64 {
     let h = c.hidden_size as f64;
     let d = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads) as f64;
     let q = c.num_attention_heads as f64 * d;
@@ -78,7 +78,7 @@ fn matmul_params(c: &Qwen3Config) -> f64 {
 
 /// Model FLOPs of one training step: 3 x forward; forward = 2 x matmul weights per token plus
 /// causal attention's two products over the mean context `seq / 2` (the PyTorch side's formula).
-fn train_flops(c: &Qwen3Config, rows: usize, seq: usize) -> f64 {
+fn train_flops(c: &ModelConfig, rows: usize, seq: usize) -> f64 {
     let d = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads) as f64;
     let attn =
         4.0 * c.num_hidden_layers as f64 * c.num_attention_heads as f64 * d * (seq as f64 / 2.0);
@@ -227,9 +227,9 @@ fn device_name(spec: &str) -> String {
 
 /// The step's training peak by conrub's memory plan: one micro-batch of the whole step (no
 /// gradient sum), no rollout; `None` when it fits `gpu_bytes`, else why not.
-fn does_not_fit(cfg: &Qwen3Config, a: &TrainBench, gpu_bytes: u64) -> Option<String> {
-    let input = conrub_grpo::MemoryPlanInput {
-        precision: conrub_qwen3::Precision::Bf16Mixed,
+fn does_not_fit(cfg: &ModelConfig, a: &TrainBench, gpu_bytes: u64) -> Option<String> {
+    let input = conrub_memory::MemoryPlanInput {
+        precision: conrub_models::Precision::Bf16Mixed,
         activation_checkpointing: a.checkpointing,
         micro_batch_tokens: a.rows * a.seq,
         group_size: a.rows,
@@ -240,9 +240,9 @@ fn does_not_fit(cfg: &Qwen3Config, a: &TrainBench, gpu_bytes: u64) -> Option<Str
         max_response_tokens: a.seq - 1,
         rollout_in_process: false,
         gpu_memory_gb: gpu_bytes as f64 / 1e9,
-        ..conrub_grpo::MemoryPlanInput::new(conrub_grpo::ModelShape::from_config(cfg))
+        ..conrub_memory::MemoryPlanInput::new(cfg.shape())
     };
-    let plan = conrub_grpo::MemoryPlan::new(input);
+    let plan = conrub_memory::MemoryPlan::new(input);
     (plan.training_peak > gpu_bytes as f64).then(|| {
         format!(
             "conrub plan: training peak {:.1} GB > {:.1} GB of device memory",
@@ -268,14 +268,14 @@ impl BackendTask for TrainBench {
                 return Ok(());
             }
         }
-        let exec = conrub_qwen3::Execution {
-            precision: conrub_qwen3::Precision::Bf16Mixed,
-            attention: conrub_qwen3::AttentionImpl::Fused,
+        let exec = conrub_models::Execution {
+            precision: conrub_models::Precision::Bf16Mixed,
+            attention: conrub_models::AttentionImpl::Fused,
             activation_checkpointing: self.checkpointing,
             ..Default::default()
         };
         let mut model =
-            Some(Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, &device).with_execution(exec));
+            Some(CausalLm::<A<B>>::random(&cfg, 0.02, 11, &device).with_execution(exec));
         // Row r: one prompt token, then seq - 1 response tokens whose log-probabilities count.
         let rows: Vec<(Vec<u32>, Vec<u32>)> = (0..self.rows)
             .map(|r| {
@@ -291,7 +291,7 @@ impl BackendTask for TrainBench {
         );
         let targets = self.rows * (self.seq - 1);
         let w = Tensor::<A<B>, 2>::full([self.rows, self.seq - 1], -1.0 / targets as f32, &device);
-        let mut update = Update::<A<B>, Qwen3ForCausalLM<A<B>>>::new(UpdateConfig::recipe());
+        let mut update = Update::<A<B>, CausalLm<A<B>>>::new(UpdateConfig::recipe());
         let mut step = || {
             let start = Instant::now();
             let before = events();
@@ -475,11 +475,11 @@ impl BackendTask for AttentionBench {
 impl BackendTask for RolloutBench {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
         let cfg = self.shape.config();
-        let exec = conrub_qwen3::Execution {
-            precision: conrub_qwen3::Precision::Bf16Mixed,
+        let exec = conrub_models::Execution {
+            precision: conrub_models::Precision::Bf16Mixed,
             ..Default::default()
         };
-        let model = Qwen3ForCausalLM::<B>::random(&cfg, 0.02, 13, &device).with_execution(exec);
+        let model = CausalLm::<B>::random(&cfg, 0.02, 13, &device).with_execution(exec);
         let prompts: Vec<Vec<u32>> = (0..self.rows)
             .map(|r| {
                 (0..self.prompt)

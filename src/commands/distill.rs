@@ -74,7 +74,7 @@ pub struct DistillArgs {
     /// Model precision: f32 or bf16-mixed (recorded in the probe: its judge config's `precision`
     /// must be the same).
     #[arg(long, value_parser = parse_precision, default_value = "f32")]
-    pub precision: conrub_qwen3::Precision,
+    pub precision: conrub_models::Precision,
     /// Print one JSON report last.
     #[arg(long)]
     pub json: bool,
@@ -125,12 +125,12 @@ impl BackendTask for DistillArgs {
         }
         let dir = PathBuf::from(&a.model);
         let qwen = if dir.is_dir() {
-            conrub_qwen3::Qwen3::<B>::load_dir(&dir, &device)
+            conrub_models::Pretrained::<B>::load_dir(&dir, &device)
         } else {
-            conrub_qwen3::Qwen3::<B>::load(&a.model, &device)
+            conrub_models::Pretrained::<B>::load(&a.model, &device)
         }
         .with_context(|| format!("loading {}", a.model))?;
-        let exec = conrub_qwen3::Execution {
+        let exec = conrub_models::Execution {
             precision: a.precision,
             ..qwen.model.exec
         };

@@ -10,7 +10,7 @@ use conrub_eval::{
 };
 use conrub_judge::{CriterionRequest, CriterionVerdict};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{ChatOptions, Qwen3};
+use conrub_models::{ChatOptions, Pretrained};
 use conrub_rollout::{Decoding, SamplingConfig};
 use conrub_rubric::io::{write_bytes_atomic, write_jsonl_atomic};
 use serde_json::json;
@@ -61,11 +61,11 @@ pub struct RubricArgs {
     pub device: String,
     /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
     #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
-    pub precision: conrub_qwen3::Precision,
+    pub precision: conrub_models::Precision,
     /// Attention kernels on CubeCL devices: `auto`, `tensor-core` (an error without cooperative
     /// matrices) or `portable`.
     #[arg(long, default_value = "auto", value_parser = crate::backend::parse_attention_kernels)]
-    pub attention_kernels: conrub_qwen3::AttentionKernelChoice,
+    pub attention_kernels: conrub_models::AttentionKernelChoice,
     /// Grade only the points rubric, not our three-state score.
     #[arg(long)]
     pub skip_three_state: bool,
@@ -93,7 +93,7 @@ impl BackendTask for RubricArgs {
         }
         // The grader config is read before the model loads, so a bad config fails fast.
         let grader = crate::commands::judging::load_config(&self.grader)?;
-        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(
+        let qwen = Pretrained::<B>::load(&self.model, &device)?.with_execution(
             crate::backend::inference_execution::<B>(
                 self.precision,
                 self.attention_kernels,
@@ -129,7 +129,7 @@ struct Generated {
 /// template without thinking.
 fn generate_responses<B: GrpoOps>(
     args: &RubricArgs,
-    qwen: &Qwen3<B>,
+    qwen: &Pretrained<B>,
     rows: &[EvalExample],
     device: &B::Device,
 ) -> Result<Generated> {
@@ -466,11 +466,11 @@ pub struct McqArgs {
     pub device: String,
     /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
     #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
-    pub precision: conrub_qwen3::Precision,
+    pub precision: conrub_models::Precision,
     /// Attention kernels on CubeCL devices: `auto`, `tensor-core` (an error without cooperative
     /// matrices) or `portable`.
     #[arg(long, default_value = "auto", value_parser = crate::backend::parse_attention_kernels)]
-    pub attention_kernels: conrub_qwen3::AttentionKernelChoice,
+    pub attention_kernels: conrub_models::AttentionKernelChoice,
 }
 
 /// Runs an `eval` subcommand.
@@ -525,7 +525,7 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
 impl BackendTask for McqArgs {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
         let items = read_mcq_items(&self)?;
-        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(
+        let qwen = Pretrained::<B>::load(&self.model, &device)?.with_execution(
             crate::backend::inference_execution::<B>(
                 self.precision,
                 self.attention_kernels,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{ChatOptions, Message, Qwen3};
+use conrub_models::{ChatOptions, Message, Pretrained};
 use conrub_rollout::{Decoding, SamplingConfig};
 
 use crate::backend::{run_on_device, BackendTask};
@@ -59,11 +59,11 @@ pub struct GenerateArgs {
     pub device: String,
     /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
     #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
-    pub precision: conrub_qwen3::Precision,
+    pub precision: conrub_models::Precision,
     /// Attention kernels on CubeCL devices: `auto`, `tensor-core` (an error without cooperative
     /// matrices) or `portable`.
     #[arg(long, default_value = "auto", value_parser = crate::backend::parse_attention_kernels)]
-    pub attention_kernels: conrub_qwen3::AttentionKernelChoice,
+    pub attention_kernels: conrub_models::AttentionKernelChoice,
     /// Print one JSON object: new_tokens, text, token_logprobs, finish_reason.
     #[arg(long)]
     pub json: bool,
@@ -71,7 +71,7 @@ pub struct GenerateArgs {
 
 impl BackendTask for GenerateArgs {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(
+        let qwen = Pretrained::<B>::load(&self.model, &device)?.with_execution(
             crate::backend::inference_execution::<B>(
                 self.precision,
                 self.attention_kernels,

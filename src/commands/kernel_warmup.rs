@@ -22,12 +22,12 @@ use burn::module::Module;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use conrub_config::TrainConfig;
 use conrub_grpo::{
-    sft_warmup, warmup_pairs, ChatTemplateCodec, JudgeRewards, KernelWarmupLine, Learner,
-    PairwiseTieBreaker, RolloutEngine, TieMode,
+    sft_warmup, warmup_pairs, JudgeRewards, KernelWarmupLine, Learner, PairwiseTieBreaker,
+    RolloutEngine, TieMode,
 };
 use conrub_judge::LexicalJudge;
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::Qwen3ForCausalLM;
+use conrub_models::{CausalLm, ChatTemplateCodec};
 use conrub_rubric::RubricRecord;
 
 /// Arguments of `conrub kernels-warmup`: those of `conrub train` that choose the run.
@@ -128,7 +128,7 @@ pub(super) struct WarmupInputs<'a, B: GrpoOps> {
     pub records: &'a [RubricRecord],
     pub codec: &'a ChatTemplateCodec,
     pub stop_ids: &'a [u32],
-    pub engine: Arc<dyn RolloutEngine<B, Qwen3ForCausalLM<B>>>,
+    pub engine: Arc<dyn RolloutEngine<B, CausalLm<B>>>,
     pub device: &'a B::Device,
     /// A resumed run: it has no supervised warm-up to warm.
     pub resumed: bool,
@@ -136,10 +136,10 @@ pub(super) struct WarmupInputs<'a, B: GrpoOps> {
 
 /// Runs the warm-up on `model` and gives it back unchanged, with the metrics line.
 pub(super) fn run<B: GrpoOps>(
-    model: Qwen3ForCausalLM<Autodiff<B>>,
+    model: CausalLm<Autodiff<B>>,
     inputs: WarmupInputs<'_, B>,
     rt: &tokio::runtime::Runtime,
-) -> Result<(Qwen3ForCausalLM<Autodiff<B>>, KernelWarmupLine)> {
+) -> Result<(CausalLm<Autodiff<B>>, KernelWarmupLine)> {
     let started = Instant::now();
     let before = conrub_kernels::events::snapshot();
     let ticker = Ticker::start();
@@ -171,10 +171,10 @@ pub(super) fn run<B: GrpoOps>(
 
 /// The steps of the warm-up (see the module docs); returns the policy they left and what ran.
 fn steps<B: GrpoOps>(
-    mut model: Qwen3ForCausalLM<Autodiff<B>>,
+    mut model: CausalLm<Autodiff<B>>,
     inputs: &WarmupInputs<'_, B>,
     rt: &tokio::runtime::Runtime,
-) -> Result<(Qwen3ForCausalLM<Autodiff<B>>, String)> {
+) -> Result<(CausalLm<Autodiff<B>>, String)> {
     let cfg = inputs.cfg;
     let mut ran = Vec::new();
     if let (Some(w), false) = (&cfg.warmup, inputs.resumed) {

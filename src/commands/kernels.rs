@@ -13,7 +13,7 @@ use conrub_kernels::reference::{
     naive_clipped_surrogate, naive_entropy, naive_token_logprobs, relative_error, seeded_uniform,
 };
 use conrub_kernels::{clipped_surrogate, token_logprobs, Clip, GrpoOps, Reduce};
-use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
+use conrub_models::{CausalLm, ModelConfig};
 
 use crate::backend::{run_on_device, BackendTask};
 
@@ -519,8 +519,8 @@ fn surrogate_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &
 
 /// A Qwen3-0.6B-shaped step: 4 sequences of 1,024 tokens, log-probs of the last 768.
 fn model_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
-    let cfg = Qwen3Config::qwen3_0_6b();
-    let model = Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, device);
+    let cfg = ModelConfig::qwen3_0_6b();
+    let model = CausalLm::<A<B>>::random(&cfg, 0.02, 11, device);
     let (b, seq, resp) = (4usize, 1024usize, 768usize);
     let seqs: Vec<Vec<u32>> = (0..b)
         .map(|r| {
@@ -543,7 +543,7 @@ fn model_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: 
         let lp = if fused {
             model.response_logprobs(&tf).logprobs
         } else {
-            let padded = conrub_qwen3::PaddedBatch::new(&seqs, 0, conrub_qwen3::Padding::Right);
+            let padded = conrub_models::PaddedBatch::new(&seqs, 0, conrub_models::Padding::Right);
             let logits = model.forward(&padded.to_device(device));
             let [bb, s, _] = logits.dims();
             let targets: Vec<i64> = seqs
@@ -575,22 +575,21 @@ fn model_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: 
 /// bf16-mixed, fused attention, per-layer activation checkpointing, AdamW.
 fn train_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
     use conrub_grpo::{Policy, Update, UpdateConfig};
-    let cfg = Qwen3Config::qwen3_0_6b();
-    let exec = conrub_qwen3::Execution {
-        precision: conrub_qwen3::Precision::Bf16Mixed,
-        attention: conrub_qwen3::AttentionImpl::Fused,
+    let cfg = ModelConfig::qwen3_0_6b();
+    let exec = conrub_models::Execution {
+        precision: conrub_models::Precision::Bf16Mixed,
+        attention: conrub_models::AttentionImpl::Fused,
         activation_checkpointing: true,
         ..Default::default()
     };
-    let mut model =
-        Some(Qwen3ForCausalLM::<A<B>>::random(&cfg, 0.02, 11, device).with_execution(exec));
+    let mut model = Some(CausalLm::<A<B>>::random(&cfg, 0.02, 11, device).with_execution(exec));
     let (prompt, resp) = (1024usize, 7168usize);
     let p: Vec<u32> = (0..prompt).map(|i| ((i * 7) % 150_000) as u32).collect();
     let r: Vec<u32> = (0..resp).map(|i| ((i * 13 + 5) % 150_000) as u32).collect();
     let tf =
         conrub_grpo::TokenBatch::<A<B>>::new(std::iter::once((p.as_slice(), r.as_slice())), device);
     let w = Tensor::<A<B>, 2>::full([1, resp], -1.0 / resp as f32, device);
-    let mut update = Update::<A<B>, Qwen3ForCausalLM<A<B>>>::new(UpdateConfig::recipe());
+    let mut update = Update::<A<B>, CausalLm<A<B>>>::new(UpdateConfig::recipe());
     let secs = time(args.iters, || {
         let m = model.take().expect("model");
         let grads = m.loss_gradients(&tf, &mut |lp| (lp.logprobs * w.clone()).sum());
@@ -611,12 +610,12 @@ fn train_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: 
 /// A rollout of the published shape at Qwen3-0.6B: 8 prompts x 8 responses x 1,024 new
 /// tokens (no stop token), bf16-mixed, the rollout engine with its default pool.
 fn rollout_timing<B: GrpoOps>(device: &B::Device, table: &mut Table) -> Result<()> {
-    let cfg = Qwen3Config::qwen3_0_6b();
-    let exec = conrub_qwen3::Execution {
-        precision: conrub_qwen3::Precision::Bf16Mixed,
+    let cfg = ModelConfig::qwen3_0_6b();
+    let exec = conrub_models::Execution {
+        precision: conrub_models::Precision::Bf16Mixed,
         ..Default::default()
     };
-    let model = Qwen3ForCausalLM::<B>::random(&cfg, 0.02, 13, device).with_execution(exec);
+    let model = CausalLm::<B>::random(&cfg, 0.02, 13, device).with_execution(exec);
     let prompts: Vec<Vec<u32>> = (0..64)
         .map(|r| {
             (0..256)

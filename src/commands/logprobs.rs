@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{score_sequences, Qwen3};
+use conrub_models::{score_sequences, Pretrained};
 
 use crate::backend::{run_on_device, BackendTask};
 
@@ -21,11 +21,11 @@ pub struct LogprobsArgs {
     pub device: String,
     /// Compute precision: `f32` or `bf16-mixed` (bf16 activations, f32 weights and statistics).
     #[arg(long, default_value = "f32", value_parser = crate::backend::parse_precision)]
-    pub precision: conrub_qwen3::Precision,
+    pub precision: conrub_models::Precision,
     /// Attention kernels on CubeCL devices: `auto`, `tensor-core` (an error without cooperative
     /// matrices) or `portable`.
     #[arg(long, default_value = "auto", value_parser = crate::backend::parse_attention_kernels)]
-    pub attention_kernels: conrub_qwen3::AttentionKernelChoice,
+    pub attention_kernels: conrub_models::AttentionKernelChoice,
     /// Print `{"token_logprobs": [...], "argmax": [...]}`.
     #[arg(long)]
     pub json: bool,
@@ -35,13 +35,13 @@ struct Task {
     model: String,
     ids: Vec<u32>,
     json: bool,
-    precision: conrub_qwen3::Precision,
-    attention_kernels: conrub_qwen3::AttentionKernelChoice,
+    precision: conrub_models::Precision,
+    attention_kernels: conrub_models::AttentionKernelChoice,
 }
 
 impl BackendTask for Task {
     fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
-        let qwen = Qwen3::<B>::load(&self.model, &device)?.with_execution(
+        let qwen = Pretrained::<B>::load(&self.model, &device)?.with_execution(
             crate::backend::inference_execution::<B>(
                 self.precision,
                 self.attention_kernels,

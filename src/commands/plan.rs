@@ -1,5 +1,5 @@
 //! `conrub plan`: the predicted peak device memory of a `conrub train` run, and the largest
-//! micro-batch and rollout call that fit (the arithmetic is `conrub_grpo::memory`).
+//! micro-batch and rollout call that fit (the arithmetic is `conrub_memory`).
 //!
 //! It reads the config `conrub train` reads ([`conrub_config::TrainConfig`], the same schema and
 //! the same errors) and never loads weights: the model shape comes from a local checkpoint's
@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use conrub_config::{ModelSection, RolloutEngineKind, TrainConfig};
-use conrub_grpo::memory::{MemoryPlan, ModelShape, Phase, DEFAULT_GPU_MEMORY_GB, GB, KNOWN_SHAPES};
-use conrub_qwen3::Qwen3Config;
+use conrub_memory::{MemoryPlan, ModelShape, Phase, DEFAULT_GPU_MEMORY_GB, GB};
+use conrub_models::ModelConfig;
+use conrub_models::{known_shape, KNOWN_SHAPES};
 
 /// Arguments of `conrub plan`.
 #[derive(Args)]
@@ -71,24 +72,24 @@ fn resolve_model(model: &ModelSection, rel: &dyn Fn(&Path) -> PathBuf) -> Result
             let local = rel(Path::new(p));
             if local.is_dir() {
                 let file = local.join("config.json");
-                let config = Qwen3Config::from_file(&file)
+                let config = ModelConfig::from_file(&file)
                     .with_context(|| format!("model.path = \"{p}\""))?;
                 return Ok(ModelSource {
                     name: p.clone(),
                     source: file.display().to_string(),
-                    shape: ModelShape::from_config(&config),
+                    shape: config.shape(),
                 });
             }
             if let Some(file) = cached_hub_config(p) {
-                let config = Qwen3Config::from_file(&file)
+                let config = ModelConfig::from_file(&file)
                     .with_context(|| format!("model.path = \"{p}\""))?;
                 return Ok(ModelSource {
                     name: p.clone(),
                     source: format!("hub cache {}", file.display()),
-                    shape: ModelShape::from_config(&config),
+                    shape: config.shape(),
                 });
             }
-            if let Some(shape) = ModelShape::known(p) {
+            if let Some(shape) = known_shape(p) {
                 return Ok(ModelSource {
                     name: p.clone(),
                     source: "built-in Qwen3 shape; no config.json on disk".into(),
@@ -109,7 +110,7 @@ fn resolve_model(model: &ModelSection, rel: &dyn Fn(&Path) -> PathBuf) -> Result
             Ok(ModelSource {
                 name: "random Qwen3".into(),
                 source: "[model.random]".into(),
-                shape: ModelShape::from_config(&c),
+                shape: c.shape(),
             })
         }
         _ => bail!("[model] needs exactly one of `path` or `[model.random]`"),

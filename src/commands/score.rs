@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use conrub_judge::{score_jobs, CriterionRequest, Judges, ScoreJob, ScoredJob, ScoringSummary};
-use conrub_qwen3::Qwen3Tokenizer;
+use conrub_models::ChatTokenizer;
 use conrub_rubric::io::parse_line;
 use conrub_rubric::{
     read_rubrics, write_jsonl_atomic, LengthPenalty, ResponseScore, RubricSet, ScoringMode,
@@ -167,7 +167,7 @@ fn read_jobs(a: &ScoreArgs, rubrics: &RubricSet, mode: ScoringMode) -> Result<Jo
     let tokenizer = a
         .tokenizer
         .as_ref()
-        .map(|d| Qwen3Tokenizer::from_dir(d))
+        .map(|d| ChatTokenizer::from_dir(d))
         .transpose()
         .context("--tokenizer")?;
     let text = std::fs::read_to_string(&a.responses)

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use conrub_qwen3::{resolve_model_dir, ChatOptions, Qwen3Tokenizer};
+use conrub_models::{resolve_model_dir, ChatOptions, ChatTokenizer};
 
 /// Arguments of `conrub tokenize`.
 #[derive(Args)]
@@ -30,7 +30,7 @@ pub struct TokenizeArgs {
 /// Runs the command.
 pub fn run(args: TokenizeArgs) -> Result<()> {
     let dir = resolve_model_dir(&args.model)?;
-    let tok = Qwen3Tokenizer::from_dir(&dir)?;
+    let tok = ChatTokenizer::from_dir(&dir)?;
     let ids = match (&args.text, &args.messages) {
         (Some(text), _) => tok.encode(text)?,
         (None, Some(path)) => {

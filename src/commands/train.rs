@@ -11,13 +11,15 @@ use burn::module::{AutodiffModule, Module};
 use clap::Args;
 use conrub_config::{RolloutEngineKind, TrainConfig};
 use conrub_grpo::{
-    sft_warmup, train, warmup_pairs, ChatTemplateCodec, DataParallel, GrpoError, InProcessEngine,
+    sft_warmup, train, warmup_pairs, DataParallel, GrpoError, HeldOutPrompt, InProcessEngine,
     JudgeRewards, Learner, LearnerBuilder, PairwiseTieBreaker, RolloutEngine, RunHooks, TieMode,
     Validator,
 };
 use conrub_judge::Judges;
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{save_pretrained, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+use conrub_models::{
+    save_pretrained, CausalLm, ChatTemplateCodec, ModelConfig, Pretrained, SaveDtype,
+};
 use conrub_remote::{SglangConfig, SglangEngine, WeightWriter};
 use conrub_rollout::{EngineConfig, PagedModel};
 use conrub_rubric::{read_rubrics, RubricRecord, RubricSet};
@@ -184,18 +186,21 @@ impl DevicesTask for TrainTask {
 
 /// Loads the policy named by `[model]` (a checkpoint directory or hub id, or a random Qwen3 with
 /// the given tokenizer) with its configs and tokenizer, running as the config says.
-fn load_policy<B: GrpoOps>(cfg: &TrainConfig, device: &B::Device) -> Result<Qwen3<Autodiff<B>>> {
+fn load_policy<B: GrpoOps>(
+    cfg: &TrainConfig,
+    device: &B::Device,
+) -> Result<Pretrained<Autodiff<B>>> {
     let model = &cfg.model;
     let q = match (&model.path, &model.random) {
         (Some(p), None) => {
             let local = cfg.resolve(Path::new(p));
             if local.is_dir() {
-                Qwen3::<Autodiff<B>>::load_dir(&local, device)?
+                Pretrained::<Autodiff<B>>::load_dir(&local, device)?
             } else {
-                Qwen3::<Autodiff<B>>::load(p, device)?
+                Pretrained::<Autodiff<B>>::load(p, device)?
             }
         }
-        (None, Some(r)) => Qwen3::random(
+        (None, Some(r)) => Pretrained::random(
             r.config(),
             &cfg.resolve(&r.tokenizer),
             r.std,
@@ -211,8 +216,8 @@ fn load_policy<B: GrpoOps>(cfg: &TrainConfig, device: &B::Device) -> Result<Qwen
         .attention_kernels
         .resolve::<B>(device)
         .map_err(|why| anyhow::anyhow!("{}: {why}", cfg.path.display()))?;
-    if kernels == conrub_qwen3::AttentionKernels::TensorCore
-        && cfg.precision == conrub_qwen3::Precision::F32
+    if kernels == conrub_models::AttentionKernels::TensorCore
+        && cfg.precision == conrub_models::Precision::F32
     {
         eprintln!(
             "warning: attention_kernels = \"tensor-core\" with precision f32: f32 attention keeps \
@@ -261,6 +266,13 @@ fn build_validator<B: GrpoOps>(
         .grader
         .build_on::<B>(device, &RubricSet::from_records("eval", vec![])?)
         .context("[eval.grader]")?;
+    let examples = examples
+        .into_iter()
+        .map(|e| HeldOutPrompt {
+            prompt: e.prompt,
+            criteria: e.criteria,
+        })
+        .collect();
     Ok(Some(Validator {
         cfg: e.settings.clone(),
         examples,
@@ -274,12 +286,12 @@ fn build_validator<B: GrpoOps>(
 /// The optional supervised warm-up on reference answers (fresh runs only).
 fn warm_up<B: GrpoOps>(
     cfg: &TrainConfig,
-    model: Qwen3ForCausalLM<Autodiff<B>>,
+    model: CausalLm<Autodiff<B>>,
     records: &[RubricRecord],
     codec: &ChatTemplateCodec,
     stop_ids: &[u32],
     device: &B::Device,
-) -> Result<Qwen3ForCausalLM<Autodiff<B>>> {
+) -> Result<CausalLm<Autodiff<B>>> {
     let Some(w) = &cfg.warmup else {
         return Ok(model);
     };
@@ -310,7 +322,7 @@ fn warm_up<B: GrpoOps>(
 /// every row at full length.
 fn rollout_engine<B: GrpoOps>(
     cfg: &TrainConfig,
-    model: &Qwen3ForCausalLM<Autodiff<B>>,
+    model: &CausalLm<Autodiff<B>>,
     kv_pool_blocks: Option<usize>,
 ) -> EngineConfig {
     let engine = cfg.rollout.engine();
@@ -383,8 +395,8 @@ impl PhaseProgress {
 
 /// Exports checkpoints as Hugging Face directories and prints progress lines.
 struct Hooks<B: burn::tensor::backend::Backend> {
-    config: Qwen3Config,
-    generation_config: Option<conrub_qwen3::GenerationConfig>,
+    config: ModelConfig,
+    generation_config: Option<conrub_models::GenerationConfig>,
     tokenizer_dir: PathBuf,
     dtype: SaveDtype,
     /// The kernel warm-up's line, written once `metrics.jsonl` is open.
@@ -392,7 +404,7 @@ struct Hooks<B: burn::tensor::backend::Backend> {
     _b: std::marker::PhantomData<B>,
 }
 
-impl<B: GrpoOps> RunHooks<Qwen3ForCausalLM<Autodiff<B>>> for Hooks<B> {
+impl<B: GrpoOps> RunHooks<CausalLm<Autodiff<B>>> for Hooks<B> {
     fn opening_lines(&mut self) -> Vec<conrub_grpo::MetricsLine> {
         self.kernel_warmup
             .take()
@@ -401,11 +413,7 @@ impl<B: GrpoOps> RunHooks<Qwen3ForCausalLM<Autodiff<B>>> for Hooks<B> {
             .collect()
     }
 
-    fn export(
-        &mut self,
-        policy: &Qwen3ForCausalLM<Autodiff<B>>,
-        dir: &Path,
-    ) -> conrub_grpo::Result<()> {
+    fn export(&mut self, policy: &CausalLm<Autodiff<B>>, dir: &Path) -> conrub_grpo::Result<()> {
         save_pretrained(
             &policy.valid(),
             &self.config,
@@ -447,7 +455,7 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
 
     let qwen = load_policy::<B>(&cfg, &device)?;
     let stop_ids = qwen.stop_ids();
-    let Qwen3 {
+    let Pretrained {
         model,
         config: model_config,
         generation_config,
@@ -579,12 +587,12 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
 /// policy as bf16 safetensors in `output_dir/rollout-weights` after every step.
 fn rollout_engine_of<B: GrpoOps>(
     cfg: &TrainConfig,
-    model: &Qwen3ForCausalLM<Autodiff<B>>,
+    model: &CausalLm<Autodiff<B>>,
     kv_pool_blocks: Option<usize>,
-    model_config: &Qwen3Config,
+    model_config: &ModelConfig,
     tokenizer_dir: &Path,
     output_dir: &Path,
-) -> Result<Arc<dyn RolloutEngine<B, Qwen3ForCausalLM<B>>>> {
+) -> Result<Arc<dyn RolloutEngine<B, CausalLm<B>>>> {
     let r = &cfg.rollout;
     if r.engine == RolloutEngineKind::Paged {
         return Ok(Arc::new(InProcessEngine {
@@ -593,7 +601,7 @@ fn rollout_engine_of<B: GrpoOps>(
         }));
     }
     let (config, tokenizer) = (model_config.clone(), tokenizer_dir.to_path_buf());
-    let writer: WeightWriter<Qwen3ForCausalLM<B>> = Arc::new(move |policy, dir| {
+    let writer: WeightWriter<CausalLm<B>> = Arc::new(move |policy, dir| {
         save_pretrained(
             policy,
             &config,

@@ -12,7 +12,7 @@ use burn::tensor::DType;
 use candle_core::{Device as CandleDevice, Tensor as CandleTensor};
 use conrub_bench_peers::{load_candle, write_checkpoint};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{ForwardBatch, Qwen3, Qwen3ForCausalLM};
+use conrub_models::{CausalLm, ForwardBatch, Pretrained};
 use conrub_rollout::{rollout, EngineConfig, SamplingConfig};
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
@@ -45,7 +45,9 @@ fn run<B: GrpoOps>(c: &mut Criterion, name: &str) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_checkpoint::<B>(dir.path(), layers);
     let device = B::Device::default();
-    let ours = Qwen3::<B>::load_dir(dir.path(), &device).unwrap().model;
+    let ours = Pretrained::<B>::load_dir(dir.path(), &device)
+        .unwrap()
+        .model;
     let mut candle = load_candle(dir.path(), &cfg);
 
     // Same checkpoint, same numbers: compare the last-position logits once.
@@ -109,7 +111,7 @@ fn run<B: GrpoOps>(c: &mut Criterion, name: &str) {
 /// same prompts), and candle's KV cache (logits to the host).
 fn decode_benches<B: GrpoOps>(
     group: &mut BenchmarkGroup<'_, WallTime>,
-    ours: &Qwen3ForCausalLM<B>,
+    ours: &CausalLm<B>,
     candle: &mut candle_transformers::models::qwen3::ModelForCausalLM,
     n: usize,
     device: &B::Device,

@@ -4,21 +4,21 @@
 use std::path::Path;
 
 use burn::tensor::backend::Backend;
-use conrub_qwen3::{save_pretrained, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+use conrub_models::{save_pretrained, CausalLm, ModelConfig, SaveDtype};
 
 /// Writes a random Qwen3-0.6B-shaped f32 checkpoint (optionally with fewer layers) into `dir`.
-pub fn write_checkpoint<B: Backend>(dir: &Path, layers: Option<usize>) -> Qwen3Config {
-    let mut cfg = Qwen3Config::qwen3_0_6b();
+pub fn write_checkpoint<B: Backend>(dir: &Path, layers: Option<usize>) -> ModelConfig {
+    let mut cfg = ModelConfig::qwen3_0_6b();
     if let Some(n) = layers {
         cfg.num_hidden_layers = n;
     }
-    let model = Qwen3ForCausalLM::<B>::random(&cfg, 0.02, 0, &Default::default());
+    let model = CausalLm::<B>::random(&cfg, 0.02, 0, &Default::default());
     save_pretrained(&model, &cfg, None, None, dir, SaveDtype::F32).expect("checkpoint written");
     cfg
 }
 
 /// candle's `Config` for the same checkpoint (candle requires fields our config leaves optional).
-pub fn candle_config(cfg: &Qwen3Config) -> candle_transformers::models::qwen3::Config {
+pub fn candle_config(cfg: &ModelConfig) -> candle_transformers::models::qwen3::Config {
     let json = serde_json::json!({
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
@@ -43,7 +43,7 @@ pub fn candle_config(cfg: &Qwen3Config) -> candle_transformers::models::qwen3::C
 /// Loads the checkpoint with candle on the CPU in f32.
 pub fn load_candle(
     dir: &Path,
-    cfg: &Qwen3Config,
+    cfg: &ModelConfig,
 ) -> candle_transformers::models::qwen3::ModelForCausalLM {
     let device = candle_core::Device::Cpu;
     // SAFETY: the checkpoint was just written by this process and is not modified while mapped.

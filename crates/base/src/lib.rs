@@ -2,7 +2,7 @@
 //! them, so that the model crate and the data crates need not depend on each other:
 //!
 //! - [`Message`]: one chat turn, of a rubric record's prompt and of a model's chat template
-//!   (re-exported as `conrub_rubric::Message` and `conrub_qwen3::Message`: one type).
+//!   (re-exported as `conrub_rubric::Message` and `conrub_models::Message`: one type).
 //! - [`AtomicFile`] and [`write_bytes_atomic`]: the workspace's one "write a temporary file,
 //!   fsync, rename, fsync the directory" helper; a crash leaves the old file or the new one.
 //!   Errors are [`FileError`]s naming the path.

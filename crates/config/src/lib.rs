@@ -18,11 +18,11 @@ mod sections;
 
 use std::path::{Path, PathBuf};
 
-use conrub_grpo::memory::{MemoryPlanInput, ModelShape, DEFAULT_MAX_PROMPT_TOKENS};
 use conrub_grpo::{LearnerConfig, RunConfig, ValidationConfig};
 use conrub_judge::JudgeConfig;
+use conrub_memory::{MemoryPlanInput, ModelShape, DEFAULT_MAX_PROMPT_TOKENS};
 
-use conrub_qwen3::{AttentionImpl, AttentionKernelChoice, AttentionKernels, Execution, Precision};
+use conrub_models::{AttentionImpl, AttentionKernelChoice, AttentionKernels, Execution, Precision};
 use serde::{Deserialize, Serialize};
 
 pub use error::{ConfigError, Result};

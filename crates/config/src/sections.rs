@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use conrub_qwen3::{Qwen3Config, SaveDtype};
+use conrub_models::{ModelConfig, SaveDtype};
 use conrub_rollout::EngineConfig;
 use conrub_rubric::{LengthPenalty, RubricDropout, ScoringMode};
 use serde::{Deserialize, Serialize};
@@ -81,9 +81,9 @@ fn default_std() -> f64 {
 }
 
 impl RandomModel {
-    /// The Qwen3 config of this shape (Qwen3's vocabulary; the rest as `Qwen3Config::tiny`).
-    pub fn config(&self) -> Qwen3Config {
-        let mut c = Qwen3Config::tiny(151_936);
+    /// The Qwen3 config of this shape (Qwen3's vocabulary; the rest as `ModelConfig::tiny`).
+    pub fn config(&self) -> ModelConfig {
+        let mut c = ModelConfig::tiny(151_936);
         c.hidden_size = self.hidden_size;
         c.intermediate_size = self.intermediate_size;
         c.num_hidden_layers = self.num_hidden_layers;

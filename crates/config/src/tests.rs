@@ -160,7 +160,7 @@ fn the_full_example_is_one_valid_config() {
             .attention_kernels,
         AttentionKernels::TensorCore
     );
-    assert_eq!(cfg.model.save_dtype, conrub_qwen3::SaveDtype::Bf16);
+    assert_eq!(cfg.model.save_dtype, conrub_models::SaveDtype::Bf16);
     assert_eq!(cfg.learner.top_k, Some(50));
     assert_eq!(cfg.resolve(Path::new("r.jsonl")), Path::new("x/r.jsonl"));
     assert!(cfg.judge.is_none());
@@ -316,4 +316,25 @@ fn devices_replace_device_and_must_share_a_backend() {
     let mut c = cfg("[run]\nprompts_per_step = 5\n").unwrap();
     c.set_devices(vec!["cpu".into(), "cpu".into()]).unwrap();
     assert_eq!(c.prompts_per_rank(), 3);
+}
+
+/// The memory plan's defaults are the learner's and the loop's own.
+#[test]
+fn the_memory_plan_defaults_are_the_run_defaults() {
+    let shape = conrub_models::ModelConfig::tiny(64).shape();
+    let plan = conrub_memory::MemoryPlanInput::new(shape);
+    let (l, r) = (
+        conrub_grpo::LearnerConfig::default(),
+        conrub_grpo::RunConfig::default(),
+    );
+    assert_eq!(plan.activation_checkpointing, l.activation_checkpointing);
+    assert_eq!(plan.micro_batch_tokens, l.micro_batch_tokens);
+    assert_eq!(plan.group_size, l.group_size);
+    assert_eq!(plan.prompts_per_step, r.prompts_per_step);
+    assert_eq!(plan.mini_batches, l.mini_batches);
+    assert_eq!(plan.rollout_prompts_per_call, l.rollout_prompts_per_call);
+    assert_eq!(plan.max_response_tokens, l.max_response_tokens);
+    assert_eq!(plan.keep_reference, l.kl_beta != 0.0);
+    assert_eq!(plan.kv_block_size, conrub_rollout::DEFAULT_BLOCK_SIZE);
+    assert_eq!(plan.rollout_max_rows, conrub_rollout::DEFAULT_MAX_ROWS);
 }

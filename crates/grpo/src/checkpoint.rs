@@ -26,7 +26,7 @@ use conrub_rubric::io::sync_dir;
 
 use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, LearnerConfig};
-use crate::policy::Policy;
+use conrub_contracts::Policy;
 
 /// The small, human-readable part of a training state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -24,9 +24,9 @@ pub enum GrpoError {
     /// Token ids could not be turned back into text.
     #[error("decoding a response: {0}")]
     Decode(String),
-    /// The policy failed to sample.
+    /// The policy or its engine failed to sample.
     #[error("sampling: {0}")]
-    Sampling(#[from] conrub_rollout::RolloutError),
+    Sampling(conrub_contracts::ContractError),
     /// Reading or writing a file of the run failed.
     #[error("{}: {message}", path.display())]
     Io {
@@ -133,6 +133,23 @@ impl GrpoError {
         Self::Io {
             path: path.into(),
             message: cause.to_string(),
+        }
+    }
+}
+
+/// A contract's error in the learner's words: a setting the model cannot honour is a config
+/// error naming its key, a prompt, decode or engine failure keeps its kind, the rest is sampling.
+impl From<conrub_contracts::ContractError> for GrpoError {
+    fn from(e: conrub_contracts::ContractError) -> Self {
+        use conrub_contracts::ContractError as C;
+        match e {
+            C::Unsupported { key, message } => GrpoError::Config { key, message },
+            C::Prompt { id, message } => GrpoError::Prompt { id, message },
+            C::Decode(m) => GrpoError::Decode(m),
+            C::Engine(e) => GrpoError::Engine(e),
+            C::Export { path, message } => GrpoError::Export { path, message },
+            C::Stage(m) => GrpoError::Stage(m),
+            other => GrpoError::Sampling(other),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! One group's advantages under a tie mode, and the tie statistics docs/METHOD.md §7 asks for.
 
+use conrub_contracts::TieStats;
 use conrub_judge::PairOutcome;
 use serde::{Deserialize, Serialize};
 
@@ -118,96 +119,34 @@ pub(crate) fn reward_bin(r: f64) -> usize {
     (((r + 1.0) / 0.1).floor() as i64).clamp(0, 19) as usize
 }
 
-/// Tie telemetry over a step or an epoch (docs/METHOD.md §7).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct TieStats {
-    /// Groups seen.
-    pub groups: u64,
-    /// Exactly tied groups.
-    pub tied_groups: u64,
-    /// Reward histogram of tied groups, 0.1-wide bins over [-1, 1] (20 bins).
-    pub tied_reward_histogram: Vec<u64>,
-    /// Pairwise judge calls (two per pair).
-    pub pairwise_calls: u64,
-    /// Pairs accepted.
-    pub accepted: u64,
-    /// Pairs judged `same`.
-    pub same: u64,
-    /// Pairs with an order flip.
-    pub order_flips: u64,
-    /// Pairs with invalid output.
-    pub invalid: u64,
-    /// Groups that got at least one nonzero pairwise advantage.
-    pub groups_with_direction: u64,
-    /// Responses that got a nonzero pairwise advantage.
-    pub responses_with_direction: u64,
-    /// Accepted pairs whose winner is the longer response.
-    pub winner_longer: u64,
-}
-
-impl TieStats {
-    /// The tie rate (tied / groups).
-    pub fn tie_rate(&self) -> f64 {
-        if self.groups == 0 {
-            0.0
-        } else {
-            self.tied_groups as f64 / self.groups as f64
-        }
+/// Adds one group to `stats` (`reward` is the tied value when the group is tied).
+pub fn record_group(stats: &mut TieStats, outcome: &GroupOutcome, reward: Option<f64>) {
+    if stats.tied_reward_histogram.is_empty() {
+        stats.tied_reward_histogram = vec![0; 20];
     }
-
-    /// Adds one group (`reward` is the tied value when the group is tied).
-    pub fn add(&mut self, outcome: &GroupOutcome, reward: Option<f64>) {
-        if self.tied_reward_histogram.is_empty() {
-            self.tied_reward_histogram = vec![0; 20];
-        }
-        self.groups += 1;
-        if outcome.status == TieStatus::NotTied {
-            return;
-        }
-        self.tied_groups += 1;
-        if let Some(r) = reward {
-            self.tied_reward_histogram[reward_bin(r)] += 1;
-        }
-        for p in &outcome.pairs {
-            self.pairwise_calls += 2;
-            match p.outcome {
-                PairOutcome::PreferA | PairOutcome::PreferB => {
-                    self.accepted += 1;
-                    self.winner_longer += p.winner_longer.unwrap_or(false) as u64;
-                }
-                PairOutcome::Same => self.same += 1,
-                PairOutcome::OrderFlip => self.order_flips += 1,
-                PairOutcome::Invalid => self.invalid += 1,
+    stats.groups += 1;
+    if outcome.status == TieStatus::NotTied {
+        return;
+    }
+    stats.tied_groups += 1;
+    if let Some(r) = reward {
+        stats.tied_reward_histogram[reward_bin(r)] += 1;
+    }
+    for p in &outcome.pairs {
+        stats.pairwise_calls += 2;
+        match p.outcome {
+            PairOutcome::PreferA | PairOutcome::PreferB => {
+                stats.accepted += 1;
+                stats.winner_longer += p.winner_longer.unwrap_or(false) as u64;
             }
-        }
-        if outcome.status == TieStatus::Tied {
-            let directed = outcome.advantages.iter().filter(|a| **a != 0.0).count() as u64;
-            self.responses_with_direction += directed;
-            self.groups_with_direction += (directed > 0) as u64;
+            PairOutcome::Same => stats.same += 1,
+            PairOutcome::OrderFlip => stats.order_flips += 1,
+            PairOutcome::Invalid => stats.invalid += 1,
         }
     }
-
-    /// Adds another set of statistics.
-    pub fn merge(&mut self, other: &TieStats) {
-        if self.tied_reward_histogram.is_empty() {
-            self.tied_reward_histogram = vec![0; 20];
-        }
-        for (a, b) in self
-            .tied_reward_histogram
-            .iter_mut()
-            .zip(other.tied_reward_histogram.iter())
-        {
-            *a += b;
-        }
-        self.groups += other.groups;
-        self.tied_groups += other.tied_groups;
-        self.pairwise_calls += other.pairwise_calls;
-        self.accepted += other.accepted;
-        self.same += other.same;
-        self.order_flips += other.order_flips;
-        self.invalid += other.invalid;
-        self.groups_with_direction += other.groups_with_direction;
-        self.responses_with_direction += other.responses_with_direction;
-        self.winner_longer += other.winner_longer;
+    if outcome.status == TieStatus::Tied {
+        let directed = outcome.advantages.iter().filter(|a| **a != 0.0).count() as u64;
+        stats.responses_with_direction += directed;
+        stats.groups_with_direction += (directed > 0) as u64;
     }
 }

@@ -17,23 +17,22 @@ use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
+use conrub_contracts::{
+    Decoding, Policy, RolloutBatch, RolloutEngine, RolloutRequest, SamplingConfig, StepMetrics,
+    TextCodec, TokenBatch, WeightSync,
+};
 use conrub_kernels::{Clip, GrpoOps};
-use conrub_rollout::{Decoding, SamplingConfig};
 use conrub_rubric::{ResponseScore, RubricRecord};
 use serde::{Deserialize, Serialize};
 
 use crate::advantages::{stable_seed, AdvantageEstimator, GroupRelative, ScaleRewards};
-use crate::batch::{
-    micro_batch_widths, pad_columns, plan_micro_batches, RolloutBatch, TokenBatch, TrainBatch,
-};
-use crate::codec::TextCodec;
+use crate::batch::{micro_batch_widths, pad_columns, plan_micro_batches, row_index, TrainBatch};
 use crate::collective::Collective;
 use crate::error::{GrpoError, Result};
-use crate::group::{reward_bin, GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
+use crate::group::{record_group, reward_bin, GroupOutcome, TieAwareAdvantages, TieMode};
 use crate::loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch};
-use crate::policy::{row_index, Policy};
 use crate::reward::{GroupScores, RewardSource};
-use crate::rollout::{GroupSampler, RolloutEngine, RolloutRequest, WeightSync};
+use crate::rollout::GroupSampler;
 use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
 use crate::update::{Update, UpdateConfig};
 
@@ -233,164 +232,6 @@ impl LearnerConfig {
             first_stream: 0,
         }
     }
-}
-
-/// Everything docs/METHOD.md §7 logs for one step.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct StepMetrics {
-    /// Step index (0-based, counted over the run).
-    pub step: u64,
-    /// Prompts in the step.
-    pub prompts: usize,
-    /// Responses in the step.
-    pub responses: usize,
-    /// Scored responses.
-    pub scored: usize,
-    /// Unscored responses.
-    pub unscored: usize,
-    /// Mean reward over scored responses.
-    pub reward_mean: f64,
-    /// *Population* standard deviation of the step's scored rewards (divides by n). The
-    /// advantages' per-group std is the *sample* one (Bessel), see [`ScaleRewards::Group`].
-    #[serde(alias = "reward_std")]
-    pub reward_std_population: f64,
-    /// Reward histogram, 0.1-wide bins over [-1, 1] (20 bins; -1 and 1 fall in the end bins).
-    pub reward_histogram: Vec<u64>,
-    /// Tie statistics.
-    pub ties: TieStats,
-    /// Mean response length in tokens.
-    pub response_len_mean: f64,
-    /// 90th percentile of response lengths.
-    pub response_len_p90: usize,
-    /// Longest response.
-    pub response_len_max: usize,
-    /// Responses cut at the length limit.
-    pub truncated: usize,
-    /// Token-weighted fraction clipped low (last PPO epoch, averaged over micro-batches).
-    pub clip_low: f64,
-    /// Token-weighted fraction clipped high.
-    pub clip_high: f64,
-    /// Policy loss of the last PPO epoch: per mini-batch, the aggregate its gradient is taken of
-    /// (the micro-batches' losses weighted as in the update), averaged over mini-batches. The
-    /// same number whatever the micro-batch split or the number of data-parallel ranks.
-    pub loss: f64,
-    /// Mean k3 KL to the reference (when `kl_beta > 0`).
-    pub kl: Option<f64>,
-    /// Mean next-token entropy over response tokens (last PPO epoch), when the policy reports it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entropy: Option<f64>,
-    /// Global gradient norm before clipping, per optimizer step.
-    pub grad_norms: Vec<f64>,
-    /// Optimizer steps taken.
-    pub optimizer_steps: usize,
-    /// Optimizer steps dropped for a non-finite gradient norm (`learner.on_nonfinite =
-    /// "skip-step"`).
-    #[serde(default)]
-    pub skipped_optimizer_steps: usize,
-    /// Accepted pairs used by the DPO term (GRPO+DPO mode).
-    pub dpo_pairs: usize,
-    /// Judge attempts beyond the first.
-    pub judge_retries: u64,
-    /// Mean judge latency per response, milliseconds.
-    pub judge_latency_ms: f64,
-    /// Criteria the judge handed to its fallback judge (a probe judge's abstentions).
-    #[serde(default)]
-    pub judge_deferred: u64,
-    /// `judge_deferred` over the criteria judged this step (responses × criteria).
-    #[serde(default)]
-    pub judge_deferred_share: f64,
-    /// Response tokens sampled.
-    pub response_tokens: usize,
-    /// Seconds sampling.
-    pub rollout_secs: f64,
-    /// Rollout engine: sequences preempted (their KV blocks given back and recomputed later).
-    #[serde(default)]
-    pub rollout_preemptions: usize,
-    /// Rollout engine: blocks in the KV pool.
-    #[serde(default)]
-    pub rollout_kv_blocks: usize,
-    /// Rollout engine: most KV blocks in use at once.
-    #[serde(default)]
-    pub rollout_peak_kv_blocks: usize,
-    /// Rollout engine: most sequences decoded in one step.
-    #[serde(default)]
-    pub rollout_peak_running_rows: usize,
-    /// Rollout engine: mean sequences per decode step.
-    #[serde(default)]
-    pub rollout_mean_running_rows: f64,
-    /// Rollout engine: tokens through prefill passes (prompts once each, plus recomputation).
-    #[serde(default)]
-    pub rollout_prefill_tokens: usize,
-    /// Rollout engine: decode steps.
-    #[serde(default)]
-    pub rollout_decode_steps: usize,
-    /// Token positions the update's forward passes computed, over every PPO epoch and rank
-    /// (micro-batches padded to their length bucket, `conrub_rollout::bucket_len`), and the
-    /// real `prompt ++ response` tokens among them: the cost of a finite set of shapes.
-    #[serde(default)]
-    pub update_tokens_computed: u64,
-    /// See `update_tokens_computed`.
-    #[serde(default)]
-    pub update_tokens_needed: u64,
-    /// Token positions the rollout engine's forward passes computed (prefills padded to their
-    /// length bucket, decode steps to their row bucket: `conrub_rollout::bucket_rows`), and the
-    /// real ones among them.
-    #[serde(default)]
-    pub rollout_tokens_computed: u64,
-    /// See `rollout_tokens_computed`.
-    #[serde(default)]
-    pub rollout_tokens_needed: u64,
-    /// Seconds judging (rewards and tie breaking).
-    pub judge_secs: f64,
-    /// Seconds of optimisation (old log-probs included).
-    pub update_secs: f64,
-    /// CubeCL kernels compiled, loaded from the kernel cache and autotune runs during the step
-    /// (`kernel_compiles`, `kernel_cache_loads`, `autotune_runs`; absent when the process does
-    /// not count them: see `conrub_kernels::events`). A warm run compiles nothing after its
-    /// first steps.
-    #[serde(flatten, default)]
-    pub kernels: Option<conrub_kernels::events::KernelEvents>,
-    /// Data-parallel ranks that ran the step (1 on one device).
-    #[serde(default = "one")]
-    pub ranks: usize,
-    /// Bytes each rank sent through the gradient all-reduce (0 on one device).
-    #[serde(default)]
-    pub allreduce_bytes: u64,
-    /// Seconds each rank spent in the gradient all-reduce (the slowest rank's).
-    #[serde(default)]
-    pub allreduce_secs: f64,
-    /// The slowest and the fastest rank's rollout seconds (equal on one device).
-    #[serde(default)]
-    pub rollout_secs_rank_max: f64,
-    /// See `rollout_secs_rank_max`.
-    #[serde(default)]
-    pub rollout_secs_rank_min: f64,
-    /// The slowest and the fastest rank's update seconds (equal on one device).
-    #[serde(default)]
-    pub update_secs_rank_max: f64,
-    /// See `update_secs_rank_max`.
-    #[serde(default)]
-    pub update_secs_rank_min: f64,
-    /// Seconds spent handing the policy's weights to the rollout engine (0 in process).
-    #[serde(default)]
-    pub weight_sync_secs: f64,
-    /// Bytes of weights written for the rollout engine (0 in process).
-    #[serde(default)]
-    pub weight_sync_bytes: u64,
-    /// Mean over response tokens of `|logp_learner - logp_engine|`, the learner's recomputed
-    /// old log-prob against the one the engine reported for the token it sampled.
-    #[serde(default)]
-    pub rollout_logprob_diff_mean: f64,
-    /// Largest `|logp_learner - logp_engine|` of the step.
-    #[serde(default)]
-    pub rollout_logprob_diff_max: f64,
-    /// k3 estimate of KL(engine || learner) per response token (see `rollout_logprob_diff_mean`).
-    #[serde(default)]
-    pub rollout_kl: f64,
-}
-
-fn one() -> usize {
-    1
 }
 
 /// What one step produced besides metrics (for audit logs).
@@ -740,7 +581,7 @@ where
         let ids: Vec<Vec<u32>> = prompts
             .iter()
             .map(|m| self.codec.encode_prompt(m))
-            .collect::<Result<_>>()?;
+            .collect::<conrub_contracts::Result<_>>()?;
         if ids.iter().any(Vec::is_empty) {
             return Err(GrpoError::Stage("a prompt renders to no tokens".into()));
         }
@@ -810,7 +651,7 @@ where
             .responses
             .iter()
             .map(|r| self.codec.decode(r))
-            .collect::<Result<_>>()?;
+            .collect::<conrub_contracts::Result<_>>()?;
         let rollout_secs = t0.elapsed().as_secs_f64();
 
         let t1 = Instant::now();
@@ -1006,7 +847,7 @@ where
                     .map_err(|e| GrpoError::Prompt {
                         id: r.id.clone(),
                         message: match e {
-                            GrpoError::Prompt { message, .. } => message,
+                            conrub_contracts::ContractError::Prompt { message, .. } => message,
                             other => other.to_string(),
                         },
                     })
@@ -1027,7 +868,7 @@ where
             step: self.step,
             first_group,
         };
-        self.rollout.rollout(inner, &request, &self.device)
+        Ok(self.rollout.rollout(inner, &request, &self.device)?)
     }
 
     /// Stage 2: the rewards of every group, concurrently.
@@ -1447,7 +1288,7 @@ fn step_metrics(
         m.reward_histogram[reward_bin(*r)] += 1;
     }
     for (g, o) in outcomes.iter().enumerate() {
-        m.ties.add(o, rewards[g].first().copied().flatten());
+        record_group(&mut m.ties, o, rewards[g].first().copied().flatten());
     }
     let mut lens: Vec<usize> = rollout.responses.iter().map(Vec::len).collect();
     lens.sort_unstable();

@@ -14,10 +14,10 @@
 //!
 //! The whole public API:
 //! - learner: [`Learner`], [`LearnerBuilder`], [`LearnerConfig`], [`StepMetrics`], [`StepOutput`]
-//! - model side: [`Policy`], [`ResponseLogprobs`], [`TokenBatch`], [`TextCodec`],
-//!   [`ChatTemplateCodec`], [`sample_by_recomputation`]
-//! - rollout: [`RolloutEngine`], [`RolloutRequest`], [`RolloutBatch`], [`InProcessEngine`],
-//!   [`GroupSampler`]
+//! - model side (defined in `conrub_contracts`, re-exported): [`Policy`], [`ResponseLogprobs`],
+//!   [`TokenBatch`], [`TextCodec`], [`Export`], [`sample_by_recomputation`]
+//! - rollout: [`RolloutEngine`], [`RolloutRequest`], [`RolloutBatch`], [`WeightSync`] (contracts),
+//!   and the crate's engines [`InProcessEngine`], [`GroupSampler`]
 //! - rewards: [`RewardSource`], [`JudgeRewards`], [`GroupScores`]
 //! - advantages: [`AdvantageEstimator`], [`GroupRelative`], [`ScaleRewards`],
 //!   [`TieAwareAdvantages`], [`TieMode`], [`GroupOutcome`], [`TieStatus`]
@@ -31,13 +31,11 @@
 //!   [`load_state`], [`TrainingState`], [`sft_warmup`], [`warmup_pairs`], [`BestCheckpoint`],
 //!   [`best_checkpoint_path`]
 //! - validation during training: [`Validator`] (held-out prompts scored by the training judge and
-//!   a grader), [`ValidationConfig`], [`ValidationDecoding`], [`ValidationLine`], [`JudgeScore`],
-//!   [`Answer`]
+//!   a grader) over [`HeldOutPrompt`]s, [`ValidationConfig`], [`ValidationDecoding`],
+//!   [`ValidationLine`], [`JudgeScore`], [`Answer`]
 //! - data parallel: [`DataParallel`] (one learner per device on threads of one process, one
 //!   gradient all-reduce per optimizer step), [`Collective`], [`HostCollective`], [`RankSlot`],
 //!   [`split_groups`]
-//! - memory: [`MemoryPlan`], [`MemoryPlanInput`], [`ModelShape`] (the predicted peak device memory of
-//!   a run, [`memory`])
 //! - errors: [`GrpoError`], [`Result`]
 //!
 //! Every tensor-taking item documents its shapes in a `# Shapes` section.
@@ -46,17 +44,14 @@ mod advantages;
 mod batch;
 mod buckets;
 mod checkpoint;
-mod codec;
 mod collective;
 mod error;
 mod group;
 mod learner;
 mod loss;
-pub mod memory;
 #[cfg(feature = "cuda")]
 mod nccl;
 mod parallel;
-mod policy;
 mod reward;
 mod rollout;
 pub mod run_folder;
@@ -68,32 +63,31 @@ mod validation;
 mod warmup;
 
 pub use advantages::{AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus};
-pub use batch::{padded_width, RolloutBatch, TokenBatch, TrainBatch};
+pub use batch::{padded_width, TrainBatch};
 pub use checkpoint::{load_state, save_state, TrainingState};
-pub use codec::{ChatTemplateCodec, TextCodec};
 pub use collective::{Collective, HostCollective};
+// The contracts the learner is written against, re-exported so an embedder names one crate.
+pub use conrub_contracts::{
+    add_gradients, sample_by_recomputation, ContractError, EpochSummary, Export, JudgeScore,
+    KernelWarmupLine, MetricsLine, Policy, ResponseLogprobs, RolloutBatch, RolloutEngine,
+    RolloutRequest, StepMetrics, TextCodec, TieStats, TokenBatch, ValidationDecoding,
+    ValidationLine, WeightSync,
+};
 pub use conrub_kernels::Clip;
 pub use error::{GrpoError, Result};
-pub use group::{GroupOutcome, TieAwareAdvantages, TieMode, TieStats};
-pub use learner::{
-    Learner, LearnerBuilder, LearnerConfig, OnNonFinite, RankSlot, StepMetrics, StepOutput,
-};
+pub use group::{record_group, GroupOutcome, TieAwareAdvantages, TieMode};
+pub use learner::{Learner, LearnerBuilder, LearnerConfig, OnNonFinite, RankSlot, StepOutput};
 pub use loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch, SurrogateOutput};
-pub use memory::{MemoryPlan, MemoryPlanInput, ModelShape};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclCollective;
 pub use parallel::{split_groups, DataParallel};
-pub use policy::{add_gradients, sample_by_recomputation, Policy, ResponseLogprobs};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
-pub use rollout::{GroupSampler, InProcessEngine, RolloutEngine, RolloutRequest, WeightSync};
-pub use telemetry::{EpochSummary, KernelWarmupLine, MetricsLine};
+pub use rollout::{GroupSampler, InProcessEngine};
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
 pub use trainer::{
     best_checkpoint_path, epoch_order, train, BestCheckpoint, RunConfig, RunHooks, RunSummary,
     Trainee,
 };
 pub use update::{Update, UpdateConfig};
-pub use validation::{
-    Answer, JudgeScore, ValidationConfig, ValidationDecoding, ValidationLine, Validator,
-};
+pub use validation::{Answer, HeldOutPrompt, ValidationConfig, Validator};
 pub use warmup::{sft_warmup, warmup_pairs};

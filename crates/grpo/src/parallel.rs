@@ -26,7 +26,7 @@ use conrub_rubric::RubricRecord;
 use crate::collective::Collective;
 use crate::error::{GrpoError, Result};
 use crate::learner::{step_output, Learner, LearnerBuilder, RankSlot, Shard, StepOutput};
-use crate::policy::Policy;
+use conrub_contracts::Policy;
 
 /// The learners of a data-parallel group, rank 0 first.
 pub struct DataParallel<B, P>
@@ -245,60 +245,6 @@ fn checksum<B: Backend, M: Module<B>>(module: &M) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A replica whose weights differ from rank 0's is an error naming it.
-    #[test]
-    fn a_drifted_replica_is_named() {
-        use crate::{GroupScores, HostCollective, LearnerConfig, RewardSource, TextCodec};
-        use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
-        type B = burn::backend::Autodiff<burn::backend::Flex>;
-        struct Ids;
-        impl TextCodec for Ids {
-            fn encode_prompt(&self, _: &[conrub_rubric::Message]) -> Result<Vec<u32>> {
-                Ok(vec![1, 2])
-            }
-            fn decode(&self, ids: &[u32]) -> Result<String> {
-                Ok(format!("{ids:?}"))
-            }
-        }
-        struct Zero;
-        #[async_trait::async_trait]
-        impl RewardSource for Zero {
-            async fn score_group(
-                &self,
-                _: &RubricRecord,
-                _: &[String],
-                _: &[u32],
-                _: u64,
-            ) -> GroupScores {
-                unreachable!("no step is taken")
-            }
-        }
-        let devices = vec![Default::default(); 3];
-        let group = DataParallel::<B, Qwen3ForCausalLM<B>>::build(
-            &devices,
-            Arc::new(HostCollective::new(3)),
-            1 << 20,
-            |rank, device| {
-                // Rank 2 starts from other weights.
-                let seed = if rank == 2 { 9 } else { 1 };
-                let model = Qwen3ForCausalLM::random(&Qwen3Config::tiny(32), 0.1, seed, device);
-                let cfg = LearnerConfig {
-                    tie_mode: crate::TieMode::Off,
-                    ..Default::default()
-                };
-                Ok(Learner::builder(model, cfg, *device)
-                    .codec(Ids)
-                    .rewards(Zero))
-            },
-        )
-        .unwrap();
-        let e = group.check_replicas().unwrap_err().to_string();
-        assert!(
-            e.contains("rank 2's parameters differ from rank 0's"),
-            "{e}"
-        );
-    }
 
     #[test]
     fn groups_split_contiguously_with_the_remainder_first() {

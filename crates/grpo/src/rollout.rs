@@ -1,112 +1,14 @@
-//! The rollout stage: `k` sampled responses per prompt, as a [`RolloutBatch`], from a
-//! [`RolloutEngine`]. Two engines come with the crate: [`InProcessEngine`] (conrub-rollout's paged
-//! engine on the policy's own weights) and [`GroupSampler`] (any [`Policy`], through
-//! [`Policy::sample`]). An engine in another process (an inference server) implements the same
-//! trait: it receives token ids and returns token ids, and [`RolloutEngine::sync_weights`] is
-//! where it gets the policy's new weights.
+//! The two rollout engines of the crate: [`InProcessEngine`] (conrub-rollout's paged engine on the
+//! policy's own weights) and [`GroupSampler`] (any [`Policy`], through [`Policy::sample`]). Both
+//! implement `conrub_contracts`' [`RolloutEngine`].
 
 use burn::tensor::backend::Backend;
+use conrub_contracts::{
+    Generation, PagedModel, Policy, Result, RolloutBatch, RolloutEngine, RolloutRequest,
+    RolloutStats, SamplingConfig,
+};
 use conrub_kernels::GrpoOps;
-use conrub_rollout::{EngineConfig, Generation, PagedModel, RolloutStats, SamplingConfig};
-
-use crate::batch::RolloutBatch;
-use crate::error::{GrpoError, Result};
-use crate::policy::Policy;
-
-/// What the learner asks of the rollout engine in one step.
-#[derive(Debug, Clone, Copy)]
-pub struct RolloutRequest<'a> {
-    /// Prompt token ids, one per group (chat-templated, non-empty).
-    pub prompts: &'a [Vec<u32>],
-    /// Responses per prompt (k).
-    pub group_size: usize,
-    /// Decoding, length limit, stop ids and the step's seed.
-    pub sampling: &'a SamplingConfig,
-    /// Learner steps completed before this one.
-    pub step: u64,
-    /// The step's index of `prompts[0]`: 0 on one device; with data-parallel ranks, the first of
-    /// this rank's groups. Calls follow the step's global chunking and streams (see [`in_calls`]),
-    /// so every response is the same whatever the number of ranks.
-    pub first_group: usize,
-}
-
-/// What handing the policy's weights to an engine cost (zero for an in-process engine).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct WeightSync {
-    /// Wall seconds (writing the weights, the servers' reloads).
-    pub secs: f64,
-    /// Bytes of weights written.
-    pub bytes: u64,
-}
-
-impl WeightSync {
-    /// Both costs of `self` and `other`.
-    pub fn plus(self, other: WeightSync) -> WeightSync {
-        WeightSync {
-            secs: self.secs + other.secs,
-            bytes: self.bytes + other.bytes,
-        }
-    }
-}
-
-/// Produces the responses of one step. Per learner step the learner calls, in order:
-/// [`RolloutEngine::sync_weights`] with the policy and the step count (an engine whose weights
-/// are already that version does nothing), [`RolloutEngine::rollout`] with the policy on the
-/// inner backend (no autodiff tape) and a seed derived from the run seed and the step,
-/// [`RolloutEngine::release`] once every rank's rollouts are done and before the update stage,
-/// and [`RolloutEngine::sync_weights`] again with the step count plus one once the step's
-/// optimizer steps are done (the next rollout is the first reader of the new weights).
-///
-/// Data-parallel ranks may share one engine (it is `Sync`): each rank calls every method, so an
-/// engine that syncs or releases must do it once per version or step.
-pub trait RolloutEngine<B: Backend, P: Policy<B>>: Send + Sync {
-    /// `request.group_size` responses to each prompt, prompt-major (row `r` answers prompt
-    /// `r / group_size`), each with its per-token log-probabilities and finish reason.
-    fn rollout(
-        &self,
-        policy: &P,
-        request: &RolloutRequest<'_>,
-        device: &B::Device,
-    ) -> Result<RolloutBatch>;
-
-    /// Makes the engine sample from `policy`, the weights after `version` learner steps. The
-    /// default does nothing: an in-process engine samples from the policy it is given.
-    fn sync_weights(&self, policy: &P, version: u64) -> Result<WeightSync> {
-        let _ = (policy, version);
-        Ok(WeightSync::default())
-    }
-
-    /// The step's rollouts are over on every rank: an engine that shares the learner's devices
-    /// gives its memory back until the next [`RolloutEngine::sync_weights`]. Default: nothing.
-    fn release(&self) -> Result<()> {
-        Ok(())
-    }
-}
-
-/// One engine shared by several learners (the ranks of a data-parallel group).
-impl<B, P, E> RolloutEngine<B, P> for std::sync::Arc<E>
-where
-    B: Backend,
-    P: Policy<B>,
-    E: RolloutEngine<B, P> + ?Sized,
-{
-    fn rollout(
-        &self,
-        policy: &P,
-        request: &RolloutRequest<'_>,
-        device: &B::Device,
-    ) -> Result<RolloutBatch> {
-        (**self).rollout(policy, request, device)
-    }
-
-    fn sync_weights(&self, policy: &P, version: u64) -> Result<WeightSync> {
-        (**self).sync_weights(policy, version)
-    }
-
-    fn release(&self) -> Result<()> {
-        (**self).release()
-    }
-}
+use conrub_rollout::EngineConfig;
 
 /// The rows of one call: every prompt of `chunk` repeated `k` times.
 fn group_rows(chunk: &[Vec<u32>], k: usize) -> Vec<Vec<u32>> {
@@ -176,8 +78,7 @@ where
         device: &B::Device,
     ) -> Result<RolloutBatch> {
         in_calls(request, self.prompts_per_call, |rows, cfg| {
-            let out = conrub_rollout::rollout(policy, rows, cfg, &self.engine, device)
-                .map_err(GrpoError::Sampling)?;
+            let out = conrub_rollout::rollout(policy, rows, cfg, &self.engine, device)?;
             Ok((out.generations, out.stats))
         })
     }

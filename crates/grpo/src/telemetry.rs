@@ -1,101 +1,13 @@
-//! Telemetry: a JSONL metrics file (one line per step, one per finished epoch) and a live progress
-//! line. Curves are drawn from the file by conrub-plot (at checkpoints through
+//! Telemetry: the JSONL metrics file (its line types are `conrub_contracts`' [`MetricsLine`]) and
+//! a live progress line. Curves are drawn from the file by conrub-plot (at checkpoints through
 //! [`RunHooks::checkpointed`](crate::RunHooks::checkpointed), and by `conrub plot`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use conrub_contracts::{MetricsLine, StepMetrics, ValidationLine};
 
 use crate::error::{GrpoError, Result};
-use crate::group::TieStats;
-use crate::learner::StepMetrics;
-use crate::validation::ValidationLine;
-
-/// One line of the metrics file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum MetricsLine {
-    /// A training step.
-    Step {
-        /// Epoch the step belongs to.
-        epoch: usize,
-        /// The step's metrics.
-        #[serde(flatten)]
-        metrics: Box<StepMetrics>,
-    },
-    /// A finished epoch.
-    Epoch(EpochSummary),
-    /// A validation round (`[eval]`): the policy after `step` steps on held-out prompts.
-    Eval(ValidationLine),
-    /// A kernel warm-up before the first step (`conrub train` on a CubeCL backend with a cold
-    /// kernel cache): what it compiled and how long it took.
-    KernelWarmup(KernelWarmupLine),
-}
-
-/// What a kernel warm-up did: one step of the run's shapes (and its supervised warm-up's first
-/// steps when it has one) on weights that are then restored, before the run's first step.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct KernelWarmupLine {
-    /// Whether the run was resumed from a checkpoint (else it ran before step 0).
-    pub resumed: bool,
-    /// What ran, in words.
-    pub ran: String,
-    /// Seconds it took.
-    pub secs: f64,
-    /// Kernels compiled, loaded from the kernel cache and autotune runs during it.
-    #[serde(flatten, default)]
-    pub kernels: Option<conrub_kernels::events::KernelEvents>,
-}
-
-/// Per-epoch totals.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct EpochSummary {
-    /// Epoch index.
-    pub epoch: usize,
-    /// Steps in the epoch.
-    pub steps: usize,
-    /// Mean reward over scored responses.
-    pub reward_mean: f64,
-    /// Scored responses.
-    pub scored: usize,
-    /// Unscored responses.
-    pub unscored: usize,
-    /// Tie statistics summed over the epoch.
-    pub ties: TieStats,
-    /// Mean response length.
-    pub response_len_mean: f64,
-    /// Truncated responses.
-    pub truncated: usize,
-}
-
-impl EpochSummary {
-    /// Sums steps.
-    pub fn from_steps(epoch: usize, steps: &[StepMetrics]) -> Self {
-        let mut s = EpochSummary {
-            epoch,
-            steps: steps.len(),
-            ..Default::default()
-        };
-        let (mut reward, mut len, mut n) = (0.0, 0.0, 0usize);
-        for m in steps {
-            reward += m.reward_mean * m.scored as f64;
-            len += m.response_len_mean * m.responses as f64;
-            n += m.responses;
-            s.scored += m.scored;
-            s.unscored += m.unscored;
-            s.truncated += m.truncated;
-            s.ties.merge(&m.ties);
-        }
-        s.reward_mean = if s.scored > 0 {
-            reward / s.scored as f64
-        } else {
-            0.0
-        };
-        s.response_len_mean = if n > 0 { len / n as f64 } else { 0.0 };
-        s
-    }
-}
 
 /// The metrics file.
 pub struct MetricsLog {
@@ -215,7 +127,7 @@ pub fn progress_line(m: &StepMetrics, total_steps: u64, secs_per_step: f64) -> S
 
 /// The line printed after a validation round: both judges' scores.
 pub fn validation_progress_line(v: &ValidationLine) -> String {
-    let score = |j: &crate::validation::JudgeScore| match (j.score, j.score_std) {
+    let score = |j: &conrub_contracts::JudgeScore| match (j.score, j.score_std) {
         (Some(s), Some(sd)) => format!("{s:+.3} ± {sd:.3} ({} scored)", j.scored),
         _ => format!(
             "unscored ({} of {}: {})",
@@ -243,6 +155,7 @@ fn format_secs(s: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use conrub_contracts::EpochSummary;
 
     fn step(i: u64, reward: f64) -> StepMetrics {
         StepMetrics {

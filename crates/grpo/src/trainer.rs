@@ -14,13 +14,11 @@ use serde::{Deserialize, Serialize};
 use crate::advantages::stable_seed;
 use crate::checkpoint::{load_state, save_state, TrainingState};
 use crate::error::{GrpoError, Result};
-use crate::learner::{Learner, StepMetrics, StepOutput};
+use crate::learner::{Learner, StepOutput};
 use crate::parallel::DataParallel;
-use crate::policy::Policy;
-use crate::telemetry::{
-    progress_line, validation_progress_line, EpochSummary, MetricsLine, MetricsLog,
-};
-use crate::validation::{ValidationLine, Validator};
+use crate::telemetry::{progress_line, validation_progress_line, MetricsLog};
+use crate::validation::Validator;
+use conrub_contracts::{EpochSummary, MetricsLine, Policy, StepMetrics, ValidationLine};
 
 /// Loop settings (the `[run]` table of a train config).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -519,7 +517,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validation::JudgeScore;
+    use conrub_contracts::JudgeScore;
 
     /// A validation round after `step` whose grader scored `score`.
     fn round(step: u64, score: Option<f64>) -> ValidationLine {

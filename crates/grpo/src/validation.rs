@@ -16,29 +16,18 @@ use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use conrub_eval::{bootstrap_std_clipped, EvalExample};
+use conrub_contracts::{
+    Decoding, FinishReason, JudgeScore, Message, Policy, ValidationDecoding, ValidationLine,
+};
 use conrub_judge::{CriterionJudge, CriterionRequest, CriterionVerdict};
 use conrub_kernels::GrpoOps;
-use conrub_rollout::{Decoding, FinishReason};
+use conrub_rubric::bootstrap::bootstrap_std_clipped;
 use conrub_rubric::{score_labels, LengthPenalty, ScoringMode};
 use serde::{Deserialize, Serialize};
 
 use crate::advantages::stable_seed;
 use crate::error::{GrpoError, Result};
 use crate::learner::Learner;
-use crate::policy::Policy;
-
-/// How validation answers are decoded.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ValidationDecoding {
-    /// The most likely token each step (one sample per prompt is enough).
-    #[default]
-    Greedy,
-    /// The training sampler's settings (`learner.temperature`, `top_p`, `top_k`), seeded by the
-    /// run seed and the step.
-    Sampled,
-}
 
 /// The `[eval]` table of a run config, less its `grader` judge (read like `[judge]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,53 +84,14 @@ impl ValidationConfig {
     }
 }
 
-/// One judge's view of a validation round.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct JudgeScore {
-    /// The judge's id.
-    pub judge: String,
-    /// Mean score over the scored responses; `None` when none was scored.
-    pub score: Option<f64>,
-    /// Bootstrap standard deviation of `score`.
-    pub score_std: Option<f64>,
-    /// Responses scored.
-    pub scored: usize,
-    /// Responses the judge left unscored (failed calls, wrong label counts).
-    pub unscored: usize,
-    /// Share of each label over the scored responses' criteria.
-    pub labels: BTreeMap<String, f64>,
-    /// Why responses went unscored (the first error), when any did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// A `kind = "eval"` line of `metrics.jsonl`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ValidationLine {
-    /// Training steps completed when the policy was validated.
-    pub step: u64,
-    /// Held-out prompts answered.
-    pub prompts: usize,
-    /// Responses generated (`prompts × samples`).
-    pub responses: usize,
-    /// `greedy` or `sampled`.
-    pub decoding: ValidationDecoding,
-    /// Mean response length in tokens.
-    pub response_len_mean: f64,
-    /// Responses cut at the length limit.
-    pub truncated: usize,
-    /// The training judge's scores.
-    pub training: JudgeScore,
-    /// The grader's scores.
-    pub grader: JudgeScore,
-    /// Seconds generating.
-    pub generate_secs: f64,
-    /// Seconds judging (both judges, concurrently).
-    pub judge_secs: f64,
-    /// CubeCL kernels compiled, loaded from the cache and autotune runs during the round (see
-    /// [`crate::StepMetrics::kernels`]).
-    #[serde(flatten, default)]
-    pub kernels: Option<conrub_kernels::events::KernelEvents>,
+/// One held-out prompt and the criteria its answers are graded on (`conrub_eval`'s examples
+/// carry both).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldOutPrompt {
+    /// The conversation the policy answers.
+    pub prompt: Vec<Message>,
+    /// The criteria graded correct / missing / wrong.
+    pub criteria: Vec<String>,
 }
 
 /// Validates a learner's policy on held-out prompts with two judges.
@@ -149,7 +99,7 @@ pub struct Validator {
     /// The settings.
     pub cfg: ValidationConfig,
     /// The held-out prompts with their rubrics (`cfg.limit` already applied).
-    pub examples: Vec<EvalExample>,
+    pub examples: Vec<HeldOutPrompt>,
     /// The label set both judges grade with (the run's reward mode).
     pub mode: ScoringMode,
     /// The training judge.

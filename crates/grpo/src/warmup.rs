@@ -8,15 +8,14 @@ use burn::tensor::ElementConversion;
 
 use conrub_rubric::RubricRecord;
 
-use crate::batch::TokenBatch;
-use crate::codec::{ChatTemplateCodec, TextCodec};
+use conrub_contracts::{Policy, TextCodec, TokenBatch};
+
 use crate::error::{GrpoError, Result};
-use crate::policy::Policy;
 
 /// `(prompt, reference answer + stop token)` ids of every record that has a reference answer.
 pub fn warmup_pairs(
     records: &[RubricRecord],
-    codec: &ChatTemplateCodec,
+    codec: &dyn TextCodec,
     stop_ids: &[u32],
 ) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
     records
@@ -29,13 +28,10 @@ pub fn warmup_pairs(
                     id: r.id.clone(),
                     message: e.to_string(),
                 })?;
-            let mut ids = codec
-                .tokenizer
-                .encode(answer)
-                .map_err(|e| GrpoError::Prompt {
-                    id: r.id.clone(),
-                    message: format!("reference answer: {e}"),
-                })?;
+            let mut ids = codec.encode_text(answer).map_err(|e| GrpoError::Prompt {
+                id: r.id.clone(),
+                message: format!("reference answer: {e}"),
+            })?;
             ids.extend(stop_ids.first());
             Ok((prompt, ids))
         })

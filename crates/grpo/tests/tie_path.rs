@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use conrub_grpo::{
-    GroupRelative, JudgeRewards, PairRecord, RewardSource, TieAwareAdvantages, TieBreaker, TieMode,
-    TieOutcome, TieStats, TieStatus, TiedGroup,
+    record_group, GroupRelative, JudgeRewards, PairRecord, RewardSource, TieAwareAdvantages,
+    TieBreaker, TieMode, TieOutcome, TieStats, TieStatus, TiedGroup,
 };
 use conrub_judge::{LexicalJudge, PairOutcome};
 use conrub_rubric::{read_rubrics, LengthPenalty, RubricDropout, ScoringMode};
@@ -177,9 +177,9 @@ async fn tie_modes_and_statistics() {
     assert!(vanilla.advantages[1] < 0.0 && vanilla.advantages[0] > 0.0);
 
     let mut stats = TieStats::default();
-    stats.add(&out, Some(1.0));
-    stats.add(&vanilla, None);
-    stats.add(&off, Some(0.75));
+    record_group(&mut stats, &out, Some(1.0));
+    record_group(&mut stats, &vanilla, None);
+    record_group(&mut stats, &off, Some(0.75));
     assert_eq!((stats.groups, stats.tied_groups), (3, 2));
     assert_eq!(
         (

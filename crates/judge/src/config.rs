@@ -245,7 +245,7 @@ pub struct ProbeSettings {
     /// on it, so it must be the one the probe was distilled at (its file says which).
     #[cfg(feature = "local")]
     #[serde(default)]
-    pub precision: conrub_qwen3::Precision,
+    pub precision: conrub_models::Precision,
     /// Compute precision of the base model (this build has no in-process judge).
     #[cfg(not(feature = "local"))]
     #[serde(default)]
@@ -672,9 +672,9 @@ impl JudgeConfig {
         };
         let path = self.base_dir.join(model);
         let loaded = if path.is_dir() {
-            conrub_qwen3::Qwen3::<B>::load_dir(&path, device)
+            conrub_models::Pretrained::<B>::load_dir(&path, device)
         } else {
-            conrub_qwen3::Qwen3::<B>::load(model, device)
+            conrub_models::Pretrained::<B>::load(model, device)
         }
         .map_err(|e| JudgeError::Model(Box::new(e)))?;
         let cache = self.open_cache()?;
@@ -703,7 +703,7 @@ impl JudgeConfig {
     fn build_probe<B: conrub_kernels::GrpoOps>(
         &self,
         settings: &ProbeSettings,
-        loaded: conrub_qwen3::Qwen3<B>,
+        loaded: conrub_models::Pretrained<B>,
         device: &B::Device,
         cache: Option<Arc<JudgeCache>>,
     ) -> Result<Judges> {
@@ -716,7 +716,7 @@ impl JudgeConfig {
                 Some(f.build_on::<B>(device, &none)?)
             }
         };
-        let exec = conrub_qwen3::Execution {
+        let exec = conrub_models::Execution {
             precision: settings.precision,
             ..loaded.model.exec
         };
@@ -825,7 +825,7 @@ mod tests {
             let JudgeSpec::Local(l) = &c.spec else {
                 panic!("{c:?}")
             };
-            assert_eq!(l.local.precision, conrub_qwen3::Precision::Bf16Mixed);
+            assert_eq!(l.local.precision, conrub_models::Precision::Bf16Mixed);
             let e = err("kind = \"local\"\nmodel = \"m\"\n[local]\nprecision = \"bf16\"\n");
             assert!(
                 e.starts_with("local.precision: ") && e.contains("bf16-mixed"),
@@ -840,7 +840,7 @@ mod tests {
             let JudgeSpec::Probe(p) = &c.spec else {
                 panic!("{c:?}")
             };
-            assert_eq!(p.precision, conrub_qwen3::Precision::Bf16Mixed);
+            assert_eq!(p.precision, conrub_models::Precision::Bf16Mixed);
             let e = err(format!("{probe}precision = \"bf16\"\n").as_str());
             assert!(
                 e.starts_with("precision: ") && e.contains("bf16-mixed"),

@@ -69,7 +69,7 @@ pub enum JudgeError {
     /// The in-process model could not be loaded.
     #[cfg(feature = "local")]
     #[error("local judge: {0}")]
-    Model(#[source] Box<conrub_qwen3::Qwen3Error>),
+    Model(#[source] Box<conrub_models::ModelError>),
     /// The in-process model cannot serve as a judge.
     #[error("local judge: {0}")]
     Unfit(String),

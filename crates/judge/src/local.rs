@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{Execution, Precision, Qwen3};
+use conrub_models::{Execution, Precision, Pretrained};
 use conrub_rollout::{Decoding, SamplingConfig};
 use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
@@ -77,7 +77,7 @@ impl Default for LocalJudgeConfig {
 
 /// The in-process judge on backend `B`.
 pub struct LocalJudge<B: GrpoOps> {
-    model: Mutex<Qwen3<B>>,
+    model: Mutex<Pretrained<B>>,
     device: B::Device,
     prompts: PromptSet,
     cfg: LocalJudgeConfig,
@@ -87,7 +87,7 @@ pub struct LocalJudge<B: GrpoOps> {
 }
 
 /// Single-token spellings of a label (`correct`, `Correct`, ...).
-fn label_token_ids<B: GrpoOps>(model: &Qwen3<B>, label: Label) -> Result<Vec<u32>> {
+fn label_token_ids<B: GrpoOps>(model: &Pretrained<B>, label: Label) -> Result<Vec<u32>> {
     let tok = model
         .tokenizer
         .as_ref()
@@ -125,7 +125,7 @@ impl<B: GrpoOps> LocalJudge<B> {
     /// A judge around a loaded model (which must have its tokenizer), running at
     /// `cfg.precision`.
     pub fn new(
-        model: Qwen3<B>,
+        model: Pretrained<B>,
         device: B::Device,
         prompts: PromptSet,
         cfg: LocalJudgeConfig,
@@ -185,7 +185,7 @@ impl<B: GrpoOps> LocalJudge<B> {
             .len())
             .map(|_| (Err(CallError("not attempted".into())), Vec::new(), 0))
             .collect();
-        let ids: Vec<conrub_qwen3::Result<Vec<u32>>> = prompts
+        let ids: Vec<conrub_models::Result<Vec<u32>>> = prompts
             .iter()
             .map(|(s, u)| chat_ids(&model, s, u))
             .collect();
@@ -289,7 +289,7 @@ impl<B: GrpoOps> LocalJudge<B> {
     /// Label and margin from the next-token distribution after each prompt `rows` of `shared`.
     fn next_token_labels(
         &self,
-        model: &Qwen3<B>,
+        model: &Pretrained<B>,
         shared: &mut SharedPrefix<B>,
         rows: std::ops::Range<usize>,
         mode: ScoringMode,

@@ -12,7 +12,7 @@
 
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{ChatOptions, Message, Qwen3};
+use conrub_models::{ChatOptions, Message, Pretrained};
 use conrub_rollout::{
     ForwardBatch, PaddedBatch, Padding, PagedKv, PagedModel, PagedPass, PagedPrefix,
     DEFAULT_BLOCK_SIZE,
@@ -92,14 +92,14 @@ fn span_mask(padded: &PaddedBatch, prefix: usize, starts: &[usize]) -> Vec<bool>
 /// The token ids of a (system, user) prompt under the model's chat template, thinking off, ready
 /// for the assistant's answer.
 pub(crate) fn chat_ids<B: GrpoOps>(
-    model: &Qwen3<B>,
+    model: &Pretrained<B>,
     system: &str,
     user: &str,
-) -> conrub_qwen3::Result<Vec<u32>> {
+) -> conrub_models::Result<Vec<u32>> {
     let tok = model
         .tokenizer
         .as_ref()
-        .ok_or_else(|| conrub_qwen3::Qwen3Error::ModelDir {
+        .ok_or_else(|| conrub_models::ModelError::ModelDir {
             dir: model.dir.clone(),
             message: "no tokenizer.json".into(),
         })?;
@@ -143,7 +143,7 @@ impl<B: GrpoOps> SharedPrefix<B> {
     /// through the model's first `layers` layers (all when `None`: later passes may only ask
     /// for layers up to it).
     pub fn new(
-        model: &Qwen3<B>,
+        model: &Pretrained<B>,
         seqs: &[Vec<u32>],
         starts: Option<&[usize]>,
         layers: Option<usize>,

@@ -10,28 +10,28 @@ use conrub_judge::{
     CriterionJudge, CriterionRequest, JudgeCache, LocalJudge, LocalJudgeConfig, LocalMode,
     PromptSet,
 };
-use conrub_qwen3::{
-    ChatOptions, Message, PaddedBatch, Padding, Precision, Qwen3, Qwen3Config, Qwen3ForCausalLM,
-    Qwen3Tokenizer,
+use conrub_models::{
+    CausalLm, ChatOptions, ChatTokenizer, Message, ModelConfig, PaddedBatch, Padding, Precision,
+    Pretrained,
 };
 use conrub_rubric::{Label, ScoringMode};
 
 type B = Flex;
 
 fn tokenizer_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/qwen3/testdata/qwen3-tokenizer")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/testdata/qwen3-tokenizer")
 }
 
-fn tiny_model(seed: u64) -> Qwen3<B> {
+fn tiny_model(seed: u64) -> Pretrained<B> {
     let dev = Default::default();
-    let config = Qwen3Config::tiny(151_936);
+    let config = ModelConfig::tiny(151_936);
     // A larger init spreads the next-token distribution so label margins are not all ~0.
-    let model = Qwen3ForCausalLM::random(&config, 0.5, seed, &dev);
-    Qwen3 {
+    let model = CausalLm::random(&config, 0.5, seed, &dev);
+    Pretrained {
         model,
         config,
         generation_config: None,
-        tokenizer: Some(Qwen3Tokenizer::from_dir(&tokenizer_dir()).unwrap()),
+        tokenizer: Some(ChatTokenizer::from_dir(&tokenizer_dir()).unwrap()),
         dir: "tiny-random".into(),
     }
 }
@@ -64,7 +64,7 @@ fn requests() -> Vec<CriterionRequest> {
 
 /// The label decision recomputed from one unpadded forward pass over the full sequence.
 fn reference_label(
-    model: &Qwen3<B>,
+    model: &Pretrained<B>,
     prompts: &PromptSet,
     r: &CriterionRequest,
     criterion: &str,

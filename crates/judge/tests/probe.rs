@@ -18,7 +18,7 @@ use conrub_judge::probe::{
 };
 use conrub_judge::testing::{Reply, ScriptedServer};
 use conrub_judge::{CriterionJudge, CriterionRequest, JudgeConfig, PromptSet};
-use conrub_qwen3::{save_pretrained, Qwen3, Qwen3Config, Qwen3ForCausalLM, SaveDtype};
+use conrub_models::{save_pretrained, CausalLm, ModelConfig, Pretrained, SaveDtype};
 use conrub_rubric::{read_rubrics, Label, RubricRecord, RubricSet, ScoringMode};
 
 type B = Flex;
@@ -29,9 +29,9 @@ fn root() -> PathBuf {
 
 /// A tiny random Qwen3 (full vocabulary) written as a Hugging Face directory under `dir`.
 fn save_tiny_model(dir: &Path, seed: u64) -> PathBuf {
-    let config = Qwen3Config::tiny(151_936);
-    let model = Qwen3ForCausalLM::<B>::random(&config, 0.5, seed, &Default::default());
-    let tokenizer = root().join("models/qwen3/testdata/qwen3-tokenizer");
+    let config = ModelConfig::tiny(151_936);
+    let model = CausalLm::<B>::random(&config, 0.5, seed, &Default::default());
+    let tokenizer = root().join("models/testdata/qwen3-tokenizer");
     let out = dir.join(format!("tiny-{seed}"));
     save_pretrained(
         &model,
@@ -46,7 +46,7 @@ fn save_tiny_model(dir: &Path, seed: u64) -> PathBuf {
 }
 
 fn featurizer(model_dir: &Path) -> ProbeFeaturizer<B> {
-    let model = Qwen3::<B>::load_dir(model_dir, &Default::default()).unwrap();
+    let model = Pretrained::<B>::load_dir(model_dir, &Default::default()).unwrap();
     ProbeFeaturizer::new(model, Default::default(), PromptSet::default(), 16).unwrap()
 }
 
@@ -224,7 +224,7 @@ async fn the_probe_judge_scores_refuses_and_abstains() {
     .unwrap();
     assert_eq!(report.chosen_by, "given");
     assert_eq!(report.probe.format, conrub_judge::probe::PROBE_FORMAT);
-    assert_eq!(report.probe.precision, conrub_qwen3::Precision::F32);
+    assert_eq!(report.probe.precision, conrub_models::Precision::F32);
     let probe_file = out.join("probe.safetensors");
 
     // Every criterion of every bundled sample response gets a label.
@@ -249,9 +249,9 @@ async fn the_probe_judge_scores_refuses_and_abstains() {
 
     // A judge whose model runs at another precision than the probe was distilled at is refused,
     // naming the setting (no forward pass needed).
-    let model = Qwen3::<B>::load_dir(&model_dir, &Default::default()).unwrap();
-    let exec = conrub_qwen3::Execution {
-        precision: conrub_qwen3::Precision::Bf16Mixed,
+    let model = Pretrained::<B>::load_dir(&model_dir, &Default::default()).unwrap();
+    let exec = conrub_models::Execution {
+        precision: conrub_models::Precision::Bf16Mixed,
         ..model.model.exec
     };
     let bf16 = ProbeFeaturizer::new(

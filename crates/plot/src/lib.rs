@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use conrub_grpo::{MetricsLine, StepMetrics, ValidationLine};
+use conrub_contracts::{MetricsLine, StepMetrics, ValidationLine};
 use plotters::prelude::*;
 
 /// What can go wrong while plotting a run.

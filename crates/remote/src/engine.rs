@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
-use conrub_grpo::{Policy, RolloutBatch, RolloutEngine, RolloutRequest, WeightSync};
+use conrub_contracts::{Policy, RolloutBatch, RolloutEngine, RolloutRequest, WeightSync};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
@@ -297,7 +297,7 @@ impl<B: Backend, P: Policy<B>> RolloutEngine<B, P> for SglangEngine<P> {
         _policy: &P,
         request: &RolloutRequest<'_>,
         _device: &B::Device,
-    ) -> conrub_grpo::Result<RolloutBatch> {
+    ) -> conrub_contracts::Result<RolloutBatch> {
         let cfg = &self.inner.cfg;
         let version = self.inner.state.lock().expect("state lock").version;
         let want = version.map(version_name);
@@ -337,7 +337,7 @@ impl<B: Backend, P: Policy<B>> RolloutEngine<B, P> for SglangEngine<P> {
         Ok(batch)
     }
 
-    fn sync_weights(&self, policy: &P, version: u64) -> conrub_grpo::Result<WeightSync> {
+    fn sync_weights(&self, policy: &P, version: u64) -> conrub_contracts::Result<WeightSync> {
         let mut state = self.inner.state.lock().expect("state lock");
         if state.version == Some(version) {
             return Ok(WeightSync::default());
@@ -350,7 +350,7 @@ impl<B: Backend, P: Policy<B>> RolloutEngine<B, P> for SglangEngine<P> {
         })
     }
 
-    fn release(&self) -> conrub_grpo::Result<()> {
+    fn release(&self) -> conrub_contracts::Result<()> {
         if !self.inner.cfg.colocate {
             return Ok(());
         }

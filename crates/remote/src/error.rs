@@ -54,9 +54,9 @@ pub enum RemoteError {
     },
 }
 
-impl From<RemoteError> for conrub_grpo::GrpoError {
+impl From<RemoteError> for conrub_contracts::ContractError {
     fn from(e: RemoteError) -> Self {
-        conrub_grpo::GrpoError::Engine(Box::new(e))
+        conrub_contracts::ContractError::Engine(Box::new(e))
     }
 }
 

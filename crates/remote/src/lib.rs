@@ -1,4 +1,4 @@
-//! Rollouts on SGLang servers, behind the learner's [`conrub_grpo::RolloutEngine`] interface
+//! Rollouts on SGLang servers, behind the learner's [`conrub_contracts::RolloutEngine`] interface
 //! (`[rollout] engine = "sglang"`).
 //!
 //! Per learner step:

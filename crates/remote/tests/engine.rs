@@ -6,16 +6,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use burn::backend::Flex;
-use conrub_grpo::{RolloutEngine, RolloutRequest};
-use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
+use conrub_contracts::{RolloutEngine, RolloutRequest};
+use conrub_models::{CausalLm, ModelConfig};
 use conrub_remote::testing::{Event, Fault, ScriptedSglang, SCRIPTED_LOGPROB};
 use conrub_remote::{SglangConfig, SglangEngine, WeightWriter};
 use conrub_rollout::{Decoding, FinishReason, SamplingConfig};
 
-type P = Qwen3ForCausalLM<Flex>;
+type P = CausalLm<Flex>;
 
 fn model() -> P {
-    Qwen3ForCausalLM::random(&Qwen3Config::tiny(64), 0.1, 1, &Default::default())
+    CausalLm::random(&ModelConfig::tiny(64), 0.1, 1, &Default::default())
 }
 
 /// Writes a `model.safetensors` whose bytes say which write it was.
@@ -56,7 +56,7 @@ fn sampling() -> SamplingConfig {
     }
 }
 
-fn rollout(e: &SglangEngine<P>, m: &P) -> conrub_grpo::Result<conrub_grpo::RolloutBatch> {
+fn rollout(e: &SglangEngine<P>, m: &P) -> conrub_contracts::Result<conrub_contracts::RolloutBatch> {
     let prompts = vec![vec![5, 6], vec![7], vec![8, 9, 3]];
     let s = sampling();
     let request = RolloutRequest {
@@ -69,7 +69,11 @@ fn rollout(e: &SglangEngine<P>, m: &P) -> conrub_grpo::Result<conrub_grpo::Rollo
     RolloutEngine::<Flex, P>::rollout(e, m, &request, &Default::default())
 }
 
-fn sync(e: &SglangEngine<P>, m: &P, v: u64) -> conrub_grpo::Result<conrub_grpo::WeightSync> {
+fn sync(
+    e: &SglangEngine<P>,
+    m: &P,
+    v: u64,
+) -> conrub_contracts::Result<conrub_contracts::WeightSync> {
     RolloutEngine::<Flex, P>::sync_weights(e, m, v)
 }
 

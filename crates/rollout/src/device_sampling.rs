@@ -11,7 +11,7 @@
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 use conrub_kernels::GrpoOps;
 
-use crate::sampling::SamplingConfig;
+use conrub_contracts::SamplingConfig;
 
 /// Tokens `[rows]` and their log-probabilities `[rows]` (f32) drawn from `logits` `[rows, vocab]`
 /// under `cfg`. `uniforms[r]` in `[0, 1)` is row `r`'s draw (unused when greedy).
@@ -38,9 +38,9 @@ pub fn sample_on_device<B: GrpoOps>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampling::{sample_token, sequence_rng, Decoding};
     use burn::backend::Flex;
     use burn::tensor::TensorData;
+    use conrub_contracts::{sample_token, sequence_rng, Decoding};
     use rand::Rng;
 
     fn on_device(logits: &[f32], cfg: &SamplingConfig, u: f64) -> (u32, f32) {

@@ -14,32 +14,29 @@
 //! - [`generate_static`]: the static-batch schedule over the same pass (one padded prefill, a
 //!   fixed reservation per row, host sampling), the reference the engine is tested and
 //!   benchmarked against.
-//! - Errors: [`RolloutError`], [`Result`].
+//! - Errors: [`ContractError`], [`Result`].
+//!
+//! The model-facing types ([`PagedModel`], the pool, the batches, [`SamplingConfig`],
+//! [`Generation`], [`RolloutStats`]) are defined in `conrub_contracts` and re-exported here.
 //!
 //! A model plugs in with three methods: its [`KvLayout`], its vocabulary size and one
-//! [`PagedModel::forward_paged`] (a prefill or a decode step over the pool). `conrub-qwen3`
-//! implements it for `Qwen3ForCausalLM`.
+//! [`PagedModel::forward_paged`] (a prefill or a decode step over the pool). `conrub-models`
+//! implements it for `CausalLm`.
 
-mod batch;
 mod device_sampling;
 mod engine;
 mod error;
-mod model;
-mod paged;
 mod reference;
-mod sampling;
-mod shapes;
 
-pub use batch::{ForwardBatch, PaddedBatch, Padding};
 pub use device_sampling::sample_on_device;
-pub use engine::{
-    generate, rollout, EngineConfig, Rollout, RolloutStats, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_ROWS,
-};
-pub use error::{Result, RolloutError};
-pub use model::{KvLayout, PagedModel};
-pub use paged::{BlockAllocator, PagedKv, PagedLayer, PagedPass, PagedPrefix, PagedRead};
+pub use engine::{generate, rollout, EngineConfig, Rollout, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_ROWS};
+pub use error::{ContractError, Result};
 pub use reference::generate_static;
-pub use sampling::{
-    check_sequences, sample_token, sequence_rng, Decoding, FinishReason, Generation, SamplingConfig,
+// The model side of the engine lives in `conrub_contracts`; re-exported so the engine's callers
+// name one crate.
+pub use conrub_contracts::{
+    attended_blocks, bucket_len, bucket_rows, check_sequences, sample_token, sequence_rng,
+    BlockAllocator, Decoding, FinishReason, ForwardBatch, Generation, KvLayout, PaddedBatch,
+    Padding, PagedKv, PagedLayer, PagedModel, PagedPass, PagedPrefix, PagedRead, RolloutStats,
+    SamplingConfig,
 };
-pub use shapes::{attended_blocks, bucket_len, bucket_rows};

@@ -6,12 +6,12 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::GrpoOps;
 use rand_chacha::ChaCha8Rng;
 
-use crate::batch::{ForwardBatch, PaddedBatch, Padding};
+use conrub_contracts::{
+    check_sequences, sample_token, sequence_rng, ForwardBatch, Generation, PaddedBatch, Padding,
+    PagedKv, PagedModel, PagedPass, PagedRead, Result, SamplingConfig,
+};
+
 use crate::engine::DEFAULT_BLOCK_SIZE;
-use crate::error::Result;
-use crate::model::PagedModel;
-use crate::paged::{PagedKv, PagedPass, PagedRead};
-use crate::sampling::{check_sequences, sample_token, sequence_rng, Generation, SamplingConfig};
 
 /// `[rows, vocab]` logits as row-major f32 on the host.
 fn to_host<B: Backend>(logits: Tensor<B, 2>) -> Vec<f32> {

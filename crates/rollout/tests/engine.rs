@@ -3,15 +3,15 @@
 //! (`generate_static`), and against itself under other batch compositions and memory budgets.
 
 use burn::backend::Flex;
-use conrub_qwen3::{Qwen3Config, Qwen3ForCausalLM};
+use conrub_models::{CausalLm, ModelConfig};
 use conrub_rollout::{
     generate_static, rollout, Decoding, EngineConfig, Generation, Rollout, SamplingConfig,
 };
 
 type B = Flex;
 
-fn model(vocab: usize) -> Qwen3ForCausalLM<B> {
-    Qwen3ForCausalLM::random(&Qwen3Config::tiny(vocab), 0.5, 3, &Default::default())
+fn model(vocab: usize) -> CausalLm<B> {
+    CausalLm::random(&ModelConfig::tiny(vocab), 0.5, 3, &Default::default())
 }
 
 /// Four prompts of lengths 3, 6, 9 and 13 (not multiples of the block size), each twice: two
@@ -29,7 +29,7 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 fn run(
-    m: &Qwen3ForCausalLM<B>,
+    m: &CausalLm<B>,
     prompts: &[Vec<u32>],
     cfg: &SamplingConfig,
     engine: &EngineConfig,
@@ -127,8 +127,7 @@ fn a_prompt_is_prefilled_once_for_its_group() {
 #[test]
 fn seeded_sampling_is_independent_of_batch_schedule_and_budget() {
     let peaked = model(512);
-    let flat =
-        Qwen3ForCausalLM::<B>::random(&Qwen3Config::tiny(151_936), 0.02, 3, &Default::default());
+    let flat = CausalLm::<B>::random(&ModelConfig::tiny(151_936), 0.02, 3, &Default::default());
     for (m, cfg) in [(
         &flat,
         SamplingConfig {

@@ -13,6 +13,7 @@
 //!
 //! This crate never talks to a model: judges produce [`Label`]s, this crate turns them into rewards.
 
+pub mod bootstrap;
 pub mod dropout;
 pub mod error;
 pub mod import;

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// One chat message of a prompt (the workspace's one message type, from `conrub-base`; also
-/// `conrub_qwen3::Message`).
+/// `conrub_models::Message`).
 pub use conrub_base::Message;
 
 /// Whether a criterion is prompt-specific content or one of the two fixed global controls.

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Tensor, TensorData};
 use conrub_kernels::GrpoOps;
-use conrub_qwen3::{Precision, Qwen3, Qwen3Config};
+use conrub_models::{ModelConfig, Precision, Pretrained};
 use conrub_rubric::ScoringMode;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -42,7 +42,7 @@ pub struct FeatureSpec {
 
 /// SHA-256 of a model: its `config.json` and every `*.safetensors` file in `dir`, in name order
 /// (the config alone, serialised, for a model without files such as a random demo model).
-pub fn model_digest(dir: &Path, config: &Qwen3Config) -> Result<String> {
+pub fn model_digest(dir: &Path, config: &ModelConfig) -> Result<String> {
     let mut h = Sha256::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|d| {
@@ -79,7 +79,7 @@ pub fn model_digest(dir: &Path, config: &Qwen3Config) -> Result<String> {
 
 /// Computes probe features with a Qwen3 in process.
 pub struct ProbeFeaturizer<B: GrpoOps> {
-    model: Qwen3<B>,
+    model: Pretrained<B>,
     device: B::Device,
     prompts: PromptSet,
     batch_size: usize,
@@ -90,7 +90,7 @@ impl<B: GrpoOps> ProbeFeaturizer<B> {
     /// A featurizer around a loaded model (which needs its tokenizer), `batch_size` criterion rows
     /// per suffix pass.
     pub fn new(
-        model: Qwen3<B>,
+        model: Pretrained<B>,
         device: B::Device,
         prompts: PromptSet,
         batch_size: usize,

@@ -8,7 +8,7 @@ use std::path::Path;
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use conrub_qwen3::Precision;
+use conrub_models::Precision;
 use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 

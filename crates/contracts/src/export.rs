@@ -1,0 +1,15 @@
+//! Writing a trained policy out in its deployable format.
+
+use std::path::Path;
+
+use crate::error::Result;
+
+/// Writes a policy `P` into a directory in the format its serving stack loads (a Hugging Face
+/// directory for the `models/` families: weights, `config.json`, tokenizer files). The learner's
+/// checkpoints call it with the directory they create; the training state goes next to what it
+/// writes (`dir/training_state`). An exporter holds what the policy alone does not know: its
+/// config, the tokenizer files to copy, the dtype to save in.
+pub trait Export<P>: Send + Sync {
+    /// Writes `policy` into `dir` (created when missing; every file written atomically).
+    fn export(&self, policy: &P, dir: &Path) -> Result<()>;
+}

@@ -1,0 +1,62 @@
+//! The contracts between conrub's learner, its models and its rollout engines. Everything here is
+//! an interface or the plain data that crosses one; no algorithm, no model, no engine. The
+//! dependencies point at this crate: `conrub-grpo` (the learner), `conrub-rollout` (the paged
+//! engine), `conrub-remote` (an inference server as an engine), `conrub-plot` (the metrics
+//! file), `conrub-memory` (the memory plan) and every model family of `models/`. It depends on
+//! burn, and on `conrub-kernels` where a contract names an op.
+//!
+//! | contract | implemented by | used by |
+//! |---|---|---|
+//! | [`Policy`] (+ [`TokenBatch`], [`ResponseLogprobs`]) | each model family; a user's burn model | the learner |
+//! | [`PagedModel`] (+ [`KvLayout`], [`PagedKv`], [`PagedPass`], [`ForwardBatch`], [`PaddedBatch`]) | each model family | the paged engine |
+//! | [`TextCodec`] | each family's tokenizer and chat template | the learner, the judges |
+//! | [`RolloutEngine`] (+ [`RolloutRequest`], [`RolloutBatch`], [`WeightSync`], [`RolloutStats`]) | the in-process engines, an SGLang server | the learner |
+//! | [`Export`] | each family's Hugging Face writer | checkpoints |
+//! | [`Execution`] ([`Precision`], [`AttentionImpl`], [`AttentionKernelChoice`]) | data | every family's forward |
+//! | [`ModelShape`] | data a family reports | the memory plan |
+//! | [`MetricsLine`] ([`StepMetrics`], [`EpochSummary`], [`ValidationLine`], [`KernelWarmupLine`]) | data the learner writes | plots, a user's tools |
+//! | [`SamplingConfig`], [`Generation`], [`sample_token`], [`sequence_rng`] | the one sampling rule | the engines, [`sample_by_recomputation`] |
+//!
+//! Errors: [`ContractError`], [`Result`].
+
+mod batch;
+mod codec;
+mod engine;
+mod error;
+mod exec;
+mod export;
+mod metrics;
+mod model;
+mod paged;
+mod policy;
+mod sampling;
+mod shape;
+mod shapes;
+mod stats;
+mod tokens;
+
+pub use batch::{ForwardBatch, PaddedBatch, Padding};
+pub use codec::TextCodec;
+pub use conrub_base::Message;
+pub use engine::{RolloutBatch, RolloutEngine, RolloutRequest, WeightSync};
+pub use error::{ContractError, Result};
+pub use exec::{
+    to_dtype, AttentionImpl, AttentionKernelChoice, AttentionKernels, Execution, Precision,
+};
+pub use export::Export;
+pub use metrics::{
+    EpochSummary, JudgeScore, KernelWarmupLine, MetricsLine, StepMetrics, TieStats,
+    ValidationDecoding, ValidationLine,
+};
+pub use model::{KvLayout, PagedModel};
+pub use paged::{BlockAllocator, PagedKv, PagedLayer, PagedPass, PagedPrefix, PagedRead};
+pub use policy::{
+    add_gradients, sample_by_recomputation, whole_gradients_into, Policy, ResponseLogprobs,
+};
+pub use sampling::{
+    check_sequences, sample_token, sequence_rng, Decoding, FinishReason, Generation, SamplingConfig,
+};
+pub use shape::ModelShape;
+pub use shapes::{attended_blocks, bucket_len, bucket_rows};
+pub use stats::RolloutStats;
+pub use tokens::TokenBatch;

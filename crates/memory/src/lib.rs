@@ -1,0 +1,1177 @@
+//! Memory plan of a `conrub train` run: the predicted peak device memory, and the largest
+//! micro-batch and rollout call that fit. Pure arithmetic on the model shape and the run settings;
+//! no tensor is made.
+//!
+//! The model follows what the training code does (byte counts are `f64`, in bytes):
+//!
+//! - Parameters `P` are counted from the shape ([`ModelShape::parameters`]). Master weights,
+//!   gradients and AdamW's two moments are f32 under both precisions: `4P`, `4P`, `8P`.
+//! - `bf16-mixed` casts each weight to bf16 where it is used: with activation checkpointing only one
+//!   layer's copy and the head's `V x H` copy are alive at once, without it every layer's copy stays
+//!   alive until the backward.
+//! - A micro-batch holds `rows = max(1, micro_batch_tokens / s)` full-length rows of `s` = max
+//!   prompt + max response tokens (rows are padded to the longest, as `plan_micro_batches` does),
+//!   so it has `n = rows x s` tokens. Per token and layer the autodiff tape keeps
+//!   [`ModelShape::layer_activation_bytes`]. With checkpointing each layer keeps only its input
+//!   (`L n H c`) and one layer's tape exists during its recompute and backward, times
+//!   [`LAYER_BACKWARD_FACTOR`] for that layer's gradients; without it every layer's tape is kept
+//!   (plus one layer's gradients during the backward).
+//! - Fused attention keeps `O(n)` per layer (output and lse); the portable block-wise path's
+//!   transient is one block of [`ATTENTION_QUERY_BLOCK`] query rows against `s` keys for every
+//!   head and row of the micro-batch in f32, [`ATTENTION_BLOCK_COPIES`] times, plus the backward's
+//!   f32 `dk`/`dv` accumulators.
+//! - The LM head runs a chunk of tokens at a time: `chunk x V x 4` bytes of f32 logits,
+//!   [`LM_HEAD_COPIES`] times (logits, their gradient), plus the final hidden states. The head's
+//!   backward and a layer's attention never run at once, so only the larger of the two counts.
+//! - The backward makes gradients top down while it frees the tape, so at its start (the tape's
+//!   peak) only the head's and one layer's gradients exist. When an optimizer step sums several
+//!   micro-batches, the running sum (`4P`) is alive through every micro-batch; with activation
+//!   checkpointing each segment's gradients are added into it as they are made (one layer's
+//!   set beside it), without, the micro-batch's whole set (a second `4P`) exists until it is
+//!   added in.
+//! - The rollout (no autodiff) keeps master weights and AdamW moments allocated, frees the
+//!   gradients, and under `bf16-mixed` samples with a bf16 copy of the weights (`2P`). The rollout
+//!   engine (`conrub_rollout`) holds its KV cache in one pool of blocks of
+//!   `kv_block_size` positions at `2 L n_kv d c` bytes each, allocated once: `kv_cache_gb` when
+//!   set, otherwise the engine's budget rule [`MemoryPlan::kv_pool_bytes`]: [`AUTO_KV_SHARE`] of
+//!   what the rollout leaves free, and never more than every row of a call at full length. The
+//!   engine queues what does not fit and preempts, so the pool needs to hold only one full-length
+//!   row; `max_rollout_rows` is how many it holds at once. Its transient is the larger of a
+//!   decode step (one token's activations per row, the logits and the sampler's f32 copies: the
+//!   decode attention kernel `conrub_kernels::paged_decode_attention` reads the pool in place)
+//!   and a prefill pass.
+//! - Training and rollout do not overlap: the peak is the larger of the two.
+//!
+//! A flat [`RUNTIME_RESERVE_BYTES`] stands for the CUDA context, kernels and allocator slack.
+
+use std::fmt::Write as _;
+
+pub use conrub_contracts::{ModelShape, Precision};
+use serde::Serialize;
+
+/// One decimal gigabyte.
+pub const GB: f64 = 1e9;
+/// GPU memory assumed unless told otherwise (an H200: 141 GB).
+pub const DEFAULT_GPU_MEMORY_GB: f64 = 141.0;
+/// Longest prompt assumed when the config does not say.
+pub const DEFAULT_MAX_PROMPT_TOKENS: usize = 1024;
+/// `max_micro_batch_tokens` is searched in multiples of this.
+pub const MICRO_BATCH_STEP: usize = 1024;
+/// One layer's tape during its backward counts this many times (its activations plus the part of
+/// their gradients alive at once). Fitted to the peaks `benches/attention.rs` measures on flex
+/// (T = 2k..8k, with and without checkpointing: 1.65 puts the plan within +13% / -1% of them).
+pub const LAYER_BACKWARD_FACTOR: f64 = 1.65;
+/// Query rows per block of the portable attention (`conrub_kernels`' `QUERY_BLOCK`).
+pub const ATTENTION_QUERY_BLOCK: usize = 256;
+/// f32 copies of one attention block's scores alive at once (scores and probabilities; fitted
+/// with [`LAYER_BACKWARD_FACTOR`]).
+pub const ATTENTION_BLOCK_COPIES: f64 = 2.0;
+/// f32 `[chunk, vocab]` tensors of the chunked LM head alive at once (logits and their gradient;
+/// fitted with [`LAYER_BACKWARD_FACTOR`]).
+pub const LM_HEAD_COPIES: f64 = 2.0;
+/// `[tokens, hidden]` tensors around the head: the final hidden states, their response-position
+/// gather, and its gradient.
+pub const FINAL_HIDDEN_COPIES: f64 = 3.0;
+/// f32 copies of the largest parameter alive during the AdamW step.
+pub const OPTIMIZER_STEP_COPIES: f64 = 3.0;
+/// Share of the memory a rollout leaves free that the engine's KV pool takes when
+/// `kv_cache_gb` is not set (the rest is slack for fragmentation).
+pub const AUTO_KV_SHARE: f64 = 0.9;
+/// f32 `[rows, vocab]` tensors of on-device sampling alive at once (logits, exponentials, their
+/// cumulative sums).
+pub const SAMPLING_COPIES: f64 = 3.0;
+/// Device bytes per token of the train batch (ids, targets/positions as i64, mask and old
+/// log-probs as f32); 4 more with a reference model.
+pub const TRAIN_BATCH_BYTES_PER_TOKEN: f64 = 28.0;
+/// CUDA context, compiled kernels, workspaces and allocator slack.
+pub const RUNTIME_RESERVE_BYTES: f64 = 2e9;
+
+/// What a memory plan is computed from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryPlanInput {
+    /// Model dimensions.
+    pub model: ModelShape,
+    /// Compute precision (`f32` or `bf16-mixed`).
+    pub precision: Precision,
+    /// Whether decoder layers are recomputed in the backward.
+    pub activation_checkpointing: bool,
+    /// `learner.micro_batch_tokens` (padded tokens per micro-batch).
+    pub micro_batch_tokens: usize,
+    /// Tokens per chunk of the LM head (`conrub_kernels::DEFAULT_CHUNK_TOKENS`).
+    pub chunk_tokens: usize,
+    /// `learner.group_size` (responses per prompt).
+    pub group_size: usize,
+    /// `run.prompts_per_step`.
+    pub prompts_per_step: usize,
+    /// `learner.mini_batches` (optimizer steps per PPO epoch; each sums its micro-batches'
+    /// gradients).
+    pub mini_batches: usize,
+    /// `learner.rollout_prompts_per_call` (prompts sampled together).
+    pub rollout_prompts_per_call: usize,
+    /// Longest prompt in tokens.
+    pub max_prompt_tokens: usize,
+    /// `learner.max_response_tokens`.
+    pub max_response_tokens: usize,
+    /// Whether a reference model is kept (`learner.kl_beta != 0`).
+    pub keep_reference: bool,
+    /// `rollout.kv_cache_gb`: the engine's KV pool in decimal GB (`None`: the budget rule).
+    pub kv_cache_gb: Option<f64>,
+    /// `rollout.block_size`: positions per KV block.
+    pub kv_block_size: usize,
+    /// `rollout.max_rows`: sequences the engine decodes at once at most.
+    pub rollout_max_rows: usize,
+    /// The rollouts run in this process (conrub-rollout's engine). `false` when inference
+    /// servers generate them: no rollout parts and no KV pool on the learner's side.
+    pub rollout_in_process: bool,
+    /// Device memory in decimal GB.
+    pub gpu_memory_gb: f64,
+}
+
+impl MemoryPlanInput {
+    /// The defaults of `conrub train` (the `[learner]` and `[run]` defaults of a train config,
+    /// f32, prompts up to [`DEFAULT_MAX_PROMPT_TOKENS`], a 141 GB device) for `model`.
+    /// `conrub_config`'s tests hold these to the run config's own defaults.
+    pub fn new(model: ModelShape) -> Self {
+        Self {
+            model,
+            precision: Precision::F32,
+            activation_checkpointing: false,
+            micro_batch_tokens: 16_384,
+            chunk_tokens: conrub_kernels::DEFAULT_CHUNK_TOKENS,
+            group_size: 8,
+            prompts_per_step: 32,
+            mini_batches: 1,
+            rollout_prompts_per_call: 32,
+            max_prompt_tokens: DEFAULT_MAX_PROMPT_TOKENS,
+            max_response_tokens: 8192,
+            keep_reference: false,
+            kv_cache_gb: None,
+            kv_block_size: conrub_rollout::DEFAULT_BLOCK_SIZE,
+            rollout_max_rows: conrub_rollout::DEFAULT_MAX_ROWS,
+            rollout_in_process: true,
+            gpu_memory_gb: DEFAULT_GPU_MEMORY_GB,
+        }
+    }
+
+    /// Full-length sequence: longest prompt + longest response.
+    pub fn sequence_tokens(&self) -> usize {
+        self.max_prompt_tokens + self.max_response_tokens
+    }
+
+    /// Rows of a step's train batch: prompts per step x group size.
+    pub fn step_rows(&self) -> usize {
+        self.prompts_per_step * self.group_size
+    }
+
+    /// Rows of one sampling call: `min(rollout_prompts_per_call, prompts_per_step) x group_size`.
+    pub fn rollout_rows(&self) -> usize {
+        self.rollout_prompts_per_call
+            .min(self.prompts_per_step)
+            .max(1)
+            * self.group_size
+    }
+
+    /// Rows the engine decodes at once at most: `min(rollout_rows, rollout_max_rows)`.
+    pub fn decode_rows(&self) -> usize {
+        self.rollout_rows().min(self.rollout_max_rows.max(1))
+    }
+
+    /// Bytes of one KV block.
+    pub fn kv_block_bytes(&self) -> f64 {
+        self.kv_block_size.max(1) as f64 * self.model.kv_bytes_per_position(self.compute_bytes())
+    }
+
+    /// KV blocks of one full-length row.
+    pub fn full_row_blocks(&self) -> usize {
+        self.sequence_tokens()
+            .div_ceil(self.kv_block_size.max(1))
+            .max(1)
+    }
+
+    /// Full-length rows that fit one micro-batch's budget (at least one; at most the step's
+    /// rows). Micro-batches never span two groups, so fewer may be used: the peak is bounded
+    /// by this many.
+    pub fn micro_batch_rows(&self) -> usize {
+        let s = self.sequence_tokens().max(1);
+        (self.micro_batch_tokens / s).clamp(1, self.step_rows().max(1))
+    }
+
+    /// Micro-batches whose gradients one optimizer step sums: the mini-batch's rows
+    /// (`step_rows / mini_batches`, rounded up), each group in micro-batches of
+    /// [`Self::micro_batch_rows`].
+    pub fn micro_batches_per_optimizer_step(&self) -> usize {
+        let group = self.group_size.max(1);
+        let mini = self.step_rows().max(1).div_ceil(self.mini_batches.max(1));
+        let rows = self.micro_batch_rows().min(group);
+        mini.div_ceil(group) * group.min(mini).div_ceil(rows)
+    }
+
+    /// Device memory in bytes.
+    pub fn gpu_bytes(&self) -> f64 {
+        self.gpu_memory_gb * GB
+    }
+
+    fn compute_bytes(&self) -> f64 {
+        self.precision.compute_bytes() as f64
+    }
+}
+
+/// When a part is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// For the whole run.
+    Always,
+    /// Through a training step (micro-batches and optimizer step).
+    Training,
+    /// While one micro-batch runs its forward and backward (at the start of the backward, when
+    /// the tape is whole).
+    MicroBatch,
+    /// Within a micro-batch, while the LM head runs its backward (exclusive of [`Phase::LayerBackward`]).
+    HeadBackward,
+    /// Within a micro-batch, while a decoder layer runs its attention (exclusive of [`Phase::HeadBackward`]).
+    LayerBackward,
+    /// At the end of a micro-batch's backward, when its gradients are added to the earlier
+    /// micro-batches' (only when an optimizer step sums several).
+    GradientSum,
+    /// During the AdamW step (after the micro-batches).
+    OptimizerStep,
+    /// During a rollout call.
+    Rollout,
+}
+
+impl Phase {
+    /// The name printed in the table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Always => "always",
+            Phase::Training => "training",
+            Phase::MicroBatch => "micro-batch",
+            Phase::HeadBackward => "head backward",
+            Phase::LayerBackward => "layer backward",
+            Phase::GradientSum => "gradient sum",
+            Phase::OptimizerStep => "optimizer step",
+            Phase::Rollout => "rollout",
+        }
+    }
+}
+
+/// One line of the plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Part {
+    /// Key in the JSON output.
+    pub name: &'static str,
+    /// Description in the table.
+    pub label: String,
+    /// When it is allocated.
+    pub phase: Phase,
+    /// Bytes.
+    pub bytes: f64,
+}
+
+/// The predicted memory of a run (see the module docs for the model).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryPlan {
+    /// What it was computed from.
+    pub input: MemoryPlanInput,
+    /// Parameter count.
+    pub parameters: u64,
+    /// Rows of one micro-batch.
+    pub micro_batch_rows: usize,
+    /// Tokens of one micro-batch (rows x sequence tokens).
+    pub micro_batch_tokens_used: usize,
+    /// Rows of one rollout call.
+    pub rollout_rows: usize,
+    /// Blocks of the engine's KV pool (see [`MemoryPlan::kv_pool_bytes`]).
+    pub kv_pool_blocks: usize,
+    /// The parts; within a phase they add up.
+    pub parts: Vec<Part>,
+    /// `always + training + max(micro-batch + max(head backward, layer backward), gradient sum,
+    /// optimizer step)`.
+    pub training_peak: f64,
+    /// `always + rollout`.
+    pub rollout_peak: f64,
+    /// `max(training_peak, rollout_peak)`.
+    pub peak: f64,
+    /// Largest `micro_batch_tokens` (a multiple of [`MICRO_BATCH_STEP`]) whose training peak fits;
+    /// 0 when not even one full-length row does. Capped at the whole step in one micro-batch.
+    pub max_micro_batch_tokens: usize,
+    /// Full-length rows the KV pool holds at once (the engine queues and preempts the rest; 0:
+    /// not even one, and the rollout cannot run).
+    pub max_rollout_rows: usize,
+}
+
+/// The plan does not fit the device: the message holds the table and what to change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DoesNotFit(pub String);
+
+impl std::fmt::Display for DoesNotFit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DoesNotFit {}
+
+fn part(name: &'static str, label: impl Into<String>, phase: Phase, bytes: f64) -> Part {
+    Part {
+        name,
+        label: label.into(),
+        phase,
+        bytes,
+    }
+}
+
+fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
+    let m = &i.model;
+    let c = i.compute_bytes();
+    let p = m.parameters() as f64;
+    let (v, h, l) = (
+        m.vocab_size as f64,
+        m.hidden_size as f64,
+        m.num_hidden_layers as f64,
+    );
+    let (nh, nkv, d) = (
+        m.num_attention_heads as f64,
+        m.num_key_value_heads as f64,
+        m.head_dim as f64,
+    );
+    let s = i.sequence_tokens() as f64;
+    let n = (i.micro_batch_rows() * i.sequence_tokens()) as f64;
+    let layer = m.layer_activation_bytes(c);
+    let layer_params = m.layer_parameters() as f64;
+    let mixed = i.precision == Precision::Bf16Mixed;
+    let summing = i.micro_batches_per_optimizer_step() > 1;
+    let mut parts = vec![part(
+        "train_batch",
+        "train batch (ids, mask, old log-probs)",
+        Phase::Training,
+        (i.step_rows() as f64)
+            * s
+            * (TRAIN_BATCH_BYTES_PER_TOKEN + if i.keep_reference { 4.0 } else { 0.0 }),
+    )];
+    if summing {
+        parts.push(part(
+            "gradients",
+            "gradients summed over the step's micro-batches (f32)",
+            Phase::Training,
+            4.0 * p,
+        ));
+    }
+    if mixed {
+        let (label, bytes) = if i.activation_checkpointing {
+            (
+                "bf16 weight copies (one layer + head)",
+                2.0 * (layer_params + v * h),
+            )
+        } else {
+            (
+                "bf16 weight copies (all layers + head)",
+                2.0 * (l * layer_params + v * h + h),
+            )
+        };
+        parts.push(part("bf16_weight_copies", label, Phase::MicroBatch, bytes));
+    }
+    parts.push(part(
+        "layer_inputs",
+        "layer inputs (residual stream, every layer)",
+        Phase::MicroBatch,
+        l * n * h * c,
+    ));
+    if i.activation_checkpointing {
+        parts.push(part(
+            "layer_activations",
+            "one layer's activations + grads (recompute)",
+            Phase::MicroBatch,
+            n * layer * LAYER_BACKWARD_FACTOR,
+        ));
+    } else {
+        parts.push(part(
+            "layer_activations",
+            "activations of every layer (+ one layer's grads)",
+            Phase::MicroBatch,
+            n * layer * (l + LAYER_BACKWARD_FACTOR - 1.0),
+        ));
+    }
+    // The backward makes the gradients top down while it frees the tape: at its start (the peak
+    // of the tape) only the head's and one layer's exist.
+    parts.push(part(
+        "backward_gradients",
+        "gradients made so far (head + one layer, f32)",
+        Phase::MicroBatch,
+        4.0 * (v * h + layer_params),
+    ));
+    let norm_f32 = if c < 4.0 { n * h * 4.0 } else { 0.0 } + n * 4.0;
+    parts.push(part(
+        "final_hidden",
+        "final hidden states + grad",
+        Phase::MicroBatch,
+        n * h * c * FINAL_HIDDEN_COPIES + norm_f32,
+    ));
+    parts.push(part(
+        "lm_head_chunk",
+        format!("LM head chunk ({} tokens x vocab, f32)", i.chunk_tokens),
+        Phase::HeadBackward,
+        (i.chunk_tokens as f64).min(n) * v * 4.0 * LM_HEAD_COPIES,
+    ));
+    let block = (ATTENTION_QUERY_BLOCK as f64).min(s);
+    parts.push(part(
+        "attention_transient",
+        "attention block transient (f32 scores, dk/dv)",
+        Phase::LayerBackward,
+        n * nh * block * 4.0 * ATTENTION_BLOCK_COPIES + 3.0 * n * nkv * d * 4.0,
+    ));
+    let largest = m.largest_tensor() as f64 * 4.0;
+    if summing && i.activation_checkpointing {
+        // Each segment's gradients go into the running sum as its backward makes them
+        // (`Policy::loss_gradients_into`): one layer's set (or the head's, counted in the
+        // micro-batch's backward gradients) beside the sum, never a whole model's.
+        parts.push(part(
+            "micro_batch_gradients",
+            "one layer's gradients (f32) into the sum + transient",
+            Phase::GradientSum,
+            4.0 * layer_params + largest,
+        ));
+    } else if summing {
+        parts.push(part(
+            "micro_batch_gradients",
+            "one micro-batch's gradients (f32) + sum transient",
+            Phase::GradientSum,
+            4.0 * p + largest,
+        ));
+    } else {
+        parts.push(part(
+            "micro_batch_gradients",
+            "the micro-batch's gradients (f32)",
+            Phase::OptimizerStep,
+            4.0 * p,
+        ));
+    }
+    parts.push(part(
+        "optimizer_step_transient",
+        "AdamW step transient (largest tensor)",
+        Phase::OptimizerStep,
+        largest * OPTIMIZER_STEP_COPIES,
+    ));
+    parts
+}
+
+/// The training peak of a list of parts: `always + training + max(micro-batch + max(head
+/// backward, layer backward), gradient sum, optimizer step)`.
+pub fn training_peak_of_parts(parts: &[Part]) -> f64 {
+    let s = |ph: Phase| sum(parts, ph);
+    let micro = s(Phase::MicroBatch) + s(Phase::HeadBackward).max(s(Phase::LayerBackward));
+    s(Phase::Always)
+        + s(Phase::Training)
+        + micro
+            .max(s(Phase::GradientSum))
+            .max(s(Phase::OptimizerStep))
+}
+
+/// The engine's transient at `rows` running rows: the larger of a decode step at full length and
+/// a prefill pass.
+fn rollout_transient(i: &MemoryPlanInput) -> f64 {
+    let m = &i.model;
+    let c = i.compute_bytes();
+    let rows = i.decode_rows() as f64;
+    let (v, nh) = (m.vocab_size as f64, m.num_attention_heads as f64);
+    // Decode: the paged attention kernel reads the pool in place (nothing gathered, scores in
+    // shared memory), so one token's activations per row, the block tables, the logits and the
+    // sampler's f32 copies.
+    let table = (conrub_rollout::attended_blocks(i.full_row_blocks()) * 8) as f64;
+    let decode =
+        rows * (m.inference_bytes_per_token(c) + table) + rows * v * (c + 4.0 * SAMPLING_COPIES);
+    // Prefill: one prompt (the engine prefills each alone) through one layer, its attention
+    // blocks, and one row of logits.
+    let p = i.max_prompt_tokens.max(1) as f64;
+    let block = (ATTENTION_QUERY_BLOCK as f64).min(p);
+    let prefill = p * m.inference_bytes_per_token(c)
+        + nh * block * p * 4.0 * ATTENTION_BLOCK_COPIES
+        + v * (c + 4.0);
+    decode.max(prefill)
+}
+
+fn always_parts(i: &MemoryPlanInput) -> Vec<Part> {
+    let p = i.model.parameters() as f64;
+    let mut parts = vec![
+        part(
+            "weights_f32",
+            "weights (f32 master)",
+            Phase::Always,
+            4.0 * p,
+        ),
+        part(
+            "adamw_moments",
+            "AdamW moments (f32, 2 per weight)",
+            Phase::Always,
+            8.0 * p,
+        ),
+    ];
+    if i.keep_reference {
+        parts.push(part(
+            "reference_weights",
+            "reference model (f32, kl_beta > 0)",
+            Phase::Always,
+            4.0 * p,
+        ));
+    }
+    parts.push(part(
+        "runtime_reserve",
+        "runtime reserve (CUDA context, kernels, slack)",
+        Phase::Always,
+        RUNTIME_RESERVE_BYTES,
+    ));
+    parts
+}
+
+fn rollout_weights(i: &MemoryPlanInput) -> f64 {
+    if i.precision == Precision::Bf16Mixed {
+        2.0 * i.model.parameters() as f64
+    } else {
+        0.0
+    }
+}
+
+/// The engine's KV pool: `kv_cache_gb` when set, else [`AUTO_KV_SHARE`] of what the rollout
+/// leaves free, capped at every row of a call at full length plus its prompts; whole blocks.
+fn kv_pool_bytes(i: &MemoryPlanInput) -> f64 {
+    if !i.rollout_in_process {
+        return 0.0;
+    }
+    let block = i.kv_block_bytes();
+    let bytes = match i.kv_cache_gb {
+        Some(gb) => gb * GB,
+        None => {
+            let always: f64 = always_parts(i).iter().map(|p| p.bytes).sum();
+            let room = (i.gpu_bytes() - always - rollout_weights(i) - rollout_transient(i))
+                .max(0.0)
+                * AUTO_KV_SHARE;
+            let prompts = i.rollout_prompts_per_call.min(i.prompts_per_step).max(1);
+            let need = (i.rollout_rows() * i.full_row_blocks()
+                + prompts * i.max_prompt_tokens.div_ceil(i.kv_block_size.max(1)))
+                as f64
+                * block;
+            room.min(need)
+        }
+    };
+    (bytes / block).floor() * block
+}
+
+fn rollout_parts(i: &MemoryPlanInput) -> Vec<Part> {
+    let mut parts = Vec::new();
+    if !i.rollout_in_process {
+        return parts;
+    }
+    if i.precision == Precision::Bf16Mixed {
+        parts.push(part(
+            "rollout_weights_bf16",
+            "rollout weights (bf16 copy)",
+            Phase::Rollout,
+            rollout_weights(i),
+        ));
+    }
+    let pool = kv_pool_bytes(i);
+    let blocks = (pool / i.kv_block_bytes()).round() as usize;
+    let c = i.precision.compute_bytes();
+    parts.push(part(
+        "kv_cache",
+        format!(
+            "rollout KV pool ({blocks} blocks x {}, {})",
+            i.kv_block_size,
+            if c == 2 { "bf16" } else { "f32" }
+        ),
+        Phase::Rollout,
+        pool,
+    ));
+    parts.push(part(
+        "rollout_transient",
+        format!(
+            "rollout transient ({} rows decoding, or a prefill)",
+            i.decode_rows()
+        ),
+        Phase::Rollout,
+        rollout_transient(i),
+    ));
+    parts
+}
+
+fn sum(parts: &[Part], phase: Phase) -> f64 {
+    parts
+        .iter()
+        .filter(|p| p.phase == phase)
+        .map(|p| p.bytes)
+        .sum()
+}
+
+fn training_peak_of(i: &MemoryPlanInput) -> f64 {
+    let parts: Vec<Part> = always_parts(i)
+        .into_iter()
+        .chain(training_parts(i))
+        .collect();
+    training_peak_of_parts(&parts)
+}
+
+fn rollout_peak_of(i: &MemoryPlanInput) -> f64 {
+    let parts: Vec<Part> = always_parts(i)
+        .into_iter()
+        .chain(rollout_parts(i))
+        .collect();
+    sum(&parts, Phase::Always) + sum(&parts, Phase::Rollout)
+}
+
+impl MemoryPlan {
+    /// Computes the plan.
+    pub fn new(input: MemoryPlanInput) -> Self {
+        let gpu = input.gpu_bytes();
+        let rows = input.rollout_rows();
+        let parts: Vec<Part> = always_parts(&input)
+            .into_iter()
+            .chain(training_parts(&input))
+            .chain(rollout_parts(&input))
+            .collect();
+        let training_peak = training_peak_of(&input);
+        let rollout_peak = rollout_peak_of(&input);
+        let kv_pool_blocks = (kv_pool_bytes(&input) / input.kv_block_bytes()).round() as usize;
+        let s = input.sequence_tokens().max(1);
+        let step_rows = input.step_rows().max(1);
+        let whole_step = (step_rows * s).div_ceil(MICRO_BATCH_STEP);
+        // Scanned from the top: the peak is not monotone in the micro-batch size (a micro-batch
+        // of the whole step sums nothing, so it holds no running sum of gradients), and a
+        // bisection stopped below such a fitting top said 0 next to "fits yes". The peak depends
+        // on the budget only through the rows it holds, so each row count is tried once, at the
+        // largest budget (a multiple of MICRO_BATCH_STEP) that holds that many rows.
+        let max_micro_batch_tokens = MICRO_BATCH_STEP
+            * (1..=step_rows)
+                .rev()
+                .filter_map(|rows| {
+                    let k = if rows == step_rows {
+                        whole_step
+                    } else {
+                        ((rows + 1) * s - 1) / MICRO_BATCH_STEP
+                    };
+                    let candidate = MemoryPlanInput {
+                        micro_batch_tokens: k * MICRO_BATCH_STEP,
+                        ..input.clone()
+                    };
+                    (k >= 1 && candidate.micro_batch_rows() == rows).then_some((k, candidate))
+                })
+                .find(|(_, candidate)| training_peak_of(candidate) <= gpu)
+                .map_or(0, |(k, _)| k);
+        let max_rollout_rows = kv_pool_blocks / input.full_row_blocks();
+        Self {
+            parameters: input.model.parameters(),
+            micro_batch_rows: input.micro_batch_rows(),
+            micro_batch_tokens_used: input.micro_batch_rows() * input.sequence_tokens(),
+            rollout_rows: rows,
+            kv_pool_blocks,
+            parts,
+            training_peak,
+            rollout_peak,
+            peak: training_peak.max(rollout_peak),
+            max_micro_batch_tokens,
+            max_rollout_rows,
+            input,
+        }
+    }
+
+    /// Whether the training step fits the device.
+    pub fn training_fits(&self) -> bool {
+        self.training_peak <= self.input.gpu_bytes()
+    }
+
+    /// Whether the rollout fits the device: its peak does, and the KV pool holds at least one
+    /// full-length row (always, when servers generate the rollouts).
+    pub fn rollout_fits(&self) -> bool {
+        !self.input.rollout_in_process
+            || (self.rollout_peak <= self.input.gpu_bytes() && self.max_rollout_rows >= 1)
+    }
+
+    /// The engine's KV pool in bytes (whole blocks): `kv_cache_gb` when set, else
+    /// [`AUTO_KV_SHARE`] of the memory the rollout leaves free, capped at every row of a call at
+    /// full length. `conrub train` gives the engine this pool on devices with a known size.
+    pub fn kv_pool_bytes(&self) -> f64 {
+        self.kv_pool_blocks as f64 * self.input.kv_block_bytes()
+    }
+
+    /// Whether the whole run fits the device.
+    pub fn fits(&self) -> bool {
+        self.peak <= self.input.gpu_bytes()
+    }
+
+    /// Largest `rollout_prompts_per_call` whose rollout fits (0 when not even one prompt's group).
+    pub fn max_rollout_prompts_per_call(&self) -> usize {
+        self.max_rollout_rows / self.input.group_size.max(1)
+    }
+
+    /// `Ok` when the plan fits `gpu_bytes` of device memory (recomputed for that size when it
+    /// differs from the input's); otherwise the table and the settings that would fit. For
+    /// `conrub train` to call before the first step.
+    pub fn check(&self, gpu_bytes: u64) -> Result<(), DoesNotFit> {
+        let gb = gpu_bytes as f64 / GB;
+        let plan = if (gb - self.input.gpu_memory_gb).abs() > 1e-9 {
+            MemoryPlan::new(MemoryPlanInput {
+                gpu_memory_gb: gb,
+                ..self.input.clone()
+            })
+        } else {
+            self.clone()
+        };
+        if plan.fits() {
+            return Ok(());
+        }
+        let mut msg = format!(
+            "the memory plan predicts a peak of {:.1} GB on a {:.1} GB device:\n{}",
+            plan.peak / GB,
+            gb,
+            plan.table()
+        );
+        msg.push_str(&plan.advice());
+        Err(DoesNotFit(msg))
+    }
+
+    /// What to change so that the run fits (empty when it fits).
+    pub fn advice(&self) -> String {
+        let mut out = String::new();
+        if !self.training_fits() {
+            if self.max_micro_batch_tokens > 0 {
+                let _ = writeln!(
+                    out,
+                    "set learner.micro_batch_tokens <= {} (now {})",
+                    self.max_micro_batch_tokens, self.input.micro_batch_tokens
+                );
+            } else {
+                let mut options = Vec::new();
+                if self.input.precision == Precision::F32 {
+                    options.push("precision = \"bf16-mixed\"");
+                }
+                if !self.input.activation_checkpointing {
+                    options.push("learner.activation_checkpointing = true");
+                }
+                options.extend([
+                    "shorter sequences (learner.max_response_tokens)",
+                    "a larger device",
+                ]);
+                let _ = writeln!(
+                    out,
+                    "not even one full-length row ({} tokens) fits a training micro-batch: use {}",
+                    self.input.sequence_tokens(),
+                    options.join(", ")
+                );
+            }
+        }
+        if !self.rollout_fits() {
+            let row = self.input.full_row_blocks() as f64 * self.input.kv_block_bytes();
+            let room = self.input.gpu_bytes() - (self.rollout_peak - self.kv_pool_bytes());
+            if self.input.kv_cache_gb.is_some() && room >= row {
+                let _ = writeln!(out, "set rollout.kv_cache_gb <= {:.2} (now {:.2}; the rest of the rollout takes {:.2} GB)", room / GB, self.kv_pool_bytes() / GB, (self.rollout_peak - self.kv_pool_bytes()) / GB);
+            } else {
+                let _ = writeln!(
+                    out,
+                    "the rollout KV pool cannot hold one full-length row ({} tokens, {:.2} GB) in a rollout call: use shorter sequences, fewer rows decoded at once (rollout.max_rows, now {}), or a larger device",
+                    self.input.sequence_tokens(),
+                    row / GB,
+                    self.input.rollout_max_rows
+                );
+            }
+        }
+        out
+    }
+
+    /// The human-readable table: parts in GB with their phase, the peaks, the fit, and the
+    /// largest micro-batch and rollout call.
+    pub fn table(&self) -> String {
+        let gb = |b: f64| format!("{:>9.2}", b / GB);
+        let mut out = String::new();
+        let _ = writeln!(out, "{:<52} {:<15} {:>9}", "part", "phase", "GB");
+        for p in &self.parts {
+            let _ = writeln!(
+                out,
+                "{:<52} {:<15} {}",
+                p.label,
+                p.phase.as_str(),
+                gb(p.bytes)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{:<52} {:<15} {}",
+            "training peak",
+            "always+training",
+            gb(self.training_peak)
+        );
+        let _ = writeln!(
+            out,
+            "{:<52} {:<15} {}",
+            "rollout peak",
+            "always+rollout",
+            gb(self.rollout_peak)
+        );
+        let _ = writeln!(out, "{:<52} {:<15} {}", "peak", "", gb(self.peak));
+        let _ = writeln!(
+            out,
+            "{:<52} {:<15} {}",
+            "GPU memory",
+            "",
+            gb(self.input.gpu_bytes())
+        );
+        let verdict = match (self.training_fits(), self.rollout_fits()) {
+            (true, true) => "yes".to_string(),
+            (false, true) => "no (training)".to_string(),
+            (true, false) => "no (rollout)".to_string(),
+            (false, false) => "no (training and rollout)".to_string(),
+        };
+        let _ = writeln!(out, "{:<52} {:<15} {:>9}", "fits", "", verdict);
+        let _ = writeln!(
+            out,
+            "{:<52} {:<15} {:>9}",
+            "max_micro_batch_tokens", "", self.max_micro_batch_tokens
+        );
+        let _ = writeln!(
+            out,
+            "{:<52} {:<15} {:>9}",
+            "max_rollout_rows (full-length rows in the KV pool)".to_string(),
+            "",
+            self.max_rollout_rows
+        );
+        out
+    }
+
+    /// One JSON object: `fits`, the peaks and `parts` in GB, the maxima, and the inputs.
+    pub fn to_json(&self) -> serde_json::Value {
+        let gb = |b: f64| (b / GB * 1000.0).round() / 1000.0;
+        let parts: serde_json::Map<String, serde_json::Value> = self
+            .parts
+            .iter()
+            .map(|p| (p.name.to_string(), gb(p.bytes).into()))
+            .collect();
+        let phases: serde_json::Map<String, serde_json::Value> = self
+            .parts
+            .iter()
+            .map(|p| (p.name.to_string(), p.phase.as_str().into()))
+            .collect();
+        serde_json::json!({
+            "fits": self.fits(),
+            "training_fits": self.training_fits(),
+            "rollout_fits": self.rollout_fits(),
+            "peak_gb": gb(self.peak),
+            "training_peak_gb": gb(self.training_peak),
+            "rollout_peak_gb": gb(self.rollout_peak),
+            "gpu_memory_gb": self.input.gpu_memory_gb,
+            "parts": parts,
+            "part_phases": phases,
+            "max_micro_batch_tokens": self.max_micro_batch_tokens,
+            "max_rollout_rows": self.max_rollout_rows,
+            "max_rollout_prompts_per_call": self.max_rollout_prompts_per_call(),
+            "parameters": self.parameters,
+            "micro_batch_rows": self.micro_batch_rows,
+            "micro_batch_tokens_used": self.micro_batch_tokens_used,
+            "rollout_rows": self.rollout_rows,
+            "sequence_tokens": self.input.sequence_tokens(),
+            "kv_pool_blocks": self.kv_pool_blocks,
+            "kv_pool_gb": gb(self.kv_pool_bytes()),
+            "kv_block_size": self.input.kv_block_size,
+            "inputs": &self.input,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(id: &str) -> ModelShape {
+        conrub_models::known_shape(id).unwrap()
+    }
+
+    fn published(precision: Precision, checkpointing: bool, micro: usize) -> MemoryPlanInput {
+        MemoryPlanInput {
+            precision,
+            activation_checkpointing: checkpointing,
+            micro_batch_tokens: micro,
+            ..MemoryPlanInput::new(shape("Qwen/Qwen3-4B-Instruct-2507"))
+        }
+    }
+
+    #[test]
+    fn parameter_counts_match_the_released_models() {
+        assert_eq!(shape("Qwen/Qwen3-0.6B").parameters(), 596_049_920);
+        assert_eq!(
+            conrub_models::ModelConfig::qwen3_0_6b()
+                .shape()
+                .parameters(),
+            596_049_920
+        );
+        assert_eq!(shape("Qwen/Qwen3-4B").parameters(), 4_022_468_096);
+        assert_eq!(shape("Qwen/Qwen3-4B-Instruct-2507"), shape("qwen/qwen3-4b"));
+        assert_eq!(shape("Qwen/Qwen3-1.7B").parameters(), 1_720_574_976);
+        assert_eq!(shape("Qwen/Qwen3-8B").parameters(), 8_190_735_360);
+        assert_eq!(shape("Qwen/Qwen3-14B").parameters(), 14_768_307_200);
+        assert_eq!(shape("Qwen/Qwen3-32B").parameters(), 32_762_123_264);
+        assert!(conrub_models::known_shape("Qwen/Qwen2.5-7B").is_none());
+    }
+
+    #[test]
+    fn the_kv_pool_follows_the_engine_budget_rule() {
+        let input = published(Precision::Bf16Mixed, true, 65536);
+        // Qwen3-4B in bf16: 36 layers x 8 KV heads x 128 x 2 x 2 bytes = 144 KiB per position.
+        assert_eq!(input.model.kv_bytes_per_position(2.0), 147_456.0);
+        assert_eq!(input.kv_block_bytes(), 16.0 * 147_456.0);
+        assert_eq!(input.full_row_blocks(), 576);
+        let plan = MemoryPlan::new(input.clone());
+        // What the rollout leaves free, 90% of it, in whole blocks.
+        let always: f64 = always_parts(&input).iter().map(|p| p.bytes).sum();
+        let room =
+            (input.gpu_bytes() - always - rollout_weights(&input) - rollout_transient(&input))
+                * AUTO_KV_SHARE;
+        assert!(
+            plan.kv_pool_bytes() <= room && plan.kv_pool_bytes() > room - input.kv_block_bytes()
+        );
+        assert_eq!(plan.max_rollout_rows, plan.kv_pool_blocks / 576);
+        assert!(
+            plan.rollout_fits() && plan.rollout_peak <= input.gpu_bytes(),
+            "{}",
+            plan.table()
+        );
+        // A set budget is taken as it is (whole blocks), and one that leaves no room is refused
+        // with the largest that fits.
+        let set = MemoryPlan::new(MemoryPlanInput {
+            kv_cache_gb: Some(10.0),
+            ..input.clone()
+        });
+        assert_eq!(set.kv_pool_blocks, (10e9 / input.kv_block_bytes()) as usize);
+        let huge = MemoryPlan::new(MemoryPlanInput {
+            kv_cache_gb: Some(200.0),
+            ..input.clone()
+        });
+        assert!(!huge.rollout_fits());
+        assert!(
+            huge.advice().contains("set rollout.kv_cache_gb <="),
+            "{}",
+            huge.advice()
+        );
+        // A small call needs no more than its rows at full length.
+        let small = MemoryPlan::new(MemoryPlanInput {
+            rollout_prompts_per_call: 1,
+            group_size: 2,
+            ..input
+        });
+        assert_eq!(small.kv_pool_blocks, 2 * 576 + 64);
+    }
+
+    #[test]
+    fn parts_add_up_to_the_peaks() {
+        let plan = MemoryPlan::new(published(Precision::Bf16Mixed, true, 65536));
+        let s = |ph: Phase| {
+            plan.parts
+                .iter()
+                .filter(|p| p.phase == ph)
+                .map(|p| p.bytes)
+                .sum::<f64>()
+        };
+        let micro = s(Phase::MicroBatch) + s(Phase::HeadBackward).max(s(Phase::LayerBackward));
+        let training = s(Phase::Always)
+            + s(Phase::Training)
+            + micro
+                .max(s(Phase::GradientSum))
+                .max(s(Phase::OptimizerStep));
+        assert!((plan.training_peak - training).abs() < 1.0);
+        assert!(plan.input.micro_batches_per_optimizer_step() > 1);
+        assert!((plan.rollout_peak - s(Phase::Always) - s(Phase::Rollout)).abs() < 1.0);
+        assert_eq!(plan.peak, plan.training_peak.max(plan.rollout_peak));
+        let p = plan.parameters as f64;
+        let get = |name: &str| plan.parts.iter().find(|x| x.name == name).unwrap().bytes;
+        assert_eq!(get("weights_f32"), 4.0 * p);
+        assert_eq!(get("gradients"), 4.0 * p);
+        assert_eq!(get("adamw_moments"), 8.0 * p);
+        assert_eq!(get("rollout_weights_bf16"), 2.0 * p);
+        // 7 full-length rows of 1,024 + 8,192 tokens in a 65,536-token budget.
+        assert_eq!(plan.micro_batch_rows, 7);
+        assert_eq!(plan.micro_batch_tokens_used, 7 * 9216);
+    }
+
+    #[test]
+    fn acceptance_targets_for_qwen3_4b() {
+        let mixed = MemoryPlan::new(published(Precision::Bf16Mixed, true, 16384));
+        assert!(mixed.training_fits(), "{}", mixed.table());
+        assert!(mixed.max_micro_batch_tokens >= 16384, "{}", mixed.table());
+        let f32_plain = MemoryPlan::new(published(Precision::F32, false, 65536));
+        assert!(
+            !f32_plain.training_fits() && !f32_plain.fits(),
+            "{}",
+            f32_plain.table()
+        );
+        assert!(f32_plain.check(141_000_000_000).is_err());
+    }
+
+    #[test]
+    fn checkpointing_and_bf16_reduce_activations() {
+        let act = |i: MemoryPlanInput| {
+            let plan = MemoryPlan::new(i);
+            plan.parts
+                .iter()
+                .filter(|p| p.phase == Phase::MicroBatch)
+                .map(|p| p.bytes)
+                .sum::<f64>()
+        };
+        for precision in [Precision::F32, Precision::Bf16Mixed] {
+            let with = act(published(precision, true, 65536));
+            let without = act(published(precision, false, 65536));
+            assert!(with * 5.0 < without, "{precision}: {with} vs {without}");
+        }
+        let f32_layer = shape("Qwen/Qwen3-4B").layer_activation_bytes(4.0);
+        let bf16_layer = shape("Qwen/Qwen3-4B").layer_activation_bytes(2.0);
+        assert!(bf16_layer < f32_layer);
+        assert!(
+            act(published(Precision::Bf16Mixed, false, 65536))
+                < act(published(Precision::F32, false, 65536))
+        );
+    }
+
+    #[test]
+    fn peaks_grow_with_the_settings() {
+        // Small micro-batches are bounded by the gradient sum (two sets of f32 gradients), so the
+        // training peak grows weakly at first, and strictly once activations dominate.
+        let peaks: Vec<f64> = [9216, 18432, 36864, 73728, 147456]
+            .iter()
+            .map(|&m| MemoryPlan::new(published(Precision::Bf16Mixed, true, m)).training_peak)
+            .collect();
+        assert!(
+            peaks.windows(2).all(|w| w[1] >= w[0]) && peaks[4] > peaks[2] && peaks[2] > peaks[0],
+            "{peaks:?}"
+        );
+        // A small call's pool is capped at its rows at full length; beyond that, more rows
+        // decoding at once mean a larger transient, so fewer full-length rows in the pool.
+        let four = MemoryPlan::new(MemoryPlanInput {
+            rollout_prompts_per_call: 4,
+            ..published(Precision::Bf16Mixed, true, 16384)
+        });
+        assert_eq!(four.max_rollout_rows, 32, "{}", four.table());
+        let mut last = usize::MAX;
+        for prompts in [8, 16, 32] {
+            let plan = MemoryPlan::new(MemoryPlanInput {
+                rollout_prompts_per_call: prompts,
+                ..published(Precision::Bf16Mixed, true, 16384)
+            });
+            assert!(
+                plan.max_rollout_rows <= last && plan.rollout_fits(),
+                "{}",
+                plan.table()
+            );
+            last = plan.max_rollout_rows;
+        }
+        let small = MemoryPlan::new(MemoryPlanInput {
+            max_response_tokens: 1024,
+            ..published(Precision::Bf16Mixed, true, 16384)
+        });
+        let large = MemoryPlan::new(published(Precision::Bf16Mixed, true, 16384));
+        assert!(small.max_rollout_rows > large.max_rollout_rows);
+        let big_gpu = MemoryPlan::new(MemoryPlanInput {
+            gpu_memory_gb: 282.0,
+            ..published(Precision::Bf16Mixed, true, 16384)
+        });
+        assert!(
+            big_gpu.max_micro_batch_tokens > large.max_micro_batch_tokens
+                && big_gpu.max_rollout_rows > large.max_rollout_rows
+        );
+    }
+
+    #[test]
+    fn rollouts_on_servers_leave_the_learner_its_training_peak() {
+        let input = MemoryPlanInput {
+            rollout_in_process: false,
+            ..published(Precision::Bf16Mixed, true, 65536)
+        };
+        let plan = MemoryPlan::new(input);
+        assert!(plan.parts.iter().all(|p| p.phase != Phase::Rollout));
+        assert_eq!((plan.kv_pool_blocks, plan.max_rollout_rows), (0, 0));
+        assert_eq!(plan.peak, plan.training_peak);
+        assert!(plan.rollout_fits() && plan.fits(), "{}", plan.table());
+        let local = MemoryPlan::new(published(Precision::Bf16Mixed, true, 65536));
+        assert_eq!(local.training_peak, plan.training_peak);
+        assert!(local.peak > plan.peak);
+    }
+
+    #[test]
+    fn maxima_are_the_boundaries() {
+        let input = published(Precision::Bf16Mixed, true, 16384);
+        let plan = MemoryPlan::new(input.clone());
+        let gpu = input.gpu_bytes();
+        let at = |tokens: usize| {
+            training_peak_of(&MemoryPlanInput {
+                micro_batch_tokens: tokens,
+                ..input.clone()
+            })
+        };
+        assert!(at(plan.max_micro_batch_tokens) <= gpu);
+        assert!(at(plan.max_micro_batch_tokens + MICRO_BATCH_STEP) > gpu);
+        assert!(plan.max_rollout_rows * input.full_row_blocks() <= plan.kv_pool_blocks);
+        assert!((plan.max_rollout_rows + 1) * input.full_row_blocks() > plan.kv_pool_blocks);
+        assert!(rollout_peak_of(&input) <= gpu);
+        let fitting = MemoryPlan::new(MemoryPlanInput {
+            micro_batch_tokens: plan.max_micro_batch_tokens,
+            rollout_prompts_per_call: plan.max_rollout_prompts_per_call(),
+            ..input
+        });
+        assert!(fitting.fits(), "{}", fitting.table());
+        assert!(fitting.check(141_000_000_000).is_ok());
+        assert!(fitting.advice().is_empty());
+    }
+
+    #[test]
+    fn a_plan_that_fits_nothing_says_so() {
+        let plan = MemoryPlan::new(MemoryPlanInput {
+            gpu_memory_gb: 8.0,
+            ..published(Precision::F32, false, 65536)
+        });
+        assert_eq!(plan.max_micro_batch_tokens, 0);
+        assert_eq!(plan.max_rollout_rows, 0);
+        let err = plan.check(8_000_000_000).unwrap_err().to_string();
+        assert!(
+            err.contains("not even one full-length row") && err.contains("rollout call"),
+            "{err}"
+        );
+        assert!(
+            err.contains("bf16-mixed") && err.contains("activation_checkpointing = true"),
+            "{err}"
+        );
+        let mixed = MemoryPlan::new(MemoryPlanInput {
+            gpu_memory_gb: 8.0,
+            ..published(Precision::Bf16Mixed, true, 65536)
+        });
+        let err = mixed.check(8_000_000_000).unwrap_err().to_string();
+        assert!(
+            !err.contains("bf16-mixed\"") && !err.contains("activation_checkpointing"),
+            "{err}"
+        );
+        // A tiny model fits a small device and the whole step in one micro-batch.
+        let tiny = MemoryPlan::new(MemoryPlanInput {
+            model: conrub_models::ModelConfig::tiny(151_936).shape(),
+            gpu_memory_gb: 80.0,
+            max_response_tokens: 256,
+            ..MemoryPlanInput::new(shape("Qwen/Qwen3-0.6B"))
+        });
+        assert!(tiny.fits(), "{}", tiny.table());
+        assert_eq!(
+            tiny.max_micro_batch_tokens,
+            (tiny.input.step_rows() * 1280).next_multiple_of(1024)
+        );
+    }
+
+    #[test]
+    fn json_has_the_documented_keys() {
+        let v = MemoryPlan::new(published(Precision::Bf16Mixed, true, 65536)).to_json();
+        for key in [
+            "fits",
+            "peak_gb",
+            "parts",
+            "max_micro_batch_tokens",
+            "max_rollout_rows",
+            "inputs",
+        ] {
+            assert!(v.get(key).is_some(), "{key}");
+        }
+        assert_eq!(v["inputs"]["precision"], "bf16-mixed");
+        assert_eq!(v["inputs"]["model"]["hidden_size"], 2560);
+        assert!(v["parts"]["kv_cache"].as_f64().unwrap() > 0.0);
+    }
+}

@@ -1,0 +1,57 @@
+//! Qwen3 causal language model on [burn](https://burn.dev), generic over `B: Backend`.
+//!
+//! - [`ModelConfig`]: HF `config.json` (hub and transformers-5 layouts).
+//! - [`CausalLm`]: the model; [`load_weights`] reads HF safetensors (single or sharded,
+//!   f32/bf16/f16) and [`save_pretrained`] writes an HF directory back.
+//! - Generation runs in `conrub-rollout`'s engine, which drives the model through its
+//!   `PagedModel` implementation ([`Pretrained::generate`] is the shortcut; the paged pass is the
+//!   model's only KV path); [`score_sequences`]: teacher-forced log-probs.
+//! - [`ChatTokenizer`]: `tokenizer.json` plus the Jinja chat template, over [`Message`]s
+//!   (`conrub_base::Message`, re-exported: the same type as a rubric record's question).
+//! - [`Pretrained`]: all of the above loaded from a directory or hub id.
+//! - The contracts (`conrub_contracts`): `Policy` and `PagedModel` for [`CausalLm`],
+//!   `TextCodec` for [`ChatTemplateCodec`], the shape ([`ModelConfig::shape`], [`known_shape`]).
+//!
+//! ```no_run
+//! use burn::backend::Flex;
+//! use conrub_models::{ChatOptions, Message, Qwen3};
+//! use conrub_rollout::SamplingConfig;
+//!
+//! let device = Default::default();
+//! let qwen = Qwen3::<Flex>::load("Qwen/Qwen3-0.6B", &device).unwrap();
+//! let tok = qwen.tokenizer.as_ref().unwrap();
+//! let prompt = tok
+//!     .apply_chat_template(&[Message::user("What is sepsis?")], ChatOptions::default())
+//!     .unwrap();
+//! let cfg = SamplingConfig { stop_ids: qwen.stop_ids(), ..Default::default() };
+//! let out = qwen.generate(&[prompt], &cfg, &device).unwrap();
+//! println!("{}", tok.decode(&out[0].tokens, true).unwrap());
+//! ```
+
+pub mod batch;
+mod codec;
+pub mod config;
+pub mod error;
+pub mod hub;
+pub mod io;
+pub mod model;
+mod policy;
+mod pretrained;
+pub mod score;
+mod shapes;
+pub mod tokenizer;
+pub mod weights;
+
+pub use codec::ChatTemplateCodec;
+pub use config::{GenerationConfig, ModelConfig, TokenIds};
+pub use conrub_contracts::{
+    AttentionKernelChoice, AttentionKernels, ForwardBatch, PaddedBatch, Padding,
+};
+pub use error::{ModelError, Result};
+pub use hub::resolve_model_dir;
+pub use model::{AttentionImpl, CausalLm, Execution, Precision};
+pub use pretrained::{save_pretrained, HfExport, Pretrained};
+pub use score::{score_sequences, SequenceScores};
+pub use shapes::{known_shape, KNOWN_SHAPES};
+pub use tokenizer::{ChatOptions, ChatTokenizer, Message};
+pub use weights::{load_weights, SaveDtype, WeightFiles};
