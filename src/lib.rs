@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-/// Rubric-reward RL post-training of Qwen3 policies on burn.
+/// Rubric-reward RL post-training of Qwen3, Llama 3.x and Qwen2.5 policies on burn.
 #[derive(Parser)]
 #[command(name = "conrub", version, about)]
 struct Cli {
@@ -29,7 +29,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate a continuation with a Qwen3 model.
+    /// Generate a continuation with a model (Qwen3, Llama 3.x or Qwen2.5).
     Generate(commands::generate::GenerateArgs),
     /// Teacher-forced log-probabilities and per-position argmax of a token sequence.
     Logprobs(commands::logprobs::LogprobsArgs),
@@ -45,7 +45,7 @@ enum Command {
     /// Build judges: `judge distill` trains a probe judge on a big judge's verdicts.
     #[command(subcommand)]
     Judge(commands::distill::JudgeCommand),
-    /// Train a Qwen3 policy with GRPO on rubric rewards.
+    /// Train a policy (Qwen3, Llama 3.x or Qwen2.5) with GRPO on rubric rewards.
     Train(commands::train::TrainArgs),
     /// Predict the peak device memory of a train config and the largest micro-batch and rollout
     /// call that fit.

@@ -54,7 +54,13 @@ fn ids_arg(v: &serde_json::Value) -> String {
 
 #[test]
 fn generate_greedy_json_matches_transformers() {
-    for name in ["qwen3/tied-gqa-f32", "qwen3/untied-mqa-bf16"] {
+    // Every family through the one registry.
+    for name in [
+        "qwen3/tied-gqa-f32",
+        "qwen3/untied-mqa-bf16",
+        "llama/untied-gqa-llama3rope-bf16",
+        "qwen2/tied-gqa-f32",
+    ] {
         let r = reference(name);
         let model = testdata(name);
         let out = json_ok(&[
@@ -136,7 +142,16 @@ fn generate_sampling_is_seeded_and_stops_on_stop_ids() {
 
 #[test]
 fn logprobs_json_matches_transformers() {
-    let name = "qwen3/tied-mha-bf16-sharded";
+    for name in [
+        "qwen3/tied-mha-bf16-sharded",
+        "llama/tied-mha-bias-f32",
+        "qwen2/untied-mqa-bf16",
+    ] {
+        logprobs_match_transformers(name);
+    }
+}
+
+fn logprobs_match_transformers(name: &str) {
     let r = reference(name);
     let seq = &r["sequences"][1];
     let out = json_ok(&[
@@ -164,7 +179,7 @@ fn logprobs_json_matches_transformers() {
         .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
         .collect();
     for (g, e) in got.iter().zip(&expected) {
-        assert!((g.as_f64().unwrap() - e).abs() < 1e-4, "{g} vs {e}");
+        assert!((g.as_f64().unwrap() - e).abs() < 1e-4, "{name}: {g} vs {e}");
     }
     // `--precision bf16-mixed`: bf16 activations move the log-probs, within bf16's resolution.
     let mixed = json_ok(&[

@@ -278,6 +278,66 @@ fn the_demo_writes_its_golden_metrics() {
     }
 }
 
+/// The shrunk demo on a tiny random Llama and a tiny random Qwen2 (`model.random.family`): two
+/// steps, a Hugging Face export of the family's layout, and the export reloads through the family
+/// registry with the trained weights.
+#[test]
+fn llama_and_qwen2_train_export_and_reload() {
+    use conrub_models::Family;
+    for (family, arch, norms, biases) in [
+        (Family::Llama, "LlamaForCausalLM", false, false),
+        (Family::Qwen2, "Qwen2ForCausalLM", false, true),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join(family.model_type());
+        let log = train(
+            &out,
+            &[
+                "--set",
+                &format!("model.random.family=\"{family}\""),
+                "--set",
+                "run.max_steps=2",
+            ],
+        );
+        assert!(log.contains("step 2/2"), "{family}: {log}");
+        assert_eq!(steps(&out).len(), 2, "{family}");
+        let export = out.join("checkpoint-000002");
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(export.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(config["model_type"], family.model_type());
+        assert_eq!(config["architectures"][0], arch);
+        let bytes = std::fs::read(export.join("model.safetensors")).unwrap();
+        let names: Vec<String> = safetensors::SafeTensors::deserialize(&bytes)
+            .unwrap()
+            .names()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let has = |suffix: &str| names.iter().any(|n| n.ends_with(suffix));
+        assert_eq!(has("self_attn.q_norm.weight"), norms, "{family}: {names:?}");
+        assert_eq!(has("self_attn.q_proj.bias"), biases, "{family}: {names:?}");
+        assert!(!has("self_attn.o_proj.bias"), "{family}");
+        let reloaded = Pretrained::<Flex>::load_dir(&export, &Default::default()).unwrap();
+        assert_eq!(reloaded.config.family().unwrap(), family);
+        // The export holds the trained weights: they differ from the random start.
+        let start: CausalLm<Flex> =
+            CausalLm::random(&reloaded.config, 0.02, 0, &Default::default());
+        let batch = ForwardBatch::<Flex>::contiguous(&[vec![9, 8, 7, 6]], 0, &Default::default());
+        let (a, b) = (
+            reloaded
+                .model
+                .forward(&batch)
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap(),
+            start.forward(&batch).into_data().to_vec::<f32>().unwrap(),
+        );
+        assert!(a.iter().all(|x| x.is_finite()));
+        assert_ne!(a, b, "{family}: the export is not the trained model");
+    }
+}
+
 #[test]
 fn a_tiny_kv_budget_gives_the_same_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -984,7 +1044,7 @@ fn run_folders_are_owned() {
 
 /// Training that goes non-finite stops loudly before it is saved: a warm-up whose loss overflows
 /// stops at that warm-up step (no checkpoint), and an infinite learning rate is refused by the
-/// config check. (A GRPO step whose gradients are not finite: `crates/grpo/tests/learner.rs`.)
+/// config check. (A GRPO step whose gradients are not finite: `models/tests/learner.rs`.)
 #[test]
 fn nonfinite_training_stops_before_it_is_saved() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,6 +1,6 @@
 //! One learner update of a Qwen3-shaped model at T tokens and its peak heap, and what
 //! `conrub plan` predicts for it: shared by `benches/attention.rs` and
-//! `crates/grpo/tests/memory_plan.rs` (included with `#[path]`; the including binary installs
+//! `crates/memory/tests/memory_plan.rs` (included with `#[path]`; the including binary installs
 //! `peak::Counting` as its global allocator).
 
 use std::sync::atomic::Ordering;

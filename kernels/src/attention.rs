@@ -27,7 +27,7 @@ pub const ATTENTION_MASKED_LSE: f32 = -1.0e30;
 pub struct AttentionLayout {
     /// Keys before the first query (a KV cache's length; 0 in training, where `s == t`).
     pub past: usize,
-    /// Multiplier of `q · k` (Qwen3: `1 / sqrt(head_dim)`).
+    /// Multiplier of `q · k` (`1 / sqrt(head_dim)` in every family we run).
     pub scale: f64,
     /// The CubeCL kernels a CubeCL backend runs (other backends ignore it).
     pub kernels: AttentionKernels,

@@ -128,7 +128,7 @@ pub fn training_timings<B: GrpoOps>(
     out
 }
 
-/// Decode attention of `rows` rows of `keys` keys each (Qwen3-4B heads: `heads` over `kv_heads`,
+/// Decode attention of `rows` rows of `keys` keys each (the 4B shape's heads by default: `heads` over `kv_heads`,
 /// `head_dim`) in `dtype`, blocks of 16 interleaved between rows: the backend's op with its
 /// key splits, with `kv_splits = 1`, and the gather fallback; medians of `iters` calls.
 pub fn decode_timings<B: GrpoOps>(

@@ -4,7 +4,7 @@
 //! [`sample_restricted_kernel`] applies it with top-k and/or top-p, without a sort.
 //!
 //! burn-cubecl 0.21's `cumsum` re-reads every earlier element for each output (O(vocab²) per
-//! row: ~1.15e10 reads per row per token at Qwen3's 151,936 tokens), which is what the tensor
+//! row: ~1.15e10 reads per row per token at a 151,936-token vocabulary), which is what the tensor
 //! rule ([`crate::sampling::sample_rows_by_tensors`]) used; this kernel reads each logit twice.
 //! One cube per row:
 //!

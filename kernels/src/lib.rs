@@ -62,7 +62,7 @@ pub mod sampling_bench;
 #[cfg(feature = "wgpu")]
 mod wgpu_probe;
 #[cfg(feature = "wgpu")]
-pub use wgpu_probe::{wgpu_adapter_count, wgpu_adapter_or_skip, REQUIRE_WGPU_ENV};
+pub use wgpu_probe::{skip_or_fail, wgpu_adapter_count, wgpu_adapter_or_skip, REQUIRE_WGPU_ENV};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};

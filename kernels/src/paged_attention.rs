@@ -18,7 +18,7 @@ use crate::{float, int, AttentionLayout, AttentionOps};
 pub struct PagedLayout {
     /// Positions per block.
     pub block_size: usize,
-    /// Multiplier of `q · k` (Qwen3: `1 / sqrt(head_dim)`).
+    /// Multiplier of `q · k` (`1 / sqrt(head_dim)` in every family we run).
     pub scale: f64,
     /// Splits of each row's keys on CubeCL backends (flash-decoding: each split runs its own
     /// online softmax, a second kernel combines them): 0 lets the backend choose from the

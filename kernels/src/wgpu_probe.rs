@@ -31,7 +31,17 @@ pub fn wgpu_adapter_or_skip(test: &str) -> bool {
     if *ADAPTERS.get_or_init(wgpu_adapter_count) > 0 {
         return true;
     }
-    let why = "no Vulkan adapter; install mesa-vulkan-drivers libvulkan1 (Mesa's software Vulkan) or run on a GPU";
+    skip_or_fail(
+        test,
+        "no Vulkan adapter; install mesa-vulkan-drivers libvulkan1 (Mesa's software Vulkan) or run on a GPU",
+    );
+    false
+}
+
+/// For a wgpu test that found the adapter lacks what it checks (a dtype, a feature): the same
+/// loud notice as [`wgpu_adapter_or_skip`] naming `why`, and under `CONRUB_REQUIRE_WGPU=1` a
+/// panic. The caller returns after it.
+pub fn skip_or_fail(test: &str, why: &str) {
     if std::env::var(REQUIRE_WGPU_ENV).is_ok_and(|v| v == "1") {
         panic!("{test}: {why} ({REQUIRE_WGPU_ENV}=1 makes this a failure)");
     }
@@ -41,5 +51,4 @@ pub fn wgpu_adapter_or_skip(test: &str) -> bool {
         std::io::stderr().lock(),
         "\n{line}\nSKIPPED: {why}.\n`{test}` passes WITHOUT RUNNING; set {REQUIRE_WGPU_ENV}=1 to make it fail instead.\n{line}"
     );
-    false
 }

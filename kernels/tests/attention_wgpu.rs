@@ -550,7 +550,10 @@ fn attention_half_precision() {
         .into_iter()
         .find(|&d| W::supports_dtype(&dev, d));
     let Some(dtype) = dtype else {
-        eprintln!("attention_half_precision: SKIPPED, the device supports neither bf16 nor f16");
+        conrub_kernels::skip_or_fail(
+            "attention_half_precision",
+            "the wgpu device supports neither bf16 nor f16",
+        );
         return;
     };
     println!("attention_half_precision: running in {dtype:?}");

@@ -303,7 +303,10 @@ mod wgpu {
             .into_iter()
             .find(|&d| <W as Backend>::supports_dtype(&dev, d))
         else {
-            eprintln!("the_kernel_matches_the_reference_in_half_precision: SKIPPED, neither bf16 nor f16 on this device");
+            conrub_kernels::skip_or_fail(
+                "the_kernel_matches_the_reference_in_half_precision",
+                "the wgpu device supports neither bf16 nor f16",
+            );
             return;
         };
         check::<W>("wgpu", &cases()[..1], dtype, 2e-2, &dev);

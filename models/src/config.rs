@@ -1,13 +1,16 @@
-//! Hugging Face `config.json` and `generation_config.json` for Qwen3, with HF field names.
+//! Hugging Face `config.json` and `generation_config.json` of the decoder families
+//! ([`Family`]), with HF field names.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
+use crate::family::{Architecture, Family};
 
 /// Rope parameters as transformers 5 writes them (`rope_parameters`), or as `rope_scaling` in older
-/// checkpoints. Only the default (unscaled) RoPE is implemented; any other `rope_type` is rejected.
+/// checkpoints. The default (unscaled) RoPE and, for Llama, `llama3` are implemented; any other
+/// `rope_type` is rejected by the family.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct RopeParameters {
     /// `default` (or absent) is plain RoPE.
@@ -19,6 +22,18 @@ pub struct RopeParameters {
     /// Base frequency (transformers 5 layout).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_theta: Option<f64>,
+    /// `llama3`: stretch of the low frequencies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
+    /// `llama3`: lower edge of the interpolated band.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_freq_factor: Option<f64>,
+    /// `llama3`: upper edge of the interpolated band.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_freq_factor: Option<f64>,
+    /// `llama3`: the base model's context length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_max_position_embeddings: Option<f64>,
 }
 
 impl RopeParameters {
@@ -27,7 +42,8 @@ impl RopeParameters {
     }
 }
 
-/// Qwen3 model configuration, parsed from a Hugging Face `config.json`.
+/// A decoder's configuration, parsed from a Hugging Face `config.json` of any [`Family`]
+/// (`model_type` chooses it; a config without one is read as Qwen3).
 ///
 /// Both layouts seen in the wild are accepted: the hub layout with top-level `rope_theta` and
 /// `torch_dtype`, and the transformers-5 layout with `rope_parameters.rope_theta` and `dtype`.
@@ -46,7 +62,8 @@ pub struct ModelConfig {
     /// Number of key/value heads (GQA when smaller than `num_attention_heads`, MQA when 1).
     #[serde(default)]
     pub num_key_value_heads: Option<usize>,
-    /// Per-head width; Qwen3 sets it explicitly and it may differ from hidden/heads.
+    /// Per-head width; Qwen3 sets it explicitly and it may differ from hidden/heads (the others
+    /// default to hidden/heads).
     #[serde(default)]
     pub head_dim: Option<usize>,
     /// RMSNorm epsilon.
@@ -67,9 +84,13 @@ pub struct ModelConfig {
     /// Whether the LM head reuses the token embedding.
     #[serde(default)]
     pub tie_word_embeddings: bool,
-    /// Whether q/k/v/o projections carry a bias (false for released Qwen3).
+    /// Whether q/k/v/o projections carry a bias (false for released Qwen3 and Llama; Qwen2's
+    /// q/k/v biases come with the family, not with this key).
     #[serde(default)]
     pub attention_bias: bool,
+    /// Llama's MLP biases (refused: no release uses them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mlp_bias: bool,
     /// Activation of the MLP; only `silu` is supported.
     #[serde(default = "default_hidden_act")]
     pub hidden_act: String,
@@ -88,7 +109,7 @@ pub struct ModelConfig {
     /// Sliding-window attention (only `false`/absent is supported; released Qwen3 does not use it).
     #[serde(default)]
     pub use_sliding_window: bool,
-    /// `model_type`, expected to be `qwen3`.
+    /// `model_type`: the [`Family`] (`qwen3`, `llama`, `qwen2`).
     #[serde(default = "default_model_type")]
     pub model_type: String,
     /// `architectures`, kept for export.
@@ -161,7 +182,43 @@ impl ModelConfig {
         Ok(config)
     }
 
-    /// Checks the fields this implementation relies on.
+    /// The family `model_type` names.
+    pub fn family(&self) -> Result<Family> {
+        Family::from_model_type(&self.model_type).ok_or_else(|| ModelError::Config {
+            path: None,
+            field: "model_type".into(),
+            message: format!(
+                "`{}` is not a supported family (supported: {})",
+                self.model_type,
+                Family::names()
+            ),
+        })
+    }
+
+    /// The decoder variant this config describes (its family's checks included).
+    pub fn architecture(&self) -> Result<Architecture> {
+        self.family()?.architecture(self)
+    }
+
+    /// The RoPE block that says a type, with the field it is under (`rope_scaling` first, as
+    /// transformers reads it).
+    pub fn rope_kind(&self) -> Option<(&'static str, &str)> {
+        [
+            ("rope_scaling", &self.rope_scaling),
+            ("rope_parameters", &self.rope_parameters),
+        ]
+        .into_iter()
+        .find_map(|(field, r)| r.as_ref().and_then(|r| r.kind()).map(|k| (field, k)))
+    }
+
+    /// The RoPE block [`ModelConfig::rope_kind`] reads.
+    pub fn rope_block(&self) -> Option<&RopeParameters> {
+        [&self.rope_scaling, &self.rope_parameters]
+            .into_iter()
+            .find_map(|r| r.as_ref().filter(|r| r.kind().is_some()))
+    }
+
+    /// Checks the fields this implementation relies on (the family's own checks included).
     pub fn validate(&self) -> Result<()> {
         let err = |field: &str, message: String| {
             Err(ModelError::Config {
@@ -170,21 +227,7 @@ impl ModelConfig {
                 message,
             })
         };
-        for (field, rope) in [
-            ("rope_scaling", &self.rope_scaling),
-            ("rope_parameters", &self.rope_parameters),
-        ] {
-            if let Some(kind) = rope.as_ref().and_then(|r| r.kind()) {
-                if kind != "default" {
-                    return err(
-                        field,
-                        format!(
-                            "rope type `{kind}` is not supported (only `default` RoPE is implemented)"
-                        ),
-                    );
-                }
-            }
-        }
+        self.architecture()?;
         if self.hidden_act != "silu" {
             return err(
                 "hidden_act",
@@ -244,11 +287,15 @@ impl ModelConfig {
             .unwrap_or(self.hidden_size / self.num_attention_heads)
     }
 
-    /// RoPE base from either layout (default 1,000,000 as in released Qwen3).
+    /// RoPE base from either layout (else the family's default: 1,000,000 for Qwen3).
     pub fn rope_theta(&self) -> f64 {
         self.rope_theta
             .or_else(|| self.rope_parameters.as_ref().and_then(|r| r.rope_theta))
-            .unwrap_or(1_000_000.0)
+            .or_else(|| self.rope_scaling.as_ref().and_then(|r| r.rope_theta))
+            .unwrap_or_else(|| {
+                self.family()
+                    .map_or(crate::qwen3::DEFAULT_ROPE_THETA, Family::default_rope_theta)
+            })
     }
 
     /// Storage dtype name from either layout (`bfloat16`, `float32`, ...).

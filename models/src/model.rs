@@ -1,5 +1,7 @@
-//! The Qwen3 decoder: RMSNorm, rotate-half RoPE, grouped-query attention with per-head q/k norms,
-//! SwiGLU MLP, and the causal-LM head (tied or untied).
+//! The shared pre-norm decoder of every family ([`crate::Family`]): RMSNorm, rotate-half RoPE
+//! (plain or `llama3`-scaled), grouped-query attention with optional per-head q/k norms (Qwen3)
+//! and projection biases (Qwen2, Llama's `attention_bias`), SwiGLU MLP, and the causal-LM head
+//! (tied or untied). A family differs only in its [`crate::Architecture`].
 
 use burn::module::{Module, Param};
 use burn::nn::Linear;
@@ -18,6 +20,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::batch::attention_bias;
 use crate::config::ModelConfig;
+use crate::family::Architecture;
 pub use conrub_contracts::{to_dtype, AttentionImpl, Execution, Precision};
 use conrub_contracts::{ForwardBatch, KvLayout, PagedKv, PagedModel, PagedPass};
 
@@ -91,13 +94,14 @@ impl WeightInit {
     }
 }
 
-/// Root-mean-square norm as Qwen3 computes it: statistics in f32, scale applied after casting back.
+/// Root-mean-square norm as the HF decoders compute it: statistics in f32, scale applied after
+/// casting back.
 #[derive(Module, Debug)]
 pub struct RmsNorm<B: Backend> {
     /// Per-feature scale (`weight` in HF checkpoints).
-    pub weight: Param<Tensor<B, 1>>,
+    pub(crate) weight: Param<Tensor<B, 1>>,
     /// Epsilon from `config.json`'s `rms_norm_eps`.
-    pub eps: f64,
+    pub(crate) eps: f64,
 }
 
 impl<B: Backend> RmsNorm<B> {
@@ -122,13 +126,22 @@ impl<B: Backend> RmsNorm<B> {
 }
 
 /// Rotary position embedding in Hugging Face's rotate-half form: dimension `i` is rotated with
-/// dimension `i + head_dim/2` by the angle `position * theta^(-2i/head_dim)`.
+/// dimension `i + head_dim/2` by the angle `position * inv_freq[i]`, `inv_freq[i] =
+/// theta^(-2i/head_dim)`, rescaled band by band under `llama3` scaling (`llama3_factor > 0`).
 #[derive(Module, Debug, Clone)]
 pub struct RotaryEmbedding {
     /// Per-head width.
-    pub head_dim: usize,
+    pub(crate) head_dim: usize,
     /// Base frequency.
-    pub theta: f64,
+    pub(crate) theta: f64,
+    /// `llama3` scaling's stretch of the low frequencies; 0 without scaling.
+    pub(crate) llama3_factor: f64,
+    /// `llama3`: lower edge of the interpolated band.
+    pub(crate) llama3_low_freq_factor: f64,
+    /// `llama3`: upper edge of the interpolated band.
+    pub(crate) llama3_high_freq_factor: f64,
+    /// `llama3`: the base model's context length.
+    pub(crate) llama3_original_context: f64,
 }
 
 /// `cos`/`sin` tables for one forward pass, materialised per head (`[batch, seq, heads, head_dim]`)
@@ -143,12 +156,53 @@ pub struct RopeTables<B: Backend> {
 }
 
 impl RotaryEmbedding {
+    /// The rotation of `head_dim`-wide heads under `rope`.
+    pub fn new(head_dim: usize, rope: &crate::family::Rope) -> Self {
+        let l = rope.llama3;
+        Self {
+            head_dim,
+            theta: rope.theta,
+            llama3_factor: l.map_or(0.0, |l| l.factor),
+            llama3_low_freq_factor: l.map_or(0.0, |l| l.low_freq_factor),
+            llama3_high_freq_factor: l.map_or(0.0, |l| l.high_freq_factor),
+            llama3_original_context: l.map_or(0.0, |l| l.original_max_position_embeddings),
+        }
+    }
+
     /// Inverse frequencies, rounded to f32 the way the reference computes them.
     fn inv_freq(&self) -> Vec<f32> {
         let d = self.head_dim as f64;
         (0..self.head_dim / 2)
             .map(|i| (1.0 / self.theta.powf((2 * i) as f64 / d)) as f32)
+            .map(|f| self.llama3_scaled(f))
             .collect()
+    }
+
+    /// `llama3` scaling of one inverse frequency (the identity without it): wavelengths above
+    /// `original / low_freq_factor` are stretched by `factor`, those below `original /
+    /// high_freq_factor` kept, and the band between interpolated linearly in `original /
+    /// wavelength`.
+    fn llama3_scaled(&self, inv_freq: f32) -> f32 {
+        if self.llama3_factor <= 0.0 {
+            return inv_freq;
+        }
+        let (factor, low, high, original) = (
+            self.llama3_factor,
+            self.llama3_low_freq_factor,
+            self.llama3_high_freq_factor,
+            self.llama3_original_context,
+        );
+        let f = inv_freq as f64;
+        let wavelen = 2.0 * std::f64::consts::PI / f;
+        let scaled = if wavelen > original / low {
+            f / factor
+        } else if wavelen < original / high {
+            f
+        } else {
+            let smooth = (original / wavelen - low) / (high - low);
+            (1.0 - smooth) * f / factor + smooth * f
+        };
+        scaled as f32
     }
 
     /// `[head_dim, head_dim]` matrix `R` with `x · R = rotate_half(x) = [-x2, x1]`. Every output is
@@ -228,45 +282,55 @@ pub(crate) type KvSlot<'a, B> = (
     &'a PagedPass<B>,
 );
 
-/// Grouped-query self-attention with per-head RMSNorm on queries and keys.
+/// Grouped-query self-attention, with per-head RMSNorm on queries and keys where the family has
+/// them.
 #[derive(Module, Debug)]
 pub struct Attention<B: Backend> {
     /// Query projection, `hidden -> heads * head_dim`.
-    pub q_proj: Linear<B>,
+    pub(crate) q_proj: Linear<B>,
     /// Key projection, `hidden -> kv_heads * head_dim`.
-    pub k_proj: Linear<B>,
+    pub(crate) k_proj: Linear<B>,
     /// Value projection, `hidden -> kv_heads * head_dim`.
-    pub v_proj: Linear<B>,
+    pub(crate) v_proj: Linear<B>,
     /// Output projection, `heads * head_dim -> hidden`.
-    pub o_proj: Linear<B>,
-    /// Per-head query norm (applied before RoPE).
-    pub q_norm: RmsNorm<B>,
-    /// Per-head key norm (applied before RoPE).
-    pub k_norm: RmsNorm<B>,
+    pub(crate) o_proj: Linear<B>,
+    /// Per-head query norm (applied before RoPE; Qwen3).
+    pub(crate) q_norm: Option<RmsNorm<B>>,
+    /// Per-head key norm (applied before RoPE; Qwen3).
+    pub(crate) k_norm: Option<RmsNorm<B>>,
     /// Query heads.
-    pub num_heads: usize,
+    pub(crate) num_heads: usize,
     /// Key/value heads.
-    pub num_kv_heads: usize,
+    pub(crate) num_kv_heads: usize,
     /// Per-head width.
-    pub head_dim: usize,
+    pub(crate) head_dim: usize,
 }
 
 impl<B: Backend> Attention<B> {
-    fn new(config: &ModelConfig, init: &mut WeightInit, device: &B::Device) -> Self {
+    fn new(
+        config: &ModelConfig,
+        arch: &Architecture,
+        init: &mut WeightInit,
+        device: &B::Device,
+    ) -> Self {
         let (h, nh, nkv, hd) = (
             config.hidden_size,
             config.num_attention_heads,
             config.num_key_value_heads(),
             config.head_dim(),
         );
-        let bias = config.attention_bias;
+        let (qkv, o) = (arch.qkv_bias, arch.o_bias);
+        let norm = || {
+            arch.qk_norm
+                .then(|| RmsNorm::new(hd, config.rms_norm_eps, device))
+        };
         Self {
-            q_proj: init.linear(h, nh * hd, bias, device),
-            k_proj: init.linear(h, nkv * hd, bias, device),
-            v_proj: init.linear(h, nkv * hd, bias, device),
-            o_proj: init.linear(nh * hd, h, bias, device),
-            q_norm: RmsNorm::new(hd, config.rms_norm_eps, device),
-            k_norm: RmsNorm::new(hd, config.rms_norm_eps, device),
+            q_proj: init.linear(h, nh * hd, qkv, device),
+            k_proj: init.linear(h, nkv * hd, qkv, device),
+            v_proj: init.linear(h, nkv * hd, qkv, device),
+            o_proj: init.linear(nh * hd, h, o, device),
+            q_norm: norm(),
+            k_norm: norm(),
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: hd,
@@ -290,8 +354,12 @@ impl<B: Backend> Attention<B> {
         let k = project(&self.k_proj, x.clone()).reshape([b, t, nkv, hd]);
         let v = project(&self.v_proj, x).reshape([b, t, nkv, hd]);
         // Norm and rotate in the contiguous [batch, seq, heads, dim] layout, then move heads first.
-        let q = rope.apply_q(self.q_norm.forward(q)).swap_dims(1, 2);
-        let k = rope.apply_k(self.k_norm.forward(k));
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => (qn.forward(q), kn.forward(k)),
+            _ => (q, k),
+        };
+        let q = rope.apply_q(q).swap_dims(1, 2);
+        let k = rope.apply_k(k);
         let scale = 1.0 / (hd as f64).sqrt();
         if let Some((layer, pass)) = cache {
             // New keys and values into their pool slots, then attend: a prefill to its own keys,
@@ -405,22 +473,22 @@ impl<B: Backend> Attention<B> {
 #[derive(Debug, Clone)]
 pub struct AttentionMask<B: Backend> {
     /// Naive path: additive bias `[batch, 1, new, keys]` (None = everything visible).
-    pub bias: Option<Tensor<B, 4>>,
+    pub(crate) bias: Option<Tensor<B, 4>>,
     /// Fused path: key validity `[batch, keys]` (1 = real token), causality implied.
-    pub fused: Option<Tensor<B, 2>>,
+    pub(crate) fused: Option<Tensor<B, 2>>,
     /// The fused path's kernels ([`Execution::attention_kernels`]).
-    pub kernels: AttentionKernels,
+    pub(crate) kernels: AttentionKernels,
 }
 
 /// SwiGLU feed-forward block: `down(silu(gate(x)) * up(x))`.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     /// Gate projection.
-    pub gate_proj: Linear<B>,
+    pub(crate) gate_proj: Linear<B>,
     /// Up projection.
-    pub up_proj: Linear<B>,
+    pub(crate) up_proj: Linear<B>,
     /// Down projection.
-    pub down_proj: Linear<B>,
+    pub(crate) down_proj: Linear<B>,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -443,20 +511,25 @@ impl<B: Backend> Mlp<B> {
 #[derive(Module, Debug)]
 pub struct DecoderLayer<B: Backend> {
     /// Norm before attention.
-    pub input_layernorm: RmsNorm<B>,
+    pub(crate) input_layernorm: RmsNorm<B>,
     /// Self-attention.
-    pub self_attn: Attention<B>,
+    pub(crate) self_attn: Attention<B>,
     /// Norm before the MLP.
-    pub post_attention_layernorm: RmsNorm<B>,
+    pub(crate) post_attention_layernorm: RmsNorm<B>,
     /// Feed-forward block.
-    pub mlp: Mlp<B>,
+    pub(crate) mlp: Mlp<B>,
 }
 
 impl<B: Backend> DecoderLayer<B> {
-    fn new(config: &ModelConfig, init: &mut WeightInit, device: &B::Device) -> Self {
+    fn new(
+        config: &ModelConfig,
+        arch: &Architecture,
+        init: &mut WeightInit,
+        device: &B::Device,
+    ) -> Self {
         Self {
             input_layernorm: RmsNorm::new(config.hidden_size, config.rms_norm_eps, device),
-            self_attn: Attention::new(config, init, device),
+            self_attn: Attention::new(config, arch, init, device),
             post_attention_layernorm: RmsNorm::new(config.hidden_size, config.rms_norm_eps, device),
             mlp: Mlp::new(config, init, device),
         }
@@ -481,43 +554,50 @@ impl<B: Backend> DecoderLayer<B> {
     }
 }
 
-/// Qwen3 causal language model (`CausalLm`).
+/// The causal language model of every family.
 ///
 /// With `tie_word_embeddings` the head has no weight of its own: logits are computed against the
 /// embedding parameter itself, so training updates one tensor, as in the reference.
 #[derive(Module, Debug)]
 pub struct CausalLm<B: Backend> {
     /// Token embedding `[vocab, hidden]` (`model.embed_tokens.weight`).
-    pub embed_tokens: Param<Tensor<B, 2>>,
+    pub(crate) embed_tokens: Param<Tensor<B, 2>>,
     /// Decoder layers.
-    pub layers: Vec<DecoderLayer<B>>,
+    pub(crate) layers: Vec<DecoderLayer<B>>,
     /// Final norm.
-    pub norm: RmsNorm<B>,
+    pub(crate) norm: RmsNorm<B>,
     /// Untied LM head `[vocab, hidden]` (HF layout); `None` when tied to `embed_tokens`.
-    pub lm_head: Option<Param<Tensor<B, 2>>>,
+    pub(crate) lm_head: Option<Param<Tensor<B, 2>>>,
     /// Rotary embedding parameters.
-    pub rope: RotaryEmbedding,
+    pub(crate) rope: RotaryEmbedding,
     /// Precision, attention and checkpointing settings (not stored in checkpoints).
-    pub exec: Execution,
+    pub(crate) exec: Execution,
 }
 
 impl<B: Backend> CausalLm<B> {
-    /// A model with random weights drawn from N(0, `std`) (norm scales are 1), for tests, benches and
-    /// demos; load real checkpoints with [`crate::load_weights`] or [`crate::Qwen3::load`]. The
-    /// weights depend only on the config, `std` and `seed` (not on other threads or on burn's
-    /// global RNG).
     /// The architecture with N(0, 0.02) weights (HF's `initializer_range`, seed 0), to be trained
     /// or loaded.
     pub fn new(config: &ModelConfig, device: &B::Device) -> Self {
         Self::random(config, 0.02, 0, device)
     }
 
+    /// A model with random weights drawn from N(0, `std`) (norm scales are 1, biases 0), for
+    /// tests, benches and demos; load real checkpoints with [`crate::load_weights`] or
+    /// [`crate::Pretrained::load`]. The weights depend only on the config, `std` and `seed` (not
+    /// on other threads or on burn's global RNG).
+    ///
+    /// # Panics
+    /// When `config` fails its family's checks ([`ModelConfig::validate`]; configs read from
+    /// files are checked as they are read).
     pub fn random(config: &ModelConfig, std: f64, seed: u64, device: &B::Device) -> Self {
+        let arch = config
+            .architecture()
+            .unwrap_or_else(|e| panic!("CausalLm::random: {e}"));
         let mut init = WeightInit::new(seed, std);
         let (v, h) = (config.vocab_size, config.hidden_size);
         let embed_tokens = Param::from_tensor(init.normal([v, h], device));
         let layers = (0..config.num_hidden_layers)
-            .map(|_| DecoderLayer::new(config, &mut init, device))
+            .map(|_| DecoderLayer::new(config, &arch, &mut init, device))
             .collect();
         let lm_head =
             (!config.tie_word_embeddings).then(|| Param::from_tensor(init.normal([v, h], device)));
@@ -526,10 +606,7 @@ impl<B: Backend> CausalLm<B> {
             layers,
             norm: RmsNorm::new(h, config.rms_norm_eps, device),
             lm_head,
-            rope: RotaryEmbedding {
-                head_dim: config.head_dim(),
-                theta: config.rope_theta(),
-            },
+            rope: RotaryEmbedding::new(config.head_dim(), &arch.rope),
             exec: Execution::default(),
         }
     }
@@ -538,6 +615,22 @@ impl<B: Backend> CausalLm<B> {
     pub fn with_execution(mut self, exec: Execution) -> Self {
         self.exec = exec;
         self
+    }
+
+    /// How the model runs (precision, attention, checkpointing).
+    pub fn execution(&self) -> Execution {
+        self.exec
+    }
+
+    /// Whether the LM head is the token embedding.
+    pub fn is_tied(&self) -> bool {
+        self.lm_head.is_none()
+    }
+
+    /// The token embedding `[vocab, hidden]` (the parameter itself: gradients of a loss reach it
+    /// through this tensor).
+    pub fn embedding(&self) -> Tensor<B, 2> {
+        self.embed_tokens.val()
     }
 
     /// Number of decoder layers.
@@ -748,7 +841,7 @@ impl<B: GrpoOps> CausalLm<B> {
     }
 }
 
-/// The rollout engine drives Qwen3 through its paged pass.
+/// The rollout engine drives every family through its paged pass.
 impl<B: GrpoOps> PagedModel<B> for CausalLm<B> {
     fn kv_layout(&self) -> KvLayout {
         let a = &self.layers[0].self_attn;

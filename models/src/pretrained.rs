@@ -52,6 +52,7 @@ impl<B: Backend> Pretrained<B> {
         seed: u64,
         device: &B::Device,
     ) -> Result<Self> {
+        config.validate()?;
         let tokenizer = ChatTokenizer::from_dir(tokenizer_dir)?;
         Ok(Self {
             model: CausalLm::random(&config, std, seed, device),
@@ -172,9 +173,10 @@ pub fn save_pretrained<B: Backend>(
     } else {
         config.torch_dtype = Some(name.into());
     }
+    let family = config.family().unwrap_or_default();
     config
         .architectures
-        .get_or_insert_with(|| vec!["Qwen3ForCausalLM".into()]);
+        .get_or_insert_with(|| vec![family.hf_architecture().into()]);
     config.write(&dir.join("config.json"))?;
     if let Some(g) = generation_config {
         let text = serde_json::to_string_pretty(g).expect("generation config serialises");

@@ -283,7 +283,7 @@ fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// Loads a Qwen3 causal LM from checkpoint files. Every tensor the config implies must be present
+/// Loads a causal LM of `config`'s family from checkpoint files. Every tensor the config implies must be present
 /// with the right shape, and every stored tensor must be used (for a tied model a stored
 /// `lm_head.weight` is ignored, as transformers does).
 pub fn load_weights<B: Backend>(
@@ -302,7 +302,8 @@ pub fn load_weights<B: Backend>(
         config.head_dim(),
     );
     let eps = config.rms_norm_eps;
-    let bias = config.attention_bias;
+    let arch = config.architecture()?;
+    let (qkv, o) = (arch.qkv_bias, arch.o_bias);
     let mut b = Builder::<B> {
         files,
         device,
@@ -315,12 +316,18 @@ pub fn load_weights<B: Backend>(
         layers.push(DecoderLayer {
             input_layernorm: b.norm(&format!("{p}.input_layernorm.weight"), h, eps)?,
             self_attn: Attention {
-                q_proj: b.linear(&format!("{p}.self_attn.q_proj"), h, nh * hd, bias)?,
-                k_proj: b.linear(&format!("{p}.self_attn.k_proj"), h, nkv * hd, bias)?,
-                v_proj: b.linear(&format!("{p}.self_attn.v_proj"), h, nkv * hd, bias)?,
-                o_proj: b.linear(&format!("{p}.self_attn.o_proj"), nh * hd, h, bias)?,
-                q_norm: b.norm(&format!("{p}.self_attn.q_norm.weight"), hd, eps)?,
-                k_norm: b.norm(&format!("{p}.self_attn.k_norm.weight"), hd, eps)?,
+                q_proj: b.linear(&format!("{p}.self_attn.q_proj"), h, nh * hd, qkv)?,
+                k_proj: b.linear(&format!("{p}.self_attn.k_proj"), h, nkv * hd, qkv)?,
+                v_proj: b.linear(&format!("{p}.self_attn.v_proj"), h, nkv * hd, qkv)?,
+                o_proj: b.linear(&format!("{p}.self_attn.o_proj"), nh * hd, h, o)?,
+                q_norm: match arch.qk_norm {
+                    true => Some(b.norm(&format!("{p}.self_attn.q_norm.weight"), hd, eps)?),
+                    false => None,
+                },
+                k_norm: match arch.qk_norm {
+                    true => Some(b.norm(&format!("{p}.self_attn.k_norm.weight"), hd, eps)?),
+                    false => None,
+                },
                 num_heads: nh,
                 num_kv_heads: nkv,
                 head_dim: hd,
@@ -350,7 +357,10 @@ pub fn load_weights<B: Backend>(
         return Err(ModelError::Weights {
             file,
             tensor: extra.clone(),
-            message: "not part of a Qwen3 model with this config (unexpected tensor)".into(),
+            message: format!(
+                "not part of a {} model with this config (unexpected tensor)",
+                config.model_type
+            ),
         });
     }
     Ok(CausalLm {
@@ -358,10 +368,7 @@ pub fn load_weights<B: Backend>(
         layers,
         norm,
         lm_head,
-        rope: RotaryEmbedding {
-            head_dim: hd,
-            theta: config.rope_theta(),
-        },
+        rope: RotaryEmbedding::new(hd, &arch.rope),
         exec: Default::default(),
     })
 }
@@ -414,11 +421,15 @@ pub fn hf_tensors<B: Backend>(model: &CausalLm<B>) -> BTreeMap<String, (Vec<usiz
             }
         }
         for (name, norm) in [
-            ("input_layernorm", &layer.input_layernorm),
-            ("post_attention_layernorm", &layer.post_attention_layernorm),
-            ("self_attn.q_norm", &a.q_norm),
-            ("self_attn.k_norm", &a.k_norm),
+            ("input_layernorm", Some(&layer.input_layernorm)),
+            (
+                "post_attention_layernorm",
+                Some(&layer.post_attention_layernorm),
+            ),
+            ("self_attn.q_norm", a.q_norm.as_ref()),
+            ("self_attn.k_norm", a.k_norm.as_ref()),
         ] {
+            let Some(norm) = norm else { continue };
             let w = norm.weight.val();
             put(format!("{p}.{name}.weight"), w.dims().to_vec(), host_f32(w));
         }

@@ -78,3 +78,57 @@ fn messages_read_from_json_render_as_the_fixtures_do() {
         .to_string();
     assert!(e.contains("unknown field `tool_calls`"), "{e}");
 }
+
+/// The published Llama 3.1 and Qwen2.5 Instruct templates (models/testdata/templates) render and
+/// encode as transformers' `apply_chat_template` does (fixtures from
+/// testdata/generate_family_fixtures.py): Llama 3 through a small BPE with its special tokens,
+/// Qwen2.5 through the Qwen3 tokenizer.json it shares.
+#[test]
+fn llama_and_qwen2_templates_equal_transformers() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
+    let qwen2 = tempfile::tempdir().unwrap();
+    for (from, to) in [
+        (
+            data.join("qwen3-tokenizer/tokenizer.json"),
+            "tokenizer.json",
+        ),
+        (
+            data.join("qwen2-tokenizer/tokenizer_config.json"),
+            "tokenizer_config.json",
+        ),
+    ] {
+        std::fs::copy(from, qwen2.path().join(to)).unwrap();
+    }
+    for (family, dir) in [
+        ("llama", data.join("llama3-tokenizer")),
+        ("qwen2", qwen2.path().to_path_buf()),
+    ] {
+        let tok = ChatTokenizer::from_dir(&dir).unwrap();
+        let cases: Vec<serde_json::Value> = serde_json::from_str(
+            &std::fs::read_to_string(data.join(family).join("chat_template_cases.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(cases.len(), 6, "{family}");
+        for case in &cases {
+            let messages: Vec<Message> = serde_json::from_value(case["messages"].clone()).unwrap();
+            let opts = ChatOptions {
+                add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+                enable_thinking: None,
+            };
+            let label = format!(
+                "{family} {} gen={}",
+                case["name"], opts.add_generation_prompt
+            );
+            let text = tok.render_chat(&messages, opts).unwrap();
+            assert_eq!(text, case["text"].as_str().unwrap(), "{label}");
+            let ids = tok.apply_chat_template(&messages, opts).unwrap();
+            let expected: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+            assert_eq!(ids, expected, "{label}");
+        }
+        let first = cases[0]["text"].as_str().unwrap();
+        match family {
+            "llama" => assert!(first.starts_with("<|begin_of_text|><|start_header_id|>system")),
+            _ => assert!(first.contains("You are Qwen, created by Alibaba Cloud.")),
+        }
+    }
+}

@@ -441,7 +441,7 @@ async fn checkpointing_set_on_the_learner_reaches_the_policy_and_keeps_the_run()
             activation_checkpointing: on,
             ..config()
         });
-        assert_eq!(l.policy().exec.activation_checkpointing, on);
+        assert_eq!(l.policy().execution().activation_checkpointing, on);
         let mut m = Vec::new();
         for _ in 0..2 {
             m.push(l.step(&refs).await.unwrap().metrics);
@@ -1276,6 +1276,67 @@ fn a_drifted_data_parallel_replica_is_named() {
     let e = group.check_replicas().unwrap_err().to_string();
     assert!(
         e.contains("rank 2's parameters differ from rank 0's"),
+        "{e}"
+    );
+}
+
+/// An estimator registered by name and chosen by `learner.estimator` is the one the learner
+/// runs: all-zero advantages leave the weights where they were (no gradient reaches AdamW, weight
+/// decay 0), while the built-in `group-relative` on the same run moves them; the ties go to the
+/// tie breaker either way.
+#[tokio::test]
+async fn the_config_chooses_a_registered_estimator_by_name() {
+    struct Zero;
+    impl conrub_grpo::AdvantageEstimator for Zero {
+        fn advantages(&self, rewards: &[Option<f64>]) -> Vec<f64> {
+            vec![0.0; rewards.len()]
+        }
+    }
+    let recs = records();
+    let refs: Vec<&RubricRecord> = recs.iter().collect();
+    let step_with = |estimator: &str| {
+        let cfg = LearnerConfig {
+            estimator: estimator.into(),
+            tie_mode: TieMode::Off,
+            ..config()
+        };
+        let mut registry = conrub_grpo::Registry::<B>::builtin();
+        registry.register_estimator("zero", |_| Ok(Box::new(Zero)));
+        let model = CausalLm::<B>::random(&ModelConfig::tiny(64), 0.1, 5, &Default::default());
+        let engine = InProcessEngine {
+            prompts_per_call: cfg.rollout_prompts_per_call,
+            engine: EngineConfig::default(),
+        };
+        let judge = judge();
+        let rewards = JudgeRewards {
+            judge,
+            mode: ScoringMode::ThreeState,
+            penalty: LengthPenalty::disabled(),
+            dropout: None,
+            seed: cfg.seed,
+        };
+        Learner::builder(model, cfg, Default::default())
+            .rollout(engine)
+            .codec(WordCodec)
+            .rewards(rewards)
+            .registry(registry)
+            .build()
+    };
+    let before = weights(step_with("zero").unwrap().policy());
+    let mut zero = step_with("zero").unwrap();
+    let m = zero.step(&refs).await.unwrap().metrics;
+    assert!(m.reward_std_population > 0.0, "the rewards vary: {m:?}");
+    assert_eq!(
+        weights(zero.policy()),
+        before,
+        "zero advantages moved the weights"
+    );
+    let mut grpo = step_with("group-relative").unwrap();
+    grpo.step(&refs).await.unwrap();
+    assert_ne!(weights(grpo.policy()), before);
+    let e = step_with("rloo").err().unwrap().to_string();
+    assert!(
+        e.contains("learner.estimator") && e.contains("group-relative, zero"),
         "{e}"
     );
 }

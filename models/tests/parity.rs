@@ -1,6 +1,7 @@
-//! Parity with Hugging Face transformers (float64 reference, see testdata/generate_fixtures.py),
-//! padding, paged-KV and loading tests on the CPU backend with f32 compute: burn-flex, or libtorch's
-//! CPU device with feature `tch` (`scripts/test-tch.sh`).
+//! Parity with Hugging Face transformers (float64 reference, see testdata/generate_fixtures.py for
+//! Qwen3 and testdata/generate_family_fixtures.py for Llama and Qwen2), padding, paged-KV and
+//! loading tests on the CPU backend with f32 compute: burn-flex, or libtorch's CPU device with
+//! feature `tch` (`scripts/test-tch.sh`). Every family meets the same tolerances.
 
 use std::path::{Path, PathBuf};
 
@@ -17,11 +18,30 @@ type B = burn::backend::Flex;
 #[cfg(feature = "tch")]
 type B = burn::backend::LibTorch<f32>;
 
-const MODELS: &[&str] = &["tied-gqa-f32", "untied-mqa-bf16", "tied-mha-bf16-sharded"];
+/// Every fixture, `family/name`.
+const MODELS: &[&str] = &[
+    "qwen3/tied-gqa-f32",
+    "qwen3/untied-mqa-bf16",
+    "qwen3/tied-mha-bf16-sharded",
+    "llama/untied-gqa-llama3rope-bf16",
+    "llama/tied-mha-bias-f32",
+    "qwen2/tied-gqa-f32",
+    "qwen2/untied-mqa-bf16",
+];
+
+/// One fixture of each family with an untied head and one with a tied head.
+const PER_FAMILY: &[(&str, &str)] = &[
+    ("qwen3/tied-gqa-f32", "qwen3/untied-mqa-bf16"),
+    (
+        "llama/tied-mha-bias-f32",
+        "llama/untied-gqa-llama3rope-bf16",
+    ),
+    ("qwen2/tied-gqa-f32", "qwen2/untied-mqa-bf16"),
+];
 
 fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata/qwen3")
+        .join("testdata")
         .join(name)
 }
 
@@ -133,9 +153,15 @@ fn greedy_generation_matches_transformers() {
 
 #[test]
 fn padded_batches_equal_unbatched() {
+    for (_, name) in PER_FAMILY {
+        padded_batch_equals_unbatched(name);
+    }
+}
+
+fn padded_batch_equals_unbatched(name: &str) {
     let device = Default::default();
-    let qwen = load("untied-mqa-bf16");
-    let seqs = Reference::open("untied-mqa-bf16").ids("sequences");
+    let qwen = load(name);
+    let seqs = Reference::open(name).ids("sequences");
     let singles: Vec<Vec<f32>> = seqs
         .iter()
         .map(|s| {
@@ -162,7 +188,7 @@ fn padded_batches_equal_unbatched() {
                 .zip(&singles[r])
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
-            assert!(d < 1e-5, "{padding:?} row {r}: {d:e}");
+            assert!(d < 1e-5, "{name} {padding:?} row {r}: {d:e}");
         }
     }
 }
@@ -248,7 +274,7 @@ fn paged_prefill_and_decoding_equal_the_full_forward() {
 #[test]
 fn batched_generation_matches_single_and_stops_per_sequence() {
     let device = Default::default();
-    let qwen = load("tied-gqa-f32");
+    let qwen = load("qwen3/tied-gqa-f32");
     let prompts = vec![vec![11, 42, 7, 199, 3], vec![9], vec![100, 101, 102]];
     let cfg = SamplingConfig {
         decoding: Decoding::Sample {
@@ -303,14 +329,15 @@ fn batched_generation_matches_single_and_stops_per_sequence() {
 
 #[test]
 fn tied_head_reuses_the_embedding() {
-    let qwen = load("tied-gqa-f32");
-    assert!(qwen.model.lm_head.is_none());
-    let untied = load("untied-mqa-bf16");
-    assert!(untied.model.lm_head.is_some());
+    let qwen = load("qwen3/tied-gqa-f32");
+    assert!(qwen.model.is_tied());
+    let untied = load("qwen3/untied-mqa-bf16");
+    assert!(!untied.model.is_tied());
     // Parameter count equals the checkpoint's element count: the embedding is not duplicated.
     use burn::module::Module;
     let stored: usize = {
-        let bytes = std::fs::read(testdata("tied-gqa-f32").join("model.safetensors")).unwrap();
+        let bytes =
+            std::fs::read(testdata("qwen3/tied-gqa-f32").join("model.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         st.tensors()
             .iter()
@@ -321,7 +348,7 @@ fn tied_head_reuses_the_embedding() {
     // Gradients of the logits reach the embedding through the head.
     type A = burn::backend::Autodiff<B>;
     let device = Default::default();
-    let model = Pretrained::<A>::load_dir(&testdata("tied-gqa-f32"), &device)
+    let model = Pretrained::<A>::load_dir(&testdata("qwen3/tied-gqa-f32"), &device)
         .unwrap()
         .model;
     let batch = ForwardBatch::<A>::contiguous(&[vec![1, 2, 3]], 0, &device);
@@ -329,8 +356,7 @@ fn tied_head_reuses_the_embedding() {
     let logits = model.logits(hidden);
     let grads = logits.sum().backward();
     let g = model
-        .embed_tokens
-        .val()
+        .embedding()
         .grad(&grads)
         .expect("embedding receives the head gradient");
     let total: f32 = g.abs().sum().into_scalar();
@@ -372,7 +398,7 @@ fn rewrite_checkpoint(
 #[test]
 fn bad_checkpoints_name_the_tensor() {
     let device = Default::default();
-    let missing = rewrite_checkpoint("tied-gqa-f32", |t| {
+    let missing = rewrite_checkpoint("qwen3/tied-gqa-f32", |t| {
         t.retain(|x| x.0 != "model.layers.1.self_attn.k_norm.weight")
     });
     let err = Pretrained::<B>::load_dir(missing.path(), &device)
@@ -384,7 +410,7 @@ fn bad_checkpoints_name_the_tensor() {
         "{err}"
     );
 
-    let extra = rewrite_checkpoint("tied-gqa-f32", |t| {
+    let extra = rewrite_checkpoint("qwen3/tied-gqa-f32", |t| {
         let mut x = t[0].clone();
         x.0 = "model.layers.9.mlp.up_proj.weight".into();
         t.push(x);
@@ -398,7 +424,38 @@ fn bad_checkpoints_name_the_tensor() {
         "{err}"
     );
 
-    let misshaped = rewrite_checkpoint("tied-gqa-f32", |t| {
+    // A Qwen2 checkpoint without a q/k/v bias, and a Llama one without its attention biases.
+    for (fixture, tensor) in [
+        ("qwen2/tied-gqa-f32", "model.layers.0.self_attn.v_proj.bias"),
+        (
+            "llama/tied-mha-bias-f32",
+            "model.layers.1.self_attn.o_proj.bias",
+        ),
+    ] {
+        let missing = rewrite_checkpoint(fixture, |t| t.retain(|x| x.0 != tensor));
+        let err = Pretrained::<B>::load_dir(missing.path(), &device)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains(tensor) && err.contains("missing"), "{err}");
+    }
+    // A Qwen3 checkpoint read as Llama has q/k norms no Llama has.
+    let relabelled = rewrite_checkpoint("qwen3/tied-gqa-f32", |_| {});
+    let config = relabelled.path().join("config.json");
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("\"qwen3\"", "\"llama\"");
+    std::fs::write(&config, text).unwrap();
+    let err = Pretrained::<B>::load_dir(relabelled.path(), &device)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("self_attn.k_norm.weight") && err.contains("not part of a llama model"),
+        "{err}"
+    );
+
+    let misshaped = rewrite_checkpoint("qwen3/tied-gqa-f32", |t| {
         let x = t.iter_mut().find(|x| x.0 == "model.norm.weight").unwrap();
         x.2 = vec![x.2[0] / 2];
         x.3.truncate(x.3.len() / 2);
@@ -423,10 +480,10 @@ fn bad_checkpoints_name_the_tensor() {
 #[test]
 fn save_pretrained_round_trips() {
     let device = Default::default();
-    for (name, dtype) in [
-        ("tied-gqa-f32", SaveDtype::F32),
-        ("untied-mqa-bf16", SaveDtype::Bf16),
-    ] {
+    let each = PER_FAMILY
+        .iter()
+        .flat_map(|(tied, untied)| [(*tied, SaveDtype::F32), (*untied, SaveDtype::Bf16)]);
+    for (name, dtype) in each {
         let qwen = load(name);
         let out = tempfile::tempdir().unwrap();
         save_pretrained(&qwen.model, &qwen.config, None, None, out.path(), dtype).unwrap();
@@ -434,6 +491,14 @@ fn save_pretrained_round_trips() {
         assert_eq!(
             again.config.tie_word_embeddings,
             qwen.config.tie_word_embeddings
+        );
+        assert_eq!(
+            again.config.family().unwrap(),
+            qwen.config.family().unwrap()
+        );
+        assert_eq!(
+            again.config.architecture().unwrap(),
+            qwen.config.architecture().unwrap()
         );
         let batch = ForwardBatch::<B>::contiguous(&[vec![4, 8, 15, 16, 23, 42]], 0, &device);
         // bf16 -> f32 -> bf16 is exact, so both round trips reproduce the logits bit for bit.

@@ -102,7 +102,7 @@ fn gradients_reach_the_tied_embedding_and_sampling_reports_truncation() {
     let grads = loss.backward();
     let g = m
         .model
-        .embed_tokens
+        .embedding()
         .grad(&grads)
         .expect("embedding gradient");
     let norm: f32 = g.abs().sum().into_scalar();

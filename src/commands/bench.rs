@@ -3,7 +3,7 @@
 //! the table). Each run prints one JSON line in the PyTorch side's format.
 //!
 //! - `bench train`: one training step (forward, backward, global clipping, AdamW) of a
-//!   Qwen3-shaped policy with random weights, `bf16-mixed`, fused attention, per-layer
+//!   policy of a released shape with random weights, `bf16-mixed`, fused attention, per-layer
 //!   activation checkpointing when asked; `rows` sequences of `seq` tokens, the log-probability of
 //!   every token after the first, weighted like a policy-gradient loss. The first (cold) step and
 //!   the timed ones are reported, with the kernels each compiled.
@@ -29,12 +29,12 @@ use crate::backend::{run_on_device, BackendTask};
 /// The shapes both sides of the benchmark know (`benches/gpu/torch_side.py`'s `SHAPES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Shape {
-    /// Qwen3::tiny at the full vocabulary: for checking the command on a CPU.
+    /// `ModelConfig::tiny` at the full vocabulary: for checking the command on a CPU.
     Tiny,
-    /// Qwen/Qwen3-0.6B.
+    /// The 0.6B shape (hidden 1,024, 28 layers, 16/8 heads of 128).
     #[value(name = "0.6b")]
     Qwen06b,
-    /// Qwen/Qwen3-4B.
+    /// The 4B shape (hidden 2,560, 36 layers, 32/8 heads of 128).
     #[value(name = "4b")]
     Qwen4b,
 }
@@ -107,7 +107,7 @@ pub struct AttentionBench {
     /// Training sequence lengths (queries = keys), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "2048,8192")]
     pub seq: Vec<usize>,
-    /// Query heads, key/value heads and head dimension (Qwen3-4B's by default).
+    /// Query heads, key/value heads and head dimension (the 4B shape's by default).
     #[arg(long, value_delimiter = ',', default_value = "32,8,128")]
     pub heads: Vec<usize>,
     /// Kernels timed (the first is the baseline of `vs_first`): `portable`, `tensor-core`,
@@ -134,7 +134,7 @@ pub struct SamplingBench {
     /// Rows (sequences decoding at once).
     #[arg(long, default_value_t = 256)]
     pub rows: usize,
-    /// Vocabulary (Qwen3's by default).
+    /// Vocabulary (151,936 by default, the bundled tokenizer's).
     #[arg(long, default_value_t = 151_936)]
     pub vocab: usize,
     /// Timed calls per mode after one untimed call (the median is reported).

@@ -35,7 +35,7 @@ pub struct DistillArgs {
     /// Labels file (JSONL of `{prompt_id, prompt, criterion, response, label}`).
     #[arg(long)]
     pub labels: Option<PathBuf>,
-    /// The probe's base model: checkpoint directory or hub id (e.g. Qwen/Qwen3-1.7B).
+    /// The probe's base model: checkpoint directory or hub id (e.g. a local checkpoint directory, or a hub id).
     #[arg(long)]
     pub model: String,
     /// Output directory: probe.safetensors, report.json and the feature store.
@@ -132,7 +132,7 @@ impl BackendTask for DistillArgs {
         .with_context(|| format!("loading {}", a.model))?;
         let exec = conrub_models::Execution {
             precision: a.precision,
-            ..qwen.model.exec
+            ..qwen.model.execution()
         };
         let featurizer = ProbeFeaturizer::new(
             qwen.with_execution(exec),

@@ -14,7 +14,7 @@ use crate::backend::{run_on_device, BackendTask};
 #[derive(Args, Clone)]
 #[command(group = clap::ArgGroup::new("input").required(true).args(["prompt", "messages", "ids"]))]
 pub struct GenerateArgs {
-    /// Model directory or hub id (e.g. `Qwen/Qwen3-0.6B`).
+    /// Model directory or hub id (any supported family: qwen3, llama, qwen2).
     #[arg(long)]
     pub model: String,
     /// A user message, rendered with the chat template (raw text with `--raw` or when the

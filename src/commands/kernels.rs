@@ -1,5 +1,5 @@
 //! `conrub kernels-check`: the fused GRPO ops on a device against true-f32 references (values
-//! and gradients), then timings of both ops and of a Qwen3-0.6B-shaped forward/backward step, fused
+//! and gradients), then timings of both ops and of a forward/backward step at the 0.6B shape, fused
 //! against naive, as one table. `scripts/gpu-check.sh` runs it on a machine with an NVIDIA GPU.
 
 use std::time::Instant;
@@ -29,13 +29,13 @@ pub struct KernelsArgs {
     /// Tokens of the timed `token_logprobs` (hidden `--hidden`, vocabulary 151,936).
     #[arg(long, default_value_t = 4096)]
     pub tokens: usize,
-    /// Hidden size of the timed `token_logprobs` (1,024 is Qwen3-0.6B).
+    /// Hidden size of the timed `token_logprobs` (1,024 is the 0.6B shape's).
     #[arg(long, default_value_t = 1024)]
     pub hidden: usize,
     /// Timed repetitions after one warm-up (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub iters: usize,
-    /// Skip the Qwen3-0.6B step (it allocates the full model).
+    /// Skip the 0.6B-shape step (it allocates the full model).
     #[arg(long)]
     pub skip_model: bool,
 }
@@ -328,7 +328,7 @@ fn tensor_core_parity<B: GrpoOps>(device: &B::Device, table: &mut Table) -> bool
 }
 
 /// Decode attention over the paged pool: the backend's op (the kernel on CubeCL) vs
-/// the gather fallback, Qwen3-4B heads (32 over 8, head_dim 128), 64 rows of up to 2k keys.
+/// the gather fallback, the 4B shape's heads (32 over 8, head_dim 128), 64 rows of up to 2k keys.
 fn paged_decode<B: GrpoOps>(
     args: &KernelsArgs,
     device: &B::Device,
@@ -517,7 +517,7 @@ fn surrogate_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &
     ));
 }
 
-/// A Qwen3-0.6B-shaped step: 4 sequences of 1,024 tokens, log-probs of the last 768.
+/// A step at the 0.6B shape: 4 sequences of 1,024 tokens, log-probs of the last 768.
 fn model_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
     let cfg = ModelConfig::qwen3_0_6b();
     let model = CausalLm::<A<B>>::random(&cfg, 0.02, 11, device);
@@ -560,18 +560,18 @@ fn model_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: 
     let fused = time(args.iters, || model_step(true));
     let naive = time(args.iters, || model_step(false));
     table.push((
-        format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, fused head"),
+        format!("0.6B shape fwd+bwd, {b} x {seq} tokens, fused head"),
         format!("{:.1} ms", fused * 1e3),
         String::new(),
     ));
     table.push((
-        format!("Qwen3-0.6B fwd+bwd, {b} x {seq} tokens, full logits"),
+        format!("0.6B shape fwd+bwd, {b} x {seq} tokens, full logits"),
         format!("{:.1} ms", naive * 1e3),
         format!("fused/naive {:.2}x", fused / naive),
     ));
 }
 
-/// One learner micro-batch of the published recipe at Qwen3-0.6B shape: 8,192 tokens,
+/// One learner micro-batch of the published recipe at the 0.6B shape: 8,192 tokens,
 /// bf16-mixed, fused attention, per-layer activation checkpointing, AdamW.
 fn train_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
     use conrub_grpo::{Policy, Update, UpdateConfig};
@@ -599,7 +599,7 @@ fn train_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: 
     });
     table.push((
         format!(
-            "Qwen3-0.6B train step, 1 x {} tokens, bf16-mixed + fused attention + checkpointing",
+            "0.6B shape train step, 1 x {} tokens, bf16-mixed + fused attention + checkpointing",
             prompt + resp
         ),
         format!("{:.1} ms", secs * 1e3),
@@ -607,7 +607,7 @@ fn train_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: 
     ));
 }
 
-/// A rollout of the published shape at Qwen3-0.6B: 8 prompts x 8 responses x 1,024 new
+/// A rollout of the published shape at the 0.6B shape: 8 prompts x 8 responses x 1,024 new
 /// tokens (no stop token), bf16-mixed, the rollout engine with its default pool.
 fn rollout_timing<B: GrpoOps>(device: &B::Device, table: &mut Table) -> Result<()> {
     let cfg = ModelConfig::qwen3_0_6b();
@@ -639,7 +639,7 @@ fn rollout_timing<B: GrpoOps>(device: &B::Device, table: &mut Table) -> Result<(
     let secs = start.elapsed().as_secs_f64();
     let s = &out.stats;
     table.push((
-                "Qwen3-0.6B rollout, 8 prompts x 8 x 1,024 new tokens, bf16-mixed, paged engine".to_string(),
+                "0.6B shape rollout, 8 prompts x 8 x 1,024 new tokens, bf16-mixed, paged engine".to_string(),
                 format!("{:.1} s", secs),
                 format!(
                     "{:.0} tokens/s; {} prompt prefills, {} decode steps, peak {} of {} KV blocks, {} preemptions",

@@ -3,7 +3,7 @@
 //!
 //! It reads the config `conrub train` reads ([`conrub_config::TrainConfig`], the same schema and
 //! the same errors) and never loads weights: the model shape comes from a local checkpoint's
-//! `config.json`, the hub cache's copy of it, or the built-in table of released Qwen3 shapes.
+//! `config.json`, the hub cache's copy of it, or the built-in table of released shapes (`conrub_models::KNOWN_SHAPES`).
 
 use std::path::{Path, PathBuf};
 
@@ -92,13 +92,14 @@ fn resolve_model(model: &ModelSection, rel: &dyn Fn(&Path) -> PathBuf) -> Result
             if let Some(shape) = known_shape(p) {
                 return Ok(ModelSource {
                     name: p.clone(),
-                    source: "built-in Qwen3 shape; no config.json on disk".into(),
+                    source: "built-in shape of a released checkpoint; no config.json on disk"
+                        .into(),
                     shape,
                 });
             }
             let known: Vec<&str> = KNOWN_SHAPES.iter().map(|(id, _)| *id).collect();
             bail!(
-                "model.path = \"{p}\": not a local directory ({}), not in the hub cache, and not a known Qwen3 shape (known: {})",
+                "model.path = \"{p}\": not a local directory ({}), not in the hub cache, and not a known released shape (known: {})",
                 local.display(),
                 known.join(", ")
             )
@@ -108,7 +109,7 @@ fn resolve_model(model: &ModelSection, rel: &dyn Fn(&Path) -> PathBuf) -> Result
             // config was read).
             let c = r.config();
             Ok(ModelSource {
-                name: "random Qwen3".into(),
+                name: format!("random {}", r.family),
                 source: "[model.random]".into(),
                 shape: c.shape(),
             })

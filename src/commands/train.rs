@@ -1,4 +1,4 @@
-//! `conrub train`: GRPO with rubric rewards on a Qwen3 policy. The config is
+//! `conrub train`: GRPO with rubric rewards on a policy of any `conrub_models` family. The config is
 //! [`conrub_config::TrainConfig`]; this file wires its sections to the crates, one function per
 //! stage of the set-up.
 
@@ -184,7 +184,7 @@ impl DevicesTask for TrainTask {
     }
 }
 
-/// Loads the policy named by `[model]` (a checkpoint directory or hub id, or a random Qwen3 with
+/// Loads the policy named by `[model]` (a checkpoint directory or hub id, or a random model with
 /// the given tokenizer) with its configs and tokenizer, running as the config says.
 fn load_policy<B: GrpoOps>(
     cfg: &TrainConfig,

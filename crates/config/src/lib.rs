@@ -266,6 +266,30 @@ impl TrainConfig {
             conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
             other => key_error("learner", other.to_string()),
         })?;
+        // A run from a config has the built-in plug-ins (an embedder's registry is checked when
+        // its learner is built).
+        for (key, name, builtin) in [
+            (
+                "learner.estimator",
+                &self.learner.estimator,
+                conrub_grpo::BUILTIN_ESTIMATORS,
+            ),
+            (
+                "learner.loss",
+                &self.learner.loss,
+                conrub_grpo::BUILTIN_LOSSES,
+            ),
+        ] {
+            if !builtin.contains(&name.as_str()) {
+                return Err(key_error(
+                    key,
+                    format!(
+                        "`{name}` is not a built-in entry (built in: {})",
+                        builtin.join(", ")
+                    ),
+                ));
+            }
+        }
         self.run.validate().map_err(|e| match e {
             conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
             other => key_error("run", other.to_string()),

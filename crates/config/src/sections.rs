@@ -3,18 +3,18 @@
 
 use std::path::PathBuf;
 
-use conrub_models::{ModelConfig, SaveDtype};
+use conrub_models::{Family, ModelConfig, SaveDtype};
 use conrub_rollout::EngineConfig;
 use conrub_rubric::{LengthPenalty, RubricDropout, ScoringMode};
 use serde::{Deserialize, Serialize};
 
-/// `[model]`: the policy, a checkpoint (`path`) or a random Qwen3 (`[model.random]`).
+/// `[model]`: the policy, a checkpoint (`path`) or a random model (`[model.random]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
     /// Checkpoint directory (relative to the config) or hub id.
     pub path: Option<String>,
-    /// A random Qwen3 (demos, tests).
+    /// A random model of a family (demos, tests).
     pub random: Option<RandomModel>,
     /// Passed to the chat template (`false` for thinking-disabled runs).
     pub enable_thinking: Option<bool>,
@@ -50,10 +50,14 @@ impl ModelSection {
     }
 }
 
-/// `[model.random]`: a randomly initialised Qwen3 of the given shape with a tokenizer from disk.
+/// `[model.random]`: a randomly initialised model of the given family and shape with a tokenizer
+/// from disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RandomModel {
+    /// The model family: `qwen3` (default), `llama` or `qwen2`.
+    #[serde(default)]
+    pub family: Family,
     /// Directory with `tokenizer.json` (and `tokenizer_config.json`), relative to the config.
     pub tokenizer: PathBuf,
     /// Hidden width.
@@ -81,9 +85,12 @@ fn default_std() -> f64 {
 }
 
 impl RandomModel {
-    /// The Qwen3 config of this shape (Qwen3's vocabulary; the rest as `ModelConfig::tiny`).
+    /// The config of this family and shape (the 151,936-token vocabulary of the bundled
+    /// tokenizer; the rest as `ModelConfig::tiny`).
     pub fn config(&self) -> ModelConfig {
         let mut c = ModelConfig::tiny(151_936);
+        c.model_type = self.family.model_type().into();
+        c.architectures = Some(vec![self.family.hf_architecture().into()]);
         c.hidden_size = self.hidden_size;
         c.intermediate_size = self.intermediate_size;
         c.num_hidden_layers = self.num_hidden_layers;

@@ -12,11 +12,12 @@ attention_kernels = "tensor-core"
 kernel_cache = "kernels"
 
 [model]
-path = "Qwen/Qwen3-0.6B"
+path = "meta-llama/Llama-3.2-1B-Instruct"
 enable_thinking = false
 save_dtype = "bf16"
 
 [model.random]
+family = "llama"
 tokenizer = "tok"
 hidden_size = 64
 intermediate_size = 128
@@ -40,6 +41,8 @@ max_unscored_steps = 3
 dropout = { min_fraction = 0.3, max_fraction = 0.5, keep_global_controls = false }
 
 [learner]
+estimator = "group-relative"
+loss = "clipped-surrogate"
 group_size = 8
 max_response_tokens = 48
 temperature = 1.0
@@ -200,6 +203,11 @@ fn errors_name_the_file_and_the_key() {
     assert!(
         e.starts_with("t.toml: learner.new_knob: unknown field `new_knob`"),
         "{e}"
+    );
+    let e = error_of(&format!("{random}[learner]\nestimator = \"rloo\"\n"));
+    assert_eq!(
+        e,
+        "t.toml: learner.estimator: `rloo` is not a built-in entry (built in: group-relative)"
     );
     let e = error_of(&format!("future_key = 1\n{random}"));
     assert!(e.starts_with("t.toml: future_key: unknown field"), "{e}");

@@ -23,16 +23,28 @@ pub struct ModelShape {
     pub head_dim: usize,
     /// Whether the LM head is the token embedding.
     pub tie_word_embeddings: bool,
+    /// Per-head RMSNorm of queries and keys (the qwen3 family).
+    pub qk_norm: bool,
+    /// Biases on the q, k and v projections (the qwen2 family).
+    pub qkv_bias: bool,
+    /// A bias on the output projection.
+    pub o_bias: bool,
 }
 
 impl ModelShape {
-    /// Parameters of one decoder layer: q, k, v, o projections, q/k norms, two layer norms, and
-    /// the SwiGLU MLP (no biases).
+    /// Parameters of one decoder layer: q, k, v, o projections with their biases, the q/k norms
+    /// where the family has them, two layer norms, and the SwiGLU MLP.
     pub fn layer_parameters(&self) -> u64 {
         let (h, i) = (self.hidden_size as u64, self.intermediate_size as u64);
         let q = (self.num_attention_heads * self.head_dim) as u64;
         let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        h * q + 2 * h * kv + q * h + 2 * self.head_dim as u64 + 2 * h + 3 * h * i
+        let qk_norms = if self.qk_norm {
+            2 * self.head_dim as u64
+        } else {
+            0
+        };
+        let biases = if self.qkv_bias { q + 2 * kv } else { 0 } + if self.o_bias { h } else { 0 };
+        h * q + 2 * h * kv + q * h + qk_norms + biases + 2 * h + 3 * h * i
     }
 
     /// All parameters: embedding, untied head, layers, final norm.

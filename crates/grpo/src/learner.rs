@@ -25,12 +25,13 @@ use conrub_kernels::{Clip, GrpoOps};
 use conrub_rubric::{ResponseScore, RubricRecord};
 use serde::{Deserialize, Serialize};
 
-use crate::advantages::{stable_seed, AdvantageEstimator, GroupRelative, ScaleRewards};
+use crate::advantages::{stable_seed, AdvantageEstimator, ScaleRewards};
 use crate::batch::{micro_batch_widths, pad_columns, plan_micro_batches, row_index, TrainBatch};
 use crate::collective::Collective;
 use crate::error::{GrpoError, Result};
 use crate::group::{record_group, reward_bin, GroupOutcome, TieAwareAdvantages, TieMode};
-use crate::loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch};
+use crate::loss::{dpo_pair_loss, Aggregation, PolicyObjective, SurrogateBatch};
+use crate::registry::{Registry, DEFAULT_ESTIMATOR, DEFAULT_LOSS};
 use crate::reward::{GroupScores, RewardSource};
 use crate::rollout::GroupSampler;
 use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
@@ -70,6 +71,12 @@ pub struct LearnerConfig {
     pub aggregation: Aggregation,
     /// Advantage scaling: `group` (divide by the group's sample std, the method) or `none`.
     pub scale_rewards: ScaleRewards,
+    /// The advantage estimator of non-tied groups, by its [`Registry`] name
+    /// (`group-relative`: GRPO, with `scale_rewards` as its parameter).
+    pub estimator: String,
+    /// The policy loss, by its [`Registry`] name (`clipped-surrogate`, with `clip`,
+    /// `aggregation`, `kl_beta` and `tis_cap` as its parameters).
+    pub loss: String,
     /// Weight of the k3 KL to the initial policy (0: no reference model is kept).
     pub kl_beta: f64,
     /// Truncated importance sampling (off when unset): each token's policy loss is weighted by
@@ -94,7 +101,7 @@ pub struct LearnerConfig {
     /// its forward during the backward (one extra forward per micro-batch; memory linear in
     /// layers x tokens x hidden). `true` makes [`LearnerBuilder::build`] call
     /// [`Policy::enable_activation_checkpointing`] (an error for a policy that cannot); `false`
-    /// leaves the policy as it was built (a Qwen3 built with checkpointing in its `Execution`
+    /// leaves the policy as it was built (a `conrub_models` policy built with checkpointing in its `Execution`
     /// keeps it).
     pub activation_checkpointing: bool,
     /// Data-parallel runs: megabytes (2^20 bytes) of flattened f32 gradients per all-reduced
@@ -150,6 +157,8 @@ impl Default for LearnerConfig {
             clip: Clip::default(),
             aggregation: Aggregation::SequenceMean,
             scale_rewards: ScaleRewards::Group,
+            estimator: DEFAULT_ESTIMATOR.into(),
+            loss: DEFAULT_LOSS.into(),
             kl_beta: 0.0,
             tis_cap: None,
             tie_mode: TieMode::Pairwise,
@@ -270,7 +279,7 @@ where
     rewards: Box<dyn RewardSource>,
     advantages: TieAwareAdvantages,
     rollout: RolloutStage<B, P>,
-    loss: PolicyLoss,
+    loss: Box<dyn PolicyObjective<B>>,
     stop_ids: Vec<u32>,
     rank: Option<RankSlot<B::InnerBackend>>,
     /// Optimizer steps skipped in a row for a non-finite gradient norm
@@ -381,6 +390,7 @@ where
     rewards: Option<Box<dyn RewardSource>>,
     tie_breaker: Option<Box<dyn TieBreaker>>,
     estimator: Option<Box<dyn AdvantageEstimator>>,
+    registry: Option<Registry<B>>,
     rollout: Option<RolloutStage<B, P>>,
     stop_ids: Vec<u32>,
     rank: Option<RankSlot<B::InnerBackend>>,
@@ -410,9 +420,19 @@ where
         self
     }
 
-    /// Advantages of non-tied groups (default: [`GroupRelative`] with `scale_rewards`).
+    /// Advantages of non-tied groups, given directly (default: the registry's entry that
+    /// `learner.estimator` names, [`GroupRelative`](crate::GroupRelative) with `scale_rewards`
+    /// unless set).
     pub fn estimator(mut self, estimator: impl AdvantageEstimator + 'static) -> Self {
         self.estimator = Some(Box::new(estimator));
+        self
+    }
+
+    /// Where `learner.estimator` and `learner.loss` are looked up (default:
+    /// [`Registry::builtin`]); a registry with an embedder's own entries makes them choosable
+    /// from the config.
+    pub fn registry(mut self, registry: Registry<B>) -> Self {
+        self.registry = Some(registry);
         self
     }
 
@@ -427,7 +447,7 @@ where
         self
     }
 
-    /// Ids that end a response (for Qwen3: `Qwen3::stop_ids()`). Without them (the default) every
+    /// Ids that end a response (for a `conrub_models` policy: `Pretrained::stop_ids()`). Without them (the default) every
     /// response runs to `max_response_tokens`.
     pub fn stop_ids(mut self, ids: Vec<u32>) -> Self {
         self.stop_ids = ids;
@@ -463,11 +483,12 @@ where
                 ))
             }
         };
-        let estimator = self.estimator.unwrap_or_else(|| {
-            Box::new(GroupRelative {
-                scale: cfg.scale_rewards,
-            })
-        });
+        let registry = self.registry.unwrap_or_default();
+        let estimator = match self.estimator {
+            Some(e) => e,
+            None => registry.estimator(&cfg)?,
+        };
+        let loss = registry.loss(&cfg)?;
         let rollout = self.rollout.unwrap_or_else(|| {
             Box::new(GroupSampler {
                 prompts_per_call: cfg.rollout_prompts_per_call,
@@ -481,13 +502,6 @@ where
             eps: cfg.adam_eps,
             max_grad_norm: cfg.max_grad_norm,
         });
-        let loss = PolicyLoss {
-            clip: cfg.clip,
-            aggregation: cfg.aggregation,
-            kl_beta: cfg.kl_beta,
-            max_response_tokens: cfg.max_response_tokens,
-            tis_cap: cfg.tis_cap,
-        };
         let reference = (cfg.kl_beta != 0.0).then(|| self.policy.valid());
         Ok(Learner {
             policy: self.policy,
@@ -543,6 +557,7 @@ where
             rewards: None,
             tie_breaker: None,
             estimator: None,
+            registry: None,
             rollout: None,
             stop_ids: Vec::new(),
             rank: None,
@@ -1032,12 +1047,12 @@ where
                     computed += mb.tokens.tokens.dims().iter().product::<usize>();
                     needed += mb.seq_lens.iter().sum::<usize>();
                     // Weights that make the sum over micro-batches the mini-batch's aggregate.
-                    let weight = match self.cfg.aggregation {
-                        Aggregation::GlobalTokenMean => {
-                            mb.response_tokens() as f64 / mini_tokens.max(1) as f64
-                        }
-                        _ => micro.len() as f64 / mini.len() as f64,
-                    };
+                    let weight = self.loss.micro_batch_weight(
+                        micro.len(),
+                        mini.len(),
+                        mb.response_tokens(),
+                        mini_tokens,
+                    );
                     let mut parts: Option<Tensor<B::InnerBackend, 1>> = None;
                     let loss = &self.loss;
                     let sum = std::mem::take(&mut acc);

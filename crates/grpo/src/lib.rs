@@ -7,9 +7,13 @@
 //! |---|---|---|
 //! | rollout | [`RolloutEngine`] ([`RolloutRequest`] -> [`RolloutBatch`], then weight sync) | [`GroupSampler`] over [`Policy::sample`]; `conrub train` uses [`InProcessEngine`] |
 //! | rewards | [`RewardSource`] -> [`GroupScores`] | [`JudgeRewards`] (the judge crate's judge-then-score path) |
-//! | advantages | [`AdvantageEstimator`] wrapped by [`TieAwareAdvantages`] with a [`TieBreaker`] | [`GroupRelative`] + [`PairwiseTieBreaker`] |
+//! | advantages | [`AdvantageEstimator`] (by name: `learner.estimator`) wrapped by [`TieAwareAdvantages`] with a [`TieBreaker`] | `group-relative` ([`GroupRelative`]) + [`PairwiseTieBreaker`] |
 //! | train batch | [`TrainBatch`] (device-resident; micro-batches are slices of it) | built by the learner |
-//! | policy loss | [`PolicyLoss`] | clipped surrogate, `sequence-mean` |
+//! | policy loss | [`PolicyObjective`] (by name: `learner.loss`) | `clipped-surrogate` ([`PolicyLoss`]), `sequence-mean` |
+//!
+//! `learner.estimator` and `learner.loss` are looked up in a [`Registry`] (verl-style): the
+//! built-in entries take today's keys as parameters; an embedder registers its own and passes the
+//! registry to [`LearnerBuilder::registry`].
 //! | update | [`Update`] (global clipping + AdamW) | `max_grad_norm = 1` |
 //!
 //! The whole public API:
@@ -23,7 +27,9 @@
 //!   [`TieAwareAdvantages`], [`TieMode`], [`GroupOutcome`], [`TieStatus`]
 //! - ties: [`TieBreaker`], [`PairwiseTieBreaker`], [`NoTieBreaker`], [`TiedGroup`], [`TieOutcome`],
 //!   [`PairRecord`], [`TieStats`]
-//! - loss and update: [`PolicyLoss`], [`Aggregation`], [`Clip`], [`SurrogateBatch`],
+//! - plug-ins by name: [`Registry`], [`EstimatorFactory`], [`LossFactory`], [`DEFAULT_ESTIMATOR`],
+//!   [`DEFAULT_LOSS`], [`BUILTIN_ESTIMATORS`], [`BUILTIN_LOSSES`]
+//! - loss and update: [`PolicyObjective`], [`PolicyLoss`], [`Aggregation`], [`Clip`], [`SurrogateBatch`],
 //!   [`SurrogateOutput`], [`dpo_pair_loss`], [`TrainBatch`], [`Update`] (global clipping with
 //!   fixed-order sums on the device, then AdamW), [`UpdateConfig`]
 //! - the run: [`train`] over a [`Trainee`] (a [`Learner`] or a [`DataParallel`] group; epochs in a seeded order, `metrics.jsonl` ([`MetricsLine`]), checkpoints,
@@ -52,6 +58,7 @@ mod loss;
 #[cfg(feature = "cuda")]
 mod nccl;
 mod parallel;
+mod registry;
 mod reward;
 mod rollout;
 pub mod run_folder;
@@ -77,10 +84,16 @@ pub use conrub_kernels::Clip;
 pub use error::{GrpoError, Result};
 pub use group::{record_group, GroupOutcome, TieAwareAdvantages, TieMode};
 pub use learner::{Learner, LearnerBuilder, LearnerConfig, OnNonFinite, RankSlot, StepOutput};
-pub use loss::{dpo_pair_loss, Aggregation, PolicyLoss, SurrogateBatch, SurrogateOutput};
+pub use loss::{
+    dpo_pair_loss, Aggregation, PolicyLoss, PolicyObjective, SurrogateBatch, SurrogateOutput,
+};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclCollective;
 pub use parallel::{split_groups, DataParallel};
+pub use registry::{
+    EstimatorFactory, LossFactory, Registry, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR,
+    DEFAULT_LOSS,
+};
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
 pub use rollout::{GroupSampler, InProcessEngine};
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};

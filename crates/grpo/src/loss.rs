@@ -27,7 +27,34 @@ pub enum Aggregation {
     DrGrpo,
 }
 
-/// The policy-loss stage: clipped surrogate, aggregation and the optional k3 KL term.
+/// A policy loss, as the learner calls it: one (micro-)batch in, the loss and its diagnostics out.
+/// The learner sums its micro-batches' gradients, each loss weighted by
+/// [`PolicyObjective::micro_batch_weight`], so that the sum is the mini-batch's loss. Chosen by
+/// name (`learner.loss`) from a [`Registry`](crate::Registry).
+pub trait PolicyObjective<B: Backend>: Send + Sync {
+    /// The loss of one (micro-)batch and its diagnostics.
+    ///
+    /// # Shapes
+    /// See [`SurrogateBatch`] (in) and [`SurrogateOutput`] (out).
+    fn compute(&self, batch: SurrogateBatch<B>) -> SurrogateOutput<B>;
+
+    /// The weight of a micro-batch of `rows` responses and `tokens` response tokens in a
+    /// mini-batch of `mini_rows` and `mini_tokens`: its share of the rows (right for a loss that
+    /// is a mean over responses), unless the loss says otherwise.
+    fn micro_batch_weight(
+        &self,
+        rows: usize,
+        mini_rows: usize,
+        tokens: usize,
+        mini_tokens: usize,
+    ) -> f64 {
+        let _ = (tokens, mini_tokens);
+        rows as f64 / mini_rows as f64
+    }
+}
+
+/// The policy-loss stage: clipped surrogate, aggregation and the optional k3 KL term (the
+/// `clipped-surrogate` entry of the registry).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PolicyLoss {
     /// Ratio clipping.
@@ -81,7 +108,40 @@ pub struct SurrogateOutput<B: Backend> {
     pub kl: Option<Tensor<B, 1>>,
 }
 
+impl<B: GrpoOps> PolicyObjective<B> for PolicyLoss {
+    fn compute(&self, batch: SurrogateBatch<B>) -> SurrogateOutput<B> {
+        PolicyLoss::compute(self, batch)
+    }
+
+    /// `global-token-mean` weighs by tokens (one mean over the mini-batch's tokens); the
+    /// per-response aggregations by rows.
+    fn micro_batch_weight(
+        &self,
+        rows: usize,
+        mini_rows: usize,
+        tokens: usize,
+        mini_tokens: usize,
+    ) -> f64 {
+        match self.aggregation {
+            Aggregation::GlobalTokenMean => tokens as f64 / mini_tokens.max(1) as f64,
+            _ => rows as f64 / mini_rows as f64,
+        }
+    }
+}
+
 impl PolicyLoss {
+    /// The loss `cfg` describes (`clip`, `aggregation`, `kl_beta`, `max_response_tokens`,
+    /// `tis_cap`).
+    pub fn from_config(cfg: &crate::LearnerConfig) -> Self {
+        Self {
+            clip: cfg.clip,
+            aggregation: cfg.aggregation,
+            kl_beta: cfg.kl_beta,
+            max_response_tokens: cfg.max_response_tokens,
+            tis_cap: cfg.tis_cap,
+        }
+    }
+
     /// The loss of one (micro-)batch and its diagnostics.
     ///
     /// # Shapes

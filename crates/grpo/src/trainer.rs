@@ -251,7 +251,7 @@ pub struct RunSummary {
 
 /// What the training loop asks of its caller.
 pub trait RunHooks<P> {
-    /// Writes `policy` in its deployable format into `dir` (a Hugging Face directory for Qwen3);
+    /// Writes `policy` in its deployable format into `dir` (a Hugging Face directory for the `conrub_models` families);
     /// the training state goes into `dir/training_state` next to it.
     fn export(&mut self, policy: &P, dir: &Path) -> Result<()>;
     /// Called with the progress line after every step.

@@ -68,7 +68,7 @@ pub struct ClientConfig {
     /// Largest backoff in seconds.
     #[serde(default = "default_backoff_max")]
     pub backoff_max_secs: f64,
-    /// Sent as `chat_template_kwargs` (SGLang/vLLM); default turns Qwen3 thinking off. Set to an
+    /// Sent as `chat_template_kwargs` (SGLang/vLLM); default turns a hybrid-thinking model's thinking off. Set to an
     /// empty table to omit it (e.g. for the OpenAI API).
     #[serde(default = "default_kwargs")]
     pub chat_template_kwargs: Option<Value>,

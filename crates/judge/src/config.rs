@@ -3,7 +3,7 @@
 //! ```toml
 //! kind = "openai"                 # openai | local | lexical
 //! urls = ["http://judge-0:30000/v1", "http://judge-1:30000/v1"]   # or url = "..."
-//! model = "Qwen/Qwen3-32B"        # served name (openai) or checkpoint dir / hub id (local)
+//! model = "Qwen/Qwen2.5-32B-Instruct"  # served name (openai) or checkpoint dir / hub id (local)
 //! api_key_env = "JUDGE_API_KEY"   # optional; the key is read from this variable
 //! concurrency = 16
 //! timeout_secs = 120
@@ -22,7 +22,7 @@
 //!
 //! ```toml
 //! kind = "probe"
-//! model = "Qwen/Qwen3-1.7B"
+//! model = "meta-llama/Llama-3.2-1B-Instruct"
 //! probe = "probes/med/probe.safetensors"
 //! precision = "f32"              # or "bf16-mixed": the probe's (`distill --precision`)
 //! abstain_below = 0.7            # top class probability under 0.7: ask the fallback
@@ -57,11 +57,11 @@ use crate::prompts::{PromptOverrides, PromptSet};
 pub enum JudgeKind {
     /// An OpenAI-compatible endpoint (SGLang, vLLM, OpenAI).
     Openai,
-    /// Our burn Qwen3, in process.
+    /// Our burn model (any `conrub_models` family), in process.
     Local,
     /// The lexical test double.
     Lexical,
-    /// A linear probe on an in-process Qwen3's hidden states (`conrub judge distill`).
+    /// A linear probe on an in-process model's hidden states (`conrub judge distill`).
     Probe,
 }
 
@@ -172,7 +172,7 @@ impl OpenAiSettings {
     ];
 }
 
-/// `kind = "local"`: our burn Qwen3 in process.
+/// `kind = "local"`: our burn model in process.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LocalSettings {
@@ -217,7 +217,7 @@ impl LexicalSettings {
     pub const KEYS: &'static [&'static str] = &["keywords"];
 }
 
-/// `kind = "probe"`: a distilled probe on an in-process Qwen3 (see [`crate::probe`]).
+/// `kind = "probe"`: a distilled probe on an in-process model (see [`crate::probe`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProbeSettings {
@@ -718,7 +718,7 @@ impl JudgeConfig {
         };
         let exec = conrub_models::Execution {
             precision: settings.precision,
-            ..loaded.model.exec
+            ..loaded.model.execution()
         };
         let featurizer = ProbeFeaturizer::new(
             loaded.with_execution(exec),
@@ -953,7 +953,7 @@ mod tests {
     #[test]
     fn defaults_match_the_published_judge_settings() {
         let c = JudgeConfig::from_toml(
-            "kind = \"openai\"\nurl = \"http://h:1/v1\"\nmodel = \"Qwen/Qwen3-32B\"\n",
+            "kind = \"openai\"\nurl = \"http://h:1/v1\"\nmodel = \"Qwen/Qwen2.5-32B-Instruct\"\n",
             Path::new("."),
         )
         .unwrap();

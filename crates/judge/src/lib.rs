@@ -7,7 +7,7 @@
 //! - [`client`]: an OpenAI-compatible chat-completions client (tokio + reqwest) with concurrency
 //!   limits, timeouts and bounded, jittered retries.
 //! - [`cache`]: a persistent SQLite judge cache, so reruns make no calls.
-//! - [`openai`], [`local`], [`lexical`]: the served, in-process (burn Qwen3) and test-double judges.
+//! - [`openai`], [`local`], [`lexical`]: the served, in-process (a burn `conrub_models` model) and test-double judges.
 //! - [`probe`]: probe judges distilled from a big judge's verdicts (`conrub judge distill`).
 //! - [`config`]: the judge TOML config; [`scoring`]: judging and scoring many responses.
 

@@ -1,4 +1,4 @@
-//! The in-process judge: our burn Qwen3 with the same prompts as the HTTP judge, so a run needs no
+//! The in-process judge: our burn model (any `conrub_models` family) with the same prompts as the HTTP judge, so a run needs no
 //! server. Two modes:
 //!
 //! - `generate`: the model writes the JSON answer (greedy; a failed parse is retried with seeded
@@ -133,7 +133,7 @@ impl<B: GrpoOps> LocalJudge<B> {
     ) -> Result<Self> {
         let exec = Execution {
             precision: cfg.precision,
-            ..model.model.exec
+            ..model.model.execution()
         };
         let model = model.with_execution(exec);
         if model.tokenizer.is_none() {

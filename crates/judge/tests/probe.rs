@@ -252,7 +252,7 @@ async fn the_probe_judge_scores_refuses_and_abstains() {
     let model = Pretrained::<B>::load_dir(&model_dir, &Default::default()).unwrap();
     let exec = conrub_models::Execution {
         precision: conrub_models::Precision::Bf16Mixed,
-        ..model.model.exec
+        ..model.model.execution()
     };
     let bf16 = ProbeFeaturizer::new(
         model.with_execution(exec),

@@ -13,7 +13,8 @@ use crate::{cube, cube_flash, cube_paged, AttentionLayout, Clip, PagedLayout, Re
 /// Float dtypes a kernel is generated for: f32 (full precision), bf16 (`--precision bf16` and
 /// mixed runs' attention), f16.
 const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
-/// Head dimensions: 128 (Qwen3 at every size), 64 and 256 (other families).
+/// Head dimensions: 128 (the qwen3 and llama families at every size), 64 and 256 (smaller and
+/// larger heads).
 const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// One kernel at one configuration.

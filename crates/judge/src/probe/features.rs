@@ -1,4 +1,4 @@
-//! Probe features: the hidden states of an in-process Qwen3 over the judge's one-criterion prompt,
+//! Probe features: the hidden states of an in-process model (any `conrub_models` family) over the judge's one-criterion prompt,
 //! pooled over the criterion's span, and a store that keeps them on disk so a rerun of
 //! `conrub judge distill` computes none twice.
 //!
@@ -77,7 +77,7 @@ pub fn model_digest(dir: &Path, config: &ModelConfig) -> Result<String> {
     Ok(hex(&h.finalize()))
 }
 
-/// Computes probe features with a Qwen3 in process.
+/// Computes probe features with an in-process model.
 pub struct ProbeFeaturizer<B: GrpoOps> {
     model: Pretrained<B>,
     device: B::Device,
@@ -141,7 +141,7 @@ impl<B: GrpoOps> ProbeFeaturizer<B> {
 
     /// Compute precision of the model (the features depend on it).
     pub fn precision(&self) -> Precision {
-        self.model.model.exec.precision
+        self.model.model.execution().precision
     }
 
     /// The version of the prompt the features are read over.

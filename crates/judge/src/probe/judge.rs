@@ -1,5 +1,5 @@
 //! The probe judge: labels every criterion of a response from a distilled probe over an
-//! in-process Qwen3's hidden states, with no generation (one prefix pass and `⌈criteria /
+//! in-process model's hidden states, with no generation (one prefix pass and `⌈criteria /
 //! batch_size⌉` suffix passes per response, see [`crate::probe::features`]). Criteria whose top
 //! class probability is under `abstain_below` go to a fallback judge, in one request per response
 //! holding only those criteria.

@@ -1,4 +1,4 @@
-//! Probe judges: a linear probe on the hidden states of a small in-process Qwen3, distilled from
+//! Probe judges: a linear probe on the hidden states of a small in-process model, distilled from
 //! the criterion verdicts of a big judge (its cache, or a labels file), that labels criteria with
 //! no generation.
 //!

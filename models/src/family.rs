@@ -1,0 +1,151 @@
+//! The model families conrub runs, chosen by `config.json`'s `model_type`: the one registry. A
+//! family is a small file (`qwen3.rs`, `llama.rs`, `qwen2.rs`) that checks its config and says
+//! which variant of the shared decoder (`model.rs`) it is: an [`Architecture`]. Adding a family is
+//! one file and one arm in each match below.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+
+/// A supported model family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// Qwen3 dense (`model_type = "qwen3"`): per-head q/k RMSNorm before RoPE.
+    #[default]
+    Qwen3,
+    /// Llama 3.x (`"llama"`): plain GQA, the `llama3` RoPE frequency scaling, optional biases.
+    Llama,
+    /// Qwen2 / Qwen2.5 (`"qwen2"`): biases on the q, k and v projections, no q/k norms.
+    Qwen2,
+}
+
+impl Family {
+    /// Every family, in the order help texts list them.
+    pub const ALL: [Family; 3] = [Family::Qwen3, Family::Llama, Family::Qwen2];
+
+    /// The family of a `config.json`'s `model_type`.
+    pub fn from_model_type(model_type: &str) -> Option<Family> {
+        match model_type {
+            "qwen3" => Some(Family::Qwen3),
+            "llama" => Some(Family::Llama),
+            "qwen2" => Some(Family::Qwen2),
+            _ => None,
+        }
+    }
+
+    /// The `model_type` this family writes.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Qwen3 => "qwen3",
+            Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+        }
+    }
+
+    /// The transformers class an exported checkpoint names in `architectures`.
+    pub fn hf_architecture(self) -> &'static str {
+        match self {
+            Family::Qwen3 => crate::qwen3::HF_ARCHITECTURE,
+            Family::Llama => crate::llama::HF_ARCHITECTURE,
+            Family::Qwen2 => crate::qwen2::HF_ARCHITECTURE,
+        }
+    }
+
+    /// RoPE base when a config gives none (transformers' default for the family's config class,
+    /// or the released checkpoints' value).
+    pub fn default_rope_theta(self) -> f64 {
+        match self {
+            Family::Qwen3 => crate::qwen3::DEFAULT_ROPE_THETA,
+            Family::Llama => crate::llama::DEFAULT_ROPE_THETA,
+            Family::Qwen2 => crate::qwen2::DEFAULT_ROPE_THETA,
+        }
+    }
+
+    /// The family's checks of `config` and the decoder variant it describes.
+    pub fn architecture(self, config: &ModelConfig) -> Result<Architecture> {
+        match self {
+            Family::Qwen3 => crate::qwen3::architecture(config),
+            Family::Llama => crate::llama::architecture(config),
+            Family::Qwen2 => crate::qwen2::architecture(config),
+        }
+    }
+
+    /// Every accepted `model_type`, for error messages.
+    pub fn names() -> String {
+        Family::ALL
+            .iter()
+            .map(|f| f.model_type())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.model_type())
+    }
+}
+
+/// Which variant of the shared pre-norm decoder a family is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Architecture {
+    /// Per-head RMSNorm of queries and keys before RoPE (`self_attn.q_norm` / `k_norm`).
+    pub qk_norm: bool,
+    /// Biases on the q, k and v projections.
+    pub qkv_bias: bool,
+    /// A bias on the output projection.
+    pub o_bias: bool,
+    /// Rotary embedding.
+    pub rope: Rope,
+}
+
+/// Rotary position embedding settings: the base and an optional frequency scaling.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rope {
+    /// Base frequency.
+    pub theta: f64,
+    /// Llama 3's rescaling of the low frequencies (`rope_type = "llama3"`).
+    pub llama3: Option<Llama3Rope>,
+}
+
+/// The `llama3` RoPE scaling: wavelengths longer than `original_max_position_embeddings /
+/// low_freq_factor` are stretched by `factor`, shorter than `... / high_freq_factor` kept, and
+/// the band between interpolated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3Rope {
+    /// Stretch of the low frequencies.
+    pub factor: f64,
+    /// Lower edge of the interpolated band.
+    pub low_freq_factor: f64,
+    /// Upper edge of the interpolated band.
+    pub high_freq_factor: f64,
+    /// The context length the base model was trained for.
+    pub original_max_position_embeddings: f64,
+}
+
+/// The config error of `field`.
+pub(crate) fn config_error(field: &str, message: impl Into<String>) -> ModelError {
+    ModelError::Config {
+        path: None,
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+/// Refuses any RoPE scaling but the default (families that implement none).
+pub(crate) fn default_rope_only(config: &ModelConfig) -> Result<Rope> {
+    if let Some((field, kind)) = config.rope_kind() {
+        if kind != "default" {
+            return Err(config_error(
+                field,
+                format!("rope type `{kind}` is not supported for {} (only `default` RoPE is implemented)", config.model_type),
+            ));
+        }
+    }
+    Ok(Rope {
+        theta: config.rope_theta(),
+        llama3: None,
+    })
+}

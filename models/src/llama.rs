@@ -1,0 +1,84 @@
+//! Llama 3.x: the shared decoder without q/k norms; `attention_bias` puts a bias on q, k, v and
+//! o; RoPE plain or with the `llama3` frequency scaling of the 3.1+ releases; tied (3.2 1B/3B) or
+//! untied head.
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::family::{config_error, Architecture, Llama3Rope, Rope};
+
+/// `architectures` of an exported checkpoint.
+pub const HF_ARCHITECTURE: &str = "LlamaForCausalLM";
+/// transformers' `LlamaConfig` default (every released Llama 3 config sets its own, 500,000).
+pub const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+
+/// Llama's checks and variant.
+pub(crate) fn architecture(config: &ModelConfig) -> Result<Architecture> {
+    if config.mlp_bias {
+        return Err(config_error(
+            "mlp_bias",
+            "MLP biases are not supported (no released Llama uses them)",
+        ));
+    }
+    Ok(Architecture {
+        qk_norm: false,
+        qkv_bias: config.attention_bias,
+        o_bias: config.attention_bias,
+        rope: rope(config)?,
+    })
+}
+
+/// Plain RoPE, or `llama3` with all four of its parameters.
+fn rope(config: &ModelConfig) -> Result<Rope> {
+    let theta = config.rope_theta();
+    let Some((field, kind)) = config.rope_kind() else {
+        return Ok(Rope {
+            theta,
+            llama3: None,
+        });
+    };
+    match kind {
+        "default" => Ok(Rope {
+            theta,
+            llama3: None,
+        }),
+        "llama3" => {
+            let p = config
+                .rope_block()
+                .expect("a rope kind comes from a rope block");
+            let need = |name: &str, v: Option<f64>| {
+                v.filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| {
+                    config_error(
+                        &format!("{field}.{name}"),
+                        "required by rope type `llama3` (a positive number)",
+                    )
+                })
+            };
+            let l = Llama3Rope {
+                factor: need("factor", p.factor)?,
+                low_freq_factor: need("low_freq_factor", p.low_freq_factor)?,
+                high_freq_factor: need("high_freq_factor", p.high_freq_factor)?,
+                original_max_position_embeddings: need(
+                    "original_max_position_embeddings",
+                    p.original_max_position_embeddings,
+                )?,
+            };
+            if !(l.high_freq_factor > l.low_freq_factor) {
+                return Err(config_error(
+                    &format!("{field}.high_freq_factor"),
+                    format!(
+                        "must exceed low_freq_factor ({} <= {})",
+                        l.high_freq_factor, l.low_freq_factor
+                    ),
+                ));
+            }
+            Ok(Rope {
+                theta,
+                llama3: Some(l),
+            })
+        }
+        other => Err(config_error(
+            field,
+            format!("rope type `{other}` is not supported for llama (`default` and `llama3` are)"),
+        )),
+    }
+}
