@@ -1,12 +1,13 @@
-//! The [`TextCodec`] of the Qwen3 family: its tokenizer and chat template.
+//! The [`TextCodec`] of every family: its tokenizer and chat template.
 
 use conrub_base::Message;
 use conrub_contracts::{ContractError, TextCodec};
 
 use crate::tokenizer::{ChatOptions, ChatTokenizer};
 
-/// The Qwen3 tokenizer and chat template; `enable_thinking` is passed to the template (`Some(false)`
-/// for thinking-disabled policies such as Qwen3-4B-Instruct runs).
+/// A model's tokenizer and chat template; `enable_thinking` is passed to the template (`Some(false)`
+/// for thinking-disabled policies such as Qwen3-4B-Instruct runs; templates without the variable
+/// ignore it).
 #[derive(Clone)]
 pub struct ChatTemplateCodec {
     /// The tokenizer.

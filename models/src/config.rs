@@ -31,9 +31,10 @@ pub struct RopeParameters {
     /// `llama3`: upper edge of the interpolated band.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_freq_factor: Option<f64>,
-    /// `llama3`: the base model's context length.
+    /// `llama3`: the base model's context length (kept as written: an integer stays one on
+    /// export).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub original_max_position_embeddings: Option<f64>,
+    pub original_max_position_embeddings: Option<serde_json::Number>,
 }
 
 impl RopeParameters {
@@ -75,7 +76,8 @@ pub struct ModelConfig {
     /// RoPE parameters (transformers 5 layout).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_parameters: Option<RopeParameters>,
-    /// Legacy RoPE scaling block; anything but the default type is an error.
+    /// Legacy RoPE scaling block; its type must be one the family implements (`default`; for
+    /// Llama also `llama3`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<RopeParameters>,
     /// Context length the model was trained for.
@@ -88,9 +90,10 @@ pub struct ModelConfig {
     /// q/k/v biases come with the family, not with this key).
     #[serde(default)]
     pub attention_bias: bool,
-    /// Llama's MLP biases (refused: no release uses them).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub mlp_bias: bool,
+    /// Llama's MLP biases: `true` is refused for every family (no release uses them); kept as
+    /// written on export.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_bias: Option<bool>,
     /// Activation of the MLP; only `silu` is supported.
     #[serde(default = "default_hidden_act")]
     pub hidden_act: String,
@@ -228,6 +231,12 @@ impl ModelConfig {
             })
         };
         self.architecture()?;
+        if self.mlp_bias == Some(true) {
+            return err(
+                "mlp_bias",
+                "MLP biases are not supported (no released checkpoint of a supported family uses them)".into(),
+            );
+        }
         if self.hidden_act != "silu" {
             return err(
                 "hidden_act",
@@ -434,6 +443,50 @@ mod tests {
             err.contains("rope_scaling") && err.contains("yarn"),
             "{err}"
         );
+    }
+
+    /// A Llama 3.1 `config.json` in the hub layout (`rope_scaling` beside a top-level
+    /// `rope_theta`): the `llama3` parameters are read, and an export writes them back as given
+    /// (the integer context stays an integer, `mlp_bias: false` stays).
+    #[test]
+    fn reads_a_llama_3_1_hub_config_and_writes_it_back() {
+        let text = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "attention_bias": false,
+            "mlp_bias": false, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+            "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8192, "rope_type": "llama3"}}"#;
+        let c = ModelConfig::from_json_str(text).unwrap();
+        assert_eq!(c.family().unwrap(), Family::Llama);
+        let a = c.architecture().unwrap();
+        assert!(!a.qk_norm && !a.qkv_bias && !a.o_bias);
+        assert_eq!(a.rope.theta, 500_000.0);
+        let l = a.rope.llama3.unwrap();
+        assert_eq!(
+            (l.factor, l.low_freq_factor, l.high_freq_factor),
+            (8.0, 1.0, 4.0)
+        );
+        assert_eq!(l.original_max_position_embeddings, 8192.0);
+        assert_eq!(c.head_dim(), 128);
+        let back = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            back["rope_scaling"]["original_max_position_embeddings"],
+            serde_json::json!(8192)
+        );
+        assert_eq!(back["mlp_bias"], false);
+        // Other RoPE types and MLP biases are refused, naming the key.
+        let yarn = text.replace("\"llama3\"", "\"yarn\"");
+        let e = ModelConfig::from_json_str(&yarn).unwrap_err().to_string();
+        assert!(e.contains("rope_scaling") && e.contains("yarn"), "{e}");
+        let biased = text.replace("\"mlp_bias\": false", "\"mlp_bias\": true");
+        let e = ModelConfig::from_json_str(&biased).unwrap_err().to_string();
+        assert!(e.contains("mlp_bias"), "{e}");
+        let missing = text.replace("\"low_freq_factor\": 1.0, ", "");
+        let e = ModelConfig::from_json_str(&missing)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rope_scaling.low_freq_factor"), "{e}");
     }
 
     #[test]

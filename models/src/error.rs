@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// Everything that can go wrong while loading, running or saving a Qwen3 model.
+/// Everything that can go wrong while loading, running or saving a model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// A file could not be read or written.

@@ -13,12 +13,6 @@ pub const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 
 /// Llama's checks and variant.
 pub(crate) fn architecture(config: &ModelConfig) -> Result<Architecture> {
-    if config.mlp_bias {
-        return Err(config_error(
-            "mlp_bias",
-            "MLP biases are not supported (no released Llama uses them)",
-        ));
-    }
     Ok(Architecture {
         qk_norm: false,
         qkv_bias: config.attention_bias,
@@ -59,7 +53,9 @@ fn rope(config: &ModelConfig) -> Result<Rope> {
                 high_freq_factor: need("high_freq_factor", p.high_freq_factor)?,
                 original_max_position_embeddings: need(
                     "original_max_position_embeddings",
-                    p.original_max_position_embeddings,
+                    p.original_max_position_embeddings
+                        .as_ref()
+                        .and_then(serde_json::Number::as_f64),
                 )?,
             };
             if !(l.high_freq_factor > l.low_freq_factor) {

@@ -1,4 +1,4 @@
-//! The Qwen3 family's [`Policy`]: response log-probabilities through the fused, chunked head,
+//! The [`Policy`] of every family (one `CausalLm`): response log-probabilities through the fused, chunked head,
 //! gradients one decoder layer at a time under activation checkpointing, sampling on the paged
 //! engine.
 
@@ -14,7 +14,7 @@ use conrub_kernels::{token_logprobs, GrpoOps, DEFAULT_CHUNK_TOKENS};
 
 use crate::model::{to_dtype, CausalLm};
 
-/// The Qwen3 policy computes response log-probabilities with the fused, chunked
+/// The policy computes response log-probabilities with the fused, chunked
 /// [`conrub_kernels::token_logprobs`]: only the response positions go through the head, a chunk of
 /// [`conrub_kernels::DEFAULT_CHUNK_TOKENS`] tokens at a time, and the backward recomputes each
 /// chunk instead of keeping `[tokens, vocab]` probabilities. Sampling runs conrub-rollout's engine.

@@ -23,7 +23,7 @@ pub const TOKENIZER_FILES: &[&str] = &[
     "added_tokens.json",
 ];
 
-/// A Qwen3 model with its configs and (optional) tokenizer.
+/// A model of any family with its configs and (optional) tokenizer.
 pub struct Pretrained<B: Backend> {
     /// The network.
     pub model: CausalLm<B>,
@@ -103,9 +103,10 @@ impl<B: Backend> Pretrained<B> {
 
     /// End-of-sequence ids, the one definition used by generation, evaluation, the local judge and
     /// training: `generation_config.json`'s, else `config.json`'s, plus the tokenizer's EOS token
-    /// and Qwen3's two end markers `<|im_end|>` (end of a chat turn) and `<|endoftext|>` where the
-    /// tokenizer has them inside the model's vocabulary (a base checkpoint's EOS is
-    /// `<|endoftext|>`, but answers rendered with the chat template end with `<|im_end|>`).
+    /// and the chat templates' end markers where the tokenizer has them inside the model's
+    /// vocabulary: Qwen's `<|im_end|>` (end of a chat turn) and `<|endoftext|>`, Llama 3's
+    /// `<|eot_id|>` and `<|eom_id|>` (a base checkpoint's EOS is the end of text, but answers
+    /// rendered with the chat template end with the end-of-turn marker).
     pub fn stop_ids(&self) -> Vec<u32> {
         let mut ids = self
             .generation_config
@@ -115,7 +116,8 @@ impl<B: Backend> Pretrained<B> {
             .map(|t| t.to_vec())
             .unwrap_or_default();
         if let Some(tok) = &self.tokenizer {
-            let markers = ["<|im_end|>", "<|endoftext|>"].map(|m| tok.token_id(m));
+            let markers = ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>"]
+                .map(|m| tok.token_id(m));
             for id in std::iter::once(tok.eos_id()).chain(markers).flatten() {
                 if !ids.contains(&id) && (id as usize) < self.config.vocab_size {
                     ids.push(id);
@@ -195,7 +197,7 @@ pub fn save_pretrained<B: Backend>(
 }
 
 /// [`save_pretrained`] as the contracts' [`Export`](conrub_contracts::Export): what a checkpoint
-/// writes for a Qwen3 policy. The policy's weights are read on the inner backend (no autodiff
+/// writes for a policy of any family. The policy's weights are read on the inner backend (no autodiff
 /// tape is kept).
 #[derive(Debug, Clone)]
 pub struct HfExport {

@@ -31,7 +31,8 @@ impl Default for ChatOptions {
     }
 }
 
-/// A Qwen3 tokenizer with its chat template and special tokens.
+/// A tokenizer with its chat template and special tokens (any family's `tokenizer.json` and
+/// Jinja template).
 #[derive(Clone)]
 pub struct ChatTokenizer {
     inner: tokenizers::Tokenizer,

@@ -177,6 +177,7 @@ fn remote_rollout(cfg: &TrainConfig, plan: &MemoryPlan) -> Option<String> {
 /// Runs `conrub plan`.
 pub fn run(a: PlanArgs) -> Result<()> {
     let cfg = TrainConfig::from_file(&a.config, &a.overrides)?;
+    cfg.check_builtin_plugins()?;
     let (plan, model) = plan_of(&cfg, a.gpu_memory_gb, a.max_prompt_tokens)?;
     let device = cfg.device.clone();
     if a.json {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use burn::backend::Autodiff;
-use burn::module::{AutodiffModule, Module};
+use burn::module::Module;
 use clap::Args;
 use conrub_config::{RolloutEngineKind, TrainConfig};
 use conrub_grpo::{
@@ -18,7 +18,7 @@ use conrub_grpo::{
 use conrub_judge::Judges;
 use conrub_kernels::GrpoOps;
 use conrub_models::{
-    save_pretrained, CausalLm, ChatTemplateCodec, ModelConfig, Pretrained, SaveDtype,
+    save_pretrained, CausalLm, ChatTemplateCodec, HfExport, ModelConfig, Pretrained, SaveDtype,
 };
 use conrub_remote::{SglangConfig, SglangEngine, WeightWriter};
 use conrub_rollout::{EngineConfig, PagedModel};
@@ -93,6 +93,7 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
     // `conrub rubrics validate` rejects.
     check_rubrics(&cfg.rubrics_path()?)?;
     cfg.judge()?;
+    cfg.check_builtin_plugins()?;
     cfg.run.overwrite = a.overwrite;
     if warmup != KernelWarmup::Only {
         // A run folder that is a file, cannot be written, is in use or holds an earlier run
@@ -393,12 +394,10 @@ impl PhaseProgress {
     }
 }
 
-/// Exports checkpoints as Hugging Face directories and prints progress lines.
+/// Exports checkpoints as Hugging Face directories (the family's [`HfExport`]) and prints
+/// progress lines.
 struct Hooks<B: burn::tensor::backend::Backend> {
-    config: ModelConfig,
-    generation_config: Option<conrub_models::GenerationConfig>,
-    tokenizer_dir: PathBuf,
-    dtype: SaveDtype,
+    export: HfExport,
     /// The kernel warm-up's line, written once `metrics.jsonl` is open.
     kernel_warmup: Option<conrub_grpo::KernelWarmupLine>,
     _b: std::marker::PhantomData<B>,
@@ -414,18 +413,7 @@ impl<B: GrpoOps> RunHooks<CausalLm<Autodiff<B>>> for Hooks<B> {
     }
 
     fn export(&mut self, policy: &CausalLm<Autodiff<B>>, dir: &Path) -> conrub_grpo::Result<()> {
-        save_pretrained(
-            &policy.valid(),
-            &self.config,
-            self.generation_config.as_ref(),
-            Some(&self.tokenizer_dir),
-            dir,
-            self.dtype,
-        )
-        .map_err(|e| GrpoError::Export {
-            path: dir.to_path_buf(),
-            message: e.to_string(),
-        })
+        Ok(conrub_contracts::Export::export(&self.export, policy, dir)?)
     }
 
     fn progress(&mut self, line: &str) {
@@ -531,10 +519,12 @@ fn train_on<B: RankCollective>(task: TrainTask, devices: Vec<B::Device>) -> Resu
         }
     };
     let mut hooks = Hooks::<B> {
-        config: model_config,
-        generation_config,
-        tokenizer_dir,
-        dtype: cfg.model.save_dtype,
+        export: HfExport {
+            config: model_config,
+            generation_config,
+            tokenizer_dir: Some(tokenizer_dir),
+            dtype: cfg.model.save_dtype,
+        },
         kernel_warmup: warmup_line,
         _b: std::marker::PhantomData,
     };

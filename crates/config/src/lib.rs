@@ -266,30 +266,6 @@ impl TrainConfig {
             conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
             other => key_error("learner", other.to_string()),
         })?;
-        // A run from a config has the built-in plug-ins (an embedder's registry is checked when
-        // its learner is built).
-        for (key, name, builtin) in [
-            (
-                "learner.estimator",
-                &self.learner.estimator,
-                conrub_grpo::BUILTIN_ESTIMATORS,
-            ),
-            (
-                "learner.loss",
-                &self.learner.loss,
-                conrub_grpo::BUILTIN_LOSSES,
-            ),
-        ] {
-            if !builtin.contains(&name.as_str()) {
-                return Err(key_error(
-                    key,
-                    format!(
-                        "`{name}` is not a built-in entry (built in: {})",
-                        builtin.join(", ")
-                    ),
-                ));
-            }
-        }
         self.run.validate().map_err(|e| match e {
             conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
             other => key_error("run", other.to_string()),
@@ -382,6 +358,37 @@ impl TrainConfig {
             message: "missing: training needs the rubric records".into(),
         })?;
         Ok(self.resolve(p))
+    }
+
+    /// Refuses `learner.estimator` / `learner.loss` names that are not built in: what
+    /// `conrub train` and `conrub plan` check before loading anything (a program embedding the
+    /// learner with its own [`conrub_grpo::Registry`] skips this; its learner checks the names it
+    /// registered when it is built).
+    pub fn check_builtin_plugins(&self) -> Result<()> {
+        for (key, name, builtin) in [
+            (
+                "learner.estimator",
+                &self.learner.estimator,
+                conrub_grpo::BUILTIN_ESTIMATORS,
+            ),
+            (
+                "learner.loss",
+                &self.learner.loss,
+                conrub_grpo::BUILTIN_LOSSES,
+            ),
+        ] {
+            if !builtin.contains(&name.as_str()) {
+                return Err(ConfigError::Key {
+                    path: self.path.clone(),
+                    key: key.into(),
+                    message: format!(
+                        "`{name}` is not a built-in entry (built in: {})",
+                        builtin.join(", ")
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The judge; an error when the config has none.

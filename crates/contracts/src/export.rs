@@ -5,9 +5,9 @@ use std::path::Path;
 use crate::error::Result;
 
 /// Writes a policy `P` into a directory in the format its serving stack loads (a Hugging Face
-/// directory for the `models/` families: weights, `config.json`, tokenizer files). The learner's
-/// checkpoints call it with the directory they create; the training state goes next to what it
-/// writes (`dir/training_state`). An exporter holds what the policy alone does not know: its
+/// directory for the `models/` families: weights, `config.json`, tokenizer files). `conrub train`'s
+/// checkpoint hook (`conrub_grpo::RunHooks::export`) calls it with the directory each checkpoint
+/// creates; the training state goes next to what it writes (`dir/training_state`). An exporter holds what the policy alone does not know: its
 /// config, the tokenizer files to copy, the dtype to save in.
 pub trait Export<P>: Send + Sync {
     /// Writes `policy` into `dir` (created when missing; every file written atomically).

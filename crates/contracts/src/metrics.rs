@@ -107,7 +107,7 @@ pub struct StepMetrics {
     /// Mean reward over scored responses.
     pub reward_mean: f64,
     /// *Population* standard deviation of the step's scored rewards (divides by n). The
-    /// advantages' per-group std is the *sample* one (Bessel), see [`ScaleRewards::Group`].
+    /// advantages' per-group std is the *sample* one (Bessel), see `conrub_grpo::ScaleRewards::Group`.
     #[serde(alias = "reward_std")]
     pub reward_std_population: f64,
     /// Reward histogram, 0.1-wide bins over [-1, 1] (20 bins; -1 and 1 fall in the end bins).

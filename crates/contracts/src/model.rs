@@ -24,7 +24,7 @@ impl KvLayout {
     }
 }
 
-/// A causal language model the engine ([`crate::rollout`]) can drive.
+/// A causal language model the engine (`conrub_rollout::rollout`) can drive.
 ///
 /// Two kinds of pass go through [`PagedModel::forward_paged`]:
 /// - a **prefill**: one unpadded prompt (`batch` is `[1, len]`, `pass.read` is `None`); its keys

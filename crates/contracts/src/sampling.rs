@@ -1,5 +1,5 @@
 //! Sampling settings, the one sampling rule (on the host: [`sample_token`]; on the device:
-//! [`crate::sample_on_device`]), per-sequence random streams and what a generation returns.
+//! `conrub_rollout::sample_on_device`), per-sequence random streams and what a generation returns.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

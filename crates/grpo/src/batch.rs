@@ -1,4 +1,4 @@
-//! The data of one step: the host-side [`RolloutBatch`] that rollout produces, and the
+//! The data of one step: the host-side [`RolloutBatch`](conrub_contracts::RolloutBatch) that rollout produces, and the
 //! device-resident [`TrainBatch`] built from it once per step, from which every micro-batch of every
 //! PPO epoch is sliced on the device.
 

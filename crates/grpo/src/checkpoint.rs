@@ -53,7 +53,7 @@ const FORMAT: u32 = 2;
 /// Learner settings a resume must keep (they shape the groups, the advantages, the loss or the
 /// sampling of the run so far); the others (learning rate, clipping norm, micro-batch size, ...)
 /// may change on resume. Listed in configs/README.md.
-pub const KEPT_ON_RESUME: [&str; 14] = [
+pub const KEPT_ON_RESUME: [&str; 16] = [
     "group_size",
     "max_response_tokens",
     "temperature",
@@ -62,6 +62,8 @@ pub const KEPT_ON_RESUME: [&str; 14] = [
     "clip",
     "aggregation",
     "scale_rewards",
+    "estimator",
+    "loss",
     "kl_beta",
     "tie_mode",
     "dpo_beta",

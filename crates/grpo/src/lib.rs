@@ -10,11 +10,11 @@
 //! | advantages | [`AdvantageEstimator`] (by name: `learner.estimator`) wrapped by [`TieAwareAdvantages`] with a [`TieBreaker`] | `group-relative` ([`GroupRelative`]) + [`PairwiseTieBreaker`] |
 //! | train batch | [`TrainBatch`] (device-resident; micro-batches are slices of it) | built by the learner |
 //! | policy loss | [`PolicyObjective`] (by name: `learner.loss`) | `clipped-surrogate` ([`PolicyLoss`]), `sequence-mean` |
+//! | update | [`Update`] (global clipping + AdamW) | `max_grad_norm = 1` |
 //!
 //! `learner.estimator` and `learner.loss` are looked up in a [`Registry`] (verl-style): the
 //! built-in entries take today's keys as parameters; an embedder registers its own and passes the
 //! registry to [`LearnerBuilder::registry`].
-//! | update | [`Update`] (global clipping + AdamW) | `max_grad_norm = 1` |
 //!
 //! The whole public API:
 //! - learner: [`Learner`], [`LearnerBuilder`], [`LearnerConfig`], [`StepMetrics`], [`StepOutput`]

@@ -26,16 +26,24 @@ pub fn warmup_pairs(
                 .encode_prompt(&r.question)
                 .map_err(|e| GrpoError::Prompt {
                     id: r.id.clone(),
-                    message: e.to_string(),
+                    message: codec_message(e),
                 })?;
             let mut ids = codec.encode_text(answer).map_err(|e| GrpoError::Prompt {
                 id: r.id.clone(),
-                message: format!("reference answer: {e}"),
+                message: format!("reference answer: {}", codec_message(e)),
             })?;
             ids.extend(stop_ids.first());
             Ok((prompt, ids))
         })
         .collect()
+}
+
+/// A codec's error without the "prompt" wrapper it carries (the caller names the record).
+fn codec_message(e: conrub_contracts::ContractError) -> String {
+    match e {
+        conrub_contracts::ContractError::Prompt { message, .. } => message,
+        other => other.to_string(),
+    }
 }
 
 /// Runs `steps` AdamW steps (lr `lr`) of mean token cross-entropy on `(prompt, answer)` pairs, all
