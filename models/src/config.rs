@@ -187,14 +187,15 @@ impl ModelConfig {
 
     /// The family `model_type` names.
     pub fn family(&self) -> Result<Family> {
-        Family::from_model_type(&self.model_type).ok_or_else(|| ModelError::Config {
-            path: None,
-            field: "model_type".into(),
-            message: format!(
-                "`{}` is not a supported family (supported: {})",
-                self.model_type,
-                Family::names()
-            ),
+        Family::from_model_type(&self.model_type).ok_or_else(|| {
+            ModelError::config(
+                "model_type",
+                format!(
+                    "`{}` is not a supported family (supported: {})",
+                    self.model_type,
+                    Family::names()
+                ),
+            )
         })
     }
 
@@ -223,13 +224,7 @@ impl ModelConfig {
 
     /// Checks the fields this implementation relies on (the family's own checks included).
     pub fn validate(&self) -> Result<()> {
-        let err = |field: &str, message: String| {
-            Err(ModelError::Config {
-                path: None,
-                field: field.to_string(),
-                message,
-            })
-        };
+        let err = |field: &str, message: String| Err(ModelError::config(field, message));
         self.architecture()?;
         if self.mlp_bias == Some(true) {
             return err(

@@ -71,6 +71,15 @@ pub enum ModelError {
 }
 
 impl ModelError {
+    /// A `config.json` error naming `field` (the caller that knows the file adds its path).
+    pub(crate) fn config(field: &str, message: impl Into<String>) -> Self {
+        ModelError::Config {
+            path: None,
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
         ModelError::Io {
             path: path.to_path_buf(),

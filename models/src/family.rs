@@ -125,20 +125,11 @@ pub struct Llama3Rope {
     pub original_max_position_embeddings: f64,
 }
 
-/// The config error of `field`.
-pub(crate) fn config_error(field: &str, message: impl Into<String>) -> ModelError {
-    ModelError::Config {
-        path: None,
-        field: field.to_string(),
-        message: message.into(),
-    }
-}
-
 /// Refuses any RoPE scaling but the default (families that implement none).
 pub(crate) fn default_rope_only(config: &ModelConfig) -> Result<Rope> {
     if let Some((field, kind)) = config.rope_kind() {
         if kind != "default" {
-            return Err(config_error(
+            return Err(ModelError::config(
                 field,
                 format!("rope type `{kind}` is not supported for {} (only `default` RoPE is implemented)", config.model_type),
             ));

@@ -3,8 +3,8 @@
 //! untied head.
 
 use crate::config::ModelConfig;
-use crate::error::Result;
-use crate::family::{config_error, Architecture, Llama3Rope, Rope};
+use crate::error::{ModelError, Result};
+use crate::family::{Architecture, Llama3Rope, Rope};
 
 /// `architectures` of an exported checkpoint.
 pub const HF_ARCHITECTURE: &str = "LlamaForCausalLM";
@@ -41,7 +41,7 @@ fn rope(config: &ModelConfig) -> Result<Rope> {
                 .expect("a rope kind comes from a rope block");
             let need = |name: &str, v: Option<f64>| {
                 v.filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| {
-                    config_error(
+                    ModelError::config(
                         &format!("{field}.{name}"),
                         "required by rope type `llama3` (a positive number)",
                     )
@@ -59,7 +59,7 @@ fn rope(config: &ModelConfig) -> Result<Rope> {
                 )?,
             };
             if !(l.high_freq_factor > l.low_freq_factor) {
-                return Err(config_error(
+                return Err(ModelError::config(
                     &format!("{field}.high_freq_factor"),
                     format!(
                         "must exceed low_freq_factor ({} <= {})",
@@ -72,7 +72,7 @@ fn rope(config: &ModelConfig) -> Result<Rope> {
                 llama3: Some(l),
             })
         }
-        other => Err(config_error(
+        other => Err(ModelError::config(
             field,
             format!("rope type `{other}` is not supported for llama (`default` and `llama3` are)"),
         )),

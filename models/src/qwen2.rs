@@ -2,8 +2,8 @@
 //! q/k norms, default RoPE, full attention (sliding windows refused).
 
 use crate::config::ModelConfig;
-use crate::error::Result;
-use crate::family::{config_error, default_rope_only, Architecture};
+use crate::error::{ModelError, Result};
+use crate::family::{default_rope_only, Architecture};
 
 /// `architectures` of an exported checkpoint.
 pub const HF_ARCHITECTURE: &str = "Qwen2ForCausalLM";
@@ -13,13 +13,13 @@ pub const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 /// Qwen2's checks and variant.
 pub(crate) fn architecture(config: &ModelConfig) -> Result<Architecture> {
     if config.attention_bias {
-        return Err(config_error(
+        return Err(ModelError::config(
             "attention_bias",
             "Qwen2 has biases on q, k and v only; an o_proj bias is not part of the family",
         ));
     }
     if config.use_sliding_window {
-        return Err(config_error(
+        return Err(ModelError::config(
             "use_sliding_window",
             "sliding-window attention is not supported",
         ));
