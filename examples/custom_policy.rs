@@ -1,5 +1,6 @@
 //! Embed the conrub GRPO learner in your own burn project: a user-defined model (a bigram table),
-//! a user-defined reward, no judge and no tokenizer.
+//! a user-defined task and reward, no judge and no tokenizer. (`examples/verifiable_reward.rs`
+//! embeds the whole `conrub_trainer::Trainer` instead of driving the learner step by step.)
 //!
 //! `cargo run --release --example custom_policy`
 //!
@@ -12,12 +13,10 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use conrub_grpo::{
-    GroupScores, Learner, LearnerConfig, Policy, ResponseLogprobs, RewardSource, TextCodec,
-    TieMode, TokenBatch,
+    GroupScores, Learner, LearnerConfig, Policy, ResponseLogprobs, RewardSource, TaskPrompt,
+    TextCodec, TieMode, TokenBatch,
 };
-use conrub_rubric::{
-    score_labels, Label, LengthPenalty, Message, ResponseScore, RubricRecord, ScoringMode,
-};
+use conrub_rubric::{score_labels, Label, LengthPenalty, Message, ResponseScore, ScoringMode};
 
 const VOCAB: usize = 16;
 
@@ -80,14 +79,29 @@ impl TextCodec for Ids {
     }
 }
 
+/// The task's prompts: an id and the messages, nothing else.
+struct Prompt {
+    id: String,
+    messages: Vec<Message>,
+}
+
+impl TaskPrompt for Prompt {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+}
+
 /// One binary "criterion" per token: is it even?
 struct EvenTokens;
 
 #[async_trait]
-impl RewardSource for EvenTokens {
+impl RewardSource<Prompt> for EvenTokens {
     async fn score_group(
         &self,
-        _record: &RubricRecord,
+        _prompt: &Prompt,
         responses: &[String],
         lengths: &[u32],
         _step: u64,
@@ -118,13 +132,7 @@ impl RewardSource for EvenTokens {
                 )
             })
             .collect();
-        GroupScores {
-            scores,
-            criteria: vec![],
-            judge_retries: 0,
-            judge_latency_ms: 0.0,
-            judge_deferred: 0,
-        }
+        GroupScores::direct(scores)
     }
 }
 
@@ -139,22 +147,18 @@ fn main() {
         tie_mode: TieMode::Off,
         ..Default::default()
     };
-    let mut learner = Learner::<B, _>::builder(Bigram::new(&device), cfg, device)
+    let mut learner = Learner::<B, _, Prompt>::builder(Bigram::new(&device), cfg, device)
         .codec(Ids)
         .rewards(EvenTokens)
         .build()
         .expect("valid config");
-    let records: Vec<RubricRecord> = (0..4)
-        .map(|i| RubricRecord {
+    let prompts: Vec<Prompt> = (0..4)
+        .map(|i| Prompt {
             id: format!("p{i}"),
-            question: vec![Message::user("x".repeat(i + 1))],
-            reference_answer: None,
-            source: None,
-            criteria: vec![],
-            provenance: None,
+            messages: vec![Message::user("x".repeat(i + 1))],
         })
         .collect();
-    let refs: Vec<&RubricRecord> = records.iter().collect();
+    let refs: Vec<&Prompt> = prompts.iter().collect();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     for _ in 0..15 {
         let out = rt.block_on(learner.step(&refs)).expect("step");

@@ -1302,3 +1302,67 @@ fn impossible_runs_are_refused_before_loading() {
     assert!(!ok);
     assert!(err.contains("run.output_dir: is empty"), "{err}");
 }
+
+/// The embedding example (`examples/verifiable_reward.rs`), compiled into this test: the Trainer
+/// with the example's own task type and exact-match reward, no rubric records and no judge.
+#[allow(dead_code)]
+#[path = "../examples/verifiable_reward.rs"]
+mod verifiable_reward;
+
+#[test]
+fn the_embedding_example_trains_three_steps_on_its_own_reward() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let (summary, scored) = verifiable_reward::train(3, &out).expect("the example trains");
+    assert_eq!((summary.total_steps, summary.steps_run), (3, 3));
+    // 4 prompts x 4 responses a step, every one scored by the example's reward.
+    assert_eq!(scored, 3 * 4 * 4);
+    let steps = steps(&out);
+    assert_eq!(steps.len(), 3);
+    for s in &steps {
+        // Exact-match rewards are 0 or 1: a step's mean is a multiple of 1/16, and no response
+        // is unscored.
+        let mean = s["reward_mean"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&mean), "{s}");
+        assert!(((mean * 16.0) - (mean * 16.0).round()).abs() < 1e-9, "{s}");
+        assert_eq!(s["unscored"].as_u64(), Some(0), "{s}");
+    }
+    // The run's checkpoint is the policy's own export (a Hugging Face directory).
+    let ckpt = summary.last_checkpoint.expect("a final checkpoint");
+    assert!(ckpt.join("config.json").is_file() && ckpt.join("model.safetensors").is_file());
+}
+
+/// An embedder's trainer whose ties need a breaker it was not given, or whose folder holds an
+/// earlier run, stops before the supervised warm-up, with an error naming what to change.
+#[test]
+fn an_embedded_trainer_checks_before_it_trains() {
+    use conrub_trainer::{load_policy, Trainer};
+    type B = burn::backend::Flex;
+    let tmp = tempfile::tempdir().unwrap();
+    let start = |cfg: conrub_config::TrainConfig| {
+        let device = Default::default();
+        let policy = load_policy::<B>(&cfg, &device).unwrap();
+        let reward = verifiable_reward::ExactNumber::default();
+        let prompts = verifiable_reward::problems(4);
+        let trainer = Trainer::new(cfg, vec![device], policy, prompts, reward).unwrap();
+        trainer.run().unwrap_err().to_string()
+    };
+    let out = tmp.path().join("ties");
+    let mut cfg = verifiable_reward::config(1, &out).unwrap();
+    cfg.learner.tie_mode = conrub_grpo::TieMode::Pairwise;
+    let e = start(cfg);
+    assert!(
+        e.contains("learner.tie_mode") && e.contains("with_tie_breaker"),
+        "{e}"
+    );
+    assert!(!out.exists(), "nothing is written: {e}");
+    let out = tmp.path().join("taken");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("metrics.jsonl"), "{}\n").unwrap();
+    let e = start(verifiable_reward::config(1, &out).unwrap());
+    assert!(e.contains("earlier run"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("metrics.jsonl")).unwrap(),
+        "{}\n"
+    );
+}

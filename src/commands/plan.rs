@@ -141,6 +141,44 @@ pub fn plan_for_config(cfg: &TrainConfig, gpu_memory_gb: f64) -> Result<MemoryPl
     Ok(plan_of(cfg, gpu_memory_gb, None)?.0)
 }
 
+/// The check `conrub train` makes before loading anything: the run's memory plan against the
+/// device's memory (`gpu_memory_gb`, else a cuda device's own total), or, on CPU ranks, against
+/// each rank's share of the host memory available now. Returns the KV pool the plan budgeted
+/// when the device size is known (the engine gets it).
+pub fn check_run_fits(
+    cfg: &TrainConfig,
+    gpu_memory_gb: Option<f64>,
+    config_path: &std::path::Path,
+) -> Result<Option<usize>> {
+    let gpu_gb = match gpu_memory_gb {
+        Some(gb) => Some(gb),
+        None => crate::backend::device_memory_bytes(&cfg.device)?.map(|b| b as f64 / 1e9),
+    };
+    if let Some(gb) = gpu_gb {
+        let plan = plan_for_config(cfg, gb)?;
+        plan.check((gb * 1e9) as u64).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: the run does not fit in {gb} GB:\n{e}",
+                config_path.display()
+            )
+        })?;
+        return Ok(Some(plan.kv_pool_blocks));
+    }
+    if let Some(avail) = crate::backend::host_memory_for(&cfg.devices) {
+        // CPU ranks share the host's memory; the engine keeps its CPU pool (every row at full
+        // length), only the check is the plan's.
+        let gb = avail as f64 / 1e9;
+        plan_for_config(cfg, gb)?.check(avail).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: the run does not fit in the {gb:.1} GB of host memory available to each of its {} CPU rank(s):\n{e}",
+                config_path.display(),
+                cfg.devices.len()
+            )
+        })?;
+    }
+    Ok(None)
+}
+
 /// With `rollout.engine = "sglang"`: the rollout line of the plan. The learner holds no KV pool
 /// or sampling buffers (the plan has no rollout parts); colocated servers get what the
 /// learner's resident parts leave of the device.

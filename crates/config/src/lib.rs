@@ -18,7 +18,7 @@ mod sections;
 
 use std::path::{Path, PathBuf};
 
-use conrub_grpo::{LearnerConfig, RunConfig, ValidationConfig};
+use conrub_contracts::{LearnerConfig, RunConfig, ValidationConfig};
 use conrub_judge::JudgeConfig;
 use conrub_memory::{MemoryPlanInput, ModelShape, DEFAULT_MAX_PROMPT_TOKENS};
 
@@ -263,11 +263,11 @@ impl TrainConfig {
             ));
         }
         self.learner.validate().map_err(|e| match e {
-            conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
+            conrub_contracts::ContractError::Config { key, message } => key_error(&key, message),
             other => key_error("learner", other.to_string()),
         })?;
         self.run.validate().map_err(|e| match e {
-            conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
+            conrub_contracts::ContractError::Config { key, message } => key_error(&key, message),
             other => key_error("run", other.to_string()),
         })?;
         self.rollout.validate().map_err(|(k, m)| key_error(&k, m))?;
@@ -308,7 +308,9 @@ impl TrainConfig {
         }
         if let Some(e) = &self.eval {
             e.settings.validate().map_err(|e| match e {
-                conrub_grpo::GrpoError::Config { key, message } => key_error(&key, message),
+                conrub_contracts::ContractError::Config { key, message } => {
+                    key_error(&key, message)
+                }
                 other => key_error("eval", other.to_string()),
             })?;
         }
@@ -362,19 +364,19 @@ impl TrainConfig {
 
     /// Refuses `learner.estimator` / `learner.loss` names that are not built in: what
     /// `conrub train` and `conrub plan` check before loading anything (a program embedding the
-    /// learner with its own [`conrub_grpo::Registry`] skips this; its learner checks the names it
+    /// learner with its own `conrub_grpo::Registry` skips this; its learner checks the names it
     /// registered when it is built).
     pub fn check_builtin_plugins(&self) -> Result<()> {
         for (key, name, builtin) in [
             (
                 "learner.estimator",
                 &self.learner.estimator,
-                conrub_grpo::BUILTIN_ESTIMATORS,
+                conrub_contracts::BUILTIN_ESTIMATORS,
             ),
             (
                 "learner.loss",
                 &self.learner.loss,
-                conrub_grpo::BUILTIN_LOSSES,
+                conrub_contracts::BUILTIN_LOSSES,
             ),
         ] {
             if !builtin.contains(&name.as_str()) {

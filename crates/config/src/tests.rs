@@ -135,7 +135,7 @@ fn schema_keys() -> BTreeSet<String> {
         key_paths("judge.", &v, &mut keys);
     }
     // `[eval]`: its settings, and the grader (a judge table like `[judge]`).
-    let eval: conrub_grpo::ValidationConfig =
+    let eval: conrub_contracts::ValidationConfig =
         toml::from_str("every = 1\ndata = \"d\"\nmax_new_tokens = 8\nlimit = 2\n").unwrap();
     key_paths("eval.", &serde_json::to_value(&eval).unwrap(), &mut keys);
     keys.insert("eval.grader".into());
@@ -335,8 +335,8 @@ fn the_memory_plan_defaults_are_the_run_defaults() {
     let shape = conrub_models::ModelConfig::tiny(64).shape();
     let plan = conrub_memory::MemoryPlanInput::new(shape);
     let (l, r) = (
-        conrub_grpo::LearnerConfig::default(),
-        conrub_grpo::RunConfig::default(),
+        conrub_contracts::LearnerConfig::default(),
+        conrub_contracts::RunConfig::default(),
     );
     assert_eq!(plan.activation_checkpointing, l.activation_checkpointing);
     assert_eq!(plan.micro_batch_tokens, l.micro_batch_tokens);

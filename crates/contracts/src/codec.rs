@@ -22,3 +22,18 @@ pub trait TextCodec: Send + Sync {
         })
     }
 }
+
+/// A shared codec is a codec (one per data-parallel rank, one tokenizer).
+impl<C: TextCodec + ?Sized> TextCodec for std::sync::Arc<C> {
+    fn encode_prompt(&self, messages: &[Message]) -> Result<Vec<u32>> {
+        (**self).encode_prompt(messages)
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        (**self).decode(ids)
+    }
+
+    fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        (**self).encode_text(text)
+    }
+}

@@ -15,6 +15,7 @@
 //! | [`Execution`] ([`Precision`], [`AttentionImpl`], [`AttentionKernelChoice`]) | data | every family's forward |
 //! | [`ModelShape`] | data a family reports | the memory plan |
 //! | [`MetricsLine`] ([`StepMetrics`], [`EpochSummary`], [`ValidationLine`], [`KernelWarmupLine`]) | data the learner writes | plots, a user's tools |
+//! | [`LearnerConfig`], [`RunConfig`], [`ValidationConfig`] (+ [`TieMode`], [`Aggregation`], [`ScaleRewards`], [`OnNonFinite`]) | data: the `[learner]`, `[run]` and `[eval]` tables | the learner, the config crate |
 //! | [`SamplingConfig`], [`Generation`], [`sample_token`], [`sequence_rng`] | the one sampling rule | the engines, [`sample_by_recomputation`] |
 //!
 //! Errors: [`ContractError`], [`Result`].
@@ -30,6 +31,7 @@ mod model;
 mod paged;
 mod policy;
 mod sampling;
+mod settings;
 mod shape;
 mod shapes;
 mod stats;
@@ -55,6 +57,10 @@ pub use policy::{
 };
 pub use sampling::{
     check_sequences, sample_token, sequence_rng, Decoding, FinishReason, Generation, SamplingConfig,
+};
+pub use settings::{
+    Aggregation, LearnerConfig, OnNonFinite, RunConfig, ScaleRewards, TieMode, ValidationConfig,
+    BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR, DEFAULT_LOSS,
 };
 pub use shape::ModelShape;
 pub use shapes::{attended_blocks, bucket_len, bucket_rows};

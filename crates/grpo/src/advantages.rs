@@ -1,23 +1,12 @@
 //! Advantages (docs/METHOD.md §5): the [`AdvantageEstimator`] stage (group-relative, with or without
 //! std scaling), exact-tie detection and the seeded pairing of a tied group.
 
+pub use conrub_contracts::ScaleRewards;
 use conrub_rubric::seeded_permutation;
 use serde::{Deserialize, Serialize};
 
 /// Added to the group standard deviation (as TRL does), so a near-constant group does not explode.
 pub(crate) const ADVANTAGE_EPS: f64 = 1e-4;
-
-/// How a group's rewards are scaled before they become advantages (TRL's `scale_rewards`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ScaleRewards {
-    /// Divide by the group's *sample* standard deviation (Bessel's correction, as TRL) plus
-    /// 1e-4: the method's GRPO.
-    #[default]
-    Group,
-    /// No scaling: `R_i - mean(R)` (the Dr. GRPO recipe).
-    None,
-}
 
 /// Turns one group's rewards into one sequence-level advantage per response.
 pub trait AdvantageEstimator: Send + Sync {

@@ -151,8 +151,8 @@ fn io(path: &Path, e: impl std::fmt::Display) -> GrpoError {
 }
 
 /// Writes `dir` atomically: everything goes to `dir.tmp`, then `dir` is replaced.
-pub fn save_state<B, P>(
-    learner: &Learner<B, P>,
+pub fn save_state<B, P, T>(
+    learner: &Learner<B, P, T>,
     data_cursor: serde_json::Value,
     dir: &Path,
 ) -> Result<()>
@@ -160,6 +160,7 @@ where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: crate::task::TaskPrompt,
 {
     let tmp = PathBuf::from(format!("{}.tmp", dir.display()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -231,11 +232,12 @@ pub(crate) fn swap_in(tmp: &Path, dir: &Path) -> Result<()> {
 
 /// Restores policy, optimizer and step into `learner` from `dir`; returns the saved state
 /// (its data cursor tells the caller where to continue).
-pub fn load_state<B, P>(learner: &mut Learner<B, P>, dir: &Path) -> Result<TrainingState>
+pub fn load_state<B, P, T>(learner: &mut Learner<B, P, T>, dir: &Path) -> Result<TrainingState>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: crate::task::TaskPrompt,
 {
     // A crash between the two renames of `save_state` leaves the previous state in `dir.old`.
     let old = PathBuf::from(format!("{}.old", dir.display()));
@@ -273,11 +275,12 @@ where
 
 /// Reads `dir/state.json` and checks the state against its manifest (files, sizes, SHA-256, the
 /// policy's parameters) and the settings a resume must keep; nothing is loaded yet.
-fn check_state<B, P>(learner: &Learner<B, P>, dir: &Path) -> Result<TrainingState>
+fn check_state<B, P, T>(learner: &Learner<B, P, T>, dir: &Path) -> Result<TrainingState>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: crate::task::TaskPrompt,
 {
     let state_path = dir.join(STATE);
     if !state_path.is_file() {

@@ -143,7 +143,9 @@ impl From<conrub_contracts::ContractError> for GrpoError {
     fn from(e: conrub_contracts::ContractError) -> Self {
         use conrub_contracts::ContractError as C;
         match e {
-            C::Unsupported { key, message } => GrpoError::Config { key, message },
+            C::Unsupported { key, message } | C::Config { key, message } => {
+                GrpoError::Config { key, message }
+            }
             C::Prompt { id, message } => GrpoError::Prompt { id, message },
             C::Decode(m) => GrpoError::Decode(m),
             C::Engine(e) => GrpoError::Engine(e),

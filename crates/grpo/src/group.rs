@@ -6,19 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::advantages::{is_exact_tie, AdvantageEstimator, TieStatus};
 use crate::ties::{PairRecord, TieBreaker, TiedGroup};
-
-/// What happens to exactly tied groups.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TieMode {
-    /// The method: the pairwise tie breaker gives +1/-1 sequence advantages.
-    #[default]
-    Pairwise,
-    /// The GRPO+DPO baseline: vanilla advantages (zero for ties) plus a DPO term on accepted pairs.
-    GrpoDpo,
-    /// Vanilla GRPO: ties keep zero advantages, no judge calls.
-    Off,
-}
+pub use conrub_contracts::TieMode;
 
 /// A group's outcome.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

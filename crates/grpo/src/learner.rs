@@ -18,230 +18,26 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 use conrub_contracts::{
-    Decoding, Policy, RolloutBatch, RolloutEngine, RolloutRequest, SamplingConfig, StepMetrics,
-    TextCodec, TokenBatch, WeightSync,
+    Policy, RolloutBatch, RolloutEngine, RolloutRequest, SamplingConfig, StepMetrics, TextCodec,
+    TokenBatch, WeightSync,
 };
-use conrub_kernels::{Clip, GrpoOps};
+use conrub_kernels::GrpoOps;
 use conrub_rubric::{ResponseScore, RubricRecord};
-use serde::{Deserialize, Serialize};
 
-use crate::advantages::{stable_seed, AdvantageEstimator, ScaleRewards};
+use crate::task::TaskPrompt;
+
+use crate::advantages::{stable_seed, AdvantageEstimator};
 use crate::batch::{micro_batch_widths, pad_columns, plan_micro_batches, row_index, TrainBatch};
 use crate::collective::Collective;
 use crate::error::{GrpoError, Result};
 use crate::group::{record_group, reward_bin, GroupOutcome, TieAwareAdvantages, TieMode};
-use crate::loss::{dpo_pair_loss, Aggregation, PolicyObjective, SurrogateBatch};
-use crate::registry::{Registry, DEFAULT_ESTIMATOR, DEFAULT_LOSS};
+use crate::loss::{dpo_pair_loss, PolicyObjective, SurrogateBatch};
+use crate::registry::Registry;
 use crate::reward::{GroupScores, RewardSource};
 use crate::rollout::GroupSampler;
 use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
 use crate::update::{Update, UpdateConfig};
-
-/// Learner settings (the `[learner]` table of a train config). Defaults are the published run's.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LearnerConfig {
-    /// Responses per prompt (k).
-    pub group_size: usize,
-    /// Longest response in tokens (Lmax; also Dr. GRPO's length normaliser).
-    pub max_response_tokens: usize,
-    /// Rollout temperature.
-    pub temperature: f64,
-    /// Rollout nucleus threshold.
-    pub top_p: f64,
-    /// Rollout top-k (none by default).
-    pub top_k: Option<usize>,
-    /// Prompts sampled together in one generation call (rows = prompts x k).
-    pub rollout_prompts_per_call: usize,
-    /// Learning rate.
-    pub lr: f64,
-    /// AdamW weight decay.
-    pub weight_decay: f64,
-    /// AdamW beta1.
-    pub beta1: f64,
-    /// AdamW beta2.
-    pub beta2: f64,
-    /// AdamW epsilon.
-    pub adam_eps: f64,
-    /// Global gradient-norm clip (0 disables).
-    pub max_grad_norm: f64,
-    /// Ratio clipping.
-    pub clip: Clip,
-    /// Loss aggregation: `sequence-mean` (the method), `global-token-mean` or `dr-grpo`.
-    pub aggregation: Aggregation,
-    /// Advantage scaling: `group` (divide by the group's sample std, the method) or `none`.
-    pub scale_rewards: ScaleRewards,
-    /// The advantage estimator of non-tied groups, by its [`Registry`] name
-    /// (`group-relative`: GRPO, with `scale_rewards` as its parameter).
-    pub estimator: String,
-    /// The policy loss, by its [`Registry`] name (`clipped-surrogate`, with `clip`,
-    /// `aggregation`, `kl_beta` and `tis_cap` as its parameters).
-    pub loss: String,
-    /// Weight of the k3 KL to the initial policy (0: no reference model is kept).
-    pub kl_beta: f64,
-    /// Truncated importance sampling (off when unset): each token's policy loss is weighted by
-    /// `min(exp(logp_old - logp_engine), tis_cap)`, the learner's old probability of the sampled
-    /// token over the rollout engine's, capped (TRL's and verl's correction for an engine whose
-    /// numerics differ from the trainer's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tis_cap: Option<f64>,
-    /// What happens to exactly tied groups.
-    pub tie_mode: TieMode,
-    /// Beta of the GRPO+DPO baseline.
-    pub dpo_beta: f64,
-    /// Passes over each rollout batch.
-    pub ppo_epochs: usize,
-    /// Optimizer steps per pass (the batch is split into this many mini-batches).
-    pub mini_batches: usize,
-    /// Token budget (prompt + response, padded) of one micro-batch; gradients are accumulated
-    /// over them. A micro-batch holds rows of one group only (so data-parallel ranks, which own
-    /// whole groups, run exactly one device's micro-batches).
-    pub micro_batch_tokens: usize,
-    /// Activation checkpointing per decoder layer: keep only each layer's input and recompute
-    /// its forward during the backward (one extra forward per micro-batch; memory linear in
-    /// layers x tokens x hidden). `true` makes [`LearnerBuilder::build`] call
-    /// [`Policy::enable_activation_checkpointing`] (an error for a policy that cannot); `false`
-    /// leaves the policy as it was built (a `conrub_models` policy built with checkpointing in its `Execution`
-    /// keeps it).
-    pub activation_checkpointing: bool,
-    /// Data-parallel runs: megabytes (2^20 bytes) of flattened f32 gradients per all-reduced
-    /// bucket (one all-reduce call each, per optimizer step).
-    pub allreduce_bucket_mb: f64,
-    /// Run seed.
-    pub seed: u64,
-    /// What a non-finite gradient norm (from a NaN or infinite loss or gradient) does: `stop`
-    /// the run with an error naming the step, before that optimizer step and before any
-    /// checkpoint of it; or `skip-step`: drop that optimizer step, count it in the step's
-    /// `skipped_optimizer_steps`, and stop once more than `max_skipped_steps` were dropped in a
-    /// row. A non-finite weight after an update always stops the run.
-    pub on_nonfinite: OnNonFinite,
-    /// See `on_nonfinite`.
-    pub max_skipped_steps: usize,
-    /// A step whose share of scored responses (over every rank) is below this does not update
-    /// the policy; `max_unscored_steps` such steps in a row stop the run with the judge's last
-    /// error. Set from `reward.min_scored_share` / `reward.max_unscored_steps` (not `[learner]`
-    /// keys).
-    #[serde(skip)]
-    pub min_scored_share: f64,
-    /// See `min_scored_share`.
-    #[serde(skip)]
-    pub max_unscored_steps: usize,
-}
-
-/// What a non-finite gradient norm does (`learner.on_nonfinite`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OnNonFinite {
-    /// Stop the run with an error naming the step.
-    #[default]
-    Stop,
-    /// Drop the optimizer step and go on (at most `learner.max_skipped_steps` in a row).
-    SkipStep,
-}
-
-impl Default for LearnerConfig {
-    fn default() -> Self {
-        Self {
-            group_size: 8,
-            max_response_tokens: 8192,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: None,
-            rollout_prompts_per_call: 32,
-            lr: 3e-6,
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.999,
-            adam_eps: 1e-8,
-            max_grad_norm: 1.0,
-            clip: Clip::default(),
-            aggregation: Aggregation::SequenceMean,
-            scale_rewards: ScaleRewards::Group,
-            estimator: DEFAULT_ESTIMATOR.into(),
-            loss: DEFAULT_LOSS.into(),
-            kl_beta: 0.0,
-            tis_cap: None,
-            tie_mode: TieMode::Pairwise,
-            dpo_beta: 2.0,
-            ppo_epochs: 1,
-            mini_batches: 1,
-            micro_batch_tokens: 16_384,
-            activation_checkpointing: false,
-            allreduce_bucket_mb: 64.0,
-            seed: 1234,
-            on_nonfinite: OnNonFinite::Stop,
-            max_skipped_steps: 3,
-            min_scored_share: 0.5,
-            max_unscored_steps: 3,
-        }
-    }
-}
-
-impl LearnerConfig {
-    /// Checks ranges, naming the key.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |k: &str, m: &str| Err(GrpoError::config(format!("learner.{k}"), m));
-        if self.group_size < 2 {
-            return bad("group_size", "must be at least 2");
-        }
-        if self.max_response_tokens == 0 {
-            return bad("max_response_tokens", "must be at least 1");
-        }
-        if !(self.temperature > 0.0) {
-            return bad("temperature", "must be > 0");
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p", "must be in (0, 1]");
-        }
-        if self.top_k == Some(0) {
-            return bad("top_k", "must be at least 1");
-        }
-        if !(self.lr > 0.0 && self.lr.is_finite()) {
-            return bad("lr", "must be a finite number > 0");
-        }
-        for (key, v) in [
-            ("ppo_epochs", self.ppo_epochs),
-            ("mini_batches", self.mini_batches),
-            ("rollout_prompts_per_call", self.rollout_prompts_per_call),
-        ] {
-            if v == 0 {
-                return bad(key, "must be at least 1");
-            }
-        }
-        if !(self.clip.low > 0.0 && self.clip.low < 1.0 && self.clip.high > 0.0) {
-            return bad("clip", "need 0 < low < 1 and high > 0");
-        }
-        if !(self.allreduce_bucket_mb > 0.0) {
-            return bad("allreduce_bucket_mb", "must be > 0");
-        }
-        if let Some(cap) = self.tis_cap {
-            if !(cap > 0.0 && cap.is_finite()) {
-                return bad("tis_cap", "must be a positive number");
-            }
-        }
-        Ok(())
-    }
-
-    /// Bytes per all-reduced gradient bucket (`allreduce_bucket_mb`).
-    pub fn allreduce_bucket_bytes(&self) -> usize {
-        (self.allreduce_bucket_mb * (1u64 << 20) as f64) as usize
-    }
-
-    /// The rollout's sampling settings at `seed` (stop ids as given).
-    pub fn sampling(&self, seed: u64, stop_ids: &[u32]) -> SamplingConfig {
-        SamplingConfig {
-            max_new_tokens: self.max_response_tokens,
-            decoding: Decoding::Sample {
-                temperature: self.temperature,
-                top_p: self.top_p,
-                top_k: self.top_k,
-            },
-            seed,
-            stop_ids: stop_ids.to_vec(),
-            first_stream: 0,
-        }
-    }
-}
+pub use conrub_contracts::{LearnerConfig, OnNonFinite};
 
 /// What one step produced besides metrics (for audit logs).
 #[derive(Debug, Clone)]
@@ -263,11 +59,12 @@ type RolloutStage<B, P> = Box<dyn RolloutEngine<<B as AutodiffBackend>::InnerBac
 
 /// The learner: a policy, its collaborators (one per stage) and the step counter. Built with
 /// [`Learner::builder`].
-pub struct Learner<B, P>
+pub struct Learner<B, P, T = RubricRecord>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: TaskPrompt,
 {
     pub(crate) policy: P,
     pub(crate) update: Update<B, P>,
@@ -276,7 +73,7 @@ where
     pub(crate) reference: Option<P::InnerModule>,
     pub(crate) step: u64,
     codec: Box<dyn TextCodec>,
-    rewards: Box<dyn RewardSource>,
+    rewards: Box<dyn RewardSource<T>>,
     advantages: TieAwareAdvantages,
     rollout: RolloutStage<B, P>,
     loss: Box<dyn PolicyObjective<B>>,
@@ -377,17 +174,18 @@ impl LogprobGap {
 
 /// Builds a [`Learner`]: the policy, its settings and device, a [`TextCodec`] and a
 /// [`RewardSource`] are required; the rest defaults to the method's stages.
-pub struct LearnerBuilder<B, P>
+pub struct LearnerBuilder<B, P, T = RubricRecord>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: TaskPrompt,
 {
     policy: P,
     cfg: LearnerConfig,
     device: B::Device,
     codec: Option<Box<dyn TextCodec>>,
-    rewards: Option<Box<dyn RewardSource>>,
+    rewards: Option<Box<dyn RewardSource<T>>>,
     tie_breaker: Option<Box<dyn TieBreaker>>,
     estimator: Option<Box<dyn AdvantageEstimator>>,
     registry: Option<Registry<B>>,
@@ -396,11 +194,12 @@ where
     rank: Option<RankSlot<B::InnerBackend>>,
 }
 
-impl<B, P> LearnerBuilder<B, P>
+impl<B, P, T> LearnerBuilder<B, P, T>
 where
     B: AutodiffBackend + GrpoOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: TaskPrompt,
 {
     /// Prompt rendering and response decoding (required).
     pub fn codec(mut self, codec: impl TextCodec + 'static) -> Self {
@@ -409,7 +208,7 @@ where
     }
 
     /// Rewards of a group (required).
-    pub fn rewards(mut self, rewards: impl RewardSource + 'static) -> Self {
+    pub fn rewards(mut self, rewards: impl RewardSource<T> + 'static) -> Self {
         self.rewards = Some(Box::new(rewards));
         self
     }
@@ -461,7 +260,7 @@ where
     }
 
     /// The learner, with a fresh AdamW.
-    pub fn build(mut self) -> Result<Learner<B, P>> {
+    pub fn build(mut self) -> Result<Learner<B, P, T>> {
         let cfg = self.cfg;
         cfg.validate()?;
         if cfg.activation_checkpointing {
@@ -541,14 +340,15 @@ pub(crate) struct UpdateStats {
     pub allreduce_secs: f64,
 }
 
-impl<B, P> Learner<B, P>
+impl<B, P, T> Learner<B, P, T>
 where
     B: AutodiffBackend + GrpoOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: TaskPrompt,
 {
     /// Starts building a learner for `policy`.
-    pub fn builder(policy: P, cfg: LearnerConfig, device: B::Device) -> LearnerBuilder<B, P> {
+    pub fn builder(policy: P, cfg: LearnerConfig, device: B::Device) -> LearnerBuilder<B, P, T> {
         LearnerBuilder {
             policy,
             cfg,
@@ -628,7 +428,7 @@ where
     }
 
     /// One training step on `records` (one group of `group_size` responses per record).
-    pub async fn step(&mut self, records: &[&RubricRecord]) -> Result<StepOutput> {
+    pub async fn step(&mut self, records: &[&T]) -> Result<StepOutput> {
         let shard = Shard {
             first: 0,
             total: records.len(),
@@ -646,11 +446,7 @@ where
     /// The stages of one step on this learner's `shard` of the step's groups (`records`). With
     /// a rank slot, the train batch's global counts and every optimizer step's gradients are
     /// shared with the other ranks; the step counter is not advanced.
-    pub(crate) async fn step_parts(
-        &mut self,
-        records: &[&RubricRecord],
-        shard: Shard,
-    ) -> Result<StepParts> {
+    pub(crate) async fn step_parts(&mut self, records: &[&T], shard: Shard) -> Result<StepParts> {
         if shard.total == 0 {
             return Err(GrpoError::NoRecords);
         }
@@ -681,14 +477,14 @@ where
         {
             return Err(GrpoError::Stage(format!(
                 "advantages of group {g} ({}): {} values for {k} responses",
-                records[g].id,
+                records[g].id(),
                 o.advantages.len()
             )));
         }
         if let Some((g, s)) = scores.iter().enumerate().find(|(_, s)| s.scores.len() != k) {
             return Err(GrpoError::Stage(format!(
                 "rewards of group {g} ({}): {} scores for {k} responses",
-                records[g].id,
+                records[g].id(),
                 s.scores.len()
             )));
         }
@@ -851,16 +647,16 @@ where
     fn rollout_stage(
         &self,
         inner: &P::InnerModule,
-        records: &[&RubricRecord],
+        records: &[&T],
         first_group: usize,
     ) -> Result<RolloutBatch> {
         let prompts: Vec<Vec<u32>> = records
             .iter()
             .map(|r| {
                 self.codec
-                    .encode_prompt(&r.question)
+                    .encode_prompt(r.messages())
                     .map_err(|e| GrpoError::Prompt {
-                        id: r.id.clone(),
+                        id: r.id().to_string(),
                         message: match e {
                             conrub_contracts::ContractError::Prompt { message, .. } => message,
                             other => other.to_string(),
@@ -870,7 +666,7 @@ where
             .collect::<Result<_>>()?;
         if let Some(i) = prompts.iter().position(Vec::is_empty) {
             return Err(GrpoError::Prompt {
-                id: records[i].id.clone(),
+                id: records[i].id().to_string(),
                 message: "renders to no tokens".into(),
             });
         }
@@ -889,7 +685,7 @@ where
     /// Stage 2: the rewards of every group, concurrently.
     async fn reward_stage(
         &self,
-        records: &[&RubricRecord],
+        records: &[&T],
         rollout: &RolloutBatch,
         texts: &[String],
     ) -> Vec<GroupScores> {
@@ -909,7 +705,7 @@ where
     /// Stage 3: advantages of every group; exact ties go to the tie breaker (concurrently).
     async fn advantage_stage(
         &self,
-        records: &[&RubricRecord],
+        records: &[&T],
         rollout: &RolloutBatch,
         texts: &[String],
         scores: &[GroupScores],
@@ -918,9 +714,9 @@ where
         let lengths = rollout.lengths();
         let keys: Vec<String> = records
             .iter()
-            .map(|r| format!("{}/{}", r.id, self.step))
+            .map(|r| format!("{}/{}", r.id(), self.step))
             .collect();
-        let questions: Vec<String> = records.iter().map(|r| r.question_text()).collect();
+        let questions: Vec<String> = records.iter().map(|r| r.text()).collect();
         let rewards: Vec<Vec<Option<f64>>> = scores
             .iter()
             .map(|g| g.scores.iter().map(ResponseScore::reward).collect())

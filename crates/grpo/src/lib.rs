@@ -22,7 +22,8 @@
 //!   [`TokenBatch`], [`TextCodec`], [`Export`], [`sample_by_recomputation`]
 //! - rollout: [`RolloutEngine`], [`RolloutRequest`], [`RolloutBatch`], [`WeightSync`] (contracts),
 //!   and the crate's engines [`InProcessEngine`], [`GroupSampler`]
-//! - rewards: [`RewardSource`], [`JudgeRewards`], [`GroupScores`]
+//! - the task: [`TaskPrompt`] (one prompt of a task; [`conrub_rubric::RubricRecord`] is one kind)
+//! - rewards: [`RewardSource`] (of a task's prompts), [`JudgeRewards`] (rubric records), [`GroupScores`]
 //! - advantages: [`AdvantageEstimator`], [`GroupRelative`], [`ScaleRewards`],
 //!   [`TieAwareAdvantages`], [`TieMode`], [`GroupOutcome`], [`TieStatus`]
 //! - ties: [`TieBreaker`], [`PairwiseTieBreaker`], [`NoTieBreaker`], [`TiedGroup`], [`TieOutcome`],
@@ -62,6 +63,7 @@ mod registry;
 mod reward;
 mod rollout;
 pub mod run_folder;
+mod task;
 mod telemetry;
 mod ties;
 mod trainer;
@@ -96,6 +98,7 @@ pub use registry::{
 };
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
 pub use rollout::{GroupSampler, InProcessEngine};
+pub use task::TaskPrompt;
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
 pub use trainer::{
     best_checkpoint_path, epoch_order, train, BestCheckpoint, RunConfig, RunHooks, RunSummary,

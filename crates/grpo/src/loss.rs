@@ -10,22 +10,8 @@
 use burn::tensor::activation::log_sigmoid;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
+pub use conrub_contracts::Aggregation;
 use conrub_kernels::{Clip, GrpoOps, Reduce, SurrogateLoss};
-use serde::{Deserialize, Serialize};
-
-/// How per-token losses become one number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Aggregation {
-    /// The method's: token mean per response, then mean over responses (TRL `loss_type="grpo"`).
-    #[default]
-    SequenceMean,
-    /// One mean over all response tokens of the (mini-)batch (TRL `bnpo`).
-    GlobalTokenMean,
-    /// Dr. GRPO: token sum divided by (responses x the rollout's maximum response length, i.e.
-    /// `learner.max_response_tokens`) (TRL `dr_grpo`).
-    DrGrpo,
-}
 
 /// A policy loss, as the learner calls it: one (micro-)batch in, the loss and its diagnostics out.
 /// The learner sums its micro-batches' gradients, each loss weighted by

@@ -26,24 +26,27 @@ use conrub_rubric::RubricRecord;
 use crate::collective::Collective;
 use crate::error::{GrpoError, Result};
 use crate::learner::{step_output, Learner, LearnerBuilder, RankSlot, Shard, StepOutput};
+use crate::task::TaskPrompt;
 use conrub_contracts::Policy;
 
 /// The learners of a data-parallel group, rank 0 first.
-pub struct DataParallel<B, P>
+pub struct DataParallel<B, P, T = RubricRecord>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: TaskPrompt,
 {
-    ranks: Vec<Learner<B, P>>,
+    ranks: Vec<Learner<B, P, T>>,
     collective: Arc<dyn Collective<B::InnerBackend>>,
 }
 
-impl<B, P> DataParallel<B, P>
+impl<B, P, T> DataParallel<B, P, T>
 where
     B: AutodiffBackend + GrpoOps,
     P: Policy<B> + AutodiffModule<B> + Send,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: TaskPrompt,
 {
     /// One learner per device: `builder(rank, device)` returns the builder of that rank's
     /// learner (the same policy weights and settings on every rank, moved to its device); the
@@ -52,7 +55,7 @@ where
         devices: &[B::Device],
         collective: Arc<dyn Collective<B::InnerBackend>>,
         bucket_bytes: usize,
-        mut builder: impl FnMut(usize, &B::Device) -> Result<LearnerBuilder<B, P>>,
+        mut builder: impl FnMut(usize, &B::Device) -> Result<LearnerBuilder<B, P, T>>,
     ) -> Result<Self> {
         if devices.len() != collective.world_size() {
             return Err(GrpoError::config(
@@ -85,19 +88,19 @@ where
     }
 
     /// Rank 0's learner (every rank holds the same policy and optimizer state).
-    pub fn learner(&self) -> &Learner<B, P> {
+    pub fn learner(&self) -> &Learner<B, P, T> {
         &self.ranks[0]
     }
 
     /// Every rank's learner, rank 0 first.
-    pub fn learners(&self) -> &[Learner<B, P>] {
+    pub fn learners(&self) -> &[Learner<B, P, T>] {
         &self.ranks
     }
 
     /// One training step on `records`, split across the ranks. Ranks run on threads of their
     /// own; async stages (judging) run on the caller's tokio runtime when there is one (a
     /// served judge needs a multi-threaded runtime, whose worker this call blocks).
-    pub async fn step(&mut self, records: &[&RubricRecord]) -> Result<StepOutput> {
+    pub async fn step(&mut self, records: &[&T]) -> Result<StepOutput> {
         if records.is_empty() {
             return Err(GrpoError::NoRecords);
         }

@@ -17,17 +17,7 @@ use crate::advantages::{AdvantageEstimator, GroupRelative};
 use crate::error::{GrpoError, Result};
 use crate::learner::LearnerConfig;
 use crate::loss::{PolicyLoss, PolicyObjective};
-
-/// `learner.estimator` unless set: group-relative advantages (GRPO; Dr. GRPO with
-/// `scale_rewards = "none"`).
-pub const DEFAULT_ESTIMATOR: &str = "group-relative";
-/// `learner.loss` unless set: the clipped surrogate with its aggregation (`sequence-mean`,
-/// `global-token-mean`, `dr-grpo`), the k3 KL term and truncated importance sampling.
-pub const DEFAULT_LOSS: &str = "clipped-surrogate";
-/// The names [`Registry::builtin`] registers, for checking a config before anything loads.
-pub const BUILTIN_ESTIMATORS: &[&str] = &[DEFAULT_ESTIMATOR];
-/// See [`BUILTIN_ESTIMATORS`].
-pub const BUILTIN_LOSSES: &[&str] = &[DEFAULT_LOSS];
+pub use conrub_contracts::{BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR, DEFAULT_LOSS};
 
 /// Builds an advantage estimator from the learner's settings.
 pub type EstimatorFactory =

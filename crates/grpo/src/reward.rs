@@ -5,6 +5,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use conrub_judge::{score_jobs, CriterionJudge, CriterionRequest, ScoreJob};
 use conrub_rubric::{LengthPenalty, ResponseScore, RubricDropout, RubricRecord, ScoringMode};
+
+use crate::task::TaskPrompt;
 use serde::{Deserialize, Serialize};
 
 /// One group's scores and the criteria they were scored against.
@@ -23,13 +25,28 @@ pub struct GroupScores {
     pub judge_deferred: u64,
 }
 
-/// Scores a group of responses to one prompt.
+impl GroupScores {
+    /// Scores given directly (a verifiable reward, a reward model): no criteria, no judge.
+    pub fn direct(scores: Vec<ResponseScore>) -> Self {
+        Self {
+            scores,
+            criteria: vec![],
+            judge_retries: 0,
+            judge_latency_ms: 0.0,
+            judge_deferred: 0,
+        }
+    }
+}
+
+/// Scores a group of responses to one prompt of a task whose prompts are `T` (rubric records
+/// by default). A response the source cannot score is [`ResponseScore::Unscored`], never a
+/// reward of 0.
 #[async_trait]
-pub trait RewardSource: Send + Sync {
-    /// Scores `responses` (with their token `lengths`) to `record`'s prompt at training `step`.
+pub trait RewardSource<T: TaskPrompt = RubricRecord>: Send + Sync {
+    /// Scores `responses` (with their token `lengths`) to `prompt` at training `step`.
     async fn score_group(
         &self,
-        record: &RubricRecord,
+        prompt: &T,
         responses: &[String],
         lengths: &[u32],
         step: u64,
@@ -101,5 +118,19 @@ impl RewardSource for JudgeRewards {
             judge_latency_ms: summary.latency_ms_mean * summary.responses as f64,
             judge_deferred: summary.deferred,
         }
+    }
+}
+
+/// A shared reward source is a reward source (one per data-parallel rank, one judge client).
+#[async_trait]
+impl<T: TaskPrompt, R: RewardSource<T> + ?Sized> RewardSource<T> for Arc<R> {
+    async fn score_group(
+        &self,
+        prompt: &T,
+        responses: &[String],
+        lengths: &[u32],
+        step: u64,
+    ) -> GroupScores {
+        (**self).score_group(prompt, responses, lengths, step).await
     }
 }

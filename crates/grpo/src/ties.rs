@@ -54,6 +54,14 @@ pub trait TieBreaker: Send + Sync {
     async fn break_tie(&self, group: &TiedGroup<'_>) -> TieOutcome;
 }
 
+/// A shared tie breaker is a tie breaker (one per data-parallel rank, one judge client).
+#[async_trait]
+impl<T: TieBreaker + ?Sized> TieBreaker for std::sync::Arc<T> {
+    async fn break_tie(&self, group: &TiedGroup<'_>) -> TieOutcome {
+        (**self).break_tie(group).await
+    }
+}
+
 /// Tie breaking off: tied groups keep vanilla GRPO's zero advantages.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoTieBreaker;

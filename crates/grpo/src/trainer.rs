@@ -16,68 +16,11 @@ use crate::checkpoint::{load_state, save_state, TrainingState};
 use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, StepOutput};
 use crate::parallel::DataParallel;
+use crate::task::TaskPrompt;
 use crate::telemetry::{progress_line, validation_progress_line, MetricsLog};
 use crate::validation::Validator;
+pub use conrub_contracts::RunConfig;
 use conrub_contracts::{EpochSummary, MetricsLine, Policy, StepMetrics, ValidationLine};
-
-/// Loop settings (the `[run]` table of a train config).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RunConfig {
-    /// Passes over the prompts.
-    pub epochs: usize,
-    /// Prompts per step (32 in the published run: 32 x 8 = 256 responses).
-    pub prompts_per_step: usize,
-    /// Save a checkpoint every this many steps (0: only at the end).
-    pub checkpoint_every: u64,
-    /// Stop after this many steps in total (for smoke runs); `None` runs every epoch.
-    pub max_steps: Option<u64>,
-    /// Output directory: metrics, plots, checkpoints.
-    pub output_dir: PathBuf,
-    /// Keep only the newest this many checkpoints, counting the one just written (and the best
-    /// one by the validation grader, see `[eval]`); at least 1. `None` keeps every checkpoint.
-    /// When pruning, a resumed run also removes the checkpoints of later steps left by an
-    /// earlier attempt.
-    pub keep_checkpoints: Option<usize>,
-    /// Start a fresh run over an earlier run's metrics and checkpoints in `output_dir`, deleting
-    /// them (`conrub train --overwrite`; not a config key, so no config file carries it).
-    /// Without it a fresh run into such a folder is refused (see [`crate::run_folder`]).
-    #[serde(skip)]
-    pub overwrite: bool,
-}
-
-impl RunConfig {
-    /// Range checks; errors name the key under `run.`.
-    pub fn validate(&self) -> Result<()> {
-        if self.prompts_per_step == 0 {
-            return Err(GrpoError::config(
-                "run.prompts_per_step",
-                "must be at least 1",
-            ));
-        }
-        if self.keep_checkpoints == Some(0) {
-            return Err(GrpoError::config(
-                "run.keep_checkpoints",
-                "must be at least 1 (unset keeps every checkpoint)",
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Default for RunConfig {
-    fn default() -> Self {
-        Self {
-            epochs: 3,
-            prompts_per_step: 32,
-            checkpoint_every: 50,
-            max_steps: None,
-            output_dir: PathBuf::from("runs/conrub"),
-            keep_checkpoints: None,
-            overwrite: false,
-        }
-    }
-}
 
 /// The order of the records in `epoch`: a permutation seeded by the run seed and the epoch.
 pub fn epoch_order(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
@@ -269,20 +212,21 @@ pub trait RunHooks<P> {
 }
 
 /// What [`train`] drives: one [`Learner`], or a [`DataParallel`] group of them.
-pub trait Trainee<B, P>
+pub trait Trainee<B, P, T = RubricRecord>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: TaskPrompt,
 {
     /// The learner whose policy and state a checkpoint saves (rank 0 of a group; every rank
     /// holds the same).
-    fn lead(&self) -> &Learner<B, P>;
+    fn lead(&self) -> &Learner<B, P, T>;
 
     /// One training step on `records`.
     fn train_step<'a>(
         &'a mut self,
-        records: &'a [&'a RubricRecord],
+        records: &'a [&'a T],
     ) -> impl Future<Output = Result<StepOutput>> + 'a;
 
     /// Loads a saved training state (into every learner of a group).
@@ -294,19 +238,20 @@ where
     }
 }
 
-impl<B, P> Trainee<B, P> for Learner<B, P>
+impl<B, P, T> Trainee<B, P, T> for Learner<B, P, T>
 where
     B: AutodiffBackend + conrub_kernels::GrpoOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: TaskPrompt,
 {
-    fn lead(&self) -> &Learner<B, P> {
+    fn lead(&self) -> &Learner<B, P, T> {
         self
     }
 
     fn train_step<'a>(
         &'a mut self,
-        records: &'a [&'a RubricRecord],
+        records: &'a [&'a T],
     ) -> impl Future<Output = Result<StepOutput>> + 'a {
         self.step(records)
     }
@@ -316,19 +261,20 @@ where
     }
 }
 
-impl<B, P> Trainee<B, P> for DataParallel<B, P>
+impl<B, P, T> Trainee<B, P, T> for DataParallel<B, P, T>
 where
     B: AutodiffBackend + conrub_kernels::GrpoOps,
     P: Policy<B> + AutodiffModule<B> + Send,
     P::InnerModule: Policy<B::InnerBackend>,
+    T: TaskPrompt,
 {
-    fn lead(&self) -> &Learner<B, P> {
+    fn lead(&self) -> &Learner<B, P, T> {
         self.learner()
     }
 
     fn train_step<'a>(
         &'a mut self,
-        records: &'a [&'a RubricRecord],
+        records: &'a [&'a T],
     ) -> impl Future<Output = Result<StepOutput>> + 'a {
         self.step(records)
     }
@@ -352,9 +298,9 @@ where
 /// gets a checkpoint (when its step has none already) and becomes `best-checkpoint.json`, which
 /// `run.keep_checkpoints` never prunes. A resumed run derives that record from the validation
 /// rounds `metrics.jsonl` keeps (those up to the resumed step).
-pub async fn train<B, P, T>(
-    trainee: &mut T,
-    records: &[RubricRecord],
+pub async fn train<B, P, T, Tr>(
+    trainee: &mut Tr,
+    records: &[T],
     run: &RunConfig,
     resume: Option<&Path>,
     validator: Option<&Validator>,
@@ -364,7 +310,8 @@ where
     B: AutodiffBackend + conrub_kernels::GrpoOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
-    T: Trainee<B, P>,
+    T: TaskPrompt,
+    Tr: Trainee<B, P, T>,
 {
     if records.is_empty() {
         return Err(GrpoError::NoRecords);
@@ -413,7 +360,7 @@ where
     let started = Instant::now();
     // A new best (`pending`) waits for its step's checkpoint: it becomes the record once that
     // checkpoint is in place.
-    let save = |trainee: &T,
+    let save = |trainee: &Tr,
                 hooks: &mut dyn RunHooks<P>,
                 summary: &mut RunSummary,
                 pending: &mut Option<BestCheckpoint>|
@@ -459,7 +406,7 @@ where
         let epoch = (step / steps_per_epoch) as usize;
         let index = (step % steps_per_epoch) as usize;
         let order = epoch_order(records.len(), trainee.lead().cfg.seed, epoch);
-        let batch: Vec<&RubricRecord> = order
+        let batch: Vec<&T> = order
             .iter()
             .skip(index * run.prompts_per_step)
             .take(run.prompts_per_step)

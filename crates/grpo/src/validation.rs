@@ -10,7 +10,6 @@
 //! fields say how many responses went unscored and why.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,66 +22,11 @@ use conrub_judge::{CriterionJudge, CriterionRequest, CriterionVerdict};
 use conrub_kernels::GrpoOps;
 use conrub_rubric::bootstrap::bootstrap_std_clipped;
 use conrub_rubric::{score_labels, LengthPenalty, ScoringMode};
-use serde::{Deserialize, Serialize};
 
 use crate::advantages::stable_seed;
-use crate::error::{GrpoError, Result};
+use crate::error::Result;
 use crate::learner::Learner;
-
-/// The `[eval]` table of a run config, less its `grader` judge (read like `[judge]`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ValidationConfig {
-    /// Validate after every this many steps (and never at step 0).
-    pub every: u64,
-    /// Held-out prompts: our rubric JSONL or HealthBench rows (relative to the config file).
-    pub data: PathBuf,
-    /// Responses per prompt.
-    #[serde(default = "one")]
-    pub samples: usize,
-    /// Greedy or sampled.
-    #[serde(default)]
-    pub decoding: ValidationDecoding,
-    /// Longest answer in tokens (default: `learner.max_response_tokens`).
-    #[serde(default)]
-    pub max_new_tokens: Option<usize>,
-    /// Validate on the first N prompts only.
-    #[serde(default)]
-    pub limit: Option<usize>,
-    /// Bootstrap resamples of each score's standard deviation.
-    #[serde(default = "thousand")]
-    pub bootstrap_resamples: usize,
-}
-
-fn one() -> usize {
-    1
-}
-
-fn thousand() -> usize {
-    1000
-}
-
-impl ValidationConfig {
-    /// Range checks; errors name the key under `eval.`.
-    pub fn validate(&self) -> Result<()> {
-        if self.every == 0 {
-            return Err(GrpoError::config("eval.every", "must be at least 1"));
-        }
-        if self.samples == 0 {
-            return Err(GrpoError::config("eval.samples", "must be at least 1"));
-        }
-        if self.max_new_tokens == Some(0) {
-            return Err(GrpoError::config(
-                "eval.max_new_tokens",
-                "must be at least 1",
-            ));
-        }
-        if self.limit == Some(0) {
-            return Err(GrpoError::config("eval.limit", "must be at least 1"));
-        }
-        Ok(())
-    }
-}
+pub use conrub_contracts::ValidationConfig;
 
 /// One held-out prompt and the criteria its answers are graded on (`conrub_eval`'s examples
 /// carry both).
@@ -117,11 +61,12 @@ impl Validator {
     }
 
     /// Generates with `learner`'s current policy and scores the answers with both judges.
-    pub async fn validate<B, P>(&self, learner: &Learner<B, P>) -> Result<ValidationLine>
+    pub async fn validate<B, P, T>(&self, learner: &Learner<B, P, T>) -> Result<ValidationLine>
     where
         B: AutodiffBackend + GrpoOps,
         P: Policy<B> + AutodiffModule<B>,
         P::InnerModule: Policy<B::InnerBackend>,
+        T: crate::task::TaskPrompt,
     {
         let step = learner.steps_done();
         let started = Instant::now();

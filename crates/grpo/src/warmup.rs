@@ -6,30 +6,29 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ElementConversion;
 
-use conrub_rubric::RubricRecord;
-
 use conrub_contracts::{Policy, TextCodec, TokenBatch};
 
 use crate::error::{GrpoError, Result};
+use crate::task::TaskPrompt;
 
-/// `(prompt, reference answer + stop token)` ids of every record that has a reference answer.
-pub fn warmup_pairs(
-    records: &[RubricRecord],
+/// `(prompt, reference answer + stop token)` ids of every prompt that has a reference answer.
+pub fn warmup_pairs<T: TaskPrompt>(
+    records: &[T],
     codec: &dyn TextCodec,
     stop_ids: &[u32],
 ) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
     records
         .iter()
-        .filter_map(|r| r.reference_answer.as_ref().map(|a| (r, a)))
+        .filter_map(|r| r.reference_answer().map(|a| (r, a)))
         .map(|(r, answer)| {
             let prompt = codec
-                .encode_prompt(&r.question)
+                .encode_prompt(r.messages())
                 .map_err(|e| GrpoError::Prompt {
-                    id: r.id.clone(),
+                    id: r.id().to_string(),
                     message: codec_message(e),
                 })?;
             let mut ids = codec.encode_text(answer).map_err(|e| GrpoError::Prompt {
-                id: r.id.clone(),
+                id: r.id().to_string(),
                 message: format!("reference answer: {}", codec_message(e)),
             })?;
             ids.extend(stop_ids.first());

@@ -51,58 +51,248 @@ use crate::lexical::LexicalJudge;
 use crate::openai::OpenAiJudge;
 use crate::prompts::{PromptOverrides, PromptSet};
 
-/// The kinds of judge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JudgeKind {
-    /// An OpenAI-compatible endpoint (SGLang, vLLM, OpenAI).
-    Openai,
-    /// Our burn model (any `conrub_models` family), in process.
-    Local,
-    /// The lexical test double.
-    Lexical,
-    /// A linear probe on an in-process model's hidden states (`conrub judge distill`).
-    Probe,
+/// Declares the judge kinds from one list of `Variant(Settings) = "name"` lines: the
+/// [`JudgeKind`] enum, the serde-tagged [`JudgeSpec`], and their dispatch (names, keys,
+/// settings, building on a device).
+macro_rules! judge_kinds {
+    ($($(#[$doc:meta])* $variant:ident($settings:ty) = $name:literal,)+) => {
+        /// The kinds of judge.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+        pub enum JudgeKind {
+            $($(#[$doc])* #[serde(rename = $name)] $variant,)+
+        }
+
+        /// Which judge, with the settings of its kind only.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "kind")]
+        pub enum JudgeSpec {
+            $($(#[$doc])* #[serde(rename = $name)] $variant($settings),)+
+        }
+
+        impl JudgeKind {
+            /// Every kind, in the order error messages list them.
+            pub const ALL: &'static [JudgeKind] = &[$(JudgeKind::$variant),+];
+
+            /// The `kind` value of a config.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(JudgeKind::$variant => $name,)+
+                }
+            }
+
+            /// True for the judges that run a model in this process (built on a device with
+            /// [`JudgeConfig::build_on`]).
+            pub fn in_process(self) -> bool {
+                match self {
+                    $(JudgeKind::$variant => <$settings as KindSettings>::IN_PROCESS,)+
+                }
+            }
+
+            /// The keys a config of this kind may have besides `kind`: its settings struct's
+            /// fields.
+            pub fn keys(self) -> &'static [&'static str] {
+                match self {
+                    $(JudgeKind::$variant => field_names::<$settings>(),)+
+                }
+            }
+
+            fn parse(s: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|k| k.as_str() == s)
+            }
+        }
+
+        impl JudgeSpec {
+            /// The kind.
+            pub fn kind(&self) -> JudgeKind {
+                match self {
+                    $(JudgeSpec::$variant(_) => JudgeKind::$variant,)+
+                }
+            }
+
+            /// The kind's settings, as the config reads them.
+            pub fn settings(&self) -> &dyn SettingsView {
+                match self {
+                    $(JudgeSpec::$variant(s) => s,)+
+                }
+            }
+
+            /// The settings of `kind` from `value` (every key but `kind`).
+            fn deserialize_kind(
+                kind: JudgeKind,
+                value: toml::Value,
+            ) -> std::result::Result<Self, serde_path_to_error::Error<toml::de::Error>> {
+                Ok(match kind {
+                    $(JudgeKind::$variant => {
+                        JudgeSpec::$variant(serde_path_to_error::deserialize(value)?)
+                    })+
+                })
+            }
+
+            /// Builds the judge (an in-process one on `device`).
+            #[cfg(feature = "local")]
+            fn build_on<B: conrub_kernels::GrpoOps>(
+                &self,
+                cfg: &JudgeConfig,
+                device: &B::Device,
+                rubrics: &RubricSet,
+            ) -> Result<Judges> {
+                match self {
+                    $(JudgeSpec::$variant(s) => s.build_on::<B>(cfg, device, rubrics),)+
+                }
+            }
+        }
+    };
 }
 
-impl JudgeKind {
-    /// Every kind, in the order error messages list them.
-    pub const ALL: [JudgeKind; 4] = [
-        JudgeKind::Openai,
-        JudgeKind::Local,
-        JudgeKind::Lexical,
-        JudgeKind::Probe,
-    ];
+/// What the config reads of any kind's settings: [`KindSettings`] without its generic parts.
+pub trait SettingsView {
+    /// See [`KindSettings::prompts`].
+    fn prompts(&self) -> Option<&PromptOverrides>;
+    /// See [`KindSettings::cache`].
+    fn cache(&self) -> Option<&PathBuf>;
+    /// See [`KindSettings::device`].
+    fn device(&self) -> Option<&str>;
+    /// See [`KindSettings::concurrency`].
+    fn concurrency(&self) -> Option<usize>;
+    /// See [`KindSettings::check`].
+    fn check(&self, prefix: &str) -> Result<()>;
+    /// See [`KindSettings::build`].
+    fn build(&self, cfg: &JudgeConfig, rubrics: &RubricSet) -> Result<Judges>;
+}
 
-    /// True for the judges that run a model in this process (built with
-    /// [`JudgeConfig::build_local`] on a device).
-    pub fn in_process(self) -> bool {
-        matches!(self, JudgeKind::Local | JudgeKind::Probe)
+impl<S: KindSettings> SettingsView for S {
+    fn prompts(&self) -> Option<&PromptOverrides> {
+        KindSettings::prompts(self)
     }
+    fn cache(&self) -> Option<&PathBuf> {
+        KindSettings::cache(self)
+    }
+    fn device(&self) -> Option<&str> {
+        KindSettings::device(self)
+    }
+    fn concurrency(&self) -> Option<usize> {
+        KindSettings::concurrency(self)
+    }
+    fn check(&self, prefix: &str) -> Result<()> {
+        KindSettings::check(self, prefix)
+    }
+    fn build(&self, cfg: &JudgeConfig, rubrics: &RubricSet) -> Result<Judges> {
+        KindSettings::build(self, cfg, rubrics)
+    }
+}
 
-    /// The `kind` value of a config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JudgeKind::Openai => "openai",
-            JudgeKind::Local => "local",
-            JudgeKind::Lexical => "lexical",
-            JudgeKind::Probe => "probe",
+/// The field names serde's derive gives a struct (the names `deserialize_struct` is asked for,
+/// renames applied): a kind's keys, read from its settings struct instead of a list kept by hand.
+fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    use serde::de::{self, Visitor};
+    struct Fields(Option<&'static [&'static str]>);
+    impl<'de> de::Deserializer<'de> for &mut Fields {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(
+            self,
+            _: V,
+        ) -> std::result::Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> std::result::Result<V::Value, Self::Error> {
+            self.0 = Some(fields);
+            Err(de::Error::custom("fields read"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
         }
     }
+    let mut fields = Fields(None);
+    let _ = T::deserialize(&mut fields);
+    // A settings struct with derived `Deserialize` and no `flatten` always names its fields.
+    debug_assert!(
+        fields.0.is_some(),
+        "{} names no fields",
+        std::any::type_name::<T>()
+    );
+    fields.0.unwrap_or(&[])
+}
 
-    /// The keys a config of this kind may have besides `kind` (each variant's own).
-    pub fn keys(self) -> &'static [&'static str] {
-        match self {
-            JudgeKind::Openai => OpenAiSettings::KEYS,
-            JudgeKind::Local => LocalSettings::KEYS,
-            JudgeKind::Lexical => LexicalSettings::KEYS,
-            JudgeKind::Probe => ProbeSettings::KEYS,
-        }
+// The judge kinds: one line each. A kind is its settings struct (its fields are the kind's
+// keys, with their defaults and docs) and that struct's `KindSettings` impl (what the config
+// reads of it and how it is built); the macro derives `JudgeKind`, `JudgeSpec` and their
+// dispatch from this list.
+judge_kinds! {
+    /// An OpenAI-compatible endpoint (SGLang, vLLM, OpenAI).
+    Openai(OpenAiSettings) = "openai",
+    /// Our burn model (any `conrub_models` family), in process.
+    Local(LocalSettings) = "local",
+    /// The lexical test double.
+    Lexical(LexicalSettings) = "lexical",
+    /// A linear probe on an in-process model's hidden states (`conrub judge distill`).
+    Probe(ProbeSettings) = "probe",
+}
+
+/// One judge kind, declared by its settings struct: what the config reads of it and how the
+/// judge is built. The struct's serde fields are the kind's keys (see [`JudgeKind::keys`]).
+pub trait KindSettings: Serialize + serde::de::DeserializeOwned {
+    /// The judge runs a model in this process (built on a device: [`JudgeConfig::build_on`]).
+    const IN_PROCESS: bool = false;
+
+    /// Prompt overrides, for a kind that prompts a model.
+    fn prompts(&self) -> Option<&PromptOverrides> {
+        None
     }
 
-    fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    /// The judge cache database, relative to the config file.
+    fn cache(&self) -> Option<&PathBuf> {
+        None
     }
+
+    /// The in-process judge's device, when the config names one.
+    fn device(&self) -> Option<&str> {
+        None
+    }
+
+    /// Requests in flight, for a served judge.
+    fn concurrency(&self) -> Option<usize> {
+        None
+    }
+
+    /// Checks beyond the types (ranges, keys that go together); `prefix` names keys in errors.
+    fn check(&self, prefix: &str) -> Result<()> {
+        let _ = prefix;
+        Ok(())
+    }
+
+    /// Builds the judge without a device (`cfg` is the config this is part of; `rubrics` the
+    /// records it will grade, possibly none). In-process kinds refuse.
+    fn build(&self, cfg: &JudgeConfig, rubrics: &RubricSet) -> Result<Judges>;
+
+    /// Builds the judge, an in-process one on `device`; the default is [`KindSettings::build`].
+    #[cfg(feature = "local")]
+    fn build_on<B: conrub_kernels::GrpoOps>(
+        &self,
+        cfg: &JudgeConfig,
+        device: &B::Device,
+        rubrics: &RubricSet,
+    ) -> Result<Judges> {
+        let _ = device;
+        self.build(cfg, rubrics)
+    }
+}
+
+/// The refusal of [`KindSettings::build`] for a kind that needs a device.
+fn needs_device(kind: JudgeKind) -> JudgeError {
+    JudgeError::config(
+        "kind",
+        format!(
+            "a {} judge is built with build_on (or build_local) on a device",
+            kind.as_str()
+        ),
+    )
 }
 
 /// `kind = "openai"`: a judge served behind an OpenAI-compatible chat API.
@@ -152,24 +342,65 @@ pub struct OpenAiSettings {
     pub prompts: PromptOverrides,
 }
 
+impl KindSettings for OpenAiSettings {
+    fn prompts(&self) -> Option<&PromptOverrides> {
+        Some(&self.prompts)
+    }
+
+    fn cache(&self) -> Option<&PathBuf> {
+        self.cache.as_ref()
+    }
+
+    fn concurrency(&self) -> Option<usize> {
+        Some(self.concurrency)
+    }
+
+    fn build(&self, cfg: &JudgeConfig, _rubrics: &RubricSet) -> Result<Judges> {
+        let client = Arc::new(ChatClient::new(self.client_config()?)?);
+        let cache = cfg.open_cache()?;
+        let judge = Arc::new(OpenAiJudge::new(
+            client.clone(),
+            cfg.prompt_set()?,
+            cache.clone(),
+        ));
+        Ok(Judges {
+            criterion: judge.clone(),
+            pairwise: judge,
+            client: Some(client),
+            cache,
+        })
+    }
+}
+
 impl OpenAiSettings {
-    /// The keys of this kind.
-    pub const KEYS: &'static [&'static str] = &[
-        "url",
-        "urls",
-        "model",
-        "api_key_env",
-        "concurrency",
-        "timeout_secs",
-        "max_retries",
-        "max_tokens",
-        "temperature",
-        "backoff_base_secs",
-        "backoff_max_secs",
-        "chat_template_kwargs",
-        "cache",
-        "prompts",
-    ];
+    /// The client settings (`url` first, then `urls`); checked.
+    pub fn client_config(&self) -> Result<ClientConfig> {
+        let mut urls = self.urls.clone();
+        if let Some(u) = &self.url {
+            urls.insert(0, u.clone());
+        }
+        if urls.is_empty() {
+            return Err(JudgeError::config(
+                "url",
+                "kind = \"openai\" needs `url` or `urls`",
+            ));
+        }
+        let cfg = ClientConfig {
+            urls,
+            model: self.model.clone(),
+            api_key_env: self.api_key_env.clone(),
+            concurrency: self.concurrency,
+            timeout_secs: self.timeout_secs,
+            max_retries: self.max_retries,
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            backoff_base_secs: self.backoff_base_secs,
+            backoff_max_secs: self.backoff_max_secs,
+            chat_template_kwargs: self.chat_template_kwargs.clone(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
 }
 
 /// `kind = "local"`: our burn model in process.
@@ -197,9 +428,48 @@ pub struct LocalSettings {
     pub local: Option<toml::Table>,
 }
 
-impl LocalSettings {
-    /// The keys of this kind.
-    pub const KEYS: &'static [&'static str] = &["model", "device", "cache", "prompts", "local"];
+impl KindSettings for LocalSettings {
+    const IN_PROCESS: bool = true;
+
+    fn prompts(&self) -> Option<&PromptOverrides> {
+        Some(&self.prompts)
+    }
+
+    fn cache(&self) -> Option<&PathBuf> {
+        self.cache.as_ref()
+    }
+
+    fn device(&self) -> Option<&str> {
+        self.device.as_deref()
+    }
+
+    fn build(&self, _cfg: &JudgeConfig, _rubrics: &RubricSet) -> Result<Judges> {
+        Err(needs_device(JudgeKind::Local))
+    }
+
+    #[cfg(feature = "local")]
+    fn build_on<B: conrub_kernels::GrpoOps>(
+        &self,
+        cfg: &JudgeConfig,
+        device: &B::Device,
+        _rubrics: &RubricSet,
+    ) -> Result<Judges> {
+        let loaded = cfg.load_model::<B>(&self.model, device)?;
+        let cache = cfg.open_cache()?;
+        let judge = Arc::new(crate::local::LocalJudge::new(
+            loaded,
+            device.clone(),
+            cfg.prompt_set()?,
+            self.local.clone(),
+            cache.clone(),
+        )?);
+        Ok(Judges {
+            criterion: judge.clone(),
+            pairwise: judge,
+            client: None,
+            cache,
+        })
+    }
 }
 
 /// `kind = "lexical"`: the keyword test double.
@@ -212,9 +482,45 @@ pub struct LexicalSettings {
     pub keywords: Option<PathBuf>,
 }
 
-impl LexicalSettings {
-    /// The keys of this kind.
-    pub const KEYS: &'static [&'static str] = &["keywords"];
+impl KindSettings for LexicalSettings {
+    /// The lexical judge reads its keyword file (`keywords`); `rubrics`, the records it will
+    /// grade (may be empty), is only checked against that file: when the file names none of
+    /// their criteria it is an error (a keyword file for other data, or criteria edited since).
+    fn build(&self, cfg: &JudgeConfig, rubrics: &RubricSet) -> Result<Judges> {
+        let judge = match &self.keywords {
+            Some(p) => keyword_judge(&cfg.base_dir.join(p), rubrics)?,
+            None => LexicalJudge::default(),
+        };
+        let judge = Arc::new(judge);
+        Ok(Judges {
+            criterion: judge.clone(),
+            pairwise: judge,
+            client: None,
+            cache: None,
+        })
+    }
+}
+
+/// The lexical judge of keyword file `path`, checked against the criteria it will grade.
+fn keyword_judge(path: &Path, rubrics: &RubricSet) -> Result<LexicalJudge> {
+    let judge = LexicalJudge::from_file(path)?;
+    let texts: Vec<&str> = rubrics
+        .iter()
+        .flat_map(|r| &r.criteria)
+        .map(|c| c.text.as_str())
+        .collect();
+    if !texts.is_empty() && !judge.is_empty() && !texts.iter().any(|t| judge.knows(t)) {
+        return Err(JudgeError::config(
+            "keywords",
+            format!(
+                "{} names none of the {} criteria in {} (entries match the criterion text exactly)",
+                path.display(),
+                texts.len(),
+                rubrics.path.display()
+            ),
+        ));
+    }
+    Ok(judge)
 }
 
 /// `kind = "probe"`: a distilled probe on an in-process model (see [`crate::probe`]).
@@ -265,35 +571,99 @@ fn default_probe_batch() -> usize {
     16
 }
 
-impl ProbeSettings {
-    /// The keys of this kind.
-    pub const KEYS: &'static [&'static str] = &[
-        "model",
-        "probe",
-        "device",
-        "cache",
-        "prompts",
-        "layer",
-        "pooling",
-        "precision",
-        "batch_size",
-        "abstain_below",
-        "fallback",
-    ];
-}
+impl KindSettings for ProbeSettings {
+    const IN_PROCESS: bool = true;
 
-/// Which judge, with the settings of its kind only.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum JudgeSpec {
-    /// A served judge.
-    Openai(OpenAiSettings),
-    /// The in-process judge.
-    Local(LocalSettings),
-    /// The lexical test double.
-    Lexical(LexicalSettings),
-    /// A distilled probe.
-    Probe(ProbeSettings),
+    fn prompts(&self) -> Option<&PromptOverrides> {
+        Some(&self.prompts)
+    }
+
+    fn cache(&self) -> Option<&PathBuf> {
+        self.cache.as_ref()
+    }
+
+    fn device(&self) -> Option<&str> {
+        self.device.as_deref()
+    }
+
+    fn check(&self, prefix: &str) -> Result<()> {
+        if let Some(b) = self.abstain_below.filter(|b| !(*b > 0.0 && *b <= 1.0)) {
+            return Err(JudgeError::config(
+                format!("{prefix}abstain_below"),
+                format!("{b} is not a probability in (0, 1]"),
+            ));
+        }
+        if self.batch_size == 0 {
+            return Err(JudgeError::config(
+                format!("{prefix}batch_size"),
+                "must be at least 1",
+            ));
+        }
+        if self.abstain_below.is_some() != self.fallback.is_some() {
+            return Err(JudgeError::config(
+                format!("{prefix}fallback"),
+                "abstain_below and fallback go together (abstained criteria need a judge)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn build(&self, _cfg: &JudgeConfig, _rubrics: &RubricSet) -> Result<Judges> {
+        Err(needs_device(JudgeKind::Probe))
+    }
+
+    #[cfg(feature = "local")]
+    fn build_on<B: conrub_kernels::GrpoOps>(
+        &self,
+        cfg: &JudgeConfig,
+        device: &B::Device,
+        _rubrics: &RubricSet,
+    ) -> Result<Judges> {
+        use crate::probe::{Abstention, FeatureSpecFilter, ProbeFeaturizer, ProbeJudge};
+        let loaded = cfg.load_model::<B>(&self.model, device)?;
+        let cache = cfg.open_cache()?;
+        let fallback = match cfg.fallback() {
+            None => None,
+            Some(f) => Some(f.build_on::<B>(device, &no_records()?)?),
+        };
+        let exec = conrub_models::Execution {
+            precision: self.precision,
+            ..loaded.model.execution()
+        };
+        let featurizer = ProbeFeaturizer::new(
+            loaded.with_execution(exec),
+            device.clone(),
+            cfg.prompt_set()?,
+            self.batch_size,
+        )?;
+        let abstention = match (self.abstain_below, &fallback) {
+            (Some(below), Some(f)) => Some(Abstention {
+                below,
+                fallback: f.criterion.clone(),
+            }),
+            _ => None,
+        };
+        let judge = Arc::new(ProbeJudge::new(
+            featurizer,
+            &cfg.base_dir.join(&self.probe),
+            Some(FeatureSpecFilter {
+                layer: self.layer,
+                pooling: self.pooling,
+            }),
+            abstention,
+            cache.clone(),
+        )?);
+        let (pairwise, client): (Arc<dyn PairwiseJudge>, _) = match fallback {
+            Some(f) => (f.pairwise, f.client),
+            None => (Arc::new(crate::probe::judge::NoComparisons), None),
+        };
+        Ok(Judges {
+            criterion: judge,
+            pairwise,
+            client,
+            cache,
+        })
+    }
 }
 
 /// A parsed judge config: the judge and the directory its relative paths resolve against.
@@ -325,7 +695,8 @@ impl JudgeConfig {
     /// train config, `""` for a judge file); `base_dir` resolves relative paths. A key of another
     /// kind is an error naming the key and both kinds.
     pub fn from_table(mut table: toml::Table, base_dir: &Path, prefix: &str) -> Result<Self> {
-        let kinds = JudgeKind::ALL.map(JudgeKind::as_str).join(", ");
+        let kinds: Vec<&str> = JudgeKind::ALL.iter().map(|k| k.as_str()).collect();
+        let kinds = kinds.join(", ");
         let kind = match table.remove("kind") {
             None => {
                 return Err(JudgeError::config(
@@ -354,7 +725,8 @@ impl JudgeConfig {
                 continue;
             }
             let owner = JudgeKind::ALL
-                .into_iter()
+                .iter()
+                .copied()
                 .find(|k| k.keys().contains(&key.as_str()));
             let message = match owner {
                 Some(o) => format!(
@@ -380,42 +752,12 @@ impl JudgeConfig {
                 format!("{message} (kind = \"{}\")", kind.as_str()),
             )
         };
-        let spec = match kind {
-            JudgeKind::Openai => {
-                JudgeSpec::Openai(serde_path_to_error::deserialize(value).map_err(field)?)
-            }
-            JudgeKind::Local => {
-                JudgeSpec::Local(serde_path_to_error::deserialize(value).map_err(field)?)
-            }
-            JudgeKind::Lexical => {
-                JudgeSpec::Lexical(serde_path_to_error::deserialize(value).map_err(field)?)
-            }
-            JudgeKind::Probe => {
-                JudgeSpec::Probe(serde_path_to_error::deserialize(value).map_err(field)?)
-            }
+        let spec = JudgeSpec::deserialize_kind(kind, value).map_err(field)?;
+        spec.settings().check(prefix)?;
+        let fallback = match &spec {
+            JudgeSpec::Probe(p) => Self::parse_fallback(p, base_dir, prefix)?.map(Box::new),
+            _ => None,
         };
-        let mut fallback = None;
-        if let JudgeSpec::Probe(p) = &spec {
-            if let Some(b) = p.abstain_below.filter(|b| !(*b > 0.0 && *b <= 1.0)) {
-                return Err(JudgeError::config(
-                    format!("{prefix}abstain_below"),
-                    format!("{b} is not a probability in (0, 1]"),
-                ));
-            }
-            if p.batch_size == 0 {
-                return Err(JudgeError::config(
-                    format!("{prefix}batch_size"),
-                    "must be at least 1",
-                ));
-            }
-            if p.abstain_below.is_some() != p.fallback.is_some() {
-                return Err(JudgeError::config(
-                    format!("{prefix}fallback"),
-                    "abstain_below and fallback go together (abstained criteria need a judge)",
-                ));
-            }
-            fallback = Self::parse_fallback(p, base_dir, prefix)?.map(Box::new);
-        }
         Ok(Self {
             spec,
             base_dir: base_dir.to_path_buf(),
@@ -485,275 +827,106 @@ impl JudgeConfig {
 
     /// Which kind of judge.
     pub fn kind(&self) -> JudgeKind {
-        match &self.spec {
-            JudgeSpec::Openai(_) => JudgeKind::Openai,
-            JudgeSpec::Local(_) => JudgeKind::Local,
-            JudgeSpec::Lexical(_) => JudgeKind::Lexical,
-            JudgeSpec::Probe(_) => JudgeKind::Probe,
-        }
+        self.spec.kind()
     }
 
     /// The in-process judge's device, when the config names one.
     pub fn device(&self) -> Option<&str> {
-        match &self.spec {
-            JudgeSpec::Local(l) => l.device.as_deref(),
-            JudgeSpec::Probe(p) => p.device.as_deref(),
-            _ => None,
-        }
+        self.spec.settings().device()
     }
 
     /// Requests in flight for a served judge (the client's default for other kinds).
     pub fn concurrency(&self) -> usize {
-        match &self.spec {
-            JudgeSpec::Openai(o) => o.concurrency,
-            _ => crate::client::default_concurrency(),
-        }
+        self.spec
+            .settings()
+            .concurrency()
+            .unwrap_or_else(crate::client::default_concurrency)
     }
 
     /// The client settings of a served judge.
     pub fn client_config(&self) -> Result<ClientConfig> {
-        let JudgeSpec::Openai(o) = &self.spec else {
-            return Err(JudgeError::config(
+        match &self.spec {
+            JudgeSpec::Openai(o) => o.client_config(),
+            _ => Err(JudgeError::config(
                 "kind",
                 "only kind = \"openai\" has a client",
-            ));
-        };
-        let mut urls = o.urls.clone();
-        if let Some(u) = &o.url {
-            urls.insert(0, u.clone());
-        }
-        if urls.is_empty() {
-            return Err(JudgeError::config(
-                "url",
-                "kind = \"openai\" needs `url` or `urls`",
-            ));
-        }
-        let cfg = ClientConfig {
-            urls,
-            model: o.model.clone(),
-            api_key_env: o.api_key_env.clone(),
-            concurrency: o.concurrency,
-            timeout_secs: o.timeout_secs,
-            max_retries: o.max_retries,
-            max_tokens: o.max_tokens,
-            temperature: o.temperature,
-            backoff_base_secs: o.backoff_base_secs,
-            backoff_max_secs: o.backoff_max_secs,
-            chat_template_kwargs: o.chat_template_kwargs.clone(),
-        };
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    /// The prompts with overrides applied (the lexical judge has none).
-    pub fn prompt_set(&self) -> Result<PromptSet> {
-        let overrides = match &self.spec {
-            JudgeSpec::Openai(o) => &o.prompts,
-            JudgeSpec::Local(l) => &l.prompts,
-            JudgeSpec::Probe(p) => &p.prompts,
-            JudgeSpec::Lexical(_) => return Ok(PromptSet::default()),
-        };
-        PromptSet::with_overrides(overrides, &self.base_dir)
-    }
-
-    /// Opens the cache, if one is configured.
-    pub fn open_cache(&self) -> Result<Option<Arc<JudgeCache>>> {
-        let cache = match &self.spec {
-            JudgeSpec::Openai(o) => &o.cache,
-            JudgeSpec::Local(l) => &l.cache,
-            JudgeSpec::Probe(p) => &p.cache,
-            JudgeSpec::Lexical(_) => &None,
-        };
-        cache
-            .as_ref()
-            .map(|p| JudgeCache::open(&self.base_dir.join(p)).map(Arc::new))
-            .transpose()
-    }
-
-    /// Builds an `openai` or `lexical` judge (a `local` judge needs a backend: see
-    /// [`JudgeConfig::build_local`]). The lexical judge reads its keyword file (`keywords`);
-    /// `rubrics`, the records it will grade (may be empty), is only checked against that file: when
-    /// the file names none of their criteria it is an error (a keyword file for other data, or
-    /// criteria edited since).
-    pub fn build(&self, rubrics: &RubricSet) -> Result<Judges> {
-        match &self.spec {
-            JudgeSpec::Openai(_) => {
-                let client = Arc::new(ChatClient::new(self.client_config()?)?);
-                let cache = self.open_cache()?;
-                let judge = Arc::new(OpenAiJudge::new(
-                    client.clone(),
-                    self.prompt_set()?,
-                    cache.clone(),
-                ));
-                Ok(Judges {
-                    criterion: judge.clone(),
-                    pairwise: judge,
-                    client: Some(client),
-                    cache,
-                })
-            }
-            JudgeSpec::Lexical(lexical) => {
-                let judge = match &lexical.keywords {
-                    Some(p) => self.keyword_judge(&self.base_dir.join(p), rubrics)?,
-                    None => LexicalJudge::default(),
-                };
-                let judge = Arc::new(judge);
-                Ok(Judges {
-                    criterion: judge.clone(),
-                    pairwise: judge,
-                    client: None,
-                    cache: None,
-                })
-            }
-            JudgeSpec::Local(_) | JudgeSpec::Probe(_) => Err(JudgeError::config(
-                "kind",
-                format!(
-                    "a {} judge is built with build_local on a device",
-                    self.kind().as_str()
-                ),
             )),
         }
     }
 
-    /// The lexical judge of keyword file `path`, checked against the criteria it will grade.
-    fn keyword_judge(&self, path: &Path, rubrics: &RubricSet) -> Result<LexicalJudge> {
-        let judge = LexicalJudge::from_file(path)?;
-        let texts: Vec<&str> = rubrics
-            .iter()
-            .flat_map(|r| &r.criteria)
-            .map(|c| c.text.as_str())
-            .collect();
-        if !texts.is_empty() && !judge.is_empty() && !texts.iter().any(|t| judge.knows(t)) {
-            return Err(JudgeError::config(
-                "keywords",
-                format!(
-                    "{} names none of the {} criteria in {} (entries match the criterion text exactly)",
-                    path.display(),
-                    texts.len(),
-                    rubrics.path.display()
-                ),
-            ));
+    /// The prompts with overrides applied (defaults for a kind without prompts).
+    pub fn prompt_set(&self) -> Result<PromptSet> {
+        match self.spec.settings().prompts() {
+            Some(overrides) => PromptSet::with_overrides(overrides, &self.base_dir),
+            None => Ok(PromptSet::default()),
         }
-        Ok(judge)
     }
 
-    /// Builds a judge of any kind: an in-process one (`local`, `probe`) on `device` with
-    /// [`JudgeConfig::build_local`], any other with [`JudgeConfig::build`], which checks it against
-    /// `rubrics` (the records it will grade; may be empty).
+    /// Opens the cache, if one is configured.
+    pub fn open_cache(&self) -> Result<Option<Arc<JudgeCache>>> {
+        self.spec
+            .settings()
+            .cache()
+            .map(|p| JudgeCache::open(&self.base_dir.join(p)).map(Arc::new))
+            .transpose()
+    }
+
+    /// Builds a judge that needs no device (`openai`, `lexical`; an in-process kind is built
+    /// with [`JudgeConfig::build_on`]); `rubrics` are the records it will grade (may be empty):
+    /// a kind may check itself against them (the lexical judge's keyword file).
+    pub fn build(&self, rubrics: &RubricSet) -> Result<Judges> {
+        self.spec.settings().build(self, rubrics)
+    }
+
+    /// Builds a judge of any kind: an in-process one (`local`, `probe`) on `device`, any other
+    /// as [`JudgeConfig::build`] does.
     #[cfg(feature = "local")]
     pub fn build_on<B: conrub_kernels::GrpoOps>(
         &self,
         device: &B::Device,
         rubrics: &RubricSet,
     ) -> Result<Judges> {
-        if self.kind().in_process() {
-            self.build_local::<B>(device)
-        } else {
-            self.build(rubrics)
-        }
+        self.spec.build_on::<B>(self, device, rubrics)
     }
 
     /// Builds an in-process judge (`local` or `probe`) on `device`: loads `model` (and a probe's
     /// file and fallback judge; a fallback that is itself in process runs on the same device).
     #[cfg(feature = "local")]
     pub fn build_local<B: conrub_kernels::GrpoOps>(&self, device: &B::Device) -> Result<Judges> {
-        let model = match &self.spec {
-            JudgeSpec::Local(s) => &s.model,
-            JudgeSpec::Probe(s) => &s.model,
-            _ => {
-                return Err(JudgeError::config(
-                    "kind",
-                    format!(
-                        "build_local builds kind = \"local\" or \"probe\", not \"{}\"",
-                        self.kind().as_str()
-                    ),
-                ))
-            }
-        };
+        if !self.kind().in_process() {
+            return Err(JudgeError::config(
+                "kind",
+                format!(
+                    "build_local builds kind = \"local\" or \"probe\", not \"{}\"",
+                    self.kind().as_str()
+                ),
+            ));
+        }
+        self.build_on::<B>(device, &no_records()?)
+    }
+
+    /// The base model of an in-process judge: a checkpoint directory relative to the file, else
+    /// a hub id.
+    #[cfg(feature = "local")]
+    fn load_model<B: conrub_kernels::GrpoOps>(
+        &self,
+        model: &str,
+        device: &B::Device,
+    ) -> Result<conrub_models::Pretrained<B>> {
         let path = self.base_dir.join(model);
-        let loaded = if path.is_dir() {
+        if path.is_dir() {
             conrub_models::Pretrained::<B>::load_dir(&path, device)
         } else {
             conrub_models::Pretrained::<B>::load(model, device)
         }
-        .map_err(|e| JudgeError::Model(Box::new(e)))?;
-        let cache = self.open_cache()?;
-        match &self.spec {
-            JudgeSpec::Probe(settings) => self.build_probe::<B>(settings, loaded, device, cache),
-            JudgeSpec::Local(settings) => {
-                let judge = Arc::new(crate::local::LocalJudge::new(
-                    loaded,
-                    device.clone(),
-                    self.prompt_set()?,
-                    settings.local.clone(),
-                    cache.clone(),
-                )?);
-                Ok(Judges {
-                    criterion: judge.clone(),
-                    pairwise: judge,
-                    client: None,
-                    cache,
-                })
-            }
-            _ => unreachable!("checked above"),
-        }
+        .map_err(|e| JudgeError::Model(Box::new(e)))
     }
+}
 
-    #[cfg(feature = "local")]
-    fn build_probe<B: conrub_kernels::GrpoOps>(
-        &self,
-        settings: &ProbeSettings,
-        loaded: conrub_models::Pretrained<B>,
-        device: &B::Device,
-        cache: Option<Arc<JudgeCache>>,
-    ) -> Result<Judges> {
-        use crate::probe::{Abstention, FeatureSpecFilter, ProbeFeaturizer, ProbeJudge};
-        let fallback = match self.fallback() {
-            None => None,
-            Some(f) => {
-                let none = RubricSet::from_records("fallback", vec![])
-                    .map_err(|e| JudgeError::Probe(e.to_string()))?;
-                Some(f.build_on::<B>(device, &none)?)
-            }
-        };
-        let exec = conrub_models::Execution {
-            precision: settings.precision,
-            ..loaded.model.execution()
-        };
-        let featurizer = ProbeFeaturizer::new(
-            loaded.with_execution(exec),
-            device.clone(),
-            self.prompt_set()?,
-            settings.batch_size,
-        )?;
-        let abstention = match (settings.abstain_below, &fallback) {
-            (Some(below), Some(f)) => Some(Abstention {
-                below,
-                fallback: f.criterion.clone(),
-            }),
-            _ => None,
-        };
-        let judge = Arc::new(ProbeJudge::new(
-            featurizer,
-            &self.base_dir.join(&settings.probe),
-            Some(FeatureSpecFilter {
-                layer: settings.layer,
-                pooling: settings.pooling,
-            }),
-            abstention,
-            cache.clone(),
-        )?);
-        let (pairwise, client): (Arc<dyn PairwiseJudge>, _) = match fallback {
-            Some(f) => (f.pairwise, f.client),
-            None => (Arc::new(crate::probe::judge::NoComparisons), None),
-        };
-        Ok(Judges {
-            criterion: judge,
-            pairwise,
-            client,
-            cache,
-        })
-    }
+/// No records: what an in-process judge is checked against (nothing).
+#[cfg(feature = "local")]
+fn no_records() -> Result<RubricSet> {
+    RubricSet::from_records("none", vec![]).map_err(|e| JudgeError::Probe(e.to_string()))
 }
 
 #[cfg(test)]
@@ -849,8 +1022,8 @@ mod tests {
         }
     }
 
-    /// Each kind's `KEYS` are exactly the fields its settings have (serialised with every
-    /// optional field set, so none is skipped).
+    /// Each kind's keys (its settings struct's fields, as serde's derive names them) are the
+    /// fields it serialises (with every optional field set, so none is skipped).
     #[test]
     fn each_kind_lists_its_own_keys() {
         let keys = |v: serde_json::Value| -> Vec<String> {

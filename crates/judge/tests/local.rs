@@ -1,4 +1,5 @@
-//! The in-process judge on a tiny random Qwen3 with the real Qwen3 tokenizer (full vocabulary).
+//! The in-process judge on a tiny random Qwen3 (and Llama and Qwen2 architectures) with the real
+//! Qwen3 tokenizer (full vocabulary).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,8 +12,8 @@ use conrub_judge::{
     PromptSet,
 };
 use conrub_models::{
-    CausalLm, ChatOptions, ChatTokenizer, Message, ModelConfig, PaddedBatch, Padding, Precision,
-    Pretrained,
+    CausalLm, ChatOptions, ChatTokenizer, Family, Message, ModelConfig, PaddedBatch, Padding,
+    Precision, Pretrained,
 };
 use conrub_rubric::{Label, ScoringMode};
 
@@ -23,8 +24,15 @@ fn tokenizer_dir() -> PathBuf {
 }
 
 fn tiny_model(seed: u64) -> Pretrained<B> {
+    tiny_model_of(Family::Qwen3, seed)
+}
+
+/// A tiny random model of `family`'s architecture with the Qwen3 tokenizer and chat template.
+fn tiny_model_of(family: Family, seed: u64) -> Pretrained<B> {
     let dev = Default::default();
-    let config = ModelConfig::tiny(151_936);
+    let mut config = ModelConfig::tiny(151_936);
+    config.model_type = family.model_type().into();
+    config.architectures = Some(vec![family.hf_architecture().into()]);
     // A larger init spreads the next-token distribution so label margins are not all ~0.
     let model = CausalLm::random(&config, 0.5, seed, &dev);
     Pretrained {
@@ -118,9 +126,16 @@ fn reference_label(
 
 #[tokio::test]
 async fn logprob_margin_matches_an_unbatched_reference_and_is_batch_invariant() {
+    for family in Family::ALL {
+        margins_match_the_reference(family).await;
+    }
+}
+
+/// The judge on `family`'s architecture against the unbatched reference, at batch sizes 1 and 4.
+async fn margins_match_the_reference(family: Family) {
     let prompts = PromptSet::default();
     let reqs = requests();
-    let reference = tiny_model(7);
+    let reference = tiny_model_of(family, 7);
     let want: Vec<Vec<(Label, f64)>> = reqs
         .iter()
         .map(|r| {
@@ -137,7 +152,7 @@ async fn logprob_margin_matches_an_unbatched_reference_and_is_batch_invariant() 
             ..Default::default()
         };
         let judge = LocalJudge::new(
-            tiny_model(7),
+            tiny_model_of(family, 7),
             Default::default(),
             prompts.clone(),
             cfg,
@@ -150,13 +165,13 @@ async fn logprob_margin_matches_an_unbatched_reference_and_is_batch_invariant() 
             assert_eq!(
                 labels,
                 &w.iter().map(|x| x.0).collect::<Vec<_>>(),
-                "batch {batch_size}"
+                "{family:?}, batch {batch_size}"
             );
             for (m, (_, wm)) in v.margins.iter().zip(w) {
                 assert!(*m >= 0.0);
                 assert!(
                     (m - wm).abs() < 1e-4,
-                    "margin {m} vs reference {wm} (batch {batch_size})"
+                    "{family:?}: margin {m} vs reference {wm} (batch {batch_size})"
                 );
             }
         }

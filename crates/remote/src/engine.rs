@@ -86,7 +86,8 @@ impl<P> Clone for SglangEngine<P> {
 struct Inner<P> {
     cfg: SglangConfig,
     http: reqwest::Client,
-    runtime: Option<tokio::runtime::Runtime>,
+    /// The process's runtime (the caller's), where the HTTP calls run.
+    runtime: tokio::runtime::Handle,
     writer: WeightWriter<P>,
     state: Mutex<SyncState>,
 }
@@ -101,33 +102,31 @@ struct SyncState {
     kept: VecDeque<PathBuf>,
 }
 
-impl<P> Drop for Inner<P> {
-    fn drop(&mut self) {
-        // The engine may be dropped inside the learner's async runtime: do not block there.
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
 /// The version string sent with a weight update and expected in replies.
 fn version_name(version: u64) -> String {
     format!("step-{version:06}")
 }
 
 impl<P> SglangEngine<P> {
-    /// An engine on `cfg.urls`, writing weights with `writer`. Nothing is sent yet.
-    pub fn new(cfg: SglangConfig, writer: WeightWriter<P>) -> Result<Self> {
+    /// An engine on `cfg.urls`, writing weights with `writer`, its HTTP calls on `runtime`: the
+    /// process's multi-threaded runtime (the trainer's), which must outlive the engine. A call
+    /// blocks its thread until the runtime's workers finish it, so call it from the learner (a
+    /// plain thread or `Runtime::block_on`), never from a task on one of those workers. Nothing
+    /// is sent yet.
+    pub fn new(
+        cfg: SglangConfig,
+        writer: WeightWriter<P>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self> {
         cfg.check()?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("conrub-sglang")
-            .enable_all()
-            .build()
-            .map_err(|e| RemoteError::Config {
+        // Calls block a plain thread on the handle while the caller waits: a current-thread
+        // runtime would have no worker left to drive them.
+        if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+            return Err(RemoteError::Config {
                 key: "engine".into(),
-                message: format!("no HTTP runtime: {e}"),
-            })?;
+                message: "needs a multi-threaded tokio runtime (this one is current-thread)".into(),
+            });
+        }
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs_f64(cfg.timeout_secs))
             .build()
@@ -139,7 +138,7 @@ impl<P> SglangEngine<P> {
             inner: Arc::new(Inner {
                 cfg,
                 http,
-                runtime: Some(runtime),
+                runtime,
                 writer,
                 state: Mutex::new(SyncState::default()),
             }),
@@ -151,14 +150,10 @@ impl<P> SglangEngine<P> {
         &self.inner.cfg
     }
 
-    /// Runs `f` on the engine's runtime from a plain thread, so the caller may itself be inside
-    /// an async runtime (the learner's step is).
+    /// Runs `f` on the runtime from a plain thread, so the caller may itself be inside it (the
+    /// learner's step is).
     fn block<T: Send>(&self, f: impl std::future::Future<Output = T> + Send) -> T {
-        let rt = self
-            .inner
-            .runtime
-            .as_ref()
-            .expect("runtime lives until drop");
+        let rt = &self.inner.runtime;
         std::thread::scope(|s| {
             s.spawn(|| rt.block_on(f))
                 .join()

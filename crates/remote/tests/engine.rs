@@ -39,7 +39,21 @@ fn engine(urls: Vec<String>, dir: &Path, colocate: bool) -> SglangEngine<P> {
         vocab_size: 64,
         weights_dir: dir.to_path_buf(),
     };
-    SglangEngine::new(cfg, writer(Arc::new(AtomicU64::new(0)))).unwrap()
+    SglangEngine::new(cfg, writer(Arc::new(AtomicU64::new(0))), runtime()).unwrap()
+}
+
+/// The tests' one runtime (a program has one; the engine calls on its handle).
+fn runtime() -> tokio::runtime::Handle {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
+    .handle()
+    .clone()
 }
 
 fn sampling() -> SamplingConfig {

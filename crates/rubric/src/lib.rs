@@ -29,7 +29,7 @@ pub use io::{
     read_jsonl, read_rubrics, write_bytes_atomic, write_jsonl_atomic, AtomicFile, RubricSet,
 };
 pub use record::{
-    Coverage, Criterion, CriterionKind, CriterionProvenance, Message, RubricRecord,
+    messages_text, Coverage, Criterion, CriterionKind, CriterionProvenance, Message, RubricRecord,
     SourceProvenance,
 };
 pub use score::{

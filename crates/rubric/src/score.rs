@@ -251,6 +251,23 @@ impl ResponseScore {
         }
     }
 
+    /// A reward given directly (a verifiable check, a reward model): `num / den` exactly, with
+    /// no labels and no length penalty. `den` must be positive.
+    pub fn exact(num: i64, den: i64) -> Self {
+        assert!(
+            den > 0,
+            "ResponseScore::exact: denominator {den} is not positive"
+        );
+        let reward = Reward { num, den };
+        ResponseScore::Scored(ScoredResponse {
+            labels: vec![],
+            scores: vec![],
+            criteria_mean: reward.value(),
+            length_penalty: 0.0,
+            reward,
+        })
+    }
+
     /// True when scored.
     pub fn is_scored(&self) -> bool {
         matches!(self, ResponseScore::Scored(_))

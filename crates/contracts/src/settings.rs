@@ -1,0 +1,383 @@
+//! The learner's settings as plain serde structs: the `[learner]`, `[run]` and `[eval]` tables
+//! of a train config and the enums they name. They live here, below the learner, so that the
+//! config crate reads them without depending on `conrub-grpo`, which uses them (and re-exports
+//! them). Range checks name the dotted key ([`ContractError::Config`]).
+
+use std::path::PathBuf;
+
+use conrub_kernels::Clip;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ContractError, Result};
+use crate::metrics::ValidationDecoding;
+use crate::sampling::{Decoding, SamplingConfig};
+
+/// `learner.estimator` unless set: group-relative advantages (GRPO; Dr. GRPO with
+/// `scale_rewards = "none"`).
+pub const DEFAULT_ESTIMATOR: &str = "group-relative";
+/// `learner.loss` unless set: the clipped surrogate with its aggregation (`sequence-mean`,
+/// `global-token-mean`, `dr-grpo`), the k3 KL term and truncated importance sampling.
+pub const DEFAULT_LOSS: &str = "clipped-surrogate";
+/// The names `conrub_grpo::Registry::builtin` registers, for checking a config before anything loads.
+pub const BUILTIN_ESTIMATORS: &[&str] = &[DEFAULT_ESTIMATOR];
+/// See [`BUILTIN_ESTIMATORS`].
+pub const BUILTIN_LOSSES: &[&str] = &[DEFAULT_LOSS];
+
+/// Learner settings (the `[learner]` table of a train config). Defaults are the published run's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LearnerConfig {
+    /// Responses per prompt (k).
+    pub group_size: usize,
+    /// Longest response in tokens (Lmax; also Dr. GRPO's length normaliser).
+    pub max_response_tokens: usize,
+    /// Rollout temperature.
+    pub temperature: f64,
+    /// Rollout nucleus threshold.
+    pub top_p: f64,
+    /// Rollout top-k (none by default).
+    pub top_k: Option<usize>,
+    /// Prompts sampled together in one generation call (rows = prompts x k).
+    pub rollout_prompts_per_call: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// AdamW weight decay.
+    pub weight_decay: f64,
+    /// AdamW beta1.
+    pub beta1: f64,
+    /// AdamW beta2.
+    pub beta2: f64,
+    /// AdamW epsilon.
+    pub adam_eps: f64,
+    /// Global gradient-norm clip (0 disables).
+    pub max_grad_norm: f64,
+    /// Ratio clipping.
+    pub clip: Clip,
+    /// Loss aggregation: `sequence-mean` (the method), `global-token-mean` or `dr-grpo`.
+    pub aggregation: Aggregation,
+    /// Advantage scaling: `group` (divide by the group's sample std, the method) or `none`.
+    pub scale_rewards: ScaleRewards,
+    /// The advantage estimator of non-tied groups, by its `conrub_grpo::Registry` name
+    /// (`group-relative`: GRPO, with `scale_rewards` as its parameter).
+    pub estimator: String,
+    /// The policy loss, by its `conrub_grpo::Registry` name (`clipped-surrogate`, with `clip`,
+    /// `aggregation`, `kl_beta` and `tis_cap` as its parameters).
+    pub loss: String,
+    /// Weight of the k3 KL to the initial policy (0: no reference model is kept).
+    pub kl_beta: f64,
+    /// Truncated importance sampling (off when unset): each token's policy loss is weighted by
+    /// `min(exp(logp_old - logp_engine), tis_cap)`, the learner's old probability of the sampled
+    /// token over the rollout engine's, capped (TRL's and verl's correction for an engine whose
+    /// numerics differ from the trainer's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tis_cap: Option<f64>,
+    /// What happens to exactly tied groups.
+    pub tie_mode: TieMode,
+    /// Beta of the GRPO+DPO baseline.
+    pub dpo_beta: f64,
+    /// Passes over each rollout batch.
+    pub ppo_epochs: usize,
+    /// Optimizer steps per pass (the batch is split into this many mini-batches).
+    pub mini_batches: usize,
+    /// Token budget (prompt + response, padded) of one micro-batch; gradients are accumulated
+    /// over them. A micro-batch holds rows of one group only (so data-parallel ranks, which own
+    /// whole groups, run exactly one device's micro-batches).
+    pub micro_batch_tokens: usize,
+    /// Activation checkpointing per decoder layer: keep only each layer's input and recompute
+    /// its forward during the backward (one extra forward per micro-batch; memory linear in
+    /// layers x tokens x hidden). `true` makes `conrub_grpo::LearnerBuilder::build` call
+    /// [`Policy::enable_activation_checkpointing`](crate::Policy::enable_activation_checkpointing) (an error for a policy that cannot); `false`
+    /// leaves the policy as it was built (a `conrub_models` policy built with checkpointing in its `Execution`
+    /// keeps it).
+    pub activation_checkpointing: bool,
+    /// Data-parallel runs: megabytes (2^20 bytes) of flattened f32 gradients per all-reduced
+    /// bucket (one all-reduce call each, per optimizer step).
+    pub allreduce_bucket_mb: f64,
+    /// Run seed.
+    pub seed: u64,
+    /// What a non-finite gradient norm (from a NaN or infinite loss or gradient) does: `stop`
+    /// the run with an error naming the step, before that optimizer step and before any
+    /// checkpoint of it; or `skip-step`: drop that optimizer step, count it in the step's
+    /// `skipped_optimizer_steps`, and stop once more than `max_skipped_steps` were dropped in a
+    /// row. A non-finite weight after an update always stops the run.
+    pub on_nonfinite: OnNonFinite,
+    /// See `on_nonfinite`.
+    pub max_skipped_steps: usize,
+    /// A step whose share of scored responses (over every rank) is below this does not update
+    /// the policy; `max_unscored_steps` such steps in a row stop the run with the judge's last
+    /// error. Set from `reward.min_scored_share` / `reward.max_unscored_steps` (not `[learner]`
+    /// keys).
+    #[serde(skip)]
+    pub min_scored_share: f64,
+    /// See `min_scored_share`.
+    #[serde(skip)]
+    pub max_unscored_steps: usize,
+}
+
+/// What a non-finite gradient norm does (`learner.on_nonfinite`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnNonFinite {
+    /// Stop the run with an error naming the step.
+    #[default]
+    Stop,
+    /// Drop the optimizer step and go on (at most `learner.max_skipped_steps` in a row).
+    SkipStep,
+}
+
+impl Default for LearnerConfig {
+    fn default() -> Self {
+        Self {
+            group_size: 8,
+            max_response_tokens: 8192,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            rollout_prompts_per_call: 32,
+            lr: 3e-6,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            adam_eps: 1e-8,
+            max_grad_norm: 1.0,
+            clip: Clip::default(),
+            aggregation: Aggregation::SequenceMean,
+            scale_rewards: ScaleRewards::Group,
+            estimator: DEFAULT_ESTIMATOR.into(),
+            loss: DEFAULT_LOSS.into(),
+            kl_beta: 0.0,
+            tis_cap: None,
+            tie_mode: TieMode::Pairwise,
+            dpo_beta: 2.0,
+            ppo_epochs: 1,
+            mini_batches: 1,
+            micro_batch_tokens: 16_384,
+            activation_checkpointing: false,
+            allreduce_bucket_mb: 64.0,
+            seed: 1234,
+            on_nonfinite: OnNonFinite::Stop,
+            max_skipped_steps: 3,
+            min_scored_share: 0.5,
+            max_unscored_steps: 3,
+        }
+    }
+}
+
+impl LearnerConfig {
+    /// Checks ranges, naming the key.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |k: &str, m: &str| Err(ContractError::config(format!("learner.{k}"), m));
+        if self.group_size < 2 {
+            return bad("group_size", "must be at least 2");
+        }
+        if self.max_response_tokens == 0 {
+            return bad("max_response_tokens", "must be at least 1");
+        }
+        if !(self.temperature > 0.0) {
+            return bad("temperature", "must be > 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", "must be in (0, 1]");
+        }
+        if self.top_k == Some(0) {
+            return bad("top_k", "must be at least 1");
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return bad("lr", "must be a finite number > 0");
+        }
+        for (key, v) in [
+            ("ppo_epochs", self.ppo_epochs),
+            ("mini_batches", self.mini_batches),
+            ("rollout_prompts_per_call", self.rollout_prompts_per_call),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1");
+            }
+        }
+        if !(self.clip.low > 0.0 && self.clip.low < 1.0 && self.clip.high > 0.0) {
+            return bad("clip", "need 0 < low < 1 and high > 0");
+        }
+        if !(self.allreduce_bucket_mb > 0.0) {
+            return bad("allreduce_bucket_mb", "must be > 0");
+        }
+        if let Some(cap) = self.tis_cap {
+            if !(cap > 0.0 && cap.is_finite()) {
+                return bad("tis_cap", "must be a positive number");
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes per all-reduced gradient bucket (`allreduce_bucket_mb`).
+    pub fn allreduce_bucket_bytes(&self) -> usize {
+        (self.allreduce_bucket_mb * (1u64 << 20) as f64) as usize
+    }
+
+    /// The rollout's sampling settings at `seed` (stop ids as given).
+    pub fn sampling(&self, seed: u64, stop_ids: &[u32]) -> SamplingConfig {
+        SamplingConfig {
+            max_new_tokens: self.max_response_tokens,
+            decoding: Decoding::Sample {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+            },
+            seed,
+            stop_ids: stop_ids.to_vec(),
+            first_stream: 0,
+        }
+    }
+}
+
+/// Loop settings (the `[run]` table of a train config).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Passes over the prompts.
+    pub epochs: usize,
+    /// Prompts per step (32 in the published run: 32 x 8 = 256 responses).
+    pub prompts_per_step: usize,
+    /// Save a checkpoint every this many steps (0: only at the end).
+    pub checkpoint_every: u64,
+    /// Stop after this many steps in total (for smoke runs); `None` runs every epoch.
+    pub max_steps: Option<u64>,
+    /// Output directory: metrics, plots, checkpoints.
+    pub output_dir: PathBuf,
+    /// Keep only the newest this many checkpoints, counting the one just written (and the best
+    /// one by the validation grader, see `[eval]`); at least 1. `None` keeps every checkpoint.
+    /// When pruning, a resumed run also removes the checkpoints of later steps left by an
+    /// earlier attempt.
+    pub keep_checkpoints: Option<usize>,
+    /// Start a fresh run over an earlier run's metrics and checkpoints in `output_dir`, deleting
+    /// them (`conrub train --overwrite`; not a config key, so no config file carries it).
+    /// Without it a fresh run into such a folder is refused (see `conrub_grpo::run_folder`).
+    #[serde(skip)]
+    pub overwrite: bool,
+}
+
+impl RunConfig {
+    /// Range checks; errors name the key under `run.`.
+    pub fn validate(&self) -> Result<()> {
+        if self.prompts_per_step == 0 {
+            return Err(ContractError::config(
+                "run.prompts_per_step",
+                "must be at least 1",
+            ));
+        }
+        if self.keep_checkpoints == Some(0) {
+            return Err(ContractError::config(
+                "run.keep_checkpoints",
+                "must be at least 1 (unset keeps every checkpoint)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 3,
+            prompts_per_step: 32,
+            checkpoint_every: 50,
+            max_steps: None,
+            output_dir: PathBuf::from("runs/conrub"),
+            keep_checkpoints: None,
+            overwrite: false,
+        }
+    }
+}
+
+/// The `[eval]` table of a run config, less its `grader` judge (read like `[judge]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidationConfig {
+    /// Validate after every this many steps (and never at step 0).
+    pub every: u64,
+    /// Held-out prompts: our rubric JSONL or HealthBench rows (relative to the config file).
+    pub data: PathBuf,
+    /// Responses per prompt.
+    #[serde(default = "one")]
+    pub samples: usize,
+    /// Greedy or sampled.
+    #[serde(default)]
+    pub decoding: ValidationDecoding,
+    /// Longest answer in tokens (default: `learner.max_response_tokens`).
+    #[serde(default)]
+    pub max_new_tokens: Option<usize>,
+    /// Validate on the first N prompts only.
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// Bootstrap resamples of each score's standard deviation.
+    #[serde(default = "thousand")]
+    pub bootstrap_resamples: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn thousand() -> usize {
+    1000
+}
+
+impl ValidationConfig {
+    /// Range checks; errors name the key under `eval.`.
+    pub fn validate(&self) -> Result<()> {
+        if self.every == 0 {
+            return Err(ContractError::config("eval.every", "must be at least 1"));
+        }
+        if self.samples == 0 {
+            return Err(ContractError::config("eval.samples", "must be at least 1"));
+        }
+        if self.max_new_tokens == Some(0) {
+            return Err(ContractError::config(
+                "eval.max_new_tokens",
+                "must be at least 1",
+            ));
+        }
+        if self.limit == Some(0) {
+            return Err(ContractError::config("eval.limit", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// How per-token losses become one number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Aggregation {
+    /// The method's: token mean per response, then mean over responses (TRL `loss_type="grpo"`).
+    #[default]
+    SequenceMean,
+    /// One mean over all response tokens of the (mini-)batch (TRL `bnpo`).
+    GlobalTokenMean,
+    /// Dr. GRPO: token sum divided by (responses x the rollout's maximum response length, i.e.
+    /// `learner.max_response_tokens`) (TRL `dr_grpo`).
+    DrGrpo,
+}
+
+/// How a group's rewards are scaled before they become advantages (TRL's `scale_rewards`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleRewards {
+    /// Divide by the group's *sample* standard deviation (Bessel's correction, as TRL) plus
+    /// 1e-4: the method's GRPO.
+    #[default]
+    Group,
+    /// No scaling: `R_i - mean(R)` (the Dr. GRPO recipe).
+    None,
+}
+
+/// What happens to exactly tied groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TieMode {
+    /// The method: the pairwise tie breaker gives +1/-1 sequence advantages.
+    #[default]
+    Pairwise,
+    /// The GRPO+DPO baseline: vanilla advantages (zero for ties) plus a DPO term on accepted pairs.
+    GrpoDpo,
+    /// Vanilla GRPO: ties keep zero advantages, no judge calls.
+    Off,
+}

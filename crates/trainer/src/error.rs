@@ -1,0 +1,44 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// What stops a run before or while it trains; each variant keeps the error of the crate that
+/// raised it.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainerError {
+    /// The run config is wrong (file, key and what is wrong).
+    #[error(transparent)]
+    Config(#[from] conrub_config::ConfigError),
+    /// The learner or the training loop failed.
+    #[error(transparent)]
+    Learner(#[from] conrub_grpo::GrpoError),
+    /// The policy could not be loaded or written.
+    #[error(transparent)]
+    Model(#[from] conrub_models::ModelError),
+    /// A judge could not be built.
+    #[error(transparent)]
+    Judge(#[from] conrub_judge::JudgeError),
+    /// The rubric records could not be read.
+    #[error(transparent)]
+    Rubric(#[from] conrub_rubric::RubricError),
+    /// The SGLang rollout engine could not be set up.
+    #[error(transparent)]
+    Remote(#[from] conrub_remote::RemoteError),
+    /// A contract's error (a codec, an export).
+    #[error(transparent)]
+    Contract(#[from] conrub_contracts::ContractError),
+    /// A file the run needs is refused; the message names what to change.
+    #[error("{}: {message}", path.display())]
+    Input {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A stage of the set-up failed (the message names the stage).
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// `Result` with [`TrainerError`].
+pub type Result<T> = std::result::Result<T, TrainerError>;

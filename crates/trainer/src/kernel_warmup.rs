@@ -1,0 +1,190 @@
+//! Kernel warm-up (not the `[warmup]` supervised steps): before a run's first step on a CubeCL
+//! backend, the run's first supervised steps (when it has `[warmup]`: two, so AdamW's step with
+//! moments runs too) and one GRPO step, exactly as the run will take them (same learner
+//! settings, learning rates and tie mode), on the run's first prompts; then the weights are put
+//! back from a host copy taken before (f32, exact). Every kernel and autotune key of those steps
+//! is compiled, tuned and kept in the kernel cache while a counter shows progress, instead of
+//! during a silent first step. For a rubric task its rewards and tie verdicts come from a
+//! lexical judge with no keyword file (no server is called); other tasks score with their own
+//! reward source and tie breaker (which may call a server). Nothing is written but the kernel
+//! cache.
+//!
+//! `conrub train` runs it when the device's kernel cache held no compiled kernel (the binary's
+//! `backend.rs` knows); `conrub kernels-warmup --config FILE` runs it alone (train's set-up, then
+//! the warm-up, then exit). Its cost: about one step, plus a host copy of the weights (4 bytes per
+//! parameter of host memory, and a transfer each way).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use conrub_contracts::{KernelWarmupLine, PagedModel, Policy};
+use conrub_grpo::{epoch_order, sft_warmup, warmup_pairs, Learner, TaskPrompt};
+use conrub_kernels::GrpoOps;
+
+use crate::error::{Result, TrainerError};
+use crate::{Engine, Trainer};
+
+impl<B, P, T> Trainer<B, P, T>
+where
+    B: GrpoOps,
+    P: Policy<Autodiff<B>> + AutodiffModule<Autodiff<B>> + Send + 'static,
+    P::InnerModule: Policy<B> + PagedModel<B> + 'static,
+    T: TaskPrompt + 'static,
+{
+    /// Runs the kernel warm-up (see the module docs) and keeps its line for `metrics.jsonl`; the
+    /// policy comes back unchanged.
+    pub fn warm_kernels(mut self) -> Result<Self> {
+        self.preflight()?;
+        let model = self.model.take().ok_or_else(|| setup("no policy".into()))?;
+        // Built before the counter starts, so its lines print plainly.
+        let engine = self.engine_for(&model)?;
+        let started = Instant::now();
+        let before = conrub_kernels::events::snapshot();
+        let ticker = Ticker::start();
+        let device = self.devices[0].clone();
+        let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+        let saved = recorder
+            .record(model.clone().into_record(), ())
+            .map_err(|e| setup(format!("copying the weights to the host: {e}")))?;
+        let (model, ran) = self.warmup_steps(model, engine)?;
+        let record = recorder
+            .load(saved, &device)
+            .map_err(|e| setup(format!("restoring the weights: {e}")))?;
+        self.model = Some(model.load_record(record));
+        drop(ticker);
+        let line = KernelWarmupLine {
+            resumed: self.resume.is_some(),
+            ran,
+            secs: started.elapsed().as_secs_f64(),
+            kernels: before
+                .zip(conrub_kernels::events::snapshot())
+                .map(|(a, b)| b.since(&a)),
+        };
+        let e = line.kernels.unwrap_or_default();
+        eprintln!(
+            "kernel warm-up: {} in {:.1} s: {} kernels compiled, {} loaded from the cache, {} autotune runs",
+            line.ran, line.secs, e.kernel_compiles, e.kernel_cache_loads, e.autotune_runs
+        );
+        self.kernel_warmup = Some(line);
+        Ok(self)
+    }
+
+    /// The steps of the warm-up on the policy (left changed: the caller restores it); returns
+    /// what ran.
+    fn warmup_steps(&mut self, mut model: P, engine: Engine<B, P>) -> Result<(P, String)> {
+        let cfg = &self.cfg;
+        let device = self.devices[0].clone();
+        let mut ran = Vec::new();
+        if let (Some(w), None) = (&cfg.warmup, &self.resume) {
+            let pairs = warmup_pairs(&self.task, &self.codec, &self.stop_ids)
+                .map_err(|e| setup(format!("[warmup]: {e}")))?;
+            let n = w.steps.min(2);
+            if !pairs.is_empty() && n > 0 {
+                model = sft_warmup(model, &pairs, n, w.lr, &device, &mut |_, _| {})?.0;
+                ran.push(format!("{n} supervised steps of {} answers", pairs.len()));
+            }
+        }
+        let (rewards, breaker) = match &self.warmup_judging {
+            Some((r, b)) => (r.clone(), Some(b.clone())),
+            None => (self.rewards.clone(), self.tie_breaker.clone()),
+        };
+        let builder = Learner::builder(model, cfg.learner_config(), device)
+            .rollout(engine)
+            .codec(self.codec.clone())
+            .rewards(rewards)
+            .stop_ids(self.stop_ids.clone());
+        let builder = match (crate::needs_tie_breaker(cfg.learner.tie_mode), breaker) {
+            (true, Some(b)) => builder.tie_breaker(b),
+            _ => builder,
+        };
+        let builder = match &self.registry {
+            Some(r) => builder.registry(r.clone()),
+            None => builder,
+        };
+        let mut learner = builder.build()?;
+        let order = epoch_order(self.task.len(), cfg.learner.seed, 0);
+        let batch: Vec<&T> = order
+            .iter()
+            .take(cfg.run.prompts_per_step)
+            .map(|&i| &self.task[i])
+            .collect();
+        self.runtime.block_on(learner.step(&batch))?;
+        ran.push(format!(
+            "1 GRPO step of {} prompts x {} responses",
+            batch.len(),
+            cfg.learner.group_size
+        ));
+        Ok((learner.into_policy(), ran.join(", ")))
+    }
+}
+
+/// A set-up error of the warm-up.
+fn setup(message: String) -> TrainerError {
+    TrainerError::Setup(format!("kernel warm-up: {message}"))
+}
+
+/// Prints what the warm-up compiled so far while it runs: a spinner line on a terminal, else a
+/// plain line every 15 s (a log file shows it too).
+struct Ticker {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn counts_line(started: Instant) -> String {
+    let e = conrub_kernels::events::snapshot().unwrap_or_default();
+    format!(
+        "kernel warm-up: {} kernels compiled, {} loaded from the cache, {} autotune runs, {:.0} s",
+        e.kernel_compiles,
+        e.kernel_cache_loads,
+        e.autotune_runs,
+        started.elapsed().as_secs_f64()
+    )
+}
+
+impl Ticker {
+    fn start() -> Self {
+        use std::io::IsTerminal;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            let bar = std::io::stderr().is_terminal().then(|| {
+                let bar = indicatif::ProgressBar::new_spinner();
+                bar.enable_steady_tick(std::time::Duration::from_millis(200));
+                bar
+            });
+            let mut last_line = Instant::now();
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                match &bar {
+                    Some(bar) => bar.set_message(counts_line(started)),
+                    None if last_line.elapsed().as_secs() >= 15 => {
+                        eprintln!("{}", counts_line(started));
+                        last_line = Instant::now();
+                    }
+                    None => {}
+                }
+            }
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

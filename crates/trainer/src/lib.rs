@@ -1,0 +1,256 @@
+//! The training run as a library. A [`Trainer`] is built from the typed run config
+//! ([`TrainConfig`]) and runs what `conrub train` runs, stage by stage:
+//!
+//! | stage | where | what |
+//! |---|---|---|
+//! | policy | [`load_policy`] (or an embedder's [`PolicyParts`]) | the model of `[model]` with its codec, stop ids and writers |
+//! | task and rewards | [`Trainer::from_config`]: the rubric records and judges; [`Trainer::new`]: any [`TaskPrompt`] type and [`RewardSource`] | prompts, rewards, tie breaker, validator |
+//! | rollout engine | `engine.rs` | in process (`conrub-rollout`) or SGLang servers (`rollout.engine`) |
+//! | kernel warm-up | [`Trainer::warm_kernels`] | every kernel of the first steps compiled before them (CubeCL backends) |
+//! | supervised warm-up | `warmup.rs` | `[warmup]` steps on the prompts' reference answers (fresh runs) |
+//! | learners | `run.rs` | one [`Learner`](conrub_grpo::Learner), or a data-parallel group on every device |
+//! | the loop | [`conrub_grpo::train`] | steps, metrics, checkpoints (exported by [`PolicyParts::export`]), validation, resume |
+//!
+//! `conrub train` parses its arguments, picks the backend and calls [`Trainer::from_config`] and
+//! [`Trainer::run`]; a program that embeds the learner with its own task and reward calls
+//! [`Trainer::new`] (see `examples/verifiable_reward.rs`):
+//!
+//! ```no_run
+//! # use conrub_trainer::{load_policy, Trainer};
+//! # use conrub_config::TrainConfig;
+//! # fn demo(cfg: TrainConfig) -> conrub_trainer::Result<()> {
+//! type B = burn::backend::Flex;
+//! let device = Default::default();
+//! let trainer = Trainer::<B>::from_config(cfg, vec![device])?;
+//! let summary = trainer.run()?;
+//! println!("{} steps", summary.total_steps);
+//! # Ok(()) }
+//! ```
+
+mod engine;
+mod error;
+mod hooks;
+mod kernel_warmup;
+mod policy;
+mod progress;
+mod report;
+mod rubric;
+mod run;
+mod warmup;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use conrub_config::TrainConfig;
+use conrub_contracts::{
+    Export, KernelWarmupLine, PagedModel, Policy, RolloutEngine, TextCodec, TieMode,
+};
+use conrub_grpo::{Collective, Registry, RewardSource, TaskPrompt, TieBreaker, Validator};
+use conrub_kernels::GrpoOps;
+use conrub_models::CausalLm;
+use conrub_remote::WeightWriter;
+use conrub_rubric::RubricRecord;
+
+pub use error::{Result, TrainerError};
+pub use policy::{load_policy, PolicyParts};
+pub use report::report;
+pub use rubric::check_rubrics;
+
+/// The rollout engine of a run, shared by its ranks and its kernel warm-up.
+type Engine<B, P> = Arc<dyn RolloutEngine<B, <P as AutodiffModule<Autodiff<B>>>::InnerModule>>;
+
+/// A training run: a policy on one or more devices of backend `B`, a task of prompts `T` with
+/// their reward source, and the run config. Built by [`Trainer::from_config`] (the rubric task
+/// of `conrub train`) or [`Trainer::new`] (any task); [`Trainer::run`] trains.
+pub struct Trainer<B, P = CausalLm<Autodiff<B>>, T = RubricRecord>
+where
+    B: GrpoOps,
+    P: AutodiffModule<Autodiff<B>>,
+    T: TaskPrompt,
+{
+    pub(crate) cfg: TrainConfig,
+    pub(crate) devices: Vec<B::Device>,
+    /// The policy; taken out while the warm-ups and the run train it.
+    pub(crate) model: Option<P>,
+    pub(crate) codec: Arc<dyn TextCodec>,
+    pub(crate) stop_ids: Vec<u32>,
+    pub(crate) export: Arc<dyn Export<P>>,
+    pub(crate) rollout_weights: Option<WeightWriter<P::InnerModule>>,
+    pub(crate) task: Vec<T>,
+    pub(crate) rewards: Arc<dyn RewardSource<T>>,
+    pub(crate) tie_breaker: Option<Arc<dyn TieBreaker>>,
+    /// What the kernel warm-up scores with instead (no server is called): a lexical judge for
+    /// rubric tasks; `None` uses `rewards` and `tie_breaker`.
+    pub(crate) warmup_judging: Option<(Arc<dyn RewardSource<T>>, Arc<dyn TieBreaker>)>,
+    pub(crate) validator: Option<Validator>,
+    pub(crate) registry: Option<Registry<Autodiff<B>>>,
+    pub(crate) collective: Option<Arc<dyn Collective<B>>>,
+    pub(crate) resume: Option<PathBuf>,
+    pub(crate) kv_pool_blocks: Option<usize>,
+    pub(crate) engine: Option<Engine<B, P>>,
+    pub(crate) kernel_warmup: Option<KernelWarmupLine>,
+    /// The process's async runtime (judges, reward servers, SGLang).
+    pub(crate) runtime: Arc<tokio::runtime::Runtime>,
+    /// Names the task and its judge in the opening line.
+    pub(crate) describe: String,
+}
+
+impl<B: GrpoOps> Trainer<B> {
+    /// `conrub train`'s run of `cfg` on `devices` (one rank each): the policy of `[model]`, the
+    /// rubric records of `data.rubrics` scored by `[judge]` (ties broken by its pairwise judge
+    /// unless `learner.tie_mode = "off"`), validation on `[eval]`.
+    pub fn from_config(cfg: TrainConfig, devices: Vec<B::Device>) -> Result<Self> {
+        let device = first_device::<B>(&devices)?;
+        let task = rubric::rubric_task::<B>(&cfg, &device)?;
+        let policy = load_policy::<B>(&cfg, &device)?;
+        let describe = format!(
+            "{} prompts from {} with judge {} ({} mode, ties: {:?})",
+            task.records.len(),
+            cfg.rubrics_path()?.display(),
+            task.judges.criterion.id(),
+            cfg.reward.mode.as_str(),
+            cfg.learner.tie_mode
+        );
+        let warmup_judging = rubric::lexical_judging(&cfg);
+        let mut trainer = Trainer::new(cfg, devices, policy, task.records, task.rewards)?
+            .with_tie_breaker(task.tie_breaker)
+            .with_validator(task.validator);
+        trainer.warmup_judging = Some(warmup_judging);
+        trainer.describe = describe;
+        Ok(trainer)
+    }
+}
+
+impl<B, P, T> Trainer<B, P, T>
+where
+    B: GrpoOps,
+    P: Policy<Autodiff<B>> + AutodiffModule<Autodiff<B>> + Send + 'static,
+    P::InnerModule: Policy<B> + PagedModel<B> + 'static,
+    T: TaskPrompt + 'static,
+{
+    /// A run of `cfg` on `devices` (one data-parallel rank each) with `policy` (on the first
+    /// device) and a task of `prompts` scored by `rewards`. `[judge]`, `[eval]` and `data` are
+    /// not read: the task is the caller's. Without a tie breaker
+    /// ([`with_tie_breaker`](Self::with_tie_breaker)) the config must set
+    /// `learner.tie_mode = "off"`.
+    pub fn new(
+        cfg: TrainConfig,
+        devices: Vec<B::Device>,
+        policy: PolicyParts<B, P>,
+        prompts: Vec<T>,
+        rewards: impl RewardSource<T> + 'static,
+    ) -> Result<Self> {
+        first_device::<B>(&devices)?;
+        if prompts.is_empty() {
+            return Err(conrub_grpo::GrpoError::NoRecords.into());
+        }
+        cfg.learner.validate()?;
+        cfg.run.validate()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| TrainerError::Setup(format!("starting the async runtime: {e}")))?;
+        let describe = format!("{} prompts", prompts.len());
+        Ok(Self {
+            cfg,
+            devices,
+            model: Some(policy.model),
+            codec: policy.codec,
+            stop_ids: policy.stop_ids,
+            export: policy.export,
+            rollout_weights: policy.rollout_weights,
+            task: prompts,
+            rewards: Arc::new(rewards),
+            tie_breaker: None,
+            warmup_judging: None,
+            validator: None,
+            registry: None,
+            collective: None,
+            resume: None,
+            kv_pool_blocks: None,
+            engine: None,
+            kernel_warmup: None,
+            runtime: Arc::new(runtime),
+            describe,
+        })
+    }
+
+    /// What breaks exact ties (required unless `learner.tie_mode = "off"`).
+    pub fn with_tie_breaker(mut self, breaker: impl TieBreaker + 'static) -> Self {
+        self.tie_breaker = Some(Arc::new(breaker));
+        self
+    }
+
+    /// Validation during training (`None`: none).
+    pub fn with_validator(mut self, validator: Option<Validator>) -> Self {
+        self.validator = validator;
+        self
+    }
+
+    /// Where `learner.estimator` and `learner.loss` are looked up (an embedder's own entries
+    /// beside the built-in ones).
+    pub fn with_registry(mut self, registry: Registry<Autodiff<B>>) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// The collective of a data-parallel run (default: the host collective; `conrub train`
+    /// passes NCCL between CUDA devices).
+    pub fn with_collective(mut self, collective: Arc<dyn Collective<B>>) -> Self {
+        self.collective = Some(collective);
+        self
+    }
+
+    /// Continue from a checkpoint directory (`output_dir/checkpoint-NNNNNN`).
+    pub fn resume_from(mut self, checkpoint: Option<PathBuf>) -> Self {
+        self.resume = checkpoint;
+        self
+    }
+
+    /// The in-process engine's KV pool in blocks (the memory plan's), unless
+    /// `rollout.kv_cache_gb` sets it; unset: every row at full length.
+    pub fn with_kv_pool_blocks(mut self, blocks: Option<usize>) -> Self {
+        self.kv_pool_blocks = blocks;
+        // An engine built before (by the kernel warm-up) had the old pool.
+        self.engine = None;
+        self
+    }
+
+    /// What a stage checks before it trains: a tie breaker when `learner.tie_mode` needs one.
+    pub(crate) fn preflight(&self) -> Result<()> {
+        let mode = self.cfg.learner.tie_mode;
+        if needs_tie_breaker(mode) && self.tie_breaker.is_none() {
+            return Err(TrainerError::Setup(format!(
+                "learner.tie_mode = {mode:?} needs a tie breaker: call Trainer::with_tie_breaker, \
+                 or set learner.tie_mode = \"off\""
+            )));
+        }
+        Ok(())
+    }
+
+    /// The run config.
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+
+    /// The async runtime the run's judges and servers are called on: a program that needs one
+    /// (a reward server client) uses this one instead of starting its own.
+    pub fn runtime(&self) -> &Arc<tokio::runtime::Runtime> {
+        &self.runtime
+    }
+}
+
+/// Checks that a run has a device and returns the first.
+fn first_device<B: GrpoOps>(devices: &[B::Device]) -> Result<B::Device> {
+    devices
+        .first()
+        .cloned()
+        .ok_or_else(|| TrainerError::Setup("no device to train on".into()))
+}
+
+/// Whether ties need a breaker.
+pub(crate) fn needs_tie_breaker(mode: TieMode) -> bool {
+    mode != TieMode::Off
+}

@@ -1,0 +1,113 @@
+//! [`Trainer::run`]: the supervised warm-up, the learners (one, or one per device) and the
+//! training loop.
+
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use conrub_contracts::{PagedModel, Policy};
+use conrub_grpo::{
+    run_folder, train, DataParallel, GrpoError, HostCollective, Learner, LearnerBuilder,
+    RunSummary, TaskPrompt,
+};
+use conrub_kernels::GrpoOps;
+use std::sync::Arc;
+
+use crate::error::{Result, TrainerError};
+use crate::hooks::Hooks;
+use crate::{Engine, Trainer};
+
+impl<B, P, T> Trainer<B, P, T>
+where
+    B: GrpoOps,
+    P: Policy<Autodiff<B>> + AutodiffModule<Autodiff<B>> + Send + 'static,
+    P::InnerModule: Policy<B> + PagedModel<B> + 'static,
+    T: TaskPrompt + 'static,
+{
+    /// Trains: the supervised warm-up of `[warmup]` (fresh runs), then GRPO steps until the
+    /// run's epochs or `run.max_steps` are done, writing `run.output_dir` as the training loop
+    /// does ([`conrub_grpo::train`]). Returns the run's summary (also printed).
+    pub fn run(mut self) -> Result<RunSummary> {
+        self.preflight()?;
+        if self.cfg.run.output_dir.as_os_str().is_empty() {
+            let why = "is empty (name the folder the run writes to)";
+            return Err(GrpoError::config("run.output_dir", why).into());
+        }
+        let mut run = self.cfg.run.clone();
+        run.output_dir = self.cfg.resolve(&run.output_dir);
+        // A folder that is in use or holds an earlier run fails before the supervised warm-up.
+        run_folder::check_start(&run.output_dir, self.resume.is_some(), run.overwrite)?;
+        let model = self
+            .model
+            .take()
+            .ok_or_else(|| TrainerError::Setup("no policy".into()))?;
+        let engine = self.engine_for(&model)?;
+        let model = self.supervised_warmup(model)?;
+        let mut hooks = Hooks {
+            export: self.export.clone(),
+            kernel_warmup: self.kernel_warmup.take(),
+        };
+        eprintln!(
+            "training on {} -> {}",
+            self.describe,
+            run.output_dir.display()
+        );
+        let resume = self.resume.as_deref();
+        let validator = self.validator.as_ref();
+        let summary = if self.devices.len() == 1 {
+            let mut learner = self
+                .learner_builder(model, &self.devices[0], &engine)
+                .build()?;
+            let fut = train(
+                &mut learner,
+                &self.task,
+                &run,
+                resume,
+                validator,
+                &mut hooks,
+            );
+            self.runtime.block_on(fut)?
+        } else {
+            eprintln!(
+                "data parallel: {} ranks on {}",
+                self.devices.len(),
+                self.cfg.devices.join(", ")
+            );
+            let collective = self
+                .collective
+                .clone()
+                .unwrap_or_else(|| Arc::new(HostCollective::new(self.devices.len())));
+            let bucket = self.cfg.learner.allreduce_bucket_bytes();
+            let mut group = DataParallel::build(&self.devices, collective, bucket, |_, d| {
+                Ok(self.learner_builder(model.clone().fork(d), d, &engine))
+            })?;
+            let fut = train(&mut group, &self.task, &run, resume, validator, &mut hooks);
+            self.runtime.block_on(fut)?
+        };
+        crate::report(&summary, &run.output_dir);
+        Ok(summary)
+    }
+
+    /// One rank's learner: the run's settings, engine, codec, rewards and tie breaker.
+    fn learner_builder(
+        &self,
+        model: P,
+        device: &B::Device,
+        engine: &Engine<B, P>,
+    ) -> LearnerBuilder<Autodiff<B>, P, T> {
+        let b = Learner::builder(model, self.cfg.learner_config(), device.clone())
+            .rollout(engine.clone())
+            .codec(self.codec.clone())
+            .rewards(self.rewards.clone())
+            .stop_ids(self.stop_ids.clone());
+        let b = match &self.registry {
+            Some(r) => b.registry(r.clone()),
+            None => b,
+        };
+        match (
+            &self.tie_breaker,
+            crate::needs_tie_breaker(self.cfg.learner.tie_mode),
+        ) {
+            (Some(t), true) => b.tie_breaker(t.clone()),
+            _ => b,
+        }
+    }
+}
