@@ -22,7 +22,7 @@ use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use conrub_contracts::{KernelWarmupLine, PagedModel, Policy};
-use conrub_grpo::{epoch_order, sft_warmup, warmup_pairs, Learner, TaskPrompt};
+use conrub_grpo::{epoch_order, sft_warmup, warmup_pairs, TaskPrompt};
 use conrub_kernels::GrpoOps;
 
 use crate::error::{Result, TrainerError};
@@ -88,24 +88,13 @@ where
                 ran.push(format!("{n} supervised steps of {} answers", pairs.len()));
             }
         }
-        let (rewards, breaker) = match &self.warmup_judging {
+        let judging = match &self.warmup_judging {
             Some((r, b)) => (r.clone(), Some(b.clone())),
             None => (self.rewards.clone(), self.tie_breaker.clone()),
         };
-        let builder = Learner::builder(model, cfg.learner_config(), device)
-            .rollout(engine)
-            .codec(self.codec.clone())
-            .rewards(rewards)
-            .stop_ids(self.stop_ids.clone());
-        let builder = match (crate::needs_tie_breaker(cfg.learner.tie_mode), breaker) {
-            (true, Some(b)) => builder.tie_breaker(b),
-            _ => builder,
-        };
-        let builder = match &self.registry {
-            Some(r) => builder.registry(r.clone()),
-            None => builder,
-        };
-        let mut learner = builder.build()?;
+        let mut learner = self
+            .learner_builder(model, &device, &engine, judging)
+            .build()?;
         let order = epoch_order(self.task.len(), cfg.learner.seed, 0);
         let batch: Vec<&T> = order
             .iter()

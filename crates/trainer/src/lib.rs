@@ -58,6 +58,9 @@ pub use policy::{load_policy, PolicyParts};
 pub use report::report;
 pub use rubric::check_rubrics;
 
+/// What scores a step and breaks its ties.
+type Judging<T> = (Arc<dyn RewardSource<T>>, Option<Arc<dyn TieBreaker>>);
+
 /// The rollout engine of a run, shared by its ranks and its kernel warm-up.
 type Engine<B, P> = Arc<dyn RolloutEngine<B, <P as AutodiffModule<Autodiff<B>>>::InnerModule>>;
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::error::{Result, TrainerError};
 use crate::hooks::Hooks;
-use crate::{Engine, Trainer};
+use crate::{Engine, Judging, Trainer};
 
 impl<B, P, T> Trainer<B, P, T>
 where
@@ -54,7 +54,7 @@ where
         let validator = self.validator.as_ref();
         let summary = if self.devices.len() == 1 {
             let mut learner = self
-                .learner_builder(model, &self.devices[0], &engine)
+                .learner_builder(model, &self.devices[0], &engine, self.judging())
                 .build()?;
             let fut = train(
                 &mut learner,
@@ -77,7 +77,7 @@ where
                 .unwrap_or_else(|| Arc::new(HostCollective::new(self.devices.len())));
             let bucket = self.cfg.learner.allreduce_bucket_bytes();
             let mut group = DataParallel::build(&self.devices, collective, bucket, |_, d| {
-                Ok(self.learner_builder(model.clone().fork(d), d, &engine))
+                Ok(self.learner_builder(model.clone().fork(d), d, &engine, self.judging()))
             })?;
             let fut = train(&mut group, &self.task, &run, resume, validator, &mut hooks);
             self.runtime.block_on(fut)?
@@ -86,28 +86,32 @@ where
         Ok(summary)
     }
 
-    /// One rank's learner: the run's settings, engine, codec, rewards and tie breaker.
-    fn learner_builder(
+    /// One rank's learner: the run's settings, engine, codec and registry, scored and its ties
+    /// broken by `judging` (the run's own, or the kernel warm-up's).
+    pub(crate) fn learner_builder(
         &self,
         model: P,
         device: &B::Device,
         engine: &Engine<B, P>,
+        (rewards, breaker): Judging<T>,
     ) -> LearnerBuilder<Autodiff<B>, P, T> {
         let b = Learner::builder(model, self.cfg.learner_config(), device.clone())
             .rollout(engine.clone())
             .codec(self.codec.clone())
-            .rewards(self.rewards.clone())
+            .rewards(rewards)
             .stop_ids(self.stop_ids.clone());
         let b = match &self.registry {
             Some(r) => b.registry(r.clone()),
             None => b,
         };
-        match (
-            &self.tie_breaker,
-            crate::needs_tie_breaker(self.cfg.learner.tie_mode),
-        ) {
-            (Some(t), true) => b.tie_breaker(t.clone()),
+        match (breaker, crate::needs_tie_breaker(self.cfg.learner.tie_mode)) {
+            (Some(t), true) => b.tie_breaker(t),
             _ => b,
         }
+    }
+
+    /// The run's own rewards and tie breaker.
+    fn judging(&self) -> Judging<T> {
+        (self.rewards.clone(), self.tie_breaker.clone())
     }
 }
