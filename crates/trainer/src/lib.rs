@@ -224,7 +224,7 @@ where
     /// What a stage checks before it trains: a tie breaker when `learner.tie_mode` needs one.
     pub(crate) fn preflight(&self) -> Result<()> {
         let mode = self.cfg.learner.tie_mode;
-        if needs_tie_breaker(mode) && self.tie_breaker.is_none() {
+        if mode != TieMode::Off && self.tie_breaker.is_none() {
             return Err(TrainerError::Setup(format!(
                 "learner.tie_mode = {mode:?} needs a tie breaker: call Trainer::with_tie_breaker, \
                  or set learner.tie_mode = \"off\""
@@ -251,9 +251,4 @@ fn first_device<B: GrpoOps>(devices: &[B::Device]) -> Result<B::Device> {
         .first()
         .cloned()
         .ok_or_else(|| TrainerError::Setup("no device to train on".into()))
-}
-
-/// Whether ties need a breaker.
-pub(crate) fn needs_tie_breaker(mode: TieMode) -> bool {
-    mode != TieMode::Off
 }

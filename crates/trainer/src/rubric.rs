@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use conrub_config::TrainConfig;
 use conrub_grpo::{HeldOutPrompt, JudgeRewards, PairwiseTieBreaker, RewardSource, Validator};
-use conrub_judge::Judges;
+use conrub_judge::{CriterionJudge, Judges};
 use conrub_kernels::GrpoOps;
 use conrub_rubric::{read_rubrics, RubricRecord, RubricSet};
 
@@ -25,16 +25,10 @@ pub(crate) struct RubricTask {
 /// validator.
 pub(crate) fn rubric_task<B: GrpoOps>(cfg: &TrainConfig, device: &B::Device) -> Result<RubricTask> {
     let path = cfg.rubrics_path()?;
-    check_rubrics(&path)?;
     let rubrics = read_rubrics(&path)?;
+    check_records(&path, &rubrics.records)?;
     let judges = cfg.judge()?.build_on::<B>(device, &rubrics)?;
-    let rewards = JudgeRewards {
-        judge: judges.criterion.clone(),
-        mode: cfg.reward.mode,
-        penalty: cfg.reward.length_penalty(cfg.learner.max_response_tokens),
-        dropout: cfg.reward.dropout,
-        seed: cfg.learner.seed,
-    };
+    let rewards = judge_rewards(cfg, judges.criterion.clone());
     let tie_breaker = PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed);
     let validator = validator::<B>(cfg, &judges, device)?;
     Ok(RubricTask {
@@ -48,8 +42,12 @@ pub(crate) fn rubric_task<B: GrpoOps>(cfg: &TrainConfig, device: &B::Device) -> 
 
 /// Refuses a rubric file that `conrub rubrics validate` rejects (its errors name line and field).
 pub fn check_rubrics(path: &Path) -> Result<()> {
-    let records: Vec<(usize, RubricRecord)> = conrub_rubric::read_jsonl(path)?;
-    let report = conrub_rubric::validate_records(&records);
+    check_records(path, &conrub_rubric::read_jsonl(path)?)
+}
+
+/// Refuses `path`'s `records` (with their line numbers) as `conrub rubrics validate` does.
+fn check_records(path: &Path, records: &[(usize, RubricRecord)]) -> Result<()> {
+    let report = conrub_rubric::validate_records(records);
     if report.is_ok() {
         return Ok(());
     }
@@ -118,13 +116,18 @@ pub(crate) fn lexical_judging(
     Arc<dyn conrub_grpo::TieBreaker>,
 ) {
     let judge = Arc::new(conrub_judge::LexicalJudge::default());
-    let rewards = JudgeRewards {
-        judge: judge.clone(),
+    let rewards = judge_rewards(cfg, judge.clone());
+    let breaker = PairwiseTieBreaker::new(judge, cfg.learner.seed);
+    (Arc::new(rewards), Arc::new(breaker))
+}
+
+/// Rubric rewards from `judge` with the config's scoring mode, length penalty, dropout and seed.
+fn judge_rewards(cfg: &TrainConfig, judge: Arc<dyn CriterionJudge>) -> JudgeRewards {
+    JudgeRewards {
+        judge,
         mode: cfg.reward.mode,
         penalty: cfg.reward.length_penalty(cfg.learner.max_response_tokens),
         dropout: cfg.reward.dropout,
         seed: cfg.learner.seed,
-    };
-    let breaker = PairwiseTieBreaker::new(judge, cfg.learner.seed);
-    (Arc::new(rewards), Arc::new(breaker))
+    }
 }

@@ -104,9 +104,10 @@ where
             Some(r) => b.registry(r.clone()),
             None => b,
         };
-        match (breaker, crate::needs_tie_breaker(self.cfg.learner.tie_mode)) {
-            (Some(t), true) => b.tie_breaker(t),
-            _ => b,
+        // With `tie_mode = "off"` the learner never calls a breaker it is given.
+        match breaker {
+            Some(t) => b.tie_breaker(t),
+            None => b,
         }
     }
 
