@@ -204,22 +204,18 @@ impl ModelConfig {
         self.family()?.architecture(self)
     }
 
-    /// The RoPE block that says a type, with the field it is under (`rope_scaling` first, as
-    /// transformers reads it).
-    pub fn rope_kind(&self) -> Option<(&'static str, &str)> {
+    /// The RoPE block that says a type: the field it is under (`rope_scaling` first, as
+    /// transformers reads it), the type, and the block.
+    pub fn rope_kind(&self) -> Option<(&'static str, &str, &RopeParameters)> {
         [
             ("rope_scaling", &self.rope_scaling),
             ("rope_parameters", &self.rope_parameters),
         ]
         .into_iter()
-        .find_map(|(field, r)| r.as_ref().and_then(|r| r.kind()).map(|k| (field, k)))
-    }
-
-    /// The RoPE block [`ModelConfig::rope_kind`] reads.
-    pub fn rope_block(&self) -> Option<&RopeParameters> {
-        [&self.rope_scaling, &self.rope_parameters]
-            .into_iter()
-            .find_map(|r| r.as_ref().filter(|r| r.kind().is_some()))
+        .find_map(|(field, r)| {
+            let r = r.as_ref()?;
+            r.kind().map(|k| (field, k, r))
+        })
     }
 
     /// Checks the fields this implementation relies on (the family's own checks included).
@@ -296,10 +292,7 @@ impl ModelConfig {
         self.rope_theta
             .or_else(|| self.rope_parameters.as_ref().and_then(|r| r.rope_theta))
             .or_else(|| self.rope_scaling.as_ref().and_then(|r| r.rope_theta))
-            .unwrap_or_else(|| {
-                self.family()
-                    .map_or(crate::qwen3::DEFAULT_ROPE_THETA, Family::default_rope_theta)
-            })
+            .unwrap_or_else(|| self.family().unwrap_or_default().default_rope_theta())
     }
 
     /// Storage dtype name from either layout (`bfloat16`, `float32`, ...).

@@ -27,12 +27,9 @@ impl Family {
 
     /// The family of a `config.json`'s `model_type`.
     pub fn from_model_type(model_type: &str) -> Option<Family> {
-        match model_type {
-            "qwen3" => Some(Family::Qwen3),
-            "llama" => Some(Family::Llama),
-            "qwen2" => Some(Family::Qwen2),
-            _ => None,
-        }
+        Family::ALL
+            .into_iter()
+            .find(|f| f.model_type() == model_type)
     }
 
     /// The `model_type` this family writes.
@@ -127,7 +124,7 @@ pub struct Llama3Rope {
 
 /// Refuses any RoPE scaling but the default (families that implement none).
 pub(crate) fn default_rope_only(config: &ModelConfig) -> Result<Rope> {
-    if let Some((field, kind)) = config.rope_kind() {
+    if let Some((field, kind, _)) = config.rope_kind() {
         if kind != "default" {
             return Err(ModelError::config(
                 field,

@@ -24,21 +24,12 @@ pub(crate) fn architecture(config: &ModelConfig) -> Result<Architecture> {
 /// Plain RoPE, or `llama3` with all four of its parameters.
 fn rope(config: &ModelConfig) -> Result<Rope> {
     let theta = config.rope_theta();
-    let Some((field, kind)) = config.rope_kind() else {
-        return Ok(Rope {
-            theta,
-            llama3: None,
-        });
-    };
-    match kind {
-        "default" => Ok(Rope {
+    match config.rope_kind() {
+        None | Some((_, "default", _)) => Ok(Rope {
             theta,
             llama3: None,
         }),
-        "llama3" => {
-            let p = config
-                .rope_block()
-                .expect("a rope kind comes from a rope block");
+        Some((field, "llama3", p)) => {
             let need = |name: &str, v: Option<f64>| {
                 v.filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| {
                     ModelError::config(
@@ -72,7 +63,7 @@ fn rope(config: &ModelConfig) -> Result<Rope> {
                 llama3: Some(l),
             })
         }
-        other => Err(ModelError::config(
+        Some((field, other, _)) => Err(ModelError::config(
             field,
             format!("rope type `{other}` is not supported for llama (`default` and `llama3` are)"),
         )),

@@ -320,14 +320,14 @@ pub fn load_weights<B: Backend>(
                 k_proj: b.linear(&format!("{p}.self_attn.k_proj"), h, nkv * hd, qkv)?,
                 v_proj: b.linear(&format!("{p}.self_attn.v_proj"), h, nkv * hd, qkv)?,
                 o_proj: b.linear(&format!("{p}.self_attn.o_proj"), nh * hd, h, o)?,
-                q_norm: match arch.qk_norm {
-                    true => Some(b.norm(&format!("{p}.self_attn.q_norm.weight"), hd, eps)?),
-                    false => None,
-                },
-                k_norm: match arch.qk_norm {
-                    true => Some(b.norm(&format!("{p}.self_attn.k_norm.weight"), hd, eps)?),
-                    false => None,
-                },
+                q_norm: arch
+                    .qk_norm
+                    .then(|| b.norm(&format!("{p}.self_attn.q_norm.weight"), hd, eps))
+                    .transpose()?,
+                k_norm: arch
+                    .qk_norm
+                    .then(|| b.norm(&format!("{p}.self_attn.k_norm.weight"), hd, eps))
+                    .transpose()?,
                 num_heads: nh,
                 num_kv_heads: nkv,
                 head_dim: hd,
