@@ -159,9 +159,10 @@ PY
     ${BENCH_ONLY:+--only "$BENCH_ONLY"} || status=$?
 fi
 
-# Data parallelism on whatever GPUs the machine has: the NCCL all-reduce of gradient buckets
-# (world size 1 on one GPU) against the host sum of the same buckets, with GB/s per rank; then,
-# with two or more GPUs, two demo steps on all of them (one rank per GPU).
+# Data parallelism on whatever GPUs the machine has: the NCCL all-reduce, reduce-scatter and
+# all-gather of gradient buckets (world size 1 on one GPU) against the host collective on the
+# same buckets, with GB/s per rank; then, with two or more GPUs, one demo step on all of them
+# (one rank per GPU) in each sharding mode that trains.
 if want allreduce; then
   NGPU="$(nvidia-smi -L 2>/dev/null | wc -l || echo 1)"
   [[ "$NGPU" -ge 1 ]] || NGPU=1
@@ -169,11 +170,21 @@ if want allreduce; then
   echo "== gradient all-reduce on $DEVS (NCCL vs host)"
   "$BIN" allreduce-check --devices "$DEVS" --mb 64 --buckets 4
   if [[ "$NGPU" -ge 2 ]]; then
-    echo "== data-parallel learner steps on $DEVS (demo config)"
-    DP_DIR="$(mktemp -d)"
-    "$BIN" train --config configs/demo-cpu.toml --devices "$DEVS" \
-      --set run.max_steps=2 --set warmup.steps=2 --set "run.output_dir=\"$DP_DIR\""
-    grep '"kind":"step"' "$DP_DIR/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"allreduce_bytes":([0-9]+),"allreduce_secs":([0-9.e-]+).*/step \1: all-reduce \2 bytes in \3 s/'
+    # One shrunk step per sharding mode that trains; each prints its collectives' bytes and
+    # seconds per step (`full` is planned only).
+    for MODE in none optimizer gradients; do
+      echo "== data-parallel learner step on $DEVS (demo config, sharding = $MODE)"
+      DP_DIR="$(mktemp -d)"
+      "$BIN" train --config configs/demo-cpu.toml --devices "$DEVS" \
+        --set run.max_steps=1 --set warmup.steps=2 --set "run.output_dir=\"$DP_DIR\"" \
+        --set "sharding=\"$MODE\"" || status=$?
+      grep '"kind":"step"' "$DP_DIR/metrics.jsonl" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    print("step %d: " % m["step"] + ", ".join("%s %d bytes in %.3f s" % (k, m[k + "_bytes"], m[k + "_secs"])
+          for k in ("allreduce", "reduce_scatter", "all_gather")))' || status=$?
+    done
   fi
 fi
 exit "$status"

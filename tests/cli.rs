@@ -378,3 +378,35 @@ fn nonfinite_weights_and_self_overwrites_are_refused() {
     assert!(err.contains("the output is the input file"), "{err}");
     assert_eq!(std::fs::read_to_string(&rubrics).unwrap(), original);
 }
+
+/// `conrub allreduce-check` on three simulated CPU ranks: the all-reduce, and the reduce-scatter
+/// then all-gather of the same buckets (uneven parts), equal the host collective's and each
+/// other (what `scripts/gpu-check.sh` runs over NCCL).
+#[test]
+fn allreduce_check_covers_the_sharded_collectives() {
+    let out = conrub(&[
+        "allreduce-check",
+        "--devices",
+        "cpu,cpu,cpu",
+        "--mb",
+        "0.01",
+        "--buckets",
+        "2",
+        "--iters",
+        "1",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("(all-reduce, reduce-scatter, all-gather): 3 ranks"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("max |all-gathered reduce-scatter - all-reduce|: 0.000e0"),
+        "{stdout}"
+    );
+}

@@ -282,3 +282,83 @@ fn plan_and_train_give_the_same_config_errors() {
         );
     }
 }
+
+/// The published run on eight 80 GB H100s (`conrub-med-qwen3-4b-h100x8.toml`: the policy on
+/// four, sharded): a replica per rank does not fit and the plan names the first mode that does;
+/// the configured mode fits. Per rank, each mode shrinks what it shards by the four ranks:
+/// AdamW moments from `optimizer` on, the summed gradients from `gradients` on, the master
+/// weights with `full`; the rest stays. Qwen3-32B on eight 141 GB devices fits only with `full`,
+/// Qwen3-8B on eight H100s with `gradients`.
+#[test]
+fn sharding_makes_the_published_run_fit_80_gb_h100s() {
+    let h100 = config("conrub-med-qwen3-4b-h100x8.toml");
+    let at_80 = ["--gpu-memory-gb", "80"];
+    let mode = |m: &str| {
+        plan_json(
+            &h100,
+            &[&at_80[..], &["--set", &format!("sharding=\"{m}\"")]].concat(),
+        )
+    };
+    let none = mode("none");
+    assert_eq!(none["fits"], false, "{none}");
+    assert_eq!(none["sharding_that_fits"], "optimizer");
+    let configured = plan_json(&h100, &at_80);
+    assert_eq!(configured["sharding"], "gradients");
+    assert_eq!(configured["fits"], true, "{configured}");
+    assert_eq!(configured["ranks"], 4);
+    let part = |v: &serde_json::Value, p: &str| v["parts"][p].as_f64().unwrap();
+    let modes = ["none", "optimizer", "gradients", "full"].map(mode);
+    let quarter = |a: f64, b: f64| (b - a / 4.0).abs() < 0.002 * a;
+    for (i, v) in modes.iter().enumerate() {
+        let (w, m, g) = (
+            part(v, "weights_f32"),
+            part(v, "adamw_moments"),
+            part(v, "gradients"),
+        );
+        let (w0, m0, g0) = (
+            part(&none, "weights_f32"),
+            part(&none, "adamw_moments"),
+            part(&none, "gradients"),
+        );
+        assert!(
+            if i >= 1 { quarter(m0, m) } else { m == m0 },
+            "moments in mode {i}: {m} of {m0}"
+        );
+        assert!(
+            if i >= 2 { quarter(g0, g) } else { g == g0 },
+            "gradients in mode {i}: {g} of {g0}"
+        );
+        assert!(
+            if i >= 3 { quarter(w0, w) } else { w == w0 },
+            "weights in mode {i}: {w} of {w0}"
+        );
+        assert_eq!(
+            part(v, "layer_inputs"),
+            part(&none, "layer_inputs"),
+            "activations stay"
+        );
+        if i > 0 {
+            let before = modes[i - 1]["training_peak_gb"].as_f64().unwrap();
+            assert!(
+                v["training_peak_gb"].as_f64().unwrap() < before,
+                "mode {i} lowers the peak"
+            );
+        }
+    }
+    let b32 = plan_json(&config("qwen3-32b-h200x8.toml"), &[]);
+    assert_eq!(
+        (b32["sharding"].as_str(), b32["fits"].as_bool()),
+        (Some("full"), Some(true))
+    );
+    assert_eq!(b32["by_sharding"]["gradients"]["fits"], false);
+    assert_eq!(
+        b32["by_sharding"]["full"]["trains"], false,
+        "full is planned only"
+    );
+    let b8 = plan_json(&config("qwen3-8b-h100x8.toml"), &at_80);
+    assert_eq!(
+        (b8["sharding"].as_str(), b8["fits"].as_bool()),
+        (Some("gradients"), Some(true))
+    );
+    assert_eq!(b8["by_sharding"]["optimizer"]["fits"], false);
+}

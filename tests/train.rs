@@ -28,7 +28,7 @@ fn train_args(out: &Path, extra: &[&str]) -> Vec<String> {
         "reward.length_buffer_tokens=4".into(),
         "run.prompts_per_step=4".into(),
         "run.checkpoint_every=2".into(),
-        "warmup.steps=8".into(),
+        "warmup.steps=2".into(),
     ] {
         args.push("--set".into());
         args.push(s);
@@ -67,12 +67,12 @@ fn train_resume_and_export() {
     let straight = dir.path().join("straight");
     let log = train(&straight, &["--set", "run.max_steps=4"]);
     assert!(
-        log.contains("step 4/4") && log.contains("warm-up: 8 steps"),
+        log.contains("step 4/4") && log.contains("warm-up: 2 steps"),
         "{log}"
     );
     assert!(
         log.lines()
-            .any(|l| l.starts_with("warm-up: 4/8 steps, loss ") && l.contains(", ETA ")),
+            .any(|l| l.starts_with("warm-up: 1/2 steps, loss ") && l.contains(", ETA ")),
         "warm-up shows progress with an ETA: {log}"
     );
     let a = steps(&straight);
@@ -512,11 +512,33 @@ fn data_parallel_ranks_from_the_command_line() {
     assert!(b[0]["allreduce_bytes"].as_u64().unwrap() > 0);
     assert!(two.join("checkpoint-000002/config.json").is_file());
 
-    // Killed with SIGKILL once step 2's checkpoint is complete, then resumed on two ranks from
-    // it: the straight 2-rank run's metrics (timing aside) and exported weights, byte for byte.
+    // Two ranks sharding the gradients and AdamW (`sharding = "gradients"`), killed with
+    // SIGKILL once step 2's checkpoint is complete, then resumed from it: the straight run's
+    // metrics (timing aside) and exported weights, byte for byte.
     let straight = dir.path().join("straight");
-    let four = ["--set", "run.max_steps=4", "--devices", "cpu,cpu"];
-    train(&straight, &four);
+    let four = [
+        "--set",
+        "run.max_steps=4",
+        "--devices",
+        "cpu,cpu",
+        "--set",
+        "sharding=\"gradients\"",
+    ];
+    let log = train(&straight, &four);
+    assert!(log.contains("(sharding = \"gradients\")"), "{log}");
+    let s = steps(&straight);
+    for key in ["reward_mean", "ties", "responses", "response_tokens"] {
+        assert_eq!(a[0][key], s[0][key], "sharded: {key}");
+    }
+    for key in ["reduce_scatter_bytes", "all_gather_bytes"] {
+        assert!(s[0][key].as_u64().unwrap() > 0, "sharded: {key}");
+    }
+    let manifest = straight.join("checkpoint-000004/training_state/manifest.json");
+    let manifest = std::fs::read_to_string(manifest).unwrap();
+    assert!(
+        manifest.contains("optimizer-rank-00001-of-00002.mpk"),
+        "{manifest}"
+    );
     let killed = dir.path().join("killed");
     let ckpt = killed.join("checkpoint-000002");
     let mut child = Command::new(env!("CARGO_BIN_EXE_conrub"))
@@ -577,6 +599,22 @@ fn data_parallel_ranks_from_the_command_line() {
         e.contains("devices: \"cpu\" and \"wgpu\": every rank runs on one backend"),
         "{e}"
     );
+    // Parameter sharding is planned, not built: refused before any step, saying what to use.
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(train_args(
+            &dir.path().join("full"),
+            &["--devices", "cpu,cpu"],
+        ))
+        .args(["--set", "sharding=\"full\""])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        e.contains("sharding = \"full\"") && e.contains("not built yet"),
+        "{e}"
+    );
+    assert!(!dir.path().join("full/metrics.jsonl").exists());
 }
 
 /// `[rollout] engine = "sglang"` against the scripted server: one weight update before the first
@@ -1074,7 +1112,14 @@ fn nonfinite_training_stops_before_it_is_saved() {
     let out = dir.path().join("warm-up");
     let (ok, err) = run(
         &out,
-        &["--set", "warmup.lr=1e30", "--set", "run.max_steps=2"],
+        &[
+            "--set",
+            "warmup.lr=1e30",
+            "--set",
+            "warmup.steps=8",
+            "--set",
+            "run.max_steps=2",
+        ],
     );
     assert!(!ok, "{err}");
     assert!(

@@ -130,6 +130,17 @@ fn every_kernel_compiles_for_sm_90_within_its_limits() {
         .map(|g| offline::compile(&nvrtc, &tools, arch, g).unwrap_or_else(|e| panic!("{e}")))
         .collect();
     for r in &resources {
+        if r.kernel.starts_with("flash_") {
+            println!(
+                "{}: {} registers, {} B shared, occupancy {:.1}% ({} blocks/SM, limited by {})",
+                r.kernel,
+                r.registers,
+                r.shared_bytes,
+                100.0 * r.occupancy.occupancy,
+                r.occupancy.blocks_per_sm,
+                r.occupancy.limiter
+            );
+        }
         assert!(r.registers > 0 && r.registers <= 255, "{r:?}");
         assert!(
             r.occupancy.occupancy > 0.0 && r.occupancy.occupancy <= 1.0,
@@ -157,7 +168,8 @@ fn every_kernel_compiles_for_sm_90_within_its_limits() {
 }
 
 /// The tensor-core kernels at head_dim 128 (and 64, 256), bf16 and f16: their sources multiply
-/// with WMMA, they compile without spilling, and none is excused by known-spills.json.
+/// with WMMA and none is excused by known-spills.json (that they compile without spilling is
+/// checked with every kernel above).
 #[test]
 fn tensor_core_kernels_use_wmma_and_never_spill() {
     let generated = offline::generate(Arch::SM90).unwrap();
@@ -186,28 +198,8 @@ fn tensor_core_kernels_use_wmma_and_never_spill() {
             "{k:?}: tensor-core kernels may not spill"
         );
     }
-    let Some(tools) = tools() else { return };
-    let nvrtc = Nvrtc::load(&tools).unwrap();
-    for g in &flash {
-        let r = offline::compile(&nvrtc, &tools, Arch::SM90, g).unwrap_or_else(|e| panic!("{e}"));
-        println!(
-            "{}: {} registers, {} B shared, {} threads, occupancy {:.1}% ({} blocks/SM, {} warps, limited by {})",
-            g.config.label(),
-            r.registers,
-            r.shared_bytes,
-            g.kernel.threads,
-            100.0 * r.occupancy.occupancy,
-            r.occupancy.blocks_per_sm,
-            r.occupancy.warps_per_sm,
-            r.occupancy.limiter
-        );
-        assert_eq!(
-            (r.spills, r.spill_loads, r.stack_bytes),
-            (0, 0, 0),
-            "{} spills: {r:?}",
-            g.config.label()
-        );
-    }
+    // Their compile (no spill, no stack) is checked with every other kernel's by
+    // `every_kernel_compiles_for_sm_90_within_its_limits`, which prints their occupancy.
 }
 
 #[test]

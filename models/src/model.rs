@@ -901,6 +901,23 @@ impl<B: GrpoOps + AutodiffBackend> CausalLm<B> {
         loss: &mut dyn FnMut(Tensor<B, 3>) -> Tensor<B, 1>,
         sum: GradientsParams,
     ) -> GradientsParams {
+        let mut acc = Some(sum);
+        self.layerwise_gradients_each(batch, loss, &mut |new| {
+            let sum = acc.take().expect("a running sum");
+            acc = Some(add_gradients(self, sum, new));
+        });
+        acc.expect("a running sum")
+    }
+
+    /// [`CausalLm::layerwise_gradients`] handed to `sink` a segment at a time, as each
+    /// segment's backward makes them: the head's (final norm, and a tied embedding's head
+    /// part), each decoder layer's from the top, the embedding's.
+    pub fn layerwise_gradients_each(
+        &self,
+        batch: &ForwardBatch<B>,
+        loss: &mut dyn FnMut(Tensor<B, 3>) -> Tensor<B, 1>,
+        sink: &mut dyn FnMut(GradientsParams),
+    ) {
         let key_mask = batch.key_mask.clone();
         let (rope, mask) = self.pass_context(batch, key_mask);
         // 1. No graph: untracked parameters.
@@ -918,9 +935,7 @@ impl<B: GrpoOps + AutodiffBackend> CausalLm<B> {
         let mut upstream = leaf
             .grad(&grads)
             .expect("the loss depends on the hidden states");
-        let mut acc = sum;
-        let new = GradientsParams::from_grads(grads, self);
-        acc = add_gradients(self, acc, new);
+        sink(GradientsParams::from_grads(grads, self));
         // 3. Layers from the top.
         for (layer, input) in self.layers.iter().zip(inputs).rev() {
             let leaf = input.detach().require_grad();
@@ -929,15 +944,12 @@ impl<B: GrpoOps + AutodiffBackend> CausalLm<B> {
             upstream = leaf
                 .grad(&grads)
                 .expect("a layer's output depends on its input");
-            let new = GradientsParams::from_grads(grads, layer);
-            acc = add_gradients(layer, acc, new);
+            sink(GradientsParams::from_grads(grads, layer));
         }
         // 4. The embedding (tied heads add to what the head's segment gave it).
         let grads = (self.embed(batch) * Tensor::from_inner(upstream))
             .sum()
             .backward();
-        let new = GradientsParams::from_grads(grads, self);
-        acc = add_gradients(self, acc, new);
-        acc
+        sink(GradientsParams::from_grads(grads, self));
     }
 }

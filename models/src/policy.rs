@@ -63,6 +63,25 @@ impl<B: GrpoOps> Policy<B> for CausalLm<B> {
         )
     }
 
+    fn loss_gradients_each(
+        &self,
+        batch: &TokenBatch<B>,
+        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+        sink: &mut dyn FnMut(GradientsParams),
+    ) where
+        B: AutodiffBackend,
+        Self: AutodiffModule<B>,
+    {
+        if !self.exec.activation_checkpointing {
+            return sink(self.loss_gradients(batch, loss));
+        }
+        self.layerwise_gradients_each(
+            &teacher_forcing(batch),
+            &mut |hidden| loss(head_logprobs(self, hidden, batch)),
+            sink,
+        )
+    }
+
     fn enable_activation_checkpointing(&mut self) -> conrub_contracts::Result<()> {
         self.exec.activation_checkpointing = true;
         Ok(())

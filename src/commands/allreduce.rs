@@ -1,7 +1,8 @@
-//! `conrub allreduce-check`: the data-parallel gradient all-reduce on a group of devices. Every
-//! rank fills buckets of `--mb` MiB with its own values, the backend's collective (NCCL between
-//! CUDA devices, the host one elsewhere) sums them, and the sums are checked against the host
-//! collective on the same buckets (exactly for the host one; within f32 rounding for NCCL). It
+//! `conrub allreduce-check`: the data-parallel collectives on a group of devices. Every rank
+//! fills buckets of `--mb` MiB with its own values, the backend's collective (NCCL between CUDA
+//! devices, the host one elsewhere) sums them (all-reduce, and reduce-scatter then all-gather as
+//! a sharded run does), and the results are checked against the host collective on the same
+//! buckets (exactly for the host one; within f32 rounding for NCCL). It
 //! prints bytes per rank, seconds and GB/s of both, as `scripts/gpu-check.sh` reports them.
 
 use std::sync::Arc;
@@ -32,12 +33,14 @@ pub struct AllreduceArgs {
     pub iters: usize,
 }
 
-/// One round on every rank: `buckets` sums each; returns every rank's sums as host f32.
+/// One round on every rank: each bucket all-reduced, and reduce-scattered then all-gathered;
+/// returns every rank's results (sum, gathered sum, per bucket) as host f32.
 fn round<B: burn::tensor::backend::Backend>(
     collective: &Arc<dyn Collective<B>>,
     devices: &[B::Device],
     inputs: &[Vec<Vec<f32>>],
 ) -> Result<Vec<Vec<Vec<f32>>>> {
+    let world = devices.len();
     std::thread::scope(|s| {
         let threads: Vec<_> = devices
             .iter()
@@ -50,14 +53,23 @@ fn round<B: burn::tensor::backend::Backend>(
                         .iter()
                         .map(|b| Tensor::from_data(TensorData::new(b.clone(), [b.len()]), device))
                         .collect();
-                    let sums = tensors
-                        .into_iter()
-                        .map(|t| collective.all_reduce_sum(rank, t))
-                        .collect::<conrub_grpo::Result<Vec<_>>>()?;
-                    Ok(sums
-                        .into_iter()
-                        .map(|t| t.into_data().convert::<f32>().into_vec().expect("f32"))
-                        .collect())
+                    let mut out = Vec::with_capacity(2 * tensors.len());
+                    for t in tensors {
+                        // The all-reduce, then the same bucket reduce-scattered over the ranks
+                        // in equal parts and gathered back (a sharded run's two collectives):
+                        // both must give the sum.
+                        let n = t.dims()[0];
+                        let counts: Vec<usize> = (0..world)
+                            .map(|r| n / world + usize::from(r < n % world))
+                            .collect();
+                        let sum = collective.all_reduce_sum(rank, t.clone())?;
+                        let mine = collective.reduce_scatter_sum(rank, t, &counts)?;
+                        let whole = collective.all_gather_parts(rank, mine, &counts, device)?;
+                        for t in [sum, whole] {
+                            out.push(t.into_data().convert::<f32>().into_vec().expect("f32"));
+                        }
+                    }
+                    Ok(out)
                 })
             })
             .collect();
@@ -94,9 +106,10 @@ impl DevicesTask for AllreduceArgs {
             }
             secs.sort_by(f64::total_cmp);
             let s = secs[secs.len() / 2];
-            let bytes = (n * 4 * self.buckets) as f64;
+            // The all-reduce's bucket, the reduce-scatter's bucket and the all-gather's part.
+            let bytes = ((2 * n + n.div_ceil(world)) * 4 * self.buckets) as f64;
             report.push(format!(
-                "{name} collective: {world} ranks, {:.1} MB per rank per round, {:.4} s, {:.2} GB/s per rank",
+                "{name} collective (all-reduce, reduce-scatter, all-gather): {world} ranks, {:.1} MB per rank per round, {:.4} s, {:.2} GB/s per rank",
                 bytes / 1e6,
                 s,
                 bytes / s / 1e9
@@ -115,10 +128,26 @@ impl DevicesTask for AllreduceArgs {
         for l in &report {
             println!("{l}");
         }
-        println!("max |backend - host| over every rank's sums: {worst:.3e}");
+        // The gathered reduce-scatter equals the all-reduce on every rank.
+        let mut split = 0f32;
+        for ranks in &results {
+            for r in ranks {
+                for pair in r.chunks(2) {
+                    for (a, b) in pair[0].iter().zip(&pair[1]) {
+                        split = split.max((a - b).abs());
+                    }
+                }
+            }
+        }
+        println!("max |backend - host| over every rank's results: {worst:.3e}");
+        println!("max |all-gathered reduce-scatter - all-reduce|: {split:.3e}");
         ensure!(
             worst <= 1e-5 * world as f32,
-            "the backend's all-reduce differs from the host sum by {worst:e}"
+            "the backend's collectives differ from the host's by {worst:e}"
+        );
+        ensure!(
+            split <= 1e-5 * world as f32,
+            "reduce-scatter + all-gather differs from the all-reduce by {split:e}"
         );
         Ok(())
     }

@@ -18,7 +18,7 @@ mod sections;
 
 use std::path::{Path, PathBuf};
 
-use conrub_contracts::{LearnerConfig, RunConfig, ValidationConfig};
+use conrub_contracts::{LearnerConfig, RunConfig, Sharding, ValidationConfig};
 use conrub_judge::JudgeConfig;
 use conrub_memory::{MemoryPlanInput, ModelShape, DEFAULT_MAX_PROMPT_TOKENS};
 
@@ -39,6 +39,10 @@ pub struct TrainConfig {
     /// Every device of the policy: one (`device = ...`), or one data-parallel rank each
     /// (`devices = ["cuda:0", "cuda:1", ...]`; `["cpu", "cpu"]` simulates ranks on the CPU).
     pub devices: Vec<String>,
+    /// How data-parallel ranks divide the training state (`sharding = "none" | "optimizer" |
+    /// "gradients" | "full"`; ZeRO stages 1-3). `conrub plan` counts every mode; training takes
+    /// all but `full`.
+    pub sharding: Sharding,
     /// Compute precision of the policy.
     pub precision: Precision,
     /// The attention kernels on CubeCL devices (`attention_kernels = "auto" | "tensor-core" |
@@ -88,6 +92,8 @@ pub(crate) struct Schema {
     pub device: Option<String>,
     #[serde(default)]
     pub devices: Option<Vec<String>>,
+    #[serde(default)]
+    pub sharding: Sharding,
     #[serde(default)]
     pub precision: Precision,
     #[serde(default)]
@@ -217,6 +223,7 @@ impl TrainConfig {
         let cfg = Self {
             device: devices.first().cloned().unwrap_or_default(),
             devices,
+            sharding: schema.sharding,
             precision: schema.precision,
             attention_kernels: schema.attention_kernels,
             model: schema.model,
@@ -452,6 +459,8 @@ impl TrainConfig {
         input.rollout_max_rows = self.rollout.max_rows;
         input.rollout_in_process = self.rollout.engine == RolloutEngineKind::Paged;
         input.gpu_memory_gb = gpu_memory_gb;
+        input.ranks = self.devices.len().max(1);
+        input.sharding = self.sharding;
         input
     }
 }

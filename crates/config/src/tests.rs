@@ -7,6 +7,7 @@ use super::*;
 /// with one judge kind; the other kinds' keys come from their own tables.
 const FULL: &str = r#"
 device = "cpu"
+sharding = "gradients"
 precision = "bf16-mixed"
 attention_kernels = "tensor-core"
 kernel_cache = "kernels"
@@ -211,6 +212,11 @@ fn errors_name_the_file_and_the_key() {
     assert_eq!(
         cfg.check_builtin_plugins().unwrap_err().to_string(),
         "t.toml: learner.estimator: `rloo` is not a built-in entry (built in: group-relative)"
+    );
+    let e = error_of(&format!("sharding = \"zero3\"\n{random}"));
+    assert!(
+        e.starts_with("t.toml: sharding: unknown variant `zero3`, expected one of `none`, `optimizer`, `gradients`, `full`"),
+        "{e}"
     );
     let e = error_of(&format!("future_key = 1\n{random}"));
     assert!(e.starts_with("t.toml: future_key: unknown field"), "{e}");

@@ -59,8 +59,8 @@ pub use sampling::{
     check_sequences, sample_token, sequence_rng, Decoding, FinishReason, Generation, SamplingConfig,
 };
 pub use settings::{
-    Aggregation, LearnerConfig, OnNonFinite, RunConfig, ScaleRewards, TieMode, ValidationConfig,
-    BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR, DEFAULT_LOSS,
+    Aggregation, LearnerConfig, OnNonFinite, RunConfig, ScaleRewards, Sharding, TieMode,
+    ValidationConfig, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR, DEFAULT_LOSS,
 };
 pub use shape::ModelShape;
 pub use shapes::{attended_blocks, bucket_len, bucket_rows};

@@ -215,6 +215,20 @@ pub struct StepMetrics {
     /// Seconds each rank spent in the gradient all-reduce (the slowest rank's).
     #[serde(default)]
     pub allreduce_secs: f64,
+    /// Sharded runs: bytes a rank put into gradient reduce-scatters (whole buckets; the
+    /// busiest rank's).
+    #[serde(default)]
+    pub reduce_scatter_bytes: u64,
+    /// Seconds in gradient reduce-scatters (the slowest rank's).
+    #[serde(default)]
+    pub reduce_scatter_secs: f64,
+    /// Sharded runs: bytes of updated weights a rank put into all-gathers (its own parameters;
+    /// the busiest rank's).
+    #[serde(default)]
+    pub all_gather_bytes: u64,
+    /// Seconds in weight all-gathers (the slowest rank's).
+    #[serde(default)]
+    pub all_gather_secs: f64,
     /// The slowest and the fastest rank's rollout seconds (equal on one device).
     #[serde(default)]
     pub rollout_secs_rank_max: f64,

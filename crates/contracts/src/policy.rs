@@ -86,6 +86,25 @@ pub trait Policy<B: Backend>: Module<B> {
         whole_gradients_into(self, batch, loss, sum)
     }
 
+    /// [`Policy::loss_gradients`] handed to `sink` piece by piece as the backward makes them:
+    /// the default hands over the whole set once; a policy that makes its gradients a segment
+    /// at a time (the `models/` families with activation checkpointing: the head, each layer
+    /// from the top, the embedding) hands over each segment's. A sharded data-parallel rank
+    /// reduce-scatters each piece as it comes, so neither a micro-batch's whole set nor a
+    /// whole running sum exists on it. Every call on a given policy hands over the same
+    /// sequence of parameter sets (the ranks of a group call collectives in step).
+    fn loss_gradients_each(
+        &self,
+        batch: &TokenBatch<B>,
+        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+        sink: &mut dyn FnMut(GradientsParams),
+    ) where
+        B: AutodiffBackend,
+        Self: AutodiffModule<B>,
+    {
+        sink(self.loss_gradients(batch, loss));
+    }
+
     /// Turns per-layer activation checkpointing on for [`Policy::loss_gradients`]
     /// (`conrub_grpo`'s `learner.activation_checkpointing` calls it when the learner
     /// is built). `Err` says why the model cannot; the default (no layers to recompute) always

@@ -381,3 +381,61 @@ pub enum TieMode {
     /// Vanilla GRPO: ties keep zero advantages, no judge calls.
     Off,
 }
+
+/// How the ranks of a data-parallel run divide the training state (`sharding`, beside
+/// `devices`; ZeRO stages 1-3 in DeepSpeed's terms). Parameters are owned whole, each by one
+/// rank, balanced by bytes (`conrub_grpo::ShardLayout`). On one device every mode is `none`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharding {
+    /// Every rank holds a replica of the weights, the gradients and the AdamW moments; gradients
+    /// are all-reduced once per optimizer step.
+    #[default]
+    None,
+    /// ZeRO-1: a rank keeps the AdamW moments of the parameters it owns only. The optimizer
+    /// step's gradients are reduce-scattered (each owner gets its parameters' sums), the owner
+    /// updates them and the updated weights are all-gathered.
+    Optimizer,
+    /// ZeRO-2 (FSDP's SHARD_GRAD_OP): in addition, each micro-batch's gradients are
+    /// reduce-scattered as soon as its backward is done, so the running sum a rank keeps
+    /// between micro-batches holds its own parameters only.
+    Gradients,
+    /// ZeRO-3 (FULL_SHARD): in addition, parameters are sharded and gathered layer by layer.
+    /// `conrub plan` counts it; training refuses it until it is built.
+    Full,
+}
+
+impl Sharding {
+    /// Every mode, `none` first.
+    pub const ALL: [Sharding; 4] = [
+        Sharding::None,
+        Sharding::Optimizer,
+        Sharding::Gradients,
+        Sharding::Full,
+    ];
+
+    /// The name a config uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sharding::None => "none",
+            Sharding::Optimizer => "optimizer",
+            Sharding::Gradients => "gradients",
+            Sharding::Full => "full",
+        }
+    }
+
+    /// Whether a rank keeps the AdamW moments of its own parameters only.
+    pub fn shards_optimizer(self) -> bool {
+        self != Sharding::None
+    }
+
+    /// Whether a rank keeps summed gradients of its own parameters only.
+    pub fn shards_gradients(self) -> bool {
+        matches!(self, Sharding::Gradients | Sharding::Full)
+    }
+
+    /// Whether a rank keeps its own parameters only between uses.
+    pub fn shards_parameters(self) -> bool {
+        self == Sharding::Full
+    }
+}

@@ -1,130 +1,378 @@
-//! The gradient all-reduce of a data-parallel optimizer step: every parameter's gradient,
-//! flattened in the module's parameter order, packed into buckets of about
-//! [`RankSlot::bucket_bytes`], each summed over ranks with one [`crate::Collective`] call. A rank
-//! without a gradient for a parameter (no rows in this mini-batch) sends zeros, and one last
-//! bucket of presence flags says which parameters got a gradient on any rank: those, and only
-//! those, are updated, as on one device.
+//! The collectives of a data-parallel optimizer step over flattened gradient buckets.
+//!
+//! Every parameter's gradient is flattened in the module's parameter order and packed into
+//! buckets of about [`RankSlot::bucket_bytes`], one collective call each:
+//! - [`all_reduce`] (`sharding = "none"`): every rank gets every sum;
+//! - [`reduce_scatter`] (sharded runs): a bucket is laid out owner by owner
+//!   ([`ShardLayout`]), and each rank gets the sums of the parameters it owns;
+//! - [`all_gather_weights`] (sharded runs, after the owners' updates): every rank gets every
+//!   updated parameter.
+//!
+//! A rank without a gradient for a parameter (no rows in this mini-batch) sends zeros, made one
+//! bucket at a time; a bucket of presence flags says which parameters got a gradient on any
+//! rank: those, and only those, are updated, as on one device.
 
-use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::Instant;
 
-use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Tensor};
 
 use crate::error::Result;
 use crate::learner::RankSlot;
+use crate::sharding::{CommStats, ShardLayout};
 
-type Flat<B> = Tensor<<B as AutodiffBackend>::InnerBackend, 1>;
+pub(crate) type Flat<B> = Tensor<<B as AutodiffBackend>::InnerBackend, 1>;
 
-/// Takes every parameter's gradient out of `grads`, flattened (zeros where missing).
-struct Flatten<B: AutodiffBackend> {
+/// Takes every parameter's gradient out of `grads`, flattened (`None` where missing), with its
+/// element count, in the module's parameter order.
+struct Take<B: AutodiffBackend> {
     grads: GradientsParams,
-    flat: Vec<Flat<B>>,
-    present: Vec<f32>,
+    flat: Vec<Option<Flat<B>>>,
+    sizes: Vec<usize>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<B> {
+impl<B: AutodiffBackend> ModuleVisitor<B> for Take<B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let numel = param.lazy_shape().num_elements();
-        let (flat, present) = match self.grads.remove::<B::InnerBackend, D>(param.id) {
-            Some(g) => (g.reshape([numel]), 1.0),
-            None => {
-                let device = param.val().device();
-                (Tensor::zeros([numel], &device), 0.0)
-            }
-        };
-        self.flat.push(flat);
-        self.present.push(present);
+        let g = self.grads.remove::<B::InnerBackend, D>(param.id);
+        self.flat.push(g.map(|g| g.reshape([numel])));
+        self.sizes.push(numel);
     }
 }
 
-/// Puts the summed gradients back, shaped as their parameters, where any rank had one.
-struct Unflatten<B: AutodiffBackend> {
-    sums: VecDeque<(Flat<B>, bool)>,
+/// Every parameter's flattened gradient (`None` where `grads` has none) and element count.
+pub(crate) fn take_flat<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: GradientsParams,
+) -> (Vec<Option<Flat<B>>>, Vec<usize>) {
+    let mut t = Take::<B> {
+        grads,
+        flat: Vec::new(),
+        sizes: Vec::new(),
+    };
+    module.visit(&mut t);
+    (t.flat, t.sizes)
+}
+
+/// Puts flattened gradients back, shaped as their parameters (`None`: no gradient).
+struct Restore<B: AutodiffBackend> {
+    flat: std::vec::IntoIter<Option<Flat<B>>>,
     out: GradientsParams,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for Unflatten<B> {
+impl<B: AutodiffBackend> ModuleVisitor<B> for Restore<B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let (sum, present) = self.sums.pop_front().expect("one sum per parameter");
-        if present {
-            let id: ParamId = param.id;
+        if let Some(g) = self.flat.next().expect("one entry per parameter") {
             self.out
-                .register::<B::InnerBackend, D>(id, sum.reshape(param.lazy_shape()));
+                .register::<B::InnerBackend, D>(param.id, g.reshape(param.lazy_shape()));
         }
     }
 }
 
-/// The sum over the group's ranks of every rank's `grads` of `module`, and the bytes this rank
-/// sent.
-pub(crate) fn all_reduce<B, M>(
+/// Gradients of `module` from one flattened entry per parameter.
+pub(crate) fn restore<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
-    grads: GradientsParams,
-    slot: &RankSlot<B::InnerBackend>,
-) -> Result<(GradientsParams, u64)>
-where
-    B: AutodiffBackend,
-    M: AutodiffModule<B>,
-{
-    let mut f = Flatten::<B> {
-        grads,
-        flat: Vec::new(),
-        present: Vec::new(),
+    flat: Vec<Option<Flat<B>>>,
+) -> GradientsParams {
+    let mut r = Restore::<B> {
+        flat: flat.into_iter(),
+        out: GradientsParams::new(),
     };
-    module.visit(&mut f);
-    let Flatten { flat, present, .. } = f;
-    let device = match flat.first() {
-        Some(t) => t.device(),
-        None => return Ok((GradientsParams::new(), 0)),
-    };
-    let limit = (slot.bucket_bytes / 4).max(1);
-    let mut bytes = 0u64;
-    let mut sums: Vec<Flat<B>> = Vec::with_capacity(flat.len());
-    let mut pending: Vec<Flat<B>> = Vec::new();
-    let mut pending_len = 0usize;
-    let mut flush = |pending: &mut Vec<Flat<B>>, len: &mut usize| -> Result<()> {
-        if pending.is_empty() {
-            return Ok(());
+    module.visit(&mut r);
+    r.out
+}
+
+/// Consecutive runs of parameters (by index) of at most `limit` elements each (a larger
+/// parameter is a bucket of its own); `include` leaves parameters out.
+pub(crate) fn bucket_ranges(
+    sizes: &[usize],
+    limit: usize,
+    include: impl Fn(usize) -> bool,
+) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut len = 0usize;
+    for (i, &n) in sizes.iter().enumerate().filter(|(i, _)| include(*i)) {
+        match out.last_mut() {
+            Some(last) if len + n <= limit => {
+                last.push(i);
+                len += n;
+            }
+            _ => {
+                out.push(vec![i]);
+                len = n;
+            }
         }
-        let lens: Vec<usize> = pending.iter().map(|t| t.dims()[0]).collect();
-        let bucket = Tensor::cat(std::mem::take(pending), 0);
-        bytes += (*len * 4) as u64;
-        let sum = slot.collective.all_reduce_sum(slot.rank, bucket)?;
-        let mut at = 0;
-        for l in lens {
-            sums.push(sum.clone().slice(at..at + l));
-            at += l;
-        }
-        *len = 0;
-        Ok(())
-    };
-    for t in flat {
-        let n = t.dims()[0];
-        if pending_len > 0 && pending_len + n > limit {
-            flush(&mut pending, &mut pending_len)?;
-        }
-        pending_len += n;
-        pending.push(t);
     }
-    flush(&mut pending, &mut pending_len)?;
-    let n = present.len();
-    let flags = Tensor::<B::InnerBackend, 1>::from_floats(present.as_slice(), &device);
-    let flags: Vec<f32> = slot
+    out
+}
+
+/// Elements per bucket of `slot`.
+fn limit<B: burn::tensor::backend::Backend>(slot: &RankSlot<B>) -> usize {
+    (slot.bucket_bytes / 4).max(1)
+}
+
+/// The entry of parameter `i`, or zeros of its size.
+fn or_zeros<B: AutodiffBackend>(
+    flat: &mut [Option<Flat<B>>],
+    i: usize,
+    n: usize,
+    device: &burn::tensor::Device<B::InnerBackend>,
+) -> Flat<B> {
+    flat[i]
+        .take()
+        .unwrap_or_else(|| Tensor::<B::InnerBackend, 1>::zeros([n], device).cast(DType::F32))
+}
+
+/// Element ranges of `lens` laid end to end.
+fn spans(lens: impl IntoIterator<Item = usize>) -> Vec<Range<usize>> {
+    let mut at = 0;
+    lens.into_iter()
+        .map(|l| {
+            at += l;
+            at - l..at
+        })
+        .collect()
+}
+
+/// The sum over the group's ranks of the presence flags `present` (one per parameter): which
+/// parameters got a gradient on any rank.
+pub(crate) fn any_rank<B: AutodiffBackend>(
+    present: &[bool],
+    slot: &RankSlot<B::InnerBackend>,
+    device: &burn::tensor::Device<B::InnerBackend>,
+    comm: &mut CommStats,
+) -> Result<Vec<bool>> {
+    let t = Instant::now();
+    let flags: Vec<f32> = present.iter().map(|&p| f32::from(u8::from(p))).collect();
+    let flags = Tensor::<B::InnerBackend, 1>::from_floats(flags.as_slice(), device);
+    let sum: Vec<f32> = slot
         .collective
         .all_reduce_sum(slot.rank, flags)?
         .into_data()
         .convert::<f32>()
         .into_vec()
         .expect("f32 flags");
-    bytes += (n * 4) as u64;
-    let mut u = Unflatten::<B> {
-        sums: sums
-            .into_iter()
-            .zip(flags.iter().map(|&p| p > 0.0))
-            .collect(),
-        out: GradientsParams::new(),
+    comm.allreduce_bytes += (present.len() * 4) as u64;
+    comm.allreduce_secs += t.elapsed().as_secs_f64();
+    Ok(sum.iter().map(|&p| p > 0.0).collect())
+}
+
+/// The sum over the group's ranks of every rank's `grads` of `module` (`sharding = "none"`).
+pub(crate) fn all_reduce<B, M>(
+    module: &M,
+    grads: GradientsParams,
+    slot: &RankSlot<B::InnerBackend>,
+    comm: &mut CommStats,
+) -> Result<GradientsParams>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+{
+    let (mut flat, sizes) = take_flat::<B, M>(module, grads);
+    let Some(device) = module.devices().first().cloned() else {
+        return Ok(GradientsParams::new());
     };
-    module.visit(&mut u);
-    Ok((u.out, bytes))
+    let present: Vec<bool> = flat.iter().map(Option::is_some).collect();
+    let t = Instant::now();
+    let mut sums: Vec<Option<Flat<B>>> = (0..sizes.len()).map(|_| None).collect();
+    for bucket in bucket_ranges(&sizes, limit(slot), |_| true) {
+        let parts: Vec<Flat<B>> = bucket
+            .iter()
+            .map(|&i| or_zeros::<B>(&mut flat, i, sizes[i], &device))
+            .collect();
+        let sum = slot
+            .collective
+            .all_reduce_sum(slot.rank, Tensor::cat(parts, 0))?;
+        let lens = bucket.iter().map(|&i| sizes[i]);
+        for (&i, span) in bucket.iter().zip(spans(lens)) {
+            sums[i] = Some(sum.clone().slice(span));
+        }
+        comm.allreduce_bytes += bucket.iter().map(|&i| sizes[i] * 4).sum::<usize>() as u64;
+    }
+    comm.allreduce_secs += t.elapsed().as_secs_f64();
+    let anywhere = any_rank::<B>(&present, slot, &device, comm)?;
+    for (s, keep) in sums.iter_mut().zip(anywhere) {
+        if !keep {
+            *s = None;
+        }
+    }
+    Ok(restore::<B, M>(module, sums))
+}
+
+/// The members of `bucket` in the order its buffer holds them: owner by owner, rank 0 first
+/// (parameter order within an owner), and each rank's element count.
+fn by_owner(bucket: &[usize], sizes: &[usize], layout: &ShardLayout) -> (Vec<usize>, Vec<usize>) {
+    let mut order = bucket.to_vec();
+    order.sort_by_key(|&i| layout.owner(i));
+    let mut counts = vec![0usize; layout.world()];
+    for &i in &order {
+        counts[layout.owner(i)] += sizes[i];
+    }
+    (order, counts)
+}
+
+/// Reduce-scatters `grads` of `module`: entry `i` of the result is the sum over ranks of
+/// parameter `i`'s gradient when this rank owns it (zeros count), `None` otherwise. Also
+/// returns which parameters this rank had a gradient for.
+pub(crate) fn reduce_scatter<B, M>(
+    module: &M,
+    grads: GradientsParams,
+    slot: &RankSlot<B::InnerBackend>,
+    layout: &ShardLayout,
+    comm: &mut CommStats,
+) -> Result<(Vec<Option<Flat<B>>>, Vec<bool>)>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+{
+    let (mut flat, sizes) = take_flat::<B, M>(module, grads);
+    let present: Vec<bool> = flat.iter().map(Option::is_some).collect();
+    let mut mine: Vec<Option<Flat<B>>> = (0..sizes.len()).map(|_| None).collect();
+    let Some(device) = module.devices().first().cloned() else {
+        return Ok((mine, present));
+    };
+    let t = Instant::now();
+    for bucket in bucket_ranges(&sizes, limit(slot), |_| true) {
+        let (order, counts) = by_owner(&bucket, &sizes, layout);
+        let parts: Vec<Flat<B>> = order
+            .iter()
+            .map(|&i| or_zeros::<B>(&mut flat, i, sizes[i], &device))
+            .collect();
+        let sum = slot
+            .collective
+            .reduce_scatter_sum(slot.rank, Tensor::cat(parts, 0), &counts)?;
+        comm.reduce_scatter_bytes += (counts.iter().sum::<usize>() * 4) as u64;
+        let Some(sum) = sum else { continue };
+        let owned: Vec<usize> = order
+            .into_iter()
+            .filter(|&i| layout.owner(i) == slot.rank)
+            .collect();
+        let lens = owned.iter().map(|&i| sizes[i]);
+        for (&i, span) in owned.iter().zip(spans(lens)) {
+            mine[i] = Some(sum.clone().slice(span));
+        }
+    }
+    comm.reduce_scatter_secs += t.elapsed().as_secs_f64();
+    Ok((mine, present))
+}
+
+/// Every float parameter's value, flattened in f32, in the module's order.
+struct Values<B: AutodiffBackend> {
+    wanted: Vec<bool>,
+    at: usize,
+    out: Vec<Option<Flat<B>>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Values<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let v = self.wanted[self.at].then(|| {
+            let numel = param.lazy_shape().num_elements();
+            param.val().inner().reshape([numel]).cast(DType::F32)
+        });
+        self.out.push(v);
+        self.at += 1;
+    }
+}
+
+/// Replaces the parameters that have an entry with it (shaped and cast as the parameter).
+struct Replace<B: AutodiffBackend> {
+    with: std::vec::IntoIter<Option<Flat<B>>>,
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Replace<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some(v) = self.with.next().expect("one entry per parameter") else {
+            return param;
+        };
+        let (id, tensor, mapper) = param.consume();
+        let (shape, dtype) = (tensor.shape(), tensor.dtype());
+        let inner = v.reshape(shape);
+        let inner = if inner.dtype() == dtype {
+            inner
+        } else {
+            inner.cast(dtype)
+        };
+        Param::from_mapped_value(id, Tensor::from_inner(inner).require_grad(), mapper)
+    }
+}
+
+/// After the owners' updates: every parameter in `updated` gathered from its owner, so every
+/// rank holds the same weights again. Returns the new module.
+pub(crate) fn all_gather_weights<B, M>(
+    module: M,
+    updated: &[bool],
+    slot: &RankSlot<B::InnerBackend>,
+    layout: &ShardLayout,
+    comm: &mut CommStats,
+) -> Result<M>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+{
+    let Some(device) = module.devices().first().cloned() else {
+        return Ok(module);
+    };
+    let wanted: Vec<bool> = (0..updated.len())
+        .map(|i| updated[i] && layout.owner(i) == slot.rank)
+        .collect();
+    let mut v = Values::<B> {
+        wanted,
+        at: 0,
+        out: Vec::new(),
+    };
+    module.visit(&mut v);
+    let mut own = v.out;
+    let sizes = layout.sizes();
+    let mut gathered: Vec<Option<Flat<B>>> = (0..sizes.len()).map(|_| None).collect();
+    let t = Instant::now();
+    for bucket in bucket_ranges(sizes, limit(slot), |i| updated[i]) {
+        let (order, counts) = by_owner(&bucket, sizes, layout);
+        let mine: Vec<Flat<B>> = order.iter().filter_map(|&i| own[i].take()).collect();
+        let part = (!mine.is_empty()).then(|| Tensor::cat(mine, 0));
+        let whole = slot
+            .collective
+            .all_gather_parts(slot.rank, part, &counts, &device)?;
+        comm.all_gather_bytes += (counts[slot.rank] * 4) as u64;
+        let lens = order.iter().map(|&i| sizes[i]);
+        for (&i, span) in order.iter().zip(spans(lens)) {
+            if layout.owner(i) != slot.rank {
+                gathered[i] = Some(whole.clone().slice(span));
+            }
+        }
+    }
+    comm.all_gather_secs += t.elapsed().as_secs_f64();
+    Ok(module.map(&mut Replace::<B> {
+        with: gathered.into_iter(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_consecutive_parameters_within_the_limit() {
+        let sizes = [3, 4, 10, 1, 1, 2];
+        assert_eq!(
+            bucket_ranges(&sizes, 8, |_| true),
+            vec![vec![0, 1], vec![2], vec![3, 4, 5]]
+        );
+        assert_eq!(
+            bucket_ranges(&sizes, 8, |i| i != 1),
+            vec![vec![0], vec![2], vec![3, 4, 5]]
+        );
+    }
+
+    #[test]
+    fn a_bucket_is_laid_out_owner_by_owner() {
+        let sizes = [5, 1, 1, 5];
+        let layout = ShardLayout::balanced(&sizes, 2);
+        let (order, counts) = by_owner(&[0, 1, 2, 3], &sizes, &layout);
+        assert_eq!(counts.iter().sum::<usize>(), 12);
+        let owners: Vec<usize> = order.iter().map(|&i| layout.owner(i)).collect();
+        assert!(owners.windows(2).all(|w| w[0] <= w[1]), "{owners:?}");
+    }
 }

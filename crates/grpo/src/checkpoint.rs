@@ -8,16 +8,17 @@
 //! flipped byte, a truncated copy, another model or a changed `group_size` is an error naming
 //! it, never a run that trains on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use burn::module::{ModuleVisitor, Param};
+use burn::module::{ModuleVisitor, Param, ParamId};
 use burn::tensor::Tensor;
 use sha2::{Digest, Sha256};
 
 use burn::module::{AutodiffModule, Module};
-use burn::optim::Optimizer;
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, Optimizer};
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
@@ -26,6 +27,7 @@ use conrub_rubric::io::sync_dir;
 
 use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, LearnerConfig};
+use crate::sharding::{param_ids, Sharding};
 use conrub_contracts::Policy;
 
 /// The small, human-readable part of a training state.
@@ -86,6 +88,39 @@ struct Manifest {
     parameters: Vec<(String, Vec<usize>)>,
     /// Every state file but the manifest, by name.
     files: BTreeMap<String, FileDigest>,
+    /// A sharded group's optimizer state, one file per rank (absent: one `optimizer` file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sharding: Option<ShardFiles>,
+}
+
+/// The optimizer state of a sharded group: which rank wrote which file and which parameters
+/// (indices into `parameters`) it holds. A resume may use another world size or mode: every
+/// file is read and each rank keeps what it owns then.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct ShardFiles {
+    world: usize,
+    mode: Sharding,
+    shards: Vec<ShardFile>,
+}
+
+/// One rank's optimizer file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct ShardFile {
+    rank: usize,
+    /// File name in the state directory (`.mpk` added by the recorder).
+    file: String,
+    /// The parameters whose AdamW moments it holds.
+    parameters: Vec<usize>,
+    /// Their elements.
+    elements: usize,
+}
+
+/// The AdamW state of a learner, keyed by parameter id.
+type OptimRecord<B, P> = <OptimizerAdaptor<AdamW, P, B> as Optimizer<P, B>>::Record;
+
+/// The optimizer file of `rank` of a `world`-rank sharded group.
+fn shard_file(rank: usize, world: usize) -> String {
+    format!("{OPTIMIZER}-rank-{rank:05}-of-{world:05}")
 }
 
 /// The policy's float parameters: module path (each field entered on the way, the parameter's
@@ -162,6 +197,24 @@ where
     P::InnerModule: Policy<B::InnerBackend>,
     T: crate::task::TaskPrompt,
 {
+    save_group_state(std::slice::from_ref(learner), data_cursor, dir)
+}
+
+/// [`save_state`] of a data-parallel group, rank 0 first: rank 0's policy (every rank holds
+/// the same), and the optimizer state: rank 0's when it is replicated, every rank's own part
+/// (one file each, listed in the manifest) when the group shards it.
+pub(crate) fn save_group_state<B, P, T>(
+    ranks: &[Learner<B, P, T>],
+    data_cursor: serde_json::Value,
+    dir: &Path,
+) -> Result<()>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+    T: crate::task::TaskPrompt,
+{
+    let learner = &ranks[0];
     let tmp = PathBuf::from(format!("{}.tmp", dir.display()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
@@ -171,8 +224,7 @@ where
         .clone()
         .save_file(tmp.join(POLICY), &rec)
         .map_err(|e| io(&tmp.join(POLICY), e))?;
-    rec.record(learner.update.optim.to_record(), tmp.join(OPTIMIZER))
-        .map_err(|e| io(&tmp.join(OPTIMIZER), e))?;
+    let sharding = save_optimizer(ranks, &tmp, &rec)?;
     if let Some(reference) = &learner.reference {
         reference
             .clone()
@@ -200,6 +252,7 @@ where
     let manifest = Manifest {
         parameters: shapes(&learner.policy),
         files,
+        sharding,
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| io(&tmp.join(MANIFEST), e))?;
     std::fs::write(tmp.join(MANIFEST), json).map_err(|e| io(&tmp.join(MANIFEST), e))?;
@@ -210,6 +263,65 @@ where
             .map_err(|e| io(&f, e))?;
     }
     swap_in(&tmp, dir)
+}
+
+/// Writes the optimizer state of `ranks` into `tmp`: rank 0's (`optimizer`) when it is
+/// replicated, else one file per rank holding its own parameters' moments, keyed by rank 0's
+/// parameter ids (those the saved policy carries); returns what the manifest lists of them.
+fn save_optimizer<B, P, T>(
+    ranks: &[Learner<B, P, T>],
+    tmp: &Path,
+    rec: &NamedMpkFileRecorder<FullPrecisionSettings>,
+) -> Result<Option<ShardFiles>>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+    T: crate::task::TaskPrompt,
+{
+    let sharded = ranks[0]
+        .rank
+        .as_ref()
+        .and_then(|s| s.sharded().map(|l| (s.sharding, l)));
+    let Some((mode, layout)) = sharded else {
+        rec.record(ranks[0].update.optim.to_record(), tmp.join(OPTIMIZER))
+            .map_err(|e| io(&tmp.join(OPTIMIZER), e))?;
+        return Ok(None);
+    };
+    let lead: Vec<ParamId> = param_ids(&ranks[0].policy)
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    let world = ranks.len();
+    let mut shards = Vec::with_capacity(world);
+    for (rank, learner) in ranks.iter().enumerate() {
+        let index: HashMap<ParamId, usize> = param_ids(&learner.policy)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (id, _))| (id, i))
+            .collect();
+        let mut record: OptimRecord<B, P> = learner.update.optim.to_record();
+        let mut parameters: Vec<usize> = record.keys().map(|id| index[id]).collect();
+        parameters.sort_unstable();
+        record = record
+            .into_iter()
+            .map(|(id, r)| (lead[index[&id]], r))
+            .collect();
+        let file = shard_file(rank, world);
+        rec.record(record, tmp.join(&file))
+            .map_err(|e| io(&tmp.join(&file), e))?;
+        shards.push(ShardFile {
+            rank,
+            file: format!("{file}.mpk"),
+            elements: parameters.iter().map(|&i| layout.sizes()[i]).sum(),
+            parameters,
+        });
+    }
+    Ok(Some(ShardFiles {
+        world,
+        mode,
+        shards,
+    }))
 }
 
 /// Replaces `dir` with the complete directory `tmp`: the entries of `tmp`, then the swap in the
@@ -246,16 +358,14 @@ where
     } else {
         dir
     };
-    let state = check_state(learner, dir)?;
+    let (state, manifest) = check_state(learner, dir)?;
     let rec = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
     learner.policy = learner
         .policy
         .clone()
         .load_file(dir.join(POLICY), &rec, &learner.device)
         .map_err(|e| bad_checkpoint(dir, format!("{POLICY}.mpk cannot be read: {e}")))?;
-    let record = rec
-        .load(dir.join(OPTIMIZER), &learner.device)
-        .map_err(|e| bad_checkpoint(dir, format!("{OPTIMIZER}.mpk cannot be read: {e}")))?;
+    let record = load_optimizer(learner, dir, manifest.and_then(|m| m.sharding), &rec)?;
     learner.update.optim = learner.update.optim.clone().load_record(record);
     learner.step = state.step;
     // The KL reference is the run's initial policy, saved with the state.
@@ -273,9 +383,51 @@ where
     Ok(state)
 }
 
+/// The optimizer state `learner` keeps from `dir`: the one `optimizer` file, or every rank's
+/// file of a sharded state merged; then, on a sharded rank, only the parameters it owns (so a
+/// resume may change the world size or the mode).
+fn load_optimizer<B, P, T>(
+    learner: &Learner<B, P, T>,
+    dir: &Path,
+    shards: Option<ShardFiles>,
+    rec: &NamedMpkFileRecorder<FullPrecisionSettings>,
+) -> Result<OptimRecord<B, P>>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+    T: crate::task::TaskPrompt,
+{
+    let files: Vec<String> = match &shards {
+        None => vec![OPTIMIZER.to_string()],
+        Some(s) => s
+            .shards
+            .iter()
+            .map(|f| f.file.trim_end_matches(".mpk").to_string())
+            .collect(),
+    };
+    let mut record: OptimRecord<B, P> = Default::default();
+    for file in files {
+        let part: OptimRecord<B, P> = rec
+            .load(dir.join(&file), &learner.device)
+            .map_err(|e| bad_checkpoint(dir, format!("{file}.mpk cannot be read: {e}")))?;
+        record.extend(part);
+    }
+    if let Some(slot) = &learner.rank {
+        if let Some(layout) = slot.sharded() {
+            let mine = crate::sharding::owned_ids(&learner.policy, layout, slot.rank);
+            record.retain(|id, _| mine.contains(id));
+        }
+    }
+    Ok(record)
+}
+
 /// Reads `dir/state.json` and checks the state against its manifest (files, sizes, SHA-256, the
 /// policy's parameters) and the settings a resume must keep; nothing is loaded yet.
-fn check_state<B, P, T>(learner: &Learner<B, P, T>, dir: &Path) -> Result<TrainingState>
+fn check_state<B, P, T>(
+    learner: &Learner<B, P, T>,
+    dir: &Path,
+) -> Result<(TrainingState, Option<Manifest>)>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
@@ -298,7 +450,7 @@ where
                 "warning: {}: a training state without a manifest (format 1): loaded unchecked",
                 dir.display()
             );
-            return Ok(state);
+            return Ok((state, None));
         }
         FORMAT => {}
         other => {
@@ -379,5 +531,5 @@ where
             ));
         }
     }
-    Ok(state)
+    Ok((state, Some(manifest)))
 }

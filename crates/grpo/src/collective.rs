@@ -1,9 +1,10 @@
 //! What data-parallel ranks share during a step: the gradient all-reduce (one per optimizer step,
-//! over flattened buckets) and a few host numbers (response lengths, metric sums).
+//! over flattened buckets), the reduce-scatter and all-gather of sharded runs
+//! ([`crate::Sharding`]), and a few host numbers (response lengths, metric sums).
 //!
 //! [`Collective`] is the interface; [`HostCollective`] is the implementation for ranks that are
 //! threads of one process on any backend (the CPU backends, wgpu, or a CUDA device without NCCL):
-//! every rank's bucket goes to the host and is summed there in rank order, so a run is
+//! every rank's bucket goes to the host and is combined there in rank order, so a run is
 //! reproducible bit for bit. A rank that fails calls [`Collective::abort`]; every rank waiting in
 //! (or later entering) a collective then returns an error naming it, so no rank waits forever.
 
@@ -24,6 +25,51 @@ pub trait Collective<B: Backend>: Send + Sync {
     /// The element-wise sum over ranks of `bucket` (the same length on every rank), on the
     /// device and in the dtype of `bucket`; every rank gets the same sum.
     fn all_reduce_sum(&self, rank: usize, bucket: Tensor<B, 1>) -> Result<Tensor<B, 1>>;
+
+    /// The element-wise sum over ranks of `bucket`, of which this rank keeps its slice: the
+    /// bucket is `counts[0]` elements for rank 0, then `counts[1]` for rank 1, and so on (the
+    /// same `counts` on every rank). `None` when `counts[rank]` is 0.
+    ///
+    /// The default all-reduces the whole bucket and slices it (NCCL through CubeCL's client,
+    /// which has no reduce-scatter: the same result for twice the traffic).
+    fn reduce_scatter_sum(
+        &self,
+        rank: usize,
+        bucket: Tensor<B, 1>,
+        counts: &[usize],
+    ) -> Result<Option<Tensor<B, 1>>> {
+        let sum = self.all_reduce_sum(rank, bucket)?;
+        let start: usize = counts[..rank].iter().sum();
+        Ok((counts[rank] > 0).then(|| sum.slice(start..start + counts[rank])))
+    }
+
+    /// Every rank's `part` concatenated in rank order: rank `r` gives `counts[r]` elements
+    /// (`None` for none), every rank gets the whole, on `device` in f32.
+    ///
+    /// The default all-reduces a zero buffer holding this rank's part at its place (the same
+    /// values, as `x + 0 = x`, for twice the traffic of an all-gather).
+    fn all_gather_parts(
+        &self,
+        rank: usize,
+        part: Option<Tensor<B, 1>>,
+        counts: &[usize],
+        device: &B::Device,
+    ) -> Result<Tensor<B, 1>> {
+        let total: usize = counts.iter().sum();
+        let start: usize = counts[..rank].iter().sum();
+        let mut pieces = Vec::with_capacity(3);
+        if start > 0 {
+            pieces.push(Tensor::<B, 1>::zeros([start], device));
+        }
+        if let Some(p) = part {
+            pieces.push(p.cast(burn::tensor::DType::F32));
+        }
+        let end = start + counts[rank];
+        if end < total {
+            pieces.push(Tensor::<B, 1>::zeros([total - end], device));
+        }
+        self.all_reduce_sum(rank, Tensor::cat(pieces, 0))
+    }
 
     /// Every rank's `values`, in rank order.
     fn all_gather(&self, rank: usize, values: Vec<f64>) -> Result<Vec<Vec<f64>>>;
@@ -142,6 +188,7 @@ impl<T, R> Rendezvous<T, R> {
 /// makes the waiting ranks fail with [`GrpoError::CollectiveTimeout`] naming it.
 pub struct HostCollective {
     reduce: Rendezvous<Vec<f32>, Vec<f32>>,
+    parts: Rendezvous<Vec<f32>, Vec<f32>>,
     gather: Rendezvous<Vec<f64>, Vec<Vec<f64>>>,
 }
 
@@ -161,6 +208,7 @@ impl HostCollective {
         assert!(world > 0, "a collective of no ranks");
         Self {
             reduce: Rendezvous::new(world, timeout),
+            parts: Rendezvous::new(world, timeout),
             gather: Rendezvous::new(world, timeout),
         }
     }
@@ -173,24 +221,49 @@ impl<B: Backend> Collective<B> for HostCollective {
 
     fn all_reduce_sum(&self, rank: usize, bucket: Tensor<B, 1>) -> Result<Tensor<B, 1>> {
         let (device, dtype) = (bucket.device(), bucket.dtype());
-        let host: Vec<f32> = bucket
-            .into_data()
-            .convert::<f32>()
-            .into_vec()
-            .map_err(|e| GrpoError::Stage(format!("all-reduce readback: {e:?}")))?;
-        let n = host.len();
-        let sum = self.reduce.exchange(rank, host, |all| {
-            let mut out = vec![0f32; n];
-            for part in &all {
-                assert_eq!(part.len(), n, "all-reduce buckets of different lengths");
-                for (o, x) in out.iter_mut().zip(part) {
-                    *o += *x;
-                }
-            }
-            out
-        })?;
-        let t = Tensor::<B, 1>::from_data(TensorData::new(sum.as_ref().clone(), [n]), &device);
-        Ok(if t.dtype() == dtype { t } else { t.cast(dtype) })
+        let sum = self
+            .reduce
+            .exchange(rank, to_host(bucket)?, sum_in_rank_order)?;
+        Ok(to_device::<B>(sum.as_ref().clone(), &device, dtype))
+    }
+
+    fn reduce_scatter_sum(
+        &self,
+        rank: usize,
+        bucket: Tensor<B, 1>,
+        counts: &[usize],
+    ) -> Result<Option<Tensor<B, 1>>> {
+        let (device, dtype) = (bucket.device(), bucket.dtype());
+        let host = to_host(bucket)?;
+        assert_eq!(
+            host.len(),
+            counts.iter().sum::<usize>(),
+            "reduce-scatter counts"
+        );
+        let sum = self.reduce.exchange(rank, host, sum_in_rank_order)?;
+        let start: usize = counts[..rank].iter().sum();
+        let mine = &sum[start..start + counts[rank]];
+        Ok((!mine.is_empty()).then(|| to_device::<B>(mine.to_vec(), &device, dtype)))
+    }
+
+    fn all_gather_parts(
+        &self,
+        rank: usize,
+        part: Option<Tensor<B, 1>>,
+        counts: &[usize],
+        device: &B::Device,
+    ) -> Result<Tensor<B, 1>> {
+        let host = match part {
+            Some(p) => to_host(p)?,
+            None => Vec::new(),
+        };
+        assert_eq!(host.len(), counts[rank], "all-gather part of rank {rank}");
+        let whole = self.parts.exchange(rank, host, |all| all.concat())?;
+        Ok(to_device::<B>(
+            whole.as_ref().clone(),
+            device,
+            burn::tensor::DType::F32,
+        ))
     }
 
     fn all_gather(&self, rank: usize, values: Vec<f64>) -> Result<Vec<Vec<f64>>> {
@@ -203,8 +276,46 @@ impl<B: Backend> Collective<B> for HostCollective {
 
     fn abort(&self, rank: usize, error: &str) {
         self.reduce.abort(rank, error);
+        self.parts.abort(rank, error);
         self.gather.abort(rank, error);
     }
+}
+
+/// A bucket's values on the host, as f32.
+fn to_host<B: Backend>(bucket: Tensor<B, 1>) -> Result<Vec<f32>> {
+    bucket
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .map_err(|e| GrpoError::Stage(format!("collective readback: {e:?}")))
+}
+
+/// `values` on `device` in `dtype`.
+fn to_device<B: Backend>(
+    values: Vec<f32>,
+    device: &B::Device,
+    dtype: burn::tensor::DType,
+) -> Tensor<B, 1> {
+    let n = values.len();
+    let t = Tensor::<B, 1>::from_data(TensorData::new(values, [n]), device);
+    if t.dtype() == dtype {
+        t
+    } else {
+        t.cast(dtype)
+    }
+}
+
+/// The element-wise sum of every rank's bucket, rank 0 first.
+fn sum_in_rank_order(all: Vec<Vec<f32>>) -> Vec<f32> {
+    let n = all[0].len();
+    let mut out = vec![0f32; n];
+    for part in &all {
+        assert_eq!(part.len(), n, "buckets of different lengths");
+        for (o, x) in out.iter_mut().zip(part) {
+            *o += *x;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -247,6 +358,61 @@ mod tests {
         for sums in &out {
             for (round, s) in sums.iter().enumerate() {
                 assert_eq!(s, &want(round), "round {round}");
+            }
+        }
+    }
+
+    /// Only the required methods, delegating to a host collective: what NCCL's collective
+    /// gets, so its reduce-scatter and all-gather are the trait's defaults over all-reduce.
+    struct AllReduceOnly(HostCollective);
+
+    impl Collective<B> for AllReduceOnly {
+        fn world_size(&self) -> usize {
+            Collective::<B>::world_size(&self.0)
+        }
+        fn all_reduce_sum(&self, rank: usize, bucket: Tensor<B, 1>) -> Result<Tensor<B, 1>> {
+            self.0.all_reduce_sum(rank, bucket)
+        }
+        fn all_gather(&self, rank: usize, values: Vec<f64>) -> Result<Vec<Vec<f64>>> {
+            Collective::<B>::all_gather(&self.0, rank, values)
+        }
+        fn abort(&self, rank: usize, error: &str) {
+            Collective::<B>::abort(&self.0, rank, error)
+        }
+    }
+
+    fn host(t: Tensor<B, 1>) -> Vec<f32> {
+        t.into_data().convert::<f32>().into_vec::<f32>().unwrap()
+    }
+
+    /// Reduce-scatter and all-gather on 3 ranks, the host's own and the defaults over
+    /// all-reduce (NCCL's), give the same values: each rank its slice of the sum (none for a
+    /// rank owning nothing), every rank every part in rank order.
+    #[test]
+    fn reduce_scatter_and_all_gather_agree_with_their_all_reduce_defaults() {
+        let counts = [2usize, 0, 3];
+        let host_c = HostCollective::new(3);
+        let fallback = AllReduceOnly(HostCollective::new(3));
+        let cs: [&dyn Collective<B>; 2] = [&host_c, &fallback];
+        for c in cs {
+            let out = on_ranks(3, |r| {
+                let dev = Default::default();
+                let bucket: Vec<f32> = (0..5).map(|i| (r * 10 + i) as f32).collect();
+                let t = Tensor::<B, 1>::from_floats(bucket.as_slice(), &dev);
+                let mine = c.reduce_scatter_sum(r, t, &counts).unwrap().map(host);
+                let part: Vec<f32> = (0..counts[r]).map(|i| (100 * r + i) as f32).collect();
+                let part =
+                    (!part.is_empty()).then(|| Tensor::<B, 1>::from_floats(part.as_slice(), &dev));
+                let whole = host(c.all_gather_parts(r, part, &counts, &dev).unwrap());
+                (mine, whole)
+            });
+            // Column i of the sum: (0 + 10 + 20) + 3i.
+            let sum: Vec<f32> = (0..5).map(|i| 30.0 + 3.0 * i as f32).collect();
+            assert_eq!(out[0].0.as_deref(), Some(&sum[0..2]));
+            assert_eq!(out[1].0, None);
+            assert_eq!(out[2].0.as_deref(), Some(&sum[2..5]));
+            for (_, whole) in &out {
+                assert_eq!(whole, &vec![0.0, 1.0, 200.0, 201.0, 202.0]);
             }
         }
     }

@@ -18,8 +18,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 use conrub_contracts::{
-    Policy, RolloutBatch, RolloutEngine, RolloutRequest, SamplingConfig, StepMetrics, TextCodec,
-    TokenBatch, WeightSync,
+    Policy, ResponseLogprobs, RolloutBatch, RolloutEngine, RolloutRequest, SamplingConfig,
+    StepMetrics, TextCodec, TokenBatch, WeightSync,
 };
 use conrub_kernels::GrpoOps;
 use conrub_rubric::{ResponseScore, RubricRecord};
@@ -35,6 +35,7 @@ use crate::loss::{dpo_pair_loss, PolicyObjective, SurrogateBatch};
 use crate::registry::Registry;
 use crate::reward::{GroupScores, RewardSource};
 use crate::rollout::GroupSampler;
+use crate::sharding::{CommStats, ShardLayout, ShardedSum, Sharding};
 use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
 use crate::update::{Update, UpdateConfig};
 pub use conrub_contracts::{LearnerConfig, OnNonFinite};
@@ -78,7 +79,7 @@ where
     rollout: RolloutStage<B, P>,
     loss: Box<dyn PolicyObjective<B>>,
     stop_ids: Vec<u32>,
-    rank: Option<RankSlot<B::InnerBackend>>,
+    pub(crate) rank: Option<RankSlot<B::InnerBackend>>,
     /// Optimizer steps skipped in a row for a non-finite gradient norm
     /// (`learner.on_nonfinite = "skip-step"`).
     skipped_in_a_row: usize,
@@ -94,8 +95,21 @@ pub struct RankSlot<B: burn::tensor::backend::Backend> {
     pub rank: usize,
     /// The collective shared by the group.
     pub collective: Arc<dyn Collective<B>>,
-    /// Bytes per all-reduced bucket of flattened gradients.
+    /// Bytes per bucket of flattened gradients (or weights) in one collective call.
     pub bucket_bytes: usize,
+    /// How the group divides the training state.
+    pub sharding: Sharding,
+    /// Who owns which parameter (sharded groups; the same on every rank).
+    pub layout: Option<Arc<ShardLayout>>,
+}
+
+impl<B: burn::tensor::backend::Backend> RankSlot<B> {
+    /// The layout when the group shards (`sharding` other than `none`).
+    pub(crate) fn sharded(&self) -> Option<&ShardLayout> {
+        self.layout
+            .as_deref()
+            .filter(|_| self.sharding.shards_optimizer())
+    }
 }
 
 /// Which of the step's groups a learner handles: `first..first + records.len()` of `total`.
@@ -181,7 +195,7 @@ where
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,
 {
-    policy: P,
+    pub(crate) policy: P,
     cfg: LearnerConfig,
     device: B::Device,
     codec: Option<Box<dyn TextCodec>>,
@@ -322,6 +336,15 @@ where
     }
 }
 
+/// Where a backward pass's gradients go.
+enum GradTarget<'a, B: AutodiffBackend> {
+    /// Added into the optimizer step's running sum.
+    Sum(&'a mut GradientsParams),
+    /// Reduce-scattered piece by piece into this rank's part of the sum (`sharding =
+    /// "gradients"`).
+    Scatter(&'a mut ShardedSum<B>, &'a mut CommStats),
+}
+
 /// What the update stage measured (its gradient norms read one per optimizer step, the rest in
 /// one transfer); all zero for a step that did not update.
 #[derive(Debug, Clone, Default)]
@@ -336,8 +359,7 @@ pub(crate) struct UpdateStats {
     entropy: Option<f64>,
     tokens_computed: u64,
     tokens_needed: u64,
-    pub allreduce_bytes: u64,
-    pub allreduce_secs: f64,
+    pub comm: CommStats,
 }
 
 impl<B, P, T> Learner<B, P, T>
@@ -827,7 +849,13 @@ where
         let (mut token_count, mut has_entropy) = (0usize, false);
         // Token positions the policy's forward passes computed (padding included) and needed.
         let (mut computed, mut needed) = (0usize, 0usize);
-        let (mut allreduce_bytes, mut allreduce_secs) = (0u64, 0f64);
+        let mut comm = CommStats::default();
+        // `sharding = "gradients"`: each micro-batch's gradients are reduce-scattered when its
+        // backward is done, so the running sum holds this rank's parameters only.
+        let scatter_each = self
+            .rank
+            .as_ref()
+            .is_some_and(|s| s.sharding.shards_gradients() && s.sharded().is_some());
         for epoch in 0..self.cfg.ppo_epochs {
             let last = epoch + 1 == self.cfg.ppo_epochs;
             for mini in &minis {
@@ -835,10 +863,27 @@ where
                 // This learner's rows of the mini-batch (maybe none), as indices into `batch`.
                 let lo = mini.start.clamp(local.start, local.end);
                 let mine = lo - rows.first..mini.end.clamp(lo, local.end) - rows.first;
+                let pairs: Vec<(usize, usize)> = dpo_pairs
+                    .iter()
+                    .copied()
+                    .filter(|(w, _)| mine.contains(w))
+                    .collect();
+                let micros = self.local_micro_batches(rows, mini.clone(), batch.rows());
+                // Backward passes this rank makes, and the most any rank makes: with
+                // `scatter_each` every pass reduce-scatters its pieces, so a rank with fewer
+                // runs zero-weighted passes for the difference (same calls on every rank).
+                let passes = micros.len() + usize::from(!pairs.is_empty());
+                let rounds = if scatter_each {
+                    self.most_on_any_rank(passes)?
+                } else {
+                    passes
+                };
                 // The running sum of the mini-batch's gradients: each micro-batch adds into it
-                // as its backward goes (`Policy::loss_gradients_into`).
+                // as its backward goes (`Policy::loss_gradients_into`), or, with
+                // `scatter_each`, this rank's reduced part of it.
                 let mut acc = GradientsParams::new();
-                for micro in self.local_micro_batches(rows, mini.clone(), batch.rows()) {
+                let mut sharded = ShardedSum::<B>::new();
+                for micro in micros {
                     let mb = batch.slice(micro.clone());
                     computed += mb.tokens.tokens.dims().iter().product::<usize>();
                     needed += mb.seq_lens.iter().sum::<usize>();
@@ -851,68 +896,60 @@ where
                     );
                     let mut parts: Option<Tensor<B::InnerBackend, 1>> = None;
                     let loss = &self.loss;
-                    let sum = std::mem::take(&mut acc);
-                    acc = self.policy.loss_gradients_into(
-                        &mb.tokens,
-                        &mut |out_lp| {
-                            let out = loss.compute(SurrogateBatch {
-                                logp: out_lp.logprobs,
-                                logp_old: mb.logp_old.clone(),
-                                advantages: mb.advantages.clone(),
-                                mask: mb.tokens.mask.clone(),
-                                logp_ref: mb.logp_ref.clone(),
-                                logp_engine: mb.logp_engine.clone(),
-                            });
-                            if last {
-                                let w = mb.response_tokens() as f64;
-                                let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
-                                let zero = || {
-                                    Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device())
-                                        .cast(DType::F32)
-                                };
-                                has_entropy |= out_lp.entropy.is_some();
-                                parts = Some(Tensor::cat(
-                                    vec![
-                                        f32_of(out.loss.clone()) * weight,
-                                        f32_of(out.clip_low.clone()) * w,
-                                        f32_of(out.clip_high.clone()) * w,
-                                        out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
-                                        out_lp
-                                            .entropy
-                                            .map(|e| f32_of(e.sum()))
-                                            .unwrap_or_else(zero),
-                                    ],
-                                    0,
-                                ));
-                            }
-                            out.loss * weight
-                        },
-                        sum,
-                    );
+                    let mut micro_loss = |out_lp: ResponseLogprobs<B>| {
+                        let out = loss.compute(SurrogateBatch {
+                            logp: out_lp.logprobs,
+                            logp_old: mb.logp_old.clone(),
+                            advantages: mb.advantages.clone(),
+                            mask: mb.tokens.mask.clone(),
+                            logp_ref: mb.logp_ref.clone(),
+                            logp_engine: mb.logp_engine.clone(),
+                        });
+                        if last {
+                            let w = mb.response_tokens() as f64;
+                            let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
+                            let zero = || {
+                                Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device())
+                                    .cast(DType::F32)
+                            };
+                            has_entropy |= out_lp.entropy.is_some();
+                            parts = Some(Tensor::cat(
+                                vec![
+                                    f32_of(out.loss.clone()) * weight,
+                                    f32_of(out.clip_low.clone()) * w,
+                                    f32_of(out.clip_high.clone()) * w,
+                                    out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
+                                    out_lp.entropy.map(|e| f32_of(e.sum())).unwrap_or_else(zero),
+                                ],
+                                0,
+                            ));
+                        }
+                        out.loss * weight
+                    };
+                    let target = if scatter_each {
+                        GradTarget::Scatter(&mut sharded, &mut comm)
+                    } else {
+                        GradTarget::Sum(&mut acc)
+                    };
+                    self.gradients(&mb.tokens, &mut micro_loss, target)?;
                     if let Some(v) = parts {
                         micro_parts.push(v);
                         token_count += mb.response_tokens();
                     }
                 }
-                let pairs: Vec<(usize, usize)> = dpo_pairs
-                    .iter()
-                    .copied()
-                    .filter(|(w, _)| mine.contains(w))
-                    .collect();
                 if !pairs.is_empty() {
-                    acc = self.dpo_gradients(batch, &pairs, n, acc);
+                    let target = if scatter_each {
+                        GradTarget::Scatter(&mut sharded, &mut comm)
+                    } else {
+                        GradTarget::Sum(&mut acc)
+                    };
+                    self.dpo_gradients(batch, &pairs, n, target)?;
                 }
-                let mut grads = acc;
-                if let Some(slot) = &self.rank {
-                    let t = Instant::now();
-                    let (reduced, bytes) = crate::buckets::all_reduce(&self.policy, grads, slot)?;
-                    grads = reduced;
-                    allreduce_bytes += bytes;
-                    allreduce_secs += t.elapsed().as_secs_f64();
+                for _ in passes..rounds {
+                    self.zero_pass(batch, &mut sharded, &mut comm)?;
                 }
-                let (policy, norm, stepped) =
-                    self.update.apply_if_finite(self.policy.clone(), grads);
-                self.policy = policy;
+                let (norm, stepped) =
+                    self.reduce_and_step(acc, sharded, scatter_each, &mut comm)?;
                 if stepped {
                     self.skipped_in_a_row = 0;
                     norms.push(norm);
@@ -967,9 +1004,102 @@ where
             entropy: (s[6] > 0.0).then(|| s[4] / tokens),
             tokens_computed: s[7] as u64,
             tokens_needed: s[8] as u64,
-            allreduce_bytes,
-            allreduce_secs,
+            comm,
         })
+    }
+
+    /// The largest of every rank's `count` (one host exchange).
+    fn most_on_any_rank(&self, count: usize) -> Result<usize> {
+        let Some(slot) = &self.rank else {
+            return Ok(count);
+        };
+        let all = slot.collective.all_gather(slot.rank, vec![count as f64])?;
+        Ok(all.iter().map(|v| v[0] as usize).max().unwrap_or(count))
+    }
+
+    /// The gradients of `loss` on `tokens` into `target`: added into a running sum, or each
+    /// piece reduce-scattered as the backward makes it ([`Policy::loss_gradients_each`]).
+    fn gradients(
+        &self,
+        tokens: &TokenBatch<B>,
+        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+        target: GradTarget<'_, B>,
+    ) -> Result<()> {
+        match target {
+            GradTarget::Sum(acc) => {
+                let sum = std::mem::take(acc);
+                *acc = self.policy.loss_gradients_into(tokens, loss, sum);
+                Ok(())
+            }
+            GradTarget::Scatter(sum, comm) => {
+                let slot = self.rank.as_ref().expect("a sharded rank");
+                let layout = slot.sharded().expect("a sharded rank");
+                let mut failed = None;
+                self.policy.loss_gradients_each(tokens, loss, &mut |piece| {
+                    if failed.is_none() {
+                        failed = sum.add(&self.policy, piece, slot, layout, comm).err();
+                    }
+                });
+                failed.map_or(Ok(()), Err)
+            }
+        }
+    }
+
+    /// A backward pass whose loss is 0 (on this rank's first row), reduce-scattered piece by
+    /// piece: what a rank with fewer micro-batches than another sends for the difference.
+    fn zero_pass(
+        &self,
+        batch: &TrainBatch<B>,
+        sum: &mut ShardedSum<B>,
+        comm: &mut CommStats,
+    ) -> Result<()> {
+        if batch.rows() == 0 {
+            return Err(GrpoError::config(
+                "sharding",
+                "a sharded rank with no rows in a step: every rank needs a prompt group \
+                 (run.prompts_per_step >= the number of devices)",
+            ));
+        }
+        let mb = batch.slice(0..1);
+        let mut zero = |lp: ResponseLogprobs<B>| lp.logprobs.sum() * 0.0;
+        self.gradients(&mb.tokens, &mut zero, GradTarget::Scatter(sum, comm))
+    }
+
+    /// The optimizer step of a mini-batch whose gradients are `acc` (this rank's, unreduced)
+    /// or, when `scattered`, already in `sharded`: reduced over the group's ranks as its
+    /// sharding says, clipped by the global norm and applied (a sharded rank steps its own
+    /// parameters, then gathers the others'). Returns the norm and whether the step was taken.
+    fn reduce_and_step(
+        &mut self,
+        acc: GradientsParams,
+        mut sharded: ShardedSum<B>,
+        scattered: bool,
+        comm: &mut CommStats,
+    ) -> Result<(f64, bool)> {
+        let Some(slot) = self.rank.clone() else {
+            let (policy, norm, stepped) = self.update.apply_if_finite(self.policy.clone(), acc);
+            self.policy = policy;
+            return Ok((norm, stepped));
+        };
+        let Some(layout) = slot.sharded() else {
+            let grads = crate::buckets::all_reduce(&self.policy, acc, &slot, comm)?;
+            let (policy, norm, stepped) = self.update.apply_if_finite(self.policy.clone(), grads);
+            self.policy = policy;
+            return Ok((norm, stepped));
+        };
+        if !scattered {
+            sharded.add(&self.policy, acc, &slot, layout, comm)?;
+        }
+        let (grads, norm, updated) = sharded.finish(&self.policy, &slot, layout, comm)?;
+        let (policy, norm, stepped) = self
+            .update
+            .apply_with_norm(self.policy.clone(), grads, norm);
+        self.policy = if stepped {
+            crate::buckets::all_gather_weights(policy, &updated, &slot, layout, comm)?
+        } else {
+            policy
+        };
+        Ok((norm, stepped))
     }
 
     /// An optimizer step whose gradient norm is `norm` (non-finite) was not taken: an error
@@ -1017,8 +1147,8 @@ where
         batch: &TrainBatch<B>,
         pairs: &[(usize, usize)],
         total: usize,
-        sum: GradientsParams,
-    ) -> GradientsParams {
+        target: GradTarget<'_, B>,
+    ) -> Result<()> {
         let rows: Vec<usize> = pairs.iter().flat_map(|&(w, l)| [w, l]).collect();
         let index = row_index::<B>(&rows, &self.device);
         // Padding cut to the bucket of the longest of these rows, as for a micro-batch.
@@ -1037,7 +1167,7 @@ where
         let winners = row_index::<B>(&(0..p).map(|i| 2 * i).collect::<Vec<_>>(), &self.device);
         let losers = row_index::<B>(&(0..p).map(|i| 2 * i + 1).collect::<Vec<_>>(), &self.device);
         let beta = self.cfg.dpo_beta;
-        self.policy.loss_gradients_into(
+        self.gradients(
             &tokens,
             &mut |lp| {
                 let seq = lp.logprobs.sum_dim(1).reshape([rows.len()]);
@@ -1050,7 +1180,7 @@ where
                     total,
                 )
             },
-            sum,
+            target,
         )
     }
 }
@@ -1158,10 +1288,18 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
     let (rollout_max, rollout_min) = (max(|p| p.rollout_secs), min(|p| p.rollout_secs));
     let (update_max, update_min) = (max(|p| p.update_secs), min(|p| p.update_secs));
     let judge_secs = max(|p| p.judge_secs);
-    let allreduce_secs = parts
+    // The busiest rank's bytes and seconds of each collective kind.
+    let comm = parts
         .iter()
-        .map(|p| p.update.allreduce_secs)
-        .fold(0.0, f64::max);
+        .map(|p| p.update.comm)
+        .fold(CommStats::default(), |a, b| CommStats {
+            allreduce_bytes: a.allreduce_bytes.max(b.allreduce_bytes),
+            allreduce_secs: a.allreduce_secs.max(b.allreduce_secs),
+            reduce_scatter_bytes: a.reduce_scatter_bytes.max(b.reduce_scatter_bytes),
+            reduce_scatter_secs: a.reduce_scatter_secs.max(b.reduce_scatter_secs),
+            all_gather_bytes: a.all_gather_bytes.max(b.all_gather_bytes),
+            all_gather_secs: a.all_gather_secs.max(b.all_gather_secs),
+        });
     let dpo_pairs = parts.iter().map(|p| p.dpo_pairs).sum();
     // Shared engines sync once for all ranks: the slowest rank's sync is the step's.
     let weight_sync = parts
@@ -1175,7 +1313,6 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
     let mut parts = parts.into_iter();
     let first = parts.next().expect("a step has at least one part");
     let update = first.update.clone();
-    let allreduce_bytes = update.allreduce_bytes;
     let (mut rollout, mut texts, mut scores, mut outcomes) =
         (first.rollout, first.texts, first.scores, first.outcomes);
     for p in parts {
@@ -1192,7 +1329,11 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
         metrics.update_secs,
     ) = (rollout_max, judge_secs, update_max);
     metrics.ranks = ranks;
-    (metrics.allreduce_bytes, metrics.allreduce_secs) = (allreduce_bytes, allreduce_secs);
+    (metrics.allreduce_bytes, metrics.allreduce_secs) = (comm.allreduce_bytes, comm.allreduce_secs);
+    (metrics.reduce_scatter_bytes, metrics.reduce_scatter_secs) =
+        (comm.reduce_scatter_bytes, comm.reduce_scatter_secs);
+    (metrics.all_gather_bytes, metrics.all_gather_secs) =
+        (comm.all_gather_bytes, comm.all_gather_secs);
     (metrics.weight_sync_secs, metrics.weight_sync_bytes) = (weight_sync.secs, weight_sync.bytes);
     let tokens = gap.tokens.max(1) as f64;
     metrics.rollout_logprob_diff_mean = gap.abs_sum / tokens;

@@ -41,8 +41,8 @@
 //!   a grader) over [`HeldOutPrompt`]s, [`ValidationConfig`], [`ValidationDecoding`],
 //!   [`ValidationLine`], [`JudgeScore`], [`Answer`]
 //! - data parallel: [`DataParallel`] (one learner per device on threads of one process, one
-//!   gradient all-reduce per optimizer step), [`Collective`], [`HostCollective`], [`RankSlot`],
-//!   [`split_groups`]
+//!   gradient all-reduce per optimizer step, or the state sharded: [`Sharding`], [`ShardLayout`]),
+//!   [`Collective`], [`HostCollective`], [`RankSlot`], [`split_groups`]
 //! - errors: [`GrpoError`], [`Result`]
 //!
 //! Every tensor-taking item documents its shapes in a `# Shapes` section.
@@ -63,6 +63,7 @@ mod registry;
 mod reward;
 mod rollout;
 pub mod run_folder;
+mod sharding;
 mod task;
 mod telemetry;
 mod ties;
@@ -98,6 +99,7 @@ pub use registry::{
 };
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
 pub use rollout::{GroupSampler, InProcessEngine};
+pub use sharding::{ShardLayout, Sharding};
 pub use task::TaskPrompt;
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
 pub use trainer::{

@@ -26,6 +26,7 @@ use conrub_rubric::RubricRecord;
 use crate::collective::Collective;
 use crate::error::{GrpoError, Result};
 use crate::learner::{step_output, Learner, LearnerBuilder, RankSlot, Shard, StepOutput};
+use crate::sharding::{ShardLayout, Sharding};
 use crate::task::TaskPrompt;
 use conrub_contracts::Policy;
 
@@ -55,8 +56,29 @@ where
         devices: &[B::Device],
         collective: Arc<dyn Collective<B::InnerBackend>>,
         bucket_bytes: usize,
+        builder: impl FnMut(usize, &B::Device) -> Result<LearnerBuilder<B, P, T>>,
+    ) -> Result<Self> {
+        Self::build_sharded(devices, collective, bucket_bytes, Sharding::None, builder)
+    }
+
+    /// [`DataParallel::build`] with the training state divided as `sharding` says (see
+    /// [`crate::ShardLayout`] for who owns what). `Sharding::Full` is refused: parameter
+    /// sharding is not built yet.
+    pub fn build_sharded(
+        devices: &[B::Device],
+        collective: Arc<dyn Collective<B::InnerBackend>>,
+        bucket_bytes: usize,
+        sharding: Sharding,
         mut builder: impl FnMut(usize, &B::Device) -> Result<LearnerBuilder<B, P, T>>,
     ) -> Result<Self> {
+        if sharding.shards_parameters() {
+            return Err(GrpoError::config(
+                "sharding",
+                "\"full\" (parameters sharded and gathered layer by layer) is not built yet: \
+                 use \"gradients\" (AdamW moments and gradient sums sharded); `conrub plan` \
+                 shows what each mode needs per rank",
+            ));
+        }
         if devices.len() != collective.world_size() {
             return Err(GrpoError::config(
                 "devices",
@@ -67,16 +89,23 @@ where
                 ),
             ));
         }
+        let mut layout: Option<Arc<ShardLayout>> = None;
         let ranks = devices
             .iter()
             .enumerate()
             .map(|(rank, device)| {
+                let b = builder(rank, device)?;
+                if sharding.shards_optimizer() && layout.is_none() {
+                    layout = Some(Arc::new(ShardLayout::of(&b.policy, devices.len())));
+                }
                 let slot = RankSlot {
                     rank,
                     collective: collective.clone(),
                     bucket_bytes,
+                    sharding,
+                    layout: layout.clone(),
                 };
-                builder(rank, device)?.rank(slot).build()
+                b.rank(slot).build()
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self { ranks, collective })

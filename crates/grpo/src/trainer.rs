@@ -236,6 +236,12 @@ where
     fn verify(&self) -> Result<()> {
         Ok(())
     }
+
+    /// Writes the training state to `dir` ([`save_state`]; a sharded group writes every
+    /// rank's part of the optimizer state).
+    fn save(&self, data_cursor: serde_json::Value, dir: &Path) -> Result<()> {
+        save_state(self.lead(), data_cursor, dir)
+    }
 }
 
 impl<B, P, T> Trainee<B, P, T> for Learner<B, P, T>
@@ -285,6 +291,10 @@ where
 
     fn verify(&self) -> Result<()> {
         self.check_replicas()
+    }
+
+    fn save(&self, data_cursor: serde_json::Value, dir: &Path) -> Result<()> {
+        crate::checkpoint::save_group_state(self.learners(), data_cursor, dir)
     }
 }
 
@@ -378,7 +388,7 @@ where
             serde_json::json!({ "step": learner.step, "steps_per_epoch": steps_per_epoch });
         let written = hooks
             .export(&learner.policy, &tmp)
-            .and_then(|_| save_state(learner, cursor, &tmp.join("training_state")));
+            .and_then(|_| trainee.save(cursor, &tmp.join("training_state")));
         if let Err(e) = written {
             // A partial checkpoint (a full disk, say) is removed, not left filling the disk.
             let _ = std::fs::remove_dir_all(&tmp);

@@ -215,8 +215,20 @@ impl<B: AutodiffBackend, P: AutodiffModule<B>> Update<B, P> {
     /// [`Update::apply`] when the gradients' global norm is finite; else the policy unchanged
     /// and no optimizer step (a NaN or infinite loss or gradient shows in the norm). Returns the
     /// policy, the norm (read to the host: one scalar per optimizer step) and whether it stepped.
-    pub fn apply_if_finite(&mut self, policy: P, mut grads: GradientsParams) -> (P, f64, bool) {
+    pub fn apply_if_finite(&mut self, policy: P, grads: GradientsParams) -> (P, f64, bool) {
         let norm = global_grad_norm(&policy, &grads);
+        self.apply_with_norm(policy, grads, norm)
+    }
+
+    /// [`Update::apply_if_finite`] with the gradients' global norm given (`[1]`): a sharded
+    /// rank holds only its own parameters' gradients, and the norm spans every rank's
+    /// (`crate::sharding`).
+    pub(crate) fn apply_with_norm(
+        &mut self,
+        policy: P,
+        mut grads: GradientsParams,
+        norm: Tensor<B::InnerBackend, 1>,
+    ) -> (P, f64, bool) {
         let value = norm
             .clone()
             .into_data()

@@ -41,12 +41,19 @@
 //!   decode attention kernel `conrub_kernels::paged_decode_attention` reads the pool in place)
 //!   and a prefill pass.
 //! - Training and rollout do not overlap: the peak is the larger of the two.
+//! - Data-parallel ranks (`ranks`): the plan is per rank. With `sharding` a rank keeps `1/N` of
+//!   what the mode shards ([`Sharding`]): AdamW moments (`optimizer` on), the summed gradients
+//!   (`gradients` on; each piece the backward makes is reduce-scattered at once, so one layer's
+//!   set, or a micro-batch's without checkpointing, stands beside the sum), the master weights
+//!   (`full`: two layers gathered in the compute dtype during the forward and backward, and the
+//!   whole weights gathered in the compute dtype for the rollout). [`MemoryPlan::by_sharding`]
+//!   plans every mode.
 //!
 //! A flat [`RUNTIME_RESERVE_BYTES`] stands for the CUDA context, kernels and allocator slack.
 
 use std::fmt::Write as _;
 
-pub use conrub_contracts::{ModelShape, Precision};
+pub use conrub_contracts::{ModelShape, Precision, Sharding};
 use serde::Serialize;
 
 /// One decimal gigabyte.
@@ -125,6 +132,10 @@ pub struct MemoryPlanInput {
     pub rollout_in_process: bool,
     /// Device memory in decimal GB.
     pub gpu_memory_gb: f64,
+    /// Data-parallel ranks (1 on one device).
+    pub ranks: usize,
+    /// How the ranks divide the training state (see [`Sharding`]); ignored on one rank.
+    pub sharding: Sharding,
 }
 
 impl MemoryPlanInput {
@@ -150,6 +161,8 @@ impl MemoryPlanInput {
             rollout_max_rows: conrub_rollout::DEFAULT_MAX_ROWS,
             rollout_in_process: true,
             gpu_memory_gb: DEFAULT_GPU_MEMORY_GB,
+            ranks: 1,
+            sharding: Sharding::None,
         }
     }
 
@@ -209,6 +222,16 @@ impl MemoryPlanInput {
     /// Device memory in bytes.
     pub fn gpu_bytes(&self) -> f64 {
         self.gpu_memory_gb * GB
+    }
+
+    /// The share of a sharded state one rank keeps: `1 / ranks` when `shards(sharding)`
+    /// says the part is sharded and there are several ranks, else 1.
+    fn share(&self, shards: fn(Sharding) -> bool) -> f64 {
+        if self.ranks > 1 && shards(self.sharding) {
+            1.0 / self.ranks as f64
+        } else {
+            1.0
+        }
     }
 
     fn compute_bytes(&self) -> f64 {
@@ -350,12 +373,28 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
             * s
             * (TRAIN_BATCH_BYTES_PER_TOKEN + if i.keep_reference { 4.0 } else { 0.0 }),
     )];
+    let grad_share = i.share(Sharding::shards_gradients);
     if summing {
+        let label = if grad_share < 1.0 {
+            "gradients summed over the micro-batches (f32, own 1/N)"
+        } else {
+            "gradients summed over the step's micro-batches (f32)"
+        };
         parts.push(part(
             "gradients",
-            "gradients summed over the step's micro-batches (f32)",
+            label,
             Phase::Training,
-            4.0 * p,
+            4.0 * p * grad_share,
+        ));
+    }
+    if i.share(Sharding::shards_parameters) < 1.0 {
+        // Parameters gathered for the forward and the backward, one layer at a time (the
+        // next layer's gather in flight): two layers' weights in the compute dtype.
+        parts.push(part(
+            "gathered_layer_weights",
+            "gathered weights (two layers, compute dtype)",
+            Phase::MicroBatch,
+            2.0 * layer_params * c,
         ));
     }
     if mixed {
@@ -422,7 +461,28 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
         n * nh * block * 4.0 * ATTENTION_BLOCK_COPIES + 3.0 * n * nkv * d * 4.0,
     ));
     let largest = m.largest_tensor() as f64 * 4.0;
-    if summing && i.activation_checkpointing {
+    if summing && grad_share < 1.0 {
+        // Each piece the backward makes is reduce-scattered at once
+        // (`Policy::loss_gradients_each`): with checkpointing a segment's (a layer's, or the
+        // head's, counted in the micro-batch's backward gradients), without the whole set.
+        let (label, bytes) = if i.activation_checkpointing {
+            (
+                "one segment's gradients (f32) until reduce-scattered",
+                4.0 * layer_params + largest,
+            )
+        } else {
+            (
+                "one micro-batch's gradients (f32) until reduce-scattered",
+                4.0 * p + largest,
+            )
+        };
+        parts.push(part(
+            "micro_batch_gradients",
+            label,
+            Phase::GradientSum,
+            bytes,
+        ));
+    } else if summing && i.activation_checkpointing {
         // Each segment's gradients go into the running sum as its backward makes them
         // (`Policy::loss_gradients_into`): one layer's set (or the head's, counted in the
         // micro-batch's backward gradients) beside the sum, never a whole model's.
@@ -493,18 +553,29 @@ fn rollout_transient(i: &MemoryPlanInput) -> f64 {
 
 fn always_parts(i: &MemoryPlanInput) -> Vec<Part> {
     let p = i.model.parameters() as f64;
+    let (weights, moments) = (
+        i.share(Sharding::shards_parameters),
+        i.share(Sharding::shards_optimizer),
+    );
+    let own = |label: &str, share: f64| {
+        if share < 1.0 {
+            format!("{label}, own 1/N")
+        } else {
+            label.to_string()
+        }
+    };
     let mut parts = vec![
         part(
             "weights_f32",
-            "weights (f32 master)",
+            own("weights (f32 master)", weights),
             Phase::Always,
-            4.0 * p,
+            4.0 * p * weights,
         ),
         part(
             "adamw_moments",
-            "AdamW moments (f32, 2 per weight)",
+            own("AdamW moments (f32, 2 per weight)", moments),
             Phase::Always,
-            8.0 * p,
+            8.0 * p * moments,
         ),
     ];
     if i.keep_reference {
@@ -524,9 +595,15 @@ fn always_parts(i: &MemoryPlanInput) -> Vec<Part> {
     parts
 }
 
+/// The weights the engine samples with beside the master weights: a bf16 copy under
+/// `bf16-mixed`; with `sharding = "full"` the whole weights gathered for the rollout phase and
+/// released after (in the compute dtype).
 fn rollout_weights(i: &MemoryPlanInput) -> f64 {
-    if i.precision == Precision::Bf16Mixed {
-        2.0 * i.model.parameters() as f64
+    let p = i.model.parameters() as f64;
+    if i.share(Sharding::shards_parameters) < 1.0 {
+        p * i.compute_bytes()
+    } else if i.precision == Precision::Bf16Mixed {
+        2.0 * p
     } else {
         0.0
     }
@@ -562,7 +639,14 @@ fn rollout_parts(i: &MemoryPlanInput) -> Vec<Part> {
     if !i.rollout_in_process {
         return parts;
     }
-    if i.precision == Precision::Bf16Mixed {
+    if i.share(Sharding::shards_parameters) < 1.0 {
+        parts.push(part(
+            "rollout_weights_gathered",
+            "rollout weights (gathered whole, released after)",
+            Phase::Rollout,
+            rollout_weights(i),
+        ));
+    } else if i.precision == Precision::Bf16Mixed {
         parts.push(part(
             "rollout_weights_bf16",
             "rollout weights (bf16 copy)",
@@ -729,9 +813,57 @@ impl MemoryPlan {
         Err(DoesNotFit(msg))
     }
 
+    /// The plan of the same run under each sharding mode, `none` first (one rank: only
+    /// `none`).
+    pub fn by_sharding(&self) -> Vec<(Sharding, MemoryPlan)> {
+        let modes: &[Sharding] = if self.input.ranks > 1 {
+            &Sharding::ALL
+        } else {
+            &[Sharding::None]
+        };
+        modes
+            .iter()
+            .map(|&sharding| {
+                let plan = if sharding == self.input.sharding {
+                    self.clone()
+                } else {
+                    MemoryPlan::new(MemoryPlanInput {
+                        sharding,
+                        ..self.input.clone()
+                    })
+                };
+                (sharding, plan)
+            })
+            .collect()
+    }
+
+    /// The first sharding mode past the configured one whose plan fits, when this one does not.
+    pub fn sharding_that_fits(&self) -> Option<(Sharding, MemoryPlan)> {
+        if self.fits() || self.input.ranks < 2 {
+            return None;
+        }
+        let at = Sharding::ALL
+            .iter()
+            .position(|&m| m == self.input.sharding)
+            .unwrap_or(0);
+        self.by_sharding()
+            .into_iter()
+            .skip(at + 1)
+            .find(|(_, p)| p.fits())
+    }
+
     /// What to change so that the run fits (empty when it fits).
     pub fn advice(&self) -> String {
         let mut out = String::new();
+        if let Some((mode, plan)) = self.sharding_that_fits() {
+            let _ = writeln!(
+                out,
+                "set sharding = \"{}\" (now \"{}\"): its peak is {:.1} GB per rank",
+                mode.name(),
+                self.input.sharding.name(),
+                plan.peak / GB
+            );
+        }
         if !self.training_fits() {
             if self.max_micro_batch_tokens > 0 {
                 let _ = writeln!(
@@ -833,6 +965,28 @@ impl MemoryPlan {
             "",
             self.max_rollout_rows
         );
+        if self.input.ranks > 1 {
+            let _ = writeln!(out, "per rank of {}, by sharding mode:", self.input.ranks);
+            for (mode, p) in self.by_sharding() {
+                let now = if mode == self.input.sharding {
+                    " (this run)"
+                } else {
+                    ""
+                };
+                let fits = if p.fits() { "fits" } else { "does not fit" };
+                let _ = writeln!(
+                    out,
+                    "  sharding = {:<12} peak {:>8.2} GB  {fits}{now}{}",
+                    format!("\"{}\"", mode.name()),
+                    p.peak / GB,
+                    if mode.shards_parameters() {
+                        "  (planned only: training refuses it)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
         out
     }
 
@@ -849,7 +1003,26 @@ impl MemoryPlan {
             .iter()
             .map(|p| (p.name.to_string(), p.phase.as_str().into()))
             .collect();
+        let modes: serde_json::Map<String, serde_json::Value> = self
+            .by_sharding()
+            .into_iter()
+            .map(|(mode, p)| {
+                let v = serde_json::json!({
+                    "fits": p.fits(),
+                    "peak_gb": gb(p.peak),
+                    "training_peak_gb": gb(p.training_peak),
+                    "rollout_peak_gb": gb(p.rollout_peak),
+                    "max_micro_batch_tokens": p.max_micro_batch_tokens,
+                    "trains": !mode.shards_parameters(),
+                });
+                (mode.name().to_string(), v)
+            })
+            .collect();
         serde_json::json!({
+            "sharding": self.input.sharding.name(),
+            "ranks": self.input.ranks,
+            "by_sharding": modes,
+            "sharding_that_fits": self.sharding_that_fits().map(|(m, _)| m.name()),
             "fits": self.fits(),
             "training_fits": self.training_fits(),
             "rollout_fits": self.rollout_fits(),

@@ -1,5 +1,5 @@
 //! `conrub plan`'s formulas against peaks measured on the CPU: one learner update (forward, fused
-//! head, loss, backward, AdamW) of a Qwen3-shaped model at 512, 1,024 and 2,048 tokens (4,096 and
+//! head, loss, backward, AdamW) of a Qwen3-shaped model at 512 and 1,024 tokens (2,048, 4,096 and
 //! 8,192 are in `benches/attention.rs`, too slow for a test on 2 cores), with fused attention,
 //! with and without per-layer activation checkpointing, and at 512 tokens with two micro-batches
 //! whose gradients are summed before the step. The measured peak is the most heap held at once
@@ -15,7 +15,7 @@ mod peak;
 #[test]
 fn the_memory_plan_predicts_measured_cpu_peaks_within_15_percent() {
     let mut failures = Vec::new();
-    for (t, micro_batches) in [(512, 1), (512, 2), (1024, 1), (2048, 1)] {
+    for (t, micro_batches) in [(512, 1), (512, 2), (1024, 1)] {
         for mode in ["fused", "fused+ckpt"] {
             let (_, measured) = attention_update::measure(mode, t, 1, micro_batches);
             let plan = attention_update::predicted(mode, t, micro_batches)

@@ -221,8 +221,17 @@ where
         self
     }
 
-    /// What a stage checks before it trains: a tie breaker when `learner.tie_mode` needs one.
+    /// What a stage checks before it trains: a sharding mode that trains, and a tie breaker
+    /// when `learner.tie_mode` needs one.
     pub(crate) fn preflight(&self) -> Result<()> {
+        if self.cfg.sharding.shards_parameters() {
+            return Err(TrainerError::Setup(format!(
+                "{}: sharding = \"full\" (parameters sharded and gathered layer by layer) is \
+                 not built yet: use \"gradients\" or \"optimizer\"; `conrub plan` shows what \
+                 each mode needs per rank",
+                self.cfg.path.display()
+            )));
+        }
         let mode = self.cfg.learner.tie_mode;
         if mode != TieMode::Off && self.tie_breaker.is_none() {
             return Err(TrainerError::Setup(format!(

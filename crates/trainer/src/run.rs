@@ -67,18 +67,24 @@ where
             self.runtime.block_on(fut)?
         } else {
             eprintln!(
-                "data parallel: {} ranks on {}",
+                "data parallel: {} ranks on {} (sharding = \"{}\")",
                 self.devices.len(),
-                self.cfg.devices.join(", ")
+                self.cfg.devices.join(", "),
+                self.cfg.sharding.name()
             );
             let collective = self
                 .collective
                 .clone()
                 .unwrap_or_else(|| Arc::new(HostCollective::new(self.devices.len())));
             let bucket = self.cfg.learner.allreduce_bucket_bytes();
-            let mut group = DataParallel::build(&self.devices, collective, bucket, |_, d| {
-                Ok(self.learner_builder(model.clone().fork(d), d, &engine, self.judging()))
-            })?;
+            let sharding = self.cfg.sharding;
+            let mut group = DataParallel::build_sharded(
+                &self.devices,
+                collective,
+                bucket,
+                sharding,
+                |_, d| Ok(self.learner_builder(model.clone().fork(d), d, &engine, self.judging())),
+            )?;
             let fut = train(&mut group, &self.task, &run, resume, validator, &mut hooks);
             self.runtime.block_on(fut)?
         };
