@@ -183,7 +183,8 @@ import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     print("step %d: " % m["step"] + ", ".join("%s %d bytes in %.3f s" % (k, m[k + "_bytes"], m[k + "_secs"])
-          for k in ("allreduce", "reduce_scatter", "all_gather")))' || status=$?
+          for k in ("allreduce", "reduce_scatter", "all_gather"))
+          + "; device memory per rank (GB): %s" % [round(b / 1e9, 2) for b in m.get("device_memory_reserved_bytes", [])])' || status=$?
     done
   fi
 fi

@@ -201,7 +201,8 @@ fn conrub_with_cache(cache: &Path, args: &[&str], build: Option<&str>) -> String
 /// The shrunk demo on wgpu at the full 151,936-token vocabulary (the real tokenizer):
 /// `kernels-warmup` on a cold kernel cache compiles and autotunes, and then `train` on the same
 /// `--kernel-cache` (its second process) compiles and autotunes nothing at any line, runs no
-/// warm-up of its own (the cache is warm), and loads its kernels from the cache.
+/// warm-up of its own (the cache is warm), loads its kernels from the cache, and reports the
+/// device memory its pools hold.
 #[test]
 fn demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
     if !conrub_kernels::wgpu_adapter_or_skip("demo_on_wgpu_compiles_once_and_keeps_its_kernels") {
@@ -257,6 +258,11 @@ fn demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
     for s in &steps {
         assert_eq!(s["kernel_compiles"], 0, "{s}");
         assert_eq!(s["autotune_runs"], 0, "{s}");
+        // The device memory the backend's pools hold, one entry per rank (CubeCL reports it).
+        let memory = s["device_memory_reserved_bytes"]
+            .as_array()
+            .expect("reported on wgpu");
+        assert!(memory.len() == 1 && memory[0].as_u64().unwrap() > 0, "{s}");
     }
     assert!(
         steps[0]["kernel_cache_loads"].as_u64().unwrap() > 0,

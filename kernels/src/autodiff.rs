@@ -250,4 +250,8 @@ impl<B: AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
     }
 }
 
-impl<B: DecodeOps, C: CheckpointStrategy> DecodeOps for Autodiff<B, C> {}
+impl<B: DecodeOps, C: CheckpointStrategy> DecodeOps for Autodiff<B, C> {
+    fn device_memory_reserved(device: &Self::Device) -> Option<u64> {
+        B::device_memory_reserved(device)
+    }
+}

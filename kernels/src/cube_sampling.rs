@@ -718,6 +718,10 @@ pub(crate) fn uniforms_tensor<B: burn::tensor::backend::Backend>(
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> crate::DecodeOps
     for CubeBackend<R, F, I, BT>
 {
+    fn device_memory_reserved(device: &Self::Device) -> Option<u64> {
+        crate::cube_memory_usage::<R>(device).map(|(_, reserved)| reserved)
+    }
+
     fn sample_rows(
         logits: FloatTensor<Self>,
         params: &SampleParams,

@@ -306,6 +306,10 @@ impl<B: FusionBackend + GrpoOps> AttentionOps for Fusion<B> {
 }
 
 impl<B: FusionBackend + GrpoOps> DecodeOps for Fusion<B> {
+    fn device_memory_reserved(device: &Self::Device) -> Option<u64> {
+        B::device_memory_reserved(device)
+    }
+
     fn sample_rows(
         logits: FloatTensor<Self>,
         params: &SampleParams,

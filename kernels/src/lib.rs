@@ -335,6 +335,13 @@ pub trait DecodeOps: Backend {
         let u = sampling::host_uniforms::<Self>(uniforms);
         Self::sample_rows(logits, params, &u)
     }
+
+    /// Bytes the backend's memory pools hold on `device` (their high-water mark: pools keep
+    /// what they once needed), where the backend reports it: the CubeCL backends (CUDA, wgpu);
+    /// `None` for the CPU backends and libtorch.
+    fn device_memory_reserved(_device: &Self::Device) -> Option<u64> {
+        None
+    }
 }
 
 /// Every family of conrub's backend extension: what the model, the rollout engine and the learner

@@ -772,13 +772,10 @@ fn rel(a: f64, b: f64) -> f64 {
     (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
 }
 
-/// 2 and 3 simulated ranks against one device: the same rewards, tie verdicts and advantages
-/// exactly, losses within 1e-6 and weights within 1e-5 (relative), for each aggregation and tie
-/// mode, with 5 groups over the ranks, several micro-batches and gradient clipping active.
-#[tokio::test]
-async fn data_parallel_ranks_train_as_one_device() {
-    use conrub_grpo::Aggregation;
-    let base = LearnerConfig {
+/// The data-parallel tests' settings: 5 groups of 4 over the ranks, two mini-batches of several
+/// micro-batches, gradient clipping active.
+fn dp_config() -> LearnerConfig {
+    LearnerConfig {
         group_size: 4,
         max_response_tokens: 6,
         rollout_prompts_per_call: 2,
@@ -789,7 +786,16 @@ async fn data_parallel_ranks_train_as_one_device() {
         max_grad_norm: 0.05,
         seed: 11,
         ..Default::default()
-    };
+    }
+}
+
+/// 2 and 3 simulated ranks against one device: the same rewards, tie verdicts and advantages
+/// exactly, losses within 1e-6 and weights within 1e-5 (relative), for each aggregation and tie
+/// mode, with 5 groups over the ranks, several micro-batches and gradient clipping active.
+#[tokio::test]
+async fn data_parallel_ranks_train_as_one_device() {
+    use conrub_grpo::Aggregation;
+    let base = dp_config();
     let cases = [
         (
             Aggregation::SequenceMean,
@@ -886,18 +892,7 @@ fn weight_gap(a: &[f32], b: &[f32]) -> f64 {
 async fn sharded_ranks_train_as_one_device() {
     let recs = five_records();
     let refs: Vec<&RubricRecord> = recs.iter().collect();
-    let base = LearnerConfig {
-        group_size: 4,
-        max_response_tokens: 6,
-        rollout_prompts_per_call: 2,
-        lr: 3e-3,
-        weight_decay: 0.01,
-        mini_batches: 2,
-        micro_batch_tokens: 40,
-        max_grad_norm: 0.05,
-        seed: 11,
-        ..Default::default()
-    };
+    let base = dp_config();
     for (sharding, checkpointing) in [(Sharding::Optimizer, false), (Sharding::Gradients, true)] {
         let cfg = LearnerConfig {
             activation_checkpointing: checkpointing,

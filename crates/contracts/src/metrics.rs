@@ -229,6 +229,11 @@ pub struct StepMetrics {
     /// Seconds in weight all-gathers (the slowest rank's).
     #[serde(default)]
     pub all_gather_secs: f64,
+    /// Each rank's device memory held by the backend's pools after the step, rank 0 first (their
+    /// high-water mark: the step's peak as the allocator saw it), where the backend reports it
+    /// (CUDA, wgpu); absent on the CPU backends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_memory_reserved_bytes: Vec<u64>,
     /// The slowest and the fastest rank's rollout seconds (equal on one device).
     #[serde(default)]
     pub rollout_secs_rank_max: f64,

@@ -132,6 +132,9 @@ pub(crate) struct StepParts {
     pub update_secs: f64,
     pub weight_sync: WeightSync,
     pub logprob_gap: LogprobGap,
+    /// Bytes the backend's memory pools hold on this rank's device after the step, where the
+    /// backend reports it.
+    pub device_memory: Option<u64>,
 }
 
 /// The learner's old log-probs against the engine's for the same sampled tokens, summed over
@@ -554,6 +557,7 @@ where
             update_secs,
             weight_sync,
             logprob_gap,
+            device_memory: <B as conrub_kernels::DecodeOps>::device_memory_reserved(&self.device),
         })
     }
 
@@ -1310,6 +1314,7 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
             bytes: a.bytes.max(b.bytes),
         });
     let gap = LogprobGap::merge(parts.iter().map(|p| p.logprob_gap));
+    let device_memory: Vec<u64> = parts.iter().filter_map(|p| p.device_memory).collect();
     let mut parts = parts.into_iter();
     let first = parts.next().expect("a step has at least one part");
     let update = first.update.clone();
@@ -1329,6 +1334,7 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
         metrics.update_secs,
     ) = (rollout_max, judge_secs, update_max);
     metrics.ranks = ranks;
+    metrics.device_memory_reserved_bytes = device_memory;
     (metrics.allreduce_bytes, metrics.allreduce_secs) = (comm.allreduce_bytes, comm.allreduce_secs);
     (metrics.reduce_scatter_bytes, metrics.reduce_scatter_secs) =
         (comm.reduce_scatter_bytes, comm.reduce_scatter_secs);
