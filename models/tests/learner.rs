@@ -887,7 +887,8 @@ fn weight_gap(a: &[f32], b: &[f32]) -> f64 {
 /// norms within 1e-5 and weights after 3 steps within 1e-5
 /// (relative). Each rank's optimizer file holds its own parameters' moments only (disjoint,
 /// together all of them, balanced), and a state saved by 3 ranks sharding `optimizer`
-/// resumes on 2 ranks sharding `gradients` and ends within 1e-5 of the straight run.
+/// resumes on 2 ranks sharding `gradients` and ends within 1e-5 of the straight run. A step
+/// with fewer groups than ranks trains as one device too.
 #[tokio::test]
 async fn sharded_ranks_train_as_one_device() {
     let recs = five_records();
@@ -999,6 +1000,21 @@ async fn sharded_ranks_train_as_one_device() {
         gap < 1e-5,
         "resumed across world sizes and modes: weights differ by {gap:e}"
     );
+    // A step of 2 groups on 3 ranks (the short last step of an epoch): the rank without a group
+    // joins every collective with zeros, and the step is one device's.
+    let two = &refs[..2];
+    let mut one = dp_builder(&base, &Default::default(), true)
+        .build()
+        .unwrap();
+    let a = one.step(two).await.unwrap();
+    for sharding in [Sharding::None, Sharding::Gradients] {
+        let mut group = sharded_group(&base, 3, true, sharding);
+        let b = group.step(two).await.unwrap();
+        assert_eq!((&a.responses, &a.scores), (&b.responses, &b.scores));
+        assert!(rel(a.metrics.loss, b.metrics.loss) < 1e-5, "{sharding:?}");
+        let gap = weight_gap(&weights(one.policy()), &weights(group.learner().policy()));
+        assert!(gap < 1e-5, "{sharding:?}, a rank without a group: {gap:e}");
+    }
 }
 
 /// Exports the policy's weights as raw f32 bytes (`weights.bin`).

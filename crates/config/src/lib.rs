@@ -461,6 +461,7 @@ impl TrainConfig {
         input.gpu_memory_gb = gpu_memory_gb;
         input.ranks = self.devices.len().max(1);
         input.sharding = self.sharding;
+        input.bucket_bytes = l.allreduce_bucket_bytes() as f64;
         input
     }
 }

@@ -354,4 +354,5 @@ fn the_memory_plan_defaults_are_the_run_defaults() {
     assert_eq!(plan.keep_reference, l.kl_beta != 0.0);
     assert_eq!(plan.kv_block_size, conrub_rollout::DEFAULT_BLOCK_SIZE);
     assert_eq!(plan.rollout_max_rows, conrub_rollout::DEFAULT_MAX_ROWS);
+    assert_eq!(plan.bucket_bytes, l.allreduce_bucket_bytes() as f64);
 }

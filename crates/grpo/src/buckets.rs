@@ -6,7 +6,7 @@
 //! - [`reduce_scatter`] (sharded runs): a bucket is laid out owner by owner
 //!   ([`ShardLayout`]), and each rank gets the sums of the parameters it owns;
 //! - [`all_gather_weights`] (sharded runs, after the owners' updates): every rank gets every
-//!   updated parameter.
+//!   updated parameter, bucket by bucket.
 //!
 //! A rank without a gradient for a parameter (no rows in this mini-batch) sends zeros, made one
 //! bucket at a time; a bucket of presence flags says which parameters got a gradient on any
@@ -214,32 +214,26 @@ fn by_owner(bucket: &[usize], sizes: &[usize], layout: &ShardLayout) -> (Vec<usi
     (order, counts)
 }
 
-/// Reduce-scatters `grads` of `module`: entry `i` of the result is the sum over ranks of
-/// parameter `i`'s gradient when this rank owns it (zeros count), `None` otherwise. Also
-/// returns which parameters this rank had a gradient for.
-pub(crate) fn reduce_scatter<B, M>(
-    module: &M,
-    grads: GradientsParams,
+/// Reduce-scatters the gradients `flat` (one entry per parameter, `None` where this rank has
+/// none) over the parameters in `include` (the same on every rank): entry `i` of the result is
+/// the sum over ranks of parameter `i`'s gradient when this rank owns it and it is included
+/// (zeros count), `None` otherwise.
+pub(crate) fn reduce_scatter<B: AutodiffBackend>(
+    mut flat: Vec<Option<Flat<B>>>,
+    include: &[bool],
+    device: &burn::tensor::Device<B::InnerBackend>,
     slot: &RankSlot<B::InnerBackend>,
     layout: &ShardLayout,
     comm: &mut CommStats,
-) -> Result<(Vec<Option<Flat<B>>>, Vec<bool>)>
-where
-    B: AutodiffBackend,
-    M: AutodiffModule<B>,
-{
-    let (mut flat, sizes) = take_flat::<B, M>(module, grads);
-    let present: Vec<bool> = flat.iter().map(Option::is_some).collect();
+) -> Result<Vec<Option<Flat<B>>>> {
+    let sizes = layout.sizes();
     let mut mine: Vec<Option<Flat<B>>> = (0..sizes.len()).map(|_| None).collect();
-    let Some(device) = module.devices().first().cloned() else {
-        return Ok((mine, present));
-    };
     let t = Instant::now();
-    for bucket in bucket_ranges(&sizes, limit(slot), |_| true) {
-        let (order, counts) = by_owner(&bucket, &sizes, layout);
+    for bucket in bucket_ranges(sizes, limit(slot), |i| include[i]) {
+        let (order, counts) = by_owner(&bucket, sizes, layout);
         let parts: Vec<Flat<B>> = order
             .iter()
-            .map(|&i| or_zeros::<B>(&mut flat, i, sizes[i], &device))
+            .map(|&i| or_zeros::<B>(&mut flat, i, sizes[i], device))
             .collect();
         let sum = slot
             .collective
@@ -256,7 +250,7 @@ where
         }
     }
     comm.reduce_scatter_secs += t.elapsed().as_secs_f64();
-    Ok((mine, present))
+    Ok(mine)
 }
 
 /// Every float parameter's value, flattened in f32, in the module's order.
@@ -279,16 +273,20 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Values<B> {
 
 /// Replaces the parameters that have an entry with it (shaped and cast as the parameter).
 struct Replace<B: AutodiffBackend> {
-    with: std::vec::IntoIter<Option<Flat<B>>>,
+    with: Vec<Option<Flat<B>>>,
+    at: usize,
 }
 
 impl<B: AutodiffBackend> ModuleMapper<B> for Replace<B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let Some(v) = self.with.next().expect("one entry per parameter") else {
+        let entry = self.with[self.at].take();
+        self.at += 1;
+        let Some(v) = entry else {
             return param;
         };
         let (id, tensor, mapper) = param.consume();
         let (shape, dtype) = (tensor.shape(), tensor.dtype());
+        drop(tensor);
         let inner = v.reshape(shape);
         let inner = if inner.dtype() == dtype {
             inner
@@ -300,9 +298,12 @@ impl<B: AutodiffBackend> ModuleMapper<B> for Replace<B> {
 }
 
 /// After the owners' updates: every parameter in `updated` gathered from its owner, so every
-/// rank holds the same weights again. Returns the new module.
+/// rank holds the same weights again (the owner's own values too come from the gathered bucket:
+/// the replicas are the same bits, and no parameter is held twice). The module takes each
+/// bucket's parameters as soon as the bucket arrives, so the old and the new copy of at most one
+/// bucket coexist. Returns the new module.
 pub(crate) fn all_gather_weights<B, M>(
-    module: M,
+    mut module: M,
     updated: &[bool],
     slot: &RankSlot<B::InnerBackend>,
     layout: &ShardLayout,
@@ -315,38 +316,35 @@ where
     let Some(device) = module.devices().first().cloned() else {
         return Ok(module);
     };
-    let wanted: Vec<bool> = (0..updated.len())
-        .map(|i| updated[i] && layout.owner(i) == slot.rank)
-        .collect();
-    let mut v = Values::<B> {
-        wanted,
-        at: 0,
-        out: Vec::new(),
-    };
-    module.visit(&mut v);
-    let mut own = v.out;
     let sizes = layout.sizes();
-    let mut gathered: Vec<Option<Flat<B>>> = (0..sizes.len()).map(|_| None).collect();
     let t = Instant::now();
     for bucket in bucket_ranges(sizes, limit(slot), |i| updated[i]) {
         let (order, counts) = by_owner(&bucket, sizes, layout);
+        let wanted: Vec<bool> = (0..sizes.len())
+            .map(|i| bucket.contains(&i) && layout.owner(i) == slot.rank)
+            .collect();
+        let mut v = Values::<B> {
+            wanted,
+            at: 0,
+            out: Vec::new(),
+        };
+        module.visit(&mut v);
+        let mut own = v.out;
         let mine: Vec<Flat<B>> = order.iter().filter_map(|&i| own[i].take()).collect();
         let part = (!mine.is_empty()).then(|| Tensor::cat(mine, 0));
         let whole = slot
             .collective
             .all_gather_parts(slot.rank, part, &counts, &device)?;
         comm.all_gather_bytes += (counts[slot.rank] * 4) as u64;
+        let mut with: Vec<Option<Flat<B>>> = (0..sizes.len()).map(|_| None).collect();
         let lens = order.iter().map(|&i| sizes[i]);
         for (&i, span) in order.iter().zip(spans(lens)) {
-            if layout.owner(i) != slot.rank {
-                gathered[i] = Some(whole.clone().slice(span));
-            }
+            with[i] = Some(whole.clone().slice(span));
         }
+        module = module.map(&mut Replace::<B> { with, at: 0 });
     }
     comm.all_gather_secs += t.elapsed().as_secs_f64();
-    Ok(module.map(&mut Replace::<B> {
-        with: gathered.into_iter(),
-    }))
+    Ok(module)
 }
 
 #[cfg(test)]

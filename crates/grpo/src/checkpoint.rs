@@ -51,6 +51,9 @@ const REFERENCE: &str = "reference";
 const MANIFEST: &str = "manifest.json";
 /// The state format written now (1: no manifest, loaded unchecked).
 const FORMAT: u32 = 2;
+/// The format of a sharded group's state: format 2 with one optimizer file per rank (a build
+/// that reads only 2 would look for the one `optimizer` file).
+const SHARDED_FORMAT: u32 = 3;
 
 /// Learner settings a resume must keep (they shape the groups, the advantages, the loss or the
 /// sampling of the run so far); the others (learning rate, clipping norm, micro-batch size, ...)
@@ -235,7 +238,11 @@ where
         step: learner.step,
         data_cursor,
         learner: learner.cfg.clone(),
-        format: FORMAT,
+        format: if sharding.is_some() {
+            SHARDED_FORMAT
+        } else {
+            FORMAT
+        },
     };
     let json = serde_json::to_vec_pretty(&state).map_err(|e| io(&tmp.join(STATE), e))?;
     std::fs::write(tmp.join(STATE), json).map_err(|e| io(&tmp.join(STATE), e))?;
@@ -398,26 +405,45 @@ where
     P::InnerModule: Policy<B::InnerBackend>,
     T: crate::task::TaskPrompt,
 {
-    let files: Vec<String> = match &shards {
-        None => vec![OPTIMIZER.to_string()],
+    // Each file with the parameters it holds (all, for the one `optimizer` file).
+    let files: Vec<(String, Option<Vec<usize>>)> = match shards {
+        None => vec![(OPTIMIZER.to_string(), None)],
         Some(s) => s
             .shards
-            .iter()
-            .map(|f| f.file.trim_end_matches(".mpk").to_string())
+            .into_iter()
+            .map(|f| {
+                (
+                    f.file.trim_end_matches(".mpk").to_string(),
+                    Some(f.parameters),
+                )
+            })
             .collect(),
     };
+    // A sharded rank keeps what it owns, file by file, so the whole state never sits on its
+    // device (a file holds only the parts of the rank that wrote it).
+    let owned = learner.rank.as_ref().and_then(|slot| {
+        slot.sharded().map(|layout| {
+            let ids = crate::sharding::owned_ids(&learner.policy, layout, slot.rank);
+            let indices: std::collections::HashSet<usize> = (0..layout.sizes().len())
+                .filter(|&i| layout.owner(i) == slot.rank)
+                .collect();
+            (ids, indices)
+        })
+    });
     let mut record: OptimRecord<B, P> = Default::default();
-    for file in files {
-        let part: OptimRecord<B, P> = rec
+    for (file, parameters) in files {
+        if let (Some((_, indices)), Some(ps)) = (&owned, &parameters) {
+            if !ps.iter().any(|i| indices.contains(i)) {
+                continue;
+            }
+        }
+        let mut part: OptimRecord<B, P> = rec
             .load(dir.join(&file), &learner.device)
             .map_err(|e| bad_checkpoint(dir, format!("{file}.mpk cannot be read: {e}")))?;
-        record.extend(part);
-    }
-    if let Some(slot) = &learner.rank {
-        if let Some(layout) = slot.sharded() {
-            let mine = crate::sharding::owned_ids(&learner.policy, layout, slot.rank);
-            record.retain(|id, _| mine.contains(id));
+        if let Some((ids, _)) = &owned {
+            part.retain(|id, _| ids.contains(id));
         }
+        record.extend(part);
     }
     Ok(record)
 }
@@ -452,12 +478,12 @@ where
             );
             return Ok((state, None));
         }
-        FORMAT => {}
+        FORMAT | SHARDED_FORMAT => {}
         other => {
             return Err(bad_checkpoint(
                 dir,
                 format!(
-                    "state format {other}, which this build does not read (it writes {FORMAT})"
+                    "state format {other}, which this build does not read (it writes {FORMAT}, and {SHARDED_FORMAT} for a sharded group)"
                 ),
             ))
         }

@@ -40,7 +40,15 @@ pub trait Collective<B: Backend>: Send + Sync {
     ) -> Result<Option<Tensor<B, 1>>> {
         let sum = self.all_reduce_sum(rank, bucket)?;
         let start: usize = counts[..rank].iter().sum();
-        Ok((counts[rank] > 0).then(|| sum.slice(start..start + counts[rank])))
+        // A copy of this rank's slice (a view would keep the whole bucket alive): `sum` is
+        // still held while it is made, so the product cannot be done in place.
+        let mine = (counts[rank] > 0).then(|| {
+            sum.clone()
+                .slice(start..start + counts[rank])
+                .mul_scalar(1.0)
+        });
+        drop(sum);
+        Ok(mine)
     }
 
     /// Every rank's `part` concatenated in rank order: rank `r` gives `counts[r]` elements

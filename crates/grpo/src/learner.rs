@@ -799,6 +799,10 @@ where
                     )
                 })
                 .collect();
+            if parts.is_empty() {
+                // A rank without a group this step (fewer groups than ranks).
+                return Tensor::zeros([0, width], &self.device);
+            }
             Tensor::from_inner(Tensor::cat(parts, 0))
         };
         let advantages: Vec<f32> = outcomes
@@ -875,7 +879,7 @@ where
                 let micros = self.local_micro_batches(rows, mini.clone(), batch.rows());
                 // Backward passes this rank makes, and the most any rank makes: with
                 // `scatter_each` every pass reduce-scatters its pieces, so a rank with fewer
-                // runs zero-weighted passes for the difference (same calls on every rank).
+                // joins the others' reduce-scatters with zeros for the difference.
                 let passes = micros.len() + usize::from(!pairs.is_empty());
                 let rounds = if scatter_each {
                     self.most_on_any_rank(passes)?
@@ -950,7 +954,7 @@ where
                     self.dpo_gradients(batch, &pairs, n, target)?;
                 }
                 for _ in passes..rounds {
-                    self.zero_pass(batch, &mut sharded, &mut comm)?;
+                    self.idle_pass(&mut sharded, &mut comm)?;
                 }
                 let (norm, stepped) =
                     self.reduce_and_step(acc, sharded, scatter_each, &mut comm)?;
@@ -1044,29 +1048,20 @@ where
                         failed = sum.add(&self.policy, piece, slot, layout, comm).err();
                     }
                 });
-                failed.map_or(Ok(()), Err)
+                match failed {
+                    Some(e) => Err(e),
+                    None => sum.end_pass(slot),
+                }
             }
         }
     }
 
-    /// A backward pass whose loss is 0 (on this rank's first row), reduce-scattered piece by
-    /// piece: what a rank with fewer micro-batches than another sends for the difference.
-    fn zero_pass(
-        &self,
-        batch: &TrainBatch<B>,
-        sum: &mut ShardedSum<B>,
-        comm: &mut CommStats,
-    ) -> Result<()> {
-        if batch.rows() == 0 {
-            return Err(GrpoError::config(
-                "sharding",
-                "a sharded rank with no rows in a step: every rank needs a prompt group \
-                 (run.prompts_per_step >= the number of devices)",
-            ));
-        }
-        let mb = batch.slice(0..1);
-        let mut zero = |lp: ResponseLogprobs<B>| lp.logprobs.sum() * 0.0;
-        self.gradients(&mb.tokens, &mut zero, GradTarget::Scatter(sum, comm))
+    /// A round in which this rank has no backward pass of its own (fewer micro-batches than
+    /// another rank): it joins the others' reduce-scatters with zeros.
+    fn idle_pass(&self, sum: &mut ShardedSum<B>, comm: &mut CommStats) -> Result<()> {
+        let slot = self.rank.as_ref().expect("a sharded rank");
+        let layout = slot.sharded().expect("a sharded rank");
+        sum.idle_pass(&self.policy, slot, layout, comm)
     }
 
     /// The optimizer step of a mini-batch whose gradients are `acc` (this rank's, unreduced)
@@ -1094,7 +1089,7 @@ where
         if !scattered {
             sharded.add(&self.policy, acc, &slot, layout, comm)?;
         }
-        let (grads, norm, updated) = sharded.finish(&self.policy, &slot, layout, comm)?;
+        let (grads, norm, updated) = sharded.finish(&self.policy, &slot, layout)?;
         let (policy, norm, stepped) = self
             .update
             .apply_with_norm(self.policy.clone(), grads, norm);

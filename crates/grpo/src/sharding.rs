@@ -8,9 +8,10 @@
 //! gets gradients for its own only) and, with `gradients`, their running gradient sum.
 //!
 //! An optimizer step of a sharded rank ([`ShardedSum`]):
-//! 1. gradients are reduce-scattered: once per optimizer step (`optimizer`), or after every
-//!    micro-batch's backward (`gradients`; ranks with fewer micro-batches send zeros, so every
-//!    rank makes the same calls);
+//! 1. gradients are reduce-scattered: once per optimizer step (`optimizer`), or each piece as
+//!    the backward makes it (`gradients`: a layer's with activation checkpointing; ranks with
+//!    fewer micro-batches send zeros, so every rank makes the same calls), over the parameters
+//!    the piece holds ([`ShardedSum`]);
 //! 2. the global gradient norm is the square root of the per-parameter squared norms, each
 //!    computed by its owner and summed in parameter order, as one device sums them;
 //! 3. the owner clips and steps its parameters; the updated weights are all-gathered
@@ -23,7 +24,7 @@ use burn::tensor::{DType, Tensor};
 
 pub use conrub_contracts::Sharding;
 
-use crate::buckets::{any_rank, reduce_scatter, restore, Flat};
+use crate::buckets::{reduce_scatter, restore, take_flat, Flat};
 use crate::error::Result;
 use crate::learner::RankSlot;
 use crate::update::fixed_order_sum;
@@ -114,23 +115,36 @@ pub(crate) struct CommStats {
     pub all_gather_secs: f64,
 }
 
+/// What a rank puts first in the exchange before each reduce-scatter of a sharded step.
+const PIECE: f64 = 1.0;
+/// A rank's backward pass has handed over all its pieces.
+const END: f64 = 0.0;
+/// A rank has no backward pass of its own this round (fewer micro-batches than another).
+const IDLE: f64 = 2.0;
+
 /// An optimizer step's gradient sum on a sharded rank: the reduced sums of the parameters it
-/// owns, and which parameters this rank had a gradient for.
+/// owns, and which parameters any rank had a gradient for so far.
+///
+/// Before each reduce-scatter the ranks exchange which parameters their piece holds (one flag
+/// each, on the host): the reduce-scatter covers their union only, so a layer's piece moves that
+/// layer's gradients, not the model's. With `gradients`, a rank that has no pass of its own in a
+/// round ([`ShardedSum::idle_pass`]) joins each of the others' reduce-scatters with zeros until
+/// they say the pass ended ([`ShardedSum::end_pass`]).
 pub(crate) struct ShardedSum<B: AutodiffBackend> {
     owned: Vec<Option<Flat<B>>>,
-    present: Vec<bool>,
+    anywhere: Vec<bool>,
 }
 
 impl<B: AutodiffBackend> ShardedSum<B> {
     pub fn new() -> Self {
         Self {
             owned: Vec::new(),
-            present: Vec::new(),
+            anywhere: Vec::new(),
         }
     }
 
-    /// Reduce-scatters `grads` (this rank's part of one micro-batch, or of the whole optimizer
-    /// step; empty for a rank with nothing to add) and adds this rank's sums in.
+    /// Reduce-scatters `grads` (one piece of this rank's backward pass, or the whole optimizer
+    /// step's sum; empty for a rank with nothing to add) and adds this rank's sums in.
     pub fn add<M: AutodiffModule<B>>(
         &mut self,
         module: &M,
@@ -139,20 +153,67 @@ impl<B: AutodiffBackend> ShardedSum<B> {
         layout: &ShardLayout,
         comm: &mut CommStats,
     ) -> Result<()> {
-        let (mine, present) = reduce_scatter::<B, M>(module, grads, slot, layout, comm)?;
-        if self.owned.is_empty() {
-            self.owned = mine;
-            self.present = present;
-            return Ok(());
+        let (flat, _) = take_flat::<B, M>(module, grads);
+        let mut message = vec![PIECE];
+        message.extend(flat.iter().map(|g| f64::from(u8::from(g.is_some()))));
+        let all = slot.collective.all_gather(slot.rank, message)?;
+        let union = union_of(&all, layout.sizes().len())?;
+        let device = module.devices().first().cloned().unwrap_or_default();
+        self.scatter(flat, &union, &device, slot, layout, comm)
+    }
+
+    /// After this rank's backward pass handed over its last piece.
+    pub fn end_pass(&self, slot: &RankSlot<B::InnerBackend>) -> Result<()> {
+        slot.collective.all_gather(slot.rank, vec![END])?;
+        Ok(())
+    }
+
+    /// A round without a pass of this rank's own: zeros for every piece the others reduce,
+    /// until they end their pass.
+    pub fn idle_pass<M: AutodiffModule<B>>(
+        &mut self,
+        module: &M,
+        slot: &RankSlot<B::InnerBackend>,
+        layout: &ShardLayout,
+        comm: &mut CommStats,
+    ) -> Result<()> {
+        let n = layout.sizes().len();
+        let device = module.devices().first().cloned().unwrap_or_default();
+        loop {
+            let all = slot.collective.all_gather(slot.rank, vec![IDLE])?;
+            if all.iter().any(|m| m[0] == END) {
+                return Ok(());
+            }
+            let union = union_of(&all, n)?;
+            let flat = (0..n).map(|_| None).collect();
+            self.scatter(flat, &union, &device, slot, layout, comm)?;
         }
+    }
+
+    /// The reduce-scatter of `flat` over the parameters in `union`, added into this rank's sums.
+    fn scatter(
+        &mut self,
+        flat: Vec<Option<Flat<B>>>,
+        union: &[bool],
+        device: &burn::tensor::Device<B::InnerBackend>,
+        slot: &RankSlot<B::InnerBackend>,
+        layout: &ShardLayout,
+        comm: &mut CommStats,
+    ) -> Result<()> {
+        let n = layout.sizes().len();
+        if self.owned.is_empty() {
+            self.owned = (0..n).map(|_| None).collect();
+            self.anywhere = vec![false; n];
+        }
+        let mine = reduce_scatter::<B>(flat, union, device, slot, layout, comm)?;
         for (acc, new) in self.owned.iter_mut().zip(mine) {
             *acc = match (acc.take(), new) {
                 (Some(a), Some(b)) => Some(a + b),
                 (a, b) => a.or(b),
             };
         }
-        for (p, q) in self.present.iter_mut().zip(present) {
-            *p |= q;
+        for (a, u) in self.anywhere.iter_mut().zip(union) {
+            *a |= u;
         }
         Ok(())
     }
@@ -165,23 +226,39 @@ impl<B: AutodiffBackend> ShardedSum<B> {
         module: &M,
         slot: &RankSlot<B::InnerBackend>,
         layout: &ShardLayout,
-        comm: &mut CommStats,
     ) -> Result<(GradientsParams, Tensor<B::InnerBackend, 1>, Vec<bool>)> {
         let n = layout.sizes().len();
         if self.owned.is_empty() {
             self.owned = (0..n).map(|_| None).collect();
-            self.present = vec![false; n];
+            self.anywhere = vec![false; n];
         }
         let device = module.devices().first().cloned().unwrap_or_default();
-        let anywhere = any_rank::<B>(&self.present, slot, &device, comm)?;
-        for (s, keep) in self.owned.iter_mut().zip(&anywhere) {
-            if !keep {
-                *s = None;
-            }
-        }
-        let norm = global_norm::<B>(&self.owned, &anywhere, slot, layout, &device)?;
-        Ok((restore::<B, M>(module, self.owned), norm, anywhere))
+        let norm = global_norm::<B>(&self.owned, &self.anywhere, slot, layout, &device)?;
+        Ok((restore::<B, M>(module, self.owned), norm, self.anywhere))
     }
+}
+
+/// The parameters any rank's piece holds, from an exchange's messages (`PIECE` and one flag per
+/// parameter; `IDLE` ranks hold none). Ranks that disagree on whether a pass goes on (`PIECE`
+/// beside `END`) made different backward passes: an error, not a hang.
+fn union_of(messages: &[Vec<f64>], n: usize) -> Result<Vec<bool>> {
+    let mut union = vec![false; n];
+    let (pieces, ends) = messages.iter().fold((0, 0), |(p, e), m| {
+        (p + usize::from(m[0] == PIECE), e + usize::from(m[0] == END))
+    });
+    if pieces > 0 && ends > 0 {
+        return Err(crate::error::GrpoError::Stage(
+            "sharded ranks' backward passes hand over different pieces (one rank ended its pass \
+             while another sent a piece)"
+                .into(),
+        ));
+    }
+    for m in messages.iter().filter(|m| m[0] == PIECE) {
+        for (u, &bit) in union.iter_mut().zip(&m[1..]) {
+            *u |= bit > 0.0;
+        }
+    }
+    Ok(union)
 }
 
 /// The global L2 norm of the step's gradients: each owner's per-parameter squared norms

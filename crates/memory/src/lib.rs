@@ -136,6 +136,9 @@ pub struct MemoryPlanInput {
     pub ranks: usize,
     /// How the ranks divide the training state (see [`Sharding`]); ignored on one rank.
     pub sharding: Sharding,
+    /// Bytes per bucket of a collective call (`learner.allreduce_bucket_mb`): a sharded rank
+    /// holds the old and the gathered copy of one bucket of weights at once.
+    pub bucket_bytes: f64,
 }
 
 impl MemoryPlanInput {
@@ -163,6 +166,7 @@ impl MemoryPlanInput {
             gpu_memory_gb: DEFAULT_GPU_MEMORY_GB,
             ranks: 1,
             sharding: Sharding::None,
+            bucket_bytes: 64.0 * (1u64 << 20) as f64,
         }
     }
 
@@ -513,6 +517,16 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
         Phase::OptimizerStep,
         largest * OPTIMIZER_STEP_COPIES,
     ));
+    if i.share(Sharding::shards_optimizer) < 1.0 && !i.sharding.shards_parameters() {
+        // The updated weights come back a bucket at a time (a parameter larger than a bucket
+        // is a bucket of its own): its old and its gathered copy.
+        parts.push(part(
+            "weight_all_gather",
+            "weight all-gather (old + new copy of one bucket)",
+            Phase::OptimizerStep,
+            2.0 * i.bucket_bytes.max(largest),
+        ));
+    }
     parts
 }
 

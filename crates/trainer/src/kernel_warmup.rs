@@ -2,7 +2,9 @@
 //! backend, the run's first supervised steps (when it has `[warmup]`: two, so AdamW's step with
 //! moments runs too) and one GRPO step, exactly as the run will take them (same learner
 //! settings, learning rates and tie mode), on the run's first prompts; then the weights are put
-//! back from a host copy taken before (f32, exact). Every kernel and autotune key of those steps
+//! back from a host copy taken before (f32, exact). A data-parallel run's GRPO step runs on its
+//! own group (every rank, its collective and its sharding), since a replica of a sharded run's
+//! training state may not fit one device. Every kernel and autotune key of those steps
 //! is compiled, tuned and kept in the kernel cache while a counter shows progress, instead of
 //! during a silent first step. For a rubric task its rewards and tie verdicts come from a
 //! lexical judge with no keyword file (no server is called); other tasks score with their own
@@ -22,7 +24,9 @@ use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use conrub_contracts::{KernelWarmupLine, PagedModel, Policy};
-use conrub_grpo::{epoch_order, sft_warmup, warmup_pairs, TaskPrompt};
+use conrub_grpo::{
+    epoch_order, sft_warmup, warmup_pairs, DataParallel, HostCollective, TaskPrompt,
+};
 use conrub_kernels::GrpoOps;
 
 use crate::error::{Result, TrainerError};
@@ -92,22 +96,45 @@ where
             Some((r, b)) => (r.clone(), Some(b.clone())),
             None => (self.rewards.clone(), self.tie_breaker.clone()),
         };
-        let mut learner = self
-            .learner_builder(model, &device, &engine, judging)
-            .build()?;
         let order = epoch_order(self.task.len(), cfg.learner.seed, 0);
         let batch: Vec<&T> = order
             .iter()
             .take(cfg.run.prompts_per_step)
             .map(|&i| &self.task[i])
             .collect();
-        self.runtime.block_on(learner.step(&batch))?;
+        let model = if self.devices.len() > 1 {
+            // The run's own group (its ranks, collective and sharding): a replica of the
+            // training state may not fit one device when the run shards it.
+            let collective = self
+                .collective
+                .clone()
+                .unwrap_or_else(|| Arc::new(HostCollective::new(self.devices.len())));
+            let mut group = DataParallel::build_sharded(
+                &self.devices,
+                collective,
+                cfg.learner.allreduce_bucket_bytes(),
+                cfg.sharding,
+                |_, d| Ok(self.learner_builder(model.clone().fork(d), d, &engine, judging.clone())),
+            )?;
+            self.runtime.block_on(group.step(&batch))?;
+            group.learners()[0].policy().clone().fork(&device)
+        } else {
+            let mut learner = self
+                .learner_builder(model, &device, &engine, judging)
+                .build()?;
+            self.runtime.block_on(learner.step(&batch))?;
+            learner.into_policy()
+        };
+        let ranks = match self.devices.len() {
+            1 => String::new(),
+            n => format!(" on {n} ranks"),
+        };
         ran.push(format!(
-            "1 GRPO step of {} prompts x {} responses",
+            "1 GRPO step of {} prompts x {} responses{ranks}",
             batch.len(),
             cfg.learner.group_size
         ));
-        Ok((learner.into_policy(), ran.join(", ")))
+        Ok((model, ran.join(", ")))
     }
 }
 
