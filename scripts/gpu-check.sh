@@ -162,7 +162,7 @@ fi
 # Data parallelism on whatever GPUs the machine has: the NCCL all-reduce, reduce-scatter and
 # all-gather of gradient buckets (world size 1 on one GPU) against the host collective on the
 # same buckets, with GB/s per rank; then, with two or more GPUs, one demo step on all of them
-# (one rank per GPU) in each sharding mode that trains.
+# (one rank per GPU) in each sharding mode.
 if want allreduce; then
   NGPU="$(nvidia-smi -L 2>/dev/null | wc -l || echo 1)"
   [[ "$NGPU" -ge 1 ]] || NGPU=1
@@ -170,13 +170,14 @@ if want allreduce; then
   echo "== gradient all-reduce on $DEVS (NCCL vs host)"
   "$BIN" allreduce-check --devices "$DEVS" --mb 64 --buckets 4
   if [[ "$NGPU" -ge 2 ]]; then
-    # One shrunk step per sharding mode that trains; each prints its collectives' bytes and
-    # seconds per step (`full` is planned only).
-    for MODE in none optimizer gradients; do
+    # One shrunk step per sharding mode; each prints its collectives' bytes and seconds per
+    # step (`full` with activation checkpointing, which it gathers through).
+    for MODE in none optimizer gradients full; do
       echo "== data-parallel learner step on $DEVS (demo config, sharding = $MODE)"
       DP_DIR="$(mktemp -d)"
       "$BIN" train --config configs/demo-cpu.toml --devices "$DEVS" \
         --set run.max_steps=1 --set warmup.steps=2 --set "run.output_dir=\"$DP_DIR\"" \
+        --set learner.activation_checkpointing=true \
         --set "sharding=\"$MODE\"" || status=$?
       grep '"kind":"step"' "$DP_DIR/metrics.jsonl" | python3 -c '
 import json, sys

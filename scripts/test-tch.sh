@@ -36,7 +36,7 @@ torch_lib=$("$venv/bin/python3" -c 'import pathlib, torch; print(pathlib.Path(to
 export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CARGO_TERM_COLOR=never
 
-cargo test -p conrub-models --features tch --test parity
+cargo test -p conrub-models --features tch --test models parity::
 cargo test -p conrub-kernels --features tch --test kernels tch
 cargo test --features tch --test train demo_trains_on_libtorch
 echo "test-tch: every tch test passed"

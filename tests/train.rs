@@ -491,8 +491,9 @@ fn demo_trains_on_libtorch() {
 
 /// `--devices cpu,cpu`: two simulated data-parallel ranks from the command line. The first step
 /// (the same weights on both) gives the one-device run's rewards and ties exactly; the metrics say
-/// how many ranks ran and what the all-reduce moved; a 2-rank run killed with SIGKILL and resumed
-/// from its checkpoint repeats the straight 2-rank run; mixing backends is an error naming both.
+/// how many ranks ran and what the all-reduce moved; a 2-rank `full`-sharded run killed with
+/// SIGKILL and resumed from its checkpoint repeats the straight 2-rank run; mixing backends is an
+/// error naming both, and `full` without activation checkpointing is refused.
 #[test]
 fn data_parallel_ranks_from_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -512,9 +513,10 @@ fn data_parallel_ranks_from_the_command_line() {
     assert!(b[0]["allreduce_bytes"].as_u64().unwrap() > 0);
     assert!(two.join("checkpoint-000002/config.json").is_file());
 
-    // Two ranks sharding the gradients and AdamW (`sharding = "gradients"`), killed with
-    // SIGKILL once step 2's checkpoint is complete, then resumed from it: the straight run's
-    // metrics (timing aside) and exported weights, byte for byte.
+    // Two ranks sharding everything (`sharding = "full"`: parameters, gradients and AdamW,
+    // layers gathered one at a time), killed with SIGKILL once step 2's checkpoint is complete,
+    // then resumed from it: the straight run's metrics (timing aside) and exported weights
+    // (assembled from both ranks), byte for byte.
     let straight = dir.path().join("straight");
     let four = [
         "--set",
@@ -522,10 +524,12 @@ fn data_parallel_ranks_from_the_command_line() {
         "--devices",
         "cpu,cpu",
         "--set",
-        "sharding=\"gradients\"",
+        "sharding=\"full\"",
+        "--set",
+        "learner.activation_checkpointing=true",
     ];
     let log = train(&straight, &four);
-    assert!(log.contains("(sharding = \"gradients\")"), "{log}");
+    assert!(log.contains("(sharding = \"full\")"), "{log}");
     let s = steps(&straight);
     for key in ["reward_mean", "ties", "responses", "response_tokens"] {
         assert_eq!(a[0][key], s[0][key], "sharded: {key}");
@@ -599,7 +603,8 @@ fn data_parallel_ranks_from_the_command_line() {
         e.contains("devices: \"cpu\" and \"wgpu\": every rank runs on one backend"),
         "{e}"
     );
-    // Parameter sharding is planned, not built: refused before any step, saying what to use.
+    // Parameter sharding gathers through the per-layer backward: without activation
+    // checkpointing it is refused before any step, saying what to set.
     let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
         .args(train_args(
             &dir.path().join("full"),
@@ -611,7 +616,8 @@ fn data_parallel_ranks_from_the_command_line() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
-        e.contains("sharding = \"full\"") && e.contains("not built yet"),
+        e.contains("sharding = \"full\"")
+            && e.contains("set learner.activation_checkpointing = true"),
         "{e}"
     );
     assert!(!dir.path().join("full/metrics.jsonl").exists());

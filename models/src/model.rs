@@ -21,8 +21,10 @@ use rand_chacha::ChaCha8Rng;
 use crate::batch::attention_bias;
 use crate::config::ModelConfig;
 use crate::family::Architecture;
+use conrub_contracts::{
+    gathered, ForwardBatch, KvLayout, PagedKv, PagedModel, PagedPass, ParamGather,
+};
 pub use conrub_contracts::{to_dtype, AttentionImpl, Execution, Precision};
-use conrub_contracts::{ForwardBatch, KvLayout, PagedKv, PagedModel, PagedPass};
 
 /// Value added to attention scores of masked keys. Finite, so a query row whose keys are all masked
 /// (a padding position) yields a uniform distribution instead of NaNs that would leak into values.
@@ -918,38 +920,103 @@ impl<B: GrpoOps + AutodiffBackend> CausalLm<B> {
         loss: &mut dyn FnMut(Tensor<B, 3>) -> Tensor<B, 1>,
         sink: &mut dyn FnMut(GradientsParams),
     ) {
+        self.layerwise(
+            batch,
+            &mut |_, hidden| loss(hidden),
+            sink,
+            &mut Segments::Own,
+        )
+        .expect("a model's own segments need no gathering");
+    }
+
+    /// [`CausalLm::layerwise_gradients_each`] of a model whose parameters are sharded
+    /// (`sharding = "full"`): the embedding, final norm and head are gathered from `source` once
+    /// for the pass, each decoder layer for its forward and again for its recomputation and
+    /// backward, each copy dropped when its segment is done. `loss` gets the gathered model
+    /// (its head) with the hidden states.
+    pub(crate) fn layerwise_gradients_gathered(
+        &self,
+        batch: &ForwardBatch<B>,
+        loss: &mut dyn FnMut(&Self, Tensor<B, 3>) -> Tensor<B, 1>,
+        sink: &mut dyn FnMut(GradientsParams),
+        source: &mut dyn ParamGather<B>,
+    ) -> conrub_contracts::Result<()> {
+        self.layerwise(batch, loss, sink, &mut Segments::Gathered(source))
+    }
+
+    /// The stages of a layer-by-layer backward, each segment's parameters from `segments`.
+    fn layerwise(
+        &self,
+        batch: &ForwardBatch<B>,
+        loss: &mut dyn FnMut(&Self, Tensor<B, 3>) -> Tensor<B, 1>,
+        sink: &mut dyn FnMut(GradientsParams),
+        segments: &mut Segments<'_, B>,
+    ) -> conrub_contracts::Result<()> {
         let key_mask = batch.key_mask.clone();
         let (rope, mask) = self.pass_context(batch, key_mask);
+        // The embedding, final norm and head (no decoder layers).
+        let shell = segments.fetch(&self.without_layers())?;
         // 1. No graph: untracked parameters.
-        let untracked = self.clone().no_grad();
         let mut inputs = Vec::with_capacity(self.layers.len());
-        let mut x = untracked.embed(batch);
-        for layer in &untracked.layers {
+        let mut x = shell.clone().no_grad().embed(batch);
+        for layer in &self.layers {
             inputs.push(x.clone());
-            x = layer.forward(x, &rope, &mask, None);
+            let untracked = segments.fetch(&layer.clone().no_grad())?;
+            x = untracked.forward(x, &rope, &mask, None);
         }
-        drop(untracked);
         // 2. The head's segment.
         let leaf = x.detach().require_grad();
-        let grads = loss(self.norm.forward(leaf.clone())).backward();
+        let grads = loss(&shell, shell.norm.forward(leaf.clone())).backward();
         let mut upstream = leaf
             .grad(&grads)
             .expect("the loss depends on the hidden states");
-        sink(GradientsParams::from_grads(grads, self));
+        sink(GradientsParams::from_grads(grads, &shell));
         // 3. Layers from the top.
         for (layer, input) in self.layers.iter().zip(inputs).rev() {
+            let layer = segments.fetch(layer)?;
             let leaf = input.detach().require_grad();
             let y = layer.forward(leaf.clone(), &rope, &mask, None);
             let grads = (y * Tensor::from_inner(upstream)).sum().backward();
             upstream = leaf
                 .grad(&grads)
                 .expect("a layer's output depends on its input");
-            sink(GradientsParams::from_grads(grads, layer));
+            sink(GradientsParams::from_grads(grads, &layer));
         }
         // 4. The embedding (tied heads add to what the head's segment gave it).
-        let grads = (self.embed(batch) * Tensor::from_inner(upstream))
+        let grads = (shell.embed(batch) * Tensor::from_inner(upstream))
             .sum()
             .backward();
-        sink(GradientsParams::from_grads(grads, self));
+        sink(GradientsParams::from_grads(grads, &shell));
+        Ok(())
+    }
+
+    /// The model without its decoder layers: the embedding, final norm and head.
+    fn without_layers(&self) -> Self {
+        Self {
+            embed_tokens: self.embed_tokens.clone(),
+            layers: Vec::new(),
+            norm: self.norm.clone(),
+            lm_head: self.lm_head.clone(),
+            rope: self.rope.clone(),
+            exec: self.exec,
+        }
+    }
+}
+
+/// Where a layer-by-layer backward takes each segment's parameters from.
+enum Segments<'a, B: AutodiffBackend> {
+    /// The model's own (every parameter whole).
+    Own,
+    /// Gathered from the ranks that own them.
+    Gathered(&'a mut dyn ParamGather<B>),
+}
+
+impl<B: AutodiffBackend> Segments<'_, B> {
+    /// `segment` with whole parameters.
+    fn fetch<M: Module<B>>(&mut self, segment: &M) -> conrub_contracts::Result<M> {
+        match self {
+            Segments::Own => Ok(segment.clone()),
+            Segments::Gathered(source) => gathered(segment, *source),
+        }
     }
 }

@@ -5,14 +5,14 @@
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{DType, Int, Tensor};
 use conrub_contracts::{
-    whole_gradients_into, ForwardBatch, Generation, PaddedBatch, Padding, Policy, ResponseLogprobs,
-    SamplingConfig, TokenBatch,
+    gathered, whole_gradients_into, ForwardBatch, Generation, PaddedBatch, Padding, ParamGather,
+    Policy, ResponseLogprobs, SamplingConfig, TokenBatch,
 };
 use conrub_kernels::{token_logprobs, GrpoOps, DEFAULT_CHUNK_TOKENS};
 
-use crate::model::{to_dtype, CausalLm};
+use crate::model::{to_dtype, CausalLm, Precision};
 
 /// The policy computes response log-probabilities with the fused, chunked
 /// [`conrub_kernels::token_logprobs`]: only the response positions go through the head, a chunk of
@@ -80,6 +80,35 @@ impl<B: GrpoOps> Policy<B> for CausalLm<B> {
             &mut |hidden| loss(head_logprobs(self, hidden, batch)),
             sink,
         )
+    }
+
+    fn loss_gradients_gathered(
+        &self,
+        batch: &TokenBatch<B>,
+        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+        sink: &mut dyn FnMut(GradientsParams),
+        source: &mut dyn ParamGather<B>,
+    ) -> conrub_contracts::Result<()>
+    where
+        B: AutodiffBackend,
+        Self: AutodiffModule<B>,
+    {
+        if !self.exec.activation_checkpointing {
+            gathered(self, source)?.loss_gradients_each(batch, loss, sink);
+            return Ok(());
+        }
+        self.layerwise_gradients_gathered(
+            &teacher_forcing(batch),
+            &mut |model, hidden| loss(head_logprobs(model, hidden, batch)),
+            sink,
+            source,
+        )
+    }
+
+    /// Every projection, the embedding lookup and the head cast their matrix to the compute
+    /// dtype (`project`, `embed`, `head_logprobs`); norms read their f32 scales.
+    fn matrix_dtype(&self) -> Option<DType> {
+        (self.exec.precision == Precision::Bf16Mixed).then_some(DType::BF16)
     }
 
     fn enable_activation_checkpointing(&mut self) -> conrub_contracts::Result<()> {

@@ -230,4 +230,8 @@ where
             message: e.to_string(),
         })
     }
+
+    fn matrix_dtype(&self) -> Option<burn::tensor::DType> {
+        (self.dtype == SaveDtype::Bf16).then_some(burn::tensor::DType::BF16)
+    }
 }

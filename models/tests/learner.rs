@@ -881,20 +881,25 @@ fn weight_gap(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// Sharded groups of 3 ranks against one device (`optimizer`; `gradients` with activation
-/// checkpointing, so each layer's gradients are reduce-scattered as the backward makes them):
+/// checkpointing, so each layer's gradients are reduce-scattered as the backward makes them;
+/// `full`, whose ranks keep a third of the parameters and gather each layer as it runs):
 /// the same responses, rewards, verdicts and advantages exactly, each step's loss from the same
-/// state within 1e-6 (1e-5 with `gradients`: its sums are added in another order), gradient
-/// norms within 1e-5 and weights after 3 steps within 1e-5
+/// state within 1e-6 (1e-5 with `gradients` and `full`: their sums are added in another order),
+/// gradient norms within 1e-5 and weights after 3 steps within 1e-5
 /// (relative). Each rank's optimizer file holds its own parameters' moments only (disjoint,
 /// together all of them, balanced), and a state saved by 3 ranks sharding `optimizer`
-/// resumes on 2 ranks sharding `gradients` and ends within 1e-5 of the straight run. A step
+/// resumes on 2 ranks sharding `full` and ends within 1e-5 of the straight run. A step
 /// with fewer groups than ranks trains as one device too.
 #[tokio::test]
 async fn sharded_ranks_train_as_one_device() {
     let recs = five_records();
     let refs: Vec<&RubricRecord> = recs.iter().collect();
     let base = dp_config();
-    for (sharding, checkpointing) in [(Sharding::Optimizer, false), (Sharding::Gradients, true)] {
+    for (sharding, checkpointing) in [
+        (Sharding::Optimizer, false),
+        (Sharding::Gradients, true),
+        (Sharding::Full, true),
+    ] {
         let cfg = LearnerConfig {
             activation_checkpointing: checkpointing,
             ..base.clone()
@@ -907,7 +912,18 @@ async fn sharded_ranks_train_as_one_device() {
             many.push(group.step(&refs).await.unwrap());
         }
         group.check_replicas().unwrap();
-        let wn = weights(group.learner().policy());
+        if sharding == Sharding::Full {
+            // Each rank holds about a third of the parameters' elements (the rest placeholders).
+            let whole = weights(&group.whole_policy(None).unwrap()).len();
+            for l in group.learners() {
+                let held = weights(l.policy()).len();
+                assert!(
+                    held * 2 < whole,
+                    "a full rank holds {held} of {whole} elements"
+                );
+            }
+        }
+        let wn = weights(&group.whole_policy(None).unwrap());
         let mut synced = Vec::new();
         let mut from_state = sharded_group(&cfg, 3, true, sharding);
         for s in 0..3 {
@@ -934,7 +950,7 @@ async fn sharded_ranks_train_as_one_device() {
             // The second mini-batch's loss follows the first's update, whose gradient sums
             // are added in another order when each micro-batch's pieces are reduced apart
             // (`gradients`): f32 rounding, amplified by the step.
-            let tol = if sharding == Sharding::Gradients {
+            let tol = if sharding.shards_gradients() {
                 1e-5
             } else {
                 1e-6
@@ -980,9 +996,22 @@ async fn sharded_ranks_train_as_one_device() {
             elements.iter().max().unwrap(),
         );
         assert!(*hi < 2 * *lo, "balanced by bytes: {elements:?}");
+        if sharding == Sharding::Full {
+            // Each rank's parameters in a file of their own; read back by 2 ranks sharding
+            // `gradients` (each whole) and by 2 sharding `full` (each its new share): the same
+            // weights, bit for bit.
+            let files = manifest["policy_shards"].as_array().unwrap();
+            assert_eq!(files.len(), 3, "{manifest}");
+            for (mode, cfg) in [(Sharding::Gradients, &cfg), (Sharding::Full, &cfg)] {
+                let mut other = sharded_group(cfg, 2, true, mode);
+                other.load_state(saved.path()).unwrap();
+                let got = weights(&other.whole_policy(None).unwrap());
+                assert!(got == wn, "{mode:?} from a full state: other weights");
+            }
+        }
     }
-    // 3 ranks sharding `optimizer` for 2 steps, saved; 2 ranks sharding `gradients` resume for
-    // the third.
+    // 3 ranks sharding `optimizer` for 2 steps, saved; 2 ranks sharding `full` resume for the
+    // third.
     let (_, straight) = dp_run(&base, 1, true, 3, None).await;
     let saved = tempfile::tempdir().unwrap();
     let mut first = sharded_group(&base, 3, true, Sharding::Optimizer);
@@ -990,12 +1019,16 @@ async fn sharded_ranks_train_as_one_device() {
         first.step(&refs).await.unwrap();
     }
     first.save(serde_json::Value::Null, saved.path()).unwrap();
-    let mut second = sharded_group(&base, 2, true, Sharding::Gradients);
+    let checkpointed = LearnerConfig {
+        activation_checkpointing: true,
+        ..base.clone()
+    };
+    let mut second = sharded_group(&checkpointed, 2, true, Sharding::Full);
     let state = second.load_state(saved.path()).unwrap();
     assert_eq!(state.step, 2);
     second.step(&refs).await.unwrap();
-    let gap = weight_gap(&straight, &weights(second.learner().policy()));
-    eprintln!("resumed 3 -> 2 ranks, optimizer -> gradients: within {gap:e} of the straight run");
+    let gap = weight_gap(&straight, &weights(&second.whole_policy(None).unwrap()));
+    eprintln!("resumed 3 -> 2 ranks, optimizer -> full: within {gap:e} of the straight run");
     assert!(
         gap < 1e-5,
         "resumed across world sizes and modes: weights differ by {gap:e}"
@@ -1007,12 +1040,19 @@ async fn sharded_ranks_train_as_one_device() {
         .build()
         .unwrap();
     let a = one.step(two).await.unwrap();
-    for sharding in [Sharding::None, Sharding::Gradients] {
-        let mut group = sharded_group(&base, 3, true, sharding);
+    for sharding in [Sharding::None, Sharding::Gradients, Sharding::Full] {
+        let cfg = LearnerConfig {
+            activation_checkpointing: sharding == Sharding::Full,
+            ..base.clone()
+        };
+        let mut group = sharded_group(&cfg, 3, true, sharding);
         let b = group.step(two).await.unwrap();
         assert_eq!((&a.responses, &a.scores), (&b.responses, &b.scores));
         assert!(rel(a.metrics.loss, b.metrics.loss) < 1e-5, "{sharding:?}");
-        let gap = weight_gap(&weights(one.policy()), &weights(group.learner().policy()));
+        let gap = weight_gap(
+            &weights(one.policy()),
+            &weights(&group.whole_policy(None).unwrap()),
+        );
         assert!(gap < 1e-5, "{sharding:?}, a rank without a group: {gap:e}");
     }
 }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use conrub_config::{ModelSection, RolloutEngineKind, TrainConfig};
+use conrub_contracts::Sharding;
 use conrub_memory::{MemoryPlan, ModelShape, Phase, DEFAULT_GPU_MEMORY_GB, GB};
 use conrub_models::ModelConfig;
 use conrub_models::{known_shape, KNOWN_SHAPES};
@@ -252,12 +253,20 @@ pub fn run(a: PlanArgs) -> Result<()> {
         format!("precision {}, activation checkpointing {}, device {device}", i.precision, if i.activation_checkpointing { "on" } else { "off" }),
         if cfg.devices.len() > 1 {
             format!(
-                "data parallel: {} ranks ({}); every figure below is per rank: at most {} of the step's {} prompts ({} rows), a replica of the weights and AdamW, and a gradient all-reduce of {:.2} GB per optimizer step in buckets of {:.0} MiB",
+                "data parallel: {} ranks ({}), sharding = \"{}\"; every figure below is per rank: at most {} of the step's {} prompts ({} rows), {}, and a gradient {} of {:.2} GB per optimizer step in buckets of {:.0} MiB",
                 cfg.devices.len(),
                 cfg.devices.join(", "),
+                cfg.sharding.name(),
                 cfg.prompts_per_rank(),
                 cfg.run.prompts_per_step,
                 cfg.prompts_per_rank() * i.group_size,
+                match cfg.sharding {
+                    Sharding::None => "a replica of the weights and AdamW",
+                    Sharding::Optimizer => "a replica of the weights, 1/N of AdamW",
+                    Sharding::Gradients => "a replica of the weights, 1/N of AdamW and the gradient sums",
+                    Sharding::Full => "1/N of the weights, AdamW and the gradient sums",
+                },
+                if cfg.sharding.shards_optimizer() { "reduce-scatter" } else { "all-reduce" },
                 plan.parameters as f64 * 4.0 / GB,
                 cfg.learner.allreduce_bucket_mb
             )

@@ -462,6 +462,10 @@ impl TrainConfig {
         input.ranks = self.devices.len().max(1);
         input.sharding = self.sharding;
         input.bucket_bytes = l.allreduce_bucket_bytes() as f64;
+        input.export_bytes_per_weight = match self.model.save_dtype {
+            conrub_models::SaveDtype::F32 => 4.0,
+            conrub_models::SaveDtype::Bf16 => 2.0,
+        };
         input
     }
 }

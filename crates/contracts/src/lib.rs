@@ -12,6 +12,7 @@
 //! | [`TextCodec`] | each family's tokenizer and chat template | the learner, the judges |
 //! | [`RolloutEngine`] (+ [`RolloutRequest`], [`RolloutBatch`], [`WeightSync`], [`RolloutStats`]) | the in-process engines, an SGLang server | the learner |
 //! | [`Export`] | each family's Hugging Face writer | checkpoints |
+//! | [`ParamGather`] (+ [`gathered`], [`GatheredParam`]) | a sharded data-parallel rank | [`Policy::loss_gradients_gathered`] |
 //! | [`Execution`] ([`Precision`], [`AttentionImpl`], [`AttentionKernelChoice`]) | data | every family's forward |
 //! | [`ModelShape`] | data a family reports | the memory plan |
 //! | [`MetricsLine`] ([`StepMetrics`], [`EpochSummary`], [`ValidationLine`], [`KernelWarmupLine`]) | data the learner writes | plots, a user's tools |
@@ -26,6 +27,7 @@ mod engine;
 mod error;
 mod exec;
 mod export;
+mod gather;
 mod metrics;
 mod model;
 mod paged;
@@ -46,6 +48,7 @@ pub use exec::{
     to_dtype, AttentionImpl, AttentionKernelChoice, AttentionKernels, Execution, Precision,
 };
 pub use export::Export;
+pub use gather::{gathered, gathered_as, GatheredParam, ParamGather};
 pub use metrics::{
     EpochSummary, JudgeScore, KernelWarmupLine, MetricsLine, StepMetrics, TieStats,
     ValidationDecoding, ValidationLine,

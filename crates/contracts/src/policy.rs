@@ -9,6 +9,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 
 use crate::error::{ContractError, Result};
+use crate::gather::{gathered, ParamGather};
 use crate::sampling::{sample_token, sequence_rng, Generation, SamplingConfig};
 use crate::tokens::TokenBatch;
 
@@ -103,6 +104,37 @@ pub trait Policy<B: Backend>: Module<B> {
         Self: AutodiffModule<B>,
     {
         sink(self.loss_gradients(batch, loss));
+    }
+
+    /// [`Policy::loss_gradients_each`] of a policy whose parameters are sharded over
+    /// data-parallel ranks (`sharding = "full"`: the parameters this rank does not own are
+    /// placeholders): whole values come from `source` as they are needed. The default gathers
+    /// the whole policy once and drops it after the backward; the `models/` families with
+    /// activation checkpointing gather one segment at a time (the embedding and head, then each
+    /// decoder layer for its forward and again for its backward), so one layer's whole weights
+    /// are alive beside the shards. Every call makes the same gathers, whatever `batch` holds.
+    fn loss_gradients_gathered(
+        &self,
+        batch: &TokenBatch<B>,
+        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+        sink: &mut dyn FnMut(GradientsParams),
+        source: &mut dyn ParamGather<B>,
+    ) -> Result<()>
+    where
+        B: AutodiffBackend,
+        Self: AutodiffModule<B>,
+    {
+        let whole = gathered(self, source)?;
+        whole.loss_gradients_each(batch, loss, sink);
+        Ok(())
+    }
+
+    /// The dtype every weight matrix (a parameter of two or more dimensions) is cast to when
+    /// the forward uses it (bf16 under bf16-mixed), or `None` when matrices are used as stored
+    /// (the default). A `sharding = "full"` rank gathers the whole weights for its rollouts in
+    /// it: the same outputs for half the bytes.
+    fn matrix_dtype(&self) -> Option<DType> {
+        None
     }
 
     /// Turns per-layer activation checkpointing on for [`Policy::loss_gradients`]

@@ -400,8 +400,10 @@ pub enum Sharding {
     /// reduce-scattered as soon as its backward is done, so the running sum a rank keeps
     /// between micro-batches holds its own parameters only.
     Gradients,
-    /// ZeRO-3 (FULL_SHARD): in addition, parameters are sharded and gathered layer by layer.
-    /// `conrub plan` counts it; training refuses it until it is built.
+    /// ZeRO-3 (FULL_SHARD): in addition, a rank keeps only its own parameters between uses;
+    /// the whole weights are gathered for the step's rollouts and old log-probabilities, then
+    /// one segment at a time (the embedding and head, each decoder layer) for the forward and
+    /// backward passes, and dropped after use. Needs activation checkpointing.
     Full,
 }
 

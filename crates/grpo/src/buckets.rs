@@ -38,7 +38,11 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Take<B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let numel = param.lazy_shape().num_elements();
         let g = self.grads.remove::<B::InnerBackend, D>(param.id);
-        self.flat.push(g.map(|g| g.reshape([numel])));
+        // The gradient's own size: a released parameter (`sharding = "full"`) is a placeholder.
+        self.flat.push(g.map(|g| {
+            let n = g.shape().num_elements();
+            g.reshape([n])
+        }));
         self.sizes.push(numel);
     }
 }
@@ -110,7 +114,7 @@ pub(crate) fn bucket_ranges(
 }
 
 /// Elements per bucket of `slot`.
-fn limit<B: burn::tensor::backend::Backend>(slot: &RankSlot<B>) -> usize {
+pub(crate) fn limit<B: burn::tensor::backend::Backend>(slot: &RankSlot<B>) -> usize {
     (slot.bucket_bytes / 4).max(1)
 }
 
@@ -271,21 +275,71 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Values<B> {
     }
 }
 
-/// Replaces the parameters that have an entry with it (shaped and cast as the parameter).
-struct Replace<B: AutodiffBackend> {
+/// The values (flattened, f32) of the parameters of `module` flagged in `wanted`, by index.
+pub(crate) fn owned_values<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    wanted: Vec<bool>,
+) -> Vec<Option<Flat<B>>> {
+    let mut v = Values::<B> {
+        wanted,
+        at: 0,
+        out: Vec::new(),
+    };
+    module.visit(&mut v);
+    v.out
+}
+
+/// All-gathers one bucket of parameters from their owners: this rank sends its own (`own`,
+/// by index), every rank gets every member. Returns each member's index and whole value.
+pub(crate) fn gather_bucket<B: AutodiffBackend>(
+    bucket: &[usize],
+    own: &[Option<Flat<B>>],
+    slot: &RankSlot<B::InnerBackend>,
+    layout: &ShardLayout,
+    device: &burn::tensor::Device<B::InnerBackend>,
+    comm: &mut CommStats,
+) -> Result<Vec<(usize, Flat<B>)>> {
+    let sizes = layout.sizes();
+    let (order, counts) = by_owner(bucket, sizes, layout);
+    let mine: Vec<Flat<B>> = order
+        .iter()
+        .filter(|&&i| layout.owner(i) == slot.rank)
+        .map(|&i| own[i].clone().expect("an owner holds its parameters"))
+        .collect();
+    let part = (!mine.is_empty()).then(|| Tensor::cat(mine, 0));
+    let whole = slot
+        .collective
+        .all_gather_parts(slot.rank, part, &counts, device)?;
+    comm.all_gather_bytes += (counts[slot.rank] * 4) as u64;
+    let lens = order.iter().map(|&i| sizes[i]);
+    Ok(order
+        .iter()
+        .zip(spans(lens))
+        .map(|(&i, span)| (i, whole.clone().slice(span)))
+        .collect())
+}
+
+/// Replaces the parameters that have an entry with it (shaped as `shapes` says, else as the
+/// parameter; cast as the parameter).
+struct Replace<'a, B: AutodiffBackend> {
     with: Vec<Option<Flat<B>>>,
+    shapes: Option<&'a [Vec<usize>]>,
     at: usize,
 }
 
-impl<B: AutodiffBackend> ModuleMapper<B> for Replace<B> {
+impl<B: AutodiffBackend> ModuleMapper<B> for Replace<'_, B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let entry = self.with[self.at].take();
+        let i = self.at;
+        let entry = self.with[i].take();
         self.at += 1;
         let Some(v) = entry else {
             return param;
         };
         let (id, tensor, mapper) = param.consume();
-        let (shape, dtype) = (tensor.shape(), tensor.dtype());
+        let (shape, dtype) = match self.shapes {
+            Some(shapes) => (burn::tensor::Shape::from(shapes[i].clone()), tensor.dtype()),
+            None => (tensor.shape(), tensor.dtype()),
+        };
         drop(tensor);
         let inner = v.reshape(shape);
         let inner = if inner.dtype() == dtype {
@@ -295,6 +349,20 @@ impl<B: AutodiffBackend> ModuleMapper<B> for Replace<B> {
         };
         Param::from_mapped_value(id, Tensor::from_inner(inner).require_grad(), mapper)
     }
+}
+
+/// `module` with every parameter that has an entry in `with` (flattened) replaced by it,
+/// shaped as `shapes` says (a placeholder takes the whole shape it stands for).
+pub(crate) fn replace_shaped<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: M,
+    with: Vec<Option<Flat<B>>>,
+    shapes: &[Vec<usize>],
+) -> M {
+    module.map(&mut Replace::<B> {
+        with,
+        shapes: Some(shapes),
+        at: 0,
+    })
 }
 
 /// After the owners' updates: every parameter in `updated` gathered from its owner, so every
@@ -319,29 +387,20 @@ where
     let sizes = layout.sizes();
     let t = Instant::now();
     for bucket in bucket_ranges(sizes, limit(slot), |i| updated[i]) {
-        let (order, counts) = by_owner(&bucket, sizes, layout);
-        let wanted: Vec<bool> = (0..sizes.len())
-            .map(|i| bucket.contains(&i) && layout.owner(i) == slot.rank)
-            .collect();
-        let mut v = Values::<B> {
-            wanted,
-            at: 0,
-            out: Vec::new(),
-        };
-        module.visit(&mut v);
-        let mut own = v.out;
-        let mine: Vec<Flat<B>> = order.iter().filter_map(|&i| own[i].take()).collect();
-        let part = (!mine.is_empty()).then(|| Tensor::cat(mine, 0));
-        let whole = slot
-            .collective
-            .all_gather_parts(slot.rank, part, &counts, &device)?;
-        comm.all_gather_bytes += (counts[slot.rank] * 4) as u64;
-        let mut with: Vec<Option<Flat<B>>> = (0..sizes.len()).map(|_| None).collect();
-        let lens = order.iter().map(|&i| sizes[i]);
-        for (&i, span) in order.iter().zip(spans(lens)) {
-            with[i] = Some(whole.clone().slice(span));
+        let mut wanted = vec![false; sizes.len()];
+        for &i in bucket.iter().filter(|&&i| layout.owner(i) == slot.rank) {
+            wanted[i] = true;
         }
-        module = module.map(&mut Replace::<B> { with, at: 0 });
+        let own = owned_values(&module, wanted);
+        let mut with: Vec<Option<Flat<B>>> = (0..sizes.len()).map(|_| None).collect();
+        for (i, v) in gather_bucket::<B>(&bucket, &own, slot, layout, &device, comm)? {
+            with[i] = Some(v);
+        }
+        module = module.map(&mut Replace::<B> {
+            with,
+            shapes: None,
+            at: 0,
+        });
     }
     comm.all_gather_secs += t.elapsed().as_secs_f64();
     Ok(module)

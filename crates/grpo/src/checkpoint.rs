@@ -54,6 +54,9 @@ const FORMAT: u32 = 2;
 /// The format of a sharded group's state: format 2 with one optimizer file per rank (a build
 /// that reads only 2 would look for the one `optimizer` file).
 const SHARDED_FORMAT: u32 = 3;
+/// The format of a `sharding = "full"` group's state: format 3 with one policy file per rank
+/// too (a build that reads only 3 would look for the one `policy` file).
+const PARAMETER_SHARDED_FORMAT: u32 = 4;
 
 /// Learner settings a resume must keep (they shape the groups, the advantages, the loss or the
 /// sampling of the run so far); the others (learning rate, clipping norm, micro-batch size, ...)
@@ -94,6 +97,10 @@ struct Manifest {
     /// A sharded group's optimizer state, one file per rank (absent: one `optimizer` file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sharding: Option<ShardFiles>,
+    /// A `full` group's policy, one file per rank holding the parameters it owns (the others
+    /// one-element placeholders; absent: one `policy` file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    policy_shards: Option<Vec<ShardFile>>,
 }
 
 /// The optimizer state of a sharded group: which rank wrote which file and which parameters
@@ -106,13 +113,13 @@ struct ShardFiles {
     shards: Vec<ShardFile>,
 }
 
-/// One rank's optimizer file.
+/// One rank's optimizer (or policy) file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct ShardFile {
     rank: usize,
-    /// File name in the state directory (`.mpk` added by the recorder).
+    /// File name in the state directory (with `.mpk`, which the recorder adds).
     file: String,
-    /// The parameters whose AdamW moments it holds.
+    /// The parameters whose AdamW moments (or values) it holds.
     parameters: Vec<usize>,
     /// Their elements.
     elements: usize,
@@ -121,9 +128,9 @@ struct ShardFile {
 /// The AdamW state of a learner, keyed by parameter id.
 type OptimRecord<B, P> = <OptimizerAdaptor<AdamW, P, B> as Optimizer<P, B>>::Record;
 
-/// The optimizer file of `rank` of a `world`-rank sharded group.
-fn shard_file(rank: usize, world: usize) -> String {
-    format!("{OPTIMIZER}-rank-{rank:05}-of-{world:05}")
+/// The `what` file (optimizer, policy) of `rank` of a `world`-rank sharded group.
+fn shard_file(what: &str, rank: usize, world: usize) -> String {
+    format!("{what}-rank-{rank:05}-of-{world:05}")
 }
 
 /// The policy's float parameters: module path (each field entered on the way, the parameter's
@@ -203,9 +210,10 @@ where
     save_group_state(std::slice::from_ref(learner), data_cursor, dir)
 }
 
-/// [`save_state`] of a data-parallel group, rank 0 first: rank 0's policy (every rank holds
-/// the same), and the optimizer state: rank 0's when it is replicated, every rank's own part
-/// (one file each, listed in the manifest) when the group shards it.
+/// [`save_state`] of a data-parallel group, rank 0 first: the policy (rank 0's, every rank
+/// holding the same; a `full` group's every rank's own parameters, one file each), and the
+/// optimizer state: rank 0's when it is replicated, every rank's own part (one file each,
+/// listed in the manifest) when the group shards it.
 pub(crate) fn save_group_state<B, P, T>(
     ranks: &[Learner<B, P, T>],
     data_cursor: serde_json::Value,
@@ -222,11 +230,7 @@ where
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     let rec = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
-    learner
-        .policy
-        .clone()
-        .save_file(tmp.join(POLICY), &rec)
-        .map_err(|e| io(&tmp.join(POLICY), e))?;
+    let policy_shards = save_policy(ranks, &tmp, &rec)?;
     let sharding = save_optimizer(ranks, &tmp, &rec)?;
     if let Some(reference) = &learner.reference {
         reference
@@ -238,10 +242,10 @@ where
         step: learner.step,
         data_cursor,
         learner: learner.cfg.clone(),
-        format: if sharding.is_some() {
-            SHARDED_FORMAT
-        } else {
-            FORMAT
+        format: match (&policy_shards, &sharding) {
+            (Some(_), _) => PARAMETER_SHARDED_FORMAT,
+            (None, Some(_)) => SHARDED_FORMAT,
+            (None, None) => FORMAT,
         },
     };
     let json = serde_json::to_vec_pretty(&state).map_err(|e| io(&tmp.join(STATE), e))?;
@@ -257,9 +261,10 @@ where
         files.insert(name, digest(&f)?);
     }
     let manifest = Manifest {
-        parameters: shapes(&learner.policy),
+        parameters: whole_shapes(learner),
         files,
         sharding,
+        policy_shards,
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| io(&tmp.join(MANIFEST), e))?;
     std::fs::write(tmp.join(MANIFEST), json).map_err(|e| io(&tmp.join(MANIFEST), e))?;
@@ -270,6 +275,69 @@ where
             .map_err(|e| io(&f, e))?;
     }
     swap_in(&tmp, dir)
+}
+
+/// Writes the policy of `ranks` into `tmp`: rank 0's (`policy`), or in a `full` group each
+/// rank's own (released: its parameters whole, the others placeholders), one file each; returns
+/// what the manifest lists of those. No rank ever holds the whole policy for it.
+fn save_policy<B, P, T>(
+    ranks: &[Learner<B, P, T>],
+    tmp: &Path,
+    rec: &NamedMpkFileRecorder<FullPrecisionSettings>,
+) -> Result<Option<Vec<ShardFile>>>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+    T: crate::task::TaskPrompt,
+{
+    let layout = ranks[0].rank.as_ref().and_then(|s| s.parameters_sharded());
+    let Some(layout) = layout else {
+        ranks[0]
+            .policy
+            .clone()
+            .save_file(tmp.join(POLICY), rec)
+            .map_err(|e| io(&tmp.join(POLICY), e))?;
+        return Ok(None);
+    };
+    let world = ranks.len();
+    let mut files = Vec::with_capacity(world);
+    for (rank, learner) in ranks.iter().enumerate() {
+        let file = shard_file(POLICY, rank, world);
+        learner
+            .policy
+            .clone()
+            .save_file(tmp.join(&file), rec)
+            .map_err(|e| io(&tmp.join(&file), e))?;
+        let parameters: Vec<usize> = (0..layout.sizes().len())
+            .filter(|&i| layout.owner(i) == rank)
+            .collect();
+        files.push(ShardFile {
+            rank,
+            file: format!("{file}.mpk"),
+            elements: parameters.iter().map(|&i| layout.sizes()[i]).sum(),
+            parameters,
+        });
+    }
+    Ok(Some(files))
+}
+
+/// The policy's parameters with their whole shapes (a `full` rank's placeholders listed with
+/// the shapes of the parameters they stand for).
+fn whole_shapes<B, P, T>(learner: &Learner<B, P, T>) -> Vec<(String, Vec<usize>)>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+    T: crate::task::TaskPrompt,
+{
+    let mut found = shapes(&learner.policy);
+    if let Some(layout) = learner.rank.as_ref().and_then(|s| s.parameters_sharded()) {
+        for (i, (_, dims)) in found.iter_mut().enumerate() {
+            *dims = layout.shape(i).to_vec();
+        }
+    }
+    found
 }
 
 /// Writes the optimizer state of `ranks` into `tmp`: rank 0's (`optimizer`) when it is
@@ -314,7 +382,7 @@ where
             .into_iter()
             .map(|(id, r)| (lead[index[&id]], r))
             .collect();
-        let file = shard_file(rank, world);
+        let file = shard_file(OPTIMIZER, rank, world);
         rec.record(record, tmp.join(&file))
             .map_err(|e| io(&tmp.join(&file), e))?;
         shards.push(ShardFile {
@@ -367,12 +435,18 @@ where
     };
     let (state, manifest) = check_state(learner, dir)?;
     let rec = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
-    learner.policy = learner
-        .policy
-        .clone()
-        .load_file(dir.join(POLICY), &rec, &learner.device)
-        .map_err(|e| bad_checkpoint(dir, format!("{POLICY}.mpk cannot be read: {e}")))?;
-    let record = load_optimizer(learner, dir, manifest.and_then(|m| m.sharding), &rec)?;
+    let (sharding, policy_shards) = manifest
+        .map(|m| (m.sharding, m.policy_shards))
+        .unwrap_or_default();
+    learner.policy = match policy_shards {
+        None => learner
+            .policy
+            .clone()
+            .load_file(dir.join(POLICY), &rec, &learner.device)
+            .map_err(|e| bad_checkpoint(dir, format!("{POLICY}.mpk cannot be read: {e}")))?,
+        Some(files) => load_policy_shards(learner, dir, &files, &rec)?,
+    };
+    let record = load_optimizer(learner, dir, sharding, &rec)?;
     learner.update.optim = learner.update.optim.clone().load_record(record);
     learner.step = state.step;
     // The KL reference is the run's initial policy, saved with the state.
@@ -388,6 +462,58 @@ where
         );
     }
     Ok(state)
+}
+
+/// The policy `learner` takes from the per-rank files of a `full` group's state: the first
+/// file's (its parameter ids, which the optimizer files are keyed by), with every parameter
+/// the learner needs (all; a `full` rank: its own) taken from the file that holds it. A file
+/// holding none of them is not read.
+fn load_policy_shards<B, P, T>(
+    learner: &Learner<B, P, T>,
+    dir: &Path,
+    files: &[ShardFile],
+    rec: &NamedMpkFileRecorder<FullPrecisionSettings>,
+) -> Result<P>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+    T: crate::task::TaskPrompt,
+{
+    let shapes: Vec<Vec<usize>> = whole_shapes(learner).into_iter().map(|(_, d)| d).collect();
+    let needed: Vec<bool> = match learner
+        .rank
+        .as_ref()
+        .and_then(|s| s.parameters_sharded().map(|l| (l, s.rank)))
+    {
+        Some((layout, rank)) => (0..shapes.len()).map(|i| layout.owner(i) == rank).collect(),
+        None => vec![true; shapes.len()],
+    };
+    let read = |f: &ShardFile| -> Result<P> {
+        let name = f.file.trim_end_matches(".mpk");
+        learner
+            .policy
+            .clone()
+            .load_file(dir.join(name), rec, &learner.device)
+            .map_err(|e| bad_checkpoint(dir, format!("{} cannot be read: {e}", f.file)))
+    };
+    let (first, rest) = files
+        .split_first()
+        .ok_or_else(|| bad_checkpoint(dir, "corrupted: the manifest lists no policy files"))?;
+    let mut policy = read(first)?;
+    for f in rest {
+        let n = shapes.len();
+        let mut take = vec![false; n];
+        for &i in f.parameters.iter().filter(|&&i| i < n && needed[i]) {
+            take[i] = true;
+        }
+        if !take.contains(&true) {
+            continue;
+        }
+        let values = crate::buckets::owned_values(&read(f)?, take);
+        policy = crate::buckets::replace_shaped(policy, values, &shapes);
+    }
+    Ok(policy)
 }
 
 /// The optimizer state `learner` keeps from `dir`: the one `optimizer` file, or every rank's
@@ -422,13 +548,8 @@ where
     // A sharded rank keeps what it owns, file by file, so the whole state never sits on its
     // device (a file holds only the parts of the rank that wrote it).
     let owned = learner.rank.as_ref().and_then(|slot| {
-        slot.sharded().map(|layout| {
-            let ids = crate::sharding::owned_ids(&learner.policy, layout, slot.rank);
-            let indices: std::collections::HashSet<usize> = (0..layout.sizes().len())
-                .filter(|&i| layout.owner(i) == slot.rank)
-                .collect();
-            (ids, indices)
-        })
+        slot.sharded()
+            .map(|layout| crate::sharding::owned_by(&learner.policy, layout, slot.rank))
     });
     let mut record: OptimRecord<B, P> = Default::default();
     for (file, parameters) in files {
@@ -478,12 +599,12 @@ where
             );
             return Ok((state, None));
         }
-        FORMAT | SHARDED_FORMAT => {}
+        FORMAT | SHARDED_FORMAT | PARAMETER_SHARDED_FORMAT => {}
         other => {
             return Err(bad_checkpoint(
                 dir,
                 format!(
-                    "state format {other}, which this build does not read (it writes {FORMAT}, and {SHARDED_FORMAT} for a sharded group)"
+                    "state format {other}, which this build does not read (it writes {FORMAT}, {SHARDED_FORMAT} for a sharded group and {PARAMETER_SHARDED_FORMAT} for a `full` one)"
                 ),
             ))
         }
@@ -518,7 +639,7 @@ where
             ));
         }
     }
-    let here = shapes(&learner.policy);
+    let here = whole_shapes(learner);
     if here.len() != manifest.parameters.len() {
         return Err(bad_checkpoint(
             dir,

@@ -101,8 +101,10 @@ struct Round<T, R> {
     round: u64,
     slots: Vec<Option<T>>,
     arrived: usize,
-    /// The combined value of round `round - 1`.
+    /// The combined value of round `round - 1`, until every waiting rank has taken it.
     last: Option<Arc<R>>,
+    /// Ranks of round `round - 1` that have yet to take `last`.
+    waiting: usize,
     /// `(rank, error)` of the first rank that failed.
     aborted: Option<(usize, String)>,
 }
@@ -117,6 +119,7 @@ impl<T, R> Rendezvous<T, R> {
                 slots: (0..world).map(|_| None).collect(),
                 arrived: 0,
                 last: None,
+                waiting: 0,
                 aborted: None,
             }),
             wake: Condvar::new(),
@@ -156,7 +159,8 @@ impl<T, R> Rendezvous<T, R> {
                 .map(|p| p.take().expect("every rank"))
                 .collect();
             let out = Arc::new(combine(all));
-            s.last = Some(out.clone());
+            s.last = (self.world > 1).then(|| out.clone());
+            s.waiting = self.world - 1;
             s.arrived = 0;
             s.round += 1;
             self.wake.notify_all();
@@ -179,7 +183,15 @@ impl<T, R> Rendezvous<T, R> {
             }
             s = self.wake.wait_timeout(s, left).expect("collective state").0;
         }
-        Ok(s.last.clone().expect("a completed round has a value"))
+        // The last rank to take the value lets it go (a round's buffer is not held until the
+        // next round of its kind).
+        s.waiting -= 1;
+        let out = if s.waiting == 0 {
+            s.last.take()
+        } else {
+            s.last.clone()
+        };
+        Ok(out.expect("a completed round has a value"))
     }
 
     fn abort(&self, rank: usize, error: &str) {

@@ -18,8 +18,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 use conrub_contracts::{
-    Policy, ResponseLogprobs, RolloutBatch, RolloutEngine, RolloutRequest, SamplingConfig,
-    StepMetrics, TextCodec, TokenBatch, WeightSync,
+    gathered_as, Policy, ResponseLogprobs, RolloutBatch, RolloutEngine, RolloutRequest,
+    SamplingConfig, StepMetrics, TextCodec, TokenBatch, WeightSync,
 };
 use conrub_kernels::GrpoOps;
 use conrub_rubric::{ResponseScore, RubricRecord};
@@ -35,7 +35,7 @@ use crate::loss::{dpo_pair_loss, PolicyObjective, SurrogateBatch};
 use crate::registry::Registry;
 use crate::reward::{GroupScores, RewardSource};
 use crate::rollout::GroupSampler;
-use crate::sharding::{CommStats, ShardLayout, ShardedSum, Sharding};
+use crate::sharding::{CommStats, RankGather, ShardLayout, ShardedSum, Sharding};
 use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
 use crate::update::{Update, UpdateConfig};
 pub use conrub_contracts::{LearnerConfig, OnNonFinite};
@@ -109,6 +109,11 @@ impl<B: burn::tensor::backend::Backend> RankSlot<B> {
         self.layout
             .as_deref()
             .filter(|_| self.sharding.shards_optimizer())
+    }
+
+    /// The layout when a rank keeps only its own parameters (`sharding = "full"`).
+    pub(crate) fn parameters_sharded(&self) -> Option<&ShardLayout> {
+        self.sharded().filter(|_| self.sharding.shards_parameters())
     }
 }
 
@@ -418,6 +423,18 @@ where
         samples: usize,
         sampling: &SamplingConfig,
     ) -> Result<Vec<crate::validation::Answer>> {
+        self.generate_with(&self.policy.valid(), prompts, samples, sampling)
+    }
+
+    /// [`Learner::generate`] from `inner` (a sharded group's whole policy) instead of this
+    /// learner's own.
+    pub fn generate_with(
+        &self,
+        inner: &P::InnerModule,
+        prompts: &[Vec<conrub_rubric::Message>],
+        samples: usize,
+        sampling: &SamplingConfig,
+    ) -> Result<Vec<crate::validation::Answer>> {
         let ids: Vec<Vec<u32>> = prompts
             .iter()
             .map(|m| self.codec.encode_prompt(m))
@@ -425,8 +442,7 @@ where
         if ids.iter().any(Vec::is_empty) {
             return Err(GrpoError::Stage("a prompt renders to no tokens".into()));
         }
-        let inner = self.policy.valid();
-        self.rollout.sync_weights(&inner, self.step)?;
+        self.rollout.sync_weights(inner, self.step)?;
         let request = RolloutRequest {
             prompts: &ids,
             group_size: samples,
@@ -434,7 +450,7 @@ where
             step: self.step,
             first_group: 0,
         };
-        let batch = self.rollout.rollout(&inner, &request, &self.device)?;
+        let batch = self.rollout.rollout(inner, &request, &self.device)?;
         batch.check_shape(prompts.len(), samples)?;
         batch
             .responses
@@ -477,7 +493,7 @@ where
         }
         let k = self.cfg.group_size;
         let t0 = Instant::now();
-        let inner = self.policy.valid();
+        let (inner, gather_comm) = self.whole_inner()?;
         // An engine outside the process may not hold the policy's weights yet (a first step, a
         // resume, a warm-up); one that does skips this.
         let mut weight_sync = self.rollout.sync_weights(&inner, self.step)?;
@@ -520,6 +536,8 @@ where
         // Every rank's rollouts are done (the lengths were just gathered from all of them).
         self.rollout.release()?;
         let batch = self.train_batch(&inner, &rollout, &outcomes, &rows);
+        // A `full` rank's gathered weights go before the backward passes gather their segments.
+        drop(inner);
         let logprob_gap = LogprobGap::of(&batch, &rollout);
         let dpo_pairs: Vec<(usize, usize)> = if self.cfg.tie_mode == TieMode::GrpoDpo {
             outcomes
@@ -534,16 +552,20 @@ where
         } else {
             Vec::new()
         };
-        let update = if self.enough_scored(&scores)? {
+        let mut update = if self.enough_scored(&scores)? {
             self.update_stage(&batch, &dpo_pairs, &rows)?
         } else {
             UpdateStats::default()
         };
-        // The new weights go to the engine before the next rollout reads them.
-        let synced = self
-            .rollout
-            .sync_weights(&self.policy.valid(), self.step + 1)?;
-        weight_sync = weight_sync.plus(synced);
+        update.comm.add(&gather_comm);
+        // The new weights go to the engine before the next rollout reads them (a `full` rank
+        // holds no whole weights here: its next step syncs the ones it gathers).
+        if !self.parameters_sharded() {
+            let synced = self
+                .rollout
+                .sync_weights(&self.policy.valid(), self.step + 1)?;
+            weight_sync = weight_sync.plus(synced);
+        }
         let update_secs = t2.elapsed().as_secs_f64();
         Ok(StepParts {
             rollout,
@@ -559,6 +581,27 @@ where
             logprob_gap,
             device_memory: <B as conrub_kernels::DecodeOps>::device_memory_reserved(&self.device),
         })
+    }
+
+    /// Whether this learner is a `sharding = "full"` rank (it keeps its own parameters only).
+    fn parameters_sharded(&self) -> bool {
+        self.rank
+            .as_ref()
+            .is_some_and(|s| s.parameters_sharded().is_some())
+    }
+
+    /// The policy's whole weights without autodiff, for the step's rollouts and old
+    /// log-probabilities: its own, or on a `full` rank all-gathered from every rank (each rank
+    /// gathers at the start of every step) and dropped once the train batch is built.
+    fn whole_inner(&self) -> Result<(P::InnerModule, CommStats)> {
+        let slot = self.rank.as_ref();
+        let Some((slot, layout)) = slot.and_then(|s| s.parameters_sharded().map(|l| (s, l))) else {
+            return Ok((self.policy.valid(), CommStats::default()));
+        };
+        let mut source = RankGather::new(&self.policy, slot, layout);
+        let matrices = self.policy.matrix_dtype();
+        let whole = gathered_as(&self.policy.clone().no_grad(), &mut source, matrices)?;
+        Ok((whole.valid(), source.comm))
     }
 
     /// Whether the step's scored share (responses whose every reward part was scored, over every
@@ -1043,11 +1086,23 @@ where
                 let slot = self.rank.as_ref().expect("a sharded rank");
                 let layout = slot.sharded().expect("a sharded rank");
                 let mut failed = None;
-                self.policy.loss_gradients_each(tokens, loss, &mut |piece| {
+                let mut sink = |piece| {
                     if failed.is_none() {
                         failed = sum.add(&self.policy, piece, slot, layout, comm).err();
                     }
-                });
+                };
+                if slot.parameters_sharded().is_some() {
+                    let mut source = RankGather::new(&self.policy, slot, layout);
+                    let gathered =
+                        self.policy
+                            .loss_gradients_gathered(tokens, loss, &mut sink, &mut source);
+                    comm.add(&source.comm);
+                    if let (Err(e), None) = (gathered, &failed) {
+                        failed = Some(e.into());
+                    }
+                } else {
+                    self.policy.loss_gradients_each(tokens, loss, &mut sink);
+                }
                 match failed {
                     Some(e) => Err(e),
                     None => sum.end_pass(slot),
@@ -1058,8 +1113,16 @@ where
 
     /// A round in which this rank has no backward pass of its own (fewer micro-batches than
     /// another rank): it joins the others' reduce-scatters with zeros.
+    ///
+    /// A `full` rank instead runs a backward pass of zero loss on one token: the others'
+    /// passes gather each segment from every rank, this one included, in the same order.
     fn idle_pass(&self, sum: &mut ShardedSum<B>, comm: &mut CommStats) -> Result<()> {
         let slot = self.rank.as_ref().expect("a sharded rank");
+        if slot.parameters_sharded().is_some() {
+            let one = TokenBatch::<B>::bucketed([(&[0u32][..], &[0u32][..])], &self.device);
+            let mut zero = |lp: ResponseLogprobs<B>| lp.logprobs.sum() * 0.0;
+            return self.gradients(&one, &mut zero, GradTarget::Scatter(sum, comm));
+        }
         let layout = slot.sharded().expect("a sharded rank");
         sum.idle_pass(&self.policy, slot, layout, comm)
     }
@@ -1093,7 +1156,8 @@ where
         let (policy, norm, stepped) = self
             .update
             .apply_with_norm(self.policy.clone(), grads, norm);
-        self.policy = if stepped {
+        // A `full` rank keeps its own parameters only: the next uses gather them.
+        self.policy = if stepped && !slot.sharding.shards_parameters() {
             crate::buckets::all_gather_weights(policy, &updated, &slot, layout, comm)?
         } else {
             policy

@@ -1,5 +1,6 @@
 //! Data-parallel training on the devices of one node: one [`Learner`] per device, each on a
-//! thread of its own, with a replica of the policy and of the optimizer state.
+//! thread of its own, with a replica of the policy and of the optimizer state, or with a share
+//! of them ([`Sharding`]: the optimizer state, the gradient sums, the parameters).
 //!
 //! A step splits its prompt groups across the ranks in contiguous slices (a group never splits;
 //! the first ranks take one more when the split is uneven). Each rank samples, scores and ranks
@@ -14,21 +15,22 @@
 //! A rank that fails (an error or a panic) aborts the group's [`Collective`]: the other ranks
 //! stop at their next collective call, and the step returns the failing rank's error.
 
+use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Tensor};
 use conrub_kernels::GrpoOps;
 use conrub_rubric::RubricRecord;
 
 use crate::collective::Collective;
 use crate::error::{GrpoError, Result};
 use crate::learner::{step_output, Learner, LearnerBuilder, RankSlot, Shard, StepOutput};
-use crate::sharding::{ShardLayout, Sharding};
+use crate::sharding::{release, Assembly, ShardLayout, Sharding};
 use crate::task::TaskPrompt;
-use conrub_contracts::Policy;
+use conrub_contracts::{gathered_as, Policy};
 
 /// The learners of a data-parallel group, rank 0 first.
 pub struct DataParallel<B, P, T = RubricRecord>
@@ -62,8 +64,9 @@ where
     }
 
     /// [`DataParallel::build`] with the training state divided as `sharding` says (see
-    /// [`crate::ShardLayout`] for who owns what). `Sharding::Full` is refused: parameter
-    /// sharding is not built yet.
+    /// [`crate::ShardLayout`] for who owns what). With `Sharding::Full` each rank's policy
+    /// keeps its own parameters only once its learner is built (the others become
+    /// placeholders; [`DataParallel::whole_policy`] assembles the whole).
     pub fn build_sharded(
         devices: &[B::Device],
         collective: Arc<dyn Collective<B::InnerBackend>>,
@@ -71,14 +74,6 @@ where
         sharding: Sharding,
         mut builder: impl FnMut(usize, &B::Device) -> Result<LearnerBuilder<B, P, T>>,
     ) -> Result<Self> {
-        if sharding.shards_parameters() {
-            return Err(GrpoError::config(
-                "sharding",
-                "\"full\" (parameters sharded and gathered layer by layer) is not built yet: \
-                 use \"gradients\" (AdamW moments and gradient sums sharded); `conrub plan` \
-                 shows what each mode needs per rank",
-            ));
-        }
         if devices.len() != collective.world_size() {
             return Err(GrpoError::config(
                 "devices",
@@ -105,10 +100,36 @@ where
                     sharding,
                     layout: layout.clone(),
                 };
-                b.rank(slot).build()
+                let mut learner = b.rank(slot).build()?;
+                if let Some(layout) = layout.as_ref().filter(|_| sharding.shards_parameters()) {
+                    learner.policy = release(learner.policy, layout, rank);
+                }
+                Ok(learner)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self { ranks, collective })
+    }
+
+    /// The layout when the group keeps each parameter on its owner only (`full`).
+    fn parameter_layout(&self) -> Option<Arc<ShardLayout>> {
+        let slot = self.ranks[0].rank.as_ref()?;
+        slot.parameters_sharded()?;
+        slot.layout.clone()
+    }
+
+    /// The whole policy: rank 0's (every rank holds the same), or in a `full` group assembled
+    /// on rank 0's device from every rank's own parameters, weight matrices cast to `matrices`
+    /// when set (exports and validation use it between steps; no collective runs). Rank 0's
+    /// device then holds the whole weights beside its share of the state: an export in bf16
+    /// asks for bf16 matrices.
+    pub fn whole_policy(&self, matrices: Option<DType>) -> Result<Cow<'_, P>> {
+        let lead = &self.ranks[0];
+        let Some(layout) = self.parameter_layout() else {
+            return Ok(Cow::Borrowed(&lead.policy));
+        };
+        let modules: Vec<&P> = self.ranks.iter().map(|l| &l.policy).collect();
+        let mut parts = Assembly::<B>::new(&modules, layout, &lead.device);
+        Ok(Cow::Owned(gathered_as(&lead.policy, &mut parts, matrices)?))
     }
 
     /// Ranks in the group.
@@ -116,7 +137,8 @@ where
         self.ranks.len()
     }
 
-    /// Rank 0's learner (every rank holds the same policy and optimizer state).
+    /// Rank 0's learner (every rank holds the same policy and optimizer state, but in a
+    /// sharded group; see [`DataParallel::whole_policy`]).
     pub fn learner(&self) -> &Learner<B, P, T> {
         &self.ranks[0]
     }
@@ -209,20 +231,29 @@ where
         ))
     }
 
-    /// Loads a saved training state into every rank (saved by any number of ranks: the state
-    /// is replicated), and checks that the replicas agree.
+    /// Loads a saved training state into every rank (saved by any number of ranks, in any
+    /// sharding mode), and checks that the replicas agree. A `full` rank reads the whole policy,
+    /// then keeps its own parameters (one rank after another).
     pub fn load_state(&mut self, dir: &std::path::Path) -> Result<crate::TrainingState> {
+        let layout = self.parameter_layout();
         let mut state = None;
-        for l in &mut self.ranks {
+        for (rank, l) in self.ranks.iter_mut().enumerate() {
             state = Some(crate::checkpoint::load_state(l, dir)?);
+            if let Some(layout) = &layout {
+                l.policy = release(l.policy.clone(), layout, rank);
+            }
         }
         self.check_replicas()?;
         Ok(state.expect("a group has ranks"))
     }
 
     /// Compares a checksum of every rank's parameters with rank 0's; a difference is an error
-    /// naming the rank that drifted (call it at checkpoints).
+    /// naming the rank that drifted (call it at checkpoints). A `full` group holds no replicas:
+    /// nothing to compare.
     pub fn check_replicas(&self) -> Result<()> {
+        if self.parameter_layout().is_some() {
+            return Ok(());
+        }
         let sums: Vec<u64> = self.ranks.iter().map(|l| checksum(&l.policy)).collect();
         match sums.iter().position(|s| *s != sums[0]) {
             None => Ok(()),

@@ -16,15 +16,31 @@
 //!    computed by its owner and summed in parameter order, as one device sums them;
 //! 3. the owner clips and steps its parameters; the updated weights are all-gathered
 //!    ([`crate::buckets::all_gather_weights`]).
+//!
+//! With `full` a rank keeps only its own parameters ([`release`]: the others become one-element
+//! placeholders with the same ids) and step 3 gathers nothing. Whole values come back through
+//! [`RankGather`] (a [`ParamGather`]: all-gathers of the asked parameters, bucket by bucket):
+//! the whole policy at the start of a step for its rollouts and old log-probabilities, one
+//! segment at a time in the backward (`Policy::loss_gradients_gathered`). Between steps the
+//! group assembles the whole policy from its ranks on the host side ([`Assembly`]) for
+//! checkpoints, exports and validation.
 
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 
 pub use conrub_contracts::Sharding;
 
-use crate::buckets::{reduce_scatter, restore, take_flat, Flat};
+use conrub_contracts::{GatheredParam, ParamGather};
+
+use crate::buckets::{
+    bucket_ranges, gather_bucket, limit, owned_values, reduce_scatter, restore, take_flat, Flat,
+};
 use crate::error::Result;
 use crate::learner::RankSlot;
 use crate::update::fixed_order_sum;
@@ -34,6 +50,7 @@ use crate::update::fixed_order_sum;
 pub struct ShardLayout {
     owners: Vec<usize>,
     sizes: Vec<usize>,
+    shapes: Vec<Vec<usize>>,
     world: usize,
 }
 
@@ -42,7 +59,14 @@ impl ShardLayout {
     /// `world` ranks: largest first (the earlier parameter first on equal sizes), each to the
     /// rank owning the fewest elements so far (the lower rank on equal loads).
     pub fn balanced(sizes: &[usize], world: usize) -> Self {
+        let shapes: Vec<Vec<usize>> = sizes.iter().map(|&n| vec![n]).collect();
+        Self::of_shapes(&shapes, world)
+    }
+
+    /// [`ShardLayout::balanced`] of parameters with these shapes.
+    pub fn of_shapes(shapes: &[Vec<usize>], world: usize) -> Self {
         assert!(world > 0, "a layout over no ranks");
+        let sizes: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
         let mut order: Vec<usize> = (0..sizes.len()).collect();
         order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
         let mut load = vec![0usize; world];
@@ -54,15 +78,15 @@ impl ShardLayout {
         }
         Self {
             owners,
-            sizes: sizes.to_vec(),
+            sizes,
+            shapes: shapes.to_vec(),
             world,
         }
     }
 
-    /// [`ShardLayout::balanced`] over the float parameters of `module`.
+    /// [`ShardLayout::balanced`] over the float parameters of `module` (whole, not released).
     pub fn of<B: Backend, M: Module<B>>(module: &M, world: usize) -> Self {
-        let sizes: Vec<usize> = param_ids(module).into_iter().map(|(_, n)| n).collect();
-        Self::balanced(&sizes, world)
+        Self::of_shapes(&param_shapes(module), world)
     }
 
     /// Ranks.
@@ -78,6 +102,11 @@ impl ShardLayout {
     /// Element count of every parameter.
     pub fn sizes(&self) -> &[usize] {
         &self.sizes
+    }
+
+    /// The shape of parameter `i`.
+    pub fn shape(&self, i: usize) -> &[usize] {
+        &self.shapes[i]
     }
 
     /// Elements `rank` owns.
@@ -104,6 +133,19 @@ pub(crate) fn param_ids<B: Backend, M: Module<B>>(module: &M) -> Vec<(ParamId, u
     ids.0
 }
 
+/// Every float parameter's shape, in the module's parameter order.
+fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
+    struct Shapes(Vec<Vec<usize>>);
+    impl<B: Backend> ModuleVisitor<B> for Shapes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(param.lazy_shape().to_vec());
+        }
+    }
+    let mut shapes = Shapes(Vec::new());
+    module.visit(&mut shapes);
+    shapes.0
+}
+
 /// Bytes a rank put into each collective kind during a step, and the seconds it spent there.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct CommStats {
@@ -113,6 +155,18 @@ pub(crate) struct CommStats {
     pub reduce_scatter_secs: f64,
     pub all_gather_bytes: u64,
     pub all_gather_secs: f64,
+}
+
+impl CommStats {
+    /// Adds `other`'s bytes and seconds.
+    pub fn add(&mut self, other: &CommStats) {
+        self.allreduce_bytes += other.allreduce_bytes;
+        self.allreduce_secs += other.allreduce_secs;
+        self.reduce_scatter_bytes += other.reduce_scatter_bytes;
+        self.reduce_scatter_secs += other.reduce_scatter_secs;
+        self.all_gather_bytes += other.all_gather_bytes;
+        self.all_gather_secs += other.all_gather_secs;
+    }
 }
 
 /// What a rank puts first in the exchange before each reduce-scatter of a sharded step.
@@ -140,6 +194,14 @@ impl<B: AutodiffBackend> ShardedSum<B> {
         Self {
             owned: Vec::new(),
             anywhere: Vec::new(),
+        }
+    }
+
+    /// Sizes the sums for `n` parameters on first use.
+    fn sized(&mut self, n: usize) {
+        if self.owned.is_empty() {
+            self.owned = (0..n).map(|_| None).collect();
+            self.anywhere = vec![false; n];
         }
     }
 
@@ -200,11 +262,7 @@ impl<B: AutodiffBackend> ShardedSum<B> {
         layout: &ShardLayout,
         comm: &mut CommStats,
     ) -> Result<()> {
-        let n = layout.sizes().len();
-        if self.owned.is_empty() {
-            self.owned = (0..n).map(|_| None).collect();
-            self.anywhere = vec![false; n];
-        }
+        self.sized(layout.sizes().len());
         let mine = reduce_scatter::<B>(flat, union, device, slot, layout, comm)?;
         for (acc, new) in self.owned.iter_mut().zip(mine) {
             *acc = match (acc.take(), new) {
@@ -227,11 +285,7 @@ impl<B: AutodiffBackend> ShardedSum<B> {
         slot: &RankSlot<B::InnerBackend>,
         layout: &ShardLayout,
     ) -> Result<(GradientsParams, Tensor<B::InnerBackend, 1>, Vec<bool>)> {
-        let n = layout.sizes().len();
-        if self.owned.is_empty() {
-            self.owned = (0..n).map(|_| None).collect();
-            self.anywhere = vec![false; n];
-        }
+        self.sized(layout.sizes().len());
         let device = module.devices().first().cloned().unwrap_or_default();
         let norm = global_norm::<B>(&self.owned, &self.anywhere, slot, layout, &device)?;
         Ok((restore::<B, M>(module, self.owned), norm, self.anywhere))
@@ -309,23 +363,262 @@ fn global_norm<B: AutodiffBackend>(
     )
 }
 
-/// Which parameters of `module` `rank` owns, by id.
-pub(crate) fn owned_ids<B: Backend, M: Module<B>>(
+/// `module` with the parameters `rank` does not own replaced by placeholders (one element of
+/// the parameter's dtype, same id and gradient flag): a `sharding = "full"` rank at rest. Their
+/// whole values come back through [`RankGather`] when a segment runs.
+pub(crate) fn release<B: Backend, M: Module<B>>(module: M, layout: &ShardLayout, rank: usize) -> M {
+    struct Release<'a> {
+        layout: &'a ShardLayout,
+        rank: usize,
+        at: usize,
+    }
+    impl<B: Backend> ModuleMapper<B> for Release<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let i = self.at;
+            self.at += 1;
+            if self.layout.owner(i) == self.rank {
+                return param;
+            }
+            let require_grad = param.is_require_grad();
+            let (id, value, mapper) = param.consume();
+            let (device, dtype) = (value.device(), value.dtype());
+            drop(value);
+            let mut placeholder = Tensor::<B, D>::zeros([1; D], &device);
+            if placeholder.dtype() != dtype {
+                placeholder = placeholder.cast(dtype);
+            }
+            if require_grad {
+                placeholder = placeholder.require_grad();
+            }
+            Param::from_mapped_value(id, placeholder, mapper)
+        }
+    }
+    module.map(&mut Release {
+        layout,
+        rank,
+        at: 0,
+    })
+}
+
+/// Position of every float parameter of `module` by id.
+fn index_of<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, usize> {
+    param_ids(module)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, _))| (id, i))
+        .collect()
+}
+
+/// The indices of `ids` in `index`; an unknown id is an error (a module that is not the policy).
+fn positions(
+    index: &HashMap<ParamId, usize>,
+    ids: &[ParamId],
+) -> conrub_contracts::Result<Vec<usize>> {
+    ids.iter()
+        .map(|id| {
+            index.get(id).copied().ok_or_else(|| {
+                conrub_contracts::ContractError::Stage(format!(
+                    "gathering parameter {id}, which the sharded policy does not have"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// A `sharding = "full"` rank's source of whole parameters: each request is all-gathered from
+/// the owners bucket by bucket (this rank sends the ones it owns).
+pub(crate) struct RankGather<'a, B: AutodiffBackend> {
+    slot: &'a RankSlot<B::InnerBackend>,
+    layout: &'a ShardLayout,
+    index: HashMap<ParamId, usize>,
+    own: Vec<Option<Flat<B>>>,
+    device: burn::tensor::Device<B::InnerBackend>,
+    /// Bytes sent and seconds spent.
+    pub comm: CommStats,
+}
+
+impl<'a, B: AutodiffBackend> RankGather<'a, B> {
+    /// Gathers for the rank of `slot`, whose released policy is `module`.
+    pub fn new<M: AutodiffModule<B>>(
+        module: &M,
+        slot: &'a RankSlot<B::InnerBackend>,
+        layout: &'a ShardLayout,
+    ) -> Self {
+        let owned: Vec<bool> = (0..layout.sizes().len())
+            .map(|i| layout.owner(i) == slot.rank)
+            .collect();
+        Self {
+            slot,
+            layout,
+            index: index_of(module),
+            own: owned_values(module, owned),
+            device: module.devices().first().cloned().unwrap_or_default(),
+            comm: CommStats::default(),
+        }
+    }
+}
+
+impl<B: AutodiffBackend> ParamGather<B> for RankGather<'_, B> {
+    fn gather(&mut self, ids: &[ParamId]) -> conrub_contracts::Result<Vec<GatheredParam<B>>> {
+        let at = positions(&self.index, ids)?;
+        let n = self.layout.sizes().len();
+        let mut include = vec![false; n];
+        for &i in &at {
+            include[i] = true;
+        }
+        let t = Instant::now();
+        let mut got: Vec<Option<Flat<B>>> = (0..n).map(|_| None).collect();
+        for bucket in bucket_ranges(self.layout.sizes(), limit(self.slot), |i| include[i]) {
+            let members = gather_bucket::<B>(
+                &bucket,
+                &self.own,
+                self.slot,
+                self.layout,
+                &self.device,
+                &mut self.comm,
+            )
+            .map_err(|e| conrub_contracts::ContractError::Stage(e.to_string()))?;
+            for (i, v) in members {
+                got[i] = Some(v);
+            }
+        }
+        self.comm.all_gather_secs += t.elapsed().as_secs_f64();
+        Ok(at
+            .into_iter()
+            .map(|i| GatheredParam {
+                values: got[i].take().expect("every asked parameter was gathered"),
+                shape: self.layout.shape(i).to_vec(),
+            })
+            .collect())
+    }
+}
+
+/// The whole policy of a `sharding = "full"` group assembled on the host side from every rank's
+/// own parameters (moved to one device), for what runs outside a step: checkpoints, exports,
+/// validation. No collective: the ranks are this process's.
+pub(crate) struct Assembly<B: AutodiffBackend> {
+    index: HashMap<ParamId, usize>,
+    values: Vec<Option<Flat<B>>>,
+    layout: Arc<ShardLayout>,
+}
+
+impl<B: AutodiffBackend> Assembly<B> {
+    /// Every rank's own parameters (`modules`, rank order; the first names the ids) on `device`.
+    pub fn new<M: AutodiffModule<B>>(
+        modules: &[&M],
+        layout: Arc<ShardLayout>,
+        device: &burn::tensor::Device<B::InnerBackend>,
+    ) -> Self {
+        let n = layout.sizes().len();
+        let mut values: Vec<Option<Flat<B>>> = (0..n).map(|_| None).collect();
+        for (rank, module) in modules.iter().enumerate() {
+            let owned = (0..n).map(|i| layout.owner(i) == rank).collect();
+            for (slot, v) in values.iter_mut().zip(owned_values(*module, owned)) {
+                if let Some(v) = v {
+                    *slot = Some(v.to_device(device));
+                }
+            }
+        }
+        Self {
+            index: index_of(modules[0]),
+            values,
+            layout,
+        }
+    }
+}
+
+impl<B: AutodiffBackend> ParamGather<B> for Assembly<B> {
+    fn gather(&mut self, ids: &[ParamId]) -> conrub_contracts::Result<Vec<GatheredParam<B>>> {
+        let at = positions(&self.index, ids)?;
+        Ok(at
+            .into_iter()
+            .map(|i| GatheredParam {
+                values: self.values[i]
+                    .clone()
+                    .expect("every parameter has an owner"),
+                shape: self.layout.shape(i).to_vec(),
+            })
+            .collect())
+    }
+}
+
+/// Which parameters of `module` `rank` owns: by id, and by index in the module's order.
+pub(crate) fn owned_by<B: Backend, M: Module<B>>(
     module: &M,
     layout: &ShardLayout,
     rank: usize,
-) -> std::collections::HashSet<ParamId> {
+) -> (HashSet<ParamId>, HashSet<usize>) {
     param_ids(module)
         .into_iter()
         .enumerate()
         .filter(|(i, _)| layout.owner(*i) == rank)
-        .map(|(_, (id, _))| id)
-        .collect()
+        .map(|(i, (id, _))| (id, i))
+        .unzip()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Three ranks of a two-layer module, each released to its own parameters: a gather on
+    /// every rank (threads, the host collective) gives every parameter's whole value, bit for
+    /// bit, and the host-side assembly the same.
+    #[test]
+    fn released_ranks_gather_the_whole_module() {
+        use burn::backend::{Autodiff, Flex};
+        use burn::nn::{Linear, LinearConfig};
+        type B = Autodiff<Flex>;
+        #[derive(Module, Debug)]
+        struct Two<B: Backend> {
+            a: Linear<B>,
+            b: Linear<B>,
+        }
+        let device = Default::default();
+        let whole = Two::<B> {
+            a: LinearConfig::new(3, 5).init(&device),
+            b: LinearConfig::new(5, 2).init(&device),
+        };
+        let values = |m: &Two<B>| -> Vec<f32> {
+            owned_values::<B, _>(m, vec![true; 4])
+                .into_iter()
+                .flat_map(|v| v.unwrap().into_data().to_vec::<f32>().unwrap())
+                .collect()
+        };
+        // Read first: burn initializes lazily, and a clone of an uninitialized parameter draws
+        // its own values.
+        let want = values(&whole);
+        let world = 3;
+        let layout = Arc::new(ShardLayout::of(&whole, world));
+        assert_eq!(layout.shape(0), &[3, 5]);
+        let collective = Arc::new(crate::HostCollective::new(world));
+        let ranks: Vec<Two<B>> = (0..world)
+            .map(|r| release(whole.clone(), &layout, r))
+            .collect();
+        let held = |m: &Two<B>| param_ids(m).iter().map(|(_, n)| n).sum::<usize>();
+        assert!(ranks.iter().all(|m| held(m) < held(&whole)));
+        std::thread::scope(|s| {
+            for (r, m) in ranks.iter().enumerate() {
+                let (layout, collective, want) = (&layout, collective.clone(), &want);
+                s.spawn(move || {
+                    let slot = RankSlot {
+                        rank: r,
+                        collective,
+                        bucket_bytes: 24,
+                        sharding: Sharding::Full,
+                        layout: Some(layout.clone()),
+                    };
+                    let mut source = RankGather::new(m, &slot, layout);
+                    let got = conrub_contracts::gathered(m, &mut source).unwrap();
+                    assert_eq!(&values(&got), want, "rank {r}");
+                    assert!(source.comm.all_gather_bytes > 0);
+                });
+            }
+        });
+        let refs: Vec<&Two<B>> = ranks.iter().collect();
+        let mut parts = Assembly::<B>::new(&refs, layout.clone(), &device);
+        let got = conrub_contracts::gathered(refs[0], &mut parts).unwrap();
+        assert_eq!(values(&got), want);
+    }
 
     #[test]
     fn ownership_is_balanced_by_size_largest_first() {

@@ -1,18 +1,20 @@
 //! The training loop: epochs over the rubric records in a seeded order, steps of
 //! `prompts_per_step` prompts, telemetry after each step, checkpoints every N steps and at the end.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::DType;
 use conrub_rubric::seeded_permutation;
 use conrub_rubric::RubricRecord;
 use serde::{Deserialize, Serialize};
 
 use crate::advantages::stable_seed;
-use crate::checkpoint::{load_state, save_state, TrainingState};
+use crate::checkpoint::{load_state, TrainingState};
 use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, StepOutput};
 use crate::parallel::DataParallel;
@@ -197,6 +199,11 @@ pub trait RunHooks<P> {
     /// Writes `policy` in its deployable format into `dir` (a Hugging Face directory for the `conrub_models` families);
     /// the training state goes into `dir/training_state` next to it.
     fn export(&mut self, policy: &P, dir: &Path) -> Result<()>;
+    /// The dtype [`RunHooks::export`] writes weight matrices in, when narrower than the
+    /// policy's (see `conrub_contracts::Export::matrix_dtype`); `None` by default.
+    fn export_dtype(&self) -> Option<DType> {
+        None
+    }
     /// Called with the progress line after every step.
     fn progress(&mut self, _line: &str) {}
     /// Lines written to `metrics.jsonl` once it is opened, before the first step (the binary's
@@ -237,10 +244,15 @@ where
         Ok(())
     }
 
-    /// Writes the training state to `dir` ([`save_state`]; a sharded group writes every
-    /// rank's part of the optimizer state).
+    /// The whole policy, for exports and validation: a learner's own, or a
+    /// `sharding = "full"` group's assembled from its ranks, weight matrices in `matrices`
+    /// when set (see [`DataParallel::whole_policy`]).
+    fn whole_policy(&self, matrices: Option<DType>) -> Result<Cow<'_, P>>;
+
+    /// Writes the training state to `dir` ([`crate::save_state`]; a sharded group writes every
+    /// rank's part of the optimizer state, and a `full` group every rank's parameters).
     fn save(&self, data_cursor: serde_json::Value, dir: &Path) -> Result<()> {
-        save_state(self.lead(), data_cursor, dir)
+        crate::checkpoint::save_state(self.lead(), data_cursor, dir)
     }
 }
 
@@ -264,6 +276,10 @@ where
 
     fn load(&mut self, dir: &Path) -> Result<TrainingState> {
         load_state(self, dir)
+    }
+
+    fn whole_policy(&self, _matrices: Option<DType>) -> Result<Cow<'_, P>> {
+        Ok(Cow::Borrowed(&self.policy))
     }
 }
 
@@ -291,6 +307,10 @@ where
 
     fn verify(&self) -> Result<()> {
         self.check_replicas()
+    }
+
+    fn whole_policy(&self, matrices: Option<DType>) -> Result<Cow<'_, P>> {
+        DataParallel::whole_policy(self, matrices)
     }
 
     fn save(&self, data_cursor: serde_json::Value, dir: &Path) -> Result<()> {
@@ -386,8 +406,10 @@ where
         }
         let cursor =
             serde_json::json!({ "step": learner.step, "steps_per_epoch": steps_per_epoch });
-        let written = hooks
-            .export(&learner.policy, &tmp)
+        // The export's whole policy is let go before the state is written.
+        let written = trainee
+            .whole_policy(hooks.export_dtype())
+            .and_then(|policy| hooks.export(&policy, &tmp))
             .and_then(|_| trainee.save(cursor, &tmp.join("training_state")));
         if let Err(e) = written {
             // A partial checkpoint (a full disk, say) is removed, not left filling the disk.
@@ -449,7 +471,10 @@ where
         }
         if let Some(v) = validator.filter(|v| v.due(step)) {
             let before = conrub_kernels::events::snapshot();
-            let mut line = v.validate(trainee.lead()).await?;
+            let lead = trainee.lead();
+            let policy = trainee.whole_policy(lead.policy().matrix_dtype())?;
+            let mut line = v.validate_policy(lead, &policy.valid()).await?;
+            drop(policy);
             line.kernels = before
                 .zip(conrub_kernels::events::snapshot())
                 .map(|(a, b)| b.since(&a));

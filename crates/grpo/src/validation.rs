@@ -68,6 +68,23 @@ impl Validator {
         P::InnerModule: Policy<B::InnerBackend>,
         T: crate::task::TaskPrompt,
     {
+        self.validate_policy(learner, &learner.policy().valid())
+            .await
+    }
+
+    /// [`Validator::validate`] generating with `policy` (a sharded group's whole policy,
+    /// assembled) through `learner`'s engine, codec and settings.
+    pub async fn validate_policy<B, P, T>(
+        &self,
+        learner: &Learner<B, P, T>,
+        policy: &P::InnerModule,
+    ) -> Result<ValidationLine>
+    where
+        B: AutodiffBackend + GrpoOps,
+        P: Policy<B> + AutodiffModule<B>,
+        P::InnerModule: Policy<B::InnerBackend>,
+        T: crate::task::TaskPrompt,
+    {
         let step = learner.steps_done();
         let started = Instant::now();
         let prompts: Vec<_> = self.examples.iter().map(|e| e.prompt.clone()).collect();
@@ -81,7 +98,7 @@ impl Validator {
         if self.cfg.decoding == ValidationDecoding::Greedy {
             sampling.decoding = Decoding::Greedy;
         }
-        let answers = learner.generate(&prompts, self.cfg.samples, &sampling)?;
+        let answers = learner.generate_with(policy, &prompts, self.cfg.samples, &sampling)?;
         let generate_secs = started.elapsed().as_secs_f64();
         let requests: Vec<CriterionRequest> = answers
             .iter()

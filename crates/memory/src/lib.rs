@@ -45,8 +45,10 @@
 //!   what the mode shards ([`Sharding`]): AdamW moments (`optimizer` on), the summed gradients
 //!   (`gradients` on; each piece the backward makes is reduce-scattered at once, so one layer's
 //!   set, or a micro-batch's without checkpointing, stands beside the sum), the master weights
-//!   (`full`: two layers gathered in the compute dtype during the forward and backward, and the
-//!   whole weights gathered in the compute dtype for the rollout). [`MemoryPlan::by_sharding`]
+//!   (`full`: during a backward pass the embedding, norm and head gathered in f32 and one
+//!   decoder layer at a time; for the rollout the whole weights gathered, matrices in the
+//!   compute dtype; at a checkpoint the export's whole weights in the save dtype on the first
+//!   rank, [`Phase::Checkpoint`]). [`MemoryPlan::by_sharding`]
 //!   plans every mode.
 //!
 //! A flat [`RUNTIME_RESERVE_BYTES`] stands for the CUDA context, kernels and allocator slack.
@@ -139,6 +141,9 @@ pub struct MemoryPlanInput {
     /// Bytes per bucket of a collective call (`learner.allreduce_bucket_mb`): a sharded rank
     /// holds the old and the gathered copy of one bucket of weights at once.
     pub bucket_bytes: f64,
+    /// Bytes per weight the checkpoint export writes (`model.save_dtype`: 4 for f32, 2 for
+    /// bf16): a `full` group assembles its whole policy in it on the first rank's device.
+    pub export_bytes_per_weight: f64,
 }
 
 impl MemoryPlanInput {
@@ -167,6 +172,7 @@ impl MemoryPlanInput {
             ranks: 1,
             sharding: Sharding::None,
             bucket_bytes: 64.0 * (1u64 << 20) as f64,
+            export_bytes_per_weight: 4.0,
         }
     }
 
@@ -265,6 +271,9 @@ pub enum Phase {
     OptimizerStep,
     /// During a rollout call.
     Rollout,
+    /// While a checkpoint's export holds the whole policy (a `full` group's, assembled on the
+    /// first rank's device).
+    Checkpoint,
 }
 
 impl Phase {
@@ -279,6 +288,7 @@ impl Phase {
             Phase::GradientSum => "gradient sum",
             Phase::OptimizerStep => "optimizer step",
             Phase::Rollout => "rollout",
+            Phase::Checkpoint => "checkpoint",
         }
     }
 }
@@ -318,7 +328,9 @@ pub struct MemoryPlan {
     pub training_peak: f64,
     /// `always + rollout`.
     pub rollout_peak: f64,
-    /// `max(training_peak, rollout_peak)`.
+    /// `always + checkpoint` (only a `full` group's export holds more than `always`).
+    pub checkpoint_peak: f64,
+    /// `max(training_peak, rollout_peak, checkpoint_peak)`.
     pub peak: f64,
     /// Largest `micro_batch_tokens` (a multiple of [`MICRO_BATCH_STEP`]) whose training peak fits;
     /// 0 when not even one full-length row does. Capped at the whole step in one micro-batch.
@@ -392,13 +404,25 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
         ));
     }
     if i.share(Sharding::shards_parameters) < 1.0 {
-        // Parameters gathered for the forward and the backward, one layer at a time (the
-        // next layer's gather in flight): two layers' weights in the compute dtype.
+        // A backward pass gathers the embedding, final norm and head once and keeps them, and
+        // each decoder layer for its forward and again for its backward, one at a time, in the
+        // parameters' dtype (f32).
+        let head = if m.tie_word_embeddings {
+            v * h
+        } else {
+            2.0 * v * h
+        };
+        parts.push(part(
+            "gathered_embedding_head",
+            "gathered embedding, norm and head (f32, per backward pass)",
+            Phase::MicroBatch,
+            4.0 * (head + h),
+        ));
         parts.push(part(
             "gathered_layer_weights",
-            "gathered weights (two layers, compute dtype)",
+            "gathered weights (one layer, f32)",
             Phase::MicroBatch,
-            2.0 * layer_params * c,
+            4.0 * layer_params,
         ));
     }
     if mixed {
@@ -709,6 +733,20 @@ fn training_peak_of(i: &MemoryPlanInput) -> f64 {
     training_peak_of_parts(&parts)
 }
 
+/// A `full` group's export: the whole policy assembled on the first rank's device, in the
+/// export's dtype.
+fn checkpoint_parts(i: &MemoryPlanInput) -> Vec<Part> {
+    if i.share(Sharding::shards_parameters) == 1.0 {
+        return Vec::new();
+    }
+    vec![part(
+        "export_weights_assembled",
+        "export weights (assembled whole on the first rank, save dtype)",
+        Phase::Checkpoint,
+        i.model.parameters() as f64 * i.export_bytes_per_weight,
+    )]
+}
+
 fn rollout_peak_of(i: &MemoryPlanInput) -> f64 {
     let parts: Vec<Part> = always_parts(i)
         .into_iter()
@@ -726,9 +764,11 @@ impl MemoryPlan {
             .into_iter()
             .chain(training_parts(&input))
             .chain(rollout_parts(&input))
+            .chain(checkpoint_parts(&input))
             .collect();
         let training_peak = training_peak_of(&input);
         let rollout_peak = rollout_peak_of(&input);
+        let checkpoint_peak = sum(&parts, Phase::Always) + sum(&parts, Phase::Checkpoint);
         let kv_pool_blocks = (kv_pool_bytes(&input) / input.kv_block_bytes()).round() as usize;
         let s = input.sequence_tokens().max(1);
         let step_rows = input.step_rows().max(1);
@@ -765,7 +805,8 @@ impl MemoryPlan {
             parts,
             training_peak,
             rollout_peak,
-            peak: training_peak.max(rollout_peak),
+            checkpoint_peak,
+            peak: training_peak.max(rollout_peak).max(checkpoint_peak),
             max_micro_batch_tokens,
             max_rollout_rows,
             input,
@@ -952,6 +993,15 @@ impl MemoryPlan {
             "always+rollout",
             gb(self.rollout_peak)
         );
+        if self.parts.iter().any(|p| p.phase == Phase::Checkpoint) {
+            let _ = writeln!(
+                out,
+                "{:<52} {:<15} {}",
+                "checkpoint peak",
+                "always+checkpoint",
+                gb(self.checkpoint_peak)
+            );
+        }
         let _ = writeln!(out, "{:<52} {:<15} {}", "peak", "", gb(self.peak));
         let _ = writeln!(
             out,
@@ -990,14 +1040,9 @@ impl MemoryPlan {
                 let fits = if p.fits() { "fits" } else { "does not fit" };
                 let _ = writeln!(
                     out,
-                    "  sharding = {:<12} peak {:>8.2} GB  {fits}{now}{}",
+                    "  sharding = {:<12} peak {:>8.2} GB  {fits}{now}",
                     format!("\"{}\"", mode.name()),
                     p.peak / GB,
-                    if mode.shards_parameters() {
-                        "  (planned only: training refuses it)"
-                    } else {
-                        ""
-                    }
                 );
             }
         }
@@ -1027,7 +1072,6 @@ impl MemoryPlan {
                     "training_peak_gb": gb(p.training_peak),
                     "rollout_peak_gb": gb(p.rollout_peak),
                     "max_micro_batch_tokens": p.max_micro_batch_tokens,
-                    "trains": !mode.shards_parameters(),
                 });
                 (mode.name().to_string(), v)
             })
@@ -1043,6 +1087,7 @@ impl MemoryPlan {
             "peak_gb": gb(self.peak),
             "training_peak_gb": gb(self.training_peak),
             "rollout_peak_gb": gb(self.rollout_peak),
+            "checkpoint_peak_gb": gb(self.checkpoint_peak),
             "gpu_memory_gb": self.input.gpu_memory_gb,
             "parts": parts,
             "part_phases": phases,

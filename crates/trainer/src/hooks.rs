@@ -27,6 +27,10 @@ impl<P> RunHooks<P> for Hooks<P> {
         Ok(self.export.export(policy, dir)?)
     }
 
+    fn export_dtype(&self) -> Option<burn::tensor::DType> {
+        self.export.matrix_dtype()
+    }
+
     fn progress(&mut self, line: &str) {
         eprintln!("{line}");
     }

@@ -117,7 +117,7 @@ where
                 |_, d| Ok(self.learner_builder(model.clone().fork(d), d, &engine, judging.clone())),
             )?;
             self.runtime.block_on(group.step(&batch))?;
-            group.learners()[0].policy().clone().fork(&device)
+            group.whole_policy(None)?.into_owned().fork(&device)
         } else {
             let mut learner = self
                 .learner_builder(model, &device, &engine, judging)

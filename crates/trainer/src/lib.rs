@@ -221,14 +221,17 @@ where
         self
     }
 
-    /// What a stage checks before it trains: a sharding mode that trains, and a tie breaker
-    /// when `learner.tie_mode` needs one.
+    /// What a stage checks before it trains: `sharding = "full"` with the per-layer backward
+    /// it gathers through, and a tie breaker when `learner.tie_mode` needs one.
     pub(crate) fn preflight(&self) -> Result<()> {
-        if self.cfg.sharding.shards_parameters() {
+        if self.cfg.sharding.shards_parameters()
+            && self.devices.len() > 1
+            && !self.cfg.learner.activation_checkpointing
+        {
             return Err(TrainerError::Setup(format!(
-                "{}: sharding = \"full\" (parameters sharded and gathered layer by layer) is \
-                 not built yet: use \"gradients\" or \"optimizer\"; `conrub plan` shows what \
-                 each mode needs per rank",
+                "{}: sharding = \"full\" gathers the parameters one decoder layer at a time in \
+                 the per-layer backward: set learner.activation_checkpointing = true (without it \
+                 every backward pass would gather the whole model)",
                 self.cfg.path.display()
             )));
         }
