@@ -514,9 +514,10 @@ fn data_parallel_ranks_from_the_command_line() {
     assert!(two.join("checkpoint-000002/config.json").is_file());
 
     // Two ranks sharding everything (`sharding = "full"`: parameters, gradients and AdamW,
-    // layers gathered one at a time), killed with SIGKILL once step 2's checkpoint is complete,
-    // then resumed from it: the straight run's metrics (timing aside) and exported weights
-    // (assembled from both ranks), byte for byte.
+    // layers gathered one at a time), each run after a kernel warm-up on the group itself,
+    // killed with SIGKILL once step 2's checkpoint is complete, then resumed from it: the
+    // straight run's metrics (timing aside) and exported weights (assembled from both ranks),
+    // byte for byte.
     let straight = dir.path().join("straight");
     let four = [
         "--set",
@@ -527,9 +528,15 @@ fn data_parallel_ranks_from_the_command_line() {
         "sharding=\"full\"",
         "--set",
         "learner.activation_checkpointing=true",
+        "--kernel-warmup",
+        "always",
     ];
     let log = train(&straight, &four);
     assert!(log.contains("(sharding = \"full\")"), "{log}");
+    assert!(
+        log.contains("1 GRPO step of 4 prompts x 4 responses on 2 ranks"),
+        "{log}"
+    );
     let s = steps(&straight);
     for key in ["reward_mean", "ties", "responses", "response_tokens"] {
         assert_eq!(a[0][key], s[0][key], "sharded: {key}");

@@ -301,6 +301,13 @@ where
         return Ok(None);
     };
     let world = ranks.len();
+    if world != layout.world() {
+        return Err(GrpoError::Stage(format!(
+            "a rank of a sharding = \"full\" group holds 1/{} of the policy: its state is saved \
+             by the whole group (DataParallel through Trainee::save), not by {world} of its ranks",
+            layout.world()
+        )));
+    }
     let mut files = Vec::with_capacity(world);
     for (rank, learner) in ranks.iter().enumerate() {
         let file = shard_file(POLICY, rank, world);

@@ -394,7 +394,9 @@ where
         }
     }
 
-    /// The policy being trained.
+    /// The policy being trained. On a rank of a `sharding = "full"` group it holds the rank's
+    /// own parameters only (the others are placeholders): the group's
+    /// [`crate::DataParallel::whole_policy`] assembles the whole.
     pub fn policy(&self) -> &P {
         &self.policy
     }
@@ -463,7 +465,8 @@ where
             .collect()
     }
 
-    /// The policy, the learner dropped (a kernel warm-up takes its policy back this way).
+    /// The policy, the learner dropped (a kernel warm-up takes its policy back this way; a
+    /// `full` rank's holds placeholders, see [`Learner::policy`]).
     pub fn into_policy(self) -> P {
         self.policy
     }
@@ -598,8 +601,8 @@ where
         let Some((slot, layout)) = slot.and_then(|s| s.parameters_sharded().map(|l| (s, l))) else {
             return Ok((self.policy.valid(), CommStats::default()));
         };
-        let mut source = RankGather::new(&self.policy, slot, layout);
         let matrices = self.policy.matrix_dtype();
+        let mut source = RankGather::new(&self.policy, slot, layout).casting(matrices);
         let whole = gathered_as(&self.policy.clone().no_grad(), &mut source, matrices)?;
         Ok((whole.valid(), source.comm))
     }

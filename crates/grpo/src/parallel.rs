@@ -66,7 +66,13 @@ where
     /// [`DataParallel::build`] with the training state divided as `sharding` says (see
     /// [`crate::ShardLayout`] for who owns what). With `Sharding::Full` each rank's policy
     /// keeps its own parameters only once its learner is built (the others become
-    /// placeholders; [`DataParallel::whole_policy`] assembles the whole).
+    /// placeholders; [`DataParallel::whole_policy`] assembles the whole). Its backward passes
+    /// gather one decoder layer at a time only when the policy splits its backward by layer
+    /// (`learner.activation_checkpointing` for the `models/` families; `conrub train` requires
+    /// it); otherwise every pass gathers the whole policy
+    /// ([`conrub_contracts::Policy::loss_gradients_gathered`]'s default). The builder hands
+    /// each rank its own copy: give the last rank the caller's policy itself, so no whole copy
+    /// outlives the build.
     pub fn build_sharded(
         devices: &[B::Device],
         collective: Arc<dyn Collective<B::InnerBackend>>,
@@ -128,7 +134,7 @@ where
             return Ok(Cow::Borrowed(&lead.policy));
         };
         let modules: Vec<&P> = self.ranks.iter().map(|l| &l.policy).collect();
-        let mut parts = Assembly::<B>::new(&modules, layout, &lead.device);
+        let mut parts = Assembly::<B>::new(&modules, layout, &lead.device, matrices);
         Ok(Cow::Owned(gathered_as(&lead.policy, &mut parts, matrices)?))
     }
 
@@ -232,8 +238,10 @@ where
     }
 
     /// Loads a saved training state into every rank (saved by any number of ranks, in any
-    /// sharding mode), and checks that the replicas agree. A `full` rank reads the whole policy,
-    /// then keeps its own parameters (one rank after another).
+    /// sharding mode), and checks that the replicas agree. A `full` rank keeps its own
+    /// parameters: from a `full` group's state it reads the files holding them; from a state
+    /// with one policy file it reads the whole policy, then lets the rest go (one rank after
+    /// another).
     pub fn load_state(&mut self, dir: &std::path::Path) -> Result<crate::TrainingState> {
         let layout = self.parameter_layout();
         let mut state = None;

@@ -433,6 +433,7 @@ pub(crate) struct RankGather<'a, B: AutodiffBackend> {
     index: HashMap<ParamId, usize>,
     own: Vec<Option<Flat<B>>>,
     device: burn::tensor::Device<B::InnerBackend>,
+    matrices: Option<DType>,
     /// Bytes sent and seconds spent.
     pub comm: CommStats,
 }
@@ -453,8 +454,16 @@ impl<'a, B: AutodiffBackend> RankGather<'a, B> {
             index: index_of(module),
             own: owned_values(module, owned),
             device: module.devices().first().cloned().unwrap_or_default(),
+            matrices: None,
             comm: CommStats::default(),
         }
+    }
+
+    /// Weight matrices come back cast to `matrices` (when set), each bucket as it arrives, so
+    /// the whole f32 weights never exist at once: at most one f32 bucket beside the cast ones.
+    pub fn casting(mut self, matrices: Option<DType>) -> Self {
+        self.matrices = matrices;
+        self
     }
 }
 
@@ -479,7 +488,7 @@ impl<B: AutodiffBackend> ParamGather<B> for RankGather<'_, B> {
             )
             .map_err(|e| conrub_contracts::ContractError::Stage(e.to_string()))?;
             for (i, v) in members {
-                got[i] = Some(v);
+                got[i] = Some(narrowed::<B>(v, self.layout.shape(i), self.matrices));
             }
         }
         self.comm.all_gather_secs += t.elapsed().as_secs_f64();
@@ -493,6 +502,20 @@ impl<B: AutodiffBackend> ParamGather<B> for RankGather<'_, B> {
     }
 }
 
+/// A gathered parameter (a slice of its bucket) on its own: a matrix cast to `matrices`, a
+/// vector copied, so the bucket's f32 buffer goes once its members are taken. Without
+/// `matrices`, the slice as it is.
+fn narrowed<B: AutodiffBackend>(v: Flat<B>, shape: &[usize], matrices: Option<DType>) -> Flat<B> {
+    match matrices {
+        None => v,
+        Some(dtype) if shape.len() >= 2 => v.cast(dtype),
+        Some(_) => {
+            let device = v.device();
+            Tensor::from_data(v.into_data(), &device)
+        }
+    }
+}
+
 /// The whole policy of a `sharding = "full"` group assembled on the host side from every rank's
 /// own parameters (moved to one device), for what runs outside a step: checkpoints, exports,
 /// validation. No collective: the ranks are this process's.
@@ -503,19 +526,25 @@ pub(crate) struct Assembly<B: AutodiffBackend> {
 }
 
 impl<B: AutodiffBackend> Assembly<B> {
-    /// Every rank's own parameters (`modules`, rank order; the first names the ids) on `device`.
+    /// Every rank's own parameters (`modules`, rank order; the first names the ids) on `device`,
+    /// weight matrices cast to `matrices` (when set) on their owner's device before they move.
     pub fn new<M: AutodiffModule<B>>(
         modules: &[&M],
         layout: Arc<ShardLayout>,
         device: &burn::tensor::Device<B::InnerBackend>,
+        matrices: Option<DType>,
     ) -> Self {
         let n = layout.sizes().len();
         let mut values: Vec<Option<Flat<B>>> = (0..n).map(|_| None).collect();
         for (rank, module) in modules.iter().enumerate() {
             let owned = (0..n).map(|i| layout.owner(i) == rank).collect();
-            for (slot, v) in values.iter_mut().zip(owned_values(*module, owned)) {
+            for (i, v) in owned_values(*module, owned).into_iter().enumerate() {
                 if let Some(v) = v {
-                    *slot = Some(v.to_device(device));
+                    let v = match matrices {
+                        Some(dtype) if layout.shape(i).len() >= 2 => v.cast(dtype),
+                        _ => v,
+                    };
+                    values[i] = Some(v.to_device(device));
                 }
             }
         }
@@ -611,13 +640,24 @@ mod tests {
                     let got = conrub_contracts::gathered(m, &mut source).unwrap();
                     assert_eq!(&values(&got), want, "rank {r}");
                     assert!(source.comm.all_gather_bytes > 0);
+                    // Cast as each bucket arrives: matrices bf16, vectors f32.
+                    let bf16 = Some(DType::BF16);
+                    let mut source = RankGather::new(m, &slot, layout).casting(bf16);
+                    let got = conrub_contracts::gathered_as(m, &mut source, bf16).unwrap();
+                    assert_eq!(got.b.weight.val().dtype(), DType::BF16);
+                    assert_eq!(got.b.bias.as_ref().unwrap().val().dtype(), DType::F32);
                 });
             }
         });
         let refs: Vec<&Two<B>> = ranks.iter().collect();
-        let mut parts = Assembly::<B>::new(&refs, layout.clone(), &device);
+        let mut parts = Assembly::<B>::new(&refs, layout.clone(), &device, None);
         let got = conrub_contracts::gathered(refs[0], &mut parts).unwrap();
         assert_eq!(values(&got), want);
+        // Assembled with bf16 matrices (an export in bf16): weights bf16, biases f32.
+        let mut parts = Assembly::<B>::new(&refs, layout.clone(), &device, Some(DType::BF16));
+        let got = conrub_contracts::gathered_as(refs[0], &mut parts, Some(DType::BF16)).unwrap();
+        assert_eq!(got.a.weight.val().dtype(), DType::BF16);
+        assert_eq!(got.a.bias.as_ref().unwrap().val().dtype(), DType::F32);
     }
 
     #[test]

@@ -226,8 +226,9 @@ where
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,
 {
-    /// The learner whose policy and state a checkpoint saves (rank 0 of a group; every rank
-    /// holds the same).
+    /// The learner whose step, settings and state the run reads (rank 0 of a group; every rank
+    /// holds the same but in a sharded group: its policy then comes from
+    /// [`Trainee::whole_policy`]).
     fn lead(&self) -> &Learner<B, P, T>;
 
     /// One training step on `records`.

@@ -109,15 +109,20 @@ where
                 .collective
                 .clone()
                 .unwrap_or_else(|| Arc::new(HostCollective::new(self.devices.len())));
+            let mut policy_of = crate::policy_for_ranks(model, self.devices.len());
             let mut group = DataParallel::build_sharded(
                 &self.devices,
                 collective,
                 cfg.learner.allreduce_bucket_bytes(),
                 cfg.sharding,
-                |_, d| Ok(self.learner_builder(model.clone().fork(d), d, &engine, judging.clone())),
+                |r, d| Ok(self.learner_builder(policy_of(r).fork(d), d, &engine, judging.clone())),
             )?;
             self.runtime.block_on(group.step(&batch))?;
-            group.whole_policy(None)?.into_owned().fork(&device)
+            // Rank 0's policy as the structure the caller loads the saved weights into (a
+            // `full` rank's placeholders included: loading replaces every parameter).
+            let lead = group.learners()[0].policy().clone();
+            drop(group);
+            lead.fork(&device)
         } else {
             let mut learner = self
                 .learner_builder(model, &device, &engine, judging)

@@ -257,6 +257,21 @@ where
     }
 }
 
+/// The policy of each rank of a group built from `model`, asked for in rank order: a copy for
+/// every rank but the last, which takes `model` itself, so no whole copy outlives the build (a
+/// `full` group's ranks then hold a share each).
+pub(crate) fn policy_for_ranks<P: Clone>(model: P, ranks: usize) -> impl FnMut(usize) -> P {
+    let mut model = Some(model);
+    move |rank| {
+        let policy = if rank + 1 == ranks {
+            model.take()
+        } else {
+            model.clone()
+        };
+        policy.expect("ranks are built in order, each once")
+    }
+}
+
 /// Checks that a run has a device and returns the first.
 fn first_device<B: GrpoOps>(devices: &[B::Device]) -> Result<B::Device> {
     devices

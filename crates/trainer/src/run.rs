@@ -78,12 +78,13 @@ where
                 .unwrap_or_else(|| Arc::new(HostCollective::new(self.devices.len())));
             let bucket = self.cfg.learner.allreduce_bucket_bytes();
             let sharding = self.cfg.sharding;
+            let mut policy_of = crate::policy_for_ranks(model, self.devices.len());
             let mut group = DataParallel::build_sharded(
                 &self.devices,
                 collective,
                 bucket,
                 sharding,
-                |_, d| Ok(self.learner_builder(model.clone().fork(d), d, &engine, self.judging())),
+                |r, d| Ok(self.learner_builder(policy_of(r).fork(d), d, &engine, self.judging())),
             )?;
             let fut = train(&mut group, &self.task, &run, resume, validator, &mut hooks);
             self.runtime.block_on(fut)?
