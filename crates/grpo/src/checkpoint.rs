@@ -8,7 +8,7 @@
 //! flipped byte, a truncated copy, another model or a changed `group_size` is an error naming
 //! it, never a run that trains on.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -27,7 +27,7 @@ use conrub_rubric::io::sync_dir;
 
 use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, LearnerConfig};
-use crate::sharding::{param_ids, Sharding};
+use crate::sharding::{index_of, param_ids, Sharding};
 use conrub_contracts::Policy;
 
 /// The small, human-readable part of a training state.
@@ -316,9 +316,7 @@ where
             .clone()
             .save_file(tmp.join(&file), rec)
             .map_err(|e| io(&tmp.join(&file), e))?;
-        let parameters: Vec<usize> = (0..layout.sizes().len())
-            .filter(|&i| layout.owner(i) == rank)
-            .collect();
+        let parameters: Vec<usize> = layout.owned(rank).collect();
         files.push(ShardFile {
             rank,
             file: format!("{file}.mpk"),
@@ -377,11 +375,7 @@ where
     let world = ranks.len();
     let mut shards = Vec::with_capacity(world);
     for (rank, learner) in ranks.iter().enumerate() {
-        let index: HashMap<ParamId, usize> = param_ids(&learner.policy)
-            .into_iter()
-            .enumerate()
-            .map(|(i, (id, _))| (id, i))
-            .collect();
+        let index = index_of(&learner.policy);
         let mut record: OptimRecord<B, P> = learner.update.optim.to_record();
         let mut parameters: Vec<usize> = record.keys().map(|id| index[id]).collect();
         parameters.sort_unstable();
@@ -493,7 +487,7 @@ where
         .as_ref()
         .and_then(|s| s.parameters_sharded().map(|l| (l, s.rank)))
     {
-        Some((layout, rank)) => (0..shapes.len()).map(|i| layout.owner(i) == rank).collect(),
+        Some((layout, rank)) => layout.owned_flags(rank),
         None => vec![true; shapes.len()],
     };
     let read = |f: &ShardFile| -> Result<P> {

@@ -86,7 +86,8 @@ impl ShardLayout {
 
     /// [`ShardLayout::balanced`] over the float parameters of `module` (whole, not released).
     pub fn of<B: Backend, M: Module<B>>(module: &M, world: usize) -> Self {
-        Self::of_shapes(&param_shapes(module), world)
+        let shapes: Vec<Vec<usize>> = param_ids(module).into_iter().map(|(_, s)| s).collect();
+        Self::of_shapes(&shapes, world)
     }
 
     /// Ranks.
@@ -111,39 +112,31 @@ impl ShardLayout {
 
     /// Elements `rank` owns.
     pub fn owned_elements(&self, rank: usize) -> usize {
-        self.owners
-            .iter()
-            .zip(&self.sizes)
-            .filter(|(o, _)| **o == rank)
-            .map(|(_, n)| n)
-            .sum()
+        self.owned(rank).map(|i| self.sizes[i]).sum()
+    }
+
+    /// The parameters `rank` owns, by index, in parameter order.
+    pub fn owned(&self, rank: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.owners.len()).filter(move |&i| self.owners[i] == rank)
+    }
+
+    /// One flag per parameter: whether `rank` owns it.
+    pub fn owned_flags(&self, rank: usize) -> Vec<bool> {
+        self.owners.iter().map(|&o| o == rank).collect()
     }
 }
 
-/// Every float parameter's id and element count, in the module's parameter order.
-pub(crate) fn param_ids<B: Backend, M: Module<B>>(module: &M) -> Vec<(ParamId, usize)> {
-    struct Ids(Vec<(ParamId, usize)>);
+/// Every float parameter's id and shape, in the module's parameter order.
+pub(crate) fn param_ids<B: Backend, M: Module<B>>(module: &M) -> Vec<(ParamId, Vec<usize>)> {
+    struct Ids(Vec<(ParamId, Vec<usize>)>);
     impl<B: Backend> ModuleVisitor<B> for Ids {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            self.0.push((param.id, param.lazy_shape().num_elements()));
+            self.0.push((param.id, param.lazy_shape().to_vec()));
         }
     }
     let mut ids = Ids(Vec::new());
     module.visit(&mut ids);
     ids.0
-}
-
-/// Every float parameter's shape, in the module's parameter order.
-fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
-    struct Shapes(Vec<Vec<usize>>);
-    impl<B: Backend> ModuleVisitor<B> for Shapes {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            self.0.push(param.lazy_shape().to_vec());
-        }
-    }
-    let mut shapes = Shapes(Vec::new());
-    module.visit(&mut shapes);
-    shapes.0
 }
 
 /// Bytes a rank put into each collective kind during a step, and the seconds it spent there.
@@ -401,7 +394,7 @@ pub(crate) fn release<B: Backend, M: Module<B>>(module: M, layout: &ShardLayout,
 }
 
 /// Position of every float parameter of `module` by id.
-fn index_of<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, usize> {
+pub(crate) fn index_of<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, usize> {
     param_ids(module)
         .into_iter()
         .enumerate()
@@ -445,14 +438,11 @@ impl<'a, B: AutodiffBackend> RankGather<'a, B> {
         slot: &'a RankSlot<B::InnerBackend>,
         layout: &'a ShardLayout,
     ) -> Self {
-        let owned: Vec<bool> = (0..layout.sizes().len())
-            .map(|i| layout.owner(i) == slot.rank)
-            .collect();
         Self {
             slot,
             layout,
             index: index_of(module),
-            own: owned_values(module, owned),
+            own: owned_values(module, layout.owned_flags(slot.rank)),
             device: module.devices().first().cloned().unwrap_or_default(),
             matrices: None,
             comm: CommStats::default(),
@@ -537,7 +527,7 @@ impl<B: AutodiffBackend> Assembly<B> {
         let n = layout.sizes().len();
         let mut values: Vec<Option<Flat<B>>> = (0..n).map(|_| None).collect();
         for (rank, module) in modules.iter().enumerate() {
-            let owned = (0..n).map(|i| layout.owner(i) == rank).collect();
+            let owned = layout.owned_flags(rank);
             for (i, v) in owned_values(*module, owned).into_iter().enumerate() {
                 if let Some(v) = v {
                     let v = match matrices {
@@ -623,7 +613,12 @@ mod tests {
         let ranks: Vec<Two<B>> = (0..world)
             .map(|r| release(whole.clone(), &layout, r))
             .collect();
-        let held = |m: &Two<B>| param_ids(m).iter().map(|(_, n)| n).sum::<usize>();
+        let held = |m: &Two<B>| {
+            param_ids(m)
+                .iter()
+                .map(|(_, s)| s.iter().product::<usize>())
+                .sum::<usize>()
+        };
         assert!(ranks.iter().all(|m| held(m) < held(&whole)));
         std::thread::scope(|s| {
             for (r, m) in ranks.iter().enumerate() {
