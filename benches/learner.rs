@@ -203,6 +203,8 @@ where
         kl_beta: 0.0,
         max_response_tokens: RESPONSE,
         tis_cap: None,
+        kl_estimator: conrub_grpo::KlEstimator::K3,
+        importance: conrub_grpo::ImportanceLevel::Token,
     };
     let mut update = Update::<A<Bk>, CausalLm<A<Bk>>>::new(UpdateConfig::recipe());
     let mut step = || {

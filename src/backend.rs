@@ -121,7 +121,7 @@ fn prepare_kernel_cache(
     let cache = match opened {
         Ok(cache) => cache,
         Err(e) => {
-            eprintln!("warning: no kernel cache: {e:#}; kernels compile as CubeCL's defaults say");
+            tracing::warn!("no kernel cache: {e:#}; kernels compile as CubeCL's defaults say");
             return;
         }
     };
@@ -130,7 +130,7 @@ fn prepare_kernel_cache(
         // Autotune results are kept on every backend, compiled kernels only where CubeCL can
         // (CUDA, SPIR-V): a cache with either is not cold.
         let _ = KERNEL_CACHE_COLD.set(e.compiled == 0 && e.autotune == 0);
-        eprintln!(
+        tracing::info!(
             "kernel cache: {} ({} compiled kernels, {} autotune results; {})",
             cache.dir.display(),
             e.compiled,
@@ -154,7 +154,7 @@ pub fn kernel_cache_was_cold() -> bool {
 pub fn report_kernel_events() {
     if let Some(e) = conrub_kernels::events::snapshot() {
         if e != Default::default() {
-            eprintln!(
+            tracing::info!(
                 "kernels: {} compiled (cache misses), {} loaded from the kernel cache (hits), {} autotune runs",
                 e.kernel_compiles, e.kernel_cache_loads, e.autotune_runs
             );

@@ -8,6 +8,7 @@
 
 mod backend;
 mod commands;
+mod logging;
 
 use std::process::ExitCode;
 
@@ -71,9 +72,13 @@ enum Command {
     /// Draw a run's curves (reward, tie rate, accepted pairs, response length) from its
     /// metrics.jsonl into the run directory.
     Plot(commands::plot::PlotArgs),
+    /// Print a step's rollouts (prompt, responses, rewards and their parts, labels, tie
+    /// verdicts, advantages) or a validation round's answers from the run's samples/ folder.
+    Samples(commands::samples::SamplesArgs),
 }
 
 fn run(cli: Cli) -> Result<()> {
+    logging::install()?;
     // Counts CubeCL's compilations and autotune runs (metrics lines, the closing report).
     conrub_kernels::events::install();
     backend::set_kernel_cache_flag(cli.kernel_cache);
@@ -100,6 +105,7 @@ fn run_command(command: Command) -> Result<()> {
         Command::KernelsCompile(args) => commands::kernels_compile::run(args),
         Command::AllreduceCheck(args) => commands::allreduce::run(args),
         Command::Plot(args) => commands::plot::run(args),
+        Command::Samples(args) => commands::samples::run(args),
     }
 }
 

@@ -10,6 +10,9 @@ use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use conrub_models::{CausalLm, ForwardBatch, Pretrained};
 
+#[path = "support/tfevents.rs"]
+mod tfevents;
+
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -59,6 +62,15 @@ fn lines(out: &Path, kind: &str) -> Vec<serde_json::Value> {
 
 fn steps(out: &Path) -> Vec<serde_json::Value> {
     lines(out, "step")
+}
+
+/// Every line of a JSONL file.
+fn jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .collect()
 }
 
 #[test]
@@ -276,6 +288,145 @@ fn the_demo_writes_its_golden_metrics() {
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "metrics.jsonl line {} differs from the golden", i + 1);
     }
+    demo_samples_agree_with_the_metrics(&out, &got);
+    dashboard_holds_every_scalar(&out);
+}
+
+/// The numeric leaves of a JSON value under `prefix`, nested names joined by `/`.
+fn numeric_leaves(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, f64)>) {
+    match v {
+        serde_json::Value::Number(n) => out.push((prefix.to_string(), n.as_f64().unwrap())),
+        serde_json::Value::Bool(b) => out.push((prefix.to_string(), *b as u8 as f64)),
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                numeric_leaves(&format!("{prefix}/{k}"), v, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The run's one TensorBoard event file, read by the tests' own reader, holds every number of
+/// every step line (as a 32-bit `simple_value`, at the steps done), each step's reward
+/// histogram of all 64 rewards and its first group as text.
+fn dashboard_holds_every_scalar(out: &Path) {
+    let files = tfevents::files(out);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let events = tfevents::read(&files[0]);
+    assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
+    assert!(
+        events.iter().all(|e| e.wall_time > 1.6e9),
+        "wall times are Unix seconds"
+    );
+    let at =
+        |step: i64| -> Vec<&tfevents::Event> { events.iter().filter(|e| e.step == step).collect() };
+    for line in lines(out, "step") {
+        let done = line["step"].as_i64().unwrap() + 1;
+        let mut line = line.clone();
+        let m = line.as_object_mut().unwrap();
+        m.remove("kind");
+        m.remove("epoch");
+        let mut want = Vec::new();
+        numeric_leaves("train", &line, &mut want);
+        assert!(want.len() > 40, "{want:?}");
+        let here = at(done);
+        let scalars: std::collections::HashMap<&str, f32> = here
+            .iter()
+            .flat_map(|e| e.scalars.iter().map(|(t, v)| (t.as_str(), *v)))
+            .collect();
+        for (tag, x) in &want {
+            assert_eq!(
+                scalars.get(tag.as_str()),
+                Some(&(*x as f32)),
+                "step {done}: {tag}"
+            );
+        }
+        let histogram = here
+            .iter()
+            .flat_map(|e| &e.histograms)
+            .find(|(t, _)| t == "train/reward")
+            .expect("a reward histogram");
+        assert_eq!(histogram.1.iter().sum::<f64>(), 64.0);
+        assert!(here
+            .iter()
+            .flat_map(|e| &e.texts)
+            .any(|(t, text)| t == "samples/first_group" && text.contains("=== step ")));
+    }
+}
+
+/// Every step of the demo wrote each of its 8 groups to `samples/step-NNNNNN.jsonl`: rewards,
+/// finish reasons, token counts and tie counts add up to the step's metrics line, and
+/// `conrub samples` prints a step for reading.
+fn demo_samples_agree_with_the_metrics(out: &Path, metrics: &[serde_json::Value]) {
+    for m in metrics.iter().filter(|m| m["kind"] == "step") {
+        let step = m["step"].as_u64().unwrap();
+        let groups = jsonl(&out.join(format!("samples/step-{step:06}.jsonl")));
+        assert_eq!(groups.len(), 8, "step {step}");
+        let responses: Vec<&serde_json::Value> = groups
+            .iter()
+            .flat_map(|g| g["responses"].as_array().unwrap())
+            .collect();
+        assert_eq!(responses.len(), 64);
+        let rewards: Vec<f64> = responses
+            .iter()
+            .map(|r| r["reward"].as_f64().unwrap())
+            .collect();
+        let mean = rewards.iter().sum::<f64>() / 64.0;
+        assert!(
+            (mean - m["reward_mean"].as_f64().unwrap()).abs() < 1e-12,
+            "step {step}"
+        );
+        let truncated = responses
+            .iter()
+            .filter(|r| r["finish_reason"] == "length")
+            .count();
+        assert_eq!(
+            truncated as u64,
+            m["truncated"].as_u64().unwrap(),
+            "step {step}"
+        );
+        let tokens: u64 = responses
+            .iter()
+            .map(|r| r["tokens"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            tokens,
+            m["response_tokens"].as_u64().unwrap(),
+            "step {step}"
+        );
+        let tied = groups
+            .iter()
+            .filter(|g| g["tie_status"] != "not_tied")
+            .count();
+        assert_eq!(
+            tied as u64,
+            m["ties"]["tied_groups"].as_u64().unwrap(),
+            "step {step}"
+        );
+        for g in &groups {
+            assert!(g["prompt_id"].is_string() && g["prompt"].is_string(), "{g}");
+            let criteria = g["criteria"].as_array().unwrap().len();
+            for r in g["responses"].as_array().unwrap() {
+                assert_eq!(r["score"]["labels"].as_array().unwrap().len(), criteria);
+                assert!(r["advantage"].is_f64() && r["text"].is_string(), "{r}");
+            }
+        }
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args([
+            "samples",
+            out.to_str().unwrap(),
+            "--step",
+            "11",
+            "--group",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.starts_with("=== step 11 · group 2 · "), "{text}");
+    assert_eq!(text.matches("  --- #").count(), 8, "{text}");
 }
 
 /// The shrunk demo on a tiny random Llama and a tiny random Qwen2 (`model.random.family`): two
@@ -514,10 +665,11 @@ fn data_parallel_ranks_from_the_command_line() {
     assert!(two.join("checkpoint-000002/config.json").is_file());
 
     // Two ranks sharding everything (`sharding = "full"`: parameters, gradients and AdamW,
-    // layers gathered one at a time), each run after a kernel warm-up on the group itself,
-    // killed with SIGKILL once step 2's checkpoint is complete, then resumed from it: the
-    // straight run's metrics (timing aside) and exported weights (assembled from both ranks),
-    // byte for byte.
+    // layers gathered one at a time) under a cosine schedule with warm-up, each run after a
+    // kernel warm-up on the group itself, killed with SIGKILL once step 2's checkpoint is
+    // complete, then resumed with `--resume auto`: the straight run's metrics (timing aside)
+    // and exported weights (assembled from both ranks), byte for byte, and every step's rate
+    // the schedule's formula.
     let straight = dir.path().join("straight");
     let four = [
         "--set",
@@ -530,6 +682,12 @@ fn data_parallel_ranks_from_the_command_line() {
         "learner.activation_checkpointing=true",
         "--kernel-warmup",
         "always",
+        "--set",
+        "learner.lr_schedule=\"cosine\"",
+        "--set",
+        "learner.lr_warmup_steps=3",
+        "--set",
+        "learner.min_lr_ratio=0.1",
     ];
     let log = train(&straight, &four);
     assert!(log.contains("(sharding = \"full\")"), "{log}");
@@ -577,8 +735,15 @@ fn data_parallel_ranks_from_the_command_line() {
         !killed.join("checkpoint-000004").exists(),
         "killed too late to test anything"
     );
-    let resume = [&four[..], &["--resume", ckpt.to_str().unwrap()]].concat();
-    train(&killed, &resume);
+    let resume = [&four[..], &["--resume", "auto"]].concat();
+    let log = train(&killed, &resume);
+    assert!(
+        log.contains(&format!(
+            "--resume auto: continuing from {}",
+            ckpt.display()
+        )),
+        "{log}"
+    );
     let (x, y) = (steps(&straight), steps(&killed));
     assert_eq!((x.len(), y.len()), (4, 4));
     for (x, y) in x.iter().zip(&y) {
@@ -588,10 +753,32 @@ fn data_parallel_ranks_from_the_command_line() {
             "grad_norms",
             "response_tokens",
             "ties",
+            "lr",
         ] {
             assert_eq!(x[key], y[key], "step {}: {key}", x["step"]);
         }
     }
+    // The demo's lr 0.002 over 4 steps x 2 mini-batches = 8 optimizer steps, 3 of warm-up, then
+    // half a cosine to 0.1 x lr; a step logs the rate of its last optimizer step.
+    let rate = |k: u64| {
+        if k < 3 {
+            return 0.002 * (k + 1) as f64 / 3.0;
+        }
+        let p = ((k - 3) as f64 / 5.0).min(1.0);
+        0.002 * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * p).cos()))
+    };
+    let mut taken = 0;
+    for s in &y {
+        taken +=
+            s["optimizer_steps"].as_u64().unwrap() + s["skipped_optimizer_steps"].as_u64().unwrap();
+        let lr = s["lr"].as_f64().unwrap();
+        assert!(
+            (lr - rate(taken - 1)).abs() < 1e-12,
+            "step {}: lr {lr}, optimizer steps {taken}",
+            s["step"]
+        );
+    }
+    assert_eq!(taken, 8, "two optimizer steps a step");
     let weights = |d: &Path| std::fs::read(d.join("checkpoint-000004/model.safetensors")).unwrap();
     assert!(
         weights(&straight) == weights(&killed),
@@ -876,6 +1063,30 @@ fn validation_during_training_with_a_grader() {
             .collect::<Vec<_>>()
     );
     assert!(log.contains("eval after step 4: 4 prompts x 2"), "{log}");
+    // Each round's answers with both judges' labels and scores; their mean is the round's score.
+    for e in &evals {
+        let step = e["step"].as_u64().unwrap();
+        let answers = jsonl(&out.join(format!("samples/eval-step-{step:06}.jsonl")));
+        assert_eq!(answers.len(), 8);
+        for judge in ["training", "grader"] {
+            let mean = answers
+                .iter()
+                .map(|a| a[judge]["score"].as_f64().unwrap())
+                .sum::<f64>()
+                / 8.0;
+            let want = e[judge]["score"].as_f64().unwrap();
+            assert!((mean - want).abs() < 1e-12, "{judge} {mean} vs {want}");
+            for a in &answers {
+                assert_eq!(
+                    a[judge]["labels"].as_array().unwrap().len(),
+                    a["criteria"].as_array().unwrap().len()
+                );
+            }
+        }
+        assert!(answers
+            .iter()
+            .all(|a| a["text"].is_string() && a["step"] == step));
+    }
     let svg = std::fs::read_to_string(out.join("eval.svg")).unwrap();
     assert!(svg.contains("training judge") && svg.contains("grader"));
     // The best round (the first of equal scores) is recorded, and its checkpoint survives
@@ -1040,7 +1251,7 @@ fn run_folders_are_owned() {
     ]);
     assert!(!ok, "{err}");
     assert!(
-        err.contains("holds an earlier run (checkpoint-000001, checkpoint-000002, metrics.jsonl)")
+        err.contains("holds an earlier run (checkpoint-000001, checkpoint-000002, metrics.jsonl, samples, tensorboard)")
             && err.contains("--resume")
             && err.contains("--overwrite"),
         "{err}"
@@ -1359,6 +1570,20 @@ fn impossible_runs_are_refused_before_loading() {
     let (ok, err) = run(&["--set", "run.output_dir=\"\""]);
     assert!(!ok);
     assert!(err.contains("run.output_dir: is empty"), "{err}");
+    // Prompts over data.max_prompt_tokens stop the run when told to (dropping them is the
+    // default, unit-tested in conrub-trainer), naming the first and its length.
+    let (ok, err) = run(&[
+        "--set",
+        "data.max_prompt_tokens=20",
+        "--set",
+        "data.overlong_prompts=\"error\"",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("data.max_prompt_tokens: prompt ") && err.contains("tokens, over 20"),
+        "{err}"
+    );
+    assert!(!dir.path().join("run/metrics.jsonl").exists());
 }
 
 /// The embedding example (`examples/verifiable_reward.rs`), compiled into this test: the Trainer

@@ -226,6 +226,34 @@ async fn reward_rises_and_telemetry_is_complete() {
     );
 }
 
+/// `learner.mask_truncated` in the learner: every response of this config hits the length
+/// limit (no stop ids), so masking them leaves nothing in the loss: a zero loss, zero gradient
+/// norms and unchanged weights, where the same step without the mask updates the policy.
+#[tokio::test]
+async fn masked_truncated_responses_leave_the_loss() {
+    let recs = records();
+    let refs: Vec<&RubricRecord> = recs.iter().collect();
+    for mask_truncated in [false, true] {
+        let mut l = learner(LearnerConfig {
+            mask_truncated,
+            ..config()
+        });
+        let before = weights(l.policy());
+        let m = l.step(&refs).await.unwrap().metrics;
+        assert_eq!(m.truncated, 32);
+        assert_eq!(m.optimizer_steps, 2);
+        let moved = weight_gap(&before, &weights(l.policy())) > 0.0;
+        if mask_truncated {
+            assert_eq!(m.loss, 0.0, "{m:?}");
+            assert!(m.grad_norms.iter().all(|g| *g == 0.0), "{:?}", m.grad_norms);
+            assert!(!moved, "the weights moved");
+        } else {
+            assert!(m.grad_norms.iter().all(|g| *g > 0.0), "{:?}", m.grad_norms);
+            assert!(moved);
+        }
+    }
+}
+
 /// A learning rate that blows the weights up: the next step's gradient norm is not finite, and
 /// under `on_nonfinite = "stop"` that step stops with an error naming it before its update; under
 /// `"skip-step"` the optimizer step is dropped and counted, and the run stops once more than
@@ -1123,6 +1151,8 @@ fn dp_run_config(dir: &std::path::Path, max_steps: u64) -> conrub_grpo::RunConfi
         max_steps: Some(max_steps),
         output_dir: dir.to_path_buf(),
         keep_checkpoints: None,
+        sample_groups: 16,
+        tensorboard: true,
         overwrite: false,
     }
 }
@@ -1367,6 +1397,8 @@ async fn validation_keeps_the_grader_best_checkpoint() {
         max_steps: Some(6),
         output_dir: dir.path().to_path_buf(),
         keep_checkpoints: Some(1),
+        sample_groups: 16,
+        tensorboard: true,
         overwrite: false,
     };
     let v = validator(vec![Label::Missing, Label::Correct, Label::Wrong]);

@@ -63,6 +63,8 @@ fn train(
         kl_beta: 0.0,
         max_response_tokens: 20,
         tis_cap: None,
+        kl_estimator: conrub_grpo::KlEstimator::K3,
+        importance: conrub_grpo::ImportanceLevel::Token,
     };
     let mut update = Update::<A, CausalLm<A>>::new(UpdateConfig::recipe());
     let old = policy

@@ -108,7 +108,7 @@ impl BackendTask for DistillArgs {
             }
         };
         if let Some(h) = &harvest {
-            eprintln!(
+            tracing::info!(
                 "read {} criterion verdicts ({} rows) from {} cache(s){}",
                 h.used_verdicts,
                 examples.len(),
@@ -171,7 +171,7 @@ impl BackendTask for DistillArgs {
         bar.finish_and_clear();
         let report = report?;
         for line in describe(&report) {
-            eprintln!("{line}");
+            tracing::info!("{line}");
         }
         if a.json {
             let mut v = serde_json::to_value(&report)?;

@@ -163,7 +163,7 @@ fn generate_responses<B: GrpoOps>(
         for g in qwen.generate(&prompts, &cfg, device)? {
             responses.push((k, tok.decode(&g.tokens, true)?, g.tokens.len()));
         }
-        eprintln!("{}/{} examples generated", k + 1, rows.len());
+        tracing::info!("{}/{} examples generated", k + 1, rows.len());
     }
     let secs = start.elapsed().as_secs_f64();
     let tokens: usize = responses.iter().map(|r| r.2).sum();
@@ -573,7 +573,7 @@ impl BackendTask for McqArgs {
                     "response_tokens": g.tokens.len(),
                 }));
             }
-            eprintln!("{}/{} questions", rows.len(), items.len());
+            tracing::info!("{}/{} questions", rows.len(), items.len());
         }
         let summary = McqSummary::from_answers(&answers);
         let by_subject = by_subject(&items, &answers);

@@ -151,7 +151,7 @@ impl BackendTask for GenerateArgs {
                         .join(",")
                 ),
             }
-            eprintln!(
+            tracing::info!(
                 "[{} tokens, finish_reason={:?}]",
                 out.tokens.len(),
                 out.finish_reason

@@ -14,6 +14,7 @@ pub mod logprobs;
 pub mod plan;
 pub mod plot;
 pub mod rubrics;
+pub mod samples;
 pub mod score;
 pub mod tokenize;
 pub mod train;

@@ -111,7 +111,7 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         ));
         bar.finish_and_clear();
         write_rows(&a, &jobs, &results)?;
-        eprintln!(
+        tracing::info!(
             "scored {}/{} responses ({} unscored), mean reward {:.4} ({} mode), {} from cache, {} judge retries, mean judge latency {:.1} ms, {:.2} s ({:.1} responses/s) with judge {}",
             summary.scored,
             summary.responses,
@@ -126,7 +126,7 @@ pub fn run(a: ScoreArgs) -> Result<()> {
             judges.criterion.id()
         );
         if summary.deferred > 0 {
-            eprintln!(
+            tracing::info!(
                 "{} criteria went to the probe's fallback judge (top class probability under abstain_below)",
                 summary.deferred
             );
@@ -274,11 +274,11 @@ fn report_inputs(a: &ScoreArgs, jobs: &Jobs, penalty: &LengthPenalty) {
         .filter(|j| j.response_tokens.is_none())
         .count();
     if without_length > 0 && penalty.enabled {
-        eprintln!(
+        tracing::info!(
             "note: {without_length} responses have no token count (no `response_tokens`, no --tokenizer): no overlength penalty for them"
         );
     } else if jobs.counted > 0 {
-        eprintln!(
+        tracing::info!(
             "token counts from {}",
             a.tokenizer
                 .as_ref()
@@ -292,14 +292,14 @@ fn report_inputs(a: &ScoreArgs, jobs: &Jobs, penalty: &LengthPenalty) {
 fn report_judges(judges: &Judges) {
     if let Some(c) = &judges.client {
         let s = c.stats();
-        eprintln!(
+        tracing::info!(
                 "http: {} requests, {} retries ({} transport errors, {} 408/429/5xx, {} unparseable), {} failed calls",
                 s.requests, s.retries, s.transport_errors, s.retryable_status, s.parse_errors, s.failures
             );
     }
     if let Some(c) = &judges.cache {
         let s = c.stats();
-        eprintln!(
+        tracing::info!(
             "cache {}: {} hits, {} misses, {} writes, {} database errors",
             c.path().display(),
             s.hits,
@@ -326,7 +326,7 @@ fn report_unscored(
             ResponseScore::Scored(_) => None,
         });
     match first_unscored {
-            Some(((pid, line, k), u)) => eprintln!(
+            Some(((pid, line, k), u)) => tracing::info!(
                 "unscored: {} of {} responses (no valid judge output within the retry budget); first: {}:{line} (prompt_id `{pid}`, response {k}) after {} attempts: {}",
                 summary.unscored,
                 summary.responses,
@@ -334,7 +334,7 @@ fn report_unscored(
                 u.attempts,
                 u.message
             ),
-            None => eprintln!("unscored: 0 of {} responses", summary.responses),
+            None => tracing::info!("unscored: 0 of {} responses", summary.responses),
         }
     if summary.scored == 0 {
         bail!(

@@ -19,7 +19,9 @@ pub struct TrainArgs {
     /// Train config (TOML), e.g. `configs/demo-cpu.toml` or `configs/conrub-med-qwen3-4b.toml`.
     #[arg(long)]
     pub config: PathBuf,
-    /// Continue from a checkpoint directory (`output_dir/checkpoint-NNNNNN`).
+    /// Continue from a checkpoint directory (`output_dir/checkpoint-NNNNNN`), or `auto`: the
+    /// newest complete checkpoint of `run.output_dir`, or a fresh run when it holds none (the
+    /// same command restarts a preempted job).
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Start a fresh run in an output folder that holds an earlier run, deleting its metrics and
@@ -82,6 +84,7 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
     cfg.judge()?;
     cfg.check_builtin_plugins()?;
     cfg.run.overwrite = a.overwrite;
+    let mut resume = a.resume;
     if warmup != KernelWarmup::Only {
         // A run folder that is a file, cannot be written, is in use or holds an earlier run
         // fails now, not after the model loads and the kernel warm-up.
@@ -90,7 +93,8 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
             return Err(GrpoError::config("run.output_dir", why).into());
         }
         let dir = cfg.resolve(&cfg.run.output_dir);
-        conrub_grpo::run_folder::check_start(&dir, a.resume.is_some(), a.overwrite)?;
+        resume = resolve_resume(resume, &dir)?;
+        conrub_grpo::run_folder::check_start(&dir, resume.is_some(), a.overwrite)?;
     }
     // Stop before loading anything when the run cannot fit (the table says what to change).
     let kv_pool_blocks = super::plan::check_run_fits(&cfg, a.gpu_memory_gb, &a.config)?;
@@ -98,11 +102,28 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
     let devices = cfg.devices.clone();
     let task = TrainTask {
         cfg,
-        resume: a.resume,
+        resume,
         kv_pool_blocks,
         warmup,
     };
     run_on_devices(&devices, task)
+}
+
+/// `--resume auto`: the newest complete checkpoint of the run folder `dir`, or none (a fresh
+/// run, which still refuses a folder holding an earlier run's metrics); any other path as given.
+fn resolve_resume(resume: Option<PathBuf>, dir: &std::path::Path) -> Result<Option<PathBuf>> {
+    if resume.as_deref() != Some(std::path::Path::new("auto")) {
+        return Ok(resume);
+    }
+    let found = conrub_grpo::run_folder::latest_checkpoint(dir)?;
+    match &found {
+        Some(ckpt) => tracing::info!("--resume auto: continuing from {}", ckpt.display()),
+        None => tracing::info!(
+            "--resume auto: {} holds no complete checkpoint; starting a fresh run",
+            dir.display()
+        ),
+    }
+    Ok(found)
 }
 
 struct TrainTask {

@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{ConfigError, Result};
 pub use sections::{
-    DataSection, ModelSection, RandomModel, RewardSection, RolloutEngineKind, RolloutSection,
-    WarmupSection,
+    DataSection, ModelSection, OverlongPrompts, RandomModel, RewardSection, RolloutEngineKind,
+    RolloutSection, WarmupSection,
 };
 
 /// A train config (`conrub train --config FILE`, `conrub plan --config FILE`).
@@ -232,7 +232,8 @@ impl TrainConfig {
             reward: schema.reward,
             learner: schema.learner,
             run: schema.run,
-            warmup: schema.warmup,
+            // `steps = 0` turns the table off (`--set warmup.steps=0` on a config that has one).
+            warmup: schema.warmup.filter(|w| w.steps > 0),
             rollout: schema.rollout,
             eval,
             kernel_cache: schema.kernel_cache.map(|p| base.join(p)),
@@ -306,10 +307,10 @@ impl TrainConfig {
             ));
         }
         if let Some(w) = &self.warmup {
-            if w.steps == 0 || !(w.lr > 0.0 && w.lr.is_finite()) {
+            if !(w.lr > 0.0 && w.lr.is_finite()) {
                 return Err(key_error(
-                    "warmup",
-                    "needs steps >= 1 and a finite lr > 0".into(),
+                    "warmup.lr",
+                    "needs a finite lr > 0 (or `steps = 0` for no warm-up)".into(),
                 ));
             }
         }

@@ -107,8 +107,23 @@ impl RandomModel {
 pub struct DataSection {
     /// Rubric JSONL, relative to the config (required to train).
     pub rubrics: Option<PathBuf>,
-    /// Longest prompt in tokens, for the memory plan (default 1,024).
+    /// Longest prompt in tokens once rendered with the policy's chat template: sizes the
+    /// memory plan (1,024 when unset), and when set, longer prompts are dropped before the
+    /// first step and counted (or stop the run: `overlong_prompts`).
     pub max_prompt_tokens: Option<usize>,
+    /// What a prompt over `max_prompt_tokens` does: `drop` (counted in the log) or `error`.
+    pub overlong_prompts: OverlongPrompts,
+}
+
+/// What a prompt over `data.max_prompt_tokens` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OverlongPrompts {
+    /// Left out of the run, counted in the log.
+    #[default]
+    Drop,
+    /// Stops the run before the first step, naming the prompt.
+    Error,
 }
 
 /// `[reward]`: labels to rewards (docs/METHOD.md §4, §9).
@@ -158,7 +173,7 @@ impl RewardSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WarmupSection {
-    /// Optimizer steps.
+    /// Optimizer steps; 0 means no warm-up (the table is then ignored).
     pub steps: usize,
     /// Learning rate.
     pub lr: f64,

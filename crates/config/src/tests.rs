@@ -32,6 +32,7 @@ seed = 0
 [data]
 rubrics = "rubrics.jsonl"
 max_prompt_tokens = 1024
+overlong_prompts = "drop"
 
 [reward]
 mode = "three-state"
@@ -51,6 +52,9 @@ top_p = 1.0
 top_k = 50
 rollout_prompts_per_call = 8
 lr = 0.002
+lr_schedule = "cosine"
+lr_warmup_steps = 2
+min_lr_ratio = 0.1
 weight_decay = 0.0
 beta1 = 0.9
 beta2 = 0.999
@@ -60,6 +64,8 @@ clip = { low = 0.2, high = 0.28 }
 aggregation = "sequence-mean"
 scale_rewards = "group"
 kl_beta = 0.0
+kl_estimator = "k2"
+mask_truncated = true
 tis_cap = 2.0
 tie_mode = "pairwise"
 dpo_beta = 2.0
@@ -78,6 +84,8 @@ checkpoint_every = 6
 max_steps = 3
 output_dir = "runs/x"
 keep_checkpoints = 2
+sample_groups = 4
+tensorboard = true
 
 [warmup]
 steps = 2
@@ -97,9 +105,10 @@ fn key_paths(prefix: &str, v: &serde_json::Value, out: &mut BTreeSet<String>) {
     };
     for (k, v) in map {
         let path = format!("{prefix}{k}");
-        // `devices` is the alternative of `device` (the example sets that one; both is an error).
+        // `devices` is the alternative of `device`, `learner.lr_warmup_ratio` of
+        // `learner.lr_warmup_steps` (the example sets the other; both is an error).
         assert!(
-            !v.is_null() || path == "devices",
+            !v.is_null() || path == "devices" || path == "learner.lr_warmup_ratio",
             "`{path}` is unset in the full example: set it"
         );
         // Tables are documented through their keys; a free-form map is one key.
@@ -282,6 +291,27 @@ fn partial_tables_take_defaults_and_budgets_are_checked() {
         .unwrap_err()
         .to_string();
     assert_eq!(e, "t.toml: reward.min_scored_share: must be in [0, 1]");
+}
+
+/// `--set warmup.steps=0` turns off a config's `[warmup]` table; a bad rate still names its key.
+#[test]
+fn warmup_steps_zero_turns_the_table_off() {
+    let mut table: toml::Table = toml::from_str(FULL).unwrap();
+    table["model"].as_table_mut().unwrap().remove("path");
+    let cfg = TrainConfig::from_table(table.clone(), Path::new("t.toml")).unwrap();
+    assert_eq!(cfg.warmup.as_ref().map(|w| w.steps), Some(2));
+    let mut off = table.clone();
+    apply_override(&mut off, "warmup.steps=0").unwrap();
+    let cfg = TrainConfig::from_table(off, Path::new("t.toml")).unwrap();
+    assert_eq!(cfg.warmup, None);
+    apply_override(&mut table, "warmup.lr=0.0").unwrap();
+    let e = TrainConfig::from_table(table, Path::new("t.toml"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "t.toml: warmup.lr: needs a finite lr > 0 (or `steps = 0` for no warm-up)"
+    );
 }
 
 #[test]

@@ -16,7 +16,7 @@
 //! | [`Execution`] ([`Precision`], [`AttentionImpl`], [`AttentionKernelChoice`]) | data | every family's forward |
 //! | [`ModelShape`] | data a family reports | the memory plan |
 //! | [`MetricsLine`] ([`StepMetrics`], [`EpochSummary`], [`ValidationLine`], [`KernelWarmupLine`]) | data the learner writes | plots, a user's tools |
-//! | [`LearnerConfig`], [`RunConfig`], [`ValidationConfig`] (+ [`TieMode`], [`Aggregation`], [`ScaleRewards`], [`OnNonFinite`]) | data: the `[learner]`, `[run]` and `[eval]` tables | the learner, the config crate |
+//! | [`LearnerConfig`], [`RunConfig`], [`ValidationConfig`] (+ [`TieMode`], [`Aggregation`], [`ScaleRewards`], [`OnNonFinite`], [`LrScheduleKind`]) | data: the `[learner]`, `[run]` and `[eval]` tables | the learner, the config crate |
 //! | [`SamplingConfig`], [`Generation`], [`sample_token`], [`sequence_rng`] | the one sampling rule | the engines, [`sample_by_recomputation`] |
 //!
 //! Errors: [`ContractError`], [`Result`].
@@ -62,8 +62,9 @@ pub use sampling::{
     check_sequences, sample_token, sequence_rng, Decoding, FinishReason, Generation, SamplingConfig,
 };
 pub use settings::{
-    Aggregation, LearnerConfig, OnNonFinite, RunConfig, ScaleRewards, Sharding, TieMode,
-    ValidationConfig, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR, DEFAULT_LOSS,
+    Aggregation, KlEstimator, LearnerConfig, LrScheduleKind, OnNonFinite, RunConfig, ScaleRewards,
+    Sharding, TieMode, ValidationConfig, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR,
+    DEFAULT_LOSS, GSPO_LOSS,
 };
 pub use shape::ModelShape;
 pub use shapes::{attended_blocks, bucket_len, bucket_rows};

@@ -143,6 +143,10 @@ pub struct StepMetrics {
     /// "skip-step"`).
     #[serde(default)]
     pub skipped_optimizer_steps: usize,
+    /// The learning rate of the step's last optimizer step (of the run's last before it when
+    /// the step took none; `learner.lr_schedule`).
+    #[serde(default)]
+    pub lr: f64,
     /// Accepted pairs used by the DPO term (GRPO+DPO mode).
     pub dpo_pairs: usize,
     /// Judge attempts beyond the first.

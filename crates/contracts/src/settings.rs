@@ -21,7 +21,11 @@ pub const DEFAULT_LOSS: &str = "clipped-surrogate";
 /// The names `conrub_grpo::Registry::builtin` registers, for checking a config before anything loads.
 pub const BUILTIN_ESTIMATORS: &[&str] = &[DEFAULT_ESTIMATOR];
 /// See [`BUILTIN_ESTIMATORS`].
-pub const BUILTIN_LOSSES: &[&str] = &[DEFAULT_LOSS];
+pub const BUILTIN_LOSSES: &[&str] = &[DEFAULT_LOSS, GSPO_LOSS];
+/// `learner.loss = "gspo"`: the clipped surrogate with one importance ratio per response, the
+/// exponential of its mean token log-ratio (GSPO; TRL's `importance_sampling_level =
+/// "sequence"`), with the same parameters as [`DEFAULT_LOSS`].
+pub const GSPO_LOSS: &str = "gspo";
 
 /// Learner settings (the `[learner]` table of a train config). Defaults are the published run's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,8 +43,19 @@ pub struct LearnerConfig {
     pub top_k: Option<usize>,
     /// Prompts sampled together in one generation call (rows = prompts x k).
     pub rollout_prompts_per_call: usize,
-    /// Learning rate.
+    /// Learning rate (the peak of a schedule).
     pub lr: f64,
+    /// The rate's shape over the run, counted in optimizer steps: `constant`, `linear` or
+    /// `cosine` (decaying to `min_lr_ratio x lr` at the run's last optimizer step), after the
+    /// warm-up (`conrub_grpo::LrSchedule` has the formulas).
+    pub lr_schedule: LrScheduleKind,
+    /// Optimizer steps of a linear warm-up of the rate (not the `[warmup]` supervised steps).
+    pub lr_warmup_steps: Option<usize>,
+    /// The warm-up as a share of the run's optimizer steps (rounded up); the alternative of
+    /// `lr_warmup_steps`.
+    pub lr_warmup_ratio: Option<f64>,
+    /// Floor of a `linear` or `cosine` decay as a share of `lr`.
+    pub min_lr_ratio: f64,
     /// AdamW weight decay.
     pub weight_decay: f64,
     /// AdamW beta1.
@@ -63,8 +78,15 @@ pub struct LearnerConfig {
     /// The policy loss, by its `conrub_grpo::Registry` name (`clipped-surrogate`, with `clip`,
     /// `aggregation`, `kl_beta` and `tis_cap` as its parameters).
     pub loss: String,
-    /// Weight of the k3 KL to the initial policy (0: no reference model is kept).
+    /// Weight of the KL to the initial policy (0: no reference model is kept).
     pub kl_beta: f64,
+    /// The per-token KL estimator of that term, with `d = logp_ref - logp`: `k1` (`-d`), `k2`
+    /// (`d^2 / 2`) or `k3` (`exp(d) - d - 1`, TRL's and the method's).
+    pub kl_estimator: KlEstimator,
+    /// Leave responses cut at `max_response_tokens` out of the loss (TRL's
+    /// `mask_truncated_completions`): their tokens are masked, so they add no gradient and no
+    /// tokens to a token mean, while still counting as responses of their group.
+    pub mask_truncated: bool,
     /// Truncated importance sampling (off when unset): each token's policy loss is weighted by
     /// `min(exp(logp_old - logp_engine), tis_cap)`, the learner's old probability of the sampled
     /// token over the rollout engine's, capped (TRL's and verl's correction for an engine whose
@@ -114,6 +136,30 @@ pub struct LearnerConfig {
     pub max_unscored_steps: usize,
 }
 
+/// The learning rate's shape over a run (`learner.lr_schedule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LrScheduleKind {
+    /// `lr` throughout (after any warm-up).
+    #[default]
+    Constant,
+    /// A straight line from `lr` to `min_lr_ratio x lr`.
+    Linear,
+    /// Half a cosine from `lr` to `min_lr_ratio x lr`.
+    Cosine,
+}
+
+impl LrScheduleKind {
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Constant => "constant",
+            Self::Linear => "linear",
+            Self::Cosine => "cosine",
+        }
+    }
+}
+
 /// What a non-finite gradient norm does (`learner.on_nonfinite`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -135,6 +181,10 @@ impl Default for LearnerConfig {
             top_k: None,
             rollout_prompts_per_call: 32,
             lr: 3e-6,
+            lr_schedule: LrScheduleKind::Constant,
+            lr_warmup_steps: None,
+            lr_warmup_ratio: None,
+            min_lr_ratio: 0.0,
             weight_decay: 0.1,
             beta1: 0.9,
             beta2: 0.999,
@@ -146,6 +196,8 @@ impl Default for LearnerConfig {
             estimator: DEFAULT_ESTIMATOR.into(),
             loss: DEFAULT_LOSS.into(),
             kl_beta: 0.0,
+            kl_estimator: KlEstimator::K3,
+            mask_truncated: false,
             tis_cap: None,
             tie_mode: TieMode::Pairwise,
             dpo_beta: 2.0,
@@ -184,6 +236,20 @@ impl LearnerConfig {
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return bad("lr", "must be a finite number > 0");
+        }
+        if self.lr_warmup_steps.is_some() && self.lr_warmup_ratio.is_some() {
+            return bad(
+                "lr_warmup_ratio",
+                "give lr_warmup_steps or lr_warmup_ratio, not both",
+            );
+        }
+        if let Some(r) = self.lr_warmup_ratio {
+            if !(0.0..1.0).contains(&r) {
+                return bad("lr_warmup_ratio", "must be in [0, 1)");
+            }
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            return bad("min_lr_ratio", "must be in [0, 1]");
         }
         for (key, v) in [
             ("ppo_epochs", self.ppo_epochs),
@@ -248,6 +314,14 @@ pub struct RunConfig {
     /// When pruning, a resumed run also removes the checkpoints of later steps left by an
     /// earlier attempt.
     pub keep_checkpoints: Option<usize>,
+    /// Groups of each step whose rollouts go to `output_dir/samples/step-NNNNNN.jsonl` (prompt,
+    /// responses, rewards and their parts, labels, tie verdicts, advantages), the step's first
+    /// ones; 0 writes none. Validation rounds write all their answers.
+    pub sample_groups: usize,
+    /// TensorBoard event files under `output_dir/tensorboard/`: every scalar of the metrics
+    /// lines, each step's reward histogram and first group as text
+    /// (`conrub_grpo::tensorboard`).
+    pub tensorboard: bool,
     /// Start a fresh run over an earlier run's metrics and checkpoints in `output_dir`, deleting
     /// them (`conrub train --overwrite`; not a config key, so no config file carries it).
     /// Without it a fresh run into such a folder is refused (see `conrub_grpo::run_folder`).
@@ -283,6 +357,8 @@ impl Default for RunConfig {
             max_steps: None,
             output_dir: PathBuf::from("runs/conrub"),
             keep_checkpoints: None,
+            sample_groups: 16,
+            tensorboard: true,
             overwrite: false,
         }
     }
@@ -341,6 +417,19 @@ impl ValidationConfig {
         }
         Ok(())
     }
+}
+
+/// The per-token estimator of the KL to the reference policy (Schulman's k1, k2, k3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KlEstimator {
+    /// `logp - logp_ref`: unbiased, can be negative.
+    K1,
+    /// `(logp - logp_ref)^2 / 2`.
+    K2,
+    /// `exp(logp_ref - logp) - (logp_ref - logp) - 1`: unbiased and non-negative.
+    #[default]
+    K3,
 }
 
 /// How per-token losses become one number.

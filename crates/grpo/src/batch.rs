@@ -33,6 +33,25 @@ pub struct TrainBatch<B: Backend> {
     /// `learner.micro_batch_tokens`: a micro-batch's padded width never takes it past this
     /// (see [`padded_width`]).
     pub micro_batch_tokens: usize,
+    /// Per row: whether the loss counts it (false: a response cut at the length limit under
+    /// `learner.mask_truncated`).
+    pub loss_rows: Vec<bool>,
+}
+
+/// `mask` with the rows `keep` says false zeroed (`learner.mask_truncated`: those responses
+/// add no gradient and no tokens to a token mean).
+///
+/// # Shapes
+/// `mask`: `[rows, R]`, `keep`: `rows` long.
+pub fn mask_rows<B: Backend>(mask: Tensor<B, 2>, keep: &[bool]) -> Tensor<B, 2> {
+    if keep.iter().all(|&k| k) {
+        return mask;
+    }
+    let [n, r] = mask.dims();
+    let rows: Vec<f32> = keep.iter().map(|&k| k as u8 as f32).collect();
+    let rows = Tensor::<B, 1>::from_data(TensorData::new(rows, [n]), &mask.device());
+    let dtype = mask.dtype();
+    mask * rows.reshape([n, 1]).expand([n, r]).cast(dtype)
 }
 
 impl<B: Backend> TrainBatch<B> {
@@ -63,9 +82,25 @@ impl<B: Backend> TrainBatch<B> {
                 .map(|t| t.clone().slice([rows.clone(), 0..response_len])),
             advantages: self.advantages.clone().slice([rows.clone()]),
             seq_lens: self.seq_lens[rows.clone()].to_vec(),
-            response_lens: self.response_lens[rows].to_vec(),
+            response_lens: self.response_lens[rows.clone()].to_vec(),
             micro_batch_tokens: self.micro_batch_tokens,
+            loss_rows: self.loss_rows[rows].to_vec(),
         }
+    }
+
+    /// The response mask of the rows the loss counts ([`mask_rows`]).
+    pub fn loss_mask(&self) -> Tensor<B, 2> {
+        mask_rows(self.tokens.mask.clone(), &self.loss_rows)
+    }
+
+    /// Response tokens of the rows the loss counts.
+    pub fn loss_tokens(&self) -> usize {
+        self.response_lens
+            .iter()
+            .zip(&self.loss_rows)
+            .filter(|(_, &k)| k)
+            .map(|(l, _)| l)
+            .sum()
     }
 
     /// Number of rows.

@@ -35,6 +35,10 @@ use conrub_contracts::Policy;
 pub struct TrainingState {
     /// Steps completed.
     pub step: u64,
+    /// Optimizer steps taken (the learning-rate schedule's position); absent in states written
+    /// before schedules, which are read as `step x ppo_epochs x mini_batches`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_steps: Option<u64>,
     /// Where the data loader continues (opaque to the learner).
     pub data_cursor: serde_json::Value,
     /// The learner settings the state was produced with.
@@ -240,6 +244,7 @@ where
     }
     let state = TrainingState {
         step: learner.step,
+        optimizer_steps: Some(learner.update.taken),
         data_cursor,
         learner: learner.cfg.clone(),
         format: match (&policy_shards, &sharding) {
@@ -450,6 +455,9 @@ where
     let record = load_optimizer(learner, dir, sharding, &rec)?;
     learner.update.optim = learner.update.optim.clone().load_record(record);
     learner.step = state.step;
+    learner.update.taken = state.optimizer_steps.unwrap_or_else(|| {
+        state.step * (state.learner.ppo_epochs * state.learner.mini_batches) as u64
+    });
     // The KL reference is the run's initial policy, saved with the state.
     if learner.cfg.kl_beta != 0.0 {
         let path = dir.join(REFERENCE);
@@ -594,8 +602,8 @@ where
         .map_err(|e| bad_checkpoint(dir, format!("corrupted: state.json: {e}")))?;
     match state.format {
         1 => {
-            eprintln!(
-                "warning: {}: a training state without a manifest (format 1): loaded unchecked",
+            tracing::warn!(
+                "{}: a training state without a manifest (format 1): loaded unchecked",
                 dir.display()
             );
             return Ok((state, None));

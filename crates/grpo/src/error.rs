@@ -93,6 +93,9 @@ pub enum GrpoError {
         /// What is wrong, in a user's words.
         message: String,
     },
+    /// A JSONL file of the run (samples) could not be read or written; names the file and line.
+    #[error(transparent)]
+    Jsonl(#[from] conrub_rubric::RubricError),
     /// There is nothing to train on.
     #[error("no rubric records to train on")]
     NoRecords,

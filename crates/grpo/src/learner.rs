@@ -18,8 +18,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 use conrub_contracts::{
-    gathered_as, Policy, ResponseLogprobs, RolloutBatch, RolloutEngine, RolloutRequest,
-    SamplingConfig, StepMetrics, TextCodec, TokenBatch, WeightSync,
+    gathered_as, FinishReason, Policy, ResponseLogprobs, RolloutBatch, RolloutEngine,
+    RolloutRequest, SamplingConfig, StepMetrics, TextCodec, TokenBatch, WeightSync,
 };
 use conrub_kernels::GrpoOps;
 use conrub_rubric::{ResponseScore, RubricRecord};
@@ -35,6 +35,7 @@ use crate::loss::{dpo_pair_loss, PolicyObjective, SurrogateBatch};
 use crate::registry::Registry;
 use crate::reward::{GroupScores, RewardSource};
 use crate::rollout::GroupSampler;
+use crate::schedule::LrSchedule;
 use crate::sharding::{CommStats, RankGather, ShardLayout, ShardedSum, Sharding};
 use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
 use crate::update::{Update, UpdateConfig};
@@ -51,6 +52,12 @@ pub struct StepOutput {
     pub outcomes: Vec<GroupOutcome>,
     /// Per group: the decoded responses.
     pub responses: Vec<Vec<String>>,
+    /// Per group: the criteria the responses were scored against (after rubric dropout).
+    pub criteria: Vec<Vec<String>>,
+    /// Per group: each response's length in tokens.
+    pub response_tokens: Vec<Vec<usize>>,
+    /// Per group: why each response ended.
+    pub finish_reasons: Vec<Vec<FinishReason>>,
 }
 
 /// The inner-backend model of a policy.
@@ -85,6 +92,9 @@ where
     skipped_in_a_row: usize,
     /// Steps in a row whose scored share fell below `min_scored_share`.
     unscored_in_a_row: usize,
+    /// The learning-rate schedule is in place (one that needs the run's length waits for
+    /// [`Learner::set_training_steps`]).
+    schedule_ready: bool,
 }
 
 /// A learner's place in a group of data-parallel ranks (see [`crate::DataParallel`]): its
@@ -315,7 +325,7 @@ where
                 prompts_per_call: cfg.rollout_prompts_per_call,
             })
         });
-        let update = Update::new(UpdateConfig {
+        let mut update = Update::new(UpdateConfig {
             lr: cfg.lr,
             weight_decay: cfg.weight_decay,
             beta1: cfg.beta1,
@@ -323,6 +333,14 @@ where
             eps: cfg.adam_eps,
             max_grad_norm: cfg.max_grad_norm,
         });
+        // A schedule that needs the run's length waits for `Learner::set_training_steps`.
+        let schedule_ready = match LrSchedule::new(&cfg, None) {
+            Ok(schedule) => {
+                update.set_schedule(schedule);
+                true
+            }
+            Err(_) => false,
+        };
         let reference = (cfg.kl_beta != 0.0).then(|| self.policy.valid());
         Ok(Learner {
             policy: self.policy,
@@ -340,6 +358,7 @@ where
             rank: self.rank,
             skipped_in_a_row: 0,
             unscored_in_a_row: 0,
+            schedule_ready,
         })
     }
 }
@@ -368,6 +387,8 @@ pub(crate) struct UpdateStats {
     tokens_computed: u64,
     tokens_needed: u64,
     pub comm: CommStats,
+    /// The rate of the last optimizer step so far.
+    lr: f64,
 }
 
 impl<B, P, T> Learner<B, P, T>
@@ -409,6 +430,28 @@ where
     /// Steps completed.
     pub fn steps_done(&self) -> u64 {
         self.step
+    }
+
+    /// Sets the run's length in training steps, which `learner.lr_schedule = "linear" |
+    /// "cosine"` and `learner.lr_warmup_ratio` count their horizon from ([`LrSchedule`]; each
+    /// step is `ppo_epochs x mini_batches` optimizer steps). The schedule keeps its position.
+    /// [`crate::train`] calls it; a learner stepped by hand with such a schedule must.
+    pub fn set_training_steps(&mut self, steps: u64) -> Result<()> {
+        self.update
+            .set_schedule(LrSchedule::new(&self.cfg, Some(steps))?);
+        self.schedule_ready = true;
+        Ok(())
+    }
+
+    /// Optimizer steps taken so far (the learning-rate schedule's position; one dropped for a
+    /// non-finite gradient counts).
+    pub fn optimizer_steps(&self) -> u64 {
+        self.update.optimizer_steps()
+    }
+
+    /// The rate of the last optimizer step taken (of the first, before any).
+    pub fn lr(&self) -> f64 {
+        self.update.last_lr()
     }
 
     /// The token ids that end a response.
@@ -494,6 +537,9 @@ where
         if shard.total == 0 {
             return Err(GrpoError::NoRecords);
         }
+        if !self.schedule_ready {
+            LrSchedule::new(&self.cfg, None)?;
+        }
         let k = self.cfg.group_size;
         let t0 = Instant::now();
         let (inner, gather_comm) = self.whole_inner()?;
@@ -561,6 +607,7 @@ where
             UpdateStats::default()
         };
         update.comm.add(&gather_comm);
+        update.lr = self.update.last_lr();
         // The new weights go to the engine before the next rollout reads them (a `full` rank
         // holds no whole weights here: its next step syncs the ones it gathers).
         if !self.parameters_sharded() {
@@ -657,7 +704,13 @@ where
         let seq: Vec<usize> = (0..n)
             .map(|r| rollout.prompt(r).len() + rollout.responses[r].len())
             .collect();
-        let response: Vec<usize> = rollout.responses.iter().map(Vec::len).collect();
+        // The tokens each row adds to the loss (a masked truncated response none).
+        let response: Vec<usize> = rollout
+            .responses
+            .iter()
+            .zip(self.loss_rows(rollout))
+            .map(|(r, kept)| if kept { r.len() } else { 0 })
+            .collect();
         let Some(slot) = &self.rank else {
             return Ok(GlobalRows {
                 seq_lens: seq,
@@ -873,7 +926,18 @@ where
             seq_lens,
             response_lens,
             micro_batch_tokens: budget,
+            loss_rows: self.loss_rows(rollout),
         }
+    }
+
+    /// Per row: whether the loss counts it (`learner.mask_truncated` leaves responses cut at
+    /// the length limit out).
+    fn loss_rows(&self, rollout: &RolloutBatch) -> Vec<bool> {
+        rollout
+            .finish_reasons
+            .iter()
+            .map(|f| !(self.cfg.mask_truncated && *f == FinishReason::Length))
+            .collect()
     }
 
     /// Stage 5: PPO epochs over mini-batches; each mini-batch accumulates the gradients of its
@@ -945,7 +1009,7 @@ where
                     let weight = self.loss.micro_batch_weight(
                         micro.len(),
                         mini.len(),
-                        mb.response_tokens(),
+                        mb.loss_tokens(),
                         mini_tokens,
                     );
                     let mut parts: Option<Tensor<B::InnerBackend, 1>> = None;
@@ -955,12 +1019,12 @@ where
                             logp: out_lp.logprobs,
                             logp_old: mb.logp_old.clone(),
                             advantages: mb.advantages.clone(),
-                            mask: mb.tokens.mask.clone(),
+                            mask: mb.loss_mask(),
                             logp_ref: mb.logp_ref.clone(),
                             logp_engine: mb.logp_engine.clone(),
                         });
                         if last {
-                            let w = mb.response_tokens() as f64;
+                            let w = mb.loss_tokens() as f64;
                             let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
                             let zero = || {
                                 Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device())
@@ -988,7 +1052,7 @@ where
                     self.gradients(&mb.tokens, &mut micro_loss, target)?;
                     if let Some(v) = parts {
                         micro_parts.push(v);
-                        token_count += mb.response_tokens();
+                        token_count += mb.loss_tokens();
                     }
                 }
                 if !pairs.is_empty() {
@@ -1059,6 +1123,7 @@ where
             tokens_computed: s[7] as u64,
             tokens_needed: s[8] as u64,
             comm,
+            lr: self.update.last_lr(),
         })
     }
 
@@ -1281,6 +1346,7 @@ fn step_metrics(
         entropy: u.entropy,
         update_tokens_computed: u.tokens_computed,
         update_tokens_needed: u.tokens_needed,
+        lr: u.lr,
         ..Default::default()
     };
     if !scored.is_empty() {
@@ -1337,8 +1403,8 @@ fn step_metrics(
     m
 }
 
-/// The sequence and response lengths of a whole step's rows, and the index among them of a
-/// learner's first.
+/// The sequence lengths of a whole step's rows, the tokens each adds to the loss (its response
+/// length, 0 for a masked truncated response), and the index among them of a learner's first.
 pub(crate) struct GlobalRows {
     pub seq_lens: Vec<usize>,
     pub lens: Vec<usize>,
@@ -1409,10 +1475,18 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
     metrics.rollout_kl = gap.k3_sum / tokens;
     (metrics.rollout_secs_rank_max, metrics.rollout_secs_rank_min) = (rollout_max, rollout_min);
     (metrics.update_secs_rank_max, metrics.update_secs_rank_min) = (update_max, update_min);
+    let per_group = |rows: Vec<usize>| rows.chunks(k).map(<[usize]>::to_vec).collect();
     StepOutput {
         metrics,
+        criteria: scores.iter().map(|g| g.criteria.clone()).collect(),
         scores: scores.into_iter().map(|g| g.scores).collect(),
         outcomes,
         responses: texts.chunks(k).map(<[String]>::to_vec).collect(),
+        response_tokens: per_group(rollout.responses.iter().map(Vec::len).collect()),
+        finish_reasons: rollout
+            .finish_reasons
+            .chunks(k)
+            .map(<[FinishReason]>::to_vec)
+            .collect(),
     }
 }

@@ -9,8 +9,8 @@
 //! | rewards | [`RewardSource`] -> [`GroupScores`] | [`JudgeRewards`] (the judge crate's judge-then-score path) |
 //! | advantages | [`AdvantageEstimator`] (by name: `learner.estimator`) wrapped by [`TieAwareAdvantages`] with a [`TieBreaker`] | `group-relative` ([`GroupRelative`]) + [`PairwiseTieBreaker`] |
 //! | train batch | [`TrainBatch`] (device-resident; micro-batches are slices of it) | built by the learner |
-//! | policy loss | [`PolicyObjective`] (by name: `learner.loss`) | `clipped-surrogate` ([`PolicyLoss`]), `sequence-mean` |
-//! | update | [`Update`] (global clipping + AdamW) | `max_grad_norm = 1` |
+//! | policy loss | [`PolicyObjective`] (by name: `learner.loss`) | `clipped-surrogate` ([`PolicyLoss`]), `sequence-mean`; `gspo` ([`ImportanceLevel::Sequence`]) |
+//! | update | [`Update`] (global clipping + AdamW at the [`LrSchedule`]'s rate) | `max_grad_norm = 1`, constant rate |
 //!
 //! `learner.estimator` and `learner.loss` are looked up in a [`Registry`] (verl-style): the
 //! built-in entries take today's keys as parameters; an embedder registers its own and passes the
@@ -31,8 +31,12 @@
 //! - plug-ins by name: [`Registry`], [`EstimatorFactory`], [`LossFactory`], [`DEFAULT_ESTIMATOR`],
 //!   [`DEFAULT_LOSS`], [`BUILTIN_ESTIMATORS`], [`BUILTIN_LOSSES`]
 //! - loss and update: [`PolicyObjective`], [`PolicyLoss`], [`Aggregation`], [`Clip`], [`SurrogateBatch`],
-//!   [`SurrogateOutput`], [`dpo_pair_loss`], [`TrainBatch`], [`Update`] (global clipping with
-//!   fixed-order sums on the device, then AdamW), [`UpdateConfig`]
+//!   [`SurrogateOutput`], [`KlEstimator`], [`ImportanceLevel`], [`dpo_pair_loss`], [`TrainBatch`],
+//!   [`mask_rows`], [`Update`] (global clipping with fixed-order sums on the device, then AdamW),
+//!   [`UpdateConfig`], [`LrSchedule`], [`LrScheduleKind`]
+//! - what a run writes besides its metrics: [`samples`] (each step's rollouts and each validation
+//!   round's answers, for reading), [`tensorboard`] (event files written directly),
+//!   [`run_folder`] (the folder's lock, `--resume auto`'s newest complete checkpoint)
 //! - the run: [`train`] over a [`Trainee`] (a [`Learner`] or a [`DataParallel`] group; epochs in a seeded order, `metrics.jsonl` ([`MetricsLine`]), checkpoints,
 //!   resume), [`RunConfig`], [`RunHooks`], [`RunSummary`], [`EpochSummary`], [`save_state`],
 //!   [`load_state`], [`TrainingState`], [`sft_warmup`], [`warmup_pairs`], [`BestCheckpoint`],
@@ -63,9 +67,12 @@ mod registry;
 mod reward;
 mod rollout;
 pub mod run_folder;
+pub mod samples;
+mod schedule;
 mod sharding;
 mod task;
 mod telemetry;
+pub mod tensorboard;
 mod ties;
 mod trainer;
 mod update;
@@ -73,10 +80,11 @@ mod validation;
 mod warmup;
 
 pub use advantages::{AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus};
-pub use batch::{padded_width, TrainBatch};
+pub use batch::{mask_rows, padded_width, TrainBatch};
 pub use checkpoint::{load_state, save_state, TrainingState};
 pub use collective::{Collective, HostCollective};
 // The contracts the learner is written against, re-exported so an embedder names one crate.
+pub use conrub_contracts::LrScheduleKind;
 pub use conrub_contracts::{
     add_gradients, sample_by_recomputation, ContractError, EpochSummary, Export, JudgeScore,
     KernelWarmupLine, MetricsLine, Policy, ResponseLogprobs, RolloutBatch, RolloutEngine,
@@ -88,7 +96,8 @@ pub use error::{GrpoError, Result};
 pub use group::{record_group, GroupOutcome, TieAwareAdvantages, TieMode};
 pub use learner::{Learner, LearnerBuilder, LearnerConfig, OnNonFinite, RankSlot, StepOutput};
 pub use loss::{
-    dpo_pair_loss, Aggregation, PolicyLoss, PolicyObjective, SurrogateBatch, SurrogateOutput,
+    dpo_pair_loss, Aggregation, ImportanceLevel, KlEstimator, PolicyLoss, PolicyObjective,
+    SurrogateBatch, SurrogateOutput,
 };
 #[cfg(feature = "cuda")]
 pub use nccl::NcclCollective;
@@ -99,6 +108,7 @@ pub use registry::{
 };
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
 pub use rollout::{GroupSampler, InProcessEngine};
+pub use schedule::LrSchedule;
 pub use sharding::{ShardLayout, Sharding};
 pub use task::TaskPrompt;
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};

@@ -10,7 +10,7 @@
 use burn::tensor::activation::log_sigmoid;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
-pub use conrub_contracts::Aggregation;
+pub use conrub_contracts::{Aggregation, KlEstimator};
 use conrub_kernels::{Clip, GrpoOps, Reduce, SurrogateLoss};
 
 /// A policy loss, as the learner calls it: one (micro-)batch in, the loss and its diagnostics out.
@@ -54,6 +54,21 @@ pub struct PolicyLoss {
     /// Cap of the truncated importance-sampling weight (used only when the batch has the
     /// engine's log-probs): per token `w = min(exp(logp_old - logp_engine), cap)`, no gradient.
     pub tis_cap: Option<f64>,
+    /// The KL term's per-token estimator.
+    pub kl_estimator: KlEstimator,
+    /// Where the importance ratio lives: per token (GRPO) or per response (GSPO).
+    pub importance: ImportanceLevel,
+}
+
+/// Where the clipped surrogate's importance ratio is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ImportanceLevel {
+    /// `rho_t = exp(logp_t - logp_old_t)` per token.
+    #[default]
+    Token,
+    /// One ratio per response, `exp(mean_t (logp_t - logp_old_t))` over its tokens, clipped and
+    /// applied to every token (GSPO; the `gspo` loss).
+    Sequence,
 }
 
 /// Inputs of one (micro-)batch.
@@ -125,6 +140,17 @@ impl PolicyLoss {
             kl_beta: cfg.kl_beta,
             max_response_tokens: cfg.max_response_tokens,
             tis_cap: cfg.tis_cap,
+            kl_estimator: cfg.kl_estimator,
+            importance: ImportanceLevel::Token,
+        }
+    }
+
+    /// The `gspo` loss of `cfg`: [`PolicyLoss::from_config`] with one importance ratio per
+    /// response.
+    pub fn gspo(cfg: &crate::LearnerConfig) -> Self {
+        Self {
+            importance: ImportanceLevel::Sequence,
+            ..Self::from_config(cfg)
         }
     }
 
@@ -141,7 +167,18 @@ impl PolicyLoss {
             logp_ref,
             logp_engine,
         } = batch;
-        let [n, _t] = logp.dims();
+        let [n, t] = logp.dims();
+        // GSPO: the ratio the surrogate sees is the response's mean log-ratio at every token,
+        // `logp_old + mean(logp - logp_old)`, whose gradient reaches each token's `logp` as
+        // 1 / len of the response's.
+        let ratio_logp = match self.importance {
+            ImportanceLevel::Token => logp.clone(),
+            ImportanceLevel::Sequence => {
+                let mean = ((logp.clone() - logp_old.clone()) * mask.clone()).sum_dim(1)
+                    / mask.clone().sum_dim(1).clamp_min(1.0);
+                logp_old.clone() + mean.expand([n, t])
+            }
+        };
         let reduce = match self.aggregation {
             Aggregation::SequenceMean => Reduce::MeanPerResponse,
             _ => Reduce::SumPerResponse,
@@ -150,11 +187,17 @@ impl PolicyLoss {
             (Some(cap), Some(engine)) => {
                 let weight = (logp_old.clone() - engine).exp().clamp_max(cap).detach();
                 weighted_surrogate(
-                    &logp, logp_old, advantages, &mask, &weight, self.clip, reduce,
+                    &ratio_logp,
+                    logp_old,
+                    advantages,
+                    &mask,
+                    &weight,
+                    self.clip,
+                    reduce,
                 )
             }
             _ => conrub_kernels::clipped_surrogate(
-                logp.clone(),
+                ratio_logp,
                 logp_old,
                 advantages,
                 mask.clone(),
@@ -174,7 +217,12 @@ impl PolicyLoss {
         let mut loss = aggregate(fused.per_response);
         let kl = logp_ref.filter(|_| self.kl_beta != 0.0).map(|r| {
             let d = r - logp;
-            (d.clone().exp() - d - 1.0) * mask.clone()
+            let per_token = match self.kl_estimator {
+                KlEstimator::K1 => d.neg(),
+                KlEstimator::K2 => d.powi_scalar(2) * 0.5,
+                KlEstimator::K3 => d.clone().exp() - d - 1.0,
+            };
+            per_token * mask.clone()
         });
         if let Some(k) = &kl {
             let mut per_response = k.clone().sum_dim(1);
@@ -272,6 +320,53 @@ mod tests {
         Tensor::from_data(TensorData::new(v, [rows, cols]), &Default::default())
     }
 
+    /// Each KL estimator by hand: zero advantages leave `kl_beta x` the sequence-mean KL, with
+    /// `d = logp_ref - logp` per token.
+    #[test]
+    fn kl_estimators_k1_k2_k3_by_hand() {
+        // Response 0: d = ln(0.5) - ln(0.25) = ln 2 and d = 0; response 1: d = ln(0.5).
+        let ln = |p: f32| p.ln();
+        let logp = t2(vec![ln(0.25), ln(0.5), ln(0.5), 0.0], 2).require_grad();
+        let reference = t2(vec![ln(0.5), ln(0.5), ln(0.25), 0.0], 2);
+        let mask = t2(vec![1.0, 1.0, 1.0, 0.0], 2);
+        let zero = Tensor::<B, 1>::zeros([2], &Default::default());
+        let scalar = |t: Tensor<B, 1>| t.into_data().convert::<f64>().to_vec::<f64>().unwrap()[0];
+        let l2 = std::f64::consts::LN_2;
+        // Per response, mean over its tokens, then mean over responses; beta 0.5.
+        let cases = [
+            (KlEstimator::K1, 0.5 * ((-l2 + 0.0) / 2.0 + l2) / 2.0),
+            (
+                KlEstimator::K2,
+                0.5 * ((l2 * l2 / 2.0) / 2.0 + l2 * l2 / 2.0) / 2.0,
+            ),
+            (
+                KlEstimator::K3,
+                0.5 * (((2.0 - l2 - 1.0) + 0.0) / 2.0 + (0.5 + l2 - 1.0)) / 2.0,
+            ),
+        ];
+        for (estimator, want) in cases {
+            let out = PolicyLoss {
+                clip: Clip::default(),
+                aggregation: Aggregation::SequenceMean,
+                kl_beta: 0.5,
+                max_response_tokens: 2,
+                tis_cap: None,
+                kl_estimator: estimator,
+                importance: ImportanceLevel::Token,
+            }
+            .compute(SurrogateBatch {
+                logp: logp.clone(),
+                logp_old: logp.clone().detach(),
+                advantages: zero.clone(),
+                mask: mask.clone(),
+                logp_ref: Some(reference.clone()),
+                logp_engine: None,
+            });
+            let got = scalar(out.loss);
+            assert!((got - want).abs() < 1e-6, "{estimator:?}: {got} vs {want}");
+        }
+    }
+
     /// The TIS weight `min(exp(logp_old - logp_engine), cap)` against a hand computation, value
     /// and gradient, next to the unweighted loss.
     #[test]
@@ -298,6 +393,8 @@ mod tests {
             kl_beta: 0.0,
             max_response_tokens: 3,
             tis_cap,
+            kl_estimator: KlEstimator::K3,
+            importance: ImportanceLevel::Token,
         };
         let scalar = |t: Tensor<B, 1>| t.into_data().convert::<f32>().to_vec::<f32>().unwrap()[0];
         // Weights: token 0 min(0.4 / 0.2, 1.5) = 1.5, token 1 min(0.25 / 0.5, 1.5) = 0.5,

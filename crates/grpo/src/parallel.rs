@@ -154,6 +154,13 @@ where
         &self.ranks
     }
 
+    /// Sets the run's length on every rank ([`Learner::set_training_steps`]).
+    pub fn set_training_steps(&mut self, steps: u64) -> Result<()> {
+        self.ranks
+            .iter_mut()
+            .try_for_each(|l| l.set_training_steps(steps))
+    }
+
     /// One training step on `records`, split across the ranks. Ranks run on threads of their
     /// own; async stages (judging) run on the caller's tokio runtime when there is one (a
     /// served judge needs a multi-threaded runtime, whose worker this call blocks).

@@ -17,7 +17,9 @@ use crate::advantages::{AdvantageEstimator, GroupRelative};
 use crate::error::{GrpoError, Result};
 use crate::learner::LearnerConfig;
 use crate::loss::{PolicyLoss, PolicyObjective};
-pub use conrub_contracts::{BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR, DEFAULT_LOSS};
+pub use conrub_contracts::{
+    BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR, DEFAULT_LOSS, GSPO_LOSS,
+};
 
 /// Builds an advantage estimator from the learner's settings.
 pub type EstimatorFactory =
@@ -48,7 +50,7 @@ impl<B: GrpoOps> Default for Registry<B> {
 }
 
 impl<B: GrpoOps> Registry<B> {
-    /// The built-in entries: [`DEFAULT_ESTIMATOR`] and [`DEFAULT_LOSS`].
+    /// The built-in entries: [`DEFAULT_ESTIMATOR`], [`DEFAULT_LOSS`] and [`GSPO_LOSS`].
     pub fn builtin() -> Self {
         let mut r = Self {
             estimators: BTreeMap::new(),
@@ -62,6 +64,7 @@ impl<B: GrpoOps> Registry<B> {
         r.register_loss(DEFAULT_LOSS, |cfg| {
             Ok(Box::new(PolicyLoss::from_config(cfg)))
         });
+        r.register_loss(GSPO_LOSS, |cfg| Ok(Box::new(PolicyLoss::gspo(cfg))));
         r
     }
 }
@@ -192,7 +195,7 @@ mod tests {
         let e = r.loss(&bad).err().unwrap().to_string();
         assert_eq!(
             e,
-            "learner.loss: `ppo-kl` is not registered (registered: clipped-surrogate)"
+            "learner.loss: `ppo-kl` is not registered (registered: clipped-surrogate, gspo)"
         );
         let e = r
             .estimator(&LearnerConfig {

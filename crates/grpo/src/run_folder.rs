@@ -95,8 +95,8 @@ impl RunLock {
                     let text = std::fs::read_to_string(&path).unwrap_or_default();
                     match serde_json::from_str::<Owner>(&text) {
                         Ok(owner) if owner.is_gone() => {
-                            eprintln!(
-                                "warning: {}: taking over the lock of process {} on {}, which no longer runs",
+                            tracing::warn!(
+                                "{}: taking over the lock of process {} on {}, which no longer runs",
                                 path.display(),
                                 owner.pid,
                                 owner.host
@@ -138,7 +138,7 @@ impl Drop for RunLock {
     }
 }
 
-/// What of an earlier run `dir` holds: its metrics and checkpoints.
+/// What of an earlier run `dir` holds: its metrics, samples, event files and checkpoints.
 fn earlier_run(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut found = Vec::new();
     let metrics = dir.join("metrics.jsonl");
@@ -150,12 +150,44 @@ fn earlier_run(dir: &Path) -> Result<Vec<PathBuf>> {
         let entry = entry.map_err(|e| GrpoError::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let best = crate::trainer::best_checkpoint_path(dir);
-        if name.starts_with("checkpoint-") || entry.path() == best {
+        let samples = entry.path() == crate::samples::samples_dir(dir);
+        let events = entry.path() == crate::tensorboard::tensorboard_dir(dir);
+        if name.starts_with("checkpoint-") || entry.path() == best || samples || events {
             found.push(entry.path());
         }
     }
     found.sort();
     Ok(found)
+}
+
+/// The newest complete checkpoint in `dir` (`--resume auto`): the `checkpoint-NNNNNN` folder of
+/// the highest step whose `training_state/state.json` exists (a checkpoint folder appears whole,
+/// renamed from `.tmp`, so a kill leaves either a complete one or none). `None` when the folder
+/// does not exist or holds none.
+pub fn latest_checkpoint(dir: &Path) -> Result<Option<PathBuf>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(GrpoError::io(dir, e)),
+    };
+    let mut best: Option<(u64, PathBuf)> = None;
+    for entry in entries {
+        let entry = entry.map_err(|e| GrpoError::io(dir, e))?;
+        let name = entry.file_name();
+        let Some(step) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("checkpoint-"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let complete = path.join("training_state").join("state.json").is_file();
+        if complete && best.as_ref().is_none_or(|(b, _)| step > *b) {
+            best = Some((step, path));
+        }
+    }
+    Ok(best.map(|(_, path)| path))
 }
 
 /// What a run can check of its folder before it loads anything (the binary calls it first, so
@@ -209,7 +241,7 @@ pub fn check_start(dir: &Path, resuming: bool, overwrite: bool) -> Result<Vec<Pa
         return Err(GrpoError::RunFolder {
             dir: dir.to_path_buf(),
             message: format!(
-                "holds an earlier run ({}); continue it with --resume {}, or start over with --overwrite (which deletes them)",
+                "holds an earlier run ({}); continue it with --resume auto (its newest complete checkpoint) or --resume {}, or start over with --overwrite (which deletes them)",
                 names.join(", "),
                 dir.join(newest).display()
             ),
@@ -288,6 +320,30 @@ mod tests {
         drop(claim(dir.path(), false, true).unwrap());
         assert!(!dir.path().join("checkpoint-000004").exists());
         assert!(!dir.path().join("metrics.jsonl").exists());
+    }
+
+    /// `--resume auto` takes the highest complete step: not a `.tmp` or `.old` folder, not one
+    /// without its training state, not a file.
+    #[test]
+    fn the_latest_checkpoint_is_the_newest_complete_one() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(latest_checkpoint(&dir.path().join("absent")).unwrap(), None);
+        assert_eq!(latest_checkpoint(dir.path()).unwrap(), None);
+        let state = |name: &str| {
+            let d = dir.path().join(name).join("training_state");
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("state.json"), "{}").unwrap();
+        };
+        state("checkpoint-000002");
+        state("checkpoint-000010");
+        state("checkpoint-000012.tmp");
+        state("checkpoint-000014.old");
+        std::fs::create_dir_all(dir.path().join("checkpoint-000016/training_state")).unwrap();
+        std::fs::write(dir.path().join("checkpoint-000018"), "").unwrap();
+        assert_eq!(
+            latest_checkpoint(dir.path()).unwrap(),
+            Some(dir.path().join("checkpoint-000010"))
+        );
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub fn progress_line(m: &StepMetrics, total_steps: u64, secs_per_step: f64) -> S
     let eta = secs_per_step * total_steps.saturating_sub(done) as f64;
     let secs = m.rollout_secs + m.judge_secs + m.update_secs;
     format!(
-        "step {done}/{total_steps}  reward {:+.3} (pop. std {:.3})  ties {}/{} ({:.1}%)  accepted {}  len {:.0}  unscored {}  {:.0} tok/s  grad {:.3}  ETA {}",
+        "step {done}/{total_steps}  reward {:+.3} (pop. std {:.3})  ties {}/{} ({:.1}%)  accepted {}  len {:.0}  unscored {}  {:.0} tok/s  grad {:.3}  lr {:.2e}  ETA {}",
         m.reward_mean,
         m.reward_std_population,
         m.ties.tied_groups,
@@ -121,6 +121,7 @@ pub fn progress_line(m: &StepMetrics, total_steps: u64, secs_per_step: f64) -> S
         m.unscored,
         m.response_tokens as f64 / secs.max(1e-9),
         m.grad_norms.last().copied().unwrap_or(0.0),
+        m.lr,
         format_secs(eta)
     )
 }
@@ -224,9 +225,13 @@ mod tests {
 
     #[test]
     fn the_progress_line_says_step_reward_and_eta() {
-        let line = progress_line(&step(2, 0.75), 10, 2.0);
+        let mut m = step(2, 0.75);
+        m.lr = 3e-6;
+        let line = progress_line(&m, 10, 2.0);
         assert!(
-            line.starts_with("step 3/10  reward +0.750") && line.contains("ETA 0:00:14"),
+            line.starts_with("step 3/10  reward +0.750")
+                && line.contains("lr 3.00e-6")
+                && line.contains("ETA 0:00:14"),
             "{line}"
         );
     }

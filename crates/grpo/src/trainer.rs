@@ -18,8 +18,10 @@ use crate::checkpoint::{load_state, TrainingState};
 use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, StepOutput};
 use crate::parallel::DataParallel;
+use crate::samples::{eval_samples_path, remove_samples_after, step_samples_path, write_samples};
 use crate::task::TaskPrompt;
 use crate::telemetry::{progress_line, validation_progress_line, MetricsLog};
+use crate::tensorboard::Dashboard;
 use crate::validation::Validator;
 pub use conrub_contracts::RunConfig;
 use conrub_contracts::{EpochSummary, MetricsLine, Policy, StepMetrics, ValidationLine};
@@ -240,6 +242,10 @@ where
     /// Loads a saved training state (into every learner of a group).
     fn load(&mut self, dir: &Path) -> Result<TrainingState>;
 
+    /// Sets the run's length in training steps, which the learning-rate schedule counts from
+    /// (every learner of a group; [`Learner::set_training_steps`]).
+    fn set_training_steps(&mut self, steps: u64) -> Result<()>;
+
     /// Checks made before every checkpoint (a group: the replicas still agree).
     fn verify(&self) -> Result<()> {
         Ok(())
@@ -279,6 +285,10 @@ where
         load_state(self, dir)
     }
 
+    fn set_training_steps(&mut self, steps: u64) -> Result<()> {
+        Learner::set_training_steps(self, steps)
+    }
+
     fn whole_policy(&self, _matrices: Option<DType>) -> Result<Cow<'_, P>> {
         Ok(Cow::Borrowed(&self.policy))
     }
@@ -304,6 +314,10 @@ where
 
     fn load(&mut self, dir: &Path) -> Result<TrainingState> {
         self.load_state(dir)
+    }
+
+    fn set_training_steps(&mut self, steps: u64) -> Result<()> {
+        DataParallel::set_training_steps(self, steps)
     }
 
     fn verify(&self) -> Result<()> {
@@ -349,8 +363,8 @@ where
     }
     run.validate()?;
     if run.prompts_per_step > records.len() {
-        eprintln!(
-            "warning: run.prompts_per_step = {} but there are {} records: each step takes all of them",
+        tracing::warn!(
+            "run.prompts_per_step = {} but there are {} records: each step takes all of them",
             run.prompts_per_step,
             records.len()
         );
@@ -374,12 +388,20 @@ where
     if let Some(m) = run.max_steps {
         total = total.min(m);
     }
+    trainee.set_training_steps(total)?;
+    if let Some(step) = resume_step {
+        remove_samples_after(&run.output_dir, step)?;
+    }
     let log = MetricsLog::open(
         &run.output_dir.join("metrics.jsonl"),
         resume_step,
         steps_per_epoch,
         total,
     )?;
+    let mut board = run
+        .tensorboard
+        .then(|| Dashboard::open(&run.output_dir, resume_step))
+        .transpose()?;
     for line in hooks.opening_lines() {
         log.append(&line)?;
     }
@@ -446,15 +468,29 @@ where
             .map(|&i| &records[i])
             .collect();
         let before = conrub_kernels::events::snapshot();
-        let mut m = trainee.train_step(&batch).await?.metrics;
+        let out = trainee.train_step(&batch).await?;
+        // The step's samples are in place before its metrics line.
+        let samples = out.samples(&batch, run.sample_groups);
+        if run.sample_groups > 0 {
+            let path = step_samples_path(&run.output_dir, out.metrics.step);
+            write_samples(&path, &samples)?;
+        }
+        if let Some(board) = &mut board {
+            board.step_details(&out, samples.first())?;
+        }
+        let mut m = out.metrics;
         m.kernels = before
             .zip(conrub_kernels::events::snapshot())
             .map(|(a, b)| b.since(&a));
         let step = trainee.lead().step;
-        log.append(&MetricsLine::Step {
+        let line = MetricsLine::Step {
             epoch,
             metrics: Box::new(m.clone()),
-        })?;
+        };
+        log.append(&line)?;
+        if let Some(board) = &mut board {
+            board.line(&line, step)?;
+        }
         history.push(m.clone());
         summary.steps_run += 1;
         let per_step = started.elapsed().as_secs_f64() / summary.steps_run as f64;
@@ -467,19 +503,28 @@ where
                 .cloned()
                 .collect();
             let e = EpochSummary::from_steps(epoch, &steps);
-            log.append(&MetricsLine::Epoch(e.clone()))?;
+            let line = MetricsLine::Epoch(e.clone());
+            log.append(&line)?;
+            if let Some(board) = &mut board {
+                board.line(&line, step)?;
+            }
             summary.epochs.push(e);
         }
         if let Some(v) = validator.filter(|v| v.due(step)) {
             let before = conrub_kernels::events::snapshot();
             let lead = trainee.lead();
             let policy = trainee.whole_policy(lead.policy().matrix_dtype())?;
-            let mut line = v.validate_policy(lead, &policy.valid()).await?;
+            let (mut line, answers) = v.validate_round(lead, &policy.valid()).await?;
             drop(policy);
+            write_samples(&eval_samples_path(&run.output_dir, step), &answers)?;
             line.kernels = before
                 .zip(conrub_kernels::events::snapshot())
                 .map(|(a, b)| b.since(&a));
-            log.append(&MetricsLine::Eval(line.clone()))?;
+            let eval = MetricsLine::Eval(line.clone());
+            log.append(&eval)?;
+            if let Some(board) = &mut board {
+                board.line(&eval, step)?;
+            }
             hooks.progress(&validation_progress_line(&line));
             let best = summary.best.as_ref().map(|b| b.grader_score);
             pending_best = BestCheckpoint::of(&line, &run.output_dir)

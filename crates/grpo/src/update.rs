@@ -16,6 +16,8 @@ use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 
+use crate::schedule::LrSchedule;
+
 /// Elements per row of [`fixed_order_sum`].
 const SUM_ROW: usize = 65_536;
 
@@ -146,7 +148,7 @@ pub fn nonfinite_probe<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> 
 /// Settings of the update stage.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UpdateConfig {
-    /// Learning rate.
+    /// Learning rate (a [`LrSchedule`] set with [`Update::set_schedule`] replaces it).
     pub lr: f64,
     /// AdamW weight decay.
     pub weight_decay: f64,
@@ -176,10 +178,14 @@ impl UpdateConfig {
     }
 }
 
-/// The update stage: global clipping, then AdamW.
+/// The update stage: global clipping, then AdamW at the rate its schedule gives (constant
+/// `cfg.lr` unless [`Update::set_schedule`]).
 pub struct Update<B: AutodiffBackend, P: AutodiffModule<B>> {
     pub(crate) optim: OptimizerAdaptor<AdamW, P, B>,
     cfg: UpdateConfig,
+    schedule: LrSchedule,
+    /// Optimizer steps so far (skipped ones included): the schedule's position.
+    pub(crate) taken: u64,
 }
 
 impl<B: AutodiffBackend, P: AutodiffModule<B>> Update<B, P> {
@@ -191,7 +197,39 @@ impl<B: AutodiffBackend, P: AutodiffModule<B>> Update<B, P> {
             .with_epsilon(cfg.eps as f32)
             .with_weight_decay(cfg.weight_decay as f32)
             .init::<B, P>();
-        Self { optim, cfg }
+        Self {
+            optim,
+            cfg,
+            schedule: LrSchedule::constant(cfg.lr),
+            taken: 0,
+        }
+    }
+
+    /// Takes the rates from `schedule` from now on (its position is kept).
+    pub fn set_schedule(&mut self, schedule: LrSchedule) {
+        self.schedule = schedule;
+    }
+
+    /// Optimizer steps taken so far, one dropped for a non-finite gradient included.
+    pub fn optimizer_steps(&self) -> u64 {
+        self.taken
+    }
+
+    /// The rate the next optimizer step takes.
+    pub fn next_lr(&self) -> f64 {
+        self.schedule.lr(self.taken)
+    }
+
+    /// The rate of the last optimizer step taken (of the first, before any).
+    pub fn last_lr(&self) -> f64 {
+        self.schedule.lr(self.taken.saturating_sub(1))
+    }
+
+    /// The next optimizer step's rate, counting the step.
+    fn advance(&mut self) -> f64 {
+        let lr = self.next_lr();
+        self.taken += 1;
+        lr
     }
 
     /// Clips `grads` and takes one optimizer step; returns the new policy and the gradient norm
@@ -209,7 +247,8 @@ impl<B: AutodiffBackend, P: AutodiffModule<B>> Update<B, P> {
         } else {
             global_grad_norm(&policy, &grads)
         };
-        (self.optim.step(self.cfg.lr, policy, grads), norm)
+        let lr = self.advance();
+        (self.optim.step(lr, policy, grads), norm)
     }
 
     /// [`Update::apply`] when the gradients' global norm is finite; else the policy unchanged
@@ -235,13 +274,14 @@ impl<B: AutodiffBackend, P: AutodiffModule<B>> Update<B, P> {
             .convert::<f64>()
             .into_vec::<f64>()
             .expect("a norm")[0];
+        let lr = self.advance();
         if !value.is_finite() {
             return (policy, value, false);
         }
         if self.cfg.max_grad_norm > 0.0 {
             scale_to_norm(&policy, &mut grads, norm, self.cfg.max_grad_norm);
         }
-        (self.optim.step(self.cfg.lr, policy, grads), value, true)
+        (self.optim.step(lr, policy, grads), value, true)
     }
 }
 

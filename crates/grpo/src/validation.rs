@@ -26,6 +26,7 @@ use conrub_rubric::{score_labels, LengthPenalty, ScoringMode};
 use crate::advantages::stable_seed;
 use crate::error::Result;
 use crate::learner::Learner;
+use crate::samples::{EvalSample, JudgedAnswer};
 pub use conrub_contracts::ValidationConfig;
 
 /// One held-out prompt and the criteria its answers are graded on (`conrub_eval`'s examples
@@ -85,6 +86,22 @@ impl Validator {
         P::InnerModule: Policy<B::InnerBackend>,
         T: crate::task::TaskPrompt,
     {
+        Ok(self.validate_round(learner, policy).await?.0)
+    }
+
+    /// [`Validator::validate_policy`], with every answer and both judges' verdicts on it (what
+    /// the trainer writes to `samples/eval-step-NNNNNN.jsonl`).
+    pub async fn validate_round<B, P, T>(
+        &self,
+        learner: &Learner<B, P, T>,
+        policy: &P::InnerModule,
+    ) -> Result<(ValidationLine, Vec<EvalSample>)>
+    where
+        B: AutodiffBackend + GrpoOps,
+        P: Policy<B> + AutodiffModule<B>,
+        P::InnerModule: Policy<B::InnerBackend>,
+        T: crate::task::TaskPrompt,
+    {
         let step = learner.steps_done();
         let started = Instant::now();
         let prompts: Vec<_> = self.examples.iter().map(|e| e.prompt.clone()).collect();
@@ -120,7 +137,23 @@ impl Validator {
         );
         let judge_secs = judged.elapsed().as_secs_f64();
         let n = answers.len();
-        Ok(ValidationLine {
+        let samples = answers
+            .iter()
+            .enumerate()
+            .map(|(row, a)| EvalSample {
+                step,
+                prompt_index: row / self.cfg.samples,
+                sample: row % self.cfg.samples,
+                prompt: requests[row].question.clone(),
+                criteria: requests[row].criteria.clone(),
+                text: a.text.clone(),
+                tokens: a.tokens,
+                truncated: a.truncated,
+                training: self.judged(self.training.id(), &requests[row], &training[row]),
+                grader: self.judged(self.grader.id(), &requests[row], &grader[row]),
+            })
+            .collect();
+        let line = ValidationLine {
             step,
             prompts: self.examples.len(),
             responses: n,
@@ -133,7 +166,47 @@ impl Validator {
             generate_secs,
             judge_secs,
             kernels: None,
-        })
+        };
+        Ok((line, samples))
+    }
+
+    /// One judge's verdict on one answer, scored as the round scores it.
+    fn judged(
+        &self,
+        judge: String,
+        request: &CriterionRequest,
+        verdict: &CriterionVerdict,
+    ) -> JudgedAnswer {
+        let (score, error) = match self.answer_score(request, verdict) {
+            AnswerScore::Scored(_, score) => (Some(score), None),
+            AnswerScore::Unscored(error) => (None, Some(error)),
+        };
+        JudgedAnswer {
+            judge,
+            labels: verdict.labels.clone(),
+            score,
+            error,
+        }
+    }
+
+    /// An answer's criterion mean (no length penalty), or why it has none.
+    fn answer_score<'v>(
+        &self,
+        request: &CriterionRequest,
+        verdict: &'v CriterionVerdict,
+    ) -> AnswerScore<'v> {
+        let none = LengthPenalty::disabled();
+        match &verdict.labels {
+            Some(labels) => {
+                match score_labels(labels, request.criteria.len(), self.mode, 0, &none) {
+                    Ok(s) => AnswerScore::Scored(labels, s.criteria_mean),
+                    Err(e) => AnswerScore::Unscored(e.to_string()),
+                }
+            }
+            None => {
+                AnswerScore::Unscored(verdict.error.clone().unwrap_or_else(|| "no labels".into()))
+            }
+        }
     }
 
     /// One judge's scores of the round's responses.
@@ -150,27 +223,16 @@ impl Validator {
         };
         let mut scores = Vec::new();
         let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
-        let none = LengthPenalty::disabled();
         for (r, v) in requests.iter().zip(verdicts) {
-            let scored = v.labels.as_ref().map(|labels| {
-                score_labels(labels, r.criteria.len(), self.mode, 0, &none)
-                    .map(|s| (labels, s.criteria_mean))
-                    .map_err(|e| e.to_string())
-            });
-            match scored {
-                Some(Ok((labels, s))) => {
+            match self.answer_score(r, v) {
+                AnswerScore::Scored(labels, s) => {
                     scores.push(s);
                     for l in labels {
                         *counts.entry(l.as_str()).or_default() += 1;
                     }
                 }
-                Some(Err(e)) => {
+                AnswerScore::Unscored(e) => {
                     out.unscored += 1;
-                    out.error.get_or_insert(e);
-                }
-                None => {
-                    out.unscored += 1;
-                    let e = v.error.clone().unwrap_or_else(|| "no labels".into());
                     out.error.get_or_insert(e);
                 }
             }
@@ -193,6 +255,12 @@ impl Validator {
         }
         out
     }
+}
+
+/// An answer's labels and criterion mean, or why it has none.
+enum AnswerScore<'v> {
+    Scored(&'v [conrub_rubric::Label], f64),
+    Unscored(String),
 }
 
 /// One generated answer.

@@ -10,6 +10,11 @@ Writes crates/grpo/testdata/trl_golden.json.
   `_get_per_token_logps_and_entropies` returns fixed random log-probs, for loss_type grpo / bnpo /
   dr_grpo, epsilon 0.2, epsilon_high 0.28, with and without a k3 KL term; the value, the gradient
   with respect to the log-probs, and TRL's clip-ratio metrics are stored.
+- GSPO: the same with `importance_sampling_level="sequence"` (loss_type grpo, with and without KL).
+- Masked truncation: the completion mask as `mask_truncated_completions=True` makes it in
+  `_generate_and_score_completions` (`completion_mask * (~is_truncated).unsqueeze(1).int()`, a
+  response truncated when it fills `max_completion_length` without an EOS: rows 0 and 4 here),
+  then `_compute_loss` on it, for loss types grpo, bnpo and dr_grpo with KL.
 """
 import json
 import os
@@ -70,13 +75,13 @@ class Accel:
         return x
 
 
-def stand_in(loss_type, beta, logp):
+def stand_in(loss_type, beta, logp, level="token"):
     s = SimpleNamespace()
     s._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
     s.aux_loss_enabled = False
     s.top_entropy_quantile = 1.0
     s.off_policy_mask_threshold = None
-    s.importance_sampling_level = "token"
+    s.importance_sampling_level = level
     s.beta = beta
     s.loss_type = loss_type
     s.epsilon_low, s.epsilon_high = 0.2, 0.28
@@ -92,16 +97,21 @@ def stand_in(loss_type, beta, logp):
     return s
 
 
+# A response is truncated when it fills the completion length with no EOS (here: lengths = T).
+is_truncated = torch.tensor([n == T for n in lengths])
+truncation_masked = mask * (~is_truncated).unsqueeze(1).int()
+settings = [(lt, beta, "token", False) for lt in ["grpo", "bnpo", "dr_grpo"] for beta in [0.0, 0.04]]
+settings += [("grpo", beta, "sequence", False) for beta in [0.0, 0.04]]
+settings += [(lt, 0.04, "token", True) for lt in ["grpo", "bnpo", "dr_grpo"]]
 cases = []
-for loss_type in ["grpo", "bnpo", "dr_grpo"]:
-    for beta in [0.0, 0.04]:
+for loss_type, beta, level, mask_truncated in settings:
         logp = logp0.float().clone().requires_grad_(True)
-        s = stand_in(loss_type, beta, logp)
+        s = stand_in(loss_type, beta, logp, level)
         inputs = {
             "prompt_ids": torch.zeros(N, 1, dtype=torch.long),
             "prompt_mask": torch.ones(N, 1),
             "completion_ids": torch.zeros(N, T, dtype=torch.long),
-            "completion_mask": mask,
+            "completion_mask": truncation_masked if mask_truncated else mask,
             "advantages": advantages,
             "old_per_token_logps": old,
             "ref_per_token_logps": ref,
@@ -112,6 +122,8 @@ for loss_type in ["grpo", "bnpo", "dr_grpo"]:
         cases.append({
             "loss_type": loss_type,
             "beta": beta,
+            "importance_sampling_level": level,
+            "mask_truncated": mask_truncated,
             "loss": loss.item(),
             "grad": logp.grad.tolist(),
             "clip_low": m["clip_ratio/low_mean"][0],
@@ -123,6 +135,7 @@ out["loss"] = {
     "logp_old": old.tolist(),
     "logp_ref": ref.tolist(),
     "mask": mask.tolist(),
+    "truncated": is_truncated.tolist(),
     "advantages": advantages.tolist(),
     "max_completion_length": T,
     "cases": cases,
@@ -131,4 +144,4 @@ out["loss"] = {
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trl_golden.json")
 with open(path, "w") as f:
     json.dump(out, f, indent=1)
-print("wrote", path, [(c["loss_type"], c["beta"], round(c["loss"], 6), round(c["clip_low"], 3), round(c["clip_high"], 3)) for c in cases])
+print("wrote", path, [(c["loss_type"], c["beta"], c["importance_sampling_level"], c["mask_truncated"], round(c["loss"], 6), round(c["clip_low"], 3), round(c["clip_high"], 3)) for c in cases])

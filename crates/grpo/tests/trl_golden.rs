@@ -1,11 +1,15 @@
 //! Advantages, loss values, gradients and clip fractions against Hugging Face TRL's GRPO
 //! (`testdata/trl_golden.py`, TRL 1.16.0): loss types grpo / bnpo / dr_grpo, epsilon 0.2,
-//! epsilon_high 0.28, `scale_rewards` "group" and "none", with and without the k3 KL term.
+//! epsilon_high 0.28, `scale_rewards` "group" and "none", with and without the k3 KL term;
+//! GSPO's sequence-level ratio (`learner.loss = "gspo"`, TRL's `importance_sampling_level =
+//! "sequence"`) and masked truncated responses (`learner.mask_truncated`, TRL's
+//! `mask_truncated_completions`).
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Tensor, TensorData};
 use conrub_grpo::{
-    AdvantageEstimator, Aggregation, Clip, GroupRelative, PolicyLoss, ScaleRewards, SurrogateBatch,
+    mask_rows, AdvantageEstimator, Aggregation, Clip, GroupRelative, ImportanceLevel, KlEstimator,
+    PolicyLoss, ScaleRewards, SurrogateBatch,
 };
 use serde_json::Value;
 
@@ -89,6 +93,15 @@ fn loss_values_gradients_and_clip_fractions_match_trl() {
             "dr_grpo" => Aggregation::DrGrpo,
             other => panic!("{other}"),
         };
+        let sequence = case["importance_sampling_level"] == "sequence";
+        let mask_truncated = case["mask_truncated"].as_bool().unwrap();
+        // The learner's own rule: rows of truncated responses leave the loss mask.
+        let keep: Vec<bool> = l["truncated"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| !(mask_truncated && t.as_bool().unwrap()))
+            .collect();
         let logp = tensor2(&l["logp"]).require_grad();
         let batch = SurrogateBatch {
             logp: logp.clone(),
@@ -97,7 +110,7 @@ fn loss_values_gradients_and_clip_fractions_match_trl() {
                 TensorData::new(adv.clone(), [adv.len()]),
                 &Default::default(),
             ),
-            mask: tensor2(&l["mask"]),
+            mask: mask_rows(tensor2(&l["mask"]), &keep),
             logp_ref: Some(tensor2(&l["logp_ref"])),
             logp_engine: None,
         };
@@ -107,8 +120,17 @@ fn loss_values_gradients_and_clip_fractions_match_trl() {
             kl_beta: beta,
             max_response_tokens: t,
             tis_cap: None,
+            kl_estimator: KlEstimator::K3,
+            importance: if sequence {
+                ImportanceLevel::Sequence
+            } else {
+                ImportanceLevel::Token
+            },
         }
         .compute(batch);
+        let case_name =
+            format!("{loss_type} beta {beta} sequence {sequence} masked {mask_truncated}");
+        let loss_type = case_name.as_str();
         let value = out.loss.clone().into_scalar() as f64;
         let want = case["loss"].as_f64().unwrap();
         assert!(
@@ -132,8 +154,21 @@ fn loss_values_gradients_and_clip_fractions_match_trl() {
             );
         }
         assert!(want_grad.iter().any(|x| *x != 0.0));
+        if beta != 0.0 {
+            let kl = out.kl.clone().unwrap().into_scalar() as f64;
+            assert!(
+                (kl - case["kl"].as_f64().unwrap()).abs() < 1e-6,
+                "{loss_type}: kl {kl}"
+            );
+        }
         let low = out.clip_low.into_scalar() as f64;
         let high = out.clip_high.into_scalar() as f64;
+        if sequence {
+            // TRL averages its sequence-level clip indicators over responses; ours count tokens
+            // (a clipped response counts its tokens), the same for every loss.
+            assert!(low > 0.0 && high > 0.0, "{loss_type}: both sides clip");
+            continue;
+        }
         assert!(
             (low - case["clip_low"].as_f64().unwrap()).abs() < 1e-6,
             "{loss_type}: clip low {low}"
@@ -143,13 +178,6 @@ fn loss_values_gradients_and_clip_fractions_match_trl() {
             "{loss_type}: clip high {high}"
         );
         assert!(low > 0.0 && high > 0.0, "both clip sides are exercised");
-        if beta != 0.0 {
-            let kl = out.kl.unwrap().into_scalar() as f64;
-            assert!(
-                (kl - case["kl"].as_f64().unwrap()).abs() < 1e-6,
-                "{loss_type}: kl {kl}"
-            );
-        }
     }
 }
 

@@ -529,7 +529,8 @@ fn keyword_judge(path: &Path, rubrics: &RubricSet) -> Result<LexicalJudge> {
 pub struct ProbeSettings {
     /// The probe's base model: checkpoint directory (relative to the config file) or hub id.
     pub model: String,
-    /// The probe file `conrub judge distill` wrote (`probe.safetensors`), relative to the file.
+    /// The probe file `conrub judge distill` wrote (`probe.safetensors`), or its `--out` folder,
+    /// relative to the file.
     pub probe: PathBuf,
     /// Device of the probe's base model (`cpu`, `wgpu`, `cuda:0`, ...) for `conrub score` and
     /// `judge-pair`, whose `--device` overrides it.

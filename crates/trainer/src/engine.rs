@@ -67,7 +67,7 @@ fn paged_engine(
         },
     };
     if let Some(blocks) = engine.kv_blocks {
-        eprintln!(
+        tracing::info!(
             "rollout KV pool: {blocks} blocks of {} positions ({:.2} GB)",
             engine.block_size,
             blocks as f64 * layout.block_bytes(engine.block_size) as f64 / 1e9
@@ -106,7 +106,7 @@ where
         vocab_size,
         weights_dir: cfg.resolve(&cfg.run.output_dir).join("rollout-weights"),
     };
-    eprintln!(
+    tracing::info!(
         "rollouts on SGLang: {} (weights in {}{})",
         r.urls.join(", "),
         sglang.weights_dir.display(),

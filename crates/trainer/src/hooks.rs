@@ -32,7 +32,7 @@ impl<P> RunHooks<P> for Hooks<P> {
     }
 
     fn progress(&mut self, line: &str) {
-        eprintln!("{line}");
+        tracing::info!("{line}");
     }
 
     fn checkpointed(&mut self, run_dir: &Path, _checkpoint: &Path) -> conrub_grpo::Result<()> {

@@ -69,7 +69,7 @@ where
                 .map(|(a, b)| b.since(&a)),
         };
         let e = line.kernels.unwrap_or_default();
-        eprintln!(
+        tracing::info!(
             "kernel warm-up: {} in {:.1} s: {} kernels compiled, {} loaded from the cache, {} autotune runs",
             line.ran, line.secs, e.kernel_compiles, e.kernel_cache_loads, e.autotune_runs
         );
@@ -117,6 +117,8 @@ where
                 cfg.sharding,
                 |r, d| Ok(self.learner_builder(policy_of(r).fork(d), d, &engine, judging.clone())),
             )?;
+            // The one step's rate does not matter (the weights are restored), only its shapes.
+            group.set_training_steps(1)?;
             self.runtime.block_on(group.step(&batch))?;
             // Rank 0's policy as the structure the caller loads the saved weights into (a
             // `full` rank's placeholders included: loading replaces every parameter).
@@ -127,6 +129,7 @@ where
             let mut learner = self
                 .learner_builder(model, &device, &engine, judging)
                 .build()?;
+            learner.set_training_steps(1)?;
             self.runtime.block_on(learner.step(&batch))?;
             learner.into_policy()
         };
@@ -184,7 +187,7 @@ impl Ticker {
                 match &bar {
                     Some(bar) => bar.set_message(counts_line(started)),
                     None if last_line.elapsed().as_secs() >= 15 => {
-                        eprintln!("{}", counts_line(started));
+                        tracing::info!("{}", counts_line(started));
                         last_line = Instant::now();
                     }
                     None => {}

@@ -33,6 +33,7 @@ mod hooks;
 mod kernel_warmup;
 mod policy;
 mod progress;
+mod prompts;
 mod report;
 mod rubric;
 mod run;
@@ -55,6 +56,7 @@ use conrub_rubric::RubricRecord;
 
 pub use error::{Result, TrainerError};
 pub use policy::{load_policy, PolicyParts};
+pub use prompts::{drop_overlong, Overlong};
 pub use report::report;
 pub use rubric::check_rubrics;
 
@@ -108,20 +110,20 @@ impl<B: GrpoOps> Trainer<B> {
         let device = first_device::<B>(&devices)?;
         let task = rubric::rubric_task::<B>(&cfg, &device)?;
         let policy = load_policy::<B>(&cfg, &device)?;
-        let describe = format!(
-            "{} prompts from {} with judge {} ({} mode, ties: {:?})",
-            task.records.len(),
-            cfg.rubrics_path()?.display(),
-            task.judges.criterion.id(),
-            cfg.reward.mode.as_str(),
-            cfg.learner.tie_mode
-        );
+        let source = cfg.rubrics_path()?;
+        let judge = task.judges.criterion.id();
         let warmup_judging = rubric::lexical_judging(&cfg);
         let mut trainer = Trainer::new(cfg, devices, policy, task.records, task.rewards)?
             .with_tie_breaker(task.tie_breaker)
             .with_validator(task.validator);
         trainer.warmup_judging = Some(warmup_judging);
-        trainer.describe = describe;
+        trainer.describe = format!(
+            "{} prompts from {} with judge {judge} ({} mode, ties: {:?})",
+            trainer.task.len(),
+            source.display(),
+            trainer.cfg.reward.mode.as_str(),
+            trainer.cfg.learner.tie_mode
+        );
         Ok(trainer)
     }
 }
@@ -134,8 +136,9 @@ where
     T: TaskPrompt + 'static,
 {
     /// A run of `cfg` on `devices` (one data-parallel rank each) with `policy` (on the first
-    /// device) and a task of `prompts` scored by `rewards`. `[judge]`, `[eval]` and `data` are
-    /// not read: the task is the caller's. Without a tie breaker
+    /// device) and a task of `prompts` scored by `rewards`. `[judge]`, `[eval]` and
+    /// `data.rubrics` are not read: the task is the caller's; prompts longer than
+    /// `data.max_prompt_tokens` (when set) are dropped ([`drop_overlong`]). Without a tie breaker
     /// ([`with_tie_breaker`](Self::with_tie_breaker)) the config must set
     /// `learner.tie_mode = "off"`.
     pub fn new(
@@ -155,6 +158,21 @@ where
             .enable_all()
             .build()
             .map_err(|e| TrainerError::Setup(format!("starting the async runtime: {e}")))?;
+        let prompts = match cfg.data.max_prompt_tokens {
+            Some(max) => {
+                let (kept, overlong) = prompts::drop_overlong(
+                    prompts,
+                    policy.codec.as_ref(),
+                    max,
+                    cfg.data.overlong_prompts,
+                )?;
+                if let Some(line) = overlong.line(max) {
+                    tracing::warn!("{line}");
+                }
+                kept
+            }
+            None => prompts,
+        };
         let describe = format!("{} prompts", prompts.len());
         Ok(Self {
             cfg,

@@ -46,8 +46,8 @@ pub fn load_policy<B: GrpoOps>(
         .resolve::<B>(device)
         .map_err(|why| TrainerError::Setup(format!("{}: {why}", cfg.path.display())))?;
     if kernels == AttentionKernels::TensorCore && cfg.precision == Precision::F32 {
-        eprintln!(
-            "warning: attention_kernels = \"tensor-core\" with precision f32: f32 attention keeps \
+        tracing::warn!(
+            "attention_kernels = \"tensor-core\" with precision f32: f32 attention keeps \
              the portable kernels (the tensor-core ones take bf16 and f16)"
         );
     }

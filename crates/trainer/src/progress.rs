@@ -40,9 +40,11 @@ impl PhaseProgress {
             None if done.is_multiple_of(self.total.div_ceil(10).max(1)) && done < self.total => {
                 let eta =
                     self.started.elapsed().as_secs_f64() / done as f64 * (self.total - done) as f64;
-                eprintln!(
+                tracing::info!(
                     "{}: {done}/{} steps, {message}, ETA {:.0} s",
-                    self.name, self.total, eta
+                    self.name,
+                    self.total,
+                    eta
                 );
             }
             None => {}

@@ -5,7 +5,7 @@ use std::path::Path;
 /// The closing lines: one per epoch, then where everything went.
 pub fn report(summary: &conrub_grpo::RunSummary, output_dir: &Path) {
     for e in &summary.epochs {
-        eprintln!(
+        tracing::info!(
             "epoch {}: {} steps, reward {:+.3}, ties {}/{} ({} accepted, {} same, {} order flips, {} invalid), mean length {:.1}",
             e.epoch,
             e.steps,
@@ -20,7 +20,7 @@ pub fn report(summary: &conrub_grpo::RunSummary, output_dir: &Path) {
         );
     }
     if let Some(b) = &summary.best {
-        eprintln!(
+        tracing::info!(
             "best checkpoint by the grader: {} (step {}, score {:+.4} ± {:.4}; {})",
             b.checkpoint.display(),
             b.step,
@@ -29,7 +29,7 @@ pub fn report(summary: &conrub_grpo::RunSummary, output_dir: &Path) {
             conrub_grpo::best_checkpoint_path(output_dir).display()
         );
     }
-    eprintln!(
+    tracing::info!(
         "done: {} steps ({} this run); metrics {}, plots in {}, checkpoint {}",
         summary.total_steps,
         summary.steps_run,

@@ -45,7 +45,7 @@ where
             export: self.export.clone(),
             kernel_warmup: self.kernel_warmup.take(),
         };
-        eprintln!(
+        tracing::info!(
             "training on {} -> {}",
             self.describe,
             run.output_dir.display()
@@ -66,7 +66,7 @@ where
             );
             self.runtime.block_on(fut)?
         } else {
-            eprintln!(
+            tracing::info!(
                 "data parallel: {} ranks on {} (sharding = \"{}\")",
                 self.devices.len(),
                 self.cfg.devices.join(", "),

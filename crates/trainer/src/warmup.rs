@@ -36,7 +36,7 @@ where
             sft_warmup(model, &pairs, w.steps, w.lr, &device, &mut |done, loss| {
                 progress.update(done, &format!("loss {loss:.3}"))
             })?;
-        eprintln!(
+        tracing::info!(
             "warm-up: {} steps on {} reference answers, loss {:.3} -> {:.3}",
             w.steps,
             pairs.len(),

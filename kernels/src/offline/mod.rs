@@ -240,9 +240,13 @@ pub fn generate_configs(
         .iter()
         .zip(recorded)
         .map(|(config, kernel)| {
-            let kernel = kernel.map_err(|reason| OfflineError::Compile {
-                kernel: config.label(),
-                reason,
+            // CubeCL names the kernel's function; the configuration says which launch it was.
+            let kernel = kernel.map_err(|e| match e {
+                OfflineError::Compile { kernel, reason } => OfflineError::Compile {
+                    kernel: config.label(),
+                    reason: format!("{kernel}: {reason}"),
+                },
+                other => other,
             })?;
             Ok(GeneratedKernel {
                 config: config.clone(),

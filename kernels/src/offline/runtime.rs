@@ -38,7 +38,7 @@ use cubecl_runtime::logging::ServerLogger;
 use cubecl_runtime::memory_management::{ManagedMemoryHandle, MemoryAllocationMode};
 use cubecl_runtime::storage::{BytesStorage, ComputeStorage, ManagedResource};
 
-use super::Arch;
+use super::{Arch, OfflineError};
 
 /// CubeCL's CUDA compiler (what `cubecl-cuda` compiles with, without its `ptx-wmma` feature).
 pub type CudaCompiler = CppCompiler<CudaDialect<CudaWmmaCompiler>>;
@@ -57,10 +57,10 @@ pub struct RecordedKernel {
 }
 
 /// What the server recorded since the last [`take_recorded`]: a kernel, or why it did not compile.
-static RECORDED: Mutex<Vec<Result<RecordedKernel, String>>> = Mutex::new(Vec::new());
+static RECORDED: Mutex<Vec<Result<RecordedKernel, OfflineError>>> = Mutex::new(Vec::new());
 
 /// Takes the kernels recorded so far, in launch order.
-pub(crate) fn take_recorded() -> Vec<Result<RecordedKernel, String>> {
+pub(crate) fn take_recorded() -> Vec<Result<RecordedKernel, OfflineError>> {
     std::mem::take(&mut *RECORDED.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
@@ -253,7 +253,10 @@ impl ComputeServer for RecordingServer {
                 dynamic_shared_bytes: k.repr.map_or(0, |r| r.shared_memory_size()),
                 source: k.source,
             })
-            .map_err(|e| format!("{}: {e}", kernel.name()));
+            .map_err(|e| OfflineError::Compile {
+                kernel: kernel.name().to_string(),
+                reason: e.to_string(),
+            });
         RECORDED
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -292,7 +292,7 @@ pub fn distill<B: GrpoOps>(
         path: out.into(),
         source: e,
     })?;
-    let probe_file = out.join("probe.safetensors");
+    let probe_file = out.join(crate::probe::linear::PROBE_FILE);
     probe.save(&probe_file, &meta)?;
     let report = DistillReport {
         probe: meta,

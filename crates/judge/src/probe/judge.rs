@@ -47,7 +47,8 @@ struct Scored {
 }
 
 impl<B: GrpoOps> ProbeJudge<B> {
-    /// A judge from a featurizer and the probe file at `probe_path`. Refuses a probe distilled
+    /// A judge from a featurizer and the probe file at `probe_path` (or the folder
+    /// `conrub judge distill --out` wrote, holding `probe.safetensors`). Refuses a probe distilled
     /// from another model (by digest), over another prompt version, at another precision than the
     /// featurizer's model runs at, or of another width, and a mean-pooled probe of format 1
     /// (whose features depended on the batch); `layer` and `pooling`, when a config names them,
@@ -59,6 +60,8 @@ impl<B: GrpoOps> ProbeJudge<B> {
         abstention: Option<Abstention>,
         cache: Option<Arc<JudgeCache>>,
     ) -> Result<Self> {
+        let probe_file = crate::probe::linear::probe_file(probe_path)?;
+        let probe_path = probe_file.as_path();
         let bytes = std::fs::read(probe_path).map_err(|e| JudgeError::File {
             path: probe_path.into(),
             source: e,

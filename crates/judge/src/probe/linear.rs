@@ -3,7 +3,7 @@
 //! backend is needed), with class weights against label imbalance and an L2 penalty.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
@@ -238,8 +238,11 @@ impl LinearProbe {
         })
     }
 
-    /// Reads a probe written by [`LinearProbe::save`].
+    /// Reads a probe written by [`LinearProbe::save`]: `path` is its file or a folder holding
+    /// [`PROBE_FILE`] (see [`probe_file`]).
     pub fn load(path: &Path) -> Result<(Self, ProbeMeta)> {
+        let path = probe_file(path)?;
+        let path = path.as_path();
         let data = std::fs::read(path).map_err(|e| JudgeError::File {
             path: path.into(),
             source: e,
@@ -287,9 +290,52 @@ impl LinearProbe {
     }
 }
 
+/// The probe's file name in the folder `conrub judge distill --out` writes.
+pub const PROBE_FILE: &str = "probe.safetensors";
+
+/// The probe file `path` names: the path itself, or [`PROBE_FILE`] inside it when it is a folder
+/// (a folder without one is an error naming both).
+pub fn probe_file(path: &Path) -> Result<PathBuf> {
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    let inside = path.join(PROBE_FILE);
+    if inside.is_file() {
+        return Ok(inside);
+    }
+    Err(JudgeError::Probe(format!(
+        "{} is a folder without {PROBE_FILE}: give the probe file, or the folder `conrub judge \
+         distill --out` wrote once it finished",
+        path.display()
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_folder_names_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = probe_file(dir.path()).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "probe: {} is a folder without probe.safetensors: give the probe file, or the \
+                 folder `conrub judge distill --out` wrote once it finished",
+                dir.path().display()
+            )
+        );
+        let file = dir.path().join(PROBE_FILE);
+        std::fs::write(&file, b"x").unwrap();
+        assert_eq!(probe_file(dir.path()).unwrap(), file);
+        assert_eq!(probe_file(&file).unwrap(), file);
+        let e = LinearProbe::load(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("probe: {}: ", file.display())),
+            "{e}"
+        );
+    }
 
     #[test]
     fn probe_files_without_a_precision_read_as_f32() {

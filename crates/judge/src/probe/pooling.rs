@@ -28,12 +28,12 @@ impl Pooling {
 }
 
 impl std::str::FromStr for Pooling {
-    type Err = String;
+    type Err = crate::JudgeError;
 
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    fn from_str(s: &str) -> crate::Result<Self> {
         Pooling::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("`{s}` is not a pooling (last, mean)"))
+            .ok_or_else(|| crate::JudgeError::Probe(format!("`{s}` is not a pooling (last, mean)")))
     }
 }

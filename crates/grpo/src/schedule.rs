@@ -1,0 +1,160 @@
+//! Learning-rate schedules (`learner.lr_schedule`), counted in optimizer steps.
+//!
+//! With base rate `lr`, warm-up `W` optimizer steps, horizon `T` optimizer steps (the run's
+//! training steps x `ppo_epochs` x `mini_batches`) and floor ratio `r = min_lr_ratio`, the
+//! optimizer step numbered `k` (0-based over the whole run) takes:
+//!
+//! - `k < W`: `lr * (k + 1) / W` (a linear ramp; its first step is not wasted at rate 0 and its
+//!   last reaches `lr`);
+//! - otherwise, with progress `p = min(1, (k - W) / max(1, T - W))`:
+//!   - `constant`: `lr`;
+//!   - `linear`: `lr * (r + (1 - r) * (1 - p))`;
+//!   - `cosine`: `lr * (r + (1 - r) * (1 + cos(pi * p)) / 2)`.
+//!
+//! `learner.lr_warmup_ratio` sets `W = ceil(ratio * T)`. Every optimizer step counts, one
+//! dropped for a non-finite gradient (`on_nonfinite = "skip-step"`) included, and the count is
+//! saved with the training state, so a resumed run continues the schedule where it stopped.
+
+use conrub_contracts::{LearnerConfig, LrScheduleKind};
+
+use crate::error::{GrpoError, Result};
+
+/// A learning-rate schedule: the rate of each optimizer step of a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LrSchedule {
+    /// The shape after the warm-up.
+    pub kind: LrScheduleKind,
+    /// The peak rate (`learner.lr`).
+    pub base: f64,
+    /// Optimizer steps of the linear warm-up.
+    pub warmup: u64,
+    /// Optimizer steps of the whole run (the horizon the decay ends at); 0 when unknown, which
+    /// only `constant` without `lr_warmup_ratio` accepts.
+    pub total: u64,
+    /// The decay's floor as a share of `base`.
+    pub min_ratio: f64,
+}
+
+impl LrSchedule {
+    /// `cfg`'s schedule over a run of `training_steps` steps (each `ppo_epochs x
+    /// mini_batches` optimizer steps), or of unknown length (`None`: an error for a schedule
+    /// that needs it, naming the key).
+    pub fn new(cfg: &LearnerConfig, training_steps: Option<u64>) -> Result<Self> {
+        let per_step = (cfg.ppo_epochs * cfg.mini_batches) as u64;
+        let total = training_steps.map(|n| n * per_step);
+        let needs = |key: &str, what: &str| {
+            GrpoError::config(
+                format!("learner.{key}"),
+                format!(
+                    "{what} needs the run's length: call Learner::set_training_steps \
+                     (conrub_grpo::train does)"
+                ),
+            )
+        };
+        if cfg.lr_schedule != LrScheduleKind::Constant && total.is_none() {
+            return Err(needs("lr_schedule", cfg.lr_schedule.name()));
+        }
+        let warmup = match (cfg.lr_warmup_steps, cfg.lr_warmup_ratio) {
+            (Some(steps), _) => steps as u64,
+            (None, Some(ratio)) => {
+                let total = total.ok_or_else(|| needs("lr_warmup_ratio", "a warm-up ratio"))?;
+                (ratio * total as f64).ceil() as u64
+            }
+            (None, None) => 0,
+        };
+        Ok(Self {
+            kind: cfg.lr_schedule,
+            base: cfg.lr,
+            warmup,
+            total: total.unwrap_or(0),
+            min_ratio: cfg.min_lr_ratio,
+        })
+    }
+
+    /// A constant rate, no warm-up.
+    pub fn constant(lr: f64) -> Self {
+        Self {
+            kind: LrScheduleKind::Constant,
+            base: lr,
+            warmup: 0,
+            total: 0,
+            min_ratio: 0.0,
+        }
+    }
+
+    /// The rate of optimizer step `k` (0-based over the run).
+    pub fn lr(&self, k: u64) -> f64 {
+        if k < self.warmup {
+            return self.base * (k + 1) as f64 / self.warmup as f64;
+        }
+        let span = self.total.saturating_sub(self.warmup).max(1);
+        let p = ((k - self.warmup) as f64 / span as f64).min(1.0);
+        let r = self.min_ratio;
+        let factor = match self.kind {
+            LrScheduleKind::Constant => 1.0,
+            LrScheduleKind::Linear => r + (1.0 - r) * (1.0 - p),
+            LrScheduleKind::Cosine => {
+                r + (1.0 - r) * 0.5 * (1.0 + (std::f64::consts::PI * p).cos())
+            }
+        };
+        self.base * factor
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(kind: LrScheduleKind) -> LearnerConfig {
+        LearnerConfig {
+            lr: 1e-3,
+            lr_schedule: kind,
+            ppo_epochs: 2,
+            mini_batches: 2,
+            ..Default::default()
+        }
+    }
+
+    /// The rates by hand: 10 training steps x 4 optimizer steps = 40, warm-up 4.
+    #[test]
+    fn rates_follow_the_documented_formulas() {
+        let mut c = cfg(LrScheduleKind::Cosine);
+        c.lr_warmup_steps = Some(4);
+        c.min_lr_ratio = 0.1;
+        let s = LrSchedule::new(&c, Some(10)).unwrap();
+        assert_eq!((s.warmup, s.total), (4, 40));
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-15, "{a} vs {b}");
+        close(s.lr(0), 0.25e-3);
+        close(s.lr(3), 1e-3);
+        close(s.lr(4), 1e-3);
+        // Half-way through the decay (k = 4 + 18): the cosine is at 0, so r + (1 - r) / 2.
+        close(s.lr(22), 1e-3 * (0.1 + 0.9 * 0.5));
+        close(s.lr(40), 1e-4);
+        close(s.lr(400), 1e-4);
+        let mut l = cfg(LrScheduleKind::Linear);
+        l.lr_warmup_ratio = Some(0.1);
+        let s = LrSchedule::new(&l, Some(10)).unwrap();
+        assert_eq!(s.warmup, 4);
+        close(s.lr(13), 1e-3 * (1.0 - 9.0 / 36.0));
+        close(s.lr(40), 0.0);
+        let s = LrSchedule::new(&cfg(LrScheduleKind::Constant), None).unwrap();
+        assert!((0..100).all(|k| s.lr(k) == 1e-3));
+    }
+
+    #[test]
+    fn schedules_that_need_the_run_length_say_so() {
+        let e = LrSchedule::new(&cfg(LrScheduleKind::Cosine), None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "learner.lr_schedule: cosine needs the run's length: call \
+             Learner::set_training_steps (conrub_grpo::train does)"
+        );
+        let mut c = cfg(LrScheduleKind::Constant);
+        c.lr_warmup_ratio = Some(0.5);
+        let e = LrSchedule::new(&c, None).unwrap_err().to_string();
+        assert!(
+            e.starts_with("learner.lr_warmup_ratio: a warm-up ratio needs"),
+            "{e}"
+        );
+    }
+}
