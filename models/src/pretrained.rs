@@ -9,7 +9,10 @@ use crate::error::{ModelError, Result};
 use crate::hub::resolve_model_dir;
 use crate::model::CausalLm;
 use crate::tokenizer::ChatTokenizer;
-use crate::weights::{load_weights, to_safetensors_bytes, SaveDtype, WeightFiles};
+use crate::weights::{
+    encode_tensors, hf_tensors, load_weights, shard_name, shard_plan, SaveDtype, WeightFiles,
+    INDEX_FILE, SINGLE_FILE,
+};
 use conrub_contracts::{Generation, SamplingConfig};
 
 /// Tokenizer files copied by [`save_pretrained`] when present in the source directory.
@@ -162,9 +165,33 @@ pub fn save_pretrained<B: Backend>(
     dir: &Path,
     dtype: SaveDtype,
 ) -> Result<()> {
+    save_pretrained_sharded(
+        model,
+        config,
+        generation_config,
+        tokenizer_dir,
+        dir,
+        dtype,
+        None,
+    )
+    .map(|_| ())
+}
+
+/// [`save_pretrained`] with the weights cut into shards of at most `max_shard_bytes` each
+/// (`model-0000K-of-0000N.safetensors` and `model.safetensors.index.json`, as transformers
+/// writes them; one `model.safetensors` when they fit in one). Returns the weights' bytes.
+#[allow(clippy::too_many_arguments)]
+pub fn save_pretrained_sharded<B: Backend>(
+    model: &CausalLm<B>,
+    config: &ModelConfig,
+    generation_config: Option<&GenerationConfig>,
+    tokenizer_dir: Option<&Path>,
+    dir: &Path,
+    dtype: SaveDtype,
+    max_shard_bytes: Option<u64>,
+) -> Result<u64> {
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
-    let bytes = to_safetensors_bytes(model, dtype)?;
-    crate::io::write_atomic(&dir.join("model.safetensors"), &bytes)?;
+    let weight_bytes = write_weights(model, dir, dtype, max_shard_bytes)?;
     let mut config = config.clone();
     let name = match dtype {
         SaveDtype::F32 => "float32",
@@ -193,6 +220,64 @@ pub fn save_pretrained<B: Backend>(
             }
         }
     }
+    Ok(weight_bytes)
+}
+
+/// The weights of `model` into `dir` as [`save_pretrained_sharded`] lays them out, one shard
+/// encoded and written at a time; files of the other layout (an earlier export into the same
+/// folder) are removed first, so a reader never finds a stale copy beside the new one.
+fn write_weights<B: Backend>(
+    model: &CausalLm<B>,
+    dir: &Path,
+    dtype: SaveDtype,
+    max_shard_bytes: Option<u64>,
+) -> Result<u64> {
+    let mut tensors = hf_tensors(model);
+    let sizes: Vec<(String, u64)> = tensors
+        .iter()
+        .map(|(name, (_, data))| (name.clone(), data.len() as u64 * dtype.bytes()))
+        .collect();
+    let total: u64 = sizes.iter().map(|(_, b)| b).sum();
+    let plan = shard_plan(&sizes, max_shard_bytes);
+    remove_weight_files(dir)?;
+    if plan.len() <= 1 {
+        let bytes = encode_tensors(tensors, dtype, SINGLE_FILE)?;
+        crate::io::write_atomic(&dir.join(SINGLE_FILE), &bytes)?;
+        return Ok(total);
+    }
+    let mut weight_map = serde_json::Map::new();
+    for (k, names) in plan.iter().enumerate() {
+        let file = shard_name(k + 1, plan.len());
+        let part = names
+            .iter()
+            .map(|n| (n.clone(), tensors.remove(n).expect("a planned tensor")))
+            .collect();
+        let bytes = encode_tensors(part, dtype, &file)?;
+        crate::io::write_atomic(&dir.join(&file), &bytes)?;
+        for n in names {
+            weight_map.insert(n.clone(), serde_json::Value::String(file.clone()));
+        }
+    }
+    let index = serde_json::json!({
+        "metadata": { "total_size": total },
+        "weight_map": weight_map,
+    });
+    let text = serde_json::to_string_pretty(&index).expect("an index serialises");
+    crate::io::write_atomic(&dir.join(INDEX_FILE), text.as_bytes())?;
+    Ok(total)
+}
+
+/// Removes `model.safetensors`, the index and every `model-*-of-*.safetensors` shard in `dir`.
+fn remove_weight_files(dir: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(|e| ModelError::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| ModelError::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let shard = name.starts_with("model-") && name.ends_with(".safetensors");
+        if name == SINGLE_FILE || name == INDEX_FILE || shard {
+            std::fs::remove_file(entry.path()).map_err(|e| ModelError::io(&entry.path(), e))?;
+        }
+    }
     Ok(())
 }
 
@@ -209,6 +294,8 @@ pub struct HfExport {
     pub tokenizer_dir: Option<PathBuf>,
     /// The dtype of the saved weights.
     pub dtype: SaveDtype,
+    /// The largest weight file in bytes (`model.max_shard_size`); `None`: one file.
+    pub max_shard_bytes: Option<u64>,
 }
 
 impl<B> conrub_contracts::Export<CausalLm<B>> for HfExport
@@ -217,14 +304,16 @@ where
 {
     fn export(&self, policy: &CausalLm<B>, dir: &Path) -> conrub_contracts::Result<()> {
         use burn::module::AutodiffModule;
-        save_pretrained(
+        save_pretrained_sharded(
             &policy.valid(),
             &self.config,
             self.generation_config.as_ref(),
             self.tokenizer_dir.as_deref(),
             dir,
             self.dtype,
+            self.max_shard_bytes,
         )
+        .map(|_| ())
         .map_err(|e| conrub_contracts::ContractError::Export {
             path: dir.to_path_buf(),
             message: e.to_string(),

@@ -15,15 +15,56 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::model::{Attention, CausalLm, DecoderLayer, Mlp, RmsNorm, RotaryEmbedding};
 
-/// Storage precision for exported weights (`"f32"` or `"bf16"` in configs).
+/// Storage precision for exported weights (`"f32"` or `"bf16"` in configs; bf16 unless set,
+/// as released checkpoints are).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SaveDtype {
-    #[default]
     /// 32-bit floats.
     F32,
     /// bfloat16 (what released Qwen3 checkpoints use).
+    #[default]
     Bf16,
+}
+
+impl SaveDtype {
+    /// Bytes per stored weight.
+    pub fn bytes(self) -> u64 {
+        match self {
+            SaveDtype::F32 => 4,
+            SaveDtype::Bf16 => 2,
+        }
+    }
+}
+
+/// The single-file export's name.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// The index of a sharded export.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// The name of shard `k` (1-based) of `n`, as transformers names them.
+pub fn shard_name(k: usize, n: usize) -> String {
+    format!("model-{k:05}-of-{n:05}.safetensors")
+}
+
+/// Tensors (name and stored bytes, in the order given) grouped into shards of at most
+/// `max_bytes` each, filled in order; a tensor larger than the limit is a shard alone. No
+/// limit: one shard.
+pub fn shard_plan(sizes: &[(String, u64)], max_bytes: Option<u64>) -> Vec<Vec<String>> {
+    let mut shards: Vec<Vec<String>> = Vec::new();
+    let mut used = 0u64;
+    for (name, bytes) in sizes {
+        let fits = max_bytes.is_none_or(|max| used + bytes <= max);
+        match shards.last_mut() {
+            Some(last) if fits => last.push(name.clone()),
+            _ => {
+                shards.push(vec![name.clone()]);
+                used = 0;
+            }
+        }
+        used += bytes;
+    }
+    shards
 }
 
 /// Memory-mapped safetensors shards and the index of which shard holds which tensor.
@@ -445,7 +486,16 @@ pub fn hf_tensors<B: Backend>(model: &CausalLm<B>) -> BTreeMap<String, (Vec<usiz
 
 /// Serialises `model` as a single HF `model.safetensors` byte buffer.
 pub fn to_safetensors_bytes<B: Backend>(model: &CausalLm<B>, dtype: SaveDtype) -> Result<Vec<u8>> {
-    let tensors = hf_tensors(model);
+    encode_tensors(hf_tensors(model), dtype, SINGLE_FILE)
+}
+
+/// Serialises `tensors` (HF names, shapes, f32 values) as one safetensors buffer in `dtype`;
+/// `file` names it in errors.
+pub fn encode_tensors(
+    tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    dtype: SaveDtype,
+    file: &str,
+) -> Result<Vec<u8>> {
     let encoded: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .into_iter()
         .map(|(name, (shape, data))| {
@@ -474,7 +524,7 @@ pub fn to_safetensors_bytes<B: Backend>(model: &CausalLm<B>, dtype: SaveDtype) -
     let mut metadata = HashMap::new();
     metadata.insert("format".to_string(), "pt".to_string());
     safetensors::serialize(views, Some(metadata)).map_err(|e| ModelError::Weights {
-        file: "model.safetensors".into(),
+        file: file.into(),
         tensor: "<all>".into(),
         message: e.to_string(),
     })
@@ -482,6 +532,21 @@ pub fn to_safetensors_bytes<B: Backend>(model: &CausalLm<B>, dtype: SaveDtype) -
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn shards_fill_in_order_and_a_big_tensor_stands_alone() {
+        let sizes: Vec<(String, u64)> = [("a", 4), ("b", 4), ("c", 9), ("d", 2), ("e", 1)]
+            .iter()
+            .map(|(n, b)| (n.to_string(), *b))
+            .collect();
+        let names = |plan: Vec<Vec<String>>| -> Vec<String> {
+            plan.into_iter().map(|s| s.concat()).collect()
+        };
+        assert_eq!(names(super::shard_plan(&sizes, Some(8))), ["ab", "c", "de"]);
+        assert_eq!(names(super::shard_plan(&sizes, None)), ["abcde"]);
+        assert_eq!(names(super::shard_plan(&sizes, Some(100))), ["abcde"]);
+        assert_eq!(super::shard_name(2, 14), "model-00002-of-00014.safetensors");
+    }
+
     #[test]
     fn transpose_handles_ragged_tiles() {
         let (rows, cols) = (37, 70);

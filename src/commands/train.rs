@@ -109,19 +109,27 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
     run_on_devices(&devices, task)
 }
 
-/// `--resume auto`: the newest complete checkpoint of the run folder `dir`, or none (a fresh
-/// run, which still refuses a folder holding an earlier run's metrics); any other path as given.
+/// `--resume auto`: the newest complete checkpoint of the run folder `dir`; without one, a
+/// fresh run, what an earlier attempt wrote set aside in `dir/attempt-SECONDS/` (nothing is
+/// deleted); any other path as given.
 fn resolve_resume(resume: Option<PathBuf>, dir: &std::path::Path) -> Result<Option<PathBuf>> {
+    use conrub_grpo::run_folder::{latest_checkpoint, set_aside_earlier_run};
     if resume.as_deref() != Some(std::path::Path::new("auto")) {
         return Ok(resume);
     }
-    let found = conrub_grpo::run_folder::latest_checkpoint(dir)?;
+    let found = latest_checkpoint(dir)?;
     match &found {
         Some(ckpt) => tracing::info!("--resume auto: continuing from {}", ckpt.display()),
-        None => tracing::info!(
-            "--resume auto: {} holds no complete checkpoint; starting a fresh run",
-            dir.display()
-        ),
+        None => {
+            let aside = set_aside_earlier_run(dir)?;
+            let moved = aside
+                .map(|a| format!(" (an earlier attempt's files moved to {})", a.display()))
+                .unwrap_or_default();
+            tracing::info!(
+                "--resume auto: {} holds no complete checkpoint; starting a fresh run{moved}",
+                dir.display()
+            );
+        }
     }
     Ok(found)
 }

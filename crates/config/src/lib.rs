@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 pub use error::{ConfigError, Result};
 pub use sections::{
     DataSection, ModelSection, OverlongPrompts, RandomModel, RewardSection, RolloutEngineKind,
-    RolloutSection, WarmupSection,
+    RolloutSection, ShardSize, WarmupSection,
 };
 
 /// A train config (`conrub train --config FILE`, `conrub plan --config FILE`).

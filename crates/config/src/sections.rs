@@ -18,8 +18,12 @@ pub struct ModelSection {
     pub random: Option<RandomModel>,
     /// Passed to the chat template (`false` for thinking-disabled runs).
     pub enable_thinking: Option<bool>,
-    /// Weights of exported checkpoints.
+    /// Weights of exported checkpoints (and of the weights handed to SGLang, which are bf16
+    /// whatever this says).
     pub save_dtype: SaveDtype,
+    /// The largest weight file of an export: `"5GB"`, `"500MB"`, `"2GiB"` or a number of
+    /// bytes; larger exports are sharded as transformers shards them.
+    pub max_shard_size: ShardSize,
 }
 
 impl Default for ModelSection {
@@ -28,7 +32,52 @@ impl Default for ModelSection {
             path: None,
             random: None,
             enable_thinking: Some(false),
-            save_dtype: SaveDtype::F32,
+            save_dtype: SaveDtype::Bf16,
+            max_shard_size: ShardSize::Text("5GB".into()),
+        }
+    }
+}
+
+/// `model.max_shard_size` as written: a size with a unit, or bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ShardSize {
+    /// Bytes.
+    Bytes(u64),
+    /// A number and a unit: `B`, `KB`, `MB`, `GB` (powers of 1000) or `KiB`, `MiB`, `GiB`
+    /// (powers of 1024).
+    Text(String),
+}
+
+impl ShardSize {
+    /// The size in bytes, or why it is not one.
+    pub fn bytes(&self) -> Result<u64, String> {
+        let text = match self {
+            ShardSize::Bytes(0) => return Err("must be more than 0 bytes".into()),
+            ShardSize::Bytes(b) => return Ok(*b),
+            ShardSize::Text(t) => t.trim(),
+        };
+        let split = text
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let scale: u64 = match unit.trim() {
+            "" | "B" => 1,
+            "KB" => 1_000,
+            "MB" => 1_000_000,
+            "GB" => 1_000_000_000,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            other => {
+                return Err(format!(
+                    "`{text}`: unknown unit `{other}` (B, KB, MB, GB, KiB, MiB, GiB)"
+                ))
+            }
+        };
+        match number.parse::<f64>() {
+            Ok(n) if n > 0.0 && n.is_finite() => Ok((n * scale as f64) as u64),
+            _ => Err(format!("`{text}` is not a size such as \"5GB\"")),
         }
     }
 }
@@ -46,7 +95,16 @@ impl ModelSection {
                 "model".into(),
                 "needs exactly one of `path` or `[model.random]`".into(),
             )),
-        }
+        }?;
+        self.max_shard_size
+            .bytes()
+            .map(|_| ())
+            .map_err(|e| ("model.max_shard_size".into(), e))
+    }
+
+    /// `max_shard_size` in bytes (checked by the config's validation).
+    pub fn max_shard_bytes(&self) -> u64 {
+        self.max_shard_size.bytes().unwrap_or(5_000_000_000)
     }
 }
 

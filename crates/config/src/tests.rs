@@ -16,6 +16,7 @@ kernel_cache = "kernels"
 path = "meta-llama/Llama-3.2-1B-Instruct"
 enable_thinking = false
 save_dtype = "bf16"
+max_shard_size = "2GiB"
 
 [model.random]
 family = "llama"
@@ -291,6 +292,33 @@ fn partial_tables_take_defaults_and_budgets_are_checked() {
         .unwrap_err()
         .to_string();
     assert_eq!(e, "t.toml: reward.min_scored_share: must be in [0, 1]");
+}
+
+/// `model.max_shard_size` takes bytes or a size with a unit, and names itself when it is neither.
+#[test]
+fn shard_sizes_parse_with_units() {
+    let mut table: toml::Table = toml::from_str(FULL).unwrap();
+    table["model"].as_table_mut().unwrap().remove("path");
+    let cfg = TrainConfig::from_table(table.clone(), Path::new("t.toml")).unwrap();
+    assert_eq!(cfg.model.max_shard_bytes(), 2 << 30);
+    for (text, bytes) in [
+        ("\"5GB\"", 5_000_000_000u64),
+        ("\"500MB\"", 500_000_000),
+        ("1234", 1234),
+    ] {
+        let mut t = table.clone();
+        apply_override(&mut t, &format!("model.max_shard_size={text}")).unwrap();
+        let cfg = TrainConfig::from_table(t, Path::new("t.toml")).unwrap();
+        assert_eq!(cfg.model.max_shard_bytes(), bytes, "{text}");
+    }
+    apply_override(&mut table, "model.max_shard_size=\"5 parsecs\"").unwrap();
+    let e = TrainConfig::from_table(table, Path::new("t.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("t.toml: model.max_shard_size: `5 parsecs`: unknown unit `parsecs`"),
+        "{e}"
+    );
 }
 
 /// `--set warmup.steps=0` turns off a config's `[warmup]` table; a bad rate still names its key.

@@ -1037,7 +1037,10 @@ where
                                     f32_of(out.clip_low.clone()) * w,
                                     f32_of(out.clip_high.clone()) * w,
                                     out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
-                                    out_lp.entropy.map(|e| f32_of(e.sum())).unwrap_or_else(zero),
+                                    out_lp
+                                        .entropy
+                                        .map(|e| f32_of((e * mb.loss_mask()).sum()))
+                                        .unwrap_or_else(zero),
                                 ],
                                 0,
                             ));

@@ -50,6 +50,10 @@
 //! - errors: [`GrpoError`], [`Result`]
 //!
 //! Every tensor-taking item documents its shapes in a `# Shapes` section.
+//!
+//! Warnings and progress go through `tracing` (`warn!`, `info!`); a program that embeds the
+//! learner sees them once it installs a subscriber (the `conrub` binary prints them on stderr,
+//! filtered by `CONRUB_LOG`).
 
 mod advantages;
 mod batch;

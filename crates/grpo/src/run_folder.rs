@@ -162,32 +162,94 @@ fn earlier_run(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// The newest complete checkpoint in `dir` (`--resume auto`): the `checkpoint-NNNNNN` folder of
 /// the highest step whose `training_state/state.json` exists (a checkpoint folder appears whole,
-/// renamed from `.tmp`, so a kill leaves either a complete one or none). `None` when the folder
-/// does not exist or holds none.
+/// renamed from `.tmp`, so a kill leaves either a complete one or none), or its `.old` copy when
+/// a kill between the two renames of its replacement left only that. A checkpoint of a step
+/// beyond the last step line of `metrics.jsonl` is an earlier, abandoned attempt's (a resume
+/// from an earlier step left it; the steps since are not its) and is passed over. `None` when
+/// the folder does not exist or holds none.
 pub fn latest_checkpoint(dir: &Path) -> Result<Option<PathBuf>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(GrpoError::io(dir, e)),
     };
+    let logged = steps_logged(dir)?;
     let mut best: Option<(u64, PathBuf)> = None;
     for entry in entries {
         let entry = entry.map_err(|e| GrpoError::io(dir, e))?;
-        let name = entry.file_name();
-        let Some(step) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("checkpoint-"))
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("checkpoint-") else {
             continue;
         };
+        let (number, old) = match rest.strip_suffix(".old") {
+            Some(n) => (n, true),
+            None => (rest, false),
+        };
+        let Ok(step) = number.parse::<u64>() else {
+            continue;
+        };
+        let complete = |p: &Path| p.join("training_state").join("state.json").is_file();
         let path = entry.path();
-        let complete = path.join("training_state").join("state.json").is_file();
-        if complete && best.as_ref().is_none_or(|(b, _)| step > *b) {
+        // A `.old` copy counts only where its replacement never arrived.
+        let usable =
+            complete(&path) && !(old && complete(&dir.join(format!("checkpoint-{number}"))));
+        let current = logged.is_none_or(|done| step <= done);
+        if usable && current && best.as_ref().is_none_or(|(b, _)| step > *b) {
             best = Some((step, path));
         }
     }
     Ok(best.map(|(_, path)| path))
+}
+
+/// The steps done by the last step line of `dir/metrics.jsonl` (its `step` + 1; 0 with no step
+/// line), `None` without the file.
+fn steps_logged(dir: &Path) -> Result<Option<u64>> {
+    let path = dir.join("metrics.jsonl");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(GrpoError::io(&path, e)),
+    };
+    let done = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["kind"] == "step")
+        .filter_map(|v| v["step"].as_u64())
+        .map(|s| s + 1)
+        .max()
+        .unwrap_or(0);
+    Ok(Some(done))
+}
+
+/// Moves what an earlier attempt left in `dir` without a checkpoint to resume from (its
+/// metrics, samples, event files, partial checkpoints) into `dir/attempt-SECONDS/`, so a fresh
+/// run can start there with nothing lost (`--resume auto` when no checkpoint is complete).
+/// Refuses a folder a live run holds. Returns the folder moved to, `None` when nothing was
+/// there.
+pub fn set_aside_earlier_run(dir: &Path) -> Result<Option<PathBuf>> {
+    check_start(dir, true, false)?;
+    let earlier = earlier_run(dir)?;
+    if earlier.is_empty() {
+        return Ok(None);
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let aside = (0..)
+        .map(|i| match i {
+            0 => dir.join(format!("attempt-{secs}")),
+            i => dir.join(format!("attempt-{secs}-{i}")),
+        })
+        .find(|p| !p.exists())
+        .expect("a free name");
+    std::fs::create_dir(&aside).map_err(|e| GrpoError::io(&aside, e))?;
+    for path in earlier {
+        let to = aside.join(path.file_name().expect("an entry of the folder"));
+        std::fs::rename(&path, &to).map_err(|e| GrpoError::io(&path, e))?;
+    }
+    conrub_rubric::io::sync_dir(dir).map_err(|e| GrpoError::io(dir, e))?;
+    Ok(Some(aside))
 }
 
 /// What a run can check of its folder before it loads anything (the binary calls it first, so
@@ -337,13 +399,35 @@ mod tests {
         state("checkpoint-000002");
         state("checkpoint-000010");
         state("checkpoint-000012.tmp");
-        state("checkpoint-000014.old");
+        state("checkpoint-000010.old");
         std::fs::create_dir_all(dir.path().join("checkpoint-000016/training_state")).unwrap();
         std::fs::write(dir.path().join("checkpoint-000018"), "").unwrap();
         assert_eq!(
             latest_checkpoint(dir.path()).unwrap(),
             Some(dir.path().join("checkpoint-000010"))
         );
+        // A `.old` copy whose replacement never arrived is the checkpoint.
+        state("checkpoint-000014.old");
+        assert_eq!(
+            latest_checkpoint(dir.path()).unwrap(),
+            Some(dir.path().join("checkpoint-000014.old"))
+        );
+        // Metrics that end at 12 steps done: checkpoint 14 is an abandoned attempt's.
+        let line = |s: u64| format!("{{\"kind\":\"step\",\"step\":{s}}}\n");
+        std::fs::write(dir.path().join("metrics.jsonl"), line(10) + &line(11)).unwrap();
+        assert_eq!(
+            latest_checkpoint(dir.path()).unwrap(),
+            Some(dir.path().join("checkpoint-000010"))
+        );
+        // With no checkpoint to resume, the earlier attempt is set aside whole.
+        let fresh = tempfile::tempdir().unwrap();
+        std::fs::write(fresh.path().join("metrics.jsonl"), line(0)).unwrap();
+        std::fs::create_dir_all(fresh.path().join("samples")).unwrap();
+        assert_eq!(latest_checkpoint(fresh.path()).unwrap(), None);
+        let aside = set_aside_earlier_run(fresh.path()).unwrap().unwrap();
+        assert!(aside.join("metrics.jsonl").is_file() && aside.join("samples").is_dir());
+        check_start(fresh.path(), false, false).unwrap();
+        assert_eq!(set_aside_earlier_run(fresh.path()).unwrap(), None);
     }
 
     #[test]

@@ -6,12 +6,16 @@
 //!
 //! - `k < W`: `lr * (k + 1) / W` (a linear ramp; its first step is not wasted at rate 0 and its
 //!   last reaches `lr`);
-//! - otherwise, with progress `p = min(1, (k - W) / max(1, T - W))`:
+//! - otherwise, with progress `p = min(1, (k - W) / max(1, T - W - 1))` (1 at the run's last
+//!   optimizer step, `k = T - 1`):
 //!   - `constant`: `lr`;
 //!   - `linear`: `lr * (r + (1 - r) * (1 - p))`;
 //!   - `cosine`: `lr * (r + (1 - r) * (1 + cos(pi * p)) / 2)`.
 //!
-//! `learner.lr_warmup_ratio` sets `W = ceil(ratio * T)`. Every optimizer step counts, one
+//! `learner.lr_warmup_ratio` sets `W = ceil(ratio * T)`. `T` counts `ppo_epochs x mini_batches`
+//! optimizer steps a training step; a step that takes fewer (one whose judge scored too few
+//! responses takes none; a mini-batch count above the step's responses takes as many as there are
+//! responses) leaves the run's last rates above the floor. Every optimizer step counts, one
 //! dropped for a non-finite gradient (`on_nonfinite = "skip-step"`) included, and the count is
 //! saved with the training state, so a resumed run continues the schedule where it stopped.
 
@@ -87,7 +91,7 @@ impl LrSchedule {
         if k < self.warmup {
             return self.base * (k + 1) as f64 / self.warmup as f64;
         }
-        let span = self.total.saturating_sub(self.warmup).max(1);
+        let span = self.total.saturating_sub(self.warmup + 1).max(1);
         let p = ((k - self.warmup) as f64 / span as f64).min(1.0);
         let r = self.min_ratio;
         let factor = match self.kind {
@@ -115,28 +119,30 @@ mod tests {
         }
     }
 
-    /// The rates by hand: 10 training steps x 4 optimizer steps = 40, warm-up 4.
+    /// The rates by hand: 10 training steps x 4 optimizer steps = 40 (k = 0..=39), warm-up 5,
+    /// so the decay spans k = 5..=39 over 34 steps.
     #[test]
     fn rates_follow_the_documented_formulas() {
         let mut c = cfg(LrScheduleKind::Cosine);
-        c.lr_warmup_steps = Some(4);
+        c.lr_warmup_steps = Some(5);
         c.min_lr_ratio = 0.1;
         let s = LrSchedule::new(&c, Some(10)).unwrap();
-        assert_eq!((s.warmup, s.total), (4, 40));
+        assert_eq!((s.warmup, s.total), (5, 40));
         let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-15, "{a} vs {b}");
-        close(s.lr(0), 0.25e-3);
-        close(s.lr(3), 1e-3);
+        close(s.lr(0), 0.2e-3);
         close(s.lr(4), 1e-3);
-        // Half-way through the decay (k = 4 + 18): the cosine is at 0, so r + (1 - r) / 2.
+        close(s.lr(5), 1e-3);
+        // Half-way through the decay (k = 5 + 17): the cosine is at 0, so r + (1 - r) / 2.
         close(s.lr(22), 1e-3 * (0.1 + 0.9 * 0.5));
-        close(s.lr(40), 1e-4);
+        // The run's last optimizer step is at the floor, and so is anything after it.
+        close(s.lr(39), 1e-4);
         close(s.lr(400), 1e-4);
         let mut l = cfg(LrScheduleKind::Linear);
         l.lr_warmup_ratio = Some(0.1);
         let s = LrSchedule::new(&l, Some(10)).unwrap();
         assert_eq!(s.warmup, 4);
-        close(s.lr(13), 1e-3 * (1.0 - 9.0 / 36.0));
-        close(s.lr(40), 0.0);
+        close(s.lr(13), 1e-3 * (1.0 - 9.0 / 35.0));
+        close(s.lr(39), 0.0);
         let s = LrSchedule::new(&cfg(LrScheduleKind::Constant), None).unwrap();
         assert!((0..100).all(|k| s.lr(k) == 1e-3));
     }

@@ -176,25 +176,34 @@ pub struct EventWriter {
 
 impl EventWriter {
     /// A new event file in `dir` (created), named as TensorBoard expects
-    /// (`events.out.tfevents.SECONDS.HOST.PID.conrub`), starting with its version record.
+    /// (`events.out.tfevents.SECONDS.NANOS.HOST.PID.conrub`: later files sort after earlier
+    /// ones), starting with its version record.
     pub fn create(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| GrpoError::io(dir, e))?;
-        let secs = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().replace(['/', '.'], "-"))
             .unwrap_or_else(|_| "host".into());
-        let path = dir.join(format!(
-            "events.out.tfevents.{secs}.{host}.{}.conrub",
-            std::process::id()
-        ));
-        let file = std::fs::OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| GrpoError::io(&path, e))?;
+        let (path, file) = loop {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            let path = dir.join(format!(
+                "events.out.tfevents.{:010}.{:09}.{host}.{}.conrub",
+                now.as_secs(),
+                now.subsec_nanos(),
+                std::process::id()
+            ));
+            match std::fs::OpenOptions::new()
+                .create_new(true)
+                .append(true)
+                .open(&path)
+            {
+                Ok(file) => break (path, file),
+                // Two writers in one nanosecond: take the next.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(GrpoError::io(&path, e)),
+            }
+        };
         let mut w = Self { path, file };
         let mut version = w.event(0);
         version.bytes(3, b"brain.Event:2");

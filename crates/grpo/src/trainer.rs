@@ -376,7 +376,18 @@ where
             } else {
                 dir.to_path_buf()
             };
-            Some(trainee.load(&state_dir)?.step)
+            let state = trainee.load(&state_dir)?;
+            // The data order is the seed's over these records: other records, another order.
+            if let Some(n) = state.data_cursor["records"].as_u64() {
+                if n != records.len() as u64 {
+                    tracing::warn!(
+                        "{}: the state was written with {n} prompts and this run has {}: the data order does not continue the earlier run's (did data.rubrics or data.max_prompt_tokens change?)",
+                        state_dir.display(),
+                        records.len()
+                    );
+                }
+            }
+            Some(state.step)
         }
         None => None,
     };
@@ -427,8 +438,11 @@ where
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp).map_err(|e| GrpoError::io(&tmp, e))?;
         }
-        let cursor =
-            serde_json::json!({ "step": learner.step, "steps_per_epoch": steps_per_epoch });
+        let cursor = serde_json::json!({
+            "step": learner.step,
+            "steps_per_epoch": steps_per_epoch,
+            "records": records.len(),
+        });
         // The export's whole policy is let go before the state is written.
         let written = trainee
             .whole_policy(hooks.export_dtype())

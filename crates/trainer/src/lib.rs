@@ -26,6 +26,10 @@
 //! println!("{} steps", summary.total_steps);
 //! # Ok(()) }
 //! ```
+//!
+//! Progress lines and warnings are `tracing` events: install a subscriber (the binary prints
+//! them on stderr, `CONRUB_LOG` filtering) to see them; what the set-up dropped is also
+//! returned ([`Trainer::dropped_prompts`]).
 
 mod engine;
 mod error;
@@ -100,6 +104,8 @@ where
     pub(crate) runtime: Arc<tokio::runtime::Runtime>,
     /// Names the task and its judge in the opening line.
     pub(crate) describe: String,
+    /// Prompts `data.max_prompt_tokens` dropped.
+    pub(crate) dropped: Overlong,
 }
 
 impl<B: GrpoOps> Trainer<B> {
@@ -158,7 +164,7 @@ where
             .enable_all()
             .build()
             .map_err(|e| TrainerError::Setup(format!("starting the async runtime: {e}")))?;
-        let prompts = match cfg.data.max_prompt_tokens {
+        let (prompts, dropped) = match cfg.data.max_prompt_tokens {
             Some(max) => {
                 let (kept, overlong) = prompts::drop_overlong(
                     prompts,
@@ -169,9 +175,9 @@ where
                 if let Some(line) = overlong.line(max) {
                     tracing::warn!("{line}");
                 }
-                kept
+                (kept, overlong)
             }
-            None => prompts,
+            None => (prompts, Overlong::default()),
         };
         let describe = format!("{} prompts", prompts.len());
         Ok(Self {
@@ -195,7 +201,13 @@ where
             kernel_warmup: None,
             runtime: Arc::new(runtime),
             describe,
+            dropped,
         })
+    }
+
+    /// What `data.max_prompt_tokens` dropped from the task (nothing when unset).
+    pub fn dropped_prompts(&self) -> &Overlong {
+        &self.dropped
     }
 
     /// What breaks exact ties (required unless `learner.tie_mode = "off"`).

@@ -11,7 +11,7 @@ use conrub_config::TrainConfig;
 use conrub_contracts::{Export, TextCodec};
 use conrub_kernels::GrpoOps;
 use conrub_models::{
-    save_pretrained, AttentionKernels, CausalLm, ChatTemplateCodec, HfExport, Precision,
+    save_pretrained_sharded, AttentionKernels, CausalLm, ChatTemplateCodec, HfExport, Precision,
     Pretrained, SaveDtype,
 };
 use conrub_remote::WeightWriter;
@@ -68,16 +68,17 @@ pub fn load_policy<B: GrpoOps>(
         None => dir,
     };
     let (weights_config, weights_tokenizer) = (config.clone(), tokenizer_dir.clone());
+    let max_shard_bytes = cfg.model.max_shard_bytes();
     let rollout_weights: WeightWriter<CausalLm<B>> = Arc::new(move |policy, dir: &Path| {
-        save_pretrained(
+        Ok(save_pretrained_sharded(
             policy,
             &weights_config,
             None,
             Some(&weights_tokenizer),
             dir,
             SaveDtype::Bf16,
-        )?;
-        Ok(std::fs::metadata(dir.join("model.safetensors"))?.len())
+            Some(max_shard_bytes),
+        )?)
     });
     Ok(PolicyParts {
         model,
@@ -91,6 +92,7 @@ pub fn load_policy<B: GrpoOps>(
             generation_config,
             tokenizer_dir: Some(tokenizer_dir),
             dtype: cfg.model.save_dtype,
+            max_shard_bytes: Some(max_shard_bytes),
         }),
         rollout_weights: Some(rollout_weights),
     })
