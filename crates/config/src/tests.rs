@@ -51,6 +51,7 @@ max_response_tokens = 48
 temperature = 1.0
 top_p = 1.0
 top_k = 50
+stop = ["</answer>"]
 rollout_prompts_per_call = 8
 lr = 0.002
 lr_schedule = "cosine"

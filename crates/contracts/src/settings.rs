@@ -41,6 +41,10 @@ pub struct LearnerConfig {
     pub top_p: f64,
     /// Rollout top-k (none by default).
     pub top_k: Option<usize>,
+    /// Stop strings: a response ends where its text first contains one (the token completing
+    /// it kept, the rest dropped, the judges reading the text before it), on every engine and
+    /// backend. The tokenizer's end-of-turn ids stop responses as well.
+    pub stop: Vec<String>,
     /// Prompts sampled together in one generation call (rows = prompts x k).
     pub rollout_prompts_per_call: usize,
     /// Learning rate (the peak of a schedule).
@@ -179,6 +183,7 @@ impl Default for LearnerConfig {
             temperature: 1.0,
             top_p: 1.0,
             top_k: None,
+            stop: Vec::new(),
             rollout_prompts_per_call: 32,
             lr: 3e-6,
             lr_schedule: LrScheduleKind::Constant,

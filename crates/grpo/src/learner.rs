@@ -37,6 +37,7 @@ use crate::reward::{GroupScores, RewardSource};
 use crate::rollout::GroupSampler;
 use crate::schedule::LrSchedule;
 use crate::sharding::{CommStats, RankGather, ShardLayout, ShardedSum, Sharding};
+use crate::stop::cut_at_stop_strings;
 use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
 use crate::update::{Update, UpdateConfig};
 pub use conrub_contracts::{LearnerConfig, OnNonFinite};
@@ -495,17 +496,24 @@ where
             step: self.step,
             first_group: 0,
         };
-        let batch = self.rollout.rollout(inner, &request, &self.device)?;
+        let mut batch = self.rollout.rollout(inner, &request, &self.device)?;
         batch.check_shape(prompts.len(), samples)?;
-        batch
+        let mut texts = self.decode_all(&batch)?;
+        cut_at_stop_strings(&mut batch, &mut texts, self.codec.as_ref(), &self.cfg.stop)?;
+        Ok(texts
+            .into_iter()
+            .zip(batch.responses.iter().zip(&batch.finish_reasons))
+            .map(|(text, (r, &f))| crate::validation::Answer::new(text, r.len(), f))
+            .collect())
+    }
+
+    /// Every response of `batch` as text.
+    fn decode_all(&self, batch: &RolloutBatch) -> Result<Vec<String>> {
+        Ok(batch
             .responses
             .iter()
-            .zip(&batch.finish_reasons)
-            .map(|(r, &f)| {
-                let text = self.codec.decode(r)?;
-                Ok(crate::validation::Answer::new(text, r.len(), f))
-            })
-            .collect()
+            .map(|r| self.codec.decode(r))
+            .collect::<conrub_contracts::Result<_>>()?)
     }
 
     /// The policy, the learner dropped (a kernel warm-up takes its policy back this way; a
@@ -546,13 +554,15 @@ where
         // An engine outside the process may not hold the policy's weights yet (a first step, a
         // resume, a warm-up); one that does skips this.
         let mut weight_sync = self.rollout.sync_weights(&inner, self.step)?;
-        let rollout = self.rollout_stage(&inner, records, shard.first)?;
+        let mut rollout = self.rollout_stage(&inner, records, shard.first)?;
         rollout.check_shape(records.len(), k)?;
-        let texts: Vec<String> = rollout
-            .responses
-            .iter()
-            .map(|r| self.codec.decode(r))
-            .collect::<conrub_contracts::Result<_>>()?;
+        let mut texts = self.decode_all(&rollout)?;
+        cut_at_stop_strings(
+            &mut rollout,
+            &mut texts,
+            self.codec.as_ref(),
+            &self.cfg.stop,
+        )?;
         let rollout_secs = t0.elapsed().as_secs_f64();
 
         let t1 = Instant::now();

@@ -74,6 +74,7 @@ pub mod run_folder;
 pub mod samples;
 mod schedule;
 mod sharding;
+mod stop;
 mod task;
 mod telemetry;
 pub mod tensorboard;
@@ -114,6 +115,7 @@ pub use reward::{GroupScores, JudgeRewards, RewardSource};
 pub use rollout::{GroupSampler, InProcessEngine};
 pub use schedule::LrSchedule;
 pub use sharding::{ShardLayout, Sharding};
+pub use stop::{cut_at_stop_strings, stop_point};
 pub use task::TaskPrompt;
 pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
 pub use trainer::{
