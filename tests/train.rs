@@ -474,6 +474,8 @@ fn llama_and_qwen2_train_export_and_reload() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join(family.model_type());
+        // With a stop string ("e", frequent in the random model's text): no response the
+        // judges read holds it, and the cut ones end with finish reason `stop`.
         let log = train(
             &out,
             &[
@@ -481,10 +483,24 @@ fn llama_and_qwen2_train_export_and_reload() {
                 &format!("model.random.family=\"{family}\""),
                 "--set",
                 "run.max_steps=2",
+                "--set",
+                "learner.stop=[\"e\"]",
             ],
         );
         assert!(log.contains("step 2/2"), "{family}: {log}");
         assert_eq!(steps(&out).len(), 2, "{family}");
+        let responses: Vec<serde_json::Value> = (0..2)
+            .flat_map(|s| jsonl(&out.join(format!("samples/step-{s:06}.jsonl"))))
+            .flat_map(|g| g["responses"].as_array().unwrap().clone())
+            .collect();
+        assert_eq!(responses.len(), 32);
+        assert!(responses
+            .iter()
+            .all(|r| !r["text"].as_str().unwrap().contains('e')));
+        assert!(
+            responses.iter().any(|r| r["finish_reason"] == "stop"),
+            "{family}: no response was cut"
+        );
         let export = out.join("checkpoint-000002");
         let config: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(export.join("config.json")).unwrap())
