@@ -1154,6 +1154,7 @@ fn dp_run_config(dir: &std::path::Path, max_steps: u64) -> conrub_grpo::RunConfi
         sample_groups: 16,
         tensorboard: true,
         overwrite: false,
+        set_aside: false,
     }
 }
 
@@ -1400,6 +1401,7 @@ async fn validation_keeps_the_grader_best_checkpoint() {
         sample_groups: 16,
         tensorboard: true,
         overwrite: false,
+        set_aside: false,
     };
     let v = validator(vec![Label::Missing, Label::Correct, Label::Wrong]);
     let mut l = learner(config());

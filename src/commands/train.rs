@@ -93,8 +93,13 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
             return Err(GrpoError::config("run.output_dir", why).into());
         }
         let dir = cfg.resolve(&cfg.run.output_dir);
-        resume = resolve_resume(resume, &dir)?;
-        conrub_grpo::run_folder::check_start(&dir, resume.is_some(), a.overwrite)?;
+        if resume.as_deref() == Some(std::path::Path::new("auto")) {
+            resume = resume_auto(&dir)?;
+            // No checkpoint: a fresh run, an earlier attempt's files set aside under the lock.
+            cfg.run.set_aside = resume.is_none();
+        }
+        let replace = a.overwrite || cfg.run.set_aside;
+        conrub_grpo::run_folder::check_start(&dir, resume.is_some(), replace)?;
     }
     // Stop before loading anything when the run cannot fit (the table says what to change).
     let kv_pool_blocks = super::plan::check_run_fits(&cfg, a.gpu_memory_gb, &a.config)?;
@@ -109,27 +114,17 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
     run_on_devices(&devices, task)
 }
 
-/// `--resume auto`: the newest complete checkpoint of the run folder `dir`; without one, a
-/// fresh run, what an earlier attempt wrote set aside in `dir/attempt-SECONDS/` (nothing is
-/// deleted); any other path as given.
-fn resolve_resume(resume: Option<PathBuf>, dir: &std::path::Path) -> Result<Option<PathBuf>> {
-    use conrub_grpo::run_folder::{latest_checkpoint, set_aside_earlier_run};
-    if resume.as_deref() != Some(std::path::Path::new("auto")) {
-        return Ok(resume);
-    }
-    let found = latest_checkpoint(dir)?;
+/// `--resume auto`: the newest complete checkpoint of the run folder `dir`; `None` (a fresh
+/// run, whose claim of the folder sets an earlier attempt's files aside in
+/// `dir/attempt-SECONDS/`: nothing is deleted) when it holds none.
+fn resume_auto(dir: &std::path::Path) -> Result<Option<PathBuf>> {
+    let found = conrub_grpo::run_folder::latest_checkpoint(dir)?;
     match &found {
         Some(ckpt) => tracing::info!("--resume auto: continuing from {}", ckpt.display()),
-        None => {
-            let aside = set_aside_earlier_run(dir)?;
-            let moved = aside
-                .map(|a| format!(" (an earlier attempt's files moved to {})", a.display()))
-                .unwrap_or_default();
-            tracing::info!(
-                "--resume auto: {} holds no complete checkpoint; starting a fresh run{moved}",
-                dir.display()
-            );
-        }
+        None => tracing::info!(
+            "--resume auto: {} holds no complete checkpoint; starting a fresh run",
+            dir.display()
+        ),
     }
     Ok(found)
 }

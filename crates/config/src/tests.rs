@@ -243,6 +243,11 @@ fn errors_name_the_file_and_the_key() {
     );
     let e = error_of(&format!("{random}[learner]\nlr = -1.0\n"));
     assert_eq!(e, "t.toml: learner.lr: must be a finite number > 0");
+    let e = error_of(&format!("{random}[learner]\nstop = [\"\"]\n"));
+    assert_eq!(
+        e,
+        "t.toml: learner.stop: stop strings must be non-empty and hold no U+FFFD replacement character"
+    );
     let e = error_of(&format!("{random}[rollout]\nmax_rows = 0\n"));
     assert_eq!(e, "t.toml: rollout.max_rows: must be at least 1");
     let e = error_of(&format!("{random}[rollout]\nengine = \"sglang\"\n"));

@@ -239,6 +239,18 @@ impl LearnerConfig {
         if self.top_k == Some(0) {
             return bad("top_k", "must be at least 1");
         }
+        // A partial UTF-8 sequence decodes to U+FFFD until its last byte arrives, so a stop
+        // string holding one could match a prefix and vanish from the longer text.
+        if self
+            .stop
+            .iter()
+            .any(|s| s.is_empty() || s.contains('\u{FFFD}'))
+        {
+            return bad(
+                "stop",
+                "stop strings must be non-empty and hold no U+FFFD replacement character",
+            );
+        }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return bad("lr", "must be a finite number > 0");
         }
@@ -316,8 +328,8 @@ pub struct RunConfig {
     pub output_dir: PathBuf,
     /// Keep only the newest this many checkpoints, counting the one just written (and the best
     /// one by the validation grader, see `[eval]`); at least 1. `None` keeps every checkpoint.
-    /// When pruning, a resumed run also removes the checkpoints of later steps left by an
-    /// earlier attempt.
+    /// A resumed run first moves the checkpoints of later steps, left by an earlier attempt,
+    /// into `attempt-SECONDS/` (`conrub_grpo::run_folder::set_aside_later_checkpoints`).
     pub keep_checkpoints: Option<usize>,
     /// Groups of each step whose rollouts go to `output_dir/samples/step-NNNNNN.jsonl` (prompt,
     /// responses, rewards and their parts, labels, tie verdicts, advantages), the step's first
@@ -332,6 +344,11 @@ pub struct RunConfig {
     /// Without it a fresh run into such a folder is refused (see `conrub_grpo::run_folder`).
     #[serde(skip)]
     pub overwrite: bool,
+    /// Start a fresh run over an earlier attempt's files in `output_dir`, moving them into
+    /// `attempt-SECONDS/` (`conrub train --resume auto` finding no checkpoint to resume; not a
+    /// config key).
+    #[serde(skip)]
+    pub set_aside: bool,
 }
 
 impl RunConfig {
@@ -365,6 +382,7 @@ impl Default for RunConfig {
             sample_groups: 16,
             tensorboard: true,
             overwrite: false,
+            set_aside: false,
         }
     }
 }

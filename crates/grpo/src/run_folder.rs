@@ -162,43 +162,43 @@ fn earlier_run(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// The newest complete checkpoint in `dir` (`--resume auto`): the `checkpoint-NNNNNN` folder of
 /// the highest step whose `training_state/state.json` exists (a checkpoint folder appears whole,
-/// renamed from `.tmp`, so a kill leaves either a complete one or none), or its `.old` copy when
-/// a kill between the two renames of its replacement left only that. A checkpoint of a step
-/// beyond the last step line of `metrics.jsonl` is an earlier, abandoned attempt's (a resume
-/// from an earlier step left it; the steps since are not its) and is passed over. `None` when
-/// the folder does not exist or holds none.
+/// renamed from `.tmp`, so a kill leaves either a complete one or none; `.tmp` and `.old`
+/// folders are never taken). A checkpoint of a step beyond the last step line of
+/// `metrics.jsonl` is not this run's and is passed over (a resume sets such leftovers aside,
+/// [`set_aside_later_checkpoints`]; this guards folders written before it did). `None` when the
+/// folder does not exist or holds none.
 pub fn latest_checkpoint(dir: &Path) -> Result<Option<PathBuf>> {
+    let logged = steps_logged(dir)?;
+    let best = checkpoints(dir)?
+        .into_iter()
+        .filter(|(step, path)| {
+            path.join("training_state").join("state.json").is_file()
+                && logged.is_none_or(|done| *step <= done)
+        })
+        .max_by_key(|(step, _)| *step);
+    Ok(best.map(|(_, path)| path))
+}
+
+/// The `checkpoint-NNNNNN` folders of `dir` (none of `.tmp` or `.old`) with their steps; none
+/// when `dir` does not exist.
+fn checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(GrpoError::io(dir, e)),
     };
-    let logged = steps_logged(dir)?;
-    let mut best: Option<(u64, PathBuf)> = None;
+    let mut found = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| GrpoError::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix("checkpoint-") else {
-            continue;
-        };
-        let (number, old) = match rest.strip_suffix(".old") {
-            Some(n) => (n, true),
-            None => (rest, false),
-        };
-        let Ok(step) = number.parse::<u64>() else {
-            continue;
-        };
-        let complete = |p: &Path| p.join("training_state").join("state.json").is_file();
-        let path = entry.path();
-        // A `.old` copy counts only where its replacement never arrived.
-        let usable =
-            complete(&path) && !(old && complete(&dir.join(format!("checkpoint-{number}"))));
-        let current = logged.is_none_or(|done| step <= done);
-        if usable && current && best.as_ref().is_none_or(|(b, _)| step > *b) {
-            best = Some((step, path));
+        let step = name
+            .strip_prefix("checkpoint-")
+            .and_then(|n| n.parse::<u64>().ok());
+        if let Some(step) = step.filter(|_| entry.path().is_dir()) {
+            found.push((step, entry.path()));
         }
     }
-    Ok(best.map(|(_, path)| path))
+    Ok(found)
 }
 
 /// The steps done by the last step line of `dir/metrics.jsonl` (its `step` + 1; 0 with no step
@@ -221,17 +221,10 @@ fn steps_logged(dir: &Path) -> Result<Option<u64>> {
     Ok(Some(done))
 }
 
-/// Moves what an earlier attempt left in `dir` without a checkpoint to resume from (its
-/// metrics, samples, event files, partial checkpoints) into `dir/attempt-SECONDS/`, so a fresh
-/// run can start there with nothing lost (`--resume auto` when no checkpoint is complete).
-/// Refuses a folder a live run holds. Returns the folder moved to, `None` when nothing was
-/// there.
-pub fn set_aside_earlier_run(dir: &Path) -> Result<Option<PathBuf>> {
-    check_start(dir, true, false)?;
-    let earlier = earlier_run(dir)?;
-    if earlier.is_empty() {
-        return Ok(None);
-    }
+/// Moves `paths` (entries of `dir`) into a new `dir/attempt-SECONDS/` and returns it: what an
+/// earlier attempt wrote, kept whole where a new attempt would otherwise overwrite or mix with
+/// it.
+fn set_aside(dir: &Path, paths: &[PathBuf]) -> Result<PathBuf> {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -244,12 +237,49 @@ pub fn set_aside_earlier_run(dir: &Path) -> Result<Option<PathBuf>> {
         .find(|p| !p.exists())
         .expect("a free name");
     std::fs::create_dir(&aside).map_err(|e| GrpoError::io(&aside, e))?;
-    for path in earlier {
+    for path in paths {
         let to = aside.join(path.file_name().expect("an entry of the folder"));
-        std::fs::rename(&path, &to).map_err(|e| GrpoError::io(&path, e))?;
+        std::fs::rename(path, &to).map_err(|e| GrpoError::io(path, e))?;
     }
     conrub_rubric::io::sync_dir(dir).map_err(|e| GrpoError::io(dir, e))?;
-    Ok(Some(aside))
+    Ok(aside)
+}
+
+/// For a run resumed after `steps_done` steps (holding the folder's lock): the checkpoints of
+/// later steps (and their `.tmp` and `.old` folders), which an earlier, longer attempt left and
+/// which this run's own would otherwise replace or be confused with, moved into
+/// `dir/attempt-SECONDS/`. Returns that folder, `None` when there were none.
+pub fn set_aside_later_checkpoints(dir: &Path, steps_done: u64) -> Result<Option<PathBuf>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| GrpoError::io(dir, e))?;
+    let mut later = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| GrpoError::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let step = name
+            .strip_prefix("checkpoint-")
+            .map(|n| n.split('.').next().unwrap_or(n))
+            .and_then(|n| n.parse::<u64>().ok());
+        if step.is_some_and(|s| s > steps_done) {
+            later.push(entry.path());
+        }
+    }
+    if later.is_empty() {
+        return Ok(None);
+    }
+    later.sort();
+    set_aside(dir, &later).map(Some)
+}
+
+/// What [`claim`] does with an earlier run's metrics, samples, events and checkpoints found by
+/// a fresh run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EarlierRun {
+    /// Refuse the folder (the default).
+    Refuse,
+    /// Delete them (`--overwrite`).
+    Delete,
+    /// Move them into `attempt-SECONDS/` (`--resume auto` with no checkpoint to resume).
+    SetAside,
 }
 
 /// What a run can check of its folder before it loads anything (the binary calls it first, so
@@ -313,13 +343,25 @@ pub fn check_start(dir: &Path, resuming: bool, overwrite: bool) -> Result<Vec<Pa
 }
 
 /// Claims the run folder `dir` for a run: [`check_start`], then its lock ([`RunLock`]), then, for
-/// a fresh run with `overwrite`, the earlier run's metrics and checkpoints are deleted (the fresh
-/// run starts from an empty history, and pruning never meets another run's checkpoints).
-pub fn claim(dir: &Path, resuming: bool, overwrite: bool) -> Result<RunLock> {
-    check_start(dir, resuming, overwrite)?;
+/// a fresh run, the earlier run's metrics, samples, events and checkpoints are deleted or set
+/// aside as `earlier` says (the fresh run starts from an empty history, and pruning never meets
+/// another run's checkpoints), all under the lock.
+pub fn claim(dir: &Path, resuming: bool, earlier: EarlierRun) -> Result<RunLock> {
+    let replace = earlier != EarlierRun::Refuse;
+    check_start(dir, resuming, replace)?;
     let lock = RunLock::acquire(dir)?;
     // Checked again under the lock: another run may have written meanwhile.
-    for path in check_start(dir, resuming, overwrite)? {
+    let found = check_start(dir, resuming, replace)?;
+    if earlier == EarlierRun::SetAside && !found.is_empty() {
+        let aside = set_aside(dir, &found)?;
+        tracing::warn!(
+            "{}: an earlier attempt's files (no checkpoint to resume) moved to {}",
+            dir.display(),
+            aside.display()
+        );
+        return Ok(lock);
+    }
+    for path in found {
         let removed = if path.is_dir() {
             std::fs::remove_dir_all(&path)
         } else {
@@ -337,8 +379,10 @@ mod tests {
     #[test]
     fn a_second_claim_names_the_owner_and_a_dead_owner_is_taken_over() {
         let dir = tempfile::tempdir().unwrap();
-        let lock = claim(dir.path(), false, false).unwrap();
-        let err = claim(dir.path(), true, false).unwrap_err().to_string();
+        let lock = claim(dir.path(), false, EarlierRun::Refuse).unwrap();
+        let err = claim(dir.path(), true, EarlierRun::Refuse)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains(&format!("in use by process {}", std::process::id())),
             "{err}"
@@ -355,7 +399,7 @@ mod tests {
             serde_json::to_string(&stale).unwrap(),
         )
         .unwrap();
-        let _lock = claim(dir.path(), false, false).unwrap();
+        let _lock = claim(dir.path(), false, EarlierRun::Refuse).unwrap();
     }
 
     #[test]
@@ -363,7 +407,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("metrics.jsonl"), "{}\n").unwrap();
         std::fs::create_dir(dir.path().join("checkpoint-000004")).unwrap();
-        let err = claim(dir.path(), false, false).unwrap_err().to_string();
+        let err = claim(dir.path(), false, EarlierRun::Refuse)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("holds an earlier run (checkpoint-000004, metrics.jsonl)")
                 && err.contains("--resume")
@@ -378,8 +424,8 @@ mod tests {
             !dir.path().join(LOCK_FILE).exists(),
             "the refused run let go"
         );
-        drop(claim(dir.path(), true, false).unwrap());
-        drop(claim(dir.path(), false, true).unwrap());
+        drop(claim(dir.path(), true, EarlierRun::Refuse).unwrap());
+        drop(claim(dir.path(), false, EarlierRun::Delete).unwrap());
         assert!(!dir.path().join("checkpoint-000004").exists());
         assert!(!dir.path().join("metrics.jsonl").exists());
     }
@@ -399,35 +445,60 @@ mod tests {
         state("checkpoint-000002");
         state("checkpoint-000010");
         state("checkpoint-000012.tmp");
-        state("checkpoint-000010.old");
+        state("checkpoint-000014.old");
         std::fs::create_dir_all(dir.path().join("checkpoint-000016/training_state")).unwrap();
         std::fs::write(dir.path().join("checkpoint-000018"), "").unwrap();
         assert_eq!(
             latest_checkpoint(dir.path()).unwrap(),
             Some(dir.path().join("checkpoint-000010"))
         );
-        // A `.old` copy whose replacement never arrived is the checkpoint.
-        state("checkpoint-000014.old");
-        assert_eq!(
-            latest_checkpoint(dir.path()).unwrap(),
-            Some(dir.path().join("checkpoint-000014.old"))
-        );
-        // Metrics that end at 12 steps done: checkpoint 14 is an abandoned attempt's.
+        // Metrics that end at 2 steps done: checkpoint 10 is not this run's.
         let line = |s: u64| format!("{{\"kind\":\"step\",\"step\":{s}}}\n");
-        std::fs::write(dir.path().join("metrics.jsonl"), line(10) + &line(11)).unwrap();
+        std::fs::write(dir.path().join("metrics.jsonl"), line(0) + &line(1)).unwrap();
         assert_eq!(
             latest_checkpoint(dir.path()).unwrap(),
-            Some(dir.path().join("checkpoint-000010"))
+            Some(dir.path().join("checkpoint-000002"))
         );
-        // With no checkpoint to resume, the earlier attempt is set aside whole.
+        // A resume after 2 steps sets every later checkpoint folder aside, whole.
+        let aside = set_aside_later_checkpoints(dir.path(), 2).unwrap().unwrap();
+        let mut moved: Vec<String> = std::fs::read_dir(&aside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        moved.sort();
+        assert_eq!(
+            moved,
+            [
+                "checkpoint-000010",
+                "checkpoint-000012.tmp",
+                "checkpoint-000014.old",
+                "checkpoint-000016",
+                "checkpoint-000018"
+            ]
+        );
+        assert!(dir.path().join("checkpoint-000002").is_dir());
+        assert_eq!(set_aside_later_checkpoints(dir.path(), 2).unwrap(), None);
+        // With no checkpoint to resume, a fresh claim sets the earlier attempt aside whole.
         let fresh = tempfile::tempdir().unwrap();
         std::fs::write(fresh.path().join("metrics.jsonl"), line(0)).unwrap();
         std::fs::create_dir_all(fresh.path().join("samples")).unwrap();
         assert_eq!(latest_checkpoint(fresh.path()).unwrap(), None);
-        let aside = set_aside_earlier_run(fresh.path()).unwrap().unwrap();
-        assert!(aside.join("metrics.jsonl").is_file() && aside.join("samples").is_dir());
+        drop(claim(fresh.path(), false, EarlierRun::SetAside).unwrap());
+        let attempts: Vec<PathBuf> = std::fs::read_dir(fresh.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("attempt-")
+            })
+            .collect();
+        assert_eq!(attempts.len(), 1);
+        assert!(
+            attempts[0].join("metrics.jsonl").is_file() && attempts[0].join("samples").is_dir()
+        );
         check_start(fresh.path(), false, false).unwrap();
-        assert_eq!(set_aside_earlier_run(fresh.path()).unwrap(), None);
     }
 
     #[test]
@@ -435,9 +506,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("f");
         std::fs::write(&file, "").unwrap();
-        let err = claim(&file, false, false).unwrap_err().to_string();
+        let err = claim(&file, false, EarlierRun::Refuse)
+            .unwrap_err()
+            .to_string();
         assert!(err.ends_with("is a file, not a folder"), "{err}");
-        let err = claim(Path::new(""), false, false).unwrap_err().to_string();
+        let err = claim(Path::new(""), false, EarlierRun::Refuse)
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("run.output_dir: is empty"), "{err}");
     }
 }

@@ -10,9 +10,11 @@ use conrub_contracts::{FinishReason, RolloutBatch, TextCodec};
 use crate::error::Result;
 
 /// The number of leading tokens of `tokens` whose text first contains one of `stops`, with the
-/// text before that stop string; `None` when the text never contains one. Decoding is monotone
-/// in the prefix (a longer prefix's text extends a shorter one's), so the shortest such prefix
-/// is found by bisection, in a logarithmic number of decodes.
+/// text before that stop string; `None` when the text never contains one. Once a prefix's text
+/// contains a stop string every longer prefix's does (a longer prefix can only turn a trailing
+/// U+FFFD of a partial UTF-8 sequence into its character, which a stop string never holds:
+/// `LearnerConfig::validate` refuses one that does), so the shortest such prefix is found by
+/// bisection, in a logarithmic number of decodes.
 pub fn stop_point(
     codec: &dyn TextCodec,
     tokens: &[u32],

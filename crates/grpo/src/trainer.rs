@@ -18,6 +18,7 @@ use crate::checkpoint::{load_state, TrainingState};
 use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, StepOutput};
 use crate::parallel::DataParallel;
+use crate::run_folder::{set_aside_later_checkpoints, EarlierRun};
 use crate::samples::{eval_samples_path, remove_samples_after, step_samples_path, write_samples};
 use crate::task::TaskPrompt;
 use crate::telemetry::{progress_line, validation_progress_line, MetricsLog};
@@ -393,7 +394,21 @@ where
     };
     // The folder is this run's until it returns (`run.lock`); a fresh run never starts over an
     // earlier one unless told to overwrite it.
-    let _lock = crate::run_folder::claim(&run.output_dir, resume.is_some(), run.overwrite)?;
+    let earlier = match (run.overwrite, run.set_aside) {
+        (true, _) => EarlierRun::Delete,
+        (false, true) => EarlierRun::SetAside,
+        (false, false) => EarlierRun::Refuse,
+    };
+    let _lock = crate::run_folder::claim(&run.output_dir, resume.is_some(), earlier)?;
+    if let Some(step) = resume_step {
+        // Checkpoints past the resumed step are an earlier, longer attempt's.
+        if let Some(aside) = set_aside_later_checkpoints(&run.output_dir, step)? {
+            tracing::warn!(
+                "checkpoints after step {step}, left by an earlier attempt, moved to {}",
+                aside.display()
+            );
+        }
+    }
     let steps_per_epoch = records.len().div_ceil(run.prompts_per_step) as u64;
     let mut total = steps_per_epoch * run.epochs as u64;
     if let Some(m) = run.max_steps {

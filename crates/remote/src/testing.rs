@@ -236,18 +236,39 @@ async fn generate(State(s): State<Arc<ServerState>>, Json(body): Json<Value>) ->
     Json(Value::Array(outputs)).into_response()
 }
 
+/// The weights of a model folder as a server reads them: `model.safetensors`, or the index and
+/// every shard it lists (in name order), concatenated; the error is the reply's message.
+fn weight_bytes(dir: &std::path::Path) -> std::result::Result<Vec<u8>, String> {
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let single = dir.join("model.safetensors");
+    let index = dir.join("model.safetensors.index.json");
+    if single.exists() || !index.exists() {
+        return read(&single);
+    }
+    let mut bytes = read(&index)?;
+    let parsed: Value =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", index.display()))?;
+    let shards: std::collections::BTreeSet<&str> = parsed["weight_map"]
+        .as_object()
+        .map(|m| m.values().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    for shard in shards {
+        bytes.extend(read(&dir.join(shard))?);
+    }
+    Ok(bytes)
+}
+
 async fn update(State(s): State<Arc<ServerState>>, Json(body): Json<Value>) -> Response {
     let version = body["weight_version"].as_str().unwrap_or("").to_string();
-    let path =
-        std::path::Path::new(body["model_path"].as_str().unwrap_or("")).join("model.safetensors");
+    let dir = std::path::Path::new(body["model_path"].as_str().unwrap_or("")).to_path_buf();
     if fault(&s) == Some(Fault::FailUpdate) {
         let reply = json!({"success": false, "message": "Failed to update weights: out of memory"});
         return (StatusCode::BAD_REQUEST, Json(reply)).into_response();
     }
-    let bytes = match std::fs::read(&path) {
+    let bytes = match weight_bytes(&dir) {
         Ok(b) => b,
-        Err(e) => {
-            let reply = json!({"success": false, "message": format!("{}: {e}", path.display())});
+        Err(message) => {
+            let reply = json!({"success": false, "message": message});
             return (StatusCode::BAD_REQUEST, Json(reply)).into_response();
         }
     };

@@ -34,7 +34,8 @@ where
         let mut run = self.cfg.run.clone();
         run.output_dir = self.cfg.resolve(&run.output_dir);
         // A folder that is in use or holds an earlier run fails before the supervised warm-up.
-        run_folder::check_start(&run.output_dir, self.resume.is_some(), run.overwrite)?;
+        let replace = run.overwrite || run.set_aside;
+        run_folder::check_start(&run.output_dir, self.resume.is_some(), replace)?;
         let model = self
             .model
             .take()
