@@ -181,7 +181,7 @@ pub fn latest_checkpoint(dir: &Path) -> Result<Option<PathBuf>> {
 
 /// The `checkpoint-NNNNNN` folders of `dir` (none of `.tmp` or `.old`) with their steps; none
 /// when `dir` does not exist.
-fn checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+pub(crate) fn checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -158,20 +158,7 @@ fn prune_checkpoints(
     just_written: u64,
     best_step: Option<u64>,
 ) -> Result<()> {
-    let entries = std::fs::read_dir(output_dir).map_err(|e| GrpoError::io(output_dir, e))?;
-    let found: Vec<(u64, PathBuf)> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name();
-            let step = name
-                .to_str()?
-                .strip_prefix("checkpoint-")?
-                .parse::<u64>()
-                .ok()?;
-            let path = e.path();
-            path.is_dir().then_some((step, path))
-        })
-        .collect();
+    let found = crate::run_folder::checkpoints(output_dir)?;
     let steps: Vec<u64> = found.iter().map(|(step, _)| *step).collect();
     let prune = checkpoints_to_prune(&steps, just_written, best_step, keep);
     for (step, dir) in &found {
