@@ -1699,3 +1699,284 @@ fn an_embedded_trainer_checks_before_it_trains() {
         "{}\n"
     );
 }
+
+/// The demo's records with a numeric `ground_truth` each (a dose, a day count, ...), in `dir`.
+fn records_with_ground_truth(dir: &Path) -> PathBuf {
+    let truths = ["300", "5", "500", "0", "2", "3", "50", "3"];
+    let text = std::fs::read_to_string(root().join("data/samples/rubrics.jsonl")).unwrap();
+    let lines: Vec<String> = text
+        .lines()
+        .zip(truths)
+        .map(|(l, t)| {
+            let mut r: serde_json::Value = serde_json::from_str(l).unwrap();
+            r["ground_truth"] = t.into();
+            r.to_string()
+        })
+        .collect();
+    assert_eq!(lines.len(), 8);
+    let path = dir.join("rubrics-gt.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+/// A loopback reward server on a thread: answers 503 to its first `failures` requests, then
+/// `{"rewards": [...]}` with each response's length in characters mod 3, halved.
+fn reward_server(failures: usize) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/score", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for (n, stream) in listener.incoming().enumerate() {
+            let mut stream = stream.unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+                if line == "\r\n" || line.is_empty() {
+                    break;
+                }
+            }
+            let mut body = vec![0u8; length];
+            reader.read_exact(&mut body).unwrap();
+            let (status, answer) = if n < failures {
+                ("503 Service Unavailable", String::new())
+            } else {
+                let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                let rewards: Vec<f64> = body["responses"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| (r.as_str().unwrap().chars().count() % 3) as f64 / 2.0)
+                    .collect();
+                (
+                    "200 OK",
+                    serde_json::json!({ "rewards": rewards }).to_string(),
+                )
+            };
+            let reply = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+            stream.write_all(reply.as_bytes()).unwrap();
+        }
+    });
+    url
+}
+
+/// `[[reward.functions]]` from the command line: the lexical rubric judge (0.7) and a numeric
+/// match (0.3) train the demo, each response's reward the weighted sum of its parts; records
+/// without the ground truth are refused by line; a reward server that fails once leaves that
+/// group unscored (no reward, not 0) and the run goes on.
+#[test]
+fn reward_functions_mix_a_judge_a_numeric_match_and_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = records_with_ground_truth(dir.path());
+    let data = format!("data.rubrics=\"{}\"", records.display());
+    let mix = "reward.functions=[{kind=\"rubric\", weight=0.7}, \
+               {kind=\"numeric\", weight=0.3, tolerance=0.5}]";
+    let out = dir.path().join("mix");
+    let log = train(
+        &out,
+        &["--set", &data, "--set", mix, "--set", "run.epochs=1"],
+    );
+    assert!(
+        log.contains("rewards 0.7 x rubric + 0.3 x numeric"),
+        "{log}"
+    );
+    let metrics = steps(&out);
+    assert_eq!(metrics.len(), 2);
+    for m in &metrics {
+        let step = m["step"].as_u64().unwrap();
+        let groups = jsonl(&out.join(format!("samples/step-{step:06}.jsonl")));
+        let mut rewards = vec![];
+        for g in &groups {
+            let criteria = g["criteria"].as_array().unwrap().len();
+            assert!(criteria > 0, "the rubric part's criteria are kept: {g}");
+            for r in g["responses"].as_array().unwrap() {
+                let s = &r["score"];
+                assert_eq!(s["status"], "mixed", "{r}");
+                let parts = s["parts"].as_array().unwrap();
+                let names: Vec<&str> = parts.iter().map(|p| p["name"].as_str().unwrap()).collect();
+                assert_eq!(names, ["rubric", "numeric"]);
+                assert_eq!(
+                    parts[0]["score"]["labels"].as_array().unwrap().len(),
+                    criteria
+                );
+                let judged = parts[0]["score"]["reward"]["value"].as_f64().unwrap();
+                let numeric = parts[1]["score"]["reward"]["value"].as_f64().unwrap();
+                assert!(numeric == 0.0 || numeric == 1.0, "{r}");
+                if !r["text"]
+                    .as_str()
+                    .unwrap()
+                    .chars()
+                    .any(|c| c.is_ascii_digit())
+                {
+                    assert_eq!(numeric, 0.0, "no number, no match: {r}");
+                }
+                let by_hand = 0.0 + 0.7 * judged + 0.3 * numeric;
+                assert_eq!(s["reward"].as_f64().unwrap().to_bits(), by_hand.to_bits());
+                assert_eq!(r["reward"], s["reward"]);
+                rewards.push(by_hand);
+            }
+        }
+        let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
+        assert!((mean - m["reward_mean"].as_f64().unwrap()).abs() < 1e-12);
+        assert_eq!(m["unscored"], 0);
+    }
+
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args([
+            "samples",
+            out.to_str().unwrap(),
+            "--step",
+            "1",
+            "--group",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.matches("= 0.7 x rubric ").count() == 4 && text.contains(" + 0.3 x numeric "),
+        "{text}"
+    );
+
+    // The demo's own records have no ground truth: refused before training, by line.
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(train_args(&dir.path().join("refused"), &["--set", mix]))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("8 records the reward functions cannot score")
+            && err.contains("rubrics.jsonl:1: record `med-0001`: reward function `numeric`")
+            && err.contains("ground_truth"),
+        "{err}"
+    );
+
+    // A reward server that fails its first request (no retries): one group of the first step
+    // is unscored, the rest are scored by the server's floats.
+    let url = reward_server(1);
+    let http = format!(
+        "reward.functions=[{{kind=\"http\", url=\"{url}\", max_retries=0, timeout_secs=20}}]"
+    );
+    let out = dir.path().join("http");
+    train(&out, &["--set", &http, "--set", "run.epochs=1"]);
+    let metrics = steps(&out);
+    assert_eq!(metrics.len(), 2);
+    assert_eq!(
+        (
+            metrics[0]["unscored"].as_u64(),
+            metrics[1]["unscored"].as_u64()
+        ),
+        (Some(4), Some(0))
+    );
+    let groups = jsonl(&out.join("samples/step-000000.jsonl"));
+    let unscored: Vec<&serde_json::Value> = groups
+        .iter()
+        .filter(|g| g["responses"][0]["score"]["status"] == "unscored")
+        .collect();
+    assert_eq!(unscored.len(), 1);
+    for r in unscored[0]["responses"].as_array().unwrap() {
+        assert!(r["reward"].is_null(), "unscored, not 0: {r}");
+        let why = r["score"]["message"].as_str().unwrap();
+        assert!(why.contains("`http`") && why.contains("503"), "{why}");
+    }
+    for g in groups
+        .iter()
+        .filter(|g| g["responses"][0]["score"]["status"] != "unscored")
+    {
+        for r in g["responses"].as_array().unwrap() {
+            let want = (r["text"].as_str().unwrap().chars().count() % 3) as f64 / 2.0;
+            assert_eq!(r["reward"].as_f64(), Some(want), "{r}");
+        }
+    }
+}
+
+/// The demo config with `[[data.train]]` tables (`files`: path, optional format, weight) in
+/// place of `data.rubrics`, written to `dir` with absolute paths.
+fn demo_config_with_files(dir: &Path, files: &[(&str, Option<&str>, f64)]) -> PathBuf {
+    let demo = std::fs::read_to_string(root().join("configs/demo-cpu.toml")).unwrap();
+    let configs = root().join("configs");
+    let mut text: String = demo
+        .lines()
+        .filter(|l| !l.starts_with("rubrics = "))
+        .map(|l| l.replace("\"../", &format!("\"{}/../", configs.display())))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for (path, format, weight) in files {
+        text += &format!(
+            "\n[[data.train]]\npath = \"{}\"\nweight = {weight}\n",
+            root().join(path).display()
+        );
+        if let Some(f) = format {
+            text += &format!("format = \"{f}\"\n");
+        }
+    }
+    let path = dir.join("mixed.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `[[data.train]]`: the demo's rubric JSONL mixed with the RaR sample (imported, weight 2):
+/// the task holds both files' prompts, the RaR ones twice (`id~2`); an id two files share is
+/// refused, naming both places.
+#[test]
+fn data_train_mixes_files_by_weight() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = demo_config_with_files(
+        dir.path(),
+        &[
+            ("data/samples/rubrics.jsonl", None, 1.0),
+            ("data/samples/rar.jsonl", Some("rar"), 2.0),
+        ],
+    );
+    let rar = std::fs::read_to_string(root().join("data/samples/rar.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    let out = dir.path().join("run");
+    let mut args = train_args(&out, &["--set", "run.max_steps=1"]);
+    args[2] = config.display().to_string();
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(&args)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    let prompts = 8 + 2 * rar;
+    assert!(
+        log.contains(&format!("{prompts} prompts from 1 x "))
+            && log.contains(&format!(
+                "2 x {}",
+                root().join("data/samples/rar.jsonl").display()
+            )),
+        "{log}"
+    );
+
+    let config = demo_config_with_files(
+        dir.path(),
+        &[
+            ("data/samples/rubrics.jsonl", None, 1.0),
+            ("data/samples/rubrics.jsonl", None, 0.5),
+        ],
+    );
+    args[2] = config.display().to_string();
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(&args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("line 1: prompt id `med-0001` is already used at")
+            && err.contains("rubrics.jsonl:1"),
+        "{err}"
+    );
+}

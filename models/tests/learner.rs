@@ -50,6 +50,7 @@ fn records() -> Vec<RubricRecord> {
             id: format!("p{i}"),
             question: vec![Message::user(format!("question {i} about tokens"))],
             reference_answer: None,
+            ground_truth: None,
             source: None,
             criteria: vec![Criterion::content(SAYS_T7), Criterion::content(SAYS_T9)],
             provenance: None,

@@ -323,7 +323,7 @@ fn report_unscored(
         .zip(&jobs.meta)
         .find_map(|(r, m)| match &r.score {
             ResponseScore::Unscored(u) => Some((m, u)),
-            ResponseScore::Scored(_) => None,
+            _ => None,
         });
     match first_unscored {
             Some(((pid, line, k), u)) => tracing::info!(

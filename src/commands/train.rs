@@ -80,7 +80,7 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
     }
     // Fail before loading anything when training needs what the file lacks, or on records
     // `conrub rubrics validate` rejects.
-    conrub_trainer::check_rubrics(&cfg.rubrics_path()?)?;
+    conrub_trainer::check_data(&cfg)?;
     cfg.judge()?;
     cfg.check_builtin_plugins()?;
     cfg.run.overwrite = a.overwrite;

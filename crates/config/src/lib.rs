@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 pub use error::{ConfigError, Result};
 pub use sections::{
     DataSection, ModelSection, OverlongPrompts, RandomModel, RewardSection, RolloutEngineKind,
-    RolloutSection, ShardSize, WarmupSection,
+    RolloutSection, ShardSize, TrainFile, WarmupSection,
 };
 
 /// A train config (`conrub train --config FILE`, `conrub plan --config FILE`).
@@ -360,14 +360,46 @@ impl TrainConfig {
         }
     }
 
-    /// The rubric file, resolved; an error when the config has none.
-    pub fn rubrics_path(&self) -> Result<PathBuf> {
-        let p = self.data.rubrics.as_ref().ok_or_else(|| ConfigError::Key {
+    /// The task's files, paths resolved: `[[data.train]]`, or `data.rubrics` as one rubric
+    /// JSONL of weight 1. Errors name the key: neither or both given, a weight that is not a
+    /// finite number above 0.
+    pub fn train_files(&self) -> Result<Vec<TrainFile>> {
+        let key_error = |key: String, message: String| ConfigError::Key {
             path: self.path.clone(),
-            key: "data.rubrics".into(),
-            message: "missing: training needs the rubric records".into(),
-        })?;
-        Ok(self.resolve(p))
+            key,
+            message,
+        };
+        let files = match (&self.data.rubrics, self.data.train.as_slice()) {
+            (Some(_), [_, ..]) => {
+                let why = "give the records once: `data.rubrics` (one file) or `[[data.train]]`";
+                return Err(key_error("data.train".into(), why.into()));
+            }
+            (Some(path), []) => vec![TrainFile {
+                path: path.clone(),
+                format: None,
+                weight: 1.0,
+            }],
+            (None, []) => {
+                let why =
+                    "missing: training needs the records (`data.rubrics` or `[[data.train]]`)";
+                return Err(key_error("data.rubrics".into(), why.into()));
+            }
+            (None, files) => files.to_vec(),
+        };
+        files
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| {
+                if !(f.weight.is_finite() && f.weight > 0.0) {
+                    let why = format!("{} is not a finite weight above 0", f.weight);
+                    return Err(key_error(format!("data.train[{i}].weight"), why));
+                }
+                Ok(TrainFile {
+                    path: self.resolve(&f.path),
+                    ..f
+                })
+            })
+            .collect()
     }
 
     /// Refuses `learner.estimator` / `learner.loss` names that are not built in: what

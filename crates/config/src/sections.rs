@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use conrub_models::{Family, ModelConfig, SaveDtype};
 use conrub_rollout::EngineConfig;
-use conrub_rubric::{LengthPenalty, RubricDropout, ScoringMode};
+use conrub_rubric::{ImportFormat, LengthPenalty, RewardFunctionSpec, RubricDropout, ScoringMode};
 use serde::{Deserialize, Serialize};
 
 /// `[model]`: the policy, a checkpoint (`path`) or a random model (`[model.random]`).
@@ -163,14 +163,39 @@ impl RandomModel {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataSection {
-    /// Rubric JSONL, relative to the config (required to train).
+    /// Rubric JSONL, relative to the config: the one-file spelling of `train` (one of the two is
+    /// required to train).
     pub rubrics: Option<PathBuf>,
+    /// `[[data.train]]`: the files of the task, each in any format `rubrics import` reads (or
+    /// rubric JSONL), with a weight for mixing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub train: Vec<TrainFile>,
     /// Longest prompt in tokens once rendered with the policy's chat template: sizes the
     /// memory plan (1,024 when unset), and when set, longer prompts are dropped before the
     /// first step and counted (or stop the run: `overlong_prompts`).
     pub max_prompt_tokens: Option<usize>,
     /// What a prompt over `max_prompt_tokens` does: `drop` (counted in the log) or `error`.
     pub overlong_prompts: OverlongPrompts,
+}
+
+fn unit_weight() -> f64 {
+    1.0
+}
+
+/// One file of `[[data.train]]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainFile {
+    /// The file, relative to the config.
+    pub path: PathBuf,
+    /// `rar`, `rubrichub` or `healthbench` (imported as `conrub rubrics import` does, global
+    /// controls appended); absent: rubric JSONL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<ImportFormat>,
+    /// How many times each of its records is drawn per epoch (default 1): `2` repeats every
+    /// record, `0.5` keeps a seeded half. The file contributes `round(weight * records)`.
+    #[serde(default = "unit_weight")]
+    pub weight: f64,
 }
 
 /// What a prompt over `data.max_prompt_tokens` does.
@@ -201,6 +226,11 @@ pub struct RewardSection {
     pub min_scored_share: f64,
     /// That many such steps in a row stop the run with the judge's last error.
     pub max_unscored_steps: usize,
+    /// `[[reward.functions]]`: a weighted mix of reward functions (`kind = "rubric"` is the
+    /// judge above; `exact`, `numeric`, `regex`, `format`, `http`, or an embedder's kind). Empty
+    /// (the default): the rubric judge alone, exactly as without the list.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub functions: Vec<RewardFunctionSpec>,
 }
 
 impl Default for RewardSection {
@@ -212,6 +242,7 @@ impl Default for RewardSection {
             dropout: None,
             min_scored_share: 0.5,
             max_unscored_steps: 3,
+            functions: vec![],
         }
     }
 }

@@ -34,6 +34,7 @@ seed = 0
 rubrics = "rubrics.jsonl"
 max_prompt_tokens = 1024
 overlong_prompts = "drop"
+train = [{ path = "more.jsonl", format = "rar", weight = 0.5 }]
 
 [reward]
 mode = "three-state"
@@ -42,6 +43,7 @@ length_buffer_tokens = 16
 min_scored_share = 0.5
 max_unscored_steps = 3
 dropout = { min_fraction = 0.3, max_fraction = 0.5, keep_global_controls = false }
+functions = [{ kind = "rubric", weight = 0.7 }, { kind = "numeric", weight = 0.3, tolerance = 0.5 }]
 
 [learner]
 estimator = "group-relative"
@@ -419,4 +421,51 @@ fn the_memory_plan_defaults_are_the_run_defaults() {
     assert_eq!(plan.kv_block_size, conrub_rollout::DEFAULT_BLOCK_SIZE);
     assert_eq!(plan.rollout_max_rows, conrub_rollout::DEFAULT_MAX_ROWS);
     assert_eq!(plan.bucket_bytes, l.allreduce_bucket_bytes() as f64);
+}
+
+#[test]
+fn data_train_lists_files_with_formats_and_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = "device = \"cpu\"\n[model.random]\ntokenizer = \"t\"\nhidden_size = 8\nintermediate_size = 8\nnum_hidden_layers = 1\nnum_attention_heads = 1\nnum_key_value_heads = 1\nhead_dim = 8\n";
+    let write = |text: &str| {
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, format!("{base}{text}")).unwrap();
+        p
+    };
+    let cfg = TrainConfig::from_file(
+        &write("[[data.train]]\npath = \"a.jsonl\"\n[[data.train]]\npath = \"b.jsonl\"\nformat = \"rar\"\nweight = 0.5\n"),
+        &[],
+    )
+    .unwrap();
+    let files = cfg.train_files().unwrap();
+    assert_eq!(files.len(), 2);
+    assert_eq!(files[0].path, dir.path().join("a.jsonl"));
+    assert_eq!((files[0].format, files[0].weight), (None, 1.0));
+    assert_eq!(
+        (files[1].format, files[1].weight),
+        (Some(conrub_rubric::ImportFormat::Rar), 0.5)
+    );
+    // data.rubrics is the one-file spelling.
+    let cfg = TrainConfig::from_file(&write("[data]\nrubrics = \"r.jsonl\"\n"), &[]).unwrap();
+    assert_eq!(
+        cfg.train_files().unwrap()[0].path,
+        dir.path().join("r.jsonl")
+    );
+    let err = |text: &str| match TrainConfig::from_file(&write(text), &[]) {
+        Ok(cfg) => cfg.train_files().unwrap_err().to_string(),
+        Err(e) => e.to_string(),
+    };
+    let e = err("[data]\nrubrics = \"r.jsonl\"\n[[data.train]]\npath = \"a.jsonl\"\n");
+    assert!(e.contains("data.train") && e.contains("once"), "{e}");
+    let e = err("[[data.train]]\npath = \"a.jsonl\"\nweight = 0\n");
+    assert!(e.contains("data.train[0].weight"), "{e}");
+    let e = err("[[data.train]]\npath = \"a.jsonl\"\nformat = \"csv\"\n");
+    assert!(e.contains("format") && e.contains("healthbench"), "{e}");
+    let e = err("[[data.train]]\npath = \"a.jsonl\"\nwieght = 2\n");
+    assert!(e.contains("wieght"), "{e}");
+    let e = err("");
+    assert!(
+        e.contains("data.rubrics") && e.contains("[[data.train]]"),
+        "{e}"
+    );
 }

@@ -849,6 +849,7 @@ impl Builder {
             id: p.id.clone(),
             question: p.question.clone(),
             reference_answer: p.reference_answer.clone(),
+            ground_truth: None,
             source: p.source.clone(),
             criteria,
             provenance: Some(p.provenance.clone()),

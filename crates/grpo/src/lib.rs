@@ -6,7 +6,7 @@
 //! | stage | type / trait | default |
 //! |---|---|---|
 //! | rollout | [`RolloutEngine`] ([`RolloutRequest`] -> [`RolloutBatch`], then weight sync) | [`GroupSampler`] over [`Policy::sample`]; `conrub train` uses [`InProcessEngine`] |
-//! | rewards | [`RewardSource`] -> [`GroupScores`] | [`JudgeRewards`] (the judge crate's judge-then-score path) |
+//! | rewards | [`RewardSource`] -> [`GroupScores`] | [`JudgeRewards`] (the judge crate's judge-then-score path); `[[reward.functions]]`: [`WeightedRewards`] built by [`RewardKinds`] |
 //! | advantages | [`AdvantageEstimator`] (by name: `learner.estimator`) wrapped by [`TieAwareAdvantages`] with a [`TieBreaker`] | `group-relative` ([`GroupRelative`]) + [`PairwiseTieBreaker`] |
 //! | train batch | [`TrainBatch`] (device-resident; micro-batches are slices of it) | built by the learner |
 //! | policy loss | [`PolicyObjective`] (by name: `learner.loss`) | `clipped-surrogate` ([`PolicyLoss`]), `sequence-mean`; `gspo` ([`ImportanceLevel::Sequence`]) |
@@ -23,7 +23,9 @@
 //! - rollout: [`RolloutEngine`], [`RolloutRequest`], [`RolloutBatch`], [`WeightSync`] (contracts),
 //!   and the crate's engines [`InProcessEngine`], [`GroupSampler`]
 //! - the task: [`TaskPrompt`] (one prompt of a task; [`conrub_rubric::RubricRecord`] is one kind)
-//! - rewards: [`RewardSource`] (of a task's prompts), [`JudgeRewards`] (rubric records), [`GroupScores`]
+//! - rewards: [`RewardSource`] (of a task's prompts), [`JudgeRewards`] (rubric records), [`GroupScores`];
+//!   `[[reward.functions]]`: [`RewardKinds`] (the registry of kinds, [`BUILTIN_REWARD_KINDS`]),
+//!   [`WeightedRewards`] (the mix), [`VerifiableReward`], [`HttpReward`]
 //! - advantages: [`AdvantageEstimator`], [`GroupRelative`], [`ScaleRewards`],
 //!   [`TieAwareAdvantages`], [`TieMode`], [`GroupOutcome`], [`TieStatus`]
 //! - ties: [`TieBreaker`], [`PairwiseTieBreaker`], [`NoTieBreaker`], [`TiedGroup`], [`TieOutcome`],
@@ -69,6 +71,8 @@ mod nccl;
 mod parallel;
 mod registry;
 mod reward;
+mod reward_functions;
+mod reward_http;
 mod rollout;
 pub mod run_folder;
 pub mod samples;
@@ -112,6 +116,11 @@ pub use registry::{
     DEFAULT_LOSS,
 };
 pub use reward::{GroupScores, JudgeRewards, RewardSource};
+pub use reward_functions::{
+    RewardFactory, RewardKinds, VerifiableReward, WeightedFunction, WeightedRewards,
+    BUILTIN_REWARD_KINDS,
+};
+pub use reward_http::HttpReward;
 pub use rollout::{GroupSampler, InProcessEngine};
 pub use schedule::LrSchedule;
 pub use sharding::{ShardLayout, Sharding};

@@ -51,6 +51,12 @@ pub trait RewardSource<T: TaskPrompt = RubricRecord>: Send + Sync {
         lengths: &[u32],
         step: u64,
     ) -> GroupScores;
+
+    /// Checks a prompt before training (a verifiable function: that it has the ground truth
+    /// it compares to); the error says what is missing. Accepts every prompt by default.
+    fn check_prompt(&self, _prompt: &T) -> std::result::Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Rubric rewards from a criterion judge: optional rubric dropout (one subset per group and step),
@@ -132,5 +138,9 @@ impl<T: TaskPrompt, R: RewardSource<T> + ?Sized> RewardSource<T> for Arc<R> {
         step: u64,
     ) -> GroupScores {
         (**self).score_group(prompt, responses, lengths, step).await
+    }
+
+    fn check_prompt(&self, prompt: &T) -> std::result::Result<(), String> {
+        (**self).check_prompt(prompt)
     }
 }

@@ -198,6 +198,50 @@ pub fn read_samples<S: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<S
     Ok(lines.into_iter().map(|(_, s)| s).collect())
 }
 
+/// A response's score in one line: the reward and its parts.
+fn score_head(score: &ResponseScore) -> String {
+    match score {
+        ResponseScore::Scored(s) if s.labels.is_empty() => {
+            format!(
+                "reward {:+.3} (exact {}/{})",
+                s.reward.value(),
+                s.reward.num,
+                s.reward.den
+            )
+        }
+        ResponseScore::Scored(s) => format!(
+            "reward {:+.3} (criteria {:+.3}, length {:+.3})  labels {}",
+            s.reward.value(),
+            s.criteria_mean,
+            s.length_penalty,
+            s.labels.iter().map(|l| mark(*l)).collect::<String>()
+        ),
+        ResponseScore::Unscored(u) => {
+            format!("unscored after {} attempts: {}", u.attempts, u.message)
+        }
+        ResponseScore::Value(v) => format!("reward {:+.3}", v.reward),
+        ResponseScore::Mixed(m) => {
+            let parts: Vec<String> = m
+                .parts
+                .iter()
+                .map(|p| {
+                    let value = p.score.reward().unwrap_or(f64::NAN);
+                    match p.score.labels() {
+                        [] => format!("{} x {} {value:+.3}", p.weight, p.name),
+                        labels => format!(
+                            "{} x {} {value:+.3} [{}]",
+                            p.weight,
+                            p.name,
+                            labels.iter().map(|l| mark(*l)).collect::<String>()
+                        ),
+                    }
+                })
+                .collect();
+            format!("reward {:+.3} = {}", m.reward, parts.join(" + "))
+        }
+    }
+}
+
 /// A label's one-letter mark in [`format_group`]: `+` correct or yes, `-` wrong or no, `.`
 /// missing.
 fn mark(label: Label) -> char {
@@ -235,18 +279,7 @@ pub fn format_group(g: &GroupSample) -> String {
         let _ = writeln!(out, "  c{:<2} {c}", i + 1);
     }
     for r in &g.responses {
-        let head = match &r.score {
-            ResponseScore::Scored(s) => format!(
-                "reward {:+.3} (criteria {:+.3}, length {:+.3})  labels {}",
-                s.reward.value(),
-                s.criteria_mean,
-                s.length_penalty,
-                s.labels.iter().map(|l| mark(*l)).collect::<String>()
-            ),
-            ResponseScore::Unscored(u) => {
-                format!("unscored after {} attempts: {}", u.attempts, u.message)
-            }
-        };
+        let head = score_head(&r.score);
         let finish = match r.finish_reason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",

@@ -22,6 +22,12 @@ pub trait TaskPrompt: Send + Sync {
         None
     }
 
+    /// The short final answer verifiable reward functions (`exact`, `numeric`) compare a
+    /// response to; `None` (the default) when the prompt has none.
+    fn ground_truth(&self) -> Option<&str> {
+        None
+    }
+
     /// The prompt as plain text, as judges see it: a single user message's content, or
     /// `role: content` blocks for a conversation.
     fn text(&self) -> String {
@@ -40,6 +46,10 @@ impl TaskPrompt for RubricRecord {
 
     fn reference_answer(&self) -> Option<&str> {
         self.reference_answer.as_deref()
+    }
+
+    fn ground_truth(&self) -> Option<&str> {
+        self.ground_truth.as_deref()
     }
 
     fn text(&self) -> String {

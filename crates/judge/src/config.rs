@@ -1068,6 +1068,7 @@ mod tests {
             id: "p".into(),
             question: vec![Message::user("q")],
             reference_answer: None,
+            ground_truth: None,
             source: None,
             criteria: vec![Criterion::content(text)],
             provenance: None,

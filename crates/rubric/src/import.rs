@@ -508,6 +508,7 @@ pub fn import_file(
             id,
             question,
             reference_answer: reference,
+            ground_truth: None,
             source,
             criteria,
             provenance: Some(SourceProvenance {

@@ -10,6 +10,8 @@
 //! - [`score`]: binary and three-state rewards as exact rationals, the soft overlength penalty,
 //!   and the distinct *unscored* state.
 //! - [`dropout`]: seeded rubric dropout shared by a whole group.
+//! - [`verifiable`]: `[[reward.functions]]` entries and the verifiable checks (exact or numeric
+//!   match against a record's `ground_truth`, regex, format).
 //!
 //! This crate never talks to a model: judges produce [`Label`]s, this crate turns them into rewards.
 
@@ -21,6 +23,7 @@ pub mod io;
 pub mod record;
 pub mod score;
 pub mod validate;
+pub mod verifiable;
 
 pub use dropout::{seeded_permutation, stable_seed, CriterionSubset, RubricDropout};
 pub use error::{Result, RubricError};
@@ -33,6 +36,8 @@ pub use record::{
     SourceProvenance,
 };
 pub use score::{
-    score_labels, Label, LengthPenalty, ResponseScore, Reward, ScoringMode, UnscoredReason,
+    score_labels, Label, LengthPenalty, MixedScore, ResponseScore, Reward, RewardPart, ScoringMode,
+    UnscoredReason, ValueScore,
 };
 pub use validate::{validate_records, ValidationIssue, ValidationReport};
+pub use verifiable::{parse_number, AnswerCheck, Extract, RewardFunctionSpec};

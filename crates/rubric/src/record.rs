@@ -222,6 +222,10 @@ pub struct RubricRecord {
     /// Optional reference answer (construction only; judges never see it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference_answer: Option<String>,
+    /// Optional short final answer that verifiable reward functions (`exact`, `numeric` in
+    /// `[[reward.functions]]`) compare responses to; judges never see it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ground_truth: Option<String>,
     /// Source stratum, e.g. `rar-medicine`, `rubrichub-medical`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
@@ -381,6 +385,7 @@ mod tests {
                 Message::user("Hi"),
             ],
             reference_answer: None,
+            ground_truth: None,
             source: None,
             criteria: vec![],
             provenance: None,

@@ -231,15 +231,61 @@ pub struct UnscoredReason {
     pub attempts: u32,
 }
 
+/// A reward given as a float (a reward server, a reward model): no exact fraction behind it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ValueScore {
+    /// The reward, finite; `-0.0` is stored as `0.0`.
+    pub reward: f64,
+}
+
+/// One reward function's part of a [`MixedScore`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RewardPart {
+    /// The function's name (`reward.functions[i].name`, its kind by default).
+    pub name: String,
+    /// Its weight in the mix.
+    pub weight: f64,
+    /// What it gave the response (scored: every part of a mixed score is).
+    pub score: ResponseScore,
+}
+
+/// A weighted mix of reward functions (`[[reward.functions]]`): `reward` is
+/// `0.0 + w_1 v_1 + w_2 v_2 + ...` in f64, left to right in the list's order, each `v_i` the
+/// part's reward (an exact fraction rounded once, or a server's float). Responses whose parts
+/// give the same values get bit-identical rewards, so the exact-tie test stays well defined.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MixedScore {
+    /// The mixed reward.
+    pub reward: f64,
+    /// Every function's part, in the list's order.
+    pub parts: Vec<RewardPart>,
+}
+
+impl MixedScore {
+    /// Mixes scored parts: the weighted sum in order, from `0.0` (so a `-0.0` term never
+    /// survives). `None` when a part is unscored.
+    pub fn mix(parts: Vec<RewardPart>) -> Option<Self> {
+        let mut reward = 0.0;
+        for p in &parts {
+            reward += p.weight * p.score.reward()?;
+        }
+        Some(Self { reward, parts })
+    }
+}
+
 /// A response's outcome: a reward, or *unscored* (never the same as reward 0: no advantage, excluded
 /// from its group's statistics, and its group is incomplete).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum ResponseScore {
-    /// Labels were obtained and scored.
+    /// Labels were obtained and scored (or an exact reward was given directly).
     Scored(ScoredResponse),
     /// No valid labels within the retry budget.
     Unscored(UnscoredReason),
+    /// A float reward (a reward server).
+    Value(ValueScore),
+    /// A weighted mix of reward functions.
+    Mixed(MixedScore),
 }
 
 impl ResponseScore {
@@ -248,7 +294,27 @@ impl ResponseScore {
         match self {
             ResponseScore::Scored(s) => Some(s.reward.value()),
             ResponseScore::Unscored(_) => None,
+            ResponseScore::Value(v) => Some(v.reward),
+            ResponseScore::Mixed(m) => Some(m.reward),
         }
+    }
+
+    /// A float reward; `None` unless finite. `-0.0` becomes `0.0`, so that equal rewards are
+    /// equal bit for bit.
+    pub fn value(reward: f64) -> Option<Self> {
+        reward
+            .is_finite()
+            .then_some(ResponseScore::Value(ValueScore {
+                reward: reward + 0.0,
+            }))
+    }
+
+    /// Unscored, with what went wrong and after how many attempts.
+    pub fn unscored(message: impl Into<String>, attempts: u32) -> Self {
+        ResponseScore::Unscored(UnscoredReason {
+            message: message.into(),
+            attempts,
+        })
     }
 
     /// A reward given directly (a verifiable check, a reward model): `num / den` exactly, with
@@ -270,7 +336,22 @@ impl ResponseScore {
 
     /// True when scored.
     pub fn is_scored(&self) -> bool {
-        matches!(self, ResponseScore::Scored(_))
+        !matches!(self, ResponseScore::Unscored(_))
+    }
+
+    /// The rubric labels behind the score: a judged score's own, or those of a mix's first
+    /// judged part; empty for other rewards.
+    pub fn labels(&self) -> &[Label] {
+        match self {
+            ResponseScore::Scored(s) => &s.labels,
+            ResponseScore::Mixed(m) => m
+                .parts
+                .iter()
+                .map(|p| p.score.labels())
+                .find(|l| !l.is_empty())
+                .unwrap_or(&[]),
+            _ => &[],
+        }
     }
 }
 

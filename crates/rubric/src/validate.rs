@@ -348,6 +348,7 @@ mod tests {
             id: id.into(),
             question: vec![Message::user("q?")],
             reference_answer: None,
+            ground_truth: None,
             source: Some("s".into()),
             criteria,
             provenance: None,

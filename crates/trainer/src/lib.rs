@@ -4,7 +4,7 @@
 //! | stage | where | what |
 //! |---|---|---|
 //! | policy | [`load_policy`] (or an embedder's [`PolicyParts`]) | the model of `[model]` with its codec, stop ids and writers |
-//! | task and rewards | [`Trainer::from_config`]: the rubric records and judges; [`Trainer::new`]: any [`TaskPrompt`] type and [`RewardSource`] | prompts, rewards, tie breaker, validator |
+//! | task and rewards | [`Trainer::from_config`]: the rubric records (`data.rs`: `data.rubrics` or `[[data.train]]`'s files mixed by weight) and judges, `[[reward.functions]]` ([`Trainer::from_config_with`] adds an embedder's kinds); [`Trainer::new`]: any [`TaskPrompt`] type and [`RewardSource`] | prompts, rewards, tie breaker, validator |
 //! | rollout engine | `engine.rs` | in process (`conrub-rollout`) or SGLang servers (`rollout.engine`) |
 //! | kernel warm-up | [`Trainer::warm_kernels`] | every kernel of the first steps compiled before them (CubeCL backends) |
 //! | supervised warm-up | `warmup.rs` | `[warmup]` steps on the prompts' reference answers (fresh runs) |
@@ -31,6 +31,7 @@
 //! them on stderr, `CONRUB_LOG` filtering) to see them; what the set-up dropped is also
 //! returned ([`Trainer::dropped_prompts`]).
 
+mod data;
 mod engine;
 mod error;
 mod hooks;
@@ -52,7 +53,9 @@ use conrub_config::TrainConfig;
 use conrub_contracts::{
     Export, KernelWarmupLine, PagedModel, Policy, RolloutEngine, TextCodec, TieMode,
 };
-use conrub_grpo::{Collective, Registry, RewardSource, TaskPrompt, TieBreaker, Validator};
+use conrub_grpo::{
+    Collective, Registry, RewardKinds, RewardSource, TaskPrompt, TieBreaker, Validator,
+};
 use conrub_kernels::GrpoOps;
 use conrub_models::CausalLm;
 use conrub_remote::WeightWriter;
@@ -62,7 +65,7 @@ pub use error::{Result, TrainerError};
 pub use policy::{load_policy, PolicyParts};
 pub use prompts::{drop_overlong, Overlong};
 pub use report::report;
-pub use rubric::check_rubrics;
+pub use rubric::{check_data, check_rubrics};
 
 /// What scores a step and breaks its ties.
 type Judging<T> = (Arc<dyn RewardSource<T>>, Option<Arc<dyn TieBreaker>>);
@@ -113,10 +116,21 @@ impl<B: GrpoOps> Trainer<B> {
     /// rubric records of `data.rubrics` scored by `[judge]` (ties broken by its pairwise judge
     /// unless `learner.tie_mode = "off"`), validation on `[eval]`.
     pub fn from_config(cfg: TrainConfig, devices: Vec<B::Device>) -> Result<Self> {
+        Self::from_config_with(cfg, devices, RewardKinds::builtin())
+    }
+
+    /// [`from_config`](Self::from_config) with the reward function kinds `[[reward.functions]]`
+    /// may name: the built-in ones plus an embedder's own ([`RewardKinds::register`]); `rubric`
+    /// (the judge of `[judge]`) is added here.
+    pub fn from_config_with(
+        cfg: TrainConfig,
+        devices: Vec<B::Device>,
+        kinds: RewardKinds<RubricRecord>,
+    ) -> Result<Self> {
         let device = first_device::<B>(&devices)?;
-        let task = rubric::rubric_task::<B>(&cfg, &device)?;
+        let task = rubric::rubric_task::<B>(&cfg, &device, kinds)?;
         let policy = load_policy::<B>(&cfg, &device)?;
-        let source = cfg.rubrics_path()?;
+        let source = task.describe;
         let judge = task.judges.criterion.id();
         let warmup_judging = rubric::lexical_judging(&cfg);
         let mut trainer = Trainer::new(cfg, devices, policy, task.records, task.rewards)?
@@ -126,10 +140,18 @@ impl<B: GrpoOps> Trainer<B> {
         trainer.describe = format!(
             "{} prompts from {} with judge {judge} ({} mode, ties: {:?})",
             trainer.task.len(),
-            source.display(),
+            source,
             trainer.cfg.reward.mode.as_str(),
             trainer.cfg.learner.tie_mode
         );
+        let functions = &trainer.cfg.reward.functions;
+        if !functions.is_empty() {
+            let mix: Vec<String> = functions
+                .iter()
+                .map(|f| format!("{} x {}", f.weight, f.name()))
+                .collect();
+            trainer.describe += &format!("; rewards {}", mix.join(" + "));
+        }
         Ok(trainer)
     }
 }

@@ -5,38 +5,106 @@ use std::path::Path;
 use std::sync::Arc;
 
 use conrub_config::TrainConfig;
-use conrub_grpo::{HeldOutPrompt, JudgeRewards, PairwiseTieBreaker, RewardSource, Validator};
+use conrub_grpo::{
+    HeldOutPrompt, JudgeRewards, PairwiseTieBreaker, RewardKinds, RewardSource, Validator,
+};
 use conrub_judge::{CriterionJudge, Judges};
 use conrub_kernels::GrpoOps;
-use conrub_rubric::{read_rubrics, RubricRecord, RubricSet};
+use conrub_rubric::{RubricRecord, RubricSet};
 
 use crate::error::{Result, TrainerError};
 
 /// The rubric records, their judges and the validator of `[eval]`.
 pub(crate) struct RubricTask {
     pub records: Vec<RubricRecord>,
+    /// Where the records came from, for the opening line.
+    pub describe: String,
     pub judges: Judges,
-    pub rewards: JudgeRewards,
+    pub rewards: Arc<dyn RewardSource<RubricRecord>>,
     pub tie_breaker: PairwiseTieBreaker,
     pub validator: Option<Validator>,
 }
 
-/// Reads and checks the records, builds the judges (an in-process judge on `device`) and the
+/// Reads and checks the records, builds the judges (an in-process judge on `device`), the
+/// rewards (the judge alone, or the mix of `[[reward.functions]]` built from `kinds`) and the
 /// validator.
-pub(crate) fn rubric_task<B: GrpoOps>(cfg: &TrainConfig, device: &B::Device) -> Result<RubricTask> {
-    let path = cfg.rubrics_path()?;
-    let rubrics = read_rubrics(&path)?;
-    check_records(&path, &rubrics.records)?;
-    let judges = cfg.judge()?.build_on::<B>(device, &rubrics)?;
-    let rewards = judge_rewards(cfg, judges.criterion.clone());
+pub(crate) fn rubric_task<B: GrpoOps>(
+    cfg: &TrainConfig,
+    device: &B::Device,
+    kinds: RewardKinds<RubricRecord>,
+) -> Result<RubricTask> {
+    let data = crate::data::read_task(cfg)?;
+    let judges = cfg.judge()?.build_on::<B>(device, &data.task)?;
+    let rewards = rewards(cfg, judges.criterion.clone(), kinds)?;
+    for file in &data.files {
+        check_prompts(&file.path, &file.records, rewards.as_ref())?;
+    }
     let tie_breaker = PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed);
     let validator = validator::<B>(cfg, &judges, device)?;
     Ok(RubricTask {
-        records: rubrics.iter().cloned().collect(),
+        records: data.task.iter().cloned().collect(),
+        describe: data.describe,
         judges,
         rewards,
         tie_breaker,
         validator,
+    })
+}
+
+/// The run's rewards: the rubric judge alone without `[[reward.functions]]`, else their mix,
+/// with the judge registered as kind `rubric`.
+fn rewards(
+    cfg: &TrainConfig,
+    judge: Arc<dyn CriterionJudge>,
+    mut kinds: RewardKinds<RubricRecord>,
+) -> Result<Arc<dyn RewardSource<RubricRecord>>> {
+    let judged = Arc::new(judge_rewards(cfg, judge));
+    if cfg.reward.functions.is_empty() {
+        return Ok(judged);
+    }
+    kinds.register("rubric", move |spec, at| {
+        // The judge's settings are `[judge]` and `[reward]`'s; the entry has none of its own.
+        if let Some(key) = spec.options.keys().next() {
+            return Err(conrub_grpo::GrpoError::Config {
+                key: format!("{at}.{key}"),
+                message: "a `rubric` function has no options of its own: it is the judge of \
+                          `[judge]` with `reward.mode`, the length penalty and dropout"
+                    .into(),
+            });
+        }
+        Ok(judged.clone())
+    });
+    Ok(Arc::new(kinds.build(&cfg.reward.functions)?))
+}
+
+/// Refuses records a reward function cannot score (a verifiable check's missing or malformed
+/// `ground_truth`), naming the file and line.
+fn check_prompts(
+    path: &Path,
+    records: &[(usize, RubricRecord)],
+    rewards: &dyn RewardSource<RubricRecord>,
+) -> Result<()> {
+    let bad: Vec<String> = records
+        .iter()
+        .filter_map(|(line, r)| {
+            let e = rewards.check_prompt(r).err()?;
+            Some(format!(
+                "  {}:{line}: record `{}`: {e}",
+                path.display(),
+                r.id
+            ))
+        })
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    Err(TrainerError::Input {
+        path: path.to_path_buf(),
+        message: format!(
+            "{} records the reward functions cannot score:\n{}",
+            bad.len(),
+            bad.join("\n")
+        ),
     })
 }
 
@@ -45,8 +113,15 @@ pub fn check_rubrics(path: &Path) -> Result<()> {
     check_records(path, &conrub_rubric::read_jsonl(path)?)
 }
 
+/// Reads and checks every file of the task (`data.rubrics` or `[[data.train]]`) as training
+/// will, before anything loads: records `conrub rubrics validate` rejects, ids shared by two
+/// files, weights that draw nothing.
+pub fn check_data(cfg: &TrainConfig) -> Result<()> {
+    crate::data::read_task(cfg).map(|_| ())
+}
+
 /// Refuses `path`'s `records` (with their line numbers) as `conrub rubrics validate` does.
-fn check_records(path: &Path, records: &[(usize, RubricRecord)]) -> Result<()> {
+pub(crate) fn check_records(path: &Path, records: &[(usize, RubricRecord)]) -> Result<()> {
     let report = conrub_rubric::validate_records(records);
     if report.is_ok() {
         return Ok(());
