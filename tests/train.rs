@@ -1980,3 +1980,69 @@ fn data_train_mixes_files_by_weight() {
         "{err}"
     );
 }
+
+/// `run.checkpoint_in_background` (the default) seals each checkpoint on a thread of its own
+/// while the next steps train; the checkpoints it leaves are byte for byte those of a run that
+/// seals before every next step, and the log says how long each part took.
+#[test]
+fn checkpoints_sealed_in_the_background_equal_sealed_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let three = [
+        "--set",
+        "run.max_steps=3",
+        "--set",
+        "run.checkpoint_every=1",
+    ];
+    let background = dir.path().join("background");
+    let log = train(&background, &three);
+    let sealed = log
+        .lines()
+        .filter(|l| l.contains("made durable in") && l.ends_with("on a background thread"))
+        .count();
+    assert_eq!(sealed, 3, "{log}");
+    let foreground = dir.path().join("foreground");
+    let sync = [&three[..], &["--set", "run.checkpoint_in_background=false"]].concat();
+    let log = train(&foreground, &sync);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("made durable in") && !l.contains("background")),
+        "{log}"
+    );
+    for step in 1..=3 {
+        let name = format!("checkpoint-{step:06}");
+        let (a, b) = (
+            files(&background.join(&name)),
+            files(&foreground.join(&name)),
+        );
+        assert!(a.contains_key(Path::new("training_state/manifest.json")));
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (path, bytes) in &a {
+            // The training state's files carry the parameters' ids, which each process draws
+            // anew: the manifest is compared without its digests, the weights through the
+            // export.
+            let file = path.file_name().unwrap().to_string_lossy();
+            if file.ends_with(".mpk") {
+                assert_eq!(bytes.len(), b[path].len(), "{name}/{}", path.display());
+            } else if file == "manifest.json" {
+                let strip = |raw: &[u8]| {
+                    let mut m: serde_json::Value = serde_json::from_slice(raw).unwrap();
+                    for f in m["files"].as_object_mut().unwrap().values_mut() {
+                        f.as_object_mut().unwrap().remove("sha256");
+                    }
+                    m
+                };
+                assert_eq!(strip(bytes), strip(&b[path]), "{name}/manifest.json");
+            } else {
+                assert!(bytes == &b[path], "{name}/{} differs", path.display());
+            }
+        }
+    }
+    for d in [&background, &foreground] {
+        let leftovers: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".tmp") || n.ends_with(".old"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+}

@@ -993,7 +993,10 @@ async fn sharded_ranks_train_as_one_device() {
         assert!(gap < 1e-5, "{sharding:?}: weights differ by {gap:e}");
         // Each rank's optimizer file: its own parameters only.
         let saved = tempfile::tempdir().unwrap();
-        group.save(serde_json::Value::Null, saved.path()).unwrap();
+        group
+            .save(serde_json::Value::Null, saved.path())
+            .and_then(|draft| draft.seal())
+            .unwrap();
         let manifest: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(saved.path().join("manifest.json")).unwrap(),
         )
@@ -1047,7 +1050,10 @@ async fn sharded_ranks_train_as_one_device() {
     for _ in 0..2 {
         first.step(&refs).await.unwrap();
     }
-    first.save(serde_json::Value::Null, saved.path()).unwrap();
+    first
+        .save(serde_json::Value::Null, saved.path())
+        .and_then(|draft| draft.seal())
+        .unwrap();
     let checkpointed = LearnerConfig {
         activation_checkpointing: true,
         ..base.clone()
@@ -1154,6 +1160,7 @@ fn dp_run_config(dir: &std::path::Path, max_steps: u64) -> conrub_grpo::RunConfi
         keep_checkpoints: None,
         sample_groups: 16,
         tensorboard: true,
+        checkpoint_in_background: true,
         overwrite: false,
         set_aside: false,
     }
@@ -1401,6 +1408,7 @@ async fn validation_keeps_the_grader_best_checkpoint() {
         keep_checkpoints: Some(1),
         sample_groups: 16,
         tensorboard: true,
+        checkpoint_in_background: true,
         overwrite: false,
         set_aside: false,
     };

@@ -339,6 +339,13 @@ pub struct RunConfig {
     /// lines, each step's reward histogram and first group as text
     /// (`conrub_grpo::tensorboard`).
     pub tensorboard: bool,
+    /// Make each checkpoint durable behind the steps that follow it: the step that saves
+    /// writes the files (the device's tensors read back, the files handed to the operating
+    /// system) and goes on; hashing them into the manifest, flushing them to the disk and
+    /// renaming the folder from `.tmp` happen on a background thread, one checkpoint at a time
+    /// (the next save, and the run's end, wait for it). `false`: all of it before the next
+    /// step. Either way a kill leaves no partial checkpoint in place.
+    pub checkpoint_in_background: bool,
     /// Start a fresh run over an earlier run's metrics and checkpoints in `output_dir`, deleting
     /// them (`conrub train --overwrite`; not a config key, so no config file carries it).
     /// Without it a fresh run into such a folder is refused (see `conrub_grpo::run_folder`).
@@ -381,6 +388,7 @@ impl Default for RunConfig {
             keep_checkpoints: None,
             sample_groups: 16,
             tensorboard: true,
+            checkpoint_in_background: true,
             overwrite: false,
             set_aside: false,
         }

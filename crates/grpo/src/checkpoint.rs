@@ -212,18 +212,91 @@ where
     P::InnerModule: Policy<B::InnerBackend>,
     T: crate::task::TaskPrompt,
 {
-    save_group_state(std::slice::from_ref(learner), data_cursor, dir)
+    write_state(learner, data_cursor, dir)?.seal()
 }
 
-/// [`save_state`] of a data-parallel group, rank 0 first: the policy (rank 0's, every rank
+/// The first half of [`save_state`]: the state's files written into `dir.tmp` (the device's
+/// tensors read back, the files in the operating system's page cache), not yet durable nor in
+/// place. [`StateDraft::seal`] finishes it, on any thread.
+pub fn write_state<B, P, T>(
+    learner: &Learner<B, P, T>,
+    data_cursor: serde_json::Value,
+    dir: &Path,
+) -> Result<StateDraft>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+    T: crate::task::TaskPrompt,
+{
+    write_group_state(std::slice::from_ref(learner), data_cursor, dir)
+}
+
+/// A training state whose files are written into `dir.tmp` but not yet hashed into its
+/// manifest, flushed to the disk or swapped in ([`write_state`]). Sealing needs no device and
+/// no learner: the training loop seals on a background thread while the next step runs. A
+/// draft dropped unsealed leaves only `dir.tmp`, which no resume reads.
+#[must_use = "a draft is not a saved state until it is sealed"]
+#[derive(Debug)]
+pub struct StateDraft {
+    pub(crate) tmp: PathBuf,
+    dir: PathBuf,
+    manifest: Manifest,
+}
+
+impl StateDraft {
+    /// A draft of the files already in `tmp` with no parameters (the trainer's tests).
+    #[cfg(test)]
+    pub(crate) fn of_files(tmp: PathBuf, dir: PathBuf) -> Self {
+        Self {
+            tmp,
+            dir,
+            manifest: Manifest {
+                parameters: vec![],
+                files: BTreeMap::new(),
+                sharding: None,
+                policy_shards: None,
+            },
+        }
+    }
+}
+
+impl StateDraft {
+    /// Hashes every file into the manifest, writes it, flushes every file to the disk and
+    /// swaps `dir.tmp` in as `dir` ([`swap_in`]).
+    pub fn seal(mut self) -> Result<()> {
+        let tmp = &self.tmp;
+        for f in std::fs::read_dir(tmp).map_err(|e| io(tmp, e))? {
+            let f = f.map_err(|e| io(tmp, e))?.path();
+            let name = f
+                .file_name()
+                .expect("a file")
+                .to_string_lossy()
+                .into_owned();
+            self.manifest.files.insert(name, digest(&f)?);
+        }
+        let json =
+            serde_json::to_vec_pretty(&self.manifest).map_err(|e| io(&tmp.join(MANIFEST), e))?;
+        std::fs::write(tmp.join(MANIFEST), json).map_err(|e| io(&tmp.join(MANIFEST), e))?;
+        for f in std::fs::read_dir(tmp).map_err(|e| io(tmp, e))? {
+            let f = f.map_err(|e| io(tmp, e))?.path();
+            std::fs::File::open(&f)
+                .and_then(|h| h.sync_all())
+                .map_err(|e| io(&f, e))?;
+        }
+        swap_in(tmp, &self.dir)
+    }
+}
+
+/// [`write_state`] of a data-parallel group, rank 0 first: the policy (rank 0's, every rank
 /// holding the same; a `full` group's every rank's own parameters, one file each), and the
 /// optimizer state: rank 0's when it is replicated, every rank's own part (one file each,
 /// listed in the manifest) when the group shards it.
-pub(crate) fn save_group_state<B, P, T>(
+pub(crate) fn write_group_state<B, P, T>(
     ranks: &[Learner<B, P, T>],
     data_cursor: serde_json::Value,
     dir: &Path,
-) -> Result<()>
+) -> Result<StateDraft>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
@@ -256,31 +329,16 @@ where
     };
     let json = serde_json::to_vec_pretty(&state).map_err(|e| io(&tmp.join(STATE), e))?;
     std::fs::write(tmp.join(STATE), json).map_err(|e| io(&tmp.join(STATE), e))?;
-    let mut files = BTreeMap::new();
-    for f in std::fs::read_dir(&tmp).map_err(|e| io(&tmp, e))? {
-        let f = f.map_err(|e| io(&tmp, e))?.path();
-        let name = f
-            .file_name()
-            .expect("a file")
-            .to_string_lossy()
-            .into_owned();
-        files.insert(name, digest(&f)?);
-    }
-    let manifest = Manifest {
-        parameters: whole_shapes(learner),
-        files,
-        sharding,
-        policy_shards,
-    };
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| io(&tmp.join(MANIFEST), e))?;
-    std::fs::write(tmp.join(MANIFEST), json).map_err(|e| io(&tmp.join(MANIFEST), e))?;
-    for f in std::fs::read_dir(&tmp).map_err(|e| io(&tmp, e))? {
-        let f = f.map_err(|e| io(&tmp, e))?.path();
-        std::fs::File::open(&f)
-            .and_then(|h| h.sync_all())
-            .map_err(|e| io(&f, e))?;
-    }
-    swap_in(&tmp, dir)
+    Ok(StateDraft {
+        tmp,
+        dir: dir.to_path_buf(),
+        manifest: Manifest {
+            parameters: whole_shapes(learner),
+            files: BTreeMap::new(),
+            sharding,
+            policy_shards,
+        },
+    })
 }
 
 /// Writes the policy of `ranks` into `tmp`: rank 0's (`policy`), or in a `full` group each

@@ -40,7 +40,8 @@
 //!   round's answers, for reading), [`tensorboard`] (event files written directly),
 //!   [`run_folder`] (the folder's lock, `--resume auto`'s newest complete checkpoint)
 //! - the run: [`train`] over a [`Trainee`] (a [`Learner`] or a [`DataParallel`] group; epochs in a seeded order, `metrics.jsonl` ([`MetricsLine`]), checkpoints,
-//!   resume), [`RunConfig`], [`RunHooks`], [`RunSummary`], [`EpochSummary`], [`save_state`],
+//!   resume), [`RunConfig`], [`RunHooks`], [`RunSummary`], [`EpochSummary`], [`save_state`]
+//!   ([`write_state`] + [`StateDraft::seal`]: the loop seals a checkpoint behind the next steps),
 //!   [`load_state`], [`TrainingState`], [`sft_warmup`], [`warmup_pairs`], [`BestCheckpoint`],
 //!   [`best_checkpoint_path`]
 //! - validation during training: [`Validator`] (held-out prompts scored by the training judge and
@@ -90,7 +91,7 @@ mod warmup;
 
 pub use advantages::{AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus};
 pub use batch::{mask_rows, padded_width, TrainBatch};
-pub use checkpoint::{load_state, save_state, TrainingState};
+pub use checkpoint::{load_state, save_state, write_state, StateDraft, TrainingState};
 pub use collective::{Collective, HostCollective};
 // The contracts the learner is written against, re-exported so an embedder names one crate.
 pub use conrub_contracts::LrScheduleKind;

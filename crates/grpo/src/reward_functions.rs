@@ -42,6 +42,14 @@ pub struct RewardKinds<T: TaskPrompt> {
     kinds: BTreeMap<String, RewardFactory<T>>,
 }
 
+impl<T: TaskPrompt> Clone for RewardKinds<T> {
+    fn clone(&self) -> Self {
+        Self {
+            kinds: self.kinds.clone(),
+        }
+    }
+}
+
 /// The kinds [`RewardKinds::builtin`] holds.
 pub const BUILTIN_REWARD_KINDS: &[&str] = &["exact", "numeric", "regex", "format", "http"];
 
@@ -228,7 +236,7 @@ impl<T: TaskPrompt> WeightedRewards<T> {
         }
         match MixedScore::mix(parts) {
             Some(m) => ResponseScore::Mixed(m),
-            None => ResponseScore::unscored("a part has no reward", 1),
+            None => ResponseScore::unscored("the weighted sum of the parts is not finite", 1),
         }
     }
 }

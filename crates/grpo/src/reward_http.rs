@@ -53,6 +53,8 @@ struct HttpOptions {
 /// A reward server's client.
 pub struct HttpReward {
     url: String,
+    /// The URL as messages show it: no user, password, query or fragment.
+    shown: String,
     client: reqwest::Client,
     max_retries: u32,
     backoff_base: Duration,
@@ -83,15 +85,15 @@ impl HttpReward {
         if !(o.url.starts_with("http://") || o.url.starts_with("https://")) {
             return Err(bad("url", format!("{:?} is not an http(s) URL", o.url)));
         }
-        for (key, v) in [
-            ("timeout_secs", o.timeout_secs),
-            ("backoff_base_secs", o.backoff_base_secs),
-            ("backoff_max_secs", o.backoff_max_secs),
-        ] {
-            if !(v.is_finite() && v >= 0.0) || (key == "timeout_secs" && v == 0.0) {
-                return Err(bad(key, format!("{v} is not a usable number of seconds")));
-            }
-        }
+        let seconds = |key: &str, v: f64| {
+            Duration::try_from_secs_f64(v)
+                .ok()
+                .filter(|d| key != "timeout_secs" || !d.is_zero())
+                .ok_or_else(|| bad(key, format!("{v} is not a usable number of seconds")))
+        };
+        let timeout = seconds("timeout_secs", o.timeout_secs)?;
+        let backoff_base = seconds("backoff_base_secs", o.backoff_base_secs)?;
+        let backoff_max = seconds("backoff_max_secs", o.backoff_max_secs)?;
         let api_key = match &o.api_key_env {
             Some(var) => Some(std::env::var(var).map_err(|_| {
                 bad(
@@ -102,15 +104,16 @@ impl HttpReward {
             None => None,
         };
         let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs_f64(o.timeout_secs))
+            .timeout(timeout)
             .build()
             .map_err(|e| bad("url", format!("building the HTTP client: {e}")))?;
         Ok(Self {
+            shown: shown_url(&o.url),
             url: o.url,
             client,
             max_retries: o.max_retries,
-            backoff_base: Duration::from_secs_f64(o.backoff_base_secs),
-            backoff_max: Duration::from_secs_f64(o.backoff_max_secs),
+            backoff_base,
+            backoff_max,
             api_key,
         })
     }
@@ -126,26 +129,26 @@ impl HttpReward {
             request = request.bearer_auth(key);
         }
         let response = request.send().await.map_err(|e| Failed {
-            message: format!("POST {}: {}", self.url, without_url(e)),
+            message: format!("POST {}: {}", self.shown, without_url(e)),
             retry: true,
         })?;
         let status = response.status();
         if !status.is_success() {
             let retry = status.is_server_error() || matches!(status.as_u16(), 408 | 429);
-            let message = format!("POST {}: HTTP {status}", self.url);
+            let message = format!("POST {}: HTTP {status}", self.shown);
             return Err(Failed { message, retry });
         }
         let answer: Answer = response.json().await.map_err(|e| Failed {
             message: format!(
                 "the answer of {} is not {{\"rewards\": [..]}}: {e}",
-                self.url
+                self.shown
             ),
             retry: true,
         })?;
         if answer.rewards.len() != n {
             let message = format!(
                 "{} answered {} rewards for {n} responses",
-                self.url,
+                self.shown,
                 answer.rewards.len()
             );
             return Err(Failed {
@@ -158,8 +161,23 @@ impl HttpReward {
 
     /// The wait before retry `k` (1-based): the base doubled `k - 1` times, at most the maximum.
     fn backoff(&self, k: u32) -> Duration {
-        let factor = 2f64.powi(k.saturating_sub(1).min(30) as i32);
-        self.backoff_base.mul_f64(factor).min(self.backoff_max)
+        let factor = 2f64.powi(k.saturating_sub(1).min(60) as i32);
+        let secs = (self.backoff_base.as_secs_f64() * factor).min(self.backoff_max.as_secs_f64());
+        Duration::from_secs_f64(secs)
+    }
+}
+
+/// `url` without what may be a secret: user and password, query and fragment.
+fn shown_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        Err(_) => "the reward server".into(),
     }
 }
 
@@ -347,9 +365,25 @@ mod tests {
             .with("api_key_env", "CONRUB_TEST_UNSET_REWARD_KEY");
         let e = err(spec);
         assert!(e.contains("CONRUB_TEST_UNSET_REWARD_KEY"), "{e}");
-        let e = err(RewardFunctionSpec::new("http", 1.0)
-            .with("url", "http://x")
-            .with("timeout_secs", 0.0));
-        assert!(e.contains("reward.functions[1].timeout_secs"), "{e}");
+        for (key, v) in [
+            ("timeout_secs", 0.0),
+            ("timeout_secs", 1e20),
+            ("backoff_max_secs", -1.0),
+        ] {
+            let e = err(RewardFunctionSpec::new("http", 1.0)
+                .with("url", "http://x")
+                .with(key, v));
+            assert!(e.contains(&format!("reward.functions[1].{key}")), "{e}");
+        }
+        let r = HttpReward::from_spec(
+            &RewardFunctionSpec::new("http", 1.0)
+                .with("url", "https://user:pw@rm.example:8443/score?key=s3cret#x")
+                .with("backoff_base_secs", 1e9)
+                .with("backoff_max_secs", 5.0),
+            "x",
+        )
+        .unwrap();
+        assert_eq!(r.shown, "https://rm.example:8443/score");
+        assert_eq!(r.backoff(40), Duration::from_secs(5));
     }
 }

@@ -14,7 +14,7 @@ use conrub_rubric::RubricRecord;
 use serde::{Deserialize, Serialize};
 
 use crate::advantages::stable_seed;
-use crate::checkpoint::{load_state, TrainingState};
+use crate::checkpoint::{load_state, StateDraft, TrainingState};
 use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, StepOutput};
 use crate::parallel::DataParallel;
@@ -244,10 +244,11 @@ where
     /// when set (see [`DataParallel::whole_policy`]).
     fn whole_policy(&self, matrices: Option<DType>) -> Result<Cow<'_, P>>;
 
-    /// Writes the training state to `dir` ([`crate::save_state`]; a sharded group writes every
-    /// rank's part of the optimizer state, and a `full` group every rank's parameters).
-    fn save(&self, data_cursor: serde_json::Value, dir: &Path) -> Result<()> {
-        crate::checkpoint::save_state(self.lead(), data_cursor, dir)
+    /// Writes the training state's files for `dir` ([`crate::write_state`]; a sharded group
+    /// writes every rank's part of the optimizer state, and a `full` group every rank's
+    /// parameters); the caller seals the draft ([`StateDraft::seal`]).
+    fn save(&self, data_cursor: serde_json::Value, dir: &Path) -> Result<StateDraft> {
+        crate::checkpoint::write_state(self.lead(), data_cursor, dir)
     }
 }
 
@@ -316,9 +317,148 @@ where
         DataParallel::whole_policy(self, matrices)
     }
 
-    fn save(&self, data_cursor: serde_json::Value, dir: &Path) -> Result<()> {
-        crate::checkpoint::save_group_state(self.learners(), data_cursor, dir)
+    fn save(&self, data_cursor: serde_json::Value, dir: &Path) -> Result<StateDraft> {
+        crate::checkpoint::write_group_state(self.learners(), data_cursor, dir)
     }
+}
+
+/// A checkpoint written but not yet in place: what its sealing needs, owned (it runs on a
+/// thread of its own).
+struct Seal {
+    draft: StateDraft,
+    tmp: PathBuf,
+    dir: PathBuf,
+    output_dir: PathBuf,
+    keep: Option<usize>,
+    step: u64,
+    best: Option<BestCheckpoint>,
+    written_secs: f64,
+}
+
+impl Seal {
+    /// Makes the checkpoint durable and puts it in place: the training state sealed (hashed,
+    /// flushed, swapped in), the folder renamed from `.tmp`, older checkpoints pruned, the best
+    /// checkpoint's record written. Returns the checkpoint's folder.
+    fn run(self) -> Result<PathBuf> {
+        let t0 = Instant::now();
+        if let Err(e) = self.draft.seal() {
+            return Err(checkpoint_failed(&self.tmp, &self.dir, e));
+        }
+        // (An existing `dir` is a checkpoint of a run resumed from an earlier one: superseded.)
+        crate::checkpoint::swap_in(&self.tmp, &self.dir)?;
+        if let Some(keep) = self.keep {
+            let best = self.best.as_ref().map(|b| b.step);
+            prune_checkpoints(&self.output_dir, keep, self.step, best)?;
+        }
+        if let Some(b) = self.best.as_ref().filter(|b| b.step == self.step) {
+            b.write(&self.output_dir)?;
+        }
+        tracing::info!(
+            "{}: written in {:.1} s, made durable in {:.1} s{}",
+            self.dir.display(),
+            self.written_secs,
+            t0.elapsed().as_secs_f64(),
+            if std::thread::current().name() == Some(SEAL_THREAD) {
+                " on a background thread"
+            } else {
+                ""
+            }
+        );
+        Ok(self.dir)
+    }
+}
+
+/// The SHA-256 of the task's prompt ids in order (hex), kept in the data cursor: a resume over
+/// other prompts is told that its data order does not continue the earlier run's.
+fn prompt_ids_digest<T: TaskPrompt>(records: &[T]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for r in records {
+        h.update(r.id().as_bytes());
+        h.update([0u8]);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The name of the thread that seals checkpoints.
+const SEAL_THREAD: &str = "conrub-checkpoint-seal";
+
+/// The checkpoint being sealed, if any (`run.checkpoint_in_background`: on its own thread,
+/// while the next steps train). Dropping it waits for the seal: a run that stops on an error
+/// still leaves its last checkpoint whole.
+#[derive(Default)]
+struct Sealing {
+    thread: Option<std::thread::JoinHandle<Result<PathBuf>>>,
+    done: Option<Result<PathBuf>>,
+}
+
+impl Sealing {
+    /// Seals `seal`: on a thread of its own when `background` (or when the thread cannot be
+    /// started, here).
+    fn start(&mut self, seal: Seal, background: bool) {
+        debug_assert!(self.thread.is_none() && self.done.is_none());
+        if !background {
+            self.done = Some(seal.run());
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name(SEAL_THREAD.into())
+            .spawn(move || {
+                let seal: Seal = rx.recv().expect("the seal is sent");
+                seal.run()
+            });
+        match spawned {
+            Ok(handle) => {
+                tx.send(seal).expect("the thread waits for the seal");
+                self.thread = Some(handle);
+            }
+            Err(_) => self.done = Some(seal.run()),
+        }
+    }
+
+    /// Waits for the seal in flight, if any; once it is in place, tells the hooks and records
+    /// it as the run's last checkpoint.
+    fn finish<P>(
+        &mut self,
+        hooks: &mut dyn RunHooks<P>,
+        output_dir: &Path,
+        summary: &mut RunSummary,
+    ) -> Result<()> {
+        let outcome = match (self.thread.take(), self.done.take()) {
+            (Some(handle), _) => handle.join().unwrap_or_else(|_| {
+                Err(GrpoError::Stage(
+                    "the checkpoint seal thread panicked".into(),
+                ))
+            }),
+            (None, Some(done)) => done,
+            (None, None) => return Ok(()),
+        };
+        let dir = outcome?;
+        hooks.checkpointed(output_dir, &dir)?;
+        summary.last_checkpoint = Some(dir);
+        Ok(())
+    }
+}
+
+impl Drop for Sealing {
+    fn drop(&mut self) {
+        if let Some(handle) = self.thread.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// A checkpoint that could not be written or sealed: its partial copy (a full disk, say) is
+/// removed, not left filling the disk.
+fn checkpoint_failed(tmp: &Path, dir: &Path, e: GrpoError) -> GrpoError {
+    let _ = std::fs::remove_dir_all(tmp);
+    GrpoError::io(
+        dir,
+        format!(
+            "writing the checkpoint failed and its partial copy was removed (is the disk full?): {e}"
+        ),
+    )
 }
 
 /// Runs training (the run folder `run.output_dir` locked for the whole run, see
@@ -366,14 +506,20 @@ where
             };
             let state = trainee.load(&state_dir)?;
             // The data order is the seed's over these records: other records, another order.
-            if let Some(n) = state.data_cursor["records"].as_u64() {
-                if n != records.len() as u64 {
-                    tracing::warn!(
-                        "{}: the state was written with {n} prompts and this run has {}: the data order does not continue the earlier run's (did data.rubrics or data.max_prompt_tokens change?)",
-                        state_dir.display(),
-                        records.len()
-                    );
-                }
+            let saved = state.data_cursor["records"].as_u64();
+            let ids = state.data_cursor["prompt_ids"].as_str();
+            if saved.is_some_and(|n| n != records.len() as u64) {
+                tracing::warn!(
+                    "{}: the state was written with {} prompts and this run has {}: the data order does not continue the earlier run's (did data.rubrics, [[data.train]] or data.max_prompt_tokens change?)",
+                    state_dir.display(),
+                    saved.unwrap_or_default(),
+                    records.len()
+                );
+            } else if ids.is_some_and(|d| d != prompt_ids_digest(records)) {
+                tracing::warn!(
+                    "{}: the state was written with other prompts (or another order of them) than this run's: the data order does not continue the earlier run's (did a file of data.rubrics or [[data.train]] change?)",
+                    state_dir.display()
+                );
             }
             Some(state.step)
         }
@@ -424,13 +570,19 @@ where
     };
     let mut history: Vec<StepMetrics> = log.steps()?;
     let started = Instant::now();
+    let ids_digest = prompt_ids_digest(records);
+    // The checkpoint being sealed (hashed, flushed, renamed) behind the steps that follow it.
+    let mut sealing = Sealing::default();
     // A new best (`pending`) waits for its step's checkpoint: it becomes the record once that
     // checkpoint is in place.
     let save = |trainee: &Tr,
                 hooks: &mut dyn RunHooks<P>,
                 summary: &mut RunSummary,
-                pending: &mut Option<BestCheckpoint>|
+                pending: &mut Option<BestCheckpoint>,
+                sealing: &mut Sealing|
      -> Result<()> {
+        // One checkpoint in flight: the previous one is in place before this one is written.
+        sealing.finish(hooks, &run.output_dir, summary)?;
         summary.best = pending.take().or(summary.best.take());
         trainee.verify()?;
         let learner = trainee.lead();
@@ -444,30 +596,31 @@ where
             "step": learner.step,
             "steps_per_epoch": steps_per_epoch,
             "records": records.len(),
+            "prompt_ids": ids_digest,
         });
+        let t0 = Instant::now();
         // The export's whole policy is let go before the state is written.
         let written = trainee
             .whole_policy(hooks.export_dtype())
             .and_then(|policy| hooks.export(&policy, &tmp))
             .and_then(|_| trainee.save(cursor, &tmp.join("training_state")));
-        if let Err(e) = written {
-            // A partial checkpoint (a full disk, say) is removed, not left filling the disk.
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(GrpoError::io(
-                &dir,
-                format!("writing the checkpoint failed and its partial copy was removed (is the disk full?): {e}"),
-            ));
-        }
-        // (An existing `dir` is a checkpoint of a run resumed from an earlier one: superseded.)
-        crate::checkpoint::swap_in(&tmp, &dir)?;
-        if let Some(keep) = run.keep_checkpoints {
-            let best = summary.best.as_ref().map(|b| b.step);
-            prune_checkpoints(&run.output_dir, keep, learner.step, best)?;
-        }
-        hooks.checkpointed(&run.output_dir, &dir)?;
-        summary.last_checkpoint = Some(dir);
-        if let Some(b) = summary.best.as_ref().filter(|b| b.step == learner.step) {
-            b.write(&run.output_dir)?;
+        let draft = match written {
+            Ok(draft) => draft,
+            Err(e) => return Err(checkpoint_failed(&tmp, &dir, e)),
+        };
+        let seal = Seal {
+            draft,
+            tmp,
+            dir,
+            output_dir: run.output_dir.clone(),
+            keep: run.keep_checkpoints,
+            step: learner.step,
+            best: summary.best.clone(),
+            written_secs: t0.elapsed().as_secs_f64(),
+        };
+        sealing.start(seal, run.checkpoint_in_background);
+        if !run.checkpoint_in_background {
+            sealing.finish(hooks, &run.output_dir, summary)?;
         }
         Ok(())
     };
@@ -548,12 +701,25 @@ where
         }
         let periodic = run.checkpoint_every > 0 && step.is_multiple_of(run.checkpoint_every);
         if step < total && (periodic || pending_best.is_some()) {
-            save(trainee, hooks, &mut summary, &mut pending_best)?;
+            save(
+                trainee,
+                hooks,
+                &mut summary,
+                &mut pending_best,
+                &mut sealing,
+            )?;
         }
     }
     if summary.steps_run > 0 || summary.last_checkpoint.is_none() {
-        save(trainee, hooks, &mut summary, &mut pending_best)?;
+        save(
+            trainee,
+            hooks,
+            &mut summary,
+            &mut pending_best,
+            &mut sealing,
+        )?;
     }
+    sealing.finish(hooks, &run.output_dir, &mut summary)?;
     summary.total_steps = trainee.lead().step;
     Ok(summary)
 }
@@ -575,6 +741,82 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    struct NoHooks(Vec<PathBuf>);
+
+    impl RunHooks<()> for NoHooks {
+        fn export(&mut self, _: &(), _: &Path) -> Result<()> {
+            Ok(())
+        }
+        fn checkpointed(&mut self, _: &Path, checkpoint: &Path) -> Result<()> {
+            self.0.push(checkpoint.to_path_buf());
+            Ok(())
+        }
+    }
+
+    /// A checkpoint of step 3 written into `out` (its state's files in `.tmp` folders), and the
+    /// seal that finishes it.
+    fn written(out: &Path) -> Seal {
+        let tmp = out.join("checkpoint-000003.tmp");
+        let state = tmp.join("training_state.tmp");
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join("state.json"), b"{}").unwrap();
+        std::fs::write(tmp.join("model.safetensors"), b"weights").unwrap();
+        Seal {
+            draft: StateDraft::of_files(state, tmp.join("training_state")),
+            tmp,
+            dir: out.join("checkpoint-000003"),
+            output_dir: out.to_path_buf(),
+            keep: None,
+            step: 3,
+            best: None,
+            written_secs: 0.0,
+        }
+    }
+
+    /// In the background the save returns with the seal on its own thread; finishing it puts
+    /// the checkpoint in place (manifest with the state's digests, no `.tmp` left), tells the
+    /// hooks and records it; in the foreground it is in place at once. A seal that fails
+    /// removes its partial copy and is the run's error.
+    #[test]
+    fn checkpoints_are_sealed_behind_the_next_steps() {
+        for background in [true, false] {
+            let out = tempfile::tempdir().unwrap();
+            let mut sealing = Sealing::default();
+            sealing.start(written(out.path()), background);
+            assert_eq!(sealing.thread.is_some(), background);
+            let mut hooks = NoHooks(vec![]);
+            let mut summary = RunSummary::default();
+            sealing
+                .finish(&mut hooks, out.path(), &mut summary)
+                .unwrap();
+            let dir = out.path().join("checkpoint-000003");
+            assert_eq!(hooks.0, std::slice::from_ref(&dir));
+            assert_eq!(summary.last_checkpoint.as_ref(), Some(&dir));
+            let manifest =
+                std::fs::read_to_string(dir.join("training_state/manifest.json")).unwrap();
+            assert!(manifest.contains("state.json"), "{manifest}");
+            assert!(dir.join("model.safetensors").is_file());
+            assert_eq!(checkpoints(out.path()), ["checkpoint-000003"]);
+            // Nothing in flight: finishing again does nothing.
+            sealing
+                .finish(&mut hooks, out.path(), &mut summary)
+                .unwrap();
+            assert_eq!(hooks.0.len(), 1);
+        }
+        let out = tempfile::tempdir().unwrap();
+        let seal = written(out.path());
+        std::fs::remove_dir_all(&seal.draft.tmp).unwrap();
+        let mut sealing = Sealing::default();
+        sealing.start(seal, true);
+        let mut summary = RunSummary::default();
+        let e = sealing
+            .finish(&mut NoHooks(vec![]), out.path(), &mut summary)
+            .unwrap_err();
+        assert!(e.to_string().contains("partial copy was removed"), "{e}");
+        assert!(checkpoints(out.path()).is_empty());
+        assert!(summary.last_checkpoint.is_none());
     }
 
     fn checkpoints(dir: &Path) -> Vec<String> {

@@ -263,13 +263,13 @@ pub struct MixedScore {
 
 impl MixedScore {
     /// Mixes scored parts: the weighted sum in order, from `0.0` (so a `-0.0` term never
-    /// survives). `None` when a part is unscored.
+    /// survives). `None` when a part is unscored or the sum is not finite (huge values).
     pub fn mix(parts: Vec<RewardPart>) -> Option<Self> {
         let mut reward = 0.0;
         for p in &parts {
             reward += p.weight * p.score.reward()?;
         }
-        Some(Self { reward, parts })
+        reward.is_finite().then_some(Self { reward, parts })
     }
 }
 

@@ -43,6 +43,12 @@ pub(crate) fn read_task(cfg: &TrainConfig) -> Result<TaskData> {
     let mut files = Vec::with_capacity(specs.len());
     for spec in &specs {
         let records = read_file(spec)?;
+        if records.is_empty() {
+            return Err(TrainerError::Input {
+                path: spec.path.clone(),
+                message: "has no records".into(),
+            });
+        }
         crate::rubric::check_records(&spec.path, &records)?;
         files.push(FileRecords {
             path: spec.path.clone(),
@@ -54,6 +60,7 @@ pub(crate) fn read_task(cfg: &TrainConfig) -> Result<TaskData> {
     for (i, (spec, file)) in specs.iter().zip(&files).enumerate() {
         mixed.extend(weighted(&file.records, spec.weight, cfg.learner.seed, i)?);
     }
+    check_copy_ids(&files, &mixed)?;
     let (name, describe) = match specs.as_slice() {
         [one] if one.weight == 1.0 => (one.path.clone(), one.path.display().to_string()),
         _ => {
@@ -80,7 +87,17 @@ fn read_file(spec: &TrainFile) -> Result<Vec<(usize, RubricRecord)>> {
         // Read without indexing: a repeated id is one of the errors the validator lists.
         None => Ok(read_jsonl(&spec.path)?),
         Some(format) => {
-            let (records, _) = import_file(&spec.path, &ImportOptions::new(format))?;
+            let (records, report) = import_file(&spec.path, &ImportOptions::new(format))?;
+            let skipped = report.rows - report.records;
+            if skipped > 0 {
+                tracing::warn!(
+                    "{}: imported {} of {} rows ({} duplicate prompts; see `conrub rubrics import` for the rest)",
+                    spec.path.display(),
+                    report.records,
+                    report.rows,
+                    report.duplicate_prompts
+                );
+            }
             Ok(records
                 .into_iter()
                 .enumerate()
@@ -110,6 +127,38 @@ fn check_unique_ids(files: &[FileRecords]) -> Result<()> {
                 });
             }
         }
+    }
+    Ok(())
+}
+
+/// Refuses a repeat's id (`id~k`) that is also a record's own id in some file.
+fn check_copy_ids(files: &[FileRecords], mixed: &[RubricRecord]) -> Result<()> {
+    let own: HashMap<&str, (&Path, usize)> = files
+        .iter()
+        .flat_map(|f| {
+            f.records
+                .iter()
+                .map(move |(line, r)| (r.id.as_str(), (f.path.as_path(), *line)))
+        })
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    for r in mixed {
+        if seen.insert(r.id.as_str()) {
+            continue;
+        }
+        // A second record with this id: a repeat whose name a record of a file already has.
+        let (path, line) = own
+            .get(r.id.as_str())
+            .copied()
+            .unwrap_or((Path::new("data.train"), 0));
+        return Err(TrainerError::Input {
+            path: path.to_path_buf(),
+            message: format!(
+                "line {line}: prompt id `{}` is also the name of a repeat a weight above 1 makes \
+                 (`ID~K`); rename the record",
+                r.id
+            ),
+        });
     }
     Ok(())
 }
@@ -213,6 +262,23 @@ mod tests {
         assert!(halves.len() > 1, "the seed chooses: {halves:?}");
         let e = weighted(&recs, 0.1, 7, 3).unwrap_err().to_string();
         assert!(e.contains("data.train[3].weight"), "{e}");
+    }
+
+    #[test]
+    fn a_repeat_named_like_a_record_is_refused() {
+        let mut recs = records(2);
+        recs[1].1.id = "r0~2".into();
+        let files = vec![FileRecords {
+            path: "a.jsonl".into(),
+            records: recs.clone(),
+        }];
+        let mixed = weighted(&recs, 2.0, 7, 0).unwrap();
+        let e = check_copy_ids(&files, &mixed).unwrap_err().to_string();
+        assert!(
+            e.contains("a.jsonl") && e.contains("line 2") && e.contains("`r0~2`"),
+            "{e}"
+        );
+        assert!(check_copy_ids(&files, &weighted(&recs, 1.0, 7, 0).unwrap()).is_ok());
     }
 
     #[test]

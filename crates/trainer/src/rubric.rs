@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use conrub_config::TrainConfig;
 use conrub_grpo::{
-    HeldOutPrompt, JudgeRewards, PairwiseTieBreaker, RewardKinds, RewardSource, Validator,
+    GroupScores, HeldOutPrompt, JudgeRewards, PairwiseTieBreaker, RewardKinds, RewardSource,
+    Validator,
 };
 use conrub_judge::{CriterionJudge, Judges};
 use conrub_kernels::GrpoOps;
@@ -34,11 +35,10 @@ pub(crate) fn rubric_task<B: GrpoOps>(
     kinds: RewardKinds<RubricRecord>,
 ) -> Result<RubricTask> {
     let data = crate::data::read_task(cfg)?;
+    // The reward functions and what they need of the records, before a judge loads.
+    check_rewards(cfg, &data, kinds.clone())?;
     let judges = cfg.judge()?.build_on::<B>(device, &data.task)?;
     let rewards = rewards(cfg, judges.criterion.clone(), kinds)?;
-    for file in &data.files {
-        check_prompts(&file.path, &file.records, rewards.as_ref())?;
-    }
     let tie_breaker = PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed);
     let validator = validator::<B>(cfg, &judges, device)?;
     Ok(RubricTask {
@@ -62,6 +62,7 @@ fn rewards(
     if cfg.reward.functions.is_empty() {
         return Ok(judged);
     }
+    let judged_by_rubric = cfg.reward.functions.iter().any(|f| f.kind == "rubric");
     kinds.register("rubric", move |spec, at| {
         // The judge's settings are `[judge]` and `[reward]`'s; the entry has none of its own.
         if let Some(key) = spec.options.keys().next() {
@@ -74,7 +75,56 @@ fn rewards(
         }
         Ok(judged.clone())
     });
-    Ok(Arc::new(kinds.build(&cfg.reward.functions)?))
+    let mix = kinds.build(&cfg.reward.functions)?;
+    if judged_by_rubric {
+        return Ok(Arc::new(mix));
+    }
+    // No rubric part: the tie breaker still compares on the record's criteria.
+    Ok(Arc::new(WithRecordCriteria(mix)))
+}
+
+/// A reward source whose groups carry the record's whole rubric when the source judged none
+/// (a mix without a `rubric` function), so that tied groups are compared on it.
+struct WithRecordCriteria<R>(R);
+
+#[async_trait::async_trait]
+impl<R: RewardSource<RubricRecord>> RewardSource<RubricRecord> for WithRecordCriteria<R> {
+    async fn score_group(
+        &self,
+        record: &RubricRecord,
+        responses: &[String],
+        lengths: &[u32],
+        step: u64,
+    ) -> GroupScores {
+        let mut scores = self.0.score_group(record, responses, lengths, step).await;
+        if scores.criteria.is_empty() {
+            scores.criteria = record.criterion_texts();
+        }
+        scores
+    }
+
+    fn check_prompt(&self, record: &RubricRecord) -> std::result::Result<(), String> {
+        self.0.check_prompt(record)
+    }
+}
+
+/// Builds the reward functions of `[[reward.functions]]` with `kinds` (the judge stood in for
+/// by the lexical test double, which calls nothing) and refuses the records they cannot score,
+/// naming file and line: what a run checks before any judge or policy loads.
+fn check_rewards(
+    cfg: &TrainConfig,
+    data: &crate::data::TaskData,
+    kinds: RewardKinds<RubricRecord>,
+) -> Result<()> {
+    if cfg.reward.functions.is_empty() {
+        return Ok(());
+    }
+    let stand_in = Arc::new(conrub_judge::LexicalJudge::default());
+    let rewards = rewards(cfg, stand_in, kinds)?;
+    for file in &data.files {
+        check_prompts(&file.path, &file.records, rewards.as_ref())?;
+    }
+    Ok(())
 }
 
 /// Refuses records a reward function cannot score (a verifiable check's missing or malformed
@@ -84,6 +134,8 @@ fn check_prompts(
     records: &[(usize, RubricRecord)],
     rewards: &dyn RewardSource<RubricRecord>,
 ) -> Result<()> {
+    /// The records an error lists (the count covers all of them).
+    const SHOWN: usize = 10;
     let bad: Vec<String> = records
         .iter()
         .filter_map(|(line, r)| {
@@ -98,12 +150,16 @@ fn check_prompts(
     if bad.is_empty() {
         return Ok(());
     }
+    let more = match bad.len().saturating_sub(SHOWN) {
+        0 => String::new(),
+        n => format!("\n  ... and {n} more"),
+    };
     Err(TrainerError::Input {
         path: path.to_path_buf(),
         message: format!(
-            "{} records the reward functions cannot score:\n{}",
+            "{} records the reward functions cannot score:\n{}{more}",
             bad.len(),
-            bad.join("\n")
+            bad[..bad.len().min(SHOWN)].join("\n")
         ),
     })
 }
@@ -116,8 +172,11 @@ pub fn check_rubrics(path: &Path) -> Result<()> {
 /// Reads and checks every file of the task (`data.rubrics` or `[[data.train]]`) as training
 /// will, before anything loads: records `conrub rubrics validate` rejects, ids shared by two
 /// files, weights that draw nothing.
+/// The `[[reward.functions]]` are built (an unknown kind or option, a bad pattern, an unset
+/// API key variable) and the records they cannot score refused.
 pub fn check_data(cfg: &TrainConfig) -> Result<()> {
-    crate::data::read_task(cfg).map(|_| ())
+    let data = crate::data::read_task(cfg)?;
+    check_rewards(cfg, &data, RewardKinds::builtin())
 }
 
 /// Refuses `path`'s `records` (with their line numbers) as `conrub rubrics validate` does.
