@@ -34,6 +34,7 @@ fn answer<B: GrpoOps>(
             temperature: 0.7,
             top_p: 0.8,
             top_k: Some(20),
+            min_p: 0.0,
         },
         max_new_tokens: 256,
         seed: 1234,

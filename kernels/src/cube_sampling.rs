@@ -262,6 +262,34 @@ fn prefix_sum<F: Float>(
     cube_sum(red, s)
 }
 
+/// How many ids of the prefix `(set_key, set_id)` have `(x - max) / T >= ln_min_p` (min-p).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn likely_count<F: Float>(
+    logits: &Tensor<F>,
+    base: usize,
+    max: f32,
+    inv_temp: f32,
+    set_key: u32,
+    set_id: u32,
+    ln_min_p: f32,
+    red: &mut SharedMemory<f32>,
+    #[comptime] block: u32,
+) -> f32 {
+    let vocab = logits.shape(1);
+    let cs = logits.stride(1);
+    let mut s = 0.0f32;
+    let mut v = UNIT_POS_X as usize;
+    while v < vocab {
+        let x = f32::cast_from(logits[base + v * cs]);
+        if in_prefix(order_key(x), v as u32, set_key, set_id) && (x - max) * inv_temp >= ln_min_p {
+            s += 1.0f32;
+        }
+        v += block as usize;
+    }
+    cube_sum(red, s)
+}
+
 /// The shortest prefix of the row's order (descending logit, ties by id), among the ids in
 /// the prefix `(set_key, set_id)`, whose count or weight (`count`) reaches `target` (`>=`, or
 /// `>` when `strict`). Writes `res = [key, id, found]`: the prefix is `{key' > key} ∪ {key' ==
@@ -458,11 +486,13 @@ fn prefix_search<F: Float>(
     sync_cube();
 }
 
-/// [`crate::sampling::sample_row`]'s rule with top-k and/or top-p, without a sort: one cube
-/// per row finds the top-k prefix of the order (descending logit, ties by id) by its count, the
-/// top-p prefix of that by its weight, and the draw's token by the weight of the kept prefix
-/// before it, each with [`prefix_search`] (nine reads of the row), so the token is the host
-/// rule's up to f32 rounding of the sums. `top_k` 0 is none; `top_p` 1 is none.
+/// [`crate::sampling::sample_row`]'s rule with top-k, top-p and/or min-p, without a sort: one
+/// cube per row finds the top-k prefix of the order (descending logit, ties by id) by its count,
+/// the top-p prefix of that by its weight, the min-p prefix of that by the count of its ids at
+/// least `min_p` times as likely as the most likely one, and the draw's token by the weight of
+/// the kept prefix before it, each with [`prefix_search`] (nine reads of the row), so the token
+/// is the host rule's up to f32 rounding of the sums. `top_k` 0 is none; `top_p` 1 is none;
+/// `min_p` 0 is none.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn sample_restricted_kernel<F: Float, I: Numeric>(
@@ -473,6 +503,7 @@ fn sample_restricted_kernel<F: Float, I: Numeric>(
     inv_temp: f32,
     top_k: u32,
     top_p: f32,
+    min_p: f32,
     #[comptime] block: u32,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
@@ -573,6 +604,38 @@ fn sample_restricted_kernel<F: Float, I: Numeric>(
         }
     }
 
+    // Min-p: the first ids of those (a prefix of the order) with `(x - max) / T >= ln(min_p)`.
+    if min_p > 0.0f32 {
+        let n = likely_count(
+            logits,
+            base,
+            max,
+            inv_temp,
+            p_key,
+            p_id,
+            min_p.ln(),
+            &mut red,
+            block,
+        );
+        if n >= 1.0f32 {
+            prefix_search(
+                logits, base, max, inv_temp, p_key, p_id, n, &mut hist, &mut red, &mut res, block,
+                true, false,
+            );
+            let found = res[2];
+            let key = res[0];
+            let id = res[1];
+            sync_cube();
+            if found == 1u32 {
+                p_key = key;
+                p_id = id;
+                kept = prefix_sum(
+                    logits, base, max, inv_temp, p_key, p_id, &mut red, block, false,
+                );
+            }
+        }
+    }
+
     // The draw: the first id of the kept prefix whose running weight passes `u x kept`; past
     // the end (rounding), the prefix's last id.
     let target = uniforms[row * uniforms.stride(0)] * kept;
@@ -601,10 +664,10 @@ fn sample_restricted_kernel<F: Float, I: Numeric>(
     }
 }
 
-/// Whether `params` restricts the draw (top-k below the vocabulary, or top-p below 1): such
-/// rows take [`sample_restricted_kernel`], the rest [`sample_kernel`].
+/// Whether `params` restricts the draw (top-k below the vocabulary, top-p below 1, or min-p):
+/// such rows take [`sample_restricted_kernel`], the rest [`sample_kernel`].
 pub(crate) fn restricted(params: &SampleParams, vocab: usize) -> bool {
-    !params.greedy && (params.top_k.is_some_and(|k| k < vocab) || params.top_p < 1.0)
+    params.restricted(vocab)
 }
 
 /// Launches the sampling kernel `params` needs over `rows` rows of `vocab` ids: `[logits,
@@ -637,6 +700,7 @@ pub(crate) fn launch_sample<R: Runtime>(
             inv_temp,
             top_k,
             params.top_p.min(1.0) as f32,
+            params.min_p as f32,
             block,
             dtypes,
         );

@@ -26,6 +26,9 @@ pub struct SampleParams {
     pub top_k: Option<usize>,
     /// Nucleus threshold in (0, 1]; 1 disables it.
     pub top_p: f64,
+    /// Min-p: of what top-k and top-p keep, only ids at least `min_p` times as likely as the
+    /// most likely one; 0 disables it.
+    pub min_p: f64,
 }
 
 impl SampleParams {
@@ -35,6 +38,7 @@ impl SampleParams {
         temperature: 1.0,
         top_k: None,
         top_p: 1.0,
+        min_p: 0.0,
     };
 
     /// A draw at `temperature`, kept to the `top_k` most likely ids and then to the `top_p`
@@ -45,13 +49,27 @@ impl SampleParams {
             temperature,
             top_k,
             top_p,
+            min_p: 0.0,
         }
+    }
+
+    /// These settings with min-p `min_p` (0: none).
+    pub fn with_min_p(self, min_p: f64) -> Self {
+        Self { min_p, ..self }
+    }
+
+    /// Whether the draw is restricted to a prefix of the order (top-k below `vocab`, top-p
+    /// below 1, or min-p).
+    pub fn restricted(&self, vocab: usize) -> bool {
+        !self.greedy
+            && (self.top_k.is_some_and(|k| k < vocab) || self.top_p < 1.0 || self.min_p > 0.0)
     }
 
     /// The settings every sampler is checked at against [`sample_row`] (its unit test here,
     /// `kernels/tests/parity.rs` on each backend) for `vocab` ids: greedy; the whole distribution
     /// at temperature 1 and 0.7; top-k 1, 5 and 50; top-p 0.6 at temperature 0.8 and 0.9 at 0.7;
-    /// top-k 12 with top-p 0.9; top-k `vocab / 3` with top-p 0.5.
+    /// top-k 12 with top-p 0.9; top-k `vocab / 3` with top-p 0.5; min-p 0.1 alone, and 0.05
+    /// after top-k 50 and top-p 0.9 at temperature 0.8.
     pub fn checked_modes(vocab: usize) -> Vec<Self> {
         vec![
             Self::GREEDY,
@@ -64,6 +82,8 @@ impl SampleParams {
             Self::draw(0.7, None, 0.9),
             Self::draw(1.0, Some(12), 0.9),
             Self::draw(1.0, Some(vocab / 3), 0.5),
+            Self::draw(1.0, None, 1.0).with_min_p(0.1),
+            Self::draw(0.8, Some(50), 0.9).with_min_p(0.05),
         ]
     }
 }
@@ -88,8 +108,7 @@ pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
     }
     let inv_t = 1.0 / cfg.temperature;
     let scaled = |x: f32| (x as f64 - max as f64) * inv_t;
-    let restricted = cfg.top_k.is_some_and(|k| k < logits.len()) || cfg.top_p < 1.0;
-    if !restricted {
+    if !cfg.restricted(logits.len()) {
         // Full distribution: one pass for the normaliser, one for the inverse CDF. Each weight is
         // computed once and kept for the scan (the same values summed in the same order as
         // recomputing them, so the same token, at one exponential per logit instead of up to two).
@@ -138,6 +157,15 @@ pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
             }
         }
     }
+    if cfg.min_p > 0.0 {
+        // Weights are relative to the most likely id's (1): min-p keeps those at or above it.
+        let ln_min_p = cfg.min_p.ln();
+        let likely = idx[..keep]
+            .iter()
+            .take_while(|&&i| scaled(logits[i as usize]) >= ln_min_p)
+            .count();
+        keep = keep.min(likely.max(1));
+    }
     let kept_total: f64 = weights[..keep].iter().sum();
     let target = u * kept_total;
     let mut acc = 0.0;
@@ -184,7 +212,7 @@ pub fn sample_rows_by_tensors<B: Backend>(
     .cast(DType::F32);
     let z = (logits - max).div_scalar(cfg.temperature);
     let top_k = cfg.top_k.filter(|&k| k < v);
-    if top_k.is_none() && cfg.top_p >= 1.0 {
+    if !cfg.restricted(v) {
         // The whole vocabulary in id order.
         let c = z.clone().exp().cumsum(1);
         let total = c.clone().slice([0..n, v - 1..v]);
@@ -203,16 +231,25 @@ pub fn sample_rows_by_tensors<B: Backend>(
         None => z.sort_descending_with_indices(1),
     };
     let m = vals.dims()[1];
-    let w = vals.exp();
+    let w = vals.clone().exp();
     let c = w.clone().cumsum(1);
     let total = c.clone().slice([0..n, m - 1..m]);
-    let keep = if cfg.top_p < 1.0 {
+    let mut keep = if cfg.top_p < 1.0 {
         // The first n whose cumulative share reaches top_p closes the prefix: keep = n + 1.
         let share = c.clone() / total;
         (share.lower_elem(cfg.top_p).int().sum_dim(1) + 1).clamp_max(m as i64)
     } else {
         Tensor::<B, 2, Int>::full([n, 1], m as i64, &device)
     };
+    if cfg.min_p > 0.0 {
+        // `vals` are `(x - max) / T`, 0 for the most likely id: min-p keeps those >= ln(min_p).
+        let likely = vals
+            .greater_equal_elem(cfg.min_p.ln())
+            .int()
+            .sum_dim(1)
+            .clamp_min(1);
+        keep = keep.min_pair(likely);
+    }
     let last = keep - 1;
     let kept_total = c.clone().gather(1, last.clone());
     let target = u * kept_total.clone();
@@ -294,6 +331,54 @@ pub fn sample_rows_flex(
         Tensor::from_data(TensorData::new(toks, [n]), &device),
         Tensor::from_data(TensorData::new(lps, [n]), &device),
     )
+}
+
+#[cfg(test)]
+mod rule_tests {
+    use super::*;
+
+    /// Min-p by hand: at temperature 1 the ids' likelihoods relative to the most likely one are
+    /// `exp(x - 2)`: 1, 0.368, 0.135, 0.0067. Min-p 0.3 keeps the first two (weights 1 and
+    /// 0.368), so `u = 0.9` (target 0.9 x 1.368 = 1.231) draws id 1 with log-probability
+    /// `ln(0.368 / 1.368)`; min-p 0.1 keeps three, min-p 1 the most likely id alone; after
+    /// top-k 2, min-p 0.1 changes nothing.
+    #[test]
+    fn min_p_keeps_ids_at_least_that_likely_relative_to_the_top() {
+        let logits = [0.0f32, 1.0, 2.0, -3.0];
+        let e1 = (-1f64).exp();
+        let e2 = (-2f64).exp();
+        let (tok, lp) = sample_row(
+            &logits,
+            &SampleParams::draw(1.0, None, 1.0).with_min_p(0.3),
+            0.9,
+        );
+        assert_eq!(tok, 1);
+        assert!((lp as f64 - (e1 / (1.0 + e1)).ln()).abs() < 1e-6, "{lp}");
+        // u = 0.99 of three kept: past 1 + e^-1, so id 0, the third most likely.
+        let three = SampleParams::draw(1.0, None, 1.0).with_min_p(0.1);
+        let (tok, lp) = sample_row(&logits, &three, 0.99);
+        assert_eq!(tok, 0);
+        assert!(
+            (lp as f64 - (e2 / (1.0 + e1 + e2)).ln()).abs() < 1e-6,
+            "{lp}"
+        );
+        let (tok, lp) = sample_row(
+            &logits,
+            &SampleParams::draw(1.0, None, 1.0).with_min_p(1.0),
+            0.99,
+        );
+        assert_eq!((tok, lp), (2, 0.0));
+        let k2 = SampleParams::draw(1.0, Some(2), 1.0);
+        for u in [0.1, 0.5, 0.9] {
+            assert_eq!(
+                sample_row(&logits, &k2.with_min_p(0.1), u),
+                sample_row(&logits, &k2, u)
+            );
+        }
+        // At temperature 0.5 the ratios square: e^-2 = 0.135 < 0.3, so min-p 0.3 keeps one.
+        let cold = SampleParams::draw(0.5, None, 1.0).with_min_p(0.3);
+        assert_eq!(sample_row(&logits, &cold, 0.99), (2, 0.0));
+    }
 }
 
 #[cfg(all(test, feature = "flex"))]

@@ -322,6 +322,14 @@ fn restricted_draw_within_rounding(
             }
         }
     }
+    if params.min_p > 0.0 {
+        // Min-p's boundary widened by one id for f32 rounding, as top-p's.
+        let likely = w
+            .iter()
+            .take_while(|&&x| x >= params.min_p * (1.0 - 1e-5))
+            .count();
+        keep = keep.min((likely + 1).min(w.len()));
+    }
     let Some(pos) = idx[..keep].iter().position(|&i| i == tok) else {
         return false;
     };
@@ -396,7 +404,7 @@ pub fn sampling_matches_host_rule<B: GrpoOps>(device: &B::Device, vocab: usize) 
                 "greedy row {r}: token {t} vs host {want_tok}"
             );
             let inv_t = 1.0 / params.temperature;
-            if params.top_k.is_some() || params.top_p < 1.0 {
+            if params.restricted(vocab) {
                 assert!(
                     restricted_draw_within_rounding(row, params, uniforms[r], t),
                     "{params:?} row {r}: token {t} is not the draw {} (host {want_tok})",

@@ -281,6 +281,7 @@ fn batched_generation_matches_single_and_stops_per_sequence() {
             temperature: 0.8,
             top_p: 0.95,
             top_k: Some(50),
+            min_p: 0.0,
         },
         max_new_tokens: 12,
         seed: 1234,

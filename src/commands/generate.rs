@@ -115,6 +115,7 @@ impl BackendTask for GenerateArgs {
                     temperature: self.temperature.or(defaults.temperature).unwrap_or(1.0),
                     top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
                     top_k: self.top_k.or(defaults.top_k).filter(|&k| k > 0),
+                    min_p: 0.0,
                 }
             },
             seed: self.seed,

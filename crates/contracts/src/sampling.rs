@@ -22,6 +22,10 @@ pub enum Decoding {
         top_p: f64,
         /// Keep only the `k` most likely tokens; `None` disables it.
         top_k: Option<usize>,
+        /// Then keep only tokens at least `min_p` times as likely as the most likely one
+        /// (min-p sampling); 0 (the default) disables it.
+        #[serde(default)]
+        min_p: f64,
     },
 }
 
@@ -32,6 +36,7 @@ impl Default for Decoding {
             temperature: 1.0,
             top_p: 1.0,
             top_k: None,
+            min_p: 0.0,
         }
     }
 }
@@ -43,6 +48,7 @@ impl Decoding {
             temperature,
             top_p: 1.0,
             top_k: None,
+            min_p: 0.0,
         }
     }
 
@@ -57,6 +63,7 @@ impl Decoding {
             temperature,
             top_p,
             top_k,
+            min_p,
         } = *self
         else {
             return Ok(());
@@ -76,28 +83,26 @@ impl Decoding {
         if top_k == Some(0) {
             return Err(ContractError::arg("top_k", "must be at least 1"));
         }
+        if !(0.0..=1.0).contains(&min_p) {
+            return Err(ContractError::arg(
+                "min_p",
+                format!("{min_p} must be in [0, 1] (0 turns it off)"),
+            ));
+        }
         Ok(())
     }
 
     /// The kernels' sampling parameters of this rule.
     pub fn params(&self) -> conrub_kernels::sampling::SampleParams {
         match *self {
-            Decoding::Greedy => conrub_kernels::sampling::SampleParams {
-                greedy: true,
-                temperature: 1.0,
-                top_k: None,
-                top_p: 1.0,
-            },
+            Decoding::Greedy => conrub_kernels::sampling::SampleParams::GREEDY,
             Decoding::Sample {
                 temperature,
                 top_p,
                 top_k,
-            } => conrub_kernels::sampling::SampleParams {
-                greedy: false,
-                temperature,
-                top_k,
-                top_p,
-            },
+                min_p,
+            } => conrub_kernels::sampling::SampleParams::draw(temperature, top_k, top_p)
+                .with_min_p(min_p),
         }
     }
 }
@@ -257,6 +262,7 @@ mod tests {
                 temperature: 1.0,
                 top_p: 1.0,
                 top_k: Some(1),
+                min_p: 0.0,
             },
             ..Default::default()
         };
@@ -275,6 +281,7 @@ mod tests {
                 temperature: 1.0,
                 top_p: 0.8,
                 top_k: None,
+                min_p: 0.0,
             },
             ..Default::default()
         };
@@ -303,6 +310,7 @@ mod tests {
                 temperature: 0.5,
                 top_p: 1.0,
                 top_k: None,
+                min_p: 0.0,
             },
             ..Default::default()
         };
@@ -327,6 +335,7 @@ mod tests {
                 temperature: 1.0,
                 top_p: 0.0,
                 top_k: None,
+                min_p: 0.0,
             },
             ..Default::default()
         };
@@ -336,6 +345,7 @@ mod tests {
                 temperature: 0.0,
                 top_p: 1.0,
                 top_k: None,
+                min_p: 0.0,
             },
             ..Default::default()
         };

@@ -41,6 +41,9 @@ pub struct LearnerConfig {
     pub top_p: f64,
     /// Rollout top-k (none by default).
     pub top_k: Option<usize>,
+    /// Rollout min-p: of what top-k and top-p keep, only tokens at least this times as likely
+    /// as the most likely one (0: off).
+    pub min_p: f64,
     /// Stop strings: a response ends where its text first contains one (the token completing
     /// it kept, the rest dropped, the judges reading the text before it), on every engine and
     /// backend. The tokenizer's end-of-turn ids stop responses as well.
@@ -183,6 +186,7 @@ impl Default for LearnerConfig {
             temperature: 1.0,
             top_p: 1.0,
             top_k: None,
+            min_p: 0.0,
             stop: Vec::new(),
             rollout_prompts_per_call: 32,
             lr: 3e-6,
@@ -238,6 +242,9 @@ impl LearnerConfig {
         }
         if self.top_k == Some(0) {
             return bad("top_k", "must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", "must be in [0, 1] (0 turns it off)");
         }
         // A partial UTF-8 sequence decodes to U+FFFD until its last byte arrives, so a stop
         // string holding one could match a prefix and vanish from the longer text.
@@ -304,6 +311,7 @@ impl LearnerConfig {
                 temperature: self.temperature,
                 top_p: self.top_p,
                 top_k: self.top_k,
+                min_p: self.min_p,
             },
             seed,
             stop_ids: stop_ids.to_vec(),

@@ -13,14 +13,15 @@ use crate::error::RemoteError;
 
 /// The body of one group's `/generate` call.
 pub fn generate_body(prompt: &[u32], n: usize, sampling: &SamplingConfig) -> Value {
-    let (temperature, top_p, top_k) = match sampling.decoding {
+    let (temperature, top_p, top_k, min_p) = match sampling.decoding {
         // SGLang decodes greedily below a temperature of 1e-6.
-        Decoding::Greedy => (0.0, 1.0, -1i64),
+        Decoding::Greedy => (0.0, 1.0, -1i64, 0.0),
         Decoding::Sample {
             temperature,
             top_p,
             top_k,
-        } => (temperature, top_p, top_k.map_or(-1, |k| k as i64)),
+            min_p,
+        } => (temperature, top_p, top_k.map_or(-1, |k| k as i64), min_p),
     };
     json!({
         "input_ids": prompt,
@@ -30,6 +31,7 @@ pub fn generate_body(prompt: &[u32], n: usize, sampling: &SamplingConfig) -> Val
             "temperature": temperature,
             "top_p": top_p,
             "top_k": top_k,
+            "min_p": min_p,
             "stop_token_ids": sampling.stop_ids,
             // The stop token stays in `output_ids`, as the learner's rows keep it.
             "no_stop_trim": true,
@@ -199,6 +201,7 @@ mod tests {
                 temperature: 0.7,
                 top_p: 0.9,
                 top_k: Some(20),
+                min_p: 0.05,
             },
             seed: 0,
             stop_ids: vec![2],
@@ -268,6 +271,7 @@ mod tests {
             (p["temperature"].as_f64(), p["top_p"].as_f64()),
             (Some(0.7), Some(0.9))
         );
+        assert_eq!(p["min_p"].as_f64(), Some(0.05));
         assert_eq!(b["return_logprob"], json!(true));
     }
 }

@@ -63,6 +63,7 @@ fn sampling() -> SamplingConfig {
             temperature: 1.0,
             top_p: 1.0,
             top_k: None,
+            min_p: 0.0,
         },
         seed: 0,
         stop_ids: vec![2],

@@ -71,6 +71,7 @@ mod tests {
                     temperature: 0.7,
                     top_p: 1.0,
                     top_k: None,
+                    min_p: 0.0,
                 },
                 ..Default::default()
             },
@@ -79,6 +80,7 @@ mod tests {
                     temperature: 1.0,
                     top_p: 1.0,
                     top_k: Some(5),
+                    min_p: 0.0,
                 },
                 ..Default::default()
             },
@@ -87,6 +89,7 @@ mod tests {
                     temperature: 0.8,
                     top_p: 0.6,
                     top_k: None,
+                    min_p: 0.0,
                 },
                 ..Default::default()
             },
@@ -95,6 +98,7 @@ mod tests {
                     temperature: 1.0,
                     top_p: 0.9,
                     top_k: Some(12),
+                    min_p: 0.0,
                 },
                 ..Default::default()
             },
@@ -103,6 +107,7 @@ mod tests {
                     temperature: 1.0,
                     top_p: 1.0,
                     top_k: Some(1),
+                    min_p: 0.0,
                 },
                 ..Default::default()
             },
@@ -133,6 +138,7 @@ mod tests {
                 temperature: 1.0,
                 top_p: 0.8,
                 top_k: None,
+                min_p: 0.0,
             },
             ..Default::default()
         };

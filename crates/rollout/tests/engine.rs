@@ -149,6 +149,7 @@ fn seeded_sampling_is_independent_of_batch_schedule_and_budget() {
                     temperature: 0.8,
                     top_p: 0.9,
                     top_k: Some(40),
+                    min_p: 0.0,
                 },
                 max_new_tokens: 24,
                 seed: 12,
