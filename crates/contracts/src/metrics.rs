@@ -266,6 +266,10 @@ pub struct StepMetrics {
     /// k3 estimate of KL(engine || learner) per response token (see `rollout_logprob_diff_mean`).
     #[serde(default)]
     pub rollout_kl: f64,
+    /// With `learner.kl_in_reward`: the mean over scored responses of the penalty taken from
+    /// their rewards (`kl_in_reward x` the summed per-token KL); `reward_mean` is before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_kl_penalty: Option<f64>,
 }
 
 /// Tie telemetry over a step or an epoch (docs/METHOD.md §7).

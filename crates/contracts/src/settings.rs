@@ -90,6 +90,11 @@ pub struct LearnerConfig {
     /// The per-token KL estimator of that term, with `d = logp_ref - logp`: `k1` (`-d`), `k2`
     /// (`d^2 / 2`) or `k3` (`exp(d) - d - 1`, TRL's and the method's).
     pub kl_estimator: KlEstimator,
+    /// KL in the reward (verl's `use_kl_in_reward`; 0: off): each scored response's reward
+    /// less this times its summed per-token KL (`kl_estimator`, the rollout policy against the
+    /// initial one) before the advantages. Exact ties are still found on the rewards before the
+    /// penalty; a tie broken pairwise takes the tie breaker's advantages.
+    pub kl_in_reward: f64,
     /// Leave responses cut at `max_response_tokens` out of the loss (TRL's
     /// `mask_truncated_completions`): their tokens are masked, so they add no gradient and no
     /// tokens to a token mean, while still counting as responses of their group.
@@ -206,6 +211,7 @@ impl Default for LearnerConfig {
             loss: DEFAULT_LOSS.into(),
             kl_beta: 0.0,
             kl_estimator: KlEstimator::K3,
+            kl_in_reward: 0.0,
             mask_truncated: false,
             tis_cap: None,
             tie_mode: TieMode::Pairwise,
@@ -233,6 +239,12 @@ impl LearnerConfig {
         }
         if self.max_response_tokens == 0 {
             return bad("max_response_tokens", "must be at least 1");
+        }
+        if !(self.kl_in_reward.is_finite() && self.kl_in_reward >= 0.0) {
+            return bad(
+                "kl_in_reward",
+                "must be a finite number >= 0 (0 turns it off)",
+            );
         }
         if !(self.temperature > 0.0) {
             return bad("temperature", "must be > 0");

@@ -68,7 +68,20 @@ impl TieAwareAdvantages {
         k: usize,
         group: &TiedGroup<'_>,
     ) -> GroupOutcome {
-        let estimated = self.estimator.advantages(rewards);
+        self.group_shaped(rewards, None, k, group).await
+    }
+
+    /// [`group`](Self::group) whose estimator reads `shaped` rewards (the rewards less a KL
+    /// penalty, `learner.kl_in_reward`) while the exact-tie test reads `rewards`: a tie broken
+    /// pairwise takes the breaker's advantages, any other group the estimator's of `shaped`.
+    pub async fn group_shaped(
+        &self,
+        rewards: &[Option<f64>],
+        shaped: Option<&[Option<f64>]>,
+        k: usize,
+        group: &TiedGroup<'_>,
+    ) -> GroupOutcome {
+        let estimated = self.estimator.advantages(shaped.unwrap_or(rewards));
         if !is_exact_tie(rewards, k) {
             return GroupOutcome {
                 advantages: estimated,

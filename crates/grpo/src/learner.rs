@@ -31,7 +31,7 @@ use crate::batch::{micro_batch_widths, pad_columns, plan_micro_batches, row_inde
 use crate::collective::Collective;
 use crate::error::{GrpoError, Result};
 use crate::group::{record_group, reward_bin, GroupOutcome, TieAwareAdvantages, TieMode};
-use crate::loss::{dpo_pair_loss, PolicyObjective, SurrogateBatch};
+use crate::loss::{dpo_pair_loss, kl_per_token, PolicyObjective, SurrogateBatch};
 use crate::registry::Registry;
 use crate::reward::{GroupScores, RewardSource};
 use crate::rollout::GroupSampler;
@@ -148,9 +148,56 @@ pub(crate) struct StepParts {
     pub update_secs: f64,
     pub weight_sync: WeightSync,
     pub logprob_gap: LogprobGap,
+    /// Per scored response, the penalty `learner.kl_in_reward` took from its reward.
+    pub reward_kl: Vec<f64>,
     /// Bytes the backend's memory pools hold on this rank's device after the step, where the
     /// backend reports it.
     pub device_memory: Option<u64>,
+}
+
+/// The step's rows on the device with their old (and reference) log-probs: the train batch
+/// before its advantages.
+pub(crate) struct BatchLogprobs<B: burn::tensor::backend::Backend> {
+    logp_old: Tensor<B, 2>,
+    logp_ref: Option<Tensor<B, 2>>,
+    tokens: TokenBatch<B>,
+    seq_lens: Vec<usize>,
+    response_lens: Vec<usize>,
+}
+
+/// Per row of `logp` (`[rows, R]`, right-padded with 0 like `logp_ref`), the summed per-token
+/// KL estimate `estimator` to the reference, on the host.
+fn sequence_kl<B: burn::tensor::backend::Backend>(
+    estimator: crate::loss::KlEstimator,
+    logp: Tensor<B, 2>,
+    logp_ref: Tensor<B, 2>,
+) -> Vec<f64> {
+    if logp.dims()[0] == 0 {
+        return vec![];
+    }
+    kl_per_token(estimator, logp, logp_ref)
+        .sum_dim(1)
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("f32 sums")
+        .into_iter()
+        .map(f64::from)
+        .collect()
+}
+
+/// Per scored response, the penalty `kl_in_reward` takes from its reward (empty when off).
+fn reward_penalties(scores: &[GroupScores], kl: Option<&[f64]>, beta: f64) -> Vec<f64> {
+    let Some(kl) = kl else {
+        return vec![];
+    };
+    scores
+        .iter()
+        .flat_map(|g| &g.scores)
+        .zip(kl)
+        .filter(|(s, _)| s.is_scored())
+        .map(|(_, kl)| beta * kl)
+        .collect()
 }
 
 /// The learner's old log-probs against the engine's for the same sampled tokens, summed over
@@ -342,7 +389,8 @@ where
             }
             Err(_) => false,
         };
-        let reference = (cfg.kl_beta != 0.0).then(|| self.policy.valid());
+        let reference =
+            (cfg.kl_beta != 0.0 || cfg.kl_in_reward != 0.0).then(|| self.policy.valid());
         Ok(Learner {
             policy: self.policy,
             update,
@@ -567,8 +615,17 @@ where
 
         let t1 = Instant::now();
         let scores = self.reward_stage(records, &rollout, &texts).await;
+        let mut judge_secs = t1.elapsed().as_secs_f64();
+        let rows = self.global_rows(&rollout, shard)?;
+        // Every rank's rollouts are done (the lengths were just gathered from all of them).
+        self.rollout.release()?;
+        // With KL in the reward, the old and reference log-probs come before the advantages.
+        let logprobs =
+            (self.cfg.kl_in_reward != 0.0).then(|| self.batch_logprobs(&inner, &rollout, &rows));
+        let kl = logprobs.as_ref().map(|l| self.sequence_kl(l));
+        let t1 = Instant::now();
         let outcomes = self
-            .advantage_stage(records, &rollout, &texts, &scores)
+            .advantage_stage(records, &rollout, &texts, &scores, kl.as_deref())
             .await;
         if let Some((g, o)) = outcomes
             .iter()
@@ -588,13 +645,11 @@ where
                 s.scores.len()
             )));
         }
-        let judge_secs = t1.elapsed().as_secs_f64();
+        judge_secs += t1.elapsed().as_secs_f64();
 
         let t2 = Instant::now();
-        let rows = self.global_rows(&rollout, shard)?;
-        // Every rank's rollouts are done (the lengths were just gathered from all of them).
-        self.rollout.release()?;
-        let batch = self.train_batch(&inner, &rollout, &outcomes, &rows);
+        let logprobs = logprobs.unwrap_or_else(|| self.batch_logprobs(&inner, &rollout, &rows));
+        let batch = self.train_batch(&rollout, &outcomes, logprobs);
         // A `full` rank's gathered weights go before the backward passes gather their segments.
         drop(inner);
         let logprob_gap = LogprobGap::of(&batch, &rollout);
@@ -627,6 +682,7 @@ where
             weight_sync = weight_sync.plus(synced);
         }
         let update_secs = t2.elapsed().as_secs_f64();
+        let reward_kl = reward_penalties(&scores, kl.as_deref(), self.cfg.kl_in_reward);
         Ok(StepParts {
             rollout,
             texts,
@@ -639,6 +695,7 @@ where
             update_secs,
             weight_sync,
             logprob_gap,
+            reward_kl,
             device_memory: <B as conrub_kernels::DecodeOps>::device_memory_reserved(&self.device),
         })
     }
@@ -844,6 +901,7 @@ where
         rollout: &RolloutBatch,
         texts: &[String],
         scores: &[GroupScores],
+        kl: Option<&[f64]>,
     ) -> Vec<GroupOutcome> {
         let k = self.cfg.group_size;
         let lengths = rollout.lengths();
@@ -856,6 +914,20 @@ where
             .iter()
             .map(|g| g.scores.iter().map(ResponseScore::reward).collect())
             .collect();
+        // `learner.kl_in_reward`: each scored reward less its response's penalty.
+        let shaped: Option<Vec<Vec<Option<f64>>>> = kl.map(|kl| {
+            let beta = self.cfg.kl_in_reward;
+            rewards
+                .iter()
+                .enumerate()
+                .map(|(g, r)| {
+                    r.iter()
+                        .enumerate()
+                        .map(|(i, x)| x.map(|x| x - beta * kl[g * k + i]))
+                        .collect()
+                })
+                .collect()
+        });
         futures::future::join_all((0..records.len()).map(|g| {
             let group = TiedGroup {
                 group_key: &keys[g],
@@ -865,20 +937,73 @@ where
                 lengths: &lengths[g * k..(g + 1) * k],
             };
             let rewards = &rewards[g];
-            async move { self.advantages.group(rewards, k, &group).await }
+            let shaped = shaped.as_ref().map(|s| s[g].as_slice());
+            async move {
+                self.advantages
+                    .group_shaped(rewards, shaped, k, &group)
+                    .await
+            }
         }))
         .await
     }
 
-    /// Stage 4: the train batch on the device: one upload of the layout and the advantages; old
-    /// (and reference) log-probs computed micro-batch by micro-batch and kept on the device.
+    /// Stage 4: the train batch on the device: the tokens and old (and reference) log-probs of
+    /// [`Self::batch_logprobs`], one upload of the advantages.
     fn train_batch(
+        &self,
+        rollout: &RolloutBatch,
+        outcomes: &[GroupOutcome],
+        logprobs: BatchLogprobs<B>,
+    ) -> TrainBatch<B> {
+        let n = rollout.rows();
+        let width = logprobs.tokens.positions.dims()[1];
+        let advantages: Vec<f32> = outcomes
+            .iter()
+            .flat_map(|o| o.advantages.iter().map(|&a| a as f32))
+            .collect();
+        // The engine's log-probs, right-padded like `logp_old` (only the TIS correction reads them).
+        let logp_engine = self.cfg.tis_cap.map(|_| {
+            let mut flat = vec![0f32; n * width];
+            for (r, l) in rollout.logprobs.iter().enumerate() {
+                let t = l.len().min(width);
+                flat[r * width..r * width + t].copy_from_slice(&l[..t]);
+            }
+            Tensor::from_data(TensorData::new(flat, [n, width]), &self.device)
+        });
+        TrainBatch {
+            logp_old: logprobs.logp_old,
+            logp_ref: logprobs.logp_ref,
+            logp_engine,
+            advantages: Tensor::from_data(TensorData::new(advantages, [n]), &self.device),
+            tokens: logprobs.tokens,
+            seq_lens: logprobs.seq_lens,
+            response_lens: logprobs.response_lens,
+            micro_batch_tokens: self.cfg.micro_batch_tokens,
+            loss_rows: self.loss_rows(rollout),
+        }
+    }
+
+    /// Per row, its response's summed per-token KL to the reference (`learner.kl_estimator`
+    /// over the old log-probs), read back to the host: what `learner.kl_in_reward` weighs.
+    fn sequence_kl(&self, logprobs: &BatchLogprobs<B>) -> Vec<f64> {
+        match &logprobs.logp_ref {
+            Some(logp_ref) => sequence_kl(
+                self.cfg.kl_estimator,
+                logprobs.logp_old.clone(),
+                logp_ref.clone(),
+            ),
+            None => vec![0.0; logprobs.seq_lens.len()],
+        }
+    }
+
+    /// The tokens of the step's rows on the device and their old (and reference) log-probs,
+    /// computed micro-batch by micro-batch and kept there.
+    fn batch_logprobs(
         &self,
         inner: &P::InnerModule,
         rollout: &RolloutBatch,
-        outcomes: &[GroupOutcome],
         rows: &GlobalRows,
-    ) -> TrainBatch<B> {
+    ) -> BatchLogprobs<B> {
         let n = rollout.rows();
         let tokens = TokenBatch::<B>::bucketed(
             (0..n).map(|r| (rollout.prompt(r), rollout.responses[r].as_slice())),
@@ -914,29 +1039,12 @@ where
             }
             Tensor::from_inner(Tensor::cat(parts, 0))
         };
-        let advantages: Vec<f32> = outcomes
-            .iter()
-            .flat_map(|o| o.advantages.iter().map(|&a| a as f32))
-            .collect();
-        // The engine's log-probs, right-padded like `logp_old` (only the TIS correction reads them).
-        let logp_engine = self.cfg.tis_cap.map(|_| {
-            let mut flat = vec![0f32; n * width];
-            for (r, l) in rollout.logprobs.iter().enumerate() {
-                let t = l.len().min(width);
-                flat[r * width..r * width + t].copy_from_slice(&l[..t]);
-            }
-            Tensor::from_data(TensorData::new(flat, [n, width]), &self.device)
-        });
-        TrainBatch {
+        BatchLogprobs {
             logp_old: logprobs(inner),
             logp_ref: self.reference.as_ref().map(logprobs),
-            logp_engine,
-            advantages: Tensor::from_data(TensorData::new(advantages, [n]), &self.device),
             tokens,
             seq_lens,
             response_lens,
-            micro_batch_tokens: budget,
-            loss_rows: self.loss_rows(rollout),
         }
     }
 
@@ -1455,6 +1563,9 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
             bytes: a.bytes.max(b.bytes),
         });
     let gap = LogprobGap::merge(parts.iter().map(|p| p.logprob_gap));
+    let penalties: Vec<f64> = parts.iter().flat_map(|p| p.reward_kl.clone()).collect();
+    let reward_kl_penalty =
+        (!penalties.is_empty()).then(|| penalties.iter().sum::<f64>() / penalties.len() as f64);
     let device_memory: Vec<u64> = parts.iter().filter_map(|p| p.device_memory).collect();
     let mut parts = parts.into_iter();
     let first = parts.next().expect("a step has at least one part");
@@ -1486,6 +1597,7 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
     metrics.rollout_logprob_diff_mean = gap.abs_sum / tokens;
     metrics.rollout_logprob_diff_max = gap.abs_max;
     metrics.rollout_kl = gap.k3_sum / tokens;
+    metrics.reward_kl_penalty = reward_kl_penalty;
     (metrics.rollout_secs_rank_max, metrics.rollout_secs_rank_min) = (rollout_max, rollout_min);
     (metrics.update_secs_rank_max, metrics.update_secs_rank_min) = (update_max, update_min);
     let per_group = |rows: Vec<usize>| rows.chunks(k).map(<[usize]>::to_vec).collect();
@@ -1501,5 +1613,91 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
             .chunks(k)
             .map(<[FinishReason]>::to_vec)
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::advantages::GroupRelative;
+    use crate::loss::KlEstimator;
+    use burn::backend::Flex;
+
+    /// `learner.kl_in_reward`'s per-response KL by hand: rows `[-1, -2, pad]` and `[-0.5, pad,
+    /// pad]` against the reference's `[-1.5, -1, pad]` and `[-0.5, pad, pad]`: `d = ref - old`
+    /// is `[-0.5, 1, 0]` and `[0, 0, 0]`, so k1 sums `0.5 - 1 = -0.5`, k2 `(0.25 + 1) / 2`, k3
+    /// `(e^-0.5 + 0.5 - 1) + (e - 1 - 1)`; the second row (the same log-probs) is 0 under each.
+    #[test]
+    fn kl_in_reward_sums_the_estimator_over_each_response() {
+        let t = |v: [f32; 6]| {
+            Tensor::<Flex, 2>::from_data(TensorData::new(v.to_vec(), [2, 3]), &Default::default())
+        };
+        let old = t([-1.0, -2.0, 0.0, -0.5, 0.0, 0.0]);
+        let reference = t([-1.5, -1.0, 0.0, -0.5, 0.0, 0.0]);
+        let k3 = ((-0.5f64).exp() + 0.5 - 1.0) + (1f64.exp() - 1.0 - 1.0);
+        for (estimator, want) in [
+            (KlEstimator::K1, -0.5),
+            (KlEstimator::K2, (0.25 + 1.0) / 2.0),
+            (KlEstimator::K3, k3),
+        ] {
+            let got = sequence_kl(estimator, old.clone(), reference.clone());
+            assert!(
+                (got[0] - want).abs() < 1e-6 && got[1] == 0.0,
+                "{estimator:?}: {got:?}"
+            );
+        }
+        // The penalty of each scored response only: beta x its KL.
+        let scores = vec![GroupScores::direct(vec![
+            ResponseScore::exact(1, 1),
+            ResponseScore::unscored("judge down", 2),
+        ])];
+        assert_eq!(reward_penalties(&scores, Some(&[0.5, 9.0]), 0.2), vec![0.1]);
+        assert!(reward_penalties(&scores, None, 0.2).is_empty());
+    }
+
+    /// Advantages of the shaped rewards, ties of the raw ones: rewards 1, 0, 1, 0 less penalties
+    /// 0.1, 0, 0, 0.2 give the group-relative advantages of 0.9, 0, 1, -0.2 (mean 0.425, the
+    /// sample standard deviation by hand); rewards all 1 are a tie whatever the penalties, and with tie
+    /// breaking off keep the shaped rewards' advantages.
+    #[test]
+    fn kl_shaped_rewards_set_advantages_and_raw_rewards_set_ties() {
+        let advantages = TieAwareAdvantages::new(
+            Box::new(GroupRelative::default()),
+            TieMode::Off,
+            Box::new(NoTieBreaker),
+        );
+        let responses = vec![String::new(); 4];
+        let group = TiedGroup {
+            group_key: "g",
+            question: "q",
+            criteria: &[],
+            responses: &responses,
+            lengths: &[1, 1, 1, 1],
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let raw = [Some(1.0), Some(0.0), Some(1.0), Some(0.0)];
+        let shaped = [Some(0.9), Some(0.0), Some(1.0), Some(-0.2)];
+        let o = rt.block_on(advantages.group_shaped(&raw, Some(&shaped), 4, &group));
+        let mean = (0.9 + 0.0 + 1.0 - 0.2) / 4.0;
+        let var = [0.9f64, 0.0, 1.0, -0.2]
+            .iter()
+            .map(|x| (x - mean) * (x - mean))
+            .sum::<f64>()
+            / 3.0;
+        for (a, x) in o.advantages.iter().zip([0.9, 0.0, 1.0, -0.2]) {
+            let want = (x - mean) / (var.sqrt() + 1e-4);
+            assert!((a - want).abs() < 1e-12, "{:?}", o.advantages);
+        }
+        assert_eq!(o.status, crate::TieStatus::NotTied);
+        let tied = [Some(1.0); 4];
+        let o = rt.block_on(advantages.group_shaped(&tied, Some(&shaped), 4, &group));
+        assert_eq!(o.status, crate::TieStatus::TiedUnbroken);
+        assert!(
+            o.advantages[2] > 0.0 && o.advantages[3] < 0.0,
+            "{:?}",
+            o.advantages
+        );
     }
 }

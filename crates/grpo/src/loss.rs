@@ -215,15 +215,9 @@ impl PolicyLoss {
             }
         };
         let mut loss = aggregate(fused.per_response);
-        let kl = logp_ref.filter(|_| self.kl_beta != 0.0).map(|r| {
-            let d = r - logp;
-            let per_token = match self.kl_estimator {
-                KlEstimator::K1 => d.neg(),
-                KlEstimator::K2 => d.powi_scalar(2) * 0.5,
-                KlEstimator::K3 => d.clone().exp() - d - 1.0,
-            };
-            per_token * mask.clone()
-        });
+        let kl = logp_ref
+            .filter(|_| self.kl_beta != 0.0)
+            .map(|r| kl_per_token(self.kl_estimator, logp, r) * mask.clone());
         if let Some(k) = &kl {
             let mut per_response = k.clone().sum_dim(1);
             if reduce == Reduce::MeanPerResponse {
@@ -245,6 +239,22 @@ impl PolicyLoss {
 /// The clipped surrogate with a per-token weight (the TIS correction), in plain tensor ops:
 /// `-w * min(rho * A, clip(rho) * A)` per token, masked and reduced per response like the fused
 /// op, whose clip counts it also returns.
+/// The per-token KL estimate `estimator` of `logp` (`[responses, R]`) to the reference's
+/// `logp_ref`, with `d = logp_ref - logp`: `k1` `-d`, `k2` `d^2 / 2`, `k3` `exp(d) - d - 1`.
+/// Right padding (both 0) gives 0 under each.
+pub(crate) fn kl_per_token<B: Backend>(
+    estimator: KlEstimator,
+    logp: Tensor<B, 2>,
+    logp_ref: Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    let d = logp_ref - logp;
+    match estimator {
+        KlEstimator::K1 => d.neg(),
+        KlEstimator::K2 => d.powi_scalar(2) * 0.5,
+        KlEstimator::K3 => d.clone().exp() - d - 1.0,
+    }
+}
+
 fn weighted_surrogate<B: GrpoOps>(
     logp: &Tensor<B, 2>,
     logp_old: Tensor<B, 2>,
