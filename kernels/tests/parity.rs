@@ -322,19 +322,22 @@ fn restricted_draw_within_rounding(
             }
         }
     }
+    // Min-p's boundary within f32 rounding of the threshold: any count from `lo` to `hi`
+    // (top-p's already widened by one).
+    let (mut lo, mut hi) = (keep.saturating_sub(1).max(1), keep);
     if params.min_p > 0.0 {
-        // Min-p's boundary widened by one id for f32 rounding, as top-p's.
-        let likely = w
-            .iter()
-            .take_while(|&&x| x >= params.min_p * (1.0 - 1e-5))
-            .count();
-        keep = keep.min((likely + 1).min(w.len()));
+        let count = |m: f64| w.iter().take_while(|&&x| x >= m).count().max(1);
+        let strict = count(params.min_p * (1.0 + 1e-5));
+        let loose = count(params.min_p * (1.0 - 1e-5));
+        hi = hi.min(loose);
+        lo = lo.min(strict).min(hi);
     }
+    let keep = hi;
     let Some(pos) = idx[..keep].iter().position(|&i| i == tok) else {
         return false;
     };
     // Both ends of the widened prefix as the kept weight.
-    let lo_total: f64 = w[..keep.saturating_sub(1).max(1)].iter().sum();
+    let lo_total: f64 = w[..lo].iter().sum();
     let hi_total: f64 = w[..keep].iter().sum();
     let before: f64 = w[..pos].iter().sum();
     [lo_total, hi_total].iter().any(|&kept| {

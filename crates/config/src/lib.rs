@@ -483,7 +483,7 @@ impl TrainConfig {
         // Each data-parallel rank holds its share of the step's groups (the first ranks one
         // more when they do not divide): the plan is per rank.
         input.prompts_per_step = self.prompts_per_rank();
-        input.keep_reference = l.kl_beta != 0.0;
+        input.keep_reference = l.kl_beta != 0.0 || l.kl_in_reward != 0.0;
         input.max_prompt_tokens = max_prompt_tokens
             .or(self.data.max_prompt_tokens)
             .unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);

@@ -360,11 +360,13 @@ pub struct RunConfig {
     /// (`conrub_grpo::tensorboard`).
     pub tensorboard: bool,
     /// Make each checkpoint durable behind the steps that follow it: the step that saves
-    /// writes the files (the device's tensors read back, the files handed to the operating
-    /// system) and goes on; hashing them into the manifest, flushing them to the disk and
-    /// renaming the folder from `.tmp` happen on a background thread, one checkpoint at a time
-    /// (the next save, and the run's end, wait for it). `false`: all of it before the next
-    /// step. Either way a kill leaves no partial checkpoint in place.
+    /// writes the files (the device's tensors read back, the Hugging Face export flushed file by
+    /// file as before, the training state's files handed to the operating system) and goes on;
+    /// hashing the training state into its manifest, flushing it to the disk and renaming the
+    /// folder from `.tmp` happen on a background thread, one checkpoint at a time (the next
+    /// save, and the run's end, wait for it; a failed seal stops the run at the next step).
+    /// `false`: all of it before the next step. Either way a kill leaves no partial checkpoint
+    /// in place.
     pub checkpoint_in_background: bool,
     /// Start a fresh run over an earlier run's metrics and checkpoints in `output_dir`, deleting
     /// them (`conrub train --overwrite`; not a config key, so no config file carries it).

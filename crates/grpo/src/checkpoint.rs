@@ -65,12 +65,13 @@ const PARAMETER_SHARDED_FORMAT: u32 = 4;
 /// Learner settings a resume must keep (they shape the groups, the advantages, the loss or the
 /// sampling of the run so far); the others (learning rate, clipping norm, micro-batch size, ...)
 /// may change on resume. Listed in configs/README.md.
-pub const KEPT_ON_RESUME: [&str; 17] = [
+pub const KEPT_ON_RESUME: [&str; 19] = [
     "group_size",
     "max_response_tokens",
     "temperature",
     "top_p",
     "top_k",
+    "min_p",
     "stop",
     "clip",
     "aggregation",
@@ -78,6 +79,7 @@ pub const KEPT_ON_RESUME: [&str; 17] = [
     "estimator",
     "loss",
     "kl_beta",
+    "kl_in_reward",
     "tie_mode",
     "dpo_beta",
     "ppo_epochs",
@@ -517,8 +519,9 @@ where
     learner.update.taken = state.optimizer_steps.unwrap_or_else(|| {
         state.step * (state.learner.ppo_epochs * state.learner.mini_batches) as u64
     });
-    // The KL reference is the run's initial policy, saved with the state.
-    if learner.cfg.kl_beta != 0.0 {
+    // The KL reference (`kl_beta`, `kl_in_reward`) is the run's initial policy, saved with the
+    // state.
+    if learner.reference.is_some() {
         let path = dir.join(REFERENCE);
         let base = learner
             .reference

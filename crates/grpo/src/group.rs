@@ -72,8 +72,9 @@ impl TieAwareAdvantages {
     }
 
     /// [`group`](Self::group) whose estimator reads `shaped` rewards (the rewards less a KL
-    /// penalty, `learner.kl_in_reward`) while the exact-tie test reads `rewards`: a tie broken
-    /// pairwise takes the breaker's advantages, any other group the estimator's of `shaped`.
+    /// penalty, `learner.kl_in_reward`) where `rewards` differ: the exact-tie test reads
+    /// `rewards`, and a tied group gets what it gets without the penalty (a penalty difference
+    /// of 1e-3 scaled by its own standard deviation would be a full-size advantage).
     pub async fn group_shaped(
         &self,
         rewards: &[Option<f64>],
@@ -81,10 +82,10 @@ impl TieAwareAdvantages {
         k: usize,
         group: &TiedGroup<'_>,
     ) -> GroupOutcome {
-        let estimated = self.estimator.advantages(shaped.unwrap_or(rewards));
+        let estimated = self.estimator.advantages(rewards);
         if !is_exact_tie(rewards, k) {
             return GroupOutcome {
-                advantages: estimated,
+                advantages: shaped.map_or(estimated, |s| self.estimator.advantages(s)),
                 status: TieStatus::NotTied,
                 pairs: Vec::new(),
             };

@@ -615,14 +615,23 @@ where
 
         let t1 = Instant::now();
         let scores = self.reward_stage(records, &rollout, &texts).await;
-        let mut judge_secs = t1.elapsed().as_secs_f64();
-        let rows = self.global_rows(&rollout, shard)?;
-        // Every rank's rollouts are done (the lengths were just gathered from all of them).
-        self.rollout.release()?;
-        // With KL in the reward, the old and reference log-probs come before the advantages.
-        let logprobs =
-            (self.cfg.kl_in_reward != 0.0).then(|| self.batch_logprobs(&inner, &rollout, &rows));
-        let kl = logprobs.as_ref().map(|l| self.sequence_kl(l));
+        if let Some((g, s)) = scores.iter().enumerate().find(|(_, s)| s.scores.len() != k) {
+            return Err(GrpoError::Stage(format!(
+                "rewards of group {g} ({}): {} scores for {k} responses",
+                records[g].id(),
+                s.scores.len()
+            )));
+        }
+        let judge_secs = t1.elapsed().as_secs_f64();
+        // With KL in the reward, the old and reference log-probs come before the advantages
+        // (and with them the rows of every rank); otherwise after, as the update's first part.
+        let t2 = Instant::now();
+        let early = match self.cfg.kl_in_reward != 0.0 {
+            true => Some(self.rows_and_logprobs(&inner, &rollout, shard)?),
+            false => None,
+        };
+        let kl = early.as_ref().map(|(_, l)| self.sequence_kl(l));
+        let before_advantages = t2.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let outcomes = self
             .advantage_stage(records, &rollout, &texts, &scores, kl.as_deref())
@@ -638,17 +647,13 @@ where
                 o.advantages.len()
             )));
         }
-        if let Some((g, s)) = scores.iter().enumerate().find(|(_, s)| s.scores.len() != k) {
-            return Err(GrpoError::Stage(format!(
-                "rewards of group {g} ({}): {} scores for {k} responses",
-                records[g].id(),
-                s.scores.len()
-            )));
-        }
-        judge_secs += t1.elapsed().as_secs_f64();
+        let judge_secs = judge_secs + t1.elapsed().as_secs_f64();
 
         let t2 = Instant::now();
-        let logprobs = logprobs.unwrap_or_else(|| self.batch_logprobs(&inner, &rollout, &rows));
+        let (rows, logprobs) = match early {
+            Some(done) => done,
+            None => self.rows_and_logprobs(&inner, &rollout, shard)?,
+        };
         let batch = self.train_batch(&rollout, &outcomes, logprobs);
         // A `full` rank's gathered weights go before the backward passes gather their segments.
         drop(inner);
@@ -681,7 +686,7 @@ where
                 .sync_weights(&self.policy.valid(), self.step + 1)?;
             weight_sync = weight_sync.plus(synced);
         }
-        let update_secs = t2.elapsed().as_secs_f64();
+        let update_secs = before_advantages + t2.elapsed().as_secs_f64();
         let reward_kl = reward_penalties(&scores, kl.as_deref(), self.cfg.kl_in_reward);
         Ok(StepParts {
             rollout,
@@ -981,6 +986,20 @@ where
             micro_batch_tokens: self.cfg.micro_batch_tokens,
             loss_rows: self.loss_rows(rollout),
         }
+    }
+
+    /// Every rank's rows (a collective: each rank's rollouts are then done, and the engine's
+    /// are released), and this rank's old (and reference) log-probs over them.
+    fn rows_and_logprobs(
+        &self,
+        inner: &P::InnerModule,
+        rollout: &RolloutBatch,
+        shard: Shard,
+    ) -> Result<(GlobalRows, BatchLogprobs<B>)> {
+        let rows = self.global_rows(rollout, shard)?;
+        self.rollout.release()?;
+        let logprobs = self.batch_logprobs(inner, rollout, &rows);
+        Ok((rows, logprobs))
     }
 
     /// Per row, its response's summed per-token KL to the reference (`learner.kl_estimator`
@@ -1657,8 +1676,8 @@ mod tests {
 
     /// Advantages of the shaped rewards, ties of the raw ones: rewards 1, 0, 1, 0 less penalties
     /// 0.1, 0, 0, 0.2 give the group-relative advantages of 0.9, 0, 1, -0.2 (mean 0.425, the
-    /// sample standard deviation by hand); rewards all 1 are a tie whatever the penalties, and with tie
-    /// breaking off keep the shaped rewards' advantages.
+    /// sample standard deviation by hand); rewards all 1 are a tie whatever the penalties, and
+    /// with tie breaking off get the advantages of their equal rewards, 0.
     #[test]
     fn kl_shaped_rewards_set_advantages_and_raw_rewards_set_ties() {
         let advantages = TieAwareAdvantages::new(
@@ -1694,10 +1713,6 @@ mod tests {
         let tied = [Some(1.0); 4];
         let o = rt.block_on(advantages.group_shaped(&tied, Some(&shaped), 4, &group));
         assert_eq!(o.status, crate::TieStatus::TiedUnbroken);
-        assert!(
-            o.advantages[2] > 0.0 && o.advantages[3] < 0.0,
-            "{:?}",
-            o.advantages
-        );
+        assert_eq!(o.advantages, vec![0.0; 4], "a tie's penalties move nothing");
     }
 }

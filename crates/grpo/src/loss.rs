@@ -236,9 +236,6 @@ impl PolicyLoss {
     }
 }
 
-/// The clipped surrogate with a per-token weight (the TIS correction), in plain tensor ops:
-/// `-w * min(rho * A, clip(rho) * A)` per token, masked and reduced per response like the fused
-/// op, whose clip counts it also returns.
 /// The per-token KL estimate `estimator` of `logp` (`[responses, R]`) to the reference's
 /// `logp_ref`, with `d = logp_ref - logp`: `k1` `-d`, `k2` `d^2 / 2`, `k3` `exp(d) - d - 1`.
 /// Right padding (both 0) gives 0 under each.
@@ -255,6 +252,9 @@ pub(crate) fn kl_per_token<B: Backend>(
     }
 }
 
+/// The clipped surrogate with a per-token weight (the TIS correction), in plain tensor ops:
+/// `-w * min(rho * A, clip(rho) * A)` per token, masked and reduced per response like the fused
+/// op, whose clip counts it also returns.
 fn weighted_surrogate<B: GrpoOps>(
     logp: &Tensor<B, 2>,
     logp_old: Tensor<B, 2>,

@@ -203,6 +203,8 @@ pub trait RunHooks<P> {
     }
     /// Called after every checkpoint (the periodic ones and the last) with the run directory,
     /// whose `metrics.jsonl` is complete up to that step: where `conrub train` draws its curves.
+    /// With `run.checkpoint_in_background` it comes once the checkpoint is in place: at the
+    /// first step boundary after its seal is done (or at the next save, or the run's end).
     fn checkpointed(&mut self, _run_dir: &Path, _checkpoint: &Path) -> Result<()> {
         Ok(())
     }
@@ -441,10 +443,32 @@ impl Sealing {
     }
 }
 
+impl Sealing {
+    /// [`finish`](Self::finish) once the seal in flight is done, without waiting for it: a
+    /// failed seal stops the run at the next step, not at the next save, and the hooks hear of a
+    /// checkpoint soon after it is in place.
+    fn poll<P>(
+        &mut self,
+        hooks: &mut dyn RunHooks<P>,
+        output_dir: &Path,
+        summary: &mut RunSummary,
+    ) -> Result<()> {
+        match &self.thread {
+            Some(handle) if !handle.is_finished() => Ok(()),
+            _ => self.finish(hooks, output_dir, summary),
+        }
+    }
+}
+
 impl Drop for Sealing {
+    /// A run that stops on an error still leaves its last checkpoint whole (or says why not).
     fn drop(&mut self) {
         if let Some(handle) = self.thread.take() {
-            let _ = handle.join();
+            match handle.join() {
+                Ok(Err(e)) => tracing::error!("{e}"),
+                Err(_) => tracing::error!("the checkpoint seal thread panicked"),
+                Ok(Ok(_)) => {}
+            }
         }
     }
 }
@@ -626,6 +650,7 @@ where
     };
     let mut pending_best: Option<BestCheckpoint> = None;
     while trainee.lead().step < total {
+        sealing.poll(hooks, &run.output_dir, &mut summary)?;
         let step = trainee.lead().step;
         let epoch = (step / steps_per_epoch) as usize;
         let index = (step % steps_per_epoch) as usize;
