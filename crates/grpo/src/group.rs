@@ -84,6 +84,9 @@ impl TieAwareAdvantages {
     ) -> GroupOutcome {
         let estimated = self.estimator.advantages(rewards);
         if !is_exact_tie(rewards, k) {
+            // The penalty moves a group only where its scored rewards differ (an incomplete
+            // group of equal rewards is no tie, but has no signal of its own either).
+            let shaped = shaped.filter(|_| scored_rewards_differ(rewards));
             return GroupOutcome {
                 advantages: shaped.map_or(estimated, |s| self.estimator.advantages(s)),
                 status: TieStatus::NotTied,
@@ -114,6 +117,14 @@ impl TieAwareAdvantages {
             }
         }
     }
+}
+
+/// Whether the group's finite scored rewards are not all equal bit for bit.
+fn scored_rewards_differ(rewards: &[Option<f64>]) -> bool {
+    let mut scored = rewards.iter().flatten().filter(|r| r.is_finite());
+    scored
+        .next()
+        .is_some_and(|first| scored.any(|r| r.to_bits() != first.to_bits()))
 }
 
 /// The bin of a reward in the 20 bins of width 0.1 over [-1, 1] (-1 and 1 fall in the end bins).

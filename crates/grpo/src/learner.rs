@@ -1714,5 +1714,11 @@ mod tests {
         let o = rt.block_on(advantages.group_shaped(&tied, Some(&shaped), 4, &group));
         assert_eq!(o.status, crate::TieStatus::TiedUnbroken);
         assert_eq!(o.advantages, vec![0.0; 4], "a tie's penalties move nothing");
+        // Equal scored rewards beside an unscored one: no tie (incomplete), and no signal for
+        // the penalties to scale up either.
+        let equal = [Some(1.0), Some(1.0), None, Some(1.0)];
+        let o = rt.block_on(advantages.group_shaped(&equal, Some(&shaped), 4, &group));
+        assert_eq!(o.status, crate::TieStatus::NotTied);
+        assert_eq!(o.advantages, vec![0.0; 4]);
     }
 }
