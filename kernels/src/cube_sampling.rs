@@ -664,12 +664,6 @@ fn sample_restricted_kernel<F: Float, I: Numeric>(
     }
 }
 
-/// Whether `params` restricts the draw (top-k below the vocabulary, top-p below 1, or min-p):
-/// such rows take [`sample_restricted_kernel`], the rest [`sample_kernel`].
-pub(crate) fn restricted(params: &SampleParams, vocab: usize) -> bool {
-    params.restricted(vocab)
-}
-
 /// Launches the sampling kernel `params` needs over `rows` rows of `vocab` ids: `[logits,
 /// uniforms, tokens, logp]`, dtypes `[logits' float, tokens' int]`. The backend and the
 /// offline CUDA compile both launch here.
@@ -687,7 +681,8 @@ pub(crate) fn launch_sample<R: Runtime>(
         (1.0 / params.temperature) as f32
     };
     let count = CubeCount::Static(rows as u32, 1, 1);
-    if restricted(params, vocab) {
+    // A restricted draw (top-k, top-p or min-p) takes `sample_restricted_kernel`.
+    if params.restricted(vocab) {
         let top_k = params.top_k.filter(|&k| k < vocab).unwrap_or(0) as u32;
         sample_restricted_kernel::launch::<R>(
             client,

@@ -210,36 +210,32 @@ impl AnswerCheck {
     /// Checks a prompt's ground truth before training: present where needed, and one number
     /// for a numeric check.
     pub fn check_ground_truth(&self, truth: Option<&str>) -> std::result::Result<(), String> {
-        if !self.needs_ground_truth() {
-            return Ok(());
+        match self {
+            AnswerCheck::Exact { .. } => required(truth).map(|_| ()),
+            AnswerCheck::Numeric { .. } => numeric_truth(required(truth)?).map(|_| ()),
+            AnswerCheck::Regex(_) | AnswerCheck::Format(_) => Ok(()),
         }
-        let Some(truth) = truth else {
-            return Err("the record has no `ground_truth`, which this function compares to".into());
-        };
-        if let AnswerCheck::Numeric { .. } = self {
-            parse_number(truth.trim())
-                .ok_or_else(|| format!("`ground_truth` {truth:?} is not one number"))?;
-        }
-        Ok(())
     }
 
     /// Whether `response` passes against `truth`; `Err` when the prompt has no usable ground
     /// truth (the response is then unscored, never 0).
     pub fn passes(&self, response: &str, truth: Option<&str>) -> std::result::Result<bool, String> {
-        self.check_ground_truth(truth)?;
         Ok(match self {
             AnswerCheck::Exact {
                 extract,
                 case_sensitive,
-            } => extract
-                .find(response)
-                .is_some_and(|a| same_answer(&a, truth.unwrap_or(""), *case_sensitive)),
+            } => {
+                let truth = required(truth)?;
+                extract
+                    .find(response)
+                    .is_some_and(|a| same_answer(&a, truth, *case_sensitive))
+            }
             AnswerCheck::Numeric {
                 extract,
                 tolerance,
                 relative_tolerance,
             } => {
-                let want = parse_number(truth.unwrap_or("").trim()).unwrap_or(f64::NAN);
+                let want = numeric_truth(required(truth)?)?;
                 let got = extract.find(response).and_then(|a| last_number(&a));
                 got.is_some_and(|x| {
                     (x - want).abs() <= tolerance.max(relative_tolerance * want.abs())
@@ -249,6 +245,16 @@ impl AnswerCheck {
             AnswerCheck::Format(re) => re.is_match(response),
         })
     }
+}
+
+/// The ground truth a comparing check needs.
+fn required(truth: Option<&str>) -> std::result::Result<&str, String> {
+    truth.ok_or_else(|| "the record has no `ground_truth`, which this function compares to".into())
+}
+
+/// A numeric check's ground truth: one number.
+fn numeric_truth(truth: &str) -> std::result::Result<f64, String> {
+    parse_number(truth.trim()).ok_or_else(|| format!("`ground_truth` {truth:?} is not one number"))
 }
 
 fn extraction(o: &AnswerOptions, numeric: bool, at: &str) -> Result<Extract> {
