@@ -4,7 +4,7 @@
 # LIBTORCH_USE_PYTORCH=1 and runs on libtorch's CPU device:
 #   - the model's HF parity tests (models/tests/parity.rs),
 #   - the kernels' parity tests (the portable fallback; kernels/tests/parity.rs),
-#   - the shrunk demo training with resume (tests/train.rs, demo_trains_on_libtorch).
+#   - the shrunk demo training with resume (tests/e2e/train.rs, demo_trains_on_libtorch).
 # Exit 0 only when all of it passed. CI does not run this (see README: torch's wheel and its CUDA
 # libraries are ~5 GB and the tch build adds a full build of the workspace); CI type-checks the tch
 # build without libtorch instead (`cargo check --features tch-check`).
@@ -38,5 +38,5 @@ export CARGO_TERM_COLOR=never
 
 cargo test -p conrub-models --features tch --test models parity::
 cargo test -p conrub-kernels --features tch --test kernels tch
-cargo test --features tch --test train demo_trains_on_libtorch
+cargo test --features tch --test e2e train::demo_trains_on_libtorch
 echo "test-tch: every tch test passed"

@@ -1112,7 +1112,7 @@ mod tests {
     use super::*;
 
     /// The 4B shape (hidden 2,560, 36 layers, 32 query and 8 KV heads of 128, tied, the
-    /// 151,936-token vocabulary) under the published run's settings; `tests/plan.rs` checks the
+    /// 151,936-token vocabulary) under the published run's settings; `tests/e2e/plan.rs` checks the
     /// released shapes by name.
     fn published(precision: Precision, checkpointing: bool, micro: usize) -> MemoryPlanInput {
         let shape = ModelShape {

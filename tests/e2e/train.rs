@@ -10,8 +10,7 @@ use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use conrub_models::{CausalLm, ForwardBatch, Pretrained};
 
-#[path = "support/tfevents.rs"]
-mod tfevents;
+use crate::tfevents;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -1639,7 +1638,7 @@ fn impossible_runs_are_refused_before_loading() {
 /// The embedding example (`examples/verifiable_reward.rs`), compiled into this test: the Trainer
 /// with the example's own task type and exact-match reward, no rubric records and no judge.
 #[allow(dead_code)]
-#[path = "../examples/verifiable_reward.rs"]
+#[path = "../../examples/verifiable_reward.rs"]
 mod verifiable_reward;
 
 #[test]

@@ -6,7 +6,6 @@
 //!
 //! Generation is checked on the first few greedy tokens: every decode step attends over a new key
 //! length, which on lavapipe costs seconds of kernel compilation and autotuning per step.
-#![cfg(feature = "wgpu")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
