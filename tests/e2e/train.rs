@@ -1980,6 +1980,64 @@ fn data_train_mixes_files_by_weight() {
     );
 }
 
+/// `v` without the judges' measured latencies (`latency_ms` keys at any depth).
+fn without_latencies(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => m
+            .into_iter()
+            .filter(|(k, _)| k != "latency_ms")
+            .map(|(k, v)| (k, without_latencies(v)))
+            .collect(),
+        serde_json::Value::Array(a) => a.into_iter().map(without_latencies).collect(),
+        other => other,
+    }
+}
+
+/// Training from parquet (the demo's rubrics and the RaR sample as pyarrow writes them,
+/// scripts/make-parquet-samples.py) gives the same run as from the same records in JSONL: step
+/// lines (timings aside) and every sample written.
+#[test]
+fn parquet_trains_as_its_jsonl() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, rubrics: &str, rar: &str| {
+        let sub = dir.path().join(name);
+        std::fs::create_dir_all(&sub).unwrap();
+        let config = demo_config_with_files(&sub, &[(rubrics, None, 1.0), (rar, Some("rar"), 2.0)]);
+        let out = sub.join("run");
+        let mut args = train_args(&out, &["--set", "run.max_steps=2"]);
+        args[2] = config.display().to_string();
+        let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let samples: Vec<_> = (0..2)
+            .map(|s| {
+                let path = out.join(format!("samples/step-{s:06}.jsonl"));
+                jsonl(&path)
+                    .into_iter()
+                    .map(without_latencies)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let steps: Vec<_> = steps(&out).into_iter().map(untimed).collect();
+        (steps, samples)
+    };
+    let jsonl = run(
+        "jsonl",
+        "data/samples/rubrics.jsonl",
+        "data/samples/rar.jsonl",
+    );
+    let parquet = run(
+        "parquet",
+        "data/samples/parquet/rubrics.parquet",
+        "data/samples/parquet/rar.parquet",
+    );
+    assert_eq!(jsonl.0.len(), 2);
+    assert!(!jsonl.1[0].is_empty());
+    assert_eq!(jsonl, parquet);
+}
+
 /// `run.checkpoint_in_background` (the default) seals each checkpoint on a thread of its own
 /// while the next steps train; the checkpoints it leaves are byte for byte those of a run that
 /// seals before every next step, and the log says how long each part took.
@@ -2075,4 +2133,134 @@ fn kl_in_reward_logs_the_penalty_of_every_step() {
         "{penalties:?}"
     );
     assert_eq!(penalties[0], 0.0);
+}
+
+/// Per group of a samples file: whether its scored rewards differ.
+fn groups_varied(path: &Path) -> Vec<bool> {
+    jsonl(path)
+        .iter()
+        .map(|g| {
+            let rewards: Vec<f64> = g["responses"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|r| r["reward"].as_f64())
+                .collect();
+            rewards.iter().any(|r| r.to_bits() != rewards[0].to_bits())
+        })
+        .collect()
+}
+
+/// `learner.dynamic_sampling` (with `tie_mode = "off"`): each step line counts the groups
+/// dropped, the prompts drawn beyond the step's 4 and the rounds, which add up
+/// (`prompts + dropped = 4 + drawn`); every group trained on (the samples) has rewards that
+/// differ, and a step that kept fewer than 4 spent its rounds. A resume continues the data cursor
+/// (`prompts_drawn` in the state) and the run; two ranks draw what one device draws; pairwise
+/// ties are refused with it.
+#[test]
+fn dynamic_sampling_drops_groups_without_variance_and_draws_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let on = [
+        "--set",
+        "learner.tie_mode=\"off\"",
+        "--set",
+        "learner.dynamic_sampling=true",
+        "--set",
+        "learner.dynamic_sampling_rounds=2",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> { [&on[..], extra].concat() };
+    let straight = dir.path().join("straight");
+    train(&straight, &with(&["--set", "run.max_steps=3"]));
+    let s = steps(&straight);
+    assert_eq!(s.len(), 3);
+    let count = |m: &serde_json::Value, key: &str| {
+        m[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key} on every step line: {m}"))
+    };
+    let mut dropped = 0;
+    for (n, m) in s.iter().enumerate() {
+        let (d, x, r) = (
+            count(m, "dynamic_groups_dropped"),
+            count(m, "dynamic_prompts_drawn"),
+            count(m, "dynamic_rounds"),
+        );
+        let prompts = count(m, "prompts");
+        assert_eq!(prompts + d, 4 + x, "{m}");
+        assert!(x <= 2 * 4 && (1..=3).contains(&r), "{m}");
+        let varied = groups_varied(&straight.join(format!("samples/step-{n:06}.jsonl")));
+        assert_eq!(varied.len() as u64, prompts, "{m}");
+        if varied.iter().all(|v| *v) {
+            assert!(
+                prompts == 4 || r == 3,
+                "kept {prompts} with rounds left: {m}"
+            );
+        } else {
+            // No group of any round varied: the step trains on its first 4 (all ties).
+            assert!(varied.iter().all(|v| !*v) && prompts == 4 && d == x, "{m}");
+        }
+        dropped += d;
+    }
+    assert!(dropped > 0, "no group was dropped: {s:?}");
+
+    // Two steps, then `--resume auto` to three: the straight run, and the cursor counts the
+    // prompts the first two steps drew.
+    let resumed = dir.path().join("resumed");
+    train(&resumed, &with(&["--set", "run.max_steps=2"]));
+    let state =
+        std::fs::read_to_string(resumed.join("checkpoint-000002/training_state/state.json"))
+            .unwrap();
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let drawn = 8 + count(&s[0], "dynamic_prompts_drawn") + count(&s[1], "dynamic_prompts_drawn");
+    assert_eq!(state["data_cursor"]["prompts_drawn"].as_u64(), Some(drawn));
+    train(
+        &resumed,
+        &with(&["--set", "run.max_steps=3", "--resume", "auto"]),
+    );
+    let r = steps(&resumed);
+    assert_eq!(
+        r.into_iter().map(untimed).collect::<Vec<_>>(),
+        s.iter().cloned().map(untimed).collect::<Vec<_>>()
+    );
+
+    // Two simulated ranks refill their shares from one reserve: the first step draws, drops
+    // and trains what one device did.
+    let two = dir.path().join("two");
+    train(
+        &two,
+        &with(&["--set", "run.max_steps=1", "--devices", "cpu,cpu"]),
+    );
+    let t = steps(&two);
+    for key in [
+        "prompts",
+        "responses",
+        "response_tokens",
+        "ties",
+        "dynamic_groups_dropped",
+        "dynamic_prompts_drawn",
+        "dynamic_rounds",
+    ] {
+        assert_eq!(t[0][key], s[0][key], "two ranks: {key}");
+    }
+    let (a, b) = (s[0]["reward_mean"].as_f64(), t[0]["reward_mean"].as_f64());
+    assert!((a.unwrap() - b.unwrap()).abs() < 1e-12, "{a:?} {b:?}");
+
+    // The default tie mode (pairwise) with dynamic sampling is refused before anything runs.
+    let refused = dir.path().join("refused");
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(train_args(
+            &refused,
+            &["--set", "learner.dynamic_sampling=true"],
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains(
+            "learner.dynamic_sampling: needs learner.tie_mode = \"off\" (it is \"pairwise\")"
+        ),
+        "{err}"
+    );
+    assert!(!refused.join("metrics.jsonl").exists());
 }

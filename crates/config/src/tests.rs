@@ -72,6 +72,8 @@ kl_estimator = "k2"
 mask_truncated = true
 tis_cap = 2.0
 tie_mode = "pairwise"
+dynamic_sampling = false
+dynamic_sampling_rounds = 3
 dpo_beta = 2.0
 ppo_epochs = 1
 mini_batches = 2
@@ -229,6 +231,13 @@ fn errors_name_the_file_and_the_key() {
     let e = error_of(&format!("sharding = \"zero3\"\n{random}"));
     assert!(
         e.starts_with("t.toml: sharding: unknown variant `zero3`, expected one of `none`, `optimizer`, `gradients`, `full`"),
+        "{e}"
+    );
+    let e = error_of(&format!(
+        "{random}[learner]\ndynamic_sampling = true\ntie_mode = \"grpo-dpo\"\n"
+    ));
+    assert!(
+        e.starts_with("t.toml: learner.dynamic_sampling: needs learner.tie_mode = \"off\" (it is \"grpo-dpo\")"),
         "{e}"
     );
     let e = error_of(&format!("future_key = 1\n{random}"));

@@ -62,6 +62,33 @@ impl RolloutBatch {
         self.telemetry.merge(&other.telemetry);
     }
 
+    /// The groups `keep` (indices, in the order given) with their rows; the telemetry stays
+    /// whole (it measured every group rolled out).
+    pub fn select_groups(self, keep: &[usize]) -> RolloutBatch {
+        let k = self.group_size;
+        let rows = |g: &usize| *g * k..(*g + 1) * k;
+        RolloutBatch {
+            group_size: k,
+            prompts: keep.iter().map(|&g| self.prompts[g].clone()).collect(),
+            responses: keep
+                .iter()
+                .flat_map(rows)
+                .map(|r| self.responses[r].clone())
+                .collect(),
+            logprobs: keep
+                .iter()
+                .flat_map(rows)
+                .map(|r| self.logprobs[r].clone())
+                .collect(),
+            finish_reasons: keep
+                .iter()
+                .flat_map(rows)
+                .map(|r| self.finish_reasons[r])
+                .collect(),
+            telemetry: self.telemetry,
+        }
+    }
+
     /// Per row: the response hit the length limit without a stop token.
     pub fn truncated(&self) -> impl Iterator<Item = bool> + '_ {
         self.finish_reasons
@@ -205,5 +232,34 @@ where
 
     fn release(&self) -> Result<()> {
         (**self).release()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `select_groups` keeps the chosen groups' prompts and rows, in the order given.
+    #[test]
+    fn select_groups_keeps_whole_groups_in_order() {
+        let mut batch = RolloutBatch::new(2, vec![vec![1], vec![2], vec![3]]);
+        for row in 0..6u32 {
+            batch.responses.push(vec![row]);
+            batch.logprobs.push(vec![-(row as f32)]);
+            batch.finish_reasons.push(if row % 2 == 0 {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            });
+        }
+        let kept = batch.select_groups(&[2, 0]);
+        assert_eq!(kept.prompts, vec![vec![3], vec![1]]);
+        assert_eq!(kept.responses, vec![vec![4], vec![5], vec![0], vec![1]]);
+        assert_eq!(
+            kept.logprobs,
+            vec![vec![-4.0], vec![-5.0], vec![-0.0], vec![-1.0]]
+        );
+        assert_eq!(kept.finish_reasons[1], FinishReason::Length);
+        kept.check_shape(2, 2).unwrap();
     }
 }

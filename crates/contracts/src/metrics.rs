@@ -270,6 +270,17 @@ pub struct StepMetrics {
     /// their rewards (`kl_in_reward x` the summed per-token KL); `reward_mean` is before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reward_kl_penalty: Option<f64>,
+    /// With `learner.dynamic_sampling`: the groups rolled out and scored this step but not
+    /// trained on (their scored rewards were all equal), over every round and rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_groups_dropped: Option<usize>,
+    /// With `learner.dynamic_sampling`: prompts drawn beyond `run.prompts_per_step` (the data
+    /// cursor moves by `prompts_per_step` plus these).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_prompts_drawn: Option<usize>,
+    /// With `learner.dynamic_sampling`: rollout rounds of the step, the first included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_rounds: Option<usize>,
 }
 
 /// Tie telemetry over a step or an epoch (docs/METHOD.md §7).

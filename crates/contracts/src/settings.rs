@@ -107,6 +107,15 @@ pub struct LearnerConfig {
     pub tis_cap: Option<f64>,
     /// What happens to exactly tied groups.
     pub tie_mode: TieMode,
+    /// Dynamic sampling (DAPO's `filter_groups`, verl's `algorithm.filter_groups`): a group whose
+    /// scored rewards are all equal (no variance, so no GRPO signal) is dropped after scoring,
+    /// and prompts drawn next in the data order are rolled out and scored in its place, round
+    /// after round, until the step has `run.prompts_per_step` groups with variance or
+    /// `dynamic_sampling_rounds` extra rounds are spent (the step then trains on what it has).
+    /// An alternative to pairwise ties: it needs `tie_mode = "off"`.
+    pub dynamic_sampling: bool,
+    /// Extra rollout rounds a dynamic-sampling step may draw (0: drop only, never refill).
+    pub dynamic_sampling_rounds: usize,
     /// Beta of the GRPO+DPO baseline.
     pub dpo_beta: f64,
     /// Passes over each rollout batch.
@@ -215,6 +224,8 @@ impl Default for LearnerConfig {
             mask_truncated: false,
             tis_cap: None,
             tie_mode: TieMode::Pairwise,
+            dynamic_sampling: false,
+            dynamic_sampling_rounds: 4,
             dpo_beta: 2.0,
             ppo_epochs: 1,
             mini_batches: 1,
@@ -239,6 +250,18 @@ impl LearnerConfig {
         }
         if self.max_response_tokens == 0 {
             return bad("max_response_tokens", "must be at least 1");
+        }
+        if self.dynamic_sampling && self.tie_mode != TieMode::Off {
+            // Pairwise ties give tied groups directions; dynamic sampling drops them instead
+            // (and under grpo-dpo the pairs come only from the tied groups it would drop).
+            return bad(
+                "dynamic_sampling",
+                &format!(
+                    "needs learner.tie_mode = \"off\" (it is \"{}\"): dynamic sampling drops the \
+                     tied groups that the tie modes give directions to",
+                    self.tie_mode.as_str()
+                ),
+            );
         }
         if !(self.kl_in_reward.is_finite() && self.kl_in_reward >= 0.0) {
             return bad(
@@ -522,6 +545,17 @@ pub enum TieMode {
     GrpoDpo,
     /// Vanilla GRPO: ties keep zero advantages, no judge calls.
     Off,
+}
+
+impl TieMode {
+    /// The mode as the config spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TieMode::Pairwise => "pairwise",
+            TieMode::GrpoDpo => "grpo-dpo",
+            TieMode::Off => "off",
+        }
+    }
 }
 
 /// How the ranks of a data-parallel run divide the training state (`sharding`, beside

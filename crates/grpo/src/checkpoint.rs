@@ -65,7 +65,7 @@ const PARAMETER_SHARDED_FORMAT: u32 = 4;
 /// Learner settings a resume must keep (they shape the groups, the advantages, the loss or the
 /// sampling of the run so far); the others (learning rate, clipping norm, micro-batch size, ...)
 /// may change on resume. Listed in configs/README.md.
-pub const KEPT_ON_RESUME: [&str; 19] = [
+pub const KEPT_ON_RESUME: [&str; 20] = [
     "group_size",
     "max_response_tokens",
     "temperature",
@@ -81,6 +81,7 @@ pub const KEPT_ON_RESUME: [&str; 19] = [
     "kl_beta",
     "kl_in_reward",
     "tie_mode",
+    "dynamic_sampling",
     "dpo_beta",
     "ppo_epochs",
     "mini_batches",

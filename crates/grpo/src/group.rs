@@ -120,7 +120,7 @@ impl TieAwareAdvantages {
 }
 
 /// Whether the group's finite scored rewards are not all equal bit for bit.
-fn scored_rewards_differ(rewards: &[Option<f64>]) -> bool {
+pub(crate) fn scored_rewards_differ(rewards: &[Option<f64>]) -> bool {
     let mut scored = rewards.iter().flatten().filter(|r| r.is_finite());
     scored
         .next()

@@ -47,6 +47,9 @@ pub use conrub_contracts::{LearnerConfig, OnNonFinite};
 pub struct StepOutput {
     /// Metrics.
     pub metrics: StepMetrics,
+    /// Per group: its prompt's index among the step's candidates, the records then the reserve
+    /// ([`Learner::step_with_reserve`]): `0..records` unless dynamic sampling dropped groups.
+    pub prompts: Vec<usize>,
     /// Per group: the scores.
     pub scores: Vec<Vec<ResponseScore>>,
     /// Per group: advantages and pairs.
@@ -135,8 +138,33 @@ pub(crate) struct Shard {
     pub total: usize,
 }
 
+/// Groups rolled out and scored, one per candidate prompt, in order.
+pub(crate) struct Scored<'r, T> {
+    /// Per group: the prompt and its index among the step's candidates.
+    pub prompts: Vec<(usize, &'r T)>,
+    pub rollout: RolloutBatch,
+    pub texts: Vec<String>,
+    pub scores: Vec<GroupScores>,
+}
+
+/// What dynamic sampling did on one rank in one step.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Refilled {
+    /// Groups scored on this rank and not trained on.
+    pub dropped: usize,
+    /// Prompts drawn from the reserve, over every rank.
+    pub drawn: usize,
+    /// Rollout rounds, the first included.
+    pub rounds: usize,
+}
+
 /// One rank's share of a step, before the step's metrics are computed.
 pub(crate) struct StepParts {
+    /// Per group: the index of its prompt among the step's candidates.
+    pub prompts: Vec<usize>,
+    /// With dynamic sampling: this rank's dropped groups, and the step's extra prompts and
+    /// rounds (the same on every rank).
+    pub dynamic: Option<Refilled>,
     pub rollout: RolloutBatch,
     pub texts: Vec<String>,
     pub scores: Vec<GroupScores>,
@@ -572,11 +600,23 @@ where
 
     /// One training step on `records` (one group of `group_size` responses per record).
     pub async fn step(&mut self, records: &[&T]) -> Result<StepOutput> {
+        self.step_with_reserve(records, &[]).await
+    }
+
+    /// One training step on `records`; with `learner.dynamic_sampling`, groups without reward
+    /// variance are dropped and prompts of `reserve` (the ones next in the data order, in that
+    /// order) are drawn in their place ([`StepOutput::prompts`] says which were trained on,
+    /// `dynamic_prompts_drawn` how many of `reserve` were used).
+    pub async fn step_with_reserve(
+        &mut self,
+        records: &[&T],
+        reserve: &[&T],
+    ) -> Result<StepOutput> {
         let shard = Shard {
             first: 0,
             total: records.len(),
         };
-        let parts = self.step_parts(records, shard).await?;
+        let parts = self.step_parts(records, reserve, shard).await?;
         self.step += 1;
         Ok(step_output(
             self.step - 1,
@@ -589,7 +629,12 @@ where
     /// The stages of one step on this learner's `shard` of the step's groups (`records`). With
     /// a rank slot, the train batch's global counts and every optimizer step's gradients are
     /// shared with the other ranks; the step counter is not advanced.
-    pub(crate) async fn step_parts(&mut self, records: &[&T], shard: Shard) -> Result<StepParts> {
+    pub(crate) async fn step_parts(
+        &mut self,
+        records: &[&T],
+        reserve: &[&T],
+        shard: Shard,
+    ) -> Result<StepParts> {
         if shard.total == 0 {
             return Err(GrpoError::NoRecords);
         }
@@ -597,32 +642,41 @@ where
             LrSchedule::new(&self.cfg, None)?;
         }
         let k = self.cfg.group_size;
-        let t0 = Instant::now();
         let (inner, gather_comm) = self.whole_inner()?;
         // An engine outside the process may not hold the policy's weights yet (a first step, a
         // resume, a warm-up); one that does skips this.
         let mut weight_sync = self.rollout.sync_weights(&inner, self.step)?;
-        let mut rollout = self.rollout_stage(&inner, records, shard.first)?;
-        rollout.check_shape(records.len(), k)?;
-        let mut texts = self.decode_all(&rollout)?;
-        cut_at_stop_strings(
-            &mut rollout,
-            &mut texts,
-            self.codec.as_ref(),
-            &self.cfg.stop,
-        )?;
-        let rollout_secs = t0.elapsed().as_secs_f64();
-
-        let t1 = Instant::now();
-        let scores = self.reward_stage(records, &rollout, &texts).await;
-        if let Some((g, s)) = scores.iter().enumerate().find(|(_, s)| s.scores.len() != k) {
-            return Err(GrpoError::Stage(format!(
-                "rewards of group {g} ({}): {} scores for {k} responses",
-                records[g].id(),
-                s.scores.len()
-            )));
-        }
-        let judge_secs = t1.elapsed().as_secs_f64();
+        let mut times = (0.0, 0.0);
+        let candidates: Vec<(usize, &T)> = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (shard.first + i, *r))
+            .collect();
+        let first = self
+            .rollout_and_score(&inner, candidates, &mut times)
+            .await?;
+        // Every drawn response counts toward the scored share, trained on or not.
+        let all_scores: Vec<GroupScores>;
+        let (scored, shard, dynamic) = if self.cfg.dynamic_sampling {
+            let (scored, kept, shard, refilled) = self
+                .refill(&inner, first, reserve, shard, &mut times)
+                .await?;
+            all_scores = scored.scores.clone();
+            (select_scored(scored, &kept), shard, Some(refilled))
+        } else {
+            all_scores = Vec::new();
+            (first, shard, None)
+        };
+        let (rollout_secs, judge_secs) = times;
+        let prompts: Vec<usize> = scored.prompts.iter().map(|(i, _)| *i).collect();
+        let records: Vec<&T> = scored.prompts.iter().map(|(_, r)| *r).collect();
+        let records = records.as_slice();
+        let (rollout, texts, scores) = (scored.rollout, scored.texts, scored.scores);
+        let all_scores = if dynamic.is_some() {
+            &all_scores
+        } else {
+            &scores
+        };
         // With KL in the reward, the old and reference log-probs come before the advantages
         // (and with them the rows of every rank); otherwise after, as the update's first part.
         let t2 = Instant::now();
@@ -671,7 +725,7 @@ where
         } else {
             Vec::new()
         };
-        let mut update = if self.enough_scored(&scores)? {
+        let mut update = if self.enough_scored(all_scores)? {
             self.update_stage(&batch, &dpo_pairs, &rows)?
         } else {
             UpdateStats::default()
@@ -689,6 +743,8 @@ where
         let update_secs = before_advantages + t2.elapsed().as_secs_f64();
         let reward_kl = reward_penalties(&scores, kl.as_deref(), self.cfg.kl_in_reward);
         Ok(StepParts {
+            prompts,
+            dynamic,
             rollout,
             texts,
             scores,
@@ -703,6 +759,134 @@ where
             reward_kl,
             device_memory: <B as conrub_kernels::DecodeOps>::device_memory_reserved(&self.device),
         })
+    }
+
+    /// Stages 1 and 2 on `candidates`: their groups rolled out (streams by candidate index, so
+    /// the same prompt gets the same responses on any number of ranks), cut at stop strings and
+    /// scored. `times` gains the seconds of each stage.
+    async fn rollout_and_score<'r>(
+        &self,
+        inner: &P::InnerModule,
+        candidates: Vec<(usize, &'r T)>,
+        times: &mut (f64, f64),
+    ) -> Result<Scored<'r, T>> {
+        let k = self.cfg.group_size;
+        let records: Vec<&T> = candidates.iter().map(|(_, r)| *r).collect();
+        let t0 = Instant::now();
+        let first = candidates.first().map_or(0, |(i, _)| *i);
+        let mut rollout = self.rollout_stage(inner, &records, first)?;
+        rollout.check_shape(records.len(), k)?;
+        let mut texts = self.decode_all(&rollout)?;
+        cut_at_stop_strings(
+            &mut rollout,
+            &mut texts,
+            self.codec.as_ref(),
+            &self.cfg.stop,
+        )?;
+        times.0 += t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let scores = self.reward_stage(&records, &rollout, &texts).await;
+        if let Some((g, s)) = scores.iter().enumerate().find(|(_, s)| s.scores.len() != k) {
+            return Err(GrpoError::Stage(format!(
+                "rewards of group {g} ({}): {} scores for {k} responses",
+                records[g].id(),
+                s.scores.len()
+            )));
+        }
+        times.1 += t1.elapsed().as_secs_f64();
+        Ok(Scored {
+            prompts: candidates,
+            rollout,
+            texts,
+            scores,
+        })
+    }
+
+    /// Dynamic sampling: drops the groups of `scored` whose scored rewards are all equal and
+    /// rolls out prompts of `reserve` in their place, round after round, until every rank has
+    /// its share of groups with variance, `dynamic_sampling_rounds` extra rounds are spent or the
+    /// reserve is used up. Every rank takes part in every round (the counts are all-gathered, so
+    /// all decide alike); a round's shortfall is drawn in rank order, so the prompts drawn, and
+    /// their responses, are the ones one device would draw. Returns every group scored, the
+    /// ones to train on, their shard of the step, and the counts. When no rank kept a group the
+    /// step trains on its first groups (their advantages are zero).
+    async fn refill<'r>(
+        &self,
+        inner: &P::InnerModule,
+        mut scored: Scored<'r, T>,
+        reserve: &[&'r T],
+        shard: Shard,
+        times: &mut (f64, f64),
+    ) -> Result<(Scored<'r, T>, Vec<usize>, Shard, Refilled)> {
+        let target = scored.prompts.len();
+        let varied = |s: &GroupScores| {
+            let rewards: Vec<Option<f64>> = s.scores.iter().map(ResponseScore::reward).collect();
+            crate::group::scored_rewards_differ(&rewards)
+        };
+        let mut kept: Vec<usize> = (0..target).filter(|&g| varied(&scored.scores[g])).collect();
+        let (mut drawn, mut rounds) = (0usize, 1usize);
+        let counts = loop {
+            // Per rank: [groups still needed, groups kept].
+            let counts =
+                self.gather_counts(vec![(target - kept.len()) as f64, kept.len() as f64])?;
+            let total_need: usize = counts.iter().map(|c| c[0] as usize).sum();
+            let spent = rounds > self.cfg.dynamic_sampling_rounds;
+            if total_need == 0 || spent || drawn >= reserve.len() {
+                break counts;
+            }
+            let rank = self.rank.as_ref().map_or(0, |s| s.rank);
+            let before: usize = counts[..rank].iter().map(|c| c[0] as usize).sum();
+            let need = target - kept.len();
+            let start = (drawn + before).min(reserve.len());
+            let end = (drawn + before + need).min(reserve.len());
+            if start < end {
+                // Reserve prompts' streams follow the step's groups: index `total + position`.
+                let extra: Vec<(usize, &T)> = (start..end)
+                    .map(|p| (shard.total + p, reserve[p]))
+                    .collect();
+                let more = self.rollout_and_score(inner, extra, times).await?;
+                let offset = scored.prompts.len();
+                kept.extend(
+                    (0..more.prompts.len())
+                        .filter(|&g| varied(&more.scores[g]))
+                        .map(|g| offset + g),
+                );
+                scored.prompts.extend(more.prompts);
+                scored.rollout.append(more.rollout);
+                scored.texts.extend(more.texts);
+                scored.scores.extend(more.scores);
+            }
+            drawn = (drawn + total_need).min(reserve.len());
+            rounds += 1;
+        };
+        let rank = self.rank.as_ref().map_or(0, |s| s.rank);
+        let kept_total: usize = counts.iter().map(|c| c[1] as usize).sum();
+        let (kept, shard) = if kept_total == 0 {
+            ((0..target).collect(), shard)
+        } else {
+            let first = counts[..rank].iter().map(|c| c[1] as usize).sum();
+            (
+                kept,
+                Shard {
+                    first,
+                    total: kept_total,
+                },
+            )
+        };
+        let refilled = Refilled {
+            dropped: scored.prompts.len() - kept.len(),
+            drawn,
+            rounds,
+        };
+        Ok((scored, kept, shard, refilled))
+    }
+
+    /// `counts` of every rank, in rank order (this learner's alone when it is not a rank).
+    fn gather_counts(&self, counts: Vec<f64>) -> Result<Vec<Vec<f64>>> {
+        match &self.rank {
+            Some(slot) => Ok(slot.collective.all_gather(slot.rank, counts)?),
+            None => Ok(vec![counts]),
+        }
     }
 
     /// Whether this learner is a `sharding = "full"` rank (it keeps its own parameters only).
@@ -1554,6 +1738,20 @@ pub(crate) struct GlobalRows {
 /// The step's output from the parts of its ranks, in rank order (one part on one device): the
 /// rollouts, scores and outcomes concatenated, the update's numbers (the same on every rank)
 /// from rank 0, the stage times of the slowest rank, and the stragglers' times.
+/// The groups `keep` of `scored`, in that order.
+fn select_scored<'r, T>(scored: Scored<'r, T>, keep: &[usize]) -> Scored<'r, T> {
+    let k = scored.rollout.group_size;
+    Scored {
+        prompts: keep.iter().map(|&g| scored.prompts[g]).collect(),
+        texts: keep
+            .iter()
+            .flat_map(|&g| scored.texts[g * k..(g + 1) * k].iter().cloned())
+            .collect(),
+        scores: keep.iter().map(|&g| scored.scores[g].clone()).collect(),
+        rollout: scored.rollout.select_groups(keep),
+    }
+}
+
 pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepParts>) -> StepOutput {
     let max = |f: fn(&StepParts) -> f64| parts.iter().map(f).fold(0.0, f64::max);
     let min = |f: fn(&StepParts) -> f64| parts.iter().map(f).fold(f64::INFINITY, f64::min);
@@ -1586,6 +1784,15 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
     let reward_kl_penalty =
         (!penalties.is_empty()).then(|| penalties.iter().sum::<f64>() / penalties.len() as f64);
     let device_memory: Vec<u64> = parts.iter().filter_map(|p| p.device_memory).collect();
+    let prompts: Vec<usize> = parts.iter().flat_map(|p| p.prompts.clone()).collect();
+    let dynamic = parts[0].dynamic.map(|d| Refilled {
+        dropped: parts
+            .iter()
+            .filter_map(|p| p.dynamic)
+            .map(|d| d.dropped)
+            .sum(),
+        ..d
+    });
     let mut parts = parts.into_iter();
     let first = parts.next().expect("a step has at least one part");
     let update = first.update.clone();
@@ -1617,11 +1824,17 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
     metrics.rollout_logprob_diff_max = gap.abs_max;
     metrics.rollout_kl = gap.k3_sum / tokens;
     metrics.reward_kl_penalty = reward_kl_penalty;
+    if let Some(d) = dynamic {
+        metrics.dynamic_groups_dropped = Some(d.dropped);
+        metrics.dynamic_prompts_drawn = Some(d.drawn);
+        metrics.dynamic_rounds = Some(d.rounds);
+    }
     (metrics.rollout_secs_rank_max, metrics.rollout_secs_rank_min) = (rollout_max, rollout_min);
     (metrics.update_secs_rank_max, metrics.update_secs_rank_min) = (update_max, update_min);
     let per_group = |rows: Vec<usize>| rows.chunks(k).map(<[usize]>::to_vec).collect();
     StepOutput {
         metrics,
+        prompts,
         criteria: scores.iter().map(|g| g.criteria.clone()).collect(),
         scores: scores.into_iter().map(|g| g.scores).collect(),
         outcomes,

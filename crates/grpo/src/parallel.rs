@@ -165,6 +165,17 @@ where
     /// own; async stages (judging) run on the caller's tokio runtime when there is one (a
     /// served judge needs a multi-threaded runtime, whose worker this call blocks).
     pub async fn step(&mut self, records: &[&T]) -> Result<StepOutput> {
+        self.step_with_reserve(records, &[]).await
+    }
+
+    /// [`DataParallel::step`] with the prompts dynamic sampling may draw
+    /// ([`Learner::step_with_reserve`]): every rank sees the whole reserve and draws its part
+    /// of each round's shortfall in rank order.
+    pub async fn step_with_reserve(
+        &mut self,
+        records: &[&T],
+        reserve: &[&T],
+    ) -> Result<StepOutput> {
         if records.is_empty() {
             return Err(GrpoError::NoRecords);
         }
@@ -189,7 +200,7 @@ where
                         let handle = handle.clone();
                         s.spawn(move || {
                             let out = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                                let fut = learner.step_parts(records, shard);
+                                let fut = learner.step_parts(records, reserve, shard);
                                 match &handle {
                                     Some(h) => h.block_on(fut),
                                     None => futures::executor::block_on(fut),

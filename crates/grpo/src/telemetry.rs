@@ -109,8 +109,17 @@ pub fn progress_line(m: &StepMetrics, total_steps: u64, secs_per_step: f64) -> S
     let done = m.step + 1;
     let eta = secs_per_step * total_steps.saturating_sub(done) as f64;
     let secs = m.rollout_secs + m.judge_secs + m.update_secs;
+    // Dynamic sampling: what it dropped and drew.
+    let dynamic = match (
+        m.dynamic_groups_dropped,
+        m.dynamic_prompts_drawn,
+        m.dynamic_rounds,
+    ) {
+        (Some(d), Some(x), Some(r)) => format!("  dropped {d}, drew {x} in {r} rounds"),
+        _ => String::new(),
+    };
     format!(
-        "step {done}/{total_steps}  reward {:+.3} (pop. std {:.3})  ties {}/{} ({:.1}%)  accepted {}  len {:.0}  unscored {}  {:.0} tok/s  grad {:.3}  lr {:.2e}  ETA {}",
+        "step {done}/{total_steps}  reward {:+.3} (pop. std {:.3})  ties {}/{} ({:.1}%)  accepted {}{dynamic}  len {:.0}  unscored {}  {:.0} tok/s  grad {:.3}  lr {:.2e}  ETA {}",
         m.reward_mean,
         m.reward_std_population,
         m.ties.tied_groups,

@@ -32,6 +32,22 @@ pub fn epoch_order(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     seeded_permutation(n, stable_seed(seed, &format!("epoch/{epoch}")))
 }
 
+/// `count` records from position `from` of the run's data order, the epochs' orders one after
+/// another (position `p` is record `epoch_order(n, seed, p / n)[p % n]`): dynamic sampling's
+/// cursor, which crosses epochs within a step.
+pub fn drawn_records<T>(records: &[T], seed: u64, from: u64, count: usize) -> Vec<&T> {
+    let n = records.len() as u64;
+    let mut order: (u64, Vec<usize>) = (u64::MAX, Vec::new());
+    (from..from + count as u64)
+        .map(|p| {
+            if order.0 != p / n {
+                order = (p / n, epoch_order(records.len(), seed, (p / n) as usize));
+            }
+            &records[order.1[(p % n) as usize]]
+        })
+        .collect()
+}
+
 /// Where a checkpoint for `step` goes: `output_dir/checkpoint-{step}` (the HF export) with the
 /// training state in its `training_state/` subdirectory. It is written as `checkpoint-{step}.tmp`
 /// and renamed when complete.
@@ -223,10 +239,12 @@ where
     /// [`Trainee::whole_policy`]).
     fn lead(&self) -> &Learner<B, P, T>;
 
-    /// One training step on `records`.
+    /// One training step on `records`, drawing from `reserve` under dynamic sampling
+    /// ([`Learner::step_with_reserve`]).
     fn train_step<'a>(
         &'a mut self,
         records: &'a [&'a T],
+        reserve: &'a [&'a T],
     ) -> impl Future<Output = Result<StepOutput>> + 'a;
 
     /// Loads a saved training state (into every learner of a group).
@@ -268,8 +286,9 @@ where
     fn train_step<'a>(
         &'a mut self,
         records: &'a [&'a T],
+        reserve: &'a [&'a T],
     ) -> impl Future<Output = Result<StepOutput>> + 'a {
-        self.step(records)
+        self.step_with_reserve(records, reserve)
     }
 
     fn load(&mut self, dir: &Path) -> Result<TrainingState> {
@@ -299,8 +318,9 @@ where
     fn train_step<'a>(
         &'a mut self,
         records: &'a [&'a T],
+        reserve: &'a [&'a T],
     ) -> impl Future<Output = Result<StepOutput>> + 'a {
-        self.step(records)
+        self.step_with_reserve(records, reserve)
     }
 
     fn load(&mut self, dir: &Path) -> Result<TrainingState> {
@@ -545,10 +565,19 @@ where
                     state_dir.display()
                 );
             }
-            Some(state.step)
+            // Dynamic sampling's cursor: prompts drawn so far (a state without one drew
+            // `prompts_per_step` a step).
+            let drawn = state.data_cursor["prompts_drawn"].as_u64();
+            Some((state.step, drawn))
         }
         None => None,
     };
+    let drawn = std::cell::Cell::new(match resume_step {
+        Some((step, drawn)) => drawn.unwrap_or(step * run.prompts_per_step as u64),
+        None => 0,
+    });
+    let resume_step = resume_step.map(|(step, _)| step);
+    let dynamic = trainee.lead().cfg.dynamic_sampling;
     // The folder is this run's until it returns (`run.lock`); a fresh run never starts over an
     // earlier one unless told to overwrite it.
     let earlier = match (run.overwrite, run.set_aside) {
@@ -616,12 +645,15 @@ where
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp).map_err(|e| GrpoError::io(&tmp, e))?;
         }
-        let cursor = serde_json::json!({
+        let mut cursor = serde_json::json!({
             "step": learner.step,
             "steps_per_epoch": steps_per_epoch,
             "records": records.len(),
             "prompt_ids": ids_digest,
         });
+        if dynamic {
+            cursor["prompts_drawn"] = drawn.get().into();
+        }
         let t0 = Instant::now();
         // The export's whole policy is let go before the state is written.
         let written = trainee
@@ -654,17 +686,42 @@ where
         let step = trainee.lead().step;
         let epoch = (step / steps_per_epoch) as usize;
         let index = (step % steps_per_epoch) as usize;
-        let order = epoch_order(records.len(), trainee.lead().cfg.seed, epoch);
-        let batch: Vec<&T> = order
-            .iter()
-            .skip(index * run.prompts_per_step)
-            .take(run.prompts_per_step)
-            .map(|&i| &records[i])
-            .collect();
+        let seed = trainee.lead().cfg.seed;
+        let pps = run.prompts_per_step;
+        let (batch, reserve): (Vec<&T>, Vec<&T>) = if dynamic {
+            // A flat cursor over the epochs' orders: a step may draw into the next epoch.
+            let rounds = trainee.lead().cfg.dynamic_sampling_rounds;
+            let at = drawn_records(records, seed, drawn.get(), pps * (1 + rounds));
+            (at[..pps].to_vec(), at[pps..].to_vec())
+        } else {
+            let order = epoch_order(records.len(), seed, epoch);
+            let batch = order
+                .iter()
+                .skip(index * pps)
+                .take(pps)
+                .map(|&i| &records[i])
+                .collect();
+            (batch, Vec::new())
+        };
         let before = conrub_kernels::events::snapshot();
-        let out = trainee.train_step(&batch).await?;
+        let out = trainee.train_step(&batch, &reserve).await?;
+        if dynamic {
+            let extra = out.metrics.dynamic_prompts_drawn.unwrap_or(0);
+            drawn.set(drawn.get() + (batch.len() + extra) as u64);
+        }
+        // The prompts trained on (dynamic sampling may have replaced some), in group order.
+        let trained: Vec<&T> = out
+            .prompts
+            .iter()
+            .map(|&i| {
+                batch
+                    .get(i)
+                    .copied()
+                    .unwrap_or_else(|| reserve[i - batch.len()])
+            })
+            .collect();
         // The step's samples are in place before its metrics line.
-        let samples = out.samples(&batch, run.sample_groups);
+        let samples = out.samples(&trained, run.sample_groups);
         if run.sample_groups > 0 {
             let path = step_samples_path(&run.output_dir, out.metrics.step);
             write_samples(&path, &samples)?;
@@ -753,6 +810,25 @@ where
 mod tests {
     use super::*;
     use conrub_contracts::JudgeScore;
+
+    /// Dynamic sampling's cursor reads the epochs' orders one after another: a draw across an
+    /// epoch's end takes the rest of that epoch's order, then the next one's from its start.
+    #[test]
+    fn drawn_records_cross_epochs_in_their_orders() {
+        let records: Vec<usize> = (0..5).collect();
+        let (first, second) = (epoch_order(5, 7, 0), epoch_order(5, 7, 1));
+        assert_ne!(first, second);
+        let drawn: Vec<usize> = drawn_records(&records, 7, 3, 4)
+            .into_iter()
+            .copied()
+            .collect();
+        assert_eq!(drawn, vec![first[3], first[4], second[0], second[1]]);
+        let third: Vec<usize> = drawn_records(&records, 7, 10, 5)
+            .into_iter()
+            .copied()
+            .collect();
+        assert_eq!(third, epoch_order(5, 7, 2));
+    }
 
     /// A validation round after `step` whose grader scored `score`.
     fn round(step: u64, score: Option<f64>) -> ValidationLine {

@@ -7,11 +7,11 @@
 //! - `healthbench`: `{prompt_id, prompt: [messages], rubrics: [{criterion, points, tags}],
 //!   example_tags, ideal_completions_data}`.
 //!
-//! Input is JSONL or a JSON array (convert parquet first, e.g. with pandas `to_json(orient="records",
-//! lines=True)`). Every imported criterion is a content criterion (the method weighs all criteria
-//! equally; the original weight or points are kept in its provenance); negative-weight items reward
-//! the absence of something and are dropped unless asked for; the two global controls are appended.
-//! Prompts are de-duplicated by their normalised text.
+//! Input is JSONL, a JSON array or parquet (rows read as JSON objects, [`crate::parquet`]). Every
+//! imported criterion is a content criterion (the method weighs all criteria equally; the original
+//! weight or points are kept in its provenance); negative-weight items reward the absence of
+//! something and are dropped unless asked for; the two global controls are appended. Prompts are
+//! de-duplicated by their normalised text.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -310,19 +310,14 @@ fn value_to_id(v: &Value) -> Option<String> {
 }
 
 fn read_rows(path: &Path) -> Result<Vec<(usize, String)>> {
+    if crate::parquet::is_parquet(path) {
+        let rows = crate::parquet::read_parquet_rows(path)?;
+        return Ok(rows.into_iter().map(|(i, v)| (i, v.to_string())).collect());
+    }
     let text = std::fs::read_to_string(path).map_err(|err| RubricError::Io {
         path: path.to_path_buf(),
         err,
     })?;
-    if path.extension().is_some_and(|e| e == "parquet") || text.starts_with("PAR1") {
-        return Err(RubricError::Invalid {
-            path: path.to_path_buf(),
-            line: 0,
-            message: "parquet is not read directly; convert it to JSONL first (pandas: \
-                      pd.read_parquet(IN).to_json(OUT, orient=\"records\", lines=True))"
-                .into(),
-        });
-    }
     if text.trim_start().starts_with('[') {
         let rows: Vec<Value> = serde_json::from_str(&text).map_err(|e| RubricError::Parse {
             path: path.to_path_buf(),
@@ -716,13 +711,32 @@ mod tests {
         );
     }
 
+    /// `data/samples/parquet/` holds the JSONL samples written by pyarrow
+    /// (scripts/make-parquet-samples.py): each imports to the same records, but for the file name
+    /// in the provenance.
     #[test]
-    fn parquet_is_refused() {
-        let d = tempfile::tempdir().unwrap();
-        let p = write(d.path(), "x.parquet", "PAR1....");
-        assert!(import_file(&p, &ImportOptions::new(ImportFormat::Rar))
-            .unwrap_err()
-            .to_string()
-            .contains("convert it to JSONL"));
+    fn parquet_samples_import_as_their_jsonl() {
+        let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/samples");
+        for fmt in [
+            ImportFormat::Rar,
+            ImportFormat::Rubrichub,
+            ImportFormat::Healthbench,
+        ] {
+            let name = fmt.as_str();
+            let import = |file: &str| {
+                let (recs, rep) =
+                    import_file(&samples.join(file), &ImportOptions::new(fmt)).unwrap();
+                let text = serde_json::to_string(&recs).unwrap();
+                let base = file.rsplit('/').next().unwrap();
+                (
+                    text.replace(base, "FILE"),
+                    serde_json::to_string(&rep).unwrap(),
+                )
+            };
+            let jsonl = import(&format!("{name}.jsonl"));
+            assert!(jsonl.0.contains("criteria"), "{name}: {}", jsonl.0);
+            let parquet = import(&format!("parquet/{name}.parquet"));
+            assert_eq!(jsonl, parquet, "{name}");
+        }
     }
 }

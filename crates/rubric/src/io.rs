@@ -59,8 +59,15 @@ fn strip_position(msg: &str) -> String {
     }
 }
 
-/// Reads a JSONL file into `(line number, value)` pairs; blank lines are skipped.
+/// Reads a JSONL file into `(line number, value)` pairs; blank lines are skipped. A parquet file
+/// ([`crate::parquet::is_parquet`]) is read row by row instead, numbered from 1.
 pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<(usize, T)>> {
+    if crate::parquet::is_parquet(path) {
+        return crate::parquet::read_parquet_rows(path)?
+            .into_iter()
+            .map(|(row, v)| Ok((row, parse_value(v, path, row)?)))
+            .collect();
+    }
     let file = std::fs::File::open(path).map_err(|err| RubricError::Io {
         path: path.to_path_buf(),
         err,
@@ -204,6 +211,27 @@ mod tests {
         let e = read_rubrics(&p).unwrap_err().to_string();
         assert!(
             e.contains("r.jsonl:1: record: missing field `criteria`"),
+            "{e}"
+        );
+    }
+
+    /// The demo's rubric file as pyarrow writes it (zstd pages, scripts/make-parquet-samples.py)
+    /// reads to the same records; a row that does not fit is named by its number.
+    #[test]
+    fn parquet_rubrics_read_as_their_jsonl() {
+        let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/samples");
+        let jsonl = read_rubrics(&samples.join("rubrics.jsonl")).unwrap();
+        let parquet = read_rubrics(&samples.join("parquet/rubrics.parquet")).unwrap();
+        assert_eq!(jsonl.len(), 8);
+        assert_eq!(
+            serde_json::to_value(&jsonl.records).unwrap(),
+            serde_json::to_value(&parquet.records).unwrap()
+        );
+        let e = read_jsonl::<Vec<u32>>(&samples.join("parquet/rubrics.parquet"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rubrics.parquet:1: record: invalid type: map"),
             "{e}"
         );
     }

@@ -5,6 +5,7 @@
 //! - [`io`]: JSONL reading and atomic writing (the workspace's one temporary-file-and-rename helper,
 //!   [`AtomicFile`]: fsync of the file, rename, fsync of the directory), with errors that name the
 //!   file, line and field.
+//! - [`parquet`]: parquet rows read as the JSON objects of the same data's JSONL lines.
 //! - [`validate`]: the independent validator behind `conrub rubrics validate`.
 //! - [`import`]: adapters for the RaR, RubricHub (verl rows) and HealthBench formats.
 //! - [`score`]: binary and three-state rewards as exact rationals, the soft overlength penalty,
@@ -20,6 +21,7 @@ pub mod dropout;
 pub mod error;
 pub mod import;
 pub mod io;
+pub mod parquet;
 pub mod record;
 pub mod score;
 pub mod validate;
