@@ -35,6 +35,7 @@ fn answer<B: GrpoOps>(
             top_p: 0.8,
             top_k: Some(20),
             min_p: 0.0,
+            repetition_penalty: 1.0,
         },
         max_new_tokens: 256,
         seed: 1234,

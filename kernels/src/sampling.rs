@@ -9,7 +9,10 @@
 //! Greedy takes the argmax and reports the model's own log-probability; sampling scales by the
 //! temperature, keeps the `top_k` most likely tokens and then the smallest prefix (by descending
 //! probability) whose mass reaches `top_p`, and draws by inverting the cumulative distribution at
-//! `u x total` for the row's uniform draw `u`. Every row is computed on its own.
+//! `u x total` for the row's uniform draw `u`. Every row is computed on its own. A repetition
+//! penalty, when set, changes the logits of the ids a row has seen before any of this
+//! ([`penalize_row`] on the host, [`penalize_rows_by_tensors`] where the logits are), so each
+//! sampler above draws from, and reports the log-probability under, the penalized distribution.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
@@ -178,6 +181,83 @@ pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
         }
     }
     (idx[choice], (weights[choice] / kept_total).ln() as f32)
+}
+
+/// The repetition penalty (Hugging Face's `repetition_penalty`, vLLM's and SGLang's): a logit of an
+/// id already seen is divided by `penalty` when positive and multiplied by it otherwise, in f32,
+/// before any other step of the rule. 1 leaves the logit alone.
+pub fn penalized_logit(x: f32, penalty: f32) -> f32 {
+    if x < 0.0 {
+        x * penalty
+    } else {
+        x / penalty
+    }
+}
+
+/// Applies the repetition penalty to `row` at the ids of `seen` (each once, however often it
+/// occurs there; ids are distinct when they come from [`SeenIds`]).
+pub fn penalize_row(row: &mut [f32], seen: &[u32], penalty: f32) {
+    for &id in seen {
+        let x = &mut row[id as usize];
+        *x = penalized_logit(*x, penalty);
+    }
+}
+
+/// The ids a sequence has seen (its prompt's and its new tokens), each once, in the order first
+/// seen: what the repetition penalty penalizes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SeenIds {
+    ids: Vec<u32>,
+    set: std::collections::HashSet<u32>,
+}
+
+impl SeenIds {
+    /// The distinct ids of `prompt`.
+    pub fn new(prompt: &[u32]) -> Self {
+        let mut seen = Self::default();
+        prompt.iter().for_each(|&t| seen.insert(t));
+        seen
+    }
+
+    /// Adds `id` (a new token) when it is not seen yet.
+    pub fn insert(&mut self, id: u32) {
+        if self.set.insert(id) {
+            self.ids.push(id);
+        }
+    }
+
+    /// The distinct ids, in the order first seen.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+}
+
+/// [`penalize_row`] on every row of `logits` `[rows, vocab]` (cast to f32) where the logits are:
+/// the seen ids of all rows as one `[n, 2]` index of `(row, id)` pairs, their logits gathered,
+/// penalized by the same f32 operations and written back (no `[rows, vocab]` mask is uploaded).
+pub fn penalize_rows_by_tensors<B: Backend>(
+    logits: Tensor<B, 2>,
+    seen: &[&[u32]],
+    penalty: f32,
+) -> Tensor<B, 2> {
+    let logits = logits.cast(DType::F32);
+    let pairs: Vec<i64> = seen
+        .iter()
+        .enumerate()
+        .flat_map(|(r, ids)| ids.iter().flat_map(move |&id| [r as i64, id as i64]))
+        .collect();
+    let n = pairs.len() / 2;
+    if n == 0 || penalty == 1.0 {
+        return logits;
+    }
+    let index = Tensor::<B, 2, Int>::from_data(TensorData::new(pairs, [n, 2]), &logits.device());
+    let x: Tensor<B, 1> = logits.clone().gather_nd(index.clone());
+    let negative = x.clone().lower_elem(0.0);
+    let penalized = x
+        .clone()
+        .div_scalar(penalty)
+        .mask_where(negative, x.mul_scalar(penalty));
+    logits.scatter_nd(index, penalized, burn::tensor::IndexingUpdateOp::Assign)
 }
 
 fn logsumexp(xs: impl Iterator<Item = f64>, max: f64) -> f64 {
@@ -379,6 +459,36 @@ mod rule_tests {
         let cold = SampleParams::draw(0.5, None, 1.0).with_min_p(0.3);
         assert_eq!(sample_row(&logits, &cold, 0.99), (2, 0.0));
     }
+
+    /// The repetition penalty by hand: logits `[2, -1, 0.5, 1.9]` having seen ids 0, 1 and 1
+    /// again, at penalty 2, become `[1, -2, 0.5, 1.9]` (the positive one halved, the negative one
+    /// doubled, a repeat penalized once): greedy then takes id 3 instead of 0, with the log-softmax
+    /// of the penalized row; penalty 1 changes nothing.
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative_logits() {
+        let logits = [2.0f32, -1.0, 0.5, 1.9];
+        let seen = SeenIds::new(&[0, 1, 1]);
+        assert_eq!(seen.ids(), &[0, 1]);
+        let mut row = logits;
+        penalize_row(&mut row, seen.ids(), 2.0);
+        assert_eq!(row, [1.0, -2.0, 0.5, 1.9]);
+        let (tok, lp) = sample_row(&row, &SampleParams::GREEDY, 0.0);
+        let lse = [1.0f64, -2.0, 0.5, 1.9]
+            .iter()
+            .map(|x| x.exp())
+            .sum::<f64>()
+            .ln();
+        assert_eq!(tok, 3);
+        assert!((lp as f64 - (1.9f32 as f64 - lse)).abs() < 1e-6, "{lp}");
+        assert_eq!(sample_row(&logits, &SampleParams::GREEDY, 0.0).0, 0);
+        let mut same = logits;
+        penalize_row(&mut same, seen.ids(), 1.0);
+        assert_eq!(same, logits);
+        // Below 1 it rewards repeats: id 1's logit -1 becomes -0.5, id 0's 2 becomes 4.
+        let mut lower = logits;
+        penalize_row(&mut lower, seen.ids(), 0.5);
+        assert_eq!(lower, [4.0, -0.5, 0.5, 1.9]);
+    }
 }
 
 #[cfg(all(test, feature = "flex"))]
@@ -426,6 +536,34 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The repetition penalty on a tensor gives each row exactly what [`penalize_row`] gives
+    /// (negative, positive and the largest logits among the seen ids, a row that saw nothing),
+    /// and penalty 1 is the identity.
+    #[test]
+    fn tensor_penalty_is_the_row_penalty() {
+        let (rows, v) = (3, 40);
+        let all: Vec<f32> = (0..rows * v)
+            .map(|i| ((i * 29 % 40) as f32 * 0.17) - 3.1)
+            .collect();
+        let seen: [Vec<u32>; 3] = [vec![0, 5, 17, 39], vec![], vec![2, 3, 4, 31, 8]];
+        let views: Vec<&[u32]> = seen.iter().map(Vec::as_slice).collect();
+        for penalty in [1.3f32, 0.7, 1.0] {
+            let t = Tensor::<Flex, 2>::from_data(
+                TensorData::new(all.clone(), [rows, v]),
+                &Default::default(),
+            );
+            let got = penalize_rows_by_tensors(t, &views, penalty)
+                .into_data()
+                .into_vec::<f32>()
+                .unwrap();
+            let mut want = all.clone();
+            for (r, ids) in seen.iter().enumerate() {
+                penalize_row(&mut want[r * v..(r + 1) * v], ids, penalty);
+            }
+            assert_eq!(got, want, "penalty {penalty}");
         }
     }
 }

@@ -437,6 +437,59 @@ pub fn sampling_matches_host_rule<B: GrpoOps>(device: &B::Device, vocab: usize) 
     }
 }
 
+/// The repetition penalty where the logits are (`penalize_rows_by_tensors`: one gather and one
+/// scatter of the seen `(row, id)` pairs) against the host rule, bit for bit, on a strided
+/// `[rows, vocab]` view: rows that saw nothing, one id, the row's top id, `-inf` ids, ids at
+/// both ends of the vocabulary and a long history.
+pub fn penalty_matches_host_rule<B: Backend>(device: &B::Device, vocab: usize) {
+    use conrub_kernels::sampling::{penalize_row, penalize_rows_by_tensors};
+    let rows = 4;
+    let mut rng = ChaCha8Rng::seed_from_u64(5 + vocab as u64);
+    let mut host_rows: Vec<Vec<f32>> = (0..rows)
+        .map(|_| (0..vocab).map(|_| normal(&mut rng, 0.0, 3.0)).collect())
+        .collect();
+    host_rows[2][1] = f32::NEG_INFINITY;
+    let top = |r: &Vec<f32>| (0..vocab).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap() as u32;
+    let long: Vec<u32> = (0..vocab.min(3000) as u32)
+        .map(|i| (i * 7919) % vocab as u32)
+        .collect();
+    let mut long = long;
+    long.sort_unstable();
+    long.dedup();
+    let seen: Vec<Vec<u32>> = vec![
+        vec![],
+        vec![top(&host_rows[1])],
+        vec![0, 1, (vocab - 1) as u32, top(&host_rows[2])],
+        long,
+    ];
+    let col_major: Vec<f32> = (0..vocab)
+        .flat_map(|v| host_rows.iter().map(move |r| r[v]))
+        .collect();
+    let logits =
+        Tensor::<B, 2>::from_data(TensorData::new(col_major, [vocab, rows]), device).transpose();
+    let views: Vec<&[u32]> = seen.iter().map(Vec::as_slice).collect();
+    for penalty in [1.3f32, 0.8] {
+        let got = penalize_rows_by_tensors(logits.clone(), &views, penalty)
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .unwrap();
+        for (r, row) in host_rows.iter().enumerate() {
+            let mut want = row.clone();
+            penalize_row(&mut want, &seen[r], penalty);
+            let got = &got[r * vocab..(r + 1) * vocab];
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "penalty {penalty} row {r}: differs from the host rule"
+            );
+        }
+    }
+}
+
 /// `clipped_surrogate` (loss, gradient, clip counts) against the textbook formula under autodiff.
 pub fn surrogate_matches_autodiff<B: GrpoOps>(device: &B::Device, len: usize) {
     type A<B> = Autodiff<B>;
@@ -532,6 +585,7 @@ mod flex {
     #[test]
     fn sampling_on_flex() {
         super::sampling_matches_host_rule::<Flex>(&Default::default(), super::VOCAB);
+        super::penalty_matches_host_rule::<Flex>(&Default::default(), super::VOCAB);
     }
 
     #[test]
@@ -630,6 +684,8 @@ mod wgpu {
         for vocab in [super::VOCAB, 100, 257] {
             super::sampling_matches_host_rule::<Wgpu>(&device, vocab);
         }
+        // The repetition penalty's gather and scatter on the CubeCL backend.
+        super::penalty_matches_host_rule::<Wgpu>(&device, super::VOCAB);
         println!(
             "wgpu kernels: every check passed on `{}`",
             <Wgpu as Backend>::name(&device)

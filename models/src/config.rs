@@ -368,6 +368,9 @@ pub struct GenerationConfig {
     /// Default top-k.
     #[serde(default)]
     pub top_k: Option<usize>,
+    /// Default repetition penalty.
+    #[serde(default)]
+    pub repetition_penalty: Option<f64>,
 }
 
 impl GenerationConfig {

@@ -282,6 +282,7 @@ fn batched_generation_matches_single_and_stops_per_sequence() {
             top_p: 0.95,
             top_k: Some(50),
             min_p: 0.0,
+            repetition_penalty: 1.0,
         },
         max_new_tokens: 12,
         seed: 1234,

@@ -42,6 +42,10 @@ pub struct GenerateArgs {
     /// Top-k (default: generation_config.json, else off).
     #[arg(long)]
     pub top_k: Option<usize>,
+    /// Repetition penalty on the ids of the prompt and of the tokens so far (default:
+    /// generation_config.json, else 1.0, off).
+    #[arg(long)]
+    pub repetition_penalty: Option<f64>,
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -116,6 +120,10 @@ impl BackendTask for GenerateArgs {
                     top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
                     top_k: self.top_k.or(defaults.top_k).filter(|&k| k > 0),
                     min_p: 0.0,
+                    repetition_penalty: self
+                        .repetition_penalty
+                        .or(defaults.repetition_penalty)
+                        .unwrap_or(1.0),
                 }
             },
             seed: self.seed,

@@ -2264,3 +2264,45 @@ fn dynamic_sampling_drops_groups_without_variance_and_draws_more() {
     );
     assert!(!refused.join("metrics.jsonl").exists());
 }
+
+/// `learner.repetition_penalty`: a first step at penalty 2 rolls out other responses than at 1
+/// (the tiny policy's samples repeat tokens of the prompt and their own), and a penalty of 0 is
+/// refused naming the key.
+#[test]
+fn repetition_penalty_changes_the_rollouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts = |out: &Path| -> Vec<String> {
+        jsonl(&out.join("samples/step-000000.jsonl"))
+            .iter()
+            .flat_map(|g| g["responses"].as_array().unwrap().clone())
+            .map(|r| r["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (plain, penalized) = (dir.path().join("plain"), dir.path().join("penalized"));
+    train(&plain, &["--set", "run.max_steps=1"]);
+    train(
+        &penalized,
+        &[
+            "--set",
+            "run.max_steps=1",
+            "--set",
+            "learner.repetition_penalty=2.0",
+        ],
+    );
+    let (a, b) = (texts(&plain), texts(&penalized));
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().zip(&b).any(|(x, y)| x != y), "{a:?}");
+    let o = Command::new(env!("CARGO_BIN_EXE_conrub"))
+        .args(train_args(
+            &dir.path().join("zero"),
+            &["--set", "learner.repetition_penalty=0"],
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("learner.repetition_penalty: must be a finite number > 0"),
+        "{err}"
+    );
+}

@@ -281,6 +281,10 @@ pub struct StepMetrics {
     /// With `learner.dynamic_sampling`: rollout rounds of the step, the first included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dynamic_rounds: Option<usize>,
+    /// With `learner.dynamic_sampling`: responses of the dropped groups left unscored (`scored`
+    /// and `unscored` count the groups trained on; the scored-share check counts both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_unscored: Option<usize>,
 }
 
 /// Tie telemetry over a step or an epoch (docs/METHOD.md §7).

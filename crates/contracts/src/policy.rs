@@ -8,6 +8,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 
+use conrub_kernels::sampling::SeenIds;
+
 use crate::error::{ContractError, Result};
 use crate::gather::{gathered, ParamGather};
 use crate::sampling::{sample_token, sequence_rng, Generation, SamplingConfig};
@@ -162,6 +164,17 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B>>(
     let mut rngs: Vec<_> = (0..prompts.len())
         .map(|i| sequence_rng(cfg.seed, cfg.first_stream + i as u64))
         .collect();
+    let penalized = cfg.decoding.repetition_penalty() != 1.0;
+    let mut seen: Vec<SeenIds> = prompts
+        .iter()
+        .map(|p| {
+            if penalized {
+                SeenIds::new(p)
+            } else {
+                SeenIds::default()
+            }
+        })
+        .collect();
     let mut active: Vec<usize> = if cfg.max_new_tokens == 0 {
         Vec::new()
     } else {
@@ -181,7 +194,11 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B>>(
             .map_err(|e| ContractError::Readback(format!("{e:?}")))?;
         let mut still = Vec::with_capacity(active.len());
         for (row, &i) in active.iter().enumerate() {
-            let (tok, lp) = sample_token(&host[row * v..(row + 1) * v], cfg, &mut rngs[i]);
+            let row_logits = &host[row * v..(row + 1) * v];
+            let (tok, lp) = sample_token(row_logits, seen[i].ids(), cfg, &mut rngs[i]);
+            if penalized {
+                seen[i].insert(tok);
+            }
             if out[i].push(tok, lp, cfg) {
                 still.push(i);
             }

@@ -26,7 +26,16 @@ pub enum Decoding {
         /// (min-p sampling); 0 (the default) disables it.
         #[serde(default)]
         min_p: f64,
+        /// Before all of that, the logit of every id the sequence has seen (its prompt's and its
+        /// new tokens) divided by this when positive and multiplied by it when negative
+        /// (`conrub_kernels::sampling::penalized_logit`); 1 (the default) disables it.
+        #[serde(default = "no_penalty")]
+        repetition_penalty: f64,
     },
+}
+
+fn no_penalty() -> f64 {
+    1.0
 }
 
 impl Default for Decoding {
@@ -37,6 +46,7 @@ impl Default for Decoding {
             top_p: 1.0,
             top_k: None,
             min_p: 0.0,
+            repetition_penalty: 1.0,
         }
     }
 }
@@ -49,6 +59,7 @@ impl Decoding {
             top_p: 1.0,
             top_k: None,
             min_p: 0.0,
+            repetition_penalty: 1.0,
         }
     }
 
@@ -64,10 +75,17 @@ impl Decoding {
             top_p,
             top_k,
             min_p,
+            repetition_penalty,
         } = *self
         else {
             return Ok(());
         };
+        if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
+            return Err(ContractError::arg(
+                "repetition_penalty",
+                format!("{repetition_penalty} must be a finite number > 0 (1 turns it off)"),
+            ));
+        }
         if !(temperature > 0.0 && temperature.is_finite()) {
             return Err(ContractError::arg(
                 "temperature",
@@ -101,8 +119,19 @@ impl Decoding {
                 top_p,
                 top_k,
                 min_p,
+                ..
             } => conrub_kernels::sampling::SampleParams::draw(temperature, top_k, top_p)
                 .with_min_p(min_p),
+        }
+    }
+
+    /// The repetition penalty (1 when greedy or off), as the f32 the rule computes with.
+    pub fn repetition_penalty(&self) -> f32 {
+        match *self {
+            Decoding::Sample {
+                repetition_penalty, ..
+            } => repetition_penalty as f32,
+            Decoding::Greedy => 1.0,
         }
     }
 }
@@ -208,14 +237,26 @@ impl Default for Generation {
 }
 
 /// Picks the next token from one row of logits; returns `(token, logprob)`. Draws one uniform
-/// from `rng` unless greedy (the rule is `conrub_kernels::sampling::sample_row`).
-pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut ChaCha8Rng) -> (u32, f32) {
+/// from `rng` unless greedy (the rule is `conrub_kernels::sampling::sample_row`, after the
+/// repetition penalty on the distinct ids of `seen`, the sequence's prompt and new tokens).
+pub fn sample_token(
+    logits: &[f32],
+    seen: &[u32],
+    cfg: &SamplingConfig,
+    rng: &mut ChaCha8Rng,
+) -> (u32, f32) {
     let u = if cfg.decoding.is_greedy() {
         0.0
     } else {
         rng.random::<f64>()
     };
-    conrub_kernels::sampling::sample_row(logits, &cfg.decoding.params(), u)
+    let penalty = cfg.decoding.repetition_penalty();
+    if penalty == 1.0 || seen.is_empty() {
+        return conrub_kernels::sampling::sample_row(logits, &cfg.decoding.params(), u);
+    }
+    let mut row = logits.to_vec();
+    conrub_kernels::sampling::penalize_row(&mut row, seen, penalty);
+    conrub_kernels::sampling::sample_row(&row, &cfg.decoding.params(), u)
 }
 
 /// The RNG stream of sequence `row` for a call seeded with `seed` (a call's sequence `i` uses
@@ -248,7 +289,7 @@ mod tests {
     fn greedy_picks_argmax_with_model_logprob() {
         let logits = [0.0f32, 2.0, 1.0];
         let cfg = SamplingConfig::greedy(1);
-        let (tok, lp) = sample_token(&logits, &cfg, &mut sequence_rng(0, 0));
+        let (tok, lp) = sample_token(&logits, &[], &cfg, &mut sequence_rng(0, 0));
         assert_eq!(tok, 1);
         let lse = (1.0f64 + 2f64.exp() + 1f64.exp()).ln();
         assert!((lp as f64 - (2.0 - lse)).abs() < 1e-6);
@@ -263,11 +304,12 @@ mod tests {
                 top_p: 1.0,
                 top_k: Some(1),
                 min_p: 0.0,
+                repetition_penalty: 1.0,
             },
             ..Default::default()
         };
         for s in 0..20 {
-            let (tok, lp) = sample_token(&logits, &cfg, &mut sequence_rng(s, 0));
+            let (tok, lp) = sample_token(&logits, &[], &cfg, &mut sequence_rng(s, 0));
             assert_eq!((tok, lp), (2, 0.0));
         }
     }
@@ -282,13 +324,14 @@ mod tests {
                 top_p: 0.8,
                 top_k: None,
                 min_p: 0.0,
+                repetition_penalty: 1.0,
             },
             ..Default::default()
         };
         let mut seen = [0usize; 4];
         let mut rng = sequence_rng(7, 0);
         for _ in 0..4000 {
-            let (tok, lp) = sample_token(&logits, &cfg, &mut rng);
+            let (tok, lp) = sample_token(&logits, &[], &cfg, &mut rng);
             seen[tok as usize] += 1;
             let p = if tok == 0 {
                 1.0 / (1.0 + (-1f64).exp())
@@ -311,6 +354,7 @@ mod tests {
                 top_p: 1.0,
                 top_k: None,
                 min_p: 0.0,
+                repetition_penalty: 1.0,
             },
             ..Default::default()
         };
@@ -318,7 +362,7 @@ mod tests {
         let n = 20000;
         let mut first = 0;
         for _ in 0..n {
-            let (tok, lp) = sample_token(&logits, &cfg, &mut rng);
+            let (tok, lp) = sample_token(&logits, &[], &cfg, &mut rng);
             let p0 = 1.0 / (1.0 + (-2f64).exp());
             let expect = if tok == 0 { p0 } else { 1.0 - p0 };
             assert!((lp as f64 - expect.ln()).abs() < 1e-6);
@@ -336,6 +380,7 @@ mod tests {
                 top_p: 0.0,
                 top_k: None,
                 min_p: 0.0,
+                repetition_penalty: 1.0,
             },
             ..Default::default()
         };
@@ -346,6 +391,7 @@ mod tests {
                 top_p: 1.0,
                 top_k: None,
                 min_p: 0.0,
+                repetition_penalty: 1.0,
             },
             ..Default::default()
         };

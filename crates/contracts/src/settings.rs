@@ -44,6 +44,10 @@ pub struct LearnerConfig {
     /// Rollout min-p: of what top-k and top-p keep, only tokens at least this times as likely
     /// as the most likely one (0: off).
     pub min_p: f64,
+    /// Rollout repetition penalty (1: off): before the rest of the rule, the logit of every id
+    /// a response's prompt or its tokens so far hold is divided by it when positive and
+    /// multiplied by it when negative (Hugging Face's `repetition_penalty`).
+    pub repetition_penalty: f64,
     /// Stop strings: a response ends where its text first contains one (the token completing
     /// it kept, the rest dropped, the judges reading the text before it), on every engine and
     /// backend. The tokenizer's end-of-turn ids stop responses as well.
@@ -201,6 +205,7 @@ impl Default for LearnerConfig {
             top_p: 1.0,
             top_k: None,
             min_p: 0.0,
+            repetition_penalty: 1.0,
             stop: Vec::new(),
             rollout_prompts_per_call: 32,
             lr: 3e-6,
@@ -263,6 +268,12 @@ impl LearnerConfig {
                 ),
             );
         }
+        if self.dynamic_sampling_rounds > 64 {
+            return bad(
+                "dynamic_sampling_rounds",
+                "must be at most 64 (each round rolls out and scores up to a step's groups)",
+            );
+        }
         if !(self.kl_in_reward.is_finite() && self.kl_in_reward >= 0.0) {
             return bad(
                 "kl_in_reward",
@@ -280,6 +291,12 @@ impl LearnerConfig {
         }
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("min_p", "must be in [0, 1] (0 turns it off)");
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad(
+                "repetition_penalty",
+                "must be a finite number > 0 (1 turns it off)",
+            );
         }
         // A partial UTF-8 sequence decodes to U+FFFD until its last byte arrives, so a stop
         // string holding one could match a prefix and vanish from the longer text.
@@ -347,6 +364,7 @@ impl LearnerConfig {
                 top_p: self.top_p,
                 top_k: self.top_k,
                 min_p: self.min_p,
+                repetition_penalty: self.repetition_penalty,
             },
             seed,
             stop_ids: stop_ids.to_vec(),

@@ -65,13 +65,14 @@ const PARAMETER_SHARDED_FORMAT: u32 = 4;
 /// Learner settings a resume must keep (they shape the groups, the advantages, the loss or the
 /// sampling of the run so far); the others (learning rate, clipping norm, micro-batch size, ...)
 /// may change on resume. Listed in configs/README.md.
-pub const KEPT_ON_RESUME: [&str; 20] = [
+pub const KEPT_ON_RESUME: [&str; 21] = [
     "group_size",
     "max_response_tokens",
     "temperature",
     "top_p",
     "top_k",
     "min_p",
+    "repetition_penalty",
     "stop",
     "clip",
     "aggregation",

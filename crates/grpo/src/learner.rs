@@ -156,6 +156,8 @@ pub(crate) struct Refilled {
     pub drawn: usize,
     /// Rollout rounds, the first included.
     pub rounds: usize,
+    /// Responses of this rank's dropped groups left unscored.
+    pub unscored: usize,
 }
 
 /// One rank's share of a step, before the step's metrics are computed.
@@ -642,11 +644,13 @@ where
             LrSchedule::new(&self.cfg, None)?;
         }
         let k = self.cfg.group_size;
+        let t0 = Instant::now();
         let (inner, gather_comm) = self.whole_inner()?;
         // An engine outside the process may not hold the policy's weights yet (a first step, a
         // resume, a warm-up); one that does skips this.
         let mut weight_sync = self.rollout.sync_weights(&inner, self.step)?;
-        let mut times = (0.0, 0.0);
+        // Rollout seconds include the gather and the sync before them.
+        let mut times = (t0.elapsed().as_secs_f64(), 0.0);
         let candidates: Vec<(usize, &T)> = records
             .iter()
             .enumerate()
@@ -825,13 +829,30 @@ where
         };
         let mut kept: Vec<usize> = (0..target).filter(|&g| varied(&scored.scores[g])).collect();
         let (mut drawn, mut rounds) = (0usize, 1usize);
+        // The scored and all responses of the last round on this rank.
+        let tally = |scores: &[GroupScores]| {
+            let all = scores.iter().flat_map(|g| &g.scores);
+            let scored = all.clone().filter(|s| s.is_scored()).count();
+            (scored as f64, all.count() as f64)
+        };
+        let mut last = tally(&scored.scores);
         let counts = loop {
-            // Per rank: [groups still needed, groups kept].
-            let counts =
-                self.gather_counts(vec![(target - kept.len()) as f64, kept.len() as f64])?;
+            // Per rank: [groups still needed, groups kept, last round's scored, responses].
+            let counts = self.gather_counts(vec![
+                (target - kept.len()) as f64,
+                kept.len() as f64,
+                last.0,
+                last.1,
+            ])?;
             let total_need: usize = counts.iter().map(|c| c[0] as usize).sum();
             let spent = rounds > self.cfg.dynamic_sampling_rounds;
-            if total_need == 0 || spent || drawn >= reserve.len() {
+            // A round the judges mostly failed is not redrawn: its groups dropped for want of
+            // scores, not of variance (the scored-share check then counts them).
+            let (round_scored, round_all) = counts
+                .iter()
+                .fold((0.0, 0.0), |(s, a), c| (s + c[2], a + c[3]));
+            let failing = round_all > 0.0 && round_scored / round_all < self.cfg.min_scored_share;
+            if total_need == 0 || spent || failing || drawn >= reserve.len() {
                 break counts;
             }
             let rank = self.rank.as_ref().map_or(0, |s| s.rank);
@@ -845,6 +866,7 @@ where
                     .map(|p| (shard.total + p, reserve[p]))
                     .collect();
                 let more = self.rollout_and_score(inner, extra, times).await?;
+                last = tally(&more.scores);
                 let offset = scored.prompts.len();
                 kept.extend(
                     (0..more.prompts.len())
@@ -855,6 +877,8 @@ where
                 scored.rollout.append(more.rollout);
                 scored.texts.extend(more.texts);
                 scored.scores.extend(more.scores);
+            } else {
+                last = (0.0, 0.0);
             }
             drawn = (drawn + total_need).min(reserve.len());
             rounds += 1;
@@ -873,10 +897,18 @@ where
                 },
             )
         };
+        let mut trained = vec![false; scored.prompts.len()];
+        kept.iter().for_each(|&g| trained[g] = true);
+        let unscored = (0..trained.len())
+            .filter(|&g| !trained[g])
+            .flat_map(|g| &scored.scores[g].scores)
+            .filter(|s| !s.is_scored())
+            .count();
         let refilled = Refilled {
             dropped: scored.prompts.len() - kept.len(),
             drawn,
             rounds,
+            unscored,
         };
         Ok((scored, kept, shard, refilled))
     }
@@ -1735,9 +1767,6 @@ pub(crate) struct GlobalRows {
     pub first: usize,
 }
 
-/// The step's output from the parts of its ranks, in rank order (one part on one device): the
-/// rollouts, scores and outcomes concatenated, the update's numbers (the same on every rank)
-/// from rank 0, the stage times of the slowest rank, and the stragglers' times.
 /// The groups `keep` of `scored`, in that order.
 fn select_scored<'r, T>(scored: Scored<'r, T>, keep: &[usize]) -> Scored<'r, T> {
     let k = scored.rollout.group_size;
@@ -1752,6 +1781,9 @@ fn select_scored<'r, T>(scored: Scored<'r, T>, keep: &[usize]) -> Scored<'r, T> 
     }
 }
 
+/// The step's output from the parts of its ranks, in rank order (one part on one device): the
+/// rollouts, scores and outcomes concatenated, the update's numbers (the same on every rank)
+/// from rank 0, the stage times of the slowest rank, and the stragglers' times.
 pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepParts>) -> StepOutput {
     let max = |f: fn(&StepParts) -> f64| parts.iter().map(f).fold(0.0, f64::max);
     let min = |f: fn(&StepParts) -> f64| parts.iter().map(f).fold(f64::INFINITY, f64::min);
@@ -1791,6 +1823,11 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
             .filter_map(|p| p.dynamic)
             .map(|d| d.dropped)
             .sum(),
+        unscored: parts
+            .iter()
+            .filter_map(|p| p.dynamic)
+            .map(|d| d.unscored)
+            .sum(),
         ..d
     });
     let mut parts = parts.into_iter();
@@ -1828,6 +1865,7 @@ pub(crate) fn step_output(step: u64, k: usize, ranks: usize, parts: Vec<StepPart
         metrics.dynamic_groups_dropped = Some(d.dropped);
         metrics.dynamic_prompts_drawn = Some(d.drawn);
         metrics.dynamic_rounds = Some(d.rounds);
+        metrics.dynamic_unscored = Some(d.unscored);
     }
     (metrics.rollout_secs_rank_max, metrics.rollout_secs_rank_min) = (rollout_max, rollout_min);
     (metrics.update_secs_rank_max, metrics.update_secs_rank_min) = (update_max, update_min);

@@ -115,7 +115,7 @@ pub fn progress_line(m: &StepMetrics, total_steps: u64, secs_per_step: f64) -> S
         m.dynamic_prompts_drawn,
         m.dynamic_rounds,
     ) {
-        (Some(d), Some(x), Some(r)) => format!("  dropped {d}, drew {x} in {r} rounds"),
+        (Some(d), Some(x), Some(r)) => format!("  dropped {d}, drew {x} (rounds {r})"),
         _ => String::new(),
     };
     format!(

@@ -21,8 +21,12 @@ pub fn generate_body(prompt: &[u32], n: usize, sampling: &SamplingConfig) -> Val
             top_p,
             top_k,
             min_p,
+            ..
         } => (temperature, top_p, top_k.map_or(-1, |k| k as i64), min_p),
     };
+    // SGLang's own rule penalizes the ids of the new tokens (not the prompt's, as the in-process
+    // engines and Hugging Face do).
+    let repetition_penalty = sampling.decoding.repetition_penalty();
     json!({
         "input_ids": prompt,
         "sampling_params": {
@@ -32,6 +36,7 @@ pub fn generate_body(prompt: &[u32], n: usize, sampling: &SamplingConfig) -> Val
             "top_p": top_p,
             "top_k": top_k,
             "min_p": min_p,
+            "repetition_penalty": repetition_penalty,
             "stop_token_ids": sampling.stop_ids,
             // The stop token stays in `output_ids`, as the learner's rows keep it.
             "no_stop_trim": true,
@@ -202,6 +207,7 @@ mod tests {
                 top_p: 0.9,
                 top_k: Some(20),
                 min_p: 0.05,
+                repetition_penalty: 1.1,
             },
             seed: 0,
             stop_ids: vec![2],
@@ -272,6 +278,7 @@ mod tests {
             (Some(0.7), Some(0.9))
         );
         assert_eq!(p["min_p"].as_f64(), Some(0.05));
+        assert_eq!(p["repetition_penalty"].as_f64(), Some(1.1f32 as f64));
         assert_eq!(b["return_logprob"], json!(true));
     }
 }

@@ -64,6 +64,7 @@ fn sampling() -> SamplingConfig {
             top_p: 1.0,
             top_k: None,
             min_p: 0.0,
+            repetition_penalty: 1.0,
         },
         seed: 0,
         stop_ids: vec![2],

@@ -14,9 +14,11 @@ use conrub_kernels::GrpoOps;
 use conrub_contracts::SamplingConfig;
 
 /// Tokens `[rows]` and their log-probabilities `[rows]` (f32) drawn from `logits` `[rows, vocab]`
-/// under `cfg`. `uniforms[r]` in `[0, 1)` is row `r`'s draw (unused when greedy).
+/// under `cfg`. `uniforms[r]` in `[0, 1)` is row `r`'s draw (unused when greedy); `seen[r]` the
+/// distinct ids row `r` has seen, penalized first under a repetition penalty (empty otherwise).
 pub fn sample_on_device<B: GrpoOps>(
     logits: Tensor<B, 2>,
+    seen: &[&[u32]],
     cfg: &SamplingConfig,
     uniforms: &[f64],
 ) -> (Tensor<B, 1, Int>, Tensor<B, 1>) {
@@ -24,6 +26,13 @@ pub fn sample_on_device<B: GrpoOps>(
         cfg.decoding.is_greedy() || uniforms.len() == logits.dims()[0],
         "one uniform draw per row"
     );
+    let penalty = cfg.decoding.repetition_penalty();
+    let logits = if penalty != 1.0 {
+        assert_eq!(seen.len(), logits.dims()[0], "one seen set per row");
+        conrub_kernels::sampling::penalize_rows_by_tensors(logits, seen, penalty)
+    } else {
+        logits
+    };
     let (tok, lp) = B::sample_rows(
         logits.into_primitive().tensor(),
         &cfg.decoding.params(),
@@ -43,13 +52,13 @@ mod tests {
     use conrub_contracts::{sample_token, sequence_rng, Decoding};
     use rand::Rng;
 
-    fn on_device(logits: &[f32], cfg: &SamplingConfig, u: f64) -> (u32, f32) {
+    fn on_device(logits: &[f32], seen: &[u32], cfg: &SamplingConfig, u: f64) -> (u32, f32) {
         let v = logits.len();
         let t = Tensor::<Flex, 2>::from_data(
             TensorData::new(logits.to_vec(), [1, v]),
             &Default::default(),
         );
-        let (tok, lp) = sample_on_device(t, cfg, &[u]);
+        let (tok, lp) = sample_on_device(t, &[seen], cfg, &[u]);
         (
             tok.into_data().convert::<i64>().into_vec::<i64>().unwrap()[0] as u32,
             lp.into_data().convert::<f32>().into_vec::<f32>().unwrap()[0],
@@ -72,6 +81,7 @@ mod tests {
                     top_p: 1.0,
                     top_k: None,
                     min_p: 0.0,
+                    repetition_penalty: 1.0,
                 },
                 ..Default::default()
             },
@@ -81,6 +91,7 @@ mod tests {
                     top_p: 1.0,
                     top_k: Some(5),
                     min_p: 0.0,
+                    repetition_penalty: 1.0,
                 },
                 ..Default::default()
             },
@@ -90,6 +101,7 @@ mod tests {
                     top_p: 0.6,
                     top_k: None,
                     min_p: 0.0,
+                    repetition_penalty: 1.0,
                 },
                 ..Default::default()
             },
@@ -99,6 +111,7 @@ mod tests {
                     top_p: 0.9,
                     top_k: Some(12),
                     min_p: 0.0,
+                    repetition_penalty: 1.0,
                 },
                 ..Default::default()
             },
@@ -108,10 +121,48 @@ mod tests {
                     top_p: 1.0,
                     top_k: Some(1),
                     min_p: 0.0,
+                    repetition_penalty: 1.0,
+                },
+                ..Default::default()
+            },
+            SamplingConfig {
+                decoding: Decoding::Sample {
+                    temperature: 1.0,
+                    top_p: 1.0,
+                    top_k: Some(1),
+                    min_p: 0.0,
+                    repetition_penalty: 3.0,
+                },
+                ..Default::default()
+            },
+            SamplingConfig {
+                decoding: Decoding::Sample {
+                    temperature: 0.8,
+                    top_p: 0.9,
+                    top_k: None,
+                    min_p: 0.02,
+                    repetition_penalty: 1.3,
                 },
                 ..Default::default()
             },
         ];
+        // Seen ids: the most likely one (id 27, logit 3.37; next id 4, 3.24), positive and
+        // negative ones: penalty 3 moves the top-1 draw off id 27.
+        let seen = [27u32, 3, 7, 19, 11];
+        let top = |penalty: f64| {
+            let cfg = SamplingConfig {
+                decoding: Decoding::Sample {
+                    temperature: 1.0,
+                    top_p: 1.0,
+                    top_k: Some(1),
+                    min_p: 0.0,
+                    repetition_penalty: penalty,
+                },
+                ..Default::default()
+            };
+            on_device(&logits, &seen, &cfg, 0.5).0
+        };
+        assert_eq!((top(1.0), top(3.0)), (27, 4));
         for cfg in &cfgs {
             for seed in 0..40 {
                 // The host sampler draws exactly one f64 per non-greedy token: replay it.
@@ -121,8 +172,8 @@ mod tests {
                 } else {
                     sequence_rng(seed, 0).random::<f64>()
                 };
-                let (ht, hl) = sample_token(&logits, cfg, &mut rng);
-                let (dt, dl) = on_device(&logits, cfg, u);
+                let (ht, hl) = sample_token(&logits, &seen, cfg, &mut rng);
+                let (dt, dl) = on_device(&logits, &seen, cfg, u);
                 assert_eq!(ht, dt, "{cfg:?} seed {seed}");
                 assert!((hl - dl).abs() < 1e-4, "{cfg:?} seed {seed}: {hl} vs {dl}");
             }
@@ -139,6 +190,7 @@ mod tests {
                 top_p: 0.8,
                 top_k: None,
                 min_p: 0.0,
+                repetition_penalty: 1.0,
             },
             ..Default::default()
         };
@@ -146,8 +198,8 @@ mod tests {
             TensorData::new([a.clone(), b].concat(), [2, 40]),
             &Default::default(),
         );
-        let (tok, _) = sample_on_device(both, &cfg, &[0.3, 0.9]);
+        let (tok, _) = sample_on_device(both, &[&[], &[]], &cfg, &[0.3, 0.9]);
         let toks = tok.into_data().convert::<i64>().into_vec::<i64>().unwrap();
-        assert_eq!(toks[0] as u32, on_device(&a, &cfg, 0.3).0);
+        assert_eq!(toks[0] as u32, on_device(&a, &[], &cfg, 0.3).0);
     }
 }

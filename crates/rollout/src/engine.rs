@@ -29,6 +29,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
+use conrub_kernels::sampling::SeenIds;
 use conrub_kernels::GrpoOps;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -114,6 +115,8 @@ struct Seq {
     /// Keys and values of every layer moved to the host while it is preempted.
     swapped: Option<Vec<(TensorData, TensorData)>>,
     rng: ChaCha8Rng,
+    /// The ids it has seen (prompt and new tokens), kept only under a repetition penalty.
+    seen: SeenIds,
 }
 
 /// A prompt's prefilled blocks, kept while sequences of it still wait to be admitted.
@@ -175,6 +178,11 @@ pub fn rollout<B: GrpoOps, M: PagedModel<B>>(
             started: false,
             swapped: None,
             rng: sequence_rng(cfg.seed, cfg.first_stream + i as u64),
+            seen: if cfg.decoding.repetition_penalty() != 1.0 {
+                SeenIds::new(p)
+            } else {
+                SeenIds::default()
+            },
         });
     }
     let bs = engine.block_size;
@@ -444,7 +452,8 @@ impl<B: GrpoOps, M: PagedModel<B>> Engine<'_, B, M> {
                 .map(|&id| self.seqs[id].rng.random::<f64>())
                 .collect()
         };
-        let (tok, lp) = sample_on_device(logits, self.cfg, &uniforms);
+        let seen: Vec<&[u32]> = ids.iter().map(|&id| self.seqs[id].seen.ids()).collect();
+        let (tok, lp) = sample_on_device(logits, &seen, self.cfg, &uniforms);
         let n = ids.len();
         // One read of both: ids as f32 would lose precision above 2^24, so two reads.
         let toks: Vec<i64> = tok
@@ -462,7 +471,12 @@ impl<B: GrpoOps, M: PagedModel<B>> Engine<'_, B, M> {
         Ok(ids
             .iter()
             .zip(toks.iter().zip(&lps))
-            .map(|(&id, (&t, &l))| self.out[id].push(t as u32, l, self.cfg))
+            .map(|(&id, (&t, &l))| {
+                if self.cfg.decoding.repetition_penalty() != 1.0 {
+                    self.seqs[id].seen.insert(t as u32);
+                }
+                self.out[id].push(t as u32, l, self.cfg)
+            })
             .collect())
     }
 

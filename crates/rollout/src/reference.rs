@@ -3,6 +3,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
+use conrub_kernels::sampling::SeenIds;
 use conrub_kernels::GrpoOps;
 use rand_chacha::ChaCha8Rng;
 
@@ -45,6 +46,17 @@ pub fn generate_static<B: GrpoOps, M: PagedModel<B>>(
     let mut rngs: Vec<ChaCha8Rng> = (0..prompts.len())
         .map(|i| sequence_rng(cfg.seed, cfg.first_stream + i as u64))
         .collect();
+    let penalized = cfg.decoding.repetition_penalty() != 1.0;
+    let mut seen: Vec<SeenIds> = prompts
+        .iter()
+        .map(|p| {
+            if penalized {
+                SeenIds::new(p)
+            } else {
+                SeenIds::default()
+            }
+        })
+        .collect();
     let padded = PaddedBatch::new(prompts, 0, Padding::Left);
     let bs = DEFAULT_BLOCK_SIZE;
     // Row r owns blocks r * per_row .. (r + 1) * per_row: its slot of position p is fixed.
@@ -83,7 +95,11 @@ pub fn generate_static<B: GrpoOps, M: PagedModel<B>>(
         let mut next = Vec::with_capacity(active.len());
         let mut still = Vec::with_capacity(active.len());
         for (row, &seq) in active.iter().enumerate() {
-            let (tok, lp) = sample_token(&host[row * v..(row + 1) * v], cfg, &mut rngs[seq]);
+            let row_logits = &host[row * v..(row + 1) * v];
+            let (tok, lp) = sample_token(row_logits, seen[seq].ids(), cfg, &mut rngs[seq]);
+            if penalized {
+                seen[seq].insert(tok);
+            }
             if out[seq].push(tok, lp, cfg) {
                 still.push(seq);
                 next.push(tok as i64);

@@ -150,6 +150,7 @@ fn seeded_sampling_is_independent_of_batch_schedule_and_budget() {
                     top_p: 0.9,
                     top_k: Some(40),
                     min_p: 0.0,
+                    repetition_penalty: 1.2,
                 },
                 max_new_tokens: 24,
                 seed: 12,
