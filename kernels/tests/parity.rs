@@ -438,10 +438,10 @@ pub fn sampling_matches_host_rule<B: GrpoOps>(device: &B::Device, vocab: usize) 
 }
 
 /// The repetition penalty where the logits are (`penalize_rows_by_tensors`: one gather and one
-/// scatter of the seen `(row, id)` pairs) against the host rule, bit for bit, on a strided
+/// scatter of the seen `(row, id)` pairs) against the host rule, to `ulps`, on a strided
 /// `[rows, vocab]` view: rows that saw nothing, one id, the row's top id, `-inf` ids, ids at
 /// both ends of the vocabulary and a long history.
-pub fn penalty_matches_host_rule<B: Backend>(device: &B::Device, vocab: usize) {
+pub fn penalty_matches_host_rule<B: Backend>(device: &B::Device, vocab: usize, ulps: i64) {
     use conrub_kernels::sampling::{penalize_row, penalize_rows_by_tensors};
     let rows = 4;
     let mut rng = ChaCha8Rng::seed_from_u64(5 + vocab as u64);
@@ -478,10 +478,12 @@ pub fn penalty_matches_host_rule<B: Backend>(device: &B::Device, vocab: usize) {
             let mut want = row.clone();
             penalize_row(&mut want, &seen[r], penalty);
             let got = &got[r * vocab..(r + 1) * vocab];
+            // Within `ulps` units in the last place: 0 on the CPU; Vulkan lets a GPU's f32
+            // division be off by up to 2.5.
             let same = got
                 .iter()
                 .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
+                .all(|(a, b)| (a.to_bits() as i64 - b.to_bits() as i64).abs() <= ulps);
             assert!(
                 same,
                 "penalty {penalty} row {r}: differs from the host rule"
@@ -585,7 +587,7 @@ mod flex {
     #[test]
     fn sampling_on_flex() {
         super::sampling_matches_host_rule::<Flex>(&Default::default(), super::VOCAB);
-        super::penalty_matches_host_rule::<Flex>(&Default::default(), super::VOCAB);
+        super::penalty_matches_host_rule::<Flex>(&Default::default(), super::VOCAB, 0);
     }
 
     #[test]
@@ -685,7 +687,7 @@ mod wgpu {
             super::sampling_matches_host_rule::<Wgpu>(&device, vocab);
         }
         // The repetition penalty's gather and scatter on the CubeCL backend.
-        super::penalty_matches_host_rule::<Wgpu>(&device, super::VOCAB);
+        super::penalty_matches_host_rule::<Wgpu>(&device, super::VOCAB, 3);
         println!(
             "wgpu kernels: every check passed on `{}`",
             <Wgpu as Backend>::name(&device)

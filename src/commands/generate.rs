@@ -42,8 +42,8 @@ pub struct GenerateArgs {
     /// Top-k (default: generation_config.json, else off).
     #[arg(long)]
     pub top_k: Option<usize>,
-    /// Repetition penalty on the ids of the prompt and of the tokens so far (default:
-    /// generation_config.json, else 1.0, off).
+    /// Repetition penalty on the ids of the prompt and of the tokens so far when sampling
+    /// (default: generation_config.json, else 1.0, off); refused with --greedy.
     #[arg(long)]
     pub repetition_penalty: Option<f64>,
     /// Random seed.
@@ -105,6 +105,9 @@ impl BackendTask for GenerateArgs {
                 (None, None) => bail!("one of --prompt, --messages or --ids is required"),
             }
         };
+        if self.greedy && self.repetition_penalty.is_some_and(|p| p != 1.0) {
+            bail!("--repetition-penalty applies when sampling: --greedy decoding takes none");
+        }
         let defaults = qwen.generation_config.clone().unwrap_or_default();
         let mut stop_ids = qwen.stop_ids();
         if let Some(extra) = &self.stop_ids {

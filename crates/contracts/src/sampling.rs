@@ -80,7 +80,9 @@ impl Decoding {
         else {
             return Ok(());
         };
-        if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
+        // The rule computes in f32: a value that rounds to 0 or infinity there is refused too.
+        let as_f32 = repetition_penalty as f32;
+        if !(as_f32 > 0.0 && as_f32.is_finite()) {
             return Err(ContractError::arg(
                 "repetition_penalty",
                 format!("{repetition_penalty} must be a finite number > 0 (1 turns it off)"),

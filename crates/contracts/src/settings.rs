@@ -292,7 +292,8 @@ impl LearnerConfig {
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("min_p", "must be in [0, 1] (0 turns it off)");
         }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+        let penalty = self.repetition_penalty as f32;
+        if !(penalty > 0.0 && penalty.is_finite()) {
             return bad(
                 "repetition_penalty",
                 "must be a finite number > 0 (1 turns it off)",

@@ -829,25 +829,26 @@ where
         };
         let mut kept: Vec<usize> = (0..target).filter(|&g| varied(&scored.scores[g])).collect();
         let (mut drawn, mut rounds) = (0usize, 1usize);
-        // The scored and all responses of the last round on this rank.
+        // The scored and all responses this rank drew so far.
         let tally = |scores: &[GroupScores]| {
             let all = scores.iter().flat_map(|g| &g.scores);
             let scored = all.clone().filter(|s| s.is_scored()).count();
             (scored as f64, all.count() as f64)
         };
-        let mut last = tally(&scored.scores);
+        let mut drawn_scores = tally(&scored.scores);
         let counts = loop {
-            // Per rank: [groups still needed, groups kept, last round's scored, responses].
+            // Per rank: [groups still needed, groups kept, scored responses, responses].
             let counts = self.gather_counts(vec![
                 (target - kept.len()) as f64,
                 kept.len() as f64,
-                last.0,
-                last.1,
+                drawn_scores.0,
+                drawn_scores.1,
             ])?;
             let total_need: usize = counts.iter().map(|c| c[0] as usize).sum();
             let spent = rounds > self.cfg.dynamic_sampling_rounds;
-            // A round the judges mostly failed is not redrawn: its groups dropped for want of
-            // scores, not of variance (the scored-share check then counts them).
+            // When the judges failed on too many of the responses drawn so far, the step is not
+            // refilled: its groups dropped for want of scores, not of variance (the scored-share
+            // check then counts them).
             let (round_scored, round_all) = counts
                 .iter()
                 .fold((0.0, 0.0), |(s, a), c| (s + c[2], a + c[3]));
@@ -866,7 +867,8 @@ where
                     .map(|p| (shard.total + p, reserve[p]))
                     .collect();
                 let more = self.rollout_and_score(inner, extra, times).await?;
-                last = tally(&more.scores);
+                let round = tally(&more.scores);
+                drawn_scores = (drawn_scores.0 + round.0, drawn_scores.1 + round.1);
                 let offset = scored.prompts.len();
                 kept.extend(
                     (0..more.prompts.len())
@@ -877,8 +879,6 @@ where
                 scored.rollout.append(more.rollout);
                 scored.texts.extend(more.texts);
                 scored.scores.extend(more.scores);
-            } else {
-                last = (0.0, 0.0);
             }
             drawn = (drawn + total_need).min(reserve.len());
             rounds += 1;

@@ -24,8 +24,8 @@ pub fn generate_body(prompt: &[u32], n: usize, sampling: &SamplingConfig) -> Val
             ..
         } => (temperature, top_p, top_k.map_or(-1, |k| k as i64), min_p),
     };
-    // SGLang's own rule penalizes the ids of the new tokens (not the prompt's, as the in-process
-    // engines and Hugging Face do).
+    // SGLang's own rule (its penalizers since the 0.4 series) penalizes the ids of the new
+    // tokens, not the prompt's as the in-process engines and Hugging Face do.
     let repetition_penalty = sampling.decoding.repetition_penalty();
     json!({
         "input_ids": prompt,
