@@ -25,7 +25,10 @@
 # textbook graph on the CPU (out, dq, dk, dv; GQA 16/8, head_dim 128, 300 queries, padded keys; f32
 # and bf16; then the tensor-core kernels in bf16 and f16 at the same shape and at 8,192 keys,
 # GQA 4/2; a pass there is what lets `attention_kernels = "auto"` pick them, see
-# conrub_kernels::TENSOR_CORE_KERNELS_VALIDATED), parity and timing of the paged decode attention kernel against its gather fallback
+# conrub_kernels::TENSOR_CORE_KERNELS_VALIDATED), the sampling kernel against the host rule in
+# every checked mode at the full vocabulary (min-p included) and the repetition penalty's
+# gather and scatter against the host rule (conrub_kernels::sampling_check, as the lavapipe tests
+# run it), parity and timing of the paged decode attention kernel against its gather fallback
 # (Qwen3-4B heads 32/8 x 128, 64 rows of up to 2,048 keys in an interleaved pool; f32 and bf16),
 # then fused vs naive timings of token_logprobs (4,096 x 151,936 x 1,024), of the
 # clipped surrogate (64 x 8,192) and of a Qwen3-0.6B-shaped forward/backward step (4 x 1,024

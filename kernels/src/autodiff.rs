@@ -1,5 +1,6 @@
 //! The op families under `Autodiff<B>`: the forward runs on `B` (kernels where `B` has them) and a
-//! hand-written backward is registered; only `logprobs` and the surrogate loss carry gradients.
+//! hand-written backward is registered; only `logprobs` (and with them, when asked, their
+//! entropies) and the surrogate loss carry gradients.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -82,6 +83,56 @@ impl<B: LossOps> Backward<B, 2> for TokenLogprobsBackward {
     }
 }
 
+/// The backward of [`LossOps::token_logprobs_with_entropy`]: its one tracked output is the
+/// log-probabilities and the entropies packed `[2 x tokens]`, so the gradient arrives packed too.
+#[derive(Debug)]
+struct TokenLogprobsEntropyBackward;
+
+impl<B: LossOps> Backward<B, 2> for TokenLogprobsEntropyBackward {
+    /// Checkpointed hidden states and head, targets, log-sum-exp and entropy per token, chunk
+    /// size.
+    type State = (
+        NodeId,
+        NodeId,
+        IntTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        usize,
+    );
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_h, node_w] = ops.parents;
+        let packed: burn::tensor::Tensor<B, 1> = float(grads.consume::<B>(&ops.node));
+        let n = packed.dims()[0] / 2;
+        let g_lp = packed.clone().slice(0..n).into_primitive().tensor();
+        let g_ent = packed.slice(n..2 * n).into_primitive().tensor();
+        let (h_id, w_id, targets, lse, entropy, chunk) = ops.state;
+        let hidden: FloatTensor<B> = checkpointer.retrieve_node_output(h_id);
+        let weight: FloatTensor<B> = checkpointer.retrieve_node_output(w_id);
+        let (gh, gw) = B::token_logprobs_entropy_backward(
+            hidden,
+            weight,
+            targets,
+            lse,
+            entropy,
+            (g_lp, g_ent),
+            chunk,
+            (node_h.is_some(), node_w.is_some()),
+        );
+        if let (Some(node), Some(g)) = (node_h, gh) {
+            grads.register::<B>(node.id, g);
+        }
+        if let (Some(node), Some(g)) = (node_w, gw) {
+            grads.register::<B>(node.id, g);
+        }
+    }
+}
+
 #[derive(Debug)]
 struct SurrogateBackward;
 
@@ -146,6 +197,43 @@ impl<B: LossOps, C: CheckpointStrategy> LossOps for Autodiff<B, C> {
             }
             OpsKind::UnTracked(prep) => [prep.finish(lp), untracked(ent), untracked(lse)],
         }
+    }
+
+    fn token_logprobs_with_entropy(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_tokens: usize,
+    ) -> [FloatTensor<Self>; 3] {
+        let [lp, ent, lse] = B::token_logprobs(
+            hidden.primitive.clone(),
+            weight.primitive.clone(),
+            targets.clone(),
+            chunk_tokens,
+        );
+        let n = float::<B, 1>(lp.clone()).dims()[0];
+        let packed = burn::tensor::Tensor::<B, 1>::cat(vec![float(lp), float(ent.clone())], 0)
+            .into_primitive()
+            .tensor();
+        let untracked = |t: FloatTensor<B>| <Autodiff<B, C> as AutodiffBackend>::from_inner(t);
+        let packed = match TokenLogprobsEntropyBackward
+            .prepare::<C>([hidden.node.clone(), weight.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let h = prep.checkpoint(&hidden);
+                let w = prep.checkpoint(&weight);
+                prep.finish((h, w, targets, lse.clone(), ent, chunk_tokens), packed)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(packed),
+        };
+        let packed: burn::tensor::Tensor<Self, 1> = float(packed);
+        [
+            packed.clone().slice(0..n).into_primitive().tensor(),
+            packed.slice(n..2 * n).into_primitive().tensor(),
+            untracked(lse),
+        ]
     }
 
     fn clipped_surrogate(

@@ -148,6 +148,58 @@ pub fn token_logprobs<B: LossOps>(
     outs.map(|v| prim(Tensor::cat(v, 0)))
 }
 
+/// `-grad_entropy[r] * p_rj * (log p_rj + H_r)`, the gradient of `sum_r grad_entropy[r] * H_r`
+/// with respect to the logits (`log p = logits - lse`; each row sums to 0).
+pub fn entropy_logits_grad<B: Backend>(
+    logits: FloatTensor<B>,
+    lse: FloatTensor<B>,
+    entropy: FloatTensor<B>,
+    grad_entropy: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let x: Tensor<B, 2> = float(logits);
+    let [rows, _] = x.dims();
+    let col = |t: FloatTensor<B>| float::<B, 1>(t).reshape([rows, 1]);
+    let logp = x - col(lse);
+    let p = logp.clone().exp();
+    let ge = col(grad_entropy);
+    prim(p * (logp + col(entropy)) * ge.neg())
+}
+
+/// The chunked backward of the log-probabilities and their entropies: per chunk, the logits are
+/// recomputed and turned into the log-prob gradient (the backend's hook) plus the entropy's
+/// ([`entropy_logits_grad`]), then multiplied back into the hidden-state and head gradients.
+#[allow(clippy::too_many_arguments)]
+pub fn token_logprobs_entropy_backward<B: LossOps>(
+    hidden: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    targets: IntTensor<B>,
+    lse: FloatTensor<B>,
+    entropy: FloatTensor<B>,
+    grads: (FloatTensor<B>, FloatTensor<B>),
+    chunk_tokens: usize,
+    want: (bool, bool),
+) -> (Option<FloatTensor<B>>, Option<FloatTensor<B>>) {
+    let ent: Tensor<B, 1> = float(entropy);
+    let ge: Tensor<B, 1> = float(grads.1);
+    chunked_backward::<B>(
+        hidden,
+        weight,
+        targets,
+        lse,
+        grads.0,
+        chunk_tokens,
+        want,
+        Some(&|(s, e), logits, lse| {
+            entropy_logits_grad::<B>(
+                logits,
+                lse,
+                prim(ent.clone().slice(s..e)),
+                prim(ge.clone().slice(s..e).cast(DType::F32)),
+            )
+        }),
+    )
+}
+
 /// The chunked backward: per chunk, logits are recomputed, turned into their gradient, and
 /// multiplied back into the hidden-state and head gradients.
 pub fn token_logprobs_backward<B: LossOps>(
@@ -158,6 +210,27 @@ pub fn token_logprobs_backward<B: LossOps>(
     grad: FloatTensor<B>,
     chunk_tokens: usize,
     want: (bool, bool),
+) -> (Option<FloatTensor<B>>, Option<FloatTensor<B>>) {
+    chunked_backward::<B>(hidden, weight, targets, lse, grad, chunk_tokens, want, None)
+}
+
+/// A term added to a chunk's logit gradient: from the chunk's token range, its f32 logits and
+/// their log-sum-exp.
+type ExtraGrad<'a, B> =
+    &'a dyn Fn((usize, usize), FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>;
+
+/// The chunked driver of both backwards; `extra` (the entropy's gradient) adds a term to each
+/// chunk's logit gradient.
+#[allow(clippy::too_many_arguments)]
+fn chunked_backward<B: LossOps>(
+    hidden: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    targets: IntTensor<B>,
+    lse: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    chunk_tokens: usize,
+    want: (bool, bool),
+    extra: Option<ExtraGrad<'_, B>>,
 ) -> (Option<FloatTensor<B>>, Option<FloatTensor<B>>) {
     let h: Tensor<B, 2> = float(hidden);
     let w: Tensor<B, 2> = float(weight.clone());
@@ -170,12 +243,19 @@ pub fn token_logprobs_backward<B: LossOps>(
     for (s, e) in chunks(n, chunk_tokens) {
         let hc = h.clone().slice(s..e);
         let logits = to_f32::<B>(B::chunk_logits(prim(hc.clone()), weight.clone()));
-        let gl: Tensor<B, 2> = float(B::logits_grad(
+        let lse_chunk = prim(lse.clone().slice(s..e));
+        // The logits stay the hook's own (a kernel may write its gradient over them) unless the
+        // extra term reads them too.
+        let kept = extra.map(|_| logits.clone());
+        let mut gl: Tensor<B, 2> = float(B::logits_grad(
             logits,
             t.clone().slice(s..e).into_primitive(),
-            prim(lse.clone().slice(s..e)),
+            lse_chunk.clone(),
             prim(g.clone().slice(s..e).cast(DType::F32)),
         ));
+        if let (Some(extra), Some(logits)) = (extra, kept) {
+            gl = gl + float::<B, 2>(extra((s, e), logits, lse_chunk));
+        }
         // Back to the compute dtype for the two products (a no-op in f32).
         let gl = if gl.dtype() == hc.dtype() {
             gl

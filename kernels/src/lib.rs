@@ -59,6 +59,7 @@ pub mod paged_attention;
 pub mod reference;
 pub mod sampling;
 pub mod sampling_bench;
+pub mod sampling_check;
 #[cfg(feature = "wgpu")]
 mod wgpu_probe;
 #[cfg(feature = "wgpu")]
@@ -197,6 +198,44 @@ pub trait LossOps: Backend {
             targets,
             lse,
             grad,
+            chunk_tokens,
+            want,
+        )
+    }
+
+    /// [`Self::token_logprobs`] whose entropy is differentiable too under autodiff (an entropy
+    /// bonus in the loss); elsewhere the same.
+    fn token_logprobs_with_entropy(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_tokens: usize,
+    ) -> [FloatTensor<Self>; 3] {
+        Self::token_logprobs(hidden, weight, targets, chunk_tokens)
+    }
+
+    /// Chunked backward of `sum_t grad[t] * log p(target_t) + grad_entropy[t] * H_t` (`entropy`
+    /// the forward's `H` per token): `(d hidden, d weight)`. The portable driver
+    /// ([`fallback::token_logprobs_entropy_backward`]) with this backend's logits and log-prob
+    /// gradient hooks, the entropy's part as tensor ops.
+    #[allow(clippy::too_many_arguments)]
+    fn token_logprobs_entropy_backward(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        entropy: FloatTensor<Self>,
+        grads: (FloatTensor<Self>, FloatTensor<Self>),
+        chunk_tokens: usize,
+        want: (bool, bool),
+    ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
+        fallback::token_logprobs_entropy_backward::<Self>(
+            hidden,
+            weight,
+            targets,
+            lse,
+            entropy,
+            grads,
             chunk_tokens,
             want,
         )
@@ -357,7 +396,8 @@ impl<B: LossOps + AttentionOps + DecodeOps> GrpoOps for B {}
 pub struct TokenLogprobs<B: Backend> {
     /// `log p(target)` per token `[tokens]` (differentiable under autodiff).
     pub logprobs: Tensor<B, 1>,
-    /// Entropy of the next-token distribution per token `[tokens]` (telemetry; not differentiable).
+    /// Entropy of the next-token distribution per token `[tokens]` (telemetry, not
+    /// differentiable; differentiable from [`token_logprobs_with_entropy`]).
     pub entropy: Tensor<B, 1>,
 }
 
@@ -386,6 +426,28 @@ pub fn token_logprobs<B: LossOps>(
     chunk_tokens: usize,
 ) -> TokenLogprobs<B> {
     let [lp, ent, _lse] = B::token_logprobs(
+        hidden.into_primitive().tensor(),
+        weight.into_primitive().tensor(),
+        targets.into_primitive(),
+        chunk_tokens.max(1),
+    );
+    TokenLogprobs {
+        logprobs: float(lp),
+        entropy: float(ent),
+    }
+}
+
+/// [`token_logprobs`] whose entropy is differentiable as well (`d H / d logits_j =
+/// -p_j (log p_j + H)`): for an entropy bonus in the loss. Its backward runs the portable chunked
+/// driver (the backend's logits and log-prob gradient hooks, the entropy's part as tensor ops)
+/// instead of the CPU backends' fused host head.
+pub fn token_logprobs_with_entropy<B: LossOps>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    chunk_tokens: usize,
+) -> TokenLogprobs<B> {
+    let [lp, ent, _lse] = B::token_logprobs_with_entropy(
         hidden.into_primitive().tensor(),
         weight.into_primitive().tensor(),
         targets.into_primitive(),

@@ -211,6 +211,113 @@ pub fn token_logprobs_matches_autodiff<B: GrpoOps>(
     );
 }
 
+/// `token_logprobs_with_entropy` under autodiff: the loss `sum_t g_t log p(target_t) + e_t H_t`
+/// differentiated through the fused op against f64 on the host (`d logits_j = g (1[j = target] -
+/// p_j) - e p_j (log p_j + H)`, then through the head product), within `grad_tol`; the textbook
+/// graph's distance printed beside (its f32 entropy is not precise enough to judge by). The
+/// forward's values are those of `token_logprobs`, bit for bit.
+pub fn entropy_gradient_matches_f64<B: GrpoOps>(
+    device: &B::Device,
+    vocab: usize,
+    tokens: usize,
+    hidden: usize,
+    chunk: usize,
+    grad_tol: f64,
+) {
+    use conrub_kernels::token_logprobs_with_entropy;
+    type A<B> = Autodiff<B>;
+    let mut rng = ChaCha8Rng::seed_from_u64(31 + tokens as u64);
+    let h0 = random::<B, 2>(&mut rng, [tokens, hidden], 0.0, 1.0, device);
+    let w0 = random::<B, 2>(&mut rng, [vocab, hidden], 0.0, 0.5, device);
+    let t: Vec<i64> = (0..tokens)
+        .map(|_| rng.random_range(0..vocab as i64))
+        .collect();
+    let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(t, [tokens]), device);
+    let g = random::<B, 1>(&mut rng, [tokens], 0.0, 1.0, device);
+    let e = random::<B, 1>(&mut rng, [tokens], 0.0, 1.0, device);
+    let run = |fused: bool| {
+        let h = Tensor::<A<B>, 2>::from_inner(h0.clone()).require_grad();
+        let w = Tensor::<A<B>, 2>::from_inner(w0.clone()).require_grad();
+        let tt = Tensor::<A<B>, 1, Int>::from_inner(targets.clone());
+        let (lp, ent) = if fused {
+            poison::<B>(
+                &[tokens * 2, tokens * 3, chunk * vocab, vocab * hidden],
+                device,
+            );
+            let out = token_logprobs_with_entropy(h.clone(), w.clone(), tt, chunk);
+            (out.logprobs, out.entropy)
+        } else {
+            (
+                naive_token_logprobs(h.clone(), w.clone(), tt),
+                naive_entropy(h.clone(), w.clone()),
+            )
+        };
+        let loss = (lp.clone() * Tensor::from_inner(g.clone())).sum()
+            + (ent.clone() * Tensor::from_inner(e.clone())).sum();
+        let grads = loss.backward();
+        (
+            host(lp.inner()),
+            host(ent.inner()),
+            host(h.grad(&grads).unwrap()),
+            host(w.grad(&grads).unwrap()),
+        )
+    };
+    let (lp, ent, gh, gw) = run(true);
+    let (_, _, gh_ref, gw_ref) = run(false);
+    let plain = token_logprobs(h0.clone(), w0.clone(), targets.clone(), chunk);
+    assert_eq!(
+        lp,
+        host(plain.logprobs),
+        "log-probabilities differ from token_logprobs"
+    );
+    assert_eq!(
+        ent,
+        host(plain.entropy),
+        "entropies differ from token_logprobs"
+    );
+    let (hh, wh) = (host(h0), host(w0));
+    let (tv, gv, ev): (Vec<i64>, Vec<f32>, Vec<f32>) = (
+        targets.into_data().convert::<i64>().into_vec().unwrap(),
+        host(g),
+        host(e),
+    );
+    let mut gh64 = vec![0f64; tokens * hidden];
+    let mut gw64 = vec![0f64; vocab * hidden];
+    for t in 0..tokens {
+        let row: Vec<f64> = (0..vocab)
+            .map(|v| {
+                (0..hidden)
+                    .map(|k| hh[t * hidden + k] as f64 * wh[v * hidden + k] as f64)
+                    .sum::<f64>()
+            })
+            .collect();
+        let m = row.iter().fold(f64::MIN, |m, x| m.max(*x));
+        let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+        let entropy: f64 = row.iter().map(|x| -(x - lse).exp() * (x - lse)).sum();
+        for v in 0..vocab {
+            let logp = row[v] - lse;
+            let p = logp.exp();
+            let onehot = (v as i64 == tv[t]) as u8 as f64;
+            let d = gv[t] as f64 * (onehot - p) - ev[t] as f64 * p * (logp + entropy);
+            for k in 0..hidden {
+                gh64[t * hidden + k] += d * wh[v * hidden + k] as f64;
+                gw64[v * hidden + k] += d * hh[t * hidden + k] as f64;
+            }
+        }
+    }
+    let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+    for (what, got, textbook, truth) in [
+        ("d hidden", &gh, &gh_ref, f32s(gh64)),
+        ("d head weight", &gw, &gw_ref, f32s(gw64)),
+    ] {
+        let (ef, et) = (rel_err(got, &truth), rel_err(textbook, &truth));
+        println!(
+            "  with entropy, {what}: fused vs f64 {ef:.2e} (textbook autodiff vs f64 {et:.2e})"
+        );
+        assert!(ef <= grad_tol, "{what}: {ef:.3e} > {grad_tol:.0e}");
+    }
+}
+
 /// The backend's row hooks against the fallback on the same backend, on a strided (transposed)
 /// logits view.
 pub fn row_hooks_match_fallback<B: GrpoOps>(device: &B::Device, vocab: usize, rows: usize) {
@@ -275,221 +382,25 @@ pub fn row_hooks_match_fallback<B: GrpoOps>(device: &B::Device, vocab: usize, ro
     assert_close("logit gradients", &host(a), &host(b));
 }
 
-/// Whether `tok` is the host rule's draw for `u` up to f32 rounding of the cumulative sums:
-/// `u x total` falls inside `tok`'s interval of the f64 cumulative distribution widened by
-/// `1e-5 x total` (the kernel adds 151,936 f32 weights in chunks; the host adds f64 in order).
-fn draw_within_rounding(row: &[f32], inv_t: f64, u: f64, tok: usize) -> bool {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let w: Vec<f64> = row
-        .iter()
-        .map(|&x| ((x as f64 - max) * inv_t).exp())
-        .collect();
-    let total: f64 = w.iter().sum();
-    let before: f64 = w[..tok].iter().sum();
-    let target = u * total;
-    let slack = 1e-5 * total;
-    before - slack <= target && target < before + w[tok] + slack
-}
-
-/// Whether `tok` is the restricted (top-k / top-p) draw `u` of `row` up to f32 rounding: the
-/// host rule's kept prefix (descending logit, ties by id) in f64, widened by one id where the
-/// top-p share is within 1e-5 of its threshold, must hold `tok`, and the weight before `tok` in
-/// that order must bracket `u x kept` within 1e-5 of the kept weight.
-fn restricted_draw_within_rounding(
-    row: &[f32],
-    params: &conrub_kernels::sampling::SampleParams,
-    u: f64,
-    tok: usize,
-) -> bool {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let inv_t = 1.0 / params.temperature;
-    let mut idx: Vec<usize> = (0..row.len()).collect();
-    idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-    idx.truncate(params.top_k.unwrap_or(row.len()).min(row.len()));
-    let w: Vec<f64> = idx
-        .iter()
-        .map(|&i| ((row[i] as f64 - max) * inv_t).exp())
-        .collect();
-    let total: f64 = w.iter().sum();
-    let mut keep = w.len();
-    if params.top_p < 1.0 {
-        let mut acc = 0.0;
-        for (n, x) in w.iter().enumerate() {
-            acc += x / total;
-            if acc >= params.top_p - 1e-5 {
-                keep = (n + 2).min(w.len());
-                break;
-            }
-        }
-    }
-    // Min-p's boundary within f32 rounding of the threshold: any count from `lo` to `hi`
-    // (top-p's already widened by one).
-    let (mut lo, mut hi) = (keep.saturating_sub(1).max(1), keep);
-    if params.min_p > 0.0 {
-        let count = |m: f64| w.iter().take_while(|&&x| x >= m).count().max(1);
-        let strict = count(params.min_p * (1.0 + 1e-5));
-        let loose = count(params.min_p * (1.0 - 1e-5));
-        hi = hi.min(loose);
-        lo = lo.min(strict).min(hi);
-    }
-    let keep = hi;
-    let Some(pos) = idx[..keep].iter().position(|&i| i == tok) else {
-        return false;
-    };
-    // Both ends of the widened prefix as the kept weight.
-    let lo_total: f64 = w[..lo].iter().sum();
-    let hi_total: f64 = w[..keep].iter().sum();
-    let before: f64 = w[..pos].iter().sum();
-    [lo_total, hi_total].iter().any(|&kept| {
-        let slack = 1e-5 * kept;
-        let target = u * kept;
-        before - slack <= target && target < before + w[pos] + slack
-    })
-}
-
-/// `DecodeOps::sample_rows` against the host rule ([`conrub_kernels::sampling::sample_row`]) at
-/// `vocab`, on a strided (transposed) view: greedy takes the host's token with its
-/// log-probability; a draw from the whole distribution (temperature 1 and 0.7) takes the host's
-/// token wherever the host's f64 sums are not within f32 rounding of a token boundary, and a
-/// token whose interval holds the draw up to that rounding everywhere; log-probabilities within
-/// 1e-4 of the f64 value of the token drawn. Rows: wide and peaked logits, a row with masked
-/// (-inf) ids at both ends, draws near 0 and near 1.
+/// `DecodeOps::sample_rows` against the host rule at `vocab`, every checked mode
+/// ([`conrub_kernels::sampling_check::check_sample_rows`]: a strided view; wide, peaked and
+/// masked rows; draws near 0 and 1).
 pub fn sampling_matches_host_rule<B: GrpoOps>(device: &B::Device, vocab: usize) {
-    use conrub_kernels::sampling::{sample_row, SampleParams};
-    let rows = 6;
-    let mut rng = ChaCha8Rng::seed_from_u64(11 + vocab as u64);
-    let std = [3.0, 1.0, 6.0, 0.3, 3.0, 2.0];
-    let mut host_rows: Vec<Vec<f32>> = (0..rows)
-        .map(|r| (0..vocab).map(|_| normal(&mut rng, 0.0, std[r])).collect())
-        .collect();
-    let masked = vocab.min(40);
-    for x in host_rows[4][..masked / 2].iter_mut() {
-        *x = f32::NEG_INFINITY;
-    }
-    for x in host_rows[4][vocab - masked / 2..].iter_mut() {
-        *x = f32::NEG_INFINITY;
-    }
-    // `[vocab, rows]` transposed to a `[rows, vocab]` view with strides (1, rows).
-    let col_major: Vec<f32> = (0..vocab)
-        .flat_map(|v| host_rows.iter().map(move |r| r[v]))
-        .collect();
-    let logits =
-        Tensor::<B, 2>::from_data(TensorData::new(col_major, [vocab, rows]), device).transpose();
-    // Draws near both ends: 1 - 1e-9 rounds to 1.0 in f32 (the kernel keeps it inside).
-    let uniforms = [1e-7, 0.25, 0.5, 0.75, 0.999_999, 1.0 - 1e-9];
-    let modes = SampleParams::checked_modes(vocab);
-    for params in &modes {
-        poison::<B>(&[rows, rows], device);
-        let (tok, lp) = B::sample_rows(logits.clone().into_primitive().tensor(), params, &uniforms);
-        let tok: Vec<i64> = Tensor::<B, 1, Int>::from_primitive(tok)
-            .into_data()
-            .convert::<i64>()
-            .into_vec()
-            .unwrap();
-        let lp = host(float1::<B>(lp));
-        let mut exact = 0;
-        for r in 0..rows {
-            let row = &host_rows[r];
-            let (want_tok, want_lp) = sample_row(row, params, uniforms[r]);
-            let t = tok[r] as usize;
-            assert!(t < vocab, "{params:?} row {r}: token {t} out of range");
-            if t == want_tok as usize {
-                exact += 1;
-                assert!(
-                    (lp[r] - want_lp).abs() < 1e-4,
-                    "{params:?} row {r}: log-prob {} vs host {want_lp}",
-                    lp[r]
-                );
-                continue;
-            }
-            assert!(
-                !params.greedy,
-                "greedy row {r}: token {t} vs host {want_tok}"
-            );
-            let inv_t = 1.0 / params.temperature;
-            if params.restricted(vocab) {
-                assert!(
-                    restricted_draw_within_rounding(row, params, uniforms[r], t),
-                    "{params:?} row {r}: token {t} is not the draw {} (host {want_tok})",
-                    uniforms[r]
-                );
-                continue;
-            }
-            assert!(
-                draw_within_rounding(row, inv_t, uniforms[r], t),
-                "{params:?} row {r}: token {t} is not the draw {} (host {want_tok})",
-                uniforms[r]
-            );
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = row
-                .iter()
-                .map(|&x| ((x as f64 - max) * inv_t).exp())
-                .sum::<f64>()
-                .ln();
-            let own = (row[t] as f64 - max) * inv_t - lse;
-            assert!(
-                (lp[r] as f64 - own).abs() < 1e-4,
-                "{params:?} row {r}: log-prob {} vs {own}",
-                lp[r]
-            );
-        }
-        println!("  sampling {params:?} at vocab {vocab}: {exact}/{rows} tokens equal to the host rule's, the rest within f32 rounding");
+    let report = conrub_kernels::sampling_check::check_sample_rows::<B>(device, vocab)
+        .unwrap_or_else(|e| panic!("{e}"));
+    for m in report {
+        println!(
+            "  sampling {:?} at vocab {vocab}: {}/{} tokens equal to the host rule's, the rest within f32 rounding",
+            m.params, m.exact, m.rows
+        );
     }
 }
 
-/// The repetition penalty where the logits are (`penalize_rows_by_tensors`: one gather and one
-/// scatter of the seen `(row, id)` pairs) against the host rule, to `ulps`, on a strided
-/// `[rows, vocab]` view: rows that saw nothing, one id, the row's top id, `-inf` ids, ids at
-/// both ends of the vocabulary and a long history.
+/// The repetition penalty where the logits are against the host rule, to `ulps`
+/// ([`conrub_kernels::sampling_check::check_penalty`]).
 pub fn penalty_matches_host_rule<B: Backend>(device: &B::Device, vocab: usize, ulps: i64) {
-    use conrub_kernels::sampling::{penalize_row, penalize_rows_by_tensors};
-    let rows = 4;
-    let mut rng = ChaCha8Rng::seed_from_u64(5 + vocab as u64);
-    let mut host_rows: Vec<Vec<f32>> = (0..rows)
-        .map(|_| (0..vocab).map(|_| normal(&mut rng, 0.0, 3.0)).collect())
-        .collect();
-    host_rows[2][1] = f32::NEG_INFINITY;
-    let top = |r: &Vec<f32>| (0..vocab).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap() as u32;
-    let long: Vec<u32> = (0..vocab.min(3000) as u32)
-        .map(|i| (i * 7919) % vocab as u32)
-        .collect();
-    let mut long = long;
-    long.sort_unstable();
-    long.dedup();
-    let seen: Vec<Vec<u32>> = vec![
-        vec![],
-        vec![top(&host_rows[1])],
-        vec![0, 1, (vocab - 1) as u32, top(&host_rows[2])],
-        long,
-    ];
-    let col_major: Vec<f32> = (0..vocab)
-        .flat_map(|v| host_rows.iter().map(move |r| r[v]))
-        .collect();
-    let logits =
-        Tensor::<B, 2>::from_data(TensorData::new(col_major, [vocab, rows]), device).transpose();
-    let views: Vec<&[u32]> = seen.iter().map(Vec::as_slice).collect();
-    for penalty in [1.3f32, 0.8] {
-        let got = penalize_rows_by_tensors(logits.clone(), &views, penalty)
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .unwrap();
-        for (r, row) in host_rows.iter().enumerate() {
-            let mut want = row.clone();
-            penalize_row(&mut want, &seen[r], penalty);
-            let got = &got[r * vocab..(r + 1) * vocab];
-            // Within `ulps` units in the last place: 0 on the CPU; Vulkan lets a GPU's f32
-            // division be off by up to 2.5.
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| (a.to_bits() as i64 - b.to_bits() as i64).abs() <= ulps);
-            assert!(
-                same,
-                "penalty {penalty} row {r}: differs from the host rule"
-            );
-        }
-    }
+    conrub_kernels::sampling_check::check_penalty::<B>(device, vocab, ulps)
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// `clipped_surrogate` (loss, gradient, clip counts) against the textbook formula under autodiff.
@@ -575,6 +486,14 @@ mod flex {
     #[test]
     fn token_logprobs_on_flex() {
         super::token_logprobs_matches_autodiff::<Flex>(
+            &Default::default(),
+            super::VOCAB,
+            37,
+            24,
+            16,
+            1e-5,
+        );
+        super::entropy_gradient_matches_f64::<Flex>(
             &Default::default(),
             super::VOCAB,
             37,
@@ -678,6 +597,7 @@ mod wgpu {
             16,
             1e-4,
         );
+        super::entropy_gradient_matches_f64::<Wgpu>(&device, super::WGPU_VOCAB, 37, 24, 16, 1e-4);
         for len in [45, 300] {
             super::surrogate_matches_autodiff::<Wgpu>(&device, len);
         }

@@ -10,7 +10,7 @@ use conrub_contracts::{
     gathered, whole_gradients_into, ForwardBatch, Generation, PaddedBatch, Padding, ParamGather,
     Policy, ResponseLogprobs, SamplingConfig, TokenBatch,
 };
-use conrub_kernels::{token_logprobs, GrpoOps, DEFAULT_CHUNK_TOKENS};
+use conrub_kernels::{token_logprobs, token_logprobs_with_entropy, GrpoOps, DEFAULT_CHUNK_TOKENS};
 
 use crate::model::{to_dtype, CausalLm, Precision};
 
@@ -116,6 +116,11 @@ impl<B: GrpoOps> Policy<B> for CausalLm<B> {
         Ok(())
     }
 
+    fn enable_entropy_gradient(&mut self) -> conrub_contracts::Result<()> {
+        self.exec.entropy_gradient = true;
+        Ok(())
+    }
+
     fn next_token_logits(&self, sequences: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2> {
         let padded = PaddedBatch::new(sequences, 0, Padding::Left);
         self.forward_last(&padded.to_device(device))
@@ -158,7 +163,11 @@ fn head_logprobs<B: GrpoOps>(
     let pos = batch.positions.clone().reshape([n, r, 1]).repeat_dim(2, h);
     let picked = hidden.gather(1, pos).reshape([n * r, h]);
     let head = to_dtype(model.head_weight(), picked.dtype());
-    let out = token_logprobs(
+    let fused = match model.exec.entropy_gradient {
+        true => token_logprobs_with_entropy,
+        false => token_logprobs,
+    };
+    let out = fused(
         picked,
         head,
         batch.targets.clone().reshape([n * r]),

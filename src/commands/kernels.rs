@@ -270,8 +270,48 @@ fn parity<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table)
         }
     }
     ok &= tensor_core_parity::<B>(device, table);
+    ok &= sampling_parity::<B>(device, table);
     ensure!(ok, "kernel parity failed on {}", args.device);
     Ok(())
+}
+
+/// The sampling rule on the device (`conrub_kernels::sampling_check`): `sample_rows` against the
+/// host rule in every checked mode (min-p included) at the full vocabulary, and the repetition
+/// penalty's gather and scatter against the host rule within 3 ULP (a GPU's f32 division). One
+/// row each; returns whether both passed.
+#[cfg(feature = "flex")]
+fn sampling_parity<B: GrpoOps>(device: &B::Device, table: &mut Table) -> bool {
+    use conrub_kernels::sampling_check::{check_penalty, check_sample_rows};
+    let (sampling, modes) = match check_sample_rows::<B>(device, VOCAB) {
+        Ok(report) => {
+            let exact: usize = report.iter().map(|m| m.exact).sum();
+            let rows: usize = report.iter().map(|m| m.rows).sum();
+            let modes = report.len();
+            (
+                Ok(()),
+                format!("{exact}/{rows} tokens exact in {modes} modes"),
+            )
+        }
+        Err(e) => (Err(e), "-".to_string()),
+    };
+    let penalty = check_penalty::<B>(device, VOCAB, 3);
+    let mut ok = true;
+    for (name, result, figure) in [
+        ("parity: sampling vs host rule", sampling, modes),
+        (
+            "parity: repetition penalty vs host rule",
+            penalty,
+            "3 ULP".to_string(),
+        ),
+    ] {
+        ok &= result.is_ok();
+        let verdict = match result {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("FAIL: {e}"),
+        };
+        table.push((name.into(), figure, verdict));
+    }
+    ok
 }
 
 /// The tensor-core attention kernels (bf16 and f16) against the textbook graph on the CPU: the

@@ -2306,3 +2306,39 @@ fn repetition_penalty_changes_the_rollouts() {
         "{err}"
     );
 }
+
+/// `learner.entropy_coeff` (with `global-token-mean`, one mini-batch): the first step's rollouts
+/// are the plain run's, and its logged loss is the plain loss less `coeff x` the logged mean
+/// entropy (the bonus aggregated as the loss is: the token mean); the update differs.
+#[test]
+fn entropy_coeff_takes_the_entropy_bonus_from_the_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = [
+        "--set",
+        "run.max_steps=1",
+        "--set",
+        "learner.aggregation=\"global-token-mean\"",
+        "--set",
+        "learner.mini_batches=1",
+    ];
+    let (plain, bonus) = (dir.path().join("plain"), dir.path().join("bonus"));
+    train(&plain, &base);
+    train(
+        &bonus,
+        &[&base[..], &["--set", "learner.entropy_coeff=0.05"]].concat(),
+    );
+    let (a, b) = (&steps(&plain)[0], &steps(&bonus)[0]);
+    for key in ["reward_mean", "response_tokens", "entropy"] {
+        assert_eq!(a[key], b[key], "{key}");
+    }
+    let f = |m: &serde_json::Value, k: &str| m[k].as_f64().unwrap();
+    let want = f(a, "loss") - 0.05 * f(a, "entropy");
+    assert!(
+        (f(b, "loss") - want).abs() < 1e-5,
+        "loss {} vs {want} (plain {}, entropy {})",
+        f(b, "loss"),
+        f(a, "loss"),
+        f(a, "entropy")
+    );
+    assert_ne!(a["grad_norms"], b["grad_norms"]);
+}

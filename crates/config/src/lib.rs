@@ -452,6 +452,8 @@ impl TrainConfig {
             attention: AttentionImpl::Fused,
             activation_checkpointing: false,
             attention_kernels,
+            // The learner turns it on for `learner.entropy_coeff` (Policy::enable_entropy_gradient).
+            entropy_gradient: false,
         }
     }
 

@@ -69,6 +69,7 @@ aggregation = "sequence-mean"
 scale_rewards = "group"
 kl_beta = 0.0
 kl_estimator = "k2"
+entropy_coeff = 0.001
 repetition_penalty = 1.05
 mask_truncated = true
 tis_cap = 2.0

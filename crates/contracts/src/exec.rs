@@ -77,6 +77,10 @@ pub struct Execution {
     /// The CubeCL kernels of fused attention (portable or tensor-core; CPU backends ignore it).
     /// Checked against the device by `AttentionOps::check_attention_kernels` where it is chosen.
     pub attention_kernels: AttentionKernels,
+    /// The entropies of the response log-probabilities carry gradients (an entropy bonus in the
+    /// loss, `learner.entropy_coeff`): the fused head's backward then runs the portable chunked
+    /// driver (`conrub_kernels::token_logprobs_with_entropy`). Set by the learner.
+    pub entropy_gradient: bool,
 }
 
 /// `t` in `dtype` (a no-op when it already is).

@@ -24,7 +24,7 @@ use crate::tokens::TokenBatch;
 pub struct ResponseLogprobs<B: Backend> {
     /// `log p(response[j] | prompt, response[..j])`, differentiable.
     pub logprobs: Tensor<B, 2>,
-    /// Next-token entropy (telemetry only).
+    /// Next-token entropy: telemetry, differentiable after [`Policy::enable_entropy_gradient`].
     pub entropy: Option<Tensor<B, 2>>,
 }
 
@@ -147,6 +147,16 @@ pub trait Policy<B: Backend>: Module<B> {
         Err(ContractError::Unsupported {
             key: "learner.activation_checkpointing".into(),
             message: "this policy does not implement Policy::enable_activation_checkpointing (per-layer recomputation in loss_gradients)".into(),
+        })
+    }
+
+    /// Makes [`ResponseLogprobs::entropy`] differentiable in [`Policy::loss_gradients`] (and its
+    /// variants), for an entropy bonus in the loss (`conrub_grpo`'s `learner.entropy_coeff` calls
+    /// it when the learner is built). `Err` says why the policy cannot; the default refuses.
+    fn enable_entropy_gradient(&mut self) -> Result<()> {
+        Err(ContractError::Unsupported {
+            key: "learner.entropy_coeff".into(),
+            message: "this policy does not implement Policy::enable_entropy_gradient (entropies with gradients in ResponseLogprobs)".into(),
         })
     }
 }

@@ -99,6 +99,10 @@ pub struct LearnerConfig {
     /// initial one) before the advantages. Exact ties are still found on the rewards before the
     /// penalty; a tie broken pairwise takes the tie breaker's advantages.
     pub kl_in_reward: f64,
+    /// Entropy bonus (verl's `entropy_coeff`; 0: off): the policy's next-token entropy at each
+    /// response token, aggregated as the policy loss is (`aggregation`), times this, taken from
+    /// the loss, with its gradient (the policy must support `Policy::enable_entropy_gradient`).
+    pub entropy_coeff: f64,
     /// Leave responses cut at `max_response_tokens` out of the loss (TRL's
     /// `mask_truncated_completions`): their tokens are masked, so they add no gradient and no
     /// tokens to a token mean, while still counting as responses of their group.
@@ -226,6 +230,7 @@ impl Default for LearnerConfig {
             kl_beta: 0.0,
             kl_estimator: KlEstimator::K3,
             kl_in_reward: 0.0,
+            entropy_coeff: 0.0,
             mask_truncated: false,
             tis_cap: None,
             tie_mode: TieMode::Pairwise,
@@ -272,6 +277,12 @@ impl LearnerConfig {
             return bad(
                 "dynamic_sampling_rounds",
                 "must be at most 64 (each round rolls out and scores up to a step's groups)",
+            );
+        }
+        if !self.entropy_coeff.is_finite() {
+            return bad(
+                "entropy_coeff",
+                "must be a finite number (0 turns it off; > 0 rewards entropy)",
             );
         }
         if !(self.kl_in_reward.is_finite() && self.kl_in_reward >= 0.0) {

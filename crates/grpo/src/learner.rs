@@ -376,6 +376,9 @@ where
         if cfg.activation_checkpointing {
             self.policy.enable_activation_checkpointing()?;
         }
+        if cfg.entropy_coeff != 0.0 {
+            self.policy.enable_entropy_gradient()?;
+        }
         let codec = self
             .codec
             .ok_or_else(|| GrpoError::config("learner", "no codec: call LearnerBuilder::codec"))?;
@@ -921,6 +924,23 @@ where
         }
     }
 
+    /// With `learner.entropy_coeff`: the term taken from each micro-batch's loss, from the
+    /// policy's entropies `[responses, R]` and the loss mask (both masked alike): the coefficient
+    /// times their aggregate under `learner.aggregation` ([`crate::aggregate_token_term`]).
+    fn entropy_bonus<Bk: burn::tensor::backend::Backend>(
+        &self,
+    ) -> Option<impl Fn(Tensor<Bk, 2>, Tensor<Bk, 2>) -> Tensor<Bk, 1>> {
+        let (coeff, aggregation, max) = (
+            self.cfg.entropy_coeff,
+            self.cfg.aggregation,
+            self.cfg.max_response_tokens,
+        );
+        (coeff != 0.0).then_some(move |entropy: Tensor<Bk, 2>, mask: Tensor<Bk, 2>| {
+            crate::loss::aggregate_token_term(entropy * mask.clone(), mask, aggregation, max)
+                * coeff
+        })
+    }
+
     /// Whether this learner is a `sharding = "full"` rank (it keeps its own parameters only).
     fn parameters_sharded(&self) -> bool {
         self.rank
@@ -1367,8 +1387,15 @@ where
                     );
                     let mut parts: Option<Tensor<B::InnerBackend, 1>> = None;
                     let loss = &self.loss;
+                    let entropy_bonus = self.entropy_bonus::<B>();
                     let mut micro_loss = |out_lp: ResponseLogprobs<B>| {
-                        let out = loss.compute(SurrogateBatch {
+                        // `learner.entropy_coeff`: the policy's entropies, aggregated as the loss
+                        // is, times the coefficient, taken from the loss.
+                        let bonus = entropy_bonus
+                            .as_ref()
+                            .zip(out_lp.entropy.clone())
+                            .map(|(f, e)| f(e, mb.loss_mask()));
+                        let mut out = loss.compute(SurrogateBatch {
                             logp: out_lp.logprobs,
                             logp_old: mb.logp_old.clone(),
                             advantages: mb.advantages.clone(),
@@ -1376,6 +1403,9 @@ where
                             logp_ref: mb.logp_ref.clone(),
                             logp_engine: mb.logp_engine.clone(),
                         });
+                        if let Some(b) = bonus {
+                            out.loss = out.loss - b;
+                        }
                         if last {
                             let w = mb.loss_tokens() as f64;
                             let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);

@@ -106,8 +106,8 @@ pub use error::{GrpoError, Result};
 pub use group::{record_group, GroupOutcome, TieAwareAdvantages, TieMode};
 pub use learner::{Learner, LearnerBuilder, LearnerConfig, OnNonFinite, RankSlot, StepOutput};
 pub use loss::{
-    dpo_pair_loss, Aggregation, ImportanceLevel, KlEstimator, PolicyLoss, PolicyObjective,
-    SurrogateBatch, SurrogateOutput,
+    aggregate_token_term, dpo_pair_loss, Aggregation, ImportanceLevel, KlEstimator, PolicyLoss,
+    PolicyObjective, SurrogateBatch, SurrogateOutput,
 };
 #[cfg(feature = "cuda")]
 pub use nccl::NcclCollective;

@@ -219,11 +219,13 @@ impl PolicyLoss {
             .filter(|_| self.kl_beta != 0.0)
             .map(|r| kl_per_token(self.kl_estimator, logp, r) * mask.clone());
         if let Some(k) = &kl {
-            let mut per_response = k.clone().sum_dim(1);
-            if reduce == Reduce::MeanPerResponse {
-                per_response = per_response / mask.clone().sum_dim(1).clamp_min(1.0);
-            }
-            loss = loss + aggregate(per_response.reshape([n])) * self.kl_beta;
+            let term = aggregate_token_term(
+                k.clone(),
+                mask.clone(),
+                self.aggregation,
+                self.max_response_tokens,
+            );
+            loss = loss + term * self.kl_beta;
         }
         let frac = |count: Tensor<B, 1>| (count.sum() / tokens.clone()).detach();
         let kl_mean = kl.map(|k| (k.sum() / tokens.clone()).detach());
@@ -233,6 +235,30 @@ impl PolicyLoss {
             clip_high: frac(fused.clip_high),
             kl: kl_mean,
         }
+    }
+}
+
+/// A per-token term of the loss (`values`, already masked, `[responses, R]`: the KL estimate, the
+/// entropy) aggregated as `aggregation` aggregates the policy loss: summed per response (and
+/// divided by the response's tokens under `sequence-mean`), then the mean over responses
+/// (`sequence-mean`), the sum over the batch's tokens (`global-token-mean`) or over `responses x
+/// max_response_tokens` (`dr-grpo`). `[1]`.
+pub fn aggregate_token_term<B: Backend>(
+    values: Tensor<B, 2>,
+    mask: Tensor<B, 2>,
+    aggregation: Aggregation,
+    max_response_tokens: usize,
+) -> Tensor<B, 1> {
+    let [n, _] = values.dims();
+    let mut per_response = values.sum_dim(1);
+    if aggregation == Aggregation::SequenceMean {
+        per_response = per_response / mask.clone().sum_dim(1).clamp_min(1.0);
+    }
+    let per_response = per_response.reshape([n]);
+    match aggregation {
+        Aggregation::SequenceMean => per_response.mean(),
+        Aggregation::GlobalTokenMean => per_response.sum() / mask.sum().clamp_min(1.0),
+        Aggregation::DrGrpo => per_response.sum() / (n * max_response_tokens.max(1)) as f64,
     }
 }
 
@@ -328,6 +354,27 @@ mod tests {
     fn t2(v: Vec<f32>, rows: usize) -> Tensor<B, 2> {
         let cols = v.len() / rows;
         Tensor::from_data(TensorData::new(v, [rows, cols]), &Default::default())
+    }
+
+    /// A per-token term (the entropy bonus's, the KL's) by hand under each aggregation: values
+    /// `[[1, 2, -], [3, -, -]]` (masked): sequence-mean `(1.5 + 3) / 2`, global-token-mean
+    /// `6 / 3`, dr-grpo over 2 responses x 4 tokens `6 / 8`.
+    #[test]
+    fn token_terms_aggregate_as_the_loss_by_hand() {
+        let values = t2(vec![1.0, 2.0, 0.0, 3.0, 0.0, 0.0], 2);
+        let mask = t2(vec![1.0, 1.0, 0.0, 1.0, 0.0, 0.0], 2);
+        for (aggregation, want) in [
+            (Aggregation::SequenceMean, 2.25),
+            (Aggregation::GlobalTokenMean, 2.0),
+            (Aggregation::DrGrpo, 0.75),
+        ] {
+            let got = aggregate_token_term(values.clone(), mask.clone(), aggregation, 4)
+                .into_data()
+                .convert::<f64>()
+                .to_vec::<f64>()
+                .unwrap()[0];
+            assert!((got - want).abs() < 1e-6, "{aggregation:?}: {got}");
+        }
     }
 
     /// Each KL estimator by hand: zero advantages leave `kl_beta x` the sequence-mean KL, with
