@@ -205,7 +205,11 @@ impl<B: LossOps, C: CheckpointStrategy> LossOps for Autodiff<B, C> {
         targets: IntTensor<Self>,
         chunk_tokens: usize,
     ) -> [FloatTensor<Self>; 3] {
-        let [lp, ent, lse] = B::token_logprobs(
+        // The forward runs the driver its backward runs (`fallback`, with the backend's hooks),
+        // so both read the same logits: the CPU host head computes f32 logits from bf16 inputs,
+        // the driver's product may round them to bf16, and probabilities from one with the
+        // log-sum-exp of the other would be off by percents.
+        let [lp, ent, lse] = crate::fallback::token_logprobs::<B>(
             hidden.primitive.clone(),
             weight.primitive.clone(),
             targets.clone(),

@@ -438,9 +438,10 @@ pub fn token_logprobs<B: LossOps>(
 }
 
 /// [`token_logprobs`] whose entropy is differentiable as well (`d H / d logits_j =
-/// -p_j (log p_j + H)`): for an entropy bonus in the loss. Its backward runs the portable chunked
-/// driver (the backend's logits and log-prob gradient hooks, the entropy's part as tensor ops)
-/// instead of the CPU backends' fused host head.
+/// -p_j (log p_j + H)`): for an entropy bonus in the loss. Under autodiff its forward and backward
+/// run the portable chunked driver (the backend's logits and log-prob gradient hooks, the
+/// entropy's part as tensor ops), not the CPU backends' fused host head: its values there agree
+/// with [`token_logprobs`]'s to f32 rounding, not bit for bit.
 pub fn token_logprobs_with_entropy<B: LossOps>(
     hidden: Tensor<B, 2>,
     weight: Tensor<B, 2>,

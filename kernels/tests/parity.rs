@@ -192,13 +192,14 @@ pub fn token_logprobs_matches_autodiff<B: GrpoOps>(
     }
     let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
     let (gh64, gw64) = (f32s(gh64), f32s(gw64));
+    // Judged against f64 on the host; the textbook graph's distance is printed, not asserted:
+    // on wgpu its transposed-head product goes through burn 0.21's CubeCL matmul, which some
+    // autotuned kernels compute wrongly for transposed-view operands (a CI run on lavapipe saw
+    // the textbook log-probs 0.35 off f64 while the fused op was 6e-8 off).
     let check = |what: &str, a: &[f32], b: &[f32], truth: &[f32], tol: f64| {
         let (e, ef, et) = (rel_err(a, b), rel_err(a, truth), rel_err(b, truth));
         println!("  {what}: fused vs textbook autodiff {e:.2e}, fused vs f64 {ef:.2e}, textbook vs f64 {et:.2e}");
-        assert!(
-            e <= tol && ef <= tol,
-            "{what}: {e:.3e} / {ef:.3e} > {tol:.0e}"
-        );
+        assert!(ef <= tol, "{what}: fused vs f64 {ef:.3e} > {tol:.0e}");
     };
     check("log-probabilities", &lp, &lp_ref, &want[0], TOL);
     check("d hidden", &gh, &gh_ref, &gh64, grad_tol);
@@ -215,7 +216,7 @@ pub fn token_logprobs_matches_autodiff<B: GrpoOps>(
 /// differentiated through the fused op against f64 on the host (`d logits_j = g (1[j = target] -
 /// p_j) - e p_j (log p_j + H)`, then through the head product), within `grad_tol`; the textbook
 /// graph's distance printed beside (its f32 entropy is not precise enough to judge by). The
-/// forward's values are those of `token_logprobs`, bit for bit.
+/// forward's values are those of `token_logprobs` to f32 rounding.
 pub fn entropy_gradient_matches_f64<B: GrpoOps>(
     device: &B::Device,
     vocab: usize,
@@ -264,17 +265,14 @@ pub fn entropy_gradient_matches_f64<B: GrpoOps>(
     };
     let (lp, ent, gh, gw) = run(true);
     let (_, _, gh_ref, gw_ref) = run(false);
+    // The forward is the driver's (the CPU's host head sums in another order).
     let plain = token_logprobs(h0.clone(), w0.clone(), targets.clone(), chunk);
-    assert_eq!(
-        lp,
-        host(plain.logprobs),
-        "log-probabilities differ from token_logprobs"
+    assert_close(
+        "log-probabilities vs token_logprobs",
+        &lp,
+        &host(plain.logprobs),
     );
-    assert_eq!(
-        ent,
-        host(plain.entropy),
-        "entropies differ from token_logprobs"
-    );
+    assert_close("entropies vs token_logprobs", &ent, &host(plain.entropy));
     let (hh, wh) = (host(h0), host(w0));
     let (tv, gv, ev): (Vec<i64>, Vec<f32>, Vec<f32>) = (
         targets.into_data().convert::<i64>().into_vec().unwrap(),

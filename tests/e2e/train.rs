@@ -2309,7 +2309,8 @@ fn repetition_penalty_changes_the_rollouts() {
 
 /// `learner.entropy_coeff` (with `global-token-mean`, one mini-batch): the first step's rollouts
 /// are the plain run's, and its logged loss is the plain loss less `coeff x` the logged mean
-/// entropy (the bonus aggregated as the loss is: the token mean); the update differs.
+/// entropy (the bonus aggregated as the loss is: the token mean), to f32 rounding; the update
+/// differs.
 #[test]
 fn entropy_coeff_takes_the_entropy_bonus_from_the_loss() {
     let dir = tempfile::tempdir().unwrap();
@@ -2328,11 +2329,14 @@ fn entropy_coeff_takes_the_entropy_bonus_from_the_loss() {
         &[&base[..], &["--set", "learner.entropy_coeff=0.05"]].concat(),
     );
     let (a, b) = (&steps(&plain)[0], &steps(&bonus)[0]);
-    for key in ["reward_mean", "response_tokens", "entropy"] {
+    for key in ["reward_mean", "response_tokens"] {
         assert_eq!(a[key], b[key], "{key}");
     }
+    // The bonus run's log-probs and entropies come from the portable driver, the plain run's
+    // from the CPU's fused host head: equal to f32 rounding.
     let f = |m: &serde_json::Value, k: &str| m[k].as_f64().unwrap();
-    let want = f(a, "loss") - 0.05 * f(a, "entropy");
+    assert!((f(a, "entropy") - f(b, "entropy")).abs() < 1e-5 * f(a, "entropy"));
+    let want = f(a, "loss") - 0.05 * f(b, "entropy");
     assert!(
         (f(b, "loss") - want).abs() < 1e-5,
         "loss {} vs {want} (plain {}, entropy {})",

@@ -63,8 +63,9 @@ const SHARDED_FORMAT: u32 = 3;
 const PARAMETER_SHARDED_FORMAT: u32 = 4;
 
 /// Learner settings a resume must keep (they shape the groups, the advantages, the loss or the
-/// sampling of the run so far); the others (learning rate, clipping norm, micro-batch size, ...)
-/// may change on resume. Listed in configs/README.md.
+/// sampling of the run so far); the others (learning rate, clipping norm, micro-batch size, the
+/// loss's KL estimator and entropy bonus, which hold no state, ...) may change on resume. Listed
+/// in configs/README.md.
 pub const KEPT_ON_RESUME: [&str; 21] = [
     "group_size",
     "max_response_tokens",
