@@ -47,6 +47,19 @@ impl<B: AttentionOps> Backward<B, 3> for AttentionBackward {
     }
 }
 
+/// Registers the hidden-state and head gradients of a log-prob op on the parents that track one.
+fn register_head_grads<B: LossOps>(
+    grads: &mut Gradients,
+    parents: [Option<NodeId>; 2],
+    gs: [Option<FloatTensor<B>>; 2],
+) {
+    for (node, g) in parents.into_iter().zip(gs) {
+        if let (Some(node), Some(g)) = (node, g) {
+            grads.register::<B>(node, g);
+        }
+    }
+}
+
 #[derive(Debug)]
 struct TokenLogprobsBackward;
 
@@ -74,12 +87,11 @@ impl<B: LossOps> Backward<B, 2> for TokenLogprobsBackward {
             chunk,
             (node_h.is_some(), node_w.is_some()),
         );
-        if let (Some(node), Some(g)) = (node_h, gh) {
-            grads.register::<B>(node.id, g);
-        }
-        if let (Some(node), Some(g)) = (node_w, gw) {
-            grads.register::<B>(node.id, g);
-        }
+        register_head_grads::<B>(
+            grads,
+            [node_h.map(|n| n.id), node_w.map(|n| n.id)],
+            [gh, gw],
+        );
     }
 }
 
@@ -124,12 +136,11 @@ impl<B: LossOps> Backward<B, 2> for TokenLogprobsEntropyBackward {
             chunk,
             (node_h.is_some(), node_w.is_some()),
         );
-        if let (Some(node), Some(g)) = (node_h, gh) {
-            grads.register::<B>(node.id, g);
-        }
-        if let (Some(node), Some(g)) = (node_w, gw) {
-            grads.register::<B>(node.id, g);
-        }
+        register_head_grads::<B>(
+            grads,
+            [node_h.map(|n| n.id), node_w.map(|n| n.id)],
+            [gh, gw],
+        );
     }
 }
 

@@ -204,24 +204,37 @@ pub fn penalize_row(row: &mut [f32], seen: &[u32], penalty: f32) {
 }
 
 /// The ids a sequence has seen (its prompt's and its new tokens), each once, in the order first
-/// seen: what the repetition penalty penalizes.
+/// seen: what the repetition penalty penalizes. The default tracks nothing (no penalty).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SeenIds {
     ids: Vec<u32>,
     set: std::collections::HashSet<u32>,
+    tracking: bool,
 }
 
 impl SeenIds {
-    /// The distinct ids of `prompt`.
+    /// The distinct ids of `prompt`, and of every id inserted after.
     pub fn new(prompt: &[u32]) -> Self {
-        let mut seen = Self::default();
+        let mut seen = Self {
+            tracking: true,
+            ..Self::default()
+        };
         prompt.iter().for_each(|&t| seen.insert(t));
         seen
     }
 
-    /// Adds `id` (a new token) when it is not seen yet.
+    /// [`SeenIds::new`] under a repetition penalty other than 1, else a set that stays empty:
+    /// what every sampler keeps per sequence.
+    pub fn for_penalty(prompt: &[u32], penalty: f32) -> Self {
+        match penalty != 1.0 {
+            true => Self::new(prompt),
+            false => Self::default(),
+        }
+    }
+
+    /// Adds `id` (a new token) when it is not seen yet (nothing when not tracking).
     pub fn insert(&mut self, id: u32) {
-        if self.set.insert(id) {
+        if self.tracking && self.set.insert(id) {
             self.ids.push(id);
         }
     }

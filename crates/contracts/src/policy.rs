@@ -174,16 +174,10 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B>>(
     let mut rngs: Vec<_> = (0..prompts.len())
         .map(|i| sequence_rng(cfg.seed, cfg.first_stream + i as u64))
         .collect();
-    let penalized = cfg.decoding.repetition_penalty() != 1.0;
+    let penalty = cfg.decoding.repetition_penalty();
     let mut seen: Vec<SeenIds> = prompts
         .iter()
-        .map(|p| {
-            if penalized {
-                SeenIds::new(p)
-            } else {
-                SeenIds::default()
-            }
-        })
+        .map(|p| SeenIds::for_penalty(p, penalty))
         .collect();
     let mut active: Vec<usize> = if cfg.max_new_tokens == 0 {
         Vec::new()
@@ -206,9 +200,7 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B>>(
         for (row, &i) in active.iter().enumerate() {
             let row_logits = &host[row * v..(row + 1) * v];
             let (tok, lp) = sample_token(row_logits, seen[i].ids(), cfg, &mut rngs[i]);
-            if penalized {
-                seen[i].insert(tok);
-            }
+            seen[i].insert(tok);
             if out[i].push(tok, lp, cfg) {
                 still.push(i);
             }

@@ -178,11 +178,7 @@ pub fn rollout<B: GrpoOps, M: PagedModel<B>>(
             started: false,
             swapped: None,
             rng: sequence_rng(cfg.seed, cfg.first_stream + i as u64),
-            seen: if cfg.decoding.repetition_penalty() != 1.0 {
-                SeenIds::new(p)
-            } else {
-                SeenIds::default()
-            },
+            seen: SeenIds::for_penalty(p, cfg.decoding.repetition_penalty()),
         });
     }
     let bs = engine.block_size;
@@ -472,9 +468,7 @@ impl<B: GrpoOps, M: PagedModel<B>> Engine<'_, B, M> {
             .iter()
             .zip(toks.iter().zip(&lps))
             .map(|(&id, (&t, &l))| {
-                if self.cfg.decoding.repetition_penalty() != 1.0 {
-                    self.seqs[id].seen.insert(t as u32);
-                }
+                self.seqs[id].seen.insert(t as u32);
                 self.out[id].push(t as u32, l, self.cfg)
             })
             .collect())

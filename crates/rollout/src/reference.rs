@@ -46,16 +46,10 @@ pub fn generate_static<B: GrpoOps, M: PagedModel<B>>(
     let mut rngs: Vec<ChaCha8Rng> = (0..prompts.len())
         .map(|i| sequence_rng(cfg.seed, cfg.first_stream + i as u64))
         .collect();
-    let penalized = cfg.decoding.repetition_penalty() != 1.0;
+    let penalty = cfg.decoding.repetition_penalty();
     let mut seen: Vec<SeenIds> = prompts
         .iter()
-        .map(|p| {
-            if penalized {
-                SeenIds::new(p)
-            } else {
-                SeenIds::default()
-            }
-        })
+        .map(|p| SeenIds::for_penalty(p, penalty))
         .collect();
     let padded = PaddedBatch::new(prompts, 0, Padding::Left);
     let bs = DEFAULT_BLOCK_SIZE;
@@ -97,9 +91,7 @@ pub fn generate_static<B: GrpoOps, M: PagedModel<B>>(
         for (row, &seq) in active.iter().enumerate() {
             let row_logits = &host[row * v..(row + 1) * v];
             let (tok, lp) = sample_token(row_logits, seen[seq].ids(), cfg, &mut rngs[seq]);
-            if penalized {
-                seen[seq].insert(tok);
-            }
+            seen[seq].insert(tok);
             if out[seq].push(tok, lp, cfg) {
                 still.push(seq);
                 next.push(tok as i64);
