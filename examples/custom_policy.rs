@@ -13,9 +13,9 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use conrub_grpo::{
-    GroupScores, Learner, LearnerConfig, Policy, ResponseLogprobs, RewardSource, TaskPrompt,
-    TextCodec, TieMode, TokenBatch,
+    Learner, LearnerConfig, Policy, ResponseLogprobs, TextCodec, TieMode, TokenBatch,
 };
+use conrub_rewards::{GroupScores, RewardSource, TaskPrompt};
 use conrub_rubric::{score_labels, Label, LengthPenalty, Message, ResponseScore, ScoringMode};
 
 const VOCAB: usize = 16;

@@ -16,9 +16,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use conrub_config::TrainConfig;
-use conrub_grpo::{GroupScores, RewardSource, RunSummary, TaskPrompt};
+use conrub_rewards::{GroupScores, RewardSource, TaskPrompt};
 use conrub_rubric::{Message, ResponseScore};
-use conrub_trainer::{load_policy, Trainer};
+use conrub_trainer::{load_policy, RunSummary, Trainer};
 
 /// The run: a small model, short answers, vanilla GRPO ties (a 0/1 reward ties often, and this
 /// task has no judge to break them).

@@ -3,7 +3,6 @@
 //! with a filter: `cargo test -p conrub-models --test models parity::`.
 
 mod chat_template;
-mod learner;
 mod parity;
 mod policy;
 mod precision;

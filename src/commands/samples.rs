@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use conrub_grpo::samples::{
+use conrub_trainer::samples::{
     eval_samples_path, format_eval, format_group, read_samples, step_samples_path, EvalSample,
     GroupSample,
 };

@@ -99,7 +99,7 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
             cfg.run.set_aside = resume.is_none();
         }
         let replace = a.overwrite || cfg.run.set_aside;
-        conrub_grpo::run_folder::check_start(&dir, resume.is_some(), replace)?;
+        conrub_trainer::run_folder::check_start(&dir, resume.is_some(), replace)?;
     }
     // Stop before loading anything when the run cannot fit (the table says what to change).
     let kv_pool_blocks = super::plan::check_run_fits(&cfg, a.gpu_memory_gb, &a.config)?;
@@ -118,7 +118,7 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
 /// run, whose claim of the folder sets an earlier attempt's files aside in
 /// `dir/attempt-SECONDS/`: nothing is deleted) when it holds none.
 fn resume_auto(dir: &std::path::Path) -> Result<Option<PathBuf>> {
-    let found = conrub_grpo::run_folder::latest_checkpoint(dir)?;
+    let found = conrub_trainer::run_folder::latest_checkpoint(dir)?;
     match &found {
         Some(ckpt) => tracing::info!("--resume auto: continuing from {}", ckpt.display()),
         None => tracing::info!(

@@ -1,6 +1,6 @@
 //! A reader of TensorBoard event files written for the tests from the format's description
 //! (TFRecord framing, TensorFlow's `Event` / `Summary` messages), sharing no code with
-//! `conrub_grpo::tensorboard`: records are checked against their masked CRC-32C (computed bit
+//! `conrub_trainer::tensorboard`: records are checked against their masked CRC-32C (computed bit
 //! by bit here) and the messages decoded field by field.
 
 use std::path::Path;

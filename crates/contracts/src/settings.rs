@@ -402,7 +402,7 @@ pub struct RunConfig {
     /// Keep only the newest this many checkpoints, counting the one just written (and the best
     /// one by the validation grader, see `[eval]`); at least 1. `None` keeps every checkpoint.
     /// A resumed run first moves the checkpoints of later steps, left by an earlier attempt,
-    /// into `attempt-SECONDS/` (`conrub_grpo::run_folder::set_aside_later_checkpoints`).
+    /// into `attempt-SECONDS/` (`conrub_trainer::run_folder::set_aside_later_checkpoints`).
     pub keep_checkpoints: Option<usize>,
     /// Groups of each step whose rollouts go to `output_dir/samples/step-NNNNNN.jsonl` (prompt,
     /// responses, rewards and their parts, labels, tie verdicts, advantages), the step's first
@@ -410,7 +410,7 @@ pub struct RunConfig {
     pub sample_groups: usize,
     /// TensorBoard event files under `output_dir/tensorboard/`: every scalar of the metrics
     /// lines, each step's reward histogram and first group as text
-    /// (`conrub_grpo::tensorboard`).
+    /// (`conrub_trainer::tensorboard`).
     pub tensorboard: bool,
     /// Make each checkpoint durable behind the steps that follow it: the step that saves
     /// writes the files (the device's tensors read back, the Hugging Face export flushed file by
@@ -423,7 +423,7 @@ pub struct RunConfig {
     pub checkpoint_in_background: bool,
     /// Start a fresh run over an earlier run's metrics and checkpoints in `output_dir`, deleting
     /// them (`conrub train --overwrite`; not a config key, so no config file carries it).
-    /// Without it a fresh run into such a folder is refused (see `conrub_grpo::run_folder`).
+    /// Without it a fresh run into such a folder is refused (see `conrub_trainer::run_folder`).
     #[serde(skip)]
     pub overwrite: bool,
     /// Start a fresh run over an earlier attempt's files in `output_dir`, moving them into

@@ -56,23 +56,8 @@ impl AdvantageEstimator for GroupRelative {
     }
 }
 
-/// Whether a group is an exact tie: complete (`k` responses, all scored), every reward finite, and
-/// all rewards exactly equal (bit-for-bit; our rewards are exact rationals rounded once).
-pub(crate) fn is_exact_tie(rewards: &[Option<f64>], k: usize) -> bool {
-    if rewards.len() != k || k < 2 {
-        return false;
-    }
-    let Some(Some(first)) = rewards.first().copied() else {
-        return false;
-    };
-    first.is_finite()
-        && rewards
-            .iter()
-            .all(|r| matches!(r, Some(x) if x.to_bits() == first.to_bits()))
-}
-
 /// A platform-stable PRNG seed from the run seed and a key.
-pub(crate) fn stable_seed(seed: u64, key: &str) -> u64 {
+pub fn stable_seed(seed: u64, key: &str) -> u64 {
     conrub_rubric::stable_seed(&[&seed.to_le_bytes(), key.as_bytes()])
 }
 
@@ -98,6 +83,7 @@ pub enum TieStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use conrub_rewards::is_exact_tie;
 
     #[test]
     fn vanilla_grpo_with_unscored_responses() {

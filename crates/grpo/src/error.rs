@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-/// What can go wrong in the learner, the training loop and their collaborators.
+/// What can go wrong in the learner and its collaborators.
 #[derive(Debug, thiserror::Error)]
 pub enum GrpoError {
     /// A setting is out of range; `key` names it as it appears in a train config (`learner.lr`).
@@ -38,9 +38,6 @@ pub enum GrpoError {
     /// A rollout engine outside the process (an inference server) failed.
     #[error("rollout engine: {0}")]
     Engine(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// A [`RunHooks`](crate::RunHooks) callback other than the export failed.
-    #[error("run hook: {0}")]
-    Hook(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Exporting the policy (e.g. as a Hugging Face directory) failed.
     #[error("export to {}: {message}", path.display())]
     Export {
@@ -52,15 +49,6 @@ pub enum GrpoError {
     /// A replaceable stage returned output of the wrong size.
     #[error("stage output: {0}")]
     Stage(String),
-    /// A run folder cannot be used: it is a file, cannot be written, is in use by another
-    /// run, or holds an earlier run that a fresh one would overwrite.
-    #[error("run folder {}: {message}", dir.display())]
-    RunFolder {
-        /// The folder.
-        dir: PathBuf,
-        /// Why, and what to do.
-        message: String,
-    },
     /// Training produced a non-finite number (a loss, a gradient norm, a weight): the run stops
     /// before that update and before any checkpoint of it.
     #[error("{at}: {what}; the run stopped before writing it (lower the learning rate, or see learner.on_nonfinite)")]

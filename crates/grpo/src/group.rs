@@ -4,9 +4,10 @@ use conrub_contracts::TieStats;
 use conrub_judge::PairOutcome;
 use serde::{Deserialize, Serialize};
 
-use crate::advantages::{is_exact_tie, AdvantageEstimator, TieStatus};
+use crate::advantages::{AdvantageEstimator, TieStatus};
 use crate::ties::{PairRecord, TieBreaker, TiedGroup};
 pub use conrub_contracts::TieMode;
+use conrub_rewards::is_exact_tie;
 
 /// A group's outcome.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -24,7 +24,7 @@ use conrub_contracts::{
 use conrub_kernels::GrpoOps;
 use conrub_rubric::{ResponseScore, RubricRecord};
 
-use crate::task::TaskPrompt;
+use conrub_rewards::TaskPrompt;
 
 use crate::advantages::{stable_seed, AdvantageEstimator};
 use crate::batch::{micro_batch_widths, pad_columns, plan_micro_batches, row_index, TrainBatch};
@@ -33,7 +33,6 @@ use crate::error::{GrpoError, Result};
 use crate::group::{record_group, reward_bin, GroupOutcome, TieAwareAdvantages, TieMode};
 use crate::loss::{dpo_pair_loss, kl_per_token, PolicyObjective, SurrogateBatch};
 use crate::registry::Registry;
-use crate::reward::{GroupScores, RewardSource};
 use crate::rollout::GroupSampler;
 use crate::schedule::LrSchedule;
 use crate::sharding::{CommStats, RankGather, ShardLayout, ShardedSum, Sharding};
@@ -41,6 +40,7 @@ use crate::stop::cut_at_stop_strings;
 use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
 use crate::update::{Update, UpdateConfig};
 pub use conrub_contracts::{LearnerConfig, OnNonFinite};
+use conrub_rewards::{GroupScores, RewardSource};
 
 /// What one step produced besides metrics (for audit logs).
 #[derive(Debug, Clone)]
@@ -517,7 +517,7 @@ where
     /// Sets the run's length in training steps, which `learner.lr_schedule = "linear" |
     /// "cosine"` and `learner.lr_warmup_ratio` count their horizon from ([`LrSchedule`]; each
     /// step is `ppo_epochs x mini_batches` optimizer steps). The schedule keeps its position.
-    /// [`crate::train`] calls it; a learner stepped by hand with such a schedule must.
+    /// `conrub_trainer::train` calls it; a learner stepped by hand with such a schedule must.
     pub fn set_training_steps(&mut self, steps: u64) -> Result<()> {
         self.update
             .set_schedule(LrSchedule::new(&self.cfg, Some(steps))?);
@@ -543,13 +543,13 @@ where
 
     /// `samples` answers of the current policy to each conversation of `prompts` (prompt-major),
     /// through this learner's rollout engine and codec, with `sampling`. Training state is
-    /// untouched (validation during training uses it; see [`crate::Validator`]).
+    /// untouched (validation during training uses it: `conrub_trainer::Validator`).
     pub fn generate(
         &self,
         prompts: &[Vec<conrub_rubric::Message>],
         samples: usize,
         sampling: &SamplingConfig,
-    ) -> Result<Vec<crate::validation::Answer>> {
+    ) -> Result<Vec<crate::rollout::Answer>> {
         self.generate_with(&self.policy.valid(), prompts, samples, sampling)
     }
 
@@ -561,7 +561,7 @@ where
         prompts: &[Vec<conrub_rubric::Message>],
         samples: usize,
         sampling: &SamplingConfig,
-    ) -> Result<Vec<crate::validation::Answer>> {
+    ) -> Result<Vec<crate::rollout::Answer>> {
         let ids: Vec<Vec<u32>> = prompts
             .iter()
             .map(|m| self.codec.encode_prompt(m))
@@ -584,7 +584,7 @@ where
         Ok(texts
             .into_iter()
             .zip(batch.responses.iter().zip(&batch.finish_reasons))
-            .map(|(text, (r, &f))| crate::validation::Answer::new(text, r.len(), f))
+            .map(|(text, (r, &f))| crate::rollout::Answer::new(text, r.len(), f))
             .collect())
     }
 

@@ -6,7 +6,7 @@
 //! | stage | type / trait | default |
 //! |---|---|---|
 //! | rollout | [`RolloutEngine`] ([`RolloutRequest`] -> [`RolloutBatch`], then weight sync) | [`GroupSampler`] over [`Policy::sample`]; `conrub train` uses [`InProcessEngine`] |
-//! | rewards | [`RewardSource`] -> [`GroupScores`] | [`JudgeRewards`] (the judge crate's judge-then-score path); `[[reward.functions]]`: [`WeightedRewards`] built by [`RewardKinds`] |
+//! | rewards | `conrub_rewards::RewardSource` -> `GroupScores` | `JudgeRewards` (the rubric judge); `[[reward.functions]]`: `WeightedRewards` built by `RewardKinds` (all in `conrub-rewards`) |
 //! | advantages | [`AdvantageEstimator`] (by name: `learner.estimator`) wrapped by [`TieAwareAdvantages`] with a [`TieBreaker`] | `group-relative` ([`GroupRelative`]) + [`PairwiseTieBreaker`] |
 //! | train batch | [`TrainBatch`] (device-resident; micro-batches are slices of it) | built by the learner |
 //! | policy loss | [`PolicyObjective`] (by name: `learner.loss`) | `clipped-surrogate` ([`PolicyLoss`]), `sequence-mean`; `gspo` ([`ImportanceLevel::Sequence`]) |
@@ -22,10 +22,8 @@
 //!   [`TokenBatch`], [`TextCodec`], [`Export`], [`sample_by_recomputation`]
 //! - rollout: [`RolloutEngine`], [`RolloutRequest`], [`RolloutBatch`], [`WeightSync`] (contracts),
 //!   and the crate's engines [`InProcessEngine`], [`GroupSampler`]
-//! - the task: [`TaskPrompt`] (one prompt of a task; [`conrub_rubric::RubricRecord`] is one kind)
-//! - rewards: [`RewardSource`] (of a task's prompts), [`JudgeRewards`] (rubric records), [`GroupScores`];
-//!   `[[reward.functions]]`: [`RewardKinds`] (the registry of kinds, [`BUILTIN_REWARD_KINDS`]),
-//!   [`WeightedRewards`] (the mix), [`VerifiableReward`], [`HttpReward`]
+//! - the task and its rewards are `conrub_rewards`' (`TaskPrompt`, `RewardSource`, `GroupScores`,
+//!   the kinds registry); the learner takes a task's prompts and one reward source
 //! - advantages: [`AdvantageEstimator`], [`GroupRelative`], [`ScaleRewards`],
 //!   [`TieAwareAdvantages`], [`TieMode`], [`GroupOutcome`], [`TieStatus`]
 //! - ties: [`TieBreaker`], [`PairwiseTieBreaker`], [`NoTieBreaker`], [`TiedGroup`], [`TieOutcome`],
@@ -36,17 +34,11 @@
 //!   [`SurrogateOutput`], [`KlEstimator`], [`ImportanceLevel`], [`dpo_pair_loss`], [`TrainBatch`],
 //!   [`mask_rows`], [`Update`] (global clipping with fixed-order sums on the device, then AdamW),
 //!   [`UpdateConfig`], [`LrSchedule`], [`LrScheduleKind`]
-//! - what a run writes besides its metrics: [`samples`] (each step's rollouts and each validation
-//!   round's answers, for reading), [`tensorboard`] (event files written directly),
-//!   [`run_folder`] (the folder's lock, `--resume auto`'s newest complete checkpoint)
-//! - the run: [`train`] over a [`Trainee`] (a [`Learner`] or a [`DataParallel`] group; epochs in a seeded order, `metrics.jsonl` ([`MetricsLine`]), checkpoints,
-//!   resume), [`RunConfig`], [`RunHooks`], [`RunSummary`], [`EpochSummary`], [`save_state`]
-//!   ([`write_state`] + [`StateDraft::seal`]: the loop seals a checkpoint behind the next steps),
-//!   [`load_state`], [`TrainingState`], [`sft_warmup`], [`warmup_pairs`], [`BestCheckpoint`],
-//!   [`best_checkpoint_path`]
-//! - validation during training: [`Validator`] (held-out prompts scored by the training judge and
-//!   a grader) over [`HeldOutPrompt`]s, [`ValidationConfig`], [`ValidationDecoding`],
-//!   [`ValidationLine`], [`JudgeScore`], [`Answer`]
+//! - the learner's state on disk: [`save_state`] ([`write_state`] / [`write_group_state`] +
+//!   [`StateDraft::seal`]), [`load_state`], [`TrainingState`], [`swap_in`]
+//! - generation outside training (validation reads it): [`Learner::generate`] -> [`Answer`]
+//! - the run (the loop, checkpoints, the run folder, metrics sinks, validation, the supervised
+//!   warm-up) is `conrub_trainer`'s: this crate is the method and the learner
 //! - data parallel: [`DataParallel`] (one learner per device on threads of one process, one
 //!   gradient all-reduce per optimizer step, or the state sharded: [`Sharding`], [`ShardLayout`]),
 //!   [`Collective`], [`HostCollective`], [`RankSlot`], [`split_groups`]
@@ -61,7 +53,6 @@
 mod advantages;
 mod batch;
 mod buckets;
-mod checkpoint;
 mod collective;
 mod error;
 mod group;
@@ -71,27 +62,16 @@ mod loss;
 mod nccl;
 mod parallel;
 mod registry;
-mod reward;
-mod reward_functions;
-mod reward_http;
 mod rollout;
-pub mod run_folder;
-pub mod samples;
 mod schedule;
 mod sharding;
+mod state;
 mod stop;
-mod task;
-mod telemetry;
-pub mod tensorboard;
 mod ties;
-mod trainer;
 mod update;
-mod validation;
-mod warmup;
 
-pub use advantages::{AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus};
+pub use advantages::{stable_seed, AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus};
 pub use batch::{mask_rows, padded_width, TrainBatch};
-pub use checkpoint::{load_state, save_state, write_state, StateDraft, TrainingState};
 pub use collective::{Collective, HostCollective};
 // The contracts the learner is written against, re-exported so an embedder names one crate.
 pub use conrub_contracts::LrScheduleKind;
@@ -116,22 +96,12 @@ pub use registry::{
     EstimatorFactory, LossFactory, Registry, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR,
     DEFAULT_LOSS,
 };
-pub use reward::{GroupScores, JudgeRewards, RewardSource};
-pub use reward_functions::{
-    RewardFactory, RewardKinds, VerifiableReward, WeightedFunction, WeightedRewards,
-    BUILTIN_REWARD_KINDS,
-};
-pub use reward_http::HttpReward;
-pub use rollout::{GroupSampler, InProcessEngine};
+pub use rollout::{Answer, GroupSampler, InProcessEngine};
 pub use schedule::LrSchedule;
 pub use sharding::{ShardLayout, Sharding};
-pub use stop::{cut_at_stop_strings, stop_point};
-pub use task::TaskPrompt;
-pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
-pub use trainer::{
-    best_checkpoint_path, epoch_order, train, BestCheckpoint, RunConfig, RunHooks, RunSummary,
-    Trainee,
+pub use state::{
+    load_state, save_state, swap_in, write_group_state, write_state, StateDraft, TrainingState,
 };
+pub use stop::{cut_at_stop_strings, stop_point};
+pub use ties::{NoTieBreaker, PairRecord, PairwiseTieBreaker, TieBreaker, TieOutcome, TiedGroup};
 pub use update::{Update, UpdateConfig};
-pub use validation::{Answer, HeldOutPrompt, ValidationConfig, Validator};
-pub use warmup::{sft_warmup, warmup_pairs};

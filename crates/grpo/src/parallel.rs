@@ -29,8 +29,8 @@ use crate::collective::Collective;
 use crate::error::{GrpoError, Result};
 use crate::learner::{step_output, Learner, LearnerBuilder, RankSlot, Shard, StepOutput};
 use crate::sharding::{release, Assembly, ShardLayout, Sharding};
-use crate::task::TaskPrompt;
 use conrub_contracts::{gathered_as, Policy};
+use conrub_rewards::TaskPrompt;
 
 /// The learners of a data-parallel group, rank 0 first.
 pub struct DataParallel<B, P, T = RubricRecord>
@@ -264,7 +264,7 @@ where
         let layout = self.parameter_layout();
         let mut state = None;
         for (rank, l) in self.ranks.iter_mut().enumerate() {
-            state = Some(crate::checkpoint::load_state(l, dir)?);
+            state = Some(crate::state::load_state(l, dir)?);
             if let Some(layout) = &layout {
                 l.policy = release(l.policy.clone(), layout, rank);
             }

@@ -104,3 +104,24 @@ impl<B: Backend, P: Policy<B>> RolloutEngine<B, P> for GroupSampler {
         })
     }
 }
+
+/// One generated answer of [`Learner::generate`](crate::Learner::generate) (validation reads them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The decoded text.
+    pub text: String,
+    /// Tokens generated.
+    pub tokens: usize,
+    /// Cut at the length limit.
+    pub truncated: bool,
+}
+
+impl Answer {
+    pub(crate) fn new(text: String, tokens: usize, finish: conrub_contracts::FinishReason) -> Self {
+        Self {
+            text,
+            tokens,
+            truncated: finish == conrub_contracts::FinishReason::Length,
+        }
+    }
+}

@@ -51,7 +51,7 @@ impl LrSchedule {
                 format!("learner.{key}"),
                 format!(
                     "{what} needs the run's length: call Learner::set_training_steps \
-                     (conrub_grpo::train does)"
+                     (conrub_trainer::train does)"
                 ),
             )
         };
@@ -153,7 +153,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "learner.lr_schedule: cosine needs the run's length: call \
-             Learner::set_training_steps (conrub_grpo::train does)"
+             Learner::set_training_steps (conrub_trainer::train does)"
         );
         let mut c = cfg(LrScheduleKind::Constant);
         c.lr_warmup_ratio = Some(0.5);

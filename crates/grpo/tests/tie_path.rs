@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use conrub_grpo::{
-    record_group, GroupRelative, JudgeRewards, PairRecord, RewardSource, TieAwareAdvantages,
-    TieBreaker, TieMode, TieOutcome, TieStats, TieStatus, TiedGroup,
+    record_group, GroupRelative, PairRecord, TieAwareAdvantages, TieBreaker, TieMode, TieOutcome,
+    TieStats, TieStatus, TiedGroup,
 };
 use conrub_judge::{LexicalJudge, PairOutcome};
+use conrub_rewards::{JudgeRewards, RewardSource};
 use conrub_rubric::{read_rubrics, LengthPenalty, RubricDropout, ScoringMode};
 
 struct FixedBreaker;

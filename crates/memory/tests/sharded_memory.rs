@@ -26,11 +26,12 @@ use std::sync::Arc;
 
 use burn::backend::{Autodiff, Flex};
 use conrub_grpo::{
-    DataParallel, GroupScores, HostCollective, InProcessEngine, Learner, LearnerConfig,
-    RewardSource, Sharding, TaskPrompt, TextCodec, TieMode,
+    DataParallel, HostCollective, InProcessEngine, Learner, LearnerConfig, Sharding, TextCodec,
+    TieMode,
 };
 use conrub_memory::{MemoryPlan, MemoryPlanInput};
 use conrub_models::{CausalLm, ModelConfig};
+use conrub_rewards::{GroupScores, RewardSource, TaskPrompt};
 use conrub_rollout::EngineConfig;
 use conrub_rubric::{Message, ResponseScore};
 

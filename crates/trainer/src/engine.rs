@@ -8,9 +8,10 @@ use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use conrub_config::{RolloutEngineKind, TrainConfig};
 use conrub_contracts::{KvLayout, PagedModel, Policy};
-use conrub_grpo::{InProcessEngine, TaskPrompt};
+use conrub_grpo::InProcessEngine;
 use conrub_kernels::GrpoOps;
 use conrub_remote::{SglangConfig, SglangEngine, WeightWriter};
+use conrub_rewards::TaskPrompt;
 use conrub_rollout::EngineConfig;
 
 use crate::error::{Result, TrainerError};

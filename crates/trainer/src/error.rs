@@ -12,6 +12,9 @@ pub enum TrainerError {
     /// The learner or the training loop failed.
     #[error(transparent)]
     Learner(#[from] conrub_grpo::GrpoError),
+    /// The reward functions could not be built, or refuse a prompt.
+    #[error(transparent)]
+    Reward(#[from] conrub_rewards::RewardError),
     /// The policy could not be loaded or written.
     #[error(transparent)]
     Model(#[from] conrub_models::ModelError),
@@ -38,6 +41,39 @@ pub enum TrainerError {
     /// A stage of the set-up failed (the message names the stage).
     #[error("{0}")]
     Setup(String),
+    /// Reading or writing a file of the run failed.
+    #[error("{}: {message}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        message: String,
+    },
+    /// A run folder cannot be used: it is a file, cannot be written, is in use by another
+    /// run, or holds an earlier run that a fresh one would overwrite.
+    #[error("run folder {}: {message}", dir.display())]
+    RunFolder {
+        /// The folder.
+        dir: PathBuf,
+        /// Why, and what to do.
+        message: String,
+    },
+    /// A [`RunHooks`](crate::RunHooks) callback other than the export failed.
+    #[error("run hook: {0}")]
+    Hook(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// There is nothing to train on.
+    #[error("no rubric records to train on")]
+    NoRecords,
+}
+
+impl TrainerError {
+    /// A [`TrainerError::Io`] error.
+    pub fn io(path: impl Into<PathBuf>, cause: impl std::fmt::Display) -> Self {
+        Self::Io {
+            path: path.into(),
+            message: cause.to_string(),
+        }
+    }
 }
 
 /// `Result` with [`TrainerError`].

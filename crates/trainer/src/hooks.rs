@@ -1,11 +1,43 @@
-//! What the training loop calls back: checkpoints exported by the policy's writer, plots drawn
-//! after each checkpoint, progress lines on stderr.
+//! What the training loop asks of its caller ([`RunHooks`]), and `conrub train`'s answers:
+//! checkpoints exported by the policy's writer, plots drawn after each checkpoint.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use burn::tensor::DType;
 use conrub_contracts::{Export, KernelWarmupLine, MetricsLine};
-use conrub_grpo::{GrpoError, RunHooks};
+
+use crate::error::{Result, TrainerError};
+use crate::sinks::RunSink;
+
+/// What the training loop asks of its caller.
+pub trait RunHooks<P> {
+    /// Writes `policy` in its deployable format into `dir` (a Hugging Face directory for the `conrub_models` families);
+    /// the training state goes into `dir/training_state` next to it.
+    fn export(&mut self, policy: &P, dir: &Path) -> Result<()>;
+    /// The dtype [`RunHooks::export`] writes weight matrices in, when narrower than the
+    /// policy's (see `conrub_contracts::Export::matrix_dtype`); `None` by default.
+    fn export_dtype(&self) -> Option<DType> {
+        None
+    }
+    /// Outputs of the run besides the built-in ones ([`default_sinks`](crate::sinks::default_sinks)),
+    /// asked once when the run opens its folder; they hear every event after the built-in ones.
+    fn sinks(&mut self) -> Vec<Box<dyn RunSink>> {
+        Vec::new()
+    }
+    /// Lines written to `metrics.jsonl` once it is opened, before the first step (the binary's
+    /// kernel warm-up line).
+    fn opening_lines(&mut self) -> Vec<MetricsLine> {
+        Vec::new()
+    }
+    /// Called after every checkpoint (the periodic ones and the last) with the run directory,
+    /// whose `metrics.jsonl` is complete up to that step: where `conrub train` draws its curves.
+    /// With `run.checkpoint_in_background` it comes once the checkpoint is in place: at the
+    /// first step boundary after its seal is done (or at the next save, or the run's end).
+    fn checkpointed(&mut self, _run_dir: &Path, _checkpoint: &Path) -> Result<()> {
+        Ok(())
+    }
+}
 
 /// The run's hooks.
 pub(crate) struct Hooks<P> {
@@ -23,20 +55,16 @@ impl<P> RunHooks<P> for Hooks<P> {
             .collect()
     }
 
-    fn export(&mut self, policy: &P, dir: &Path) -> conrub_grpo::Result<()> {
+    fn export(&mut self, policy: &P, dir: &Path) -> Result<()> {
         Ok(self.export.export(policy, dir)?)
     }
 
-    fn export_dtype(&self) -> Option<burn::tensor::DType> {
+    fn export_dtype(&self) -> Option<DType> {
         self.export.matrix_dtype()
     }
 
-    fn progress(&mut self, line: &str) {
-        tracing::info!("{line}");
-    }
-
-    fn checkpointed(&mut self, run_dir: &Path, _checkpoint: &Path) -> conrub_grpo::Result<()> {
-        conrub_plot::plot_run(run_dir).map_err(|e| GrpoError::Hook(Box::new(e)))?;
+    fn checkpointed(&mut self, run_dir: &Path, _checkpoint: &Path) -> Result<()> {
+        conrub_plot::plot_run(run_dir).map_err(|e| TrainerError::Hook(Box::new(e)))?;
         Ok(())
     }
 }

@@ -24,12 +24,13 @@ use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use conrub_contracts::{KernelWarmupLine, PagedModel, Policy};
-use conrub_grpo::{
-    epoch_order, sft_warmup, warmup_pairs, DataParallel, HostCollective, TaskPrompt,
-};
+use conrub_grpo::{DataParallel, HostCollective};
 use conrub_kernels::GrpoOps;
+use conrub_rewards::TaskPrompt;
 
 use crate::error::{Result, TrainerError};
+use crate::run_loop::epoch_order;
+use crate::sft::{sft_warmup, warmup_pairs};
 use crate::{Engine, Trainer};
 
 impl<B, P, T> Trainer<B, P, T>

@@ -8,8 +8,11 @@
 //! | rollout engine | `engine.rs` | in process (`conrub-rollout`) or SGLang servers (`rollout.engine`) |
 //! | kernel warm-up | [`Trainer::warm_kernels`] | every kernel of the first steps compiled before them (CubeCL backends) |
 //! | supervised warm-up | `warmup.rs` | `[warmup]` steps on the prompts' reference answers (fresh runs) |
-//! | learners | `run.rs` | one [`Learner`](conrub_grpo::Learner), or a data-parallel group on every device |
-//! | the loop | [`conrub_grpo::train`] | steps, metrics, checkpoints (exported by [`PolicyParts::export`]), validation, resume |
+//! | learners | `run.rs` | one [`Learner`](conrub_grpo::Learner), or a data-parallel group on every device ([`Trainee`]) |
+//! | the loop | [`train`] (`run_loop.rs`) | one struct with a method per stage: open (resume, claim the folder), draw, step, validate, checkpoint, finish |
+//! | outputs | `sinks.rs` ([`RunSink`]) | every event to each sink: `metrics.jsonl` ([`telemetry`]), samples ([`samples`]), TensorBoard ([`tensorboard`]), progress; an embedder adds its own ([`RunHooks::sinks`]) |
+//! | checkpoints | `checkpoint.rs`, [`run_folder`] | the export (by [`PolicyParts::export`]) and the learner's state, sealed behind the next steps, pruned; the best by the grader; the folder's lock, `--resume auto`'s newest checkpoint |
+//! | validation | [`Validator`] (`validation.rs`) | held-out prompts scored by the training judge and a grader |
 //!
 //! `conrub train` parses its arguments, picks the backend and calls [`Trainer::from_config`] and
 //! [`Trainer::run`]; a program that embeds the learner with its own task and reward calls
@@ -31,6 +34,7 @@
 //! them on stderr, `CONRUB_LOG` filtering) to see them; what the set-up dropped is also
 //! returned ([`Trainer::dropped_prompts`]).
 
+mod checkpoint;
 mod data;
 mod engine;
 mod error;
@@ -42,6 +46,15 @@ mod prompts;
 mod report;
 mod rubric;
 mod run;
+pub mod run_folder;
+mod run_loop;
+pub mod samples;
+mod sft;
+pub mod sinks;
+pub mod telemetry;
+pub mod tensorboard;
+mod trainee;
+mod validation;
 mod warmup;
 
 use std::path::PathBuf;
@@ -53,19 +66,26 @@ use conrub_config::TrainConfig;
 use conrub_contracts::{
     Export, KernelWarmupLine, PagedModel, Policy, RolloutEngine, TextCodec, TieMode,
 };
-use conrub_grpo::{
-    Collective, Registry, RewardKinds, RewardSource, TaskPrompt, TieBreaker, Validator,
-};
+use conrub_grpo::{Collective, Registry, TieBreaker};
 use conrub_kernels::GrpoOps;
 use conrub_models::CausalLm;
 use conrub_remote::WeightWriter;
+use conrub_rewards::{RewardKinds, RewardSource, TaskPrompt};
 use conrub_rubric::RubricRecord;
 
+pub use checkpoint::{best_checkpoint_path, checkpoint_dir, BestCheckpoint};
+pub use conrub_contracts::{RunConfig, ValidationConfig};
 pub use error::{Result, TrainerError};
+pub use hooks::RunHooks;
 pub use policy::{load_policy, PolicyParts};
 pub use prompts::{drop_overlong, Overlong};
 pub use report::report;
 pub use rubric::{check_data, check_rubrics};
+pub use run_loop::{drawn_records, epoch_order, train, RunSummary};
+pub use sft::{sft_warmup, warmup_pairs};
+pub use sinks::{RunEvent, RunSink};
+pub use trainee::Trainee;
+pub use validation::{HeldOutPrompt, Validator};
 
 /// What scores a step and breaks its ties.
 type Judging<T> = (Arc<dyn RewardSource<T>>, Option<Arc<dyn TieBreaker>>);
@@ -178,7 +198,7 @@ where
     ) -> Result<Self> {
         first_device::<B>(&devices)?;
         if prompts.is_empty() {
-            return Err(conrub_grpo::GrpoError::NoRecords.into());
+            return Err(TrainerError::NoRecords);
         }
         cfg.learner.validate()?;
         cfg.run.validate()?;

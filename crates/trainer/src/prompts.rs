@@ -4,7 +4,8 @@
 
 use conrub_config::OverlongPrompts;
 use conrub_contracts::TextCodec;
-use conrub_grpo::{GrpoError, TaskPrompt};
+use conrub_grpo::GrpoError;
+use conrub_rewards::TaskPrompt;
 
 use crate::error::Result;
 

@@ -5,15 +5,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use conrub_config::TrainConfig;
-use conrub_grpo::{
-    GroupScores, HeldOutPrompt, JudgeRewards, PairwiseTieBreaker, RewardKinds, RewardSource,
-    Validator,
-};
+use conrub_grpo::PairwiseTieBreaker;
 use conrub_judge::{CriterionJudge, Judges};
 use conrub_kernels::GrpoOps;
+use conrub_rewards::{GroupScores, JudgeRewards, RewardError, RewardKinds, RewardSource};
 use conrub_rubric::{RubricRecord, RubricSet};
 
 use crate::error::{Result, TrainerError};
+use crate::validation::{HeldOutPrompt, Validator};
 
 /// The rubric records, their judges and the validator of `[eval]`.
 pub(crate) struct RubricTask {
@@ -63,18 +62,7 @@ fn rewards(
         return Ok(judged);
     }
     let judged_by_rubric = cfg.reward.functions.iter().any(|f| f.kind == "rubric");
-    kinds.register("rubric", move |spec, at| {
-        // The judge's settings are `[judge]` and `[reward]`'s; the entry has none of its own.
-        if let Some(key) = spec.options.keys().next() {
-            return Err(conrub_grpo::GrpoError::Config {
-                key: format!("{at}.{key}"),
-                message: "a `rubric` function has no options of its own: it is the judge of \
-                          `[judge]` with `reward.mode`, the length penalty and dropout"
-                    .into(),
-            });
-        }
-        Ok(judged.clone())
-    });
+    kinds.register_rubric(judged);
     let mix = kinds.build(&cfg.reward.functions)?;
     if judged_by_rubric {
         return Ok(Arc::new(mix));
@@ -103,7 +91,7 @@ impl<R: RewardSource<RubricRecord>> RewardSource<RubricRecord> for WithRecordCri
         scores
     }
 
-    fn check_prompt(&self, record: &RubricRecord) -> std::result::Result<(), String> {
+    fn check_prompt(&self, record: &RubricRecord) -> std::result::Result<(), RewardError> {
         self.0.check_prompt(record)
     }
 }

@@ -4,15 +4,15 @@
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use conrub_contracts::{PagedModel, Policy};
-use conrub_grpo::{
-    run_folder, train, DataParallel, GrpoError, HostCollective, Learner, LearnerBuilder,
-    RunSummary, TaskPrompt,
-};
+use conrub_grpo::{DataParallel, GrpoError, HostCollective, Learner, LearnerBuilder};
 use conrub_kernels::GrpoOps;
+use conrub_rewards::TaskPrompt;
 use std::sync::Arc;
 
 use crate::error::{Result, TrainerError};
 use crate::hooks::Hooks;
+use crate::run_folder;
+use crate::run_loop::{train, RunSummary};
 use crate::{Engine, Judging, Trainer};
 
 impl<B, P, T> Trainer<B, P, T>
@@ -24,7 +24,7 @@ where
 {
     /// Trains: the supervised warm-up of `[warmup]` (fresh runs), then GRPO steps until the
     /// run's epochs or `run.max_steps` are done, writing `run.output_dir` as the training loop
-    /// does ([`conrub_grpo::train`]). Returns the run's summary (also printed).
+    /// does ([`train`](crate::train)). Returns the run's summary (also printed).
     pub fn run(mut self) -> Result<RunSummary> {
         self.preflight()?;
         if self.cfg.run.output_dir.as_os_str().is_empty() {

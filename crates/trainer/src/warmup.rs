@@ -4,11 +4,12 @@
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use conrub_contracts::{PagedModel, Policy};
-use conrub_grpo::{sft_warmup, warmup_pairs, TaskPrompt};
 use conrub_kernels::GrpoOps;
+use conrub_rewards::TaskPrompt;
 
 use crate::error::{Result, TrainerError};
 use crate::progress::PhaseProgress;
+use crate::sft::{sft_warmup, warmup_pairs};
 use crate::Trainer;
 
 impl<B, P, T> Trainer<B, P, T>

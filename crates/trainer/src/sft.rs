@@ -8,8 +8,8 @@ use burn::tensor::ElementConversion;
 
 use conrub_contracts::{Policy, TextCodec, TokenBatch};
 
-use crate::error::{GrpoError, Result};
-use crate::task::TaskPrompt;
+use conrub_grpo::{GrpoError, Result};
+use conrub_rewards::TaskPrompt;
 
 /// `(prompt, reference answer + stop token)` ids of every prompt that has a reference answer.
 pub fn warmup_pairs<T: TaskPrompt>(

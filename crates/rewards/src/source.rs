@@ -6,8 +6,10 @@ use async_trait::async_trait;
 use conrub_judge::{score_jobs, CriterionJudge, CriterionRequest, ScoreJob};
 use conrub_rubric::{LengthPenalty, ResponseScore, RubricDropout, RubricRecord, ScoringMode};
 
-use crate::task::TaskPrompt;
 use serde::{Deserialize, Serialize};
+
+use crate::error::RewardError;
+use crate::task::TaskPrompt;
 
 /// One group's scores and the criteria they were scored against.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,7 +56,7 @@ pub trait RewardSource<T: TaskPrompt = RubricRecord>: Send + Sync {
 
     /// Checks a prompt before training (a verifiable function: that it has the ground truth
     /// it compares to); the error says what is missing. Accepts every prompt by default.
-    fn check_prompt(&self, _prompt: &T) -> std::result::Result<(), String> {
+    fn check_prompt(&self, _prompt: &T) -> Result<(), RewardError> {
         Ok(())
     }
 }
@@ -140,7 +142,22 @@ impl<T: TaskPrompt, R: RewardSource<T> + ?Sized> RewardSource<T> for Arc<R> {
         (**self).score_group(prompt, responses, lengths, step).await
     }
 
-    fn check_prompt(&self, prompt: &T) -> std::result::Result<(), String> {
+    fn check_prompt(&self, prompt: &T) -> Result<(), RewardError> {
         (**self).check_prompt(prompt)
     }
+}
+
+/// Whether a group is an exact tie: complete (`k` responses, all scored), every reward finite, and
+/// all rewards exactly equal (bit-for-bit; our rewards are exact rationals rounded once).
+pub fn is_exact_tie(rewards: &[Option<f64>], k: usize) -> bool {
+    if rewards.len() != k || k < 2 {
+        return false;
+    }
+    let Some(Some(first)) = rewards.first().copied() else {
+        return false;
+    };
+    first.is_finite()
+        && rewards
+            .iter()
+            .all(|r| matches!(r, Some(x) if x.to_bits() == first.to_bits()))
 }

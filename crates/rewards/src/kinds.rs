@@ -3,7 +3,7 @@
 //!
 //! | kind | what it gives a response | options |
 //! |---|---|---|
-//! | `rubric` | the criterion judge's exact reward (`[judge]`, `reward.mode`, length penalty, dropout); registered by `conrub-trainer` | none |
+//! | `rubric` | the criterion judge's exact reward (`[judge]`, `reward.mode`, length penalty, dropout); registered from the judge by [`RewardKinds::register_rubric`] | none |
 //! | `exact` | 1 when the extracted answer equals the prompt's `ground_truth`, else 0 | `extract`, `pattern`, `case_sensitive` |
 //! | `numeric` | 1 when the extracted answer's last number is within the tolerance of `ground_truth`, else 0 | `extract`, `pattern`, `tolerance`, `relative_tolerance` |
 //! | `regex` | 1 when `pattern` is found in the response, else 0 | `pattern` |
@@ -23,12 +23,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use conrub_rubric::{AnswerCheck, MixedScore, ResponseScore, RewardFunctionSpec, RewardPart};
+use conrub_rubric::{
+    AnswerCheck, MixedScore, ResponseScore, RewardFunctionSpec, RewardPart, RubricRecord,
+};
 use futures::future::join_all;
 
-use crate::error::{GrpoError, Result};
-use crate::reward::{GroupScores, RewardSource};
-use crate::reward_http::HttpReward;
+use crate::error::{Result, RewardError};
+use crate::http::HttpReward;
+use crate::source::{GroupScores, RewardSource};
 use crate::task::TaskPrompt;
 
 /// Builds a reward function from its `[[reward.functions]]` entry; `at` names the entry in
@@ -132,8 +134,27 @@ impl<T: TaskPrompt + 'static> RewardKinds<T> {
     }
 }
 
-fn config(key: &str, message: String) -> GrpoError {
-    GrpoError::Config {
+impl RewardKinds<RubricRecord> {
+    /// Registers kind `rubric`: `judged`, the rubric records' rewards from the criterion judge
+    /// of `[judge]` ([`JudgeRewards`](crate::JudgeRewards) with `reward.mode`, the length
+    /// penalty and dropout). The entry takes no options of its own.
+    pub fn register_rubric(&mut self, judged: Arc<dyn RewardSource<RubricRecord>>) -> &mut Self {
+        self.register("rubric", move |spec, at| {
+            if let Some(key) = spec.options.keys().next() {
+                return Err(RewardError::Config {
+                    key: format!("{at}.{key}"),
+                    message: "a `rubric` function has no options of its own: it is the judge of \
+                              `[judge]` with `reward.mode`, the length penalty and dropout"
+                        .into(),
+                });
+            }
+            Ok(judged.clone())
+        })
+    }
+}
+
+fn config(key: &str, message: String) -> RewardError {
+    RewardError::Config {
         key: key.into(),
         message,
     }
@@ -197,11 +218,11 @@ impl<T: TaskPrompt> RewardSource<T> for WeightedRewards<T> {
         }
     }
 
-    fn check_prompt(&self, prompt: &T) -> std::result::Result<(), String> {
+    fn check_prompt(&self, prompt: &T) -> Result<()> {
         for f in &self.functions {
-            f.source
-                .check_prompt(prompt)
-                .map_err(|e| format!("reward function `{}`: {e}", f.name))?;
+            f.source.check_prompt(prompt).map_err(|e| {
+                RewardError::Unscorable(format!("reward function `{}`: {e}", f.name))
+            })?;
         }
         Ok(())
     }
@@ -267,14 +288,17 @@ impl<T: TaskPrompt> RewardSource<T> for VerifiableReward {
         GroupScores::direct(scores)
     }
 
-    fn check_prompt(&self, prompt: &T) -> std::result::Result<(), String> {
-        self.check.check_ground_truth(prompt.ground_truth())
+    fn check_prompt(&self, prompt: &T) -> Result<()> {
+        self.check
+            .check_ground_truth(prompt.ground_truth())
+            .map_err(RewardError::Unscorable)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::is_exact_tie;
     use conrub_rubric::{Message, UnscoredReason};
 
     struct Prompt {
@@ -407,14 +431,14 @@ mod tests {
         ];
         let g = score(&specs, Some("B"), &["b", "B."]);
         let r: Vec<Option<f64>> = g.scores.iter().map(ResponseScore::reward).collect();
-        assert!(crate::advantages::is_exact_tie(&r, 2), "{r:?}");
+        assert!(is_exact_tie(&r, 2), "{r:?}");
         // A negative weight on a zero part gives -0.0, which the sum from 0.0 turns into 0.0.
         let specs = [RewardFunctionSpec::new("regex", -1.0).with("pattern", "x")];
         let g = score(&specs, None, &["y"]);
         assert_eq!(g.scores[0].reward().unwrap().to_bits(), 0.0f64.to_bits());
         // Floats are compared bit for bit: 0.1 + 0.2 is not 0.3.
         let r = [Some(0.1 + 0.2), Some(0.3)];
-        assert!(!crate::advantages::is_exact_tie(&r, 2));
+        assert!(!is_exact_tie(&r, 2));
     }
 
     #[test]
@@ -439,7 +463,7 @@ mod tests {
         let mix = kinds()
             .build(&[RewardFunctionSpec::new("numeric", 1.0)])
             .unwrap();
-        let e = mix.check_prompt(&prompt(None)).unwrap_err();
+        let e = mix.check_prompt(&prompt(None)).unwrap_err().to_string();
         assert!(e.contains("`numeric`") && e.contains("ground_truth"), "{e}");
         assert!(mix.check_prompt(&prompt(Some("12"))).is_ok());
     }

@@ -15,17 +15,16 @@ use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use conrub_contracts::{
-    Decoding, FinishReason, JudgeScore, Message, Policy, ValidationDecoding, ValidationLine,
-};
+use conrub_contracts::{Decoding, JudgeScore, Message, Policy, ValidationDecoding, ValidationLine};
 use conrub_judge::{CriterionJudge, CriterionRequest, CriterionVerdict};
 use conrub_kernels::GrpoOps;
 use conrub_rubric::bootstrap::bootstrap_std_clipped;
 use conrub_rubric::{score_labels, LengthPenalty, ScoringMode};
 
-use crate::advantages::stable_seed;
+use conrub_grpo::{stable_seed, Learner};
+use conrub_rewards::TaskPrompt;
+
 use crate::error::Result;
-use crate::learner::Learner;
 use crate::samples::{EvalSample, JudgedAnswer};
 pub use conrub_contracts::ValidationConfig;
 
@@ -67,7 +66,7 @@ impl Validator {
         B: AutodiffBackend + GrpoOps,
         P: Policy<B> + AutodiffModule<B>,
         P::InnerModule: Policy<B::InnerBackend>,
-        T: crate::task::TaskPrompt,
+        T: TaskPrompt,
     {
         self.validate_policy(learner, &learner.policy().valid())
             .await
@@ -84,7 +83,7 @@ impl Validator {
         B: AutodiffBackend + GrpoOps,
         P: Policy<B> + AutodiffModule<B>,
         P::InnerModule: Policy<B::InnerBackend>,
-        T: crate::task::TaskPrompt,
+        T: TaskPrompt,
     {
         Ok(self.validate_round(learner, policy).await?.0)
     }
@@ -100,7 +99,7 @@ impl Validator {
         B: AutodiffBackend + GrpoOps,
         P: Policy<B> + AutodiffModule<B>,
         P::InnerModule: Policy<B::InnerBackend>,
-        T: crate::task::TaskPrompt,
+        T: TaskPrompt,
     {
         let step = learner.steps_done();
         let started = Instant::now();
@@ -261,25 +260,4 @@ impl Validator {
 enum AnswerScore<'v> {
     Scored(&'v [conrub_rubric::Label], f64),
     Unscored(String),
-}
-
-/// One generated answer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
-    /// The decoded text.
-    pub text: String,
-    /// Tokens generated.
-    pub tokens: usize,
-    /// Cut at the length limit.
-    pub truncated: bool,
-}
-
-impl Answer {
-    pub(crate) fn new(text: String, tokens: usize, finish: FinishReason) -> Self {
-        Self {
-            text,
-            tokens,
-            truncated: finish == FinishReason::Length,
-        }
-    }
 }

@@ -16,8 +16,8 @@ use conrub_rubric::{ResponseScore, RewardFunctionSpec};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::error::{GrpoError, Result};
-use crate::reward::{GroupScores, RewardSource};
+use crate::error::{Result, RewardError};
+use crate::source::{GroupScores, RewardSource};
 use crate::task::TaskPrompt;
 
 fn default_timeout() -> f64 {
@@ -78,7 +78,7 @@ impl HttpReward {
     /// The client of an `http` entry; `at` names it in errors.
     pub fn from_spec(spec: &RewardFunctionSpec, at: &str) -> Result<Self> {
         let o: HttpOptions = spec.options(at)?;
-        let bad = |key: &str, why: String| GrpoError::Config {
+        let bad = |key: &str, why: String| RewardError::Config {
             key: format!("{at}.{key}"),
             message: why,
         };

@@ -17,11 +17,10 @@ use conrub_judge::PairOutcome;
 use conrub_rubric::{Label, ResponseScore};
 use serde::{Deserialize, Serialize};
 
-use crate::advantages::TieStatus;
-use crate::error::{GrpoError, Result};
-use crate::learner::StepOutput;
-use crate::task::TaskPrompt;
-use crate::ties::PairRecord;
+use conrub_grpo::{PairRecord, StepOutput, TieStatus};
+use conrub_rewards::TaskPrompt;
+
+use crate::error::{Result, TrainerError};
 
 /// The folder of a run's samples.
 pub fn samples_dir(output_dir: &Path) -> PathBuf {
@@ -45,10 +44,10 @@ pub fn remove_samples_after(output_dir: &Path, steps_done: u64) -> Result<()> {
     let entries = match std::fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(GrpoError::io(&dir, e)),
+        Err(e) => return Err(TrainerError::io(&dir, e)),
     };
     for entry in entries {
-        let entry = entry.map_err(|e| GrpoError::io(&dir, e))?;
+        let entry = entry.map_err(|e| TrainerError::io(&dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let number = |prefix: &str| {
             name.strip_prefix(prefix)
@@ -62,7 +61,7 @@ pub fn remove_samples_after(output_dir: &Path, steps_done: u64) -> Result<()> {
             _ => false,
         };
         if later {
-            std::fs::remove_file(entry.path()).map_err(|e| GrpoError::io(entry.path(), e))?;
+            std::fs::remove_file(entry.path()).map_err(|e| TrainerError::io(entry.path(), e))?;
         }
     }
     Ok(())
@@ -148,46 +147,48 @@ pub struct JudgedAnswer {
     pub error: Option<String>,
 }
 
-impl StepOutput {
-    /// The step's first `groups` groups as [`GroupSample`]s; `records` are the step's prompts,
-    /// in the order the step took them.
-    pub fn samples<T: TaskPrompt>(&self, records: &[&T], groups: usize) -> Vec<GroupSample> {
-        let n = groups.min(self.outcomes.len()).min(records.len());
-        (0..n)
-            .map(|g| {
-                let outcome = &self.outcomes[g];
-                let responses = self.responses[g]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, text)| ResponseSample {
-                        index: i,
-                        text: text.clone(),
-                        tokens: self.response_tokens[g][i],
-                        finish_reason: self.finish_reasons[g][i],
-                        reward: self.scores[g][i].reward(),
-                        score: self.scores[g][i].clone(),
-                        advantage: outcome.advantages[i],
-                    })
-                    .collect();
-                GroupSample {
-                    step: self.metrics.step,
-                    group: g,
-                    prompt_id: records[g].id().to_string(),
-                    prompt: records[g].text(),
-                    criteria: self.criteria[g].clone(),
-                    tie_status: outcome.status,
-                    pairs: outcome.pairs.clone(),
-                    responses,
-                }
-            })
-            .collect()
-    }
+/// The first `groups` groups of `out` as [`GroupSample`]s; `records` are the step's prompts,
+/// in the order the step took them.
+pub fn group_samples<T: TaskPrompt>(
+    out: &StepOutput,
+    records: &[&T],
+    groups: usize,
+) -> Vec<GroupSample> {
+    let n = groups.min(out.outcomes.len()).min(records.len());
+    (0..n)
+        .map(|g| {
+            let outcome = &out.outcomes[g];
+            let responses = out.responses[g]
+                .iter()
+                .enumerate()
+                .map(|(i, text)| ResponseSample {
+                    index: i,
+                    text: text.clone(),
+                    tokens: out.response_tokens[g][i],
+                    finish_reason: out.finish_reasons[g][i],
+                    reward: out.scores[g][i].reward(),
+                    score: out.scores[g][i].clone(),
+                    advantage: outcome.advantages[i],
+                })
+                .collect();
+            GroupSample {
+                step: out.metrics.step,
+                group: g,
+                prompt_id: records[g].id().to_string(),
+                prompt: records[g].text(),
+                criteria: out.criteria[g].clone(),
+                tie_status: outcome.status,
+                pairs: outcome.pairs.clone(),
+                responses,
+            }
+        })
+        .collect()
 }
 
 /// Writes `lines` to `path` whole (a temporary file renamed into place), creating the folder.
 pub fn write_samples<S: Serialize>(path: &Path, lines: &[S]) -> Result<()> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| GrpoError::io(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| TrainerError::io(dir, e))?;
     }
     Ok(conrub_rubric::io::write_jsonl_atomic(path, lines)?)
 }

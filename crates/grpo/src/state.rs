@@ -215,7 +215,7 @@ where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
-    T: crate::task::TaskPrompt,
+    T: conrub_rewards::TaskPrompt,
 {
     write_state(learner, data_cursor, dir)?.seal()
 }
@@ -232,7 +232,7 @@ where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
-    T: crate::task::TaskPrompt,
+    T: conrub_rewards::TaskPrompt,
 {
     write_group_state(std::slice::from_ref(learner), data_cursor, dir)
 }
@@ -250,9 +250,10 @@ pub struct StateDraft {
 }
 
 impl StateDraft {
-    /// A draft of the files already in `tmp` with no parameters (the trainer's tests).
-    #[cfg(test)]
-    pub(crate) fn of_files(tmp: PathBuf, dir: PathBuf) -> Self {
+    /// A draft of the files already in `tmp` with no parameters: its seal lists those files
+    /// alone (what tests of a checkpoint's sealing write).
+    #[doc(hidden)]
+    pub fn of_files(tmp: PathBuf, dir: PathBuf) -> Self {
         Self {
             tmp,
             dir,
@@ -297,7 +298,7 @@ impl StateDraft {
 /// holding the same; a `full` group's every rank's own parameters, one file each), and the
 /// optimizer state: rank 0's when it is replicated, every rank's own part (one file each,
 /// listed in the manifest) when the group shards it.
-pub(crate) fn write_group_state<B, P, T>(
+pub fn write_group_state<B, P, T>(
     ranks: &[Learner<B, P, T>],
     data_cursor: serde_json::Value,
     dir: &Path,
@@ -306,7 +307,7 @@ where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
-    T: crate::task::TaskPrompt,
+    T: conrub_rewards::TaskPrompt,
 {
     let learner = &ranks[0];
     let tmp = PathBuf::from(format!("{}.tmp", dir.display()));
@@ -358,7 +359,7 @@ where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
-    T: crate::task::TaskPrompt,
+    T: conrub_rewards::TaskPrompt,
 {
     let layout = ranks[0].rank.as_ref().and_then(|s| s.parameters_sharded());
     let Some(layout) = layout else {
@@ -403,7 +404,7 @@ where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
-    T: crate::task::TaskPrompt,
+    T: conrub_rewards::TaskPrompt,
 {
     let mut found = shapes(&learner.policy);
     if let Some(layout) = learner.rank.as_ref().and_then(|s| s.parameters_sharded()) {
@@ -426,7 +427,7 @@ where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
-    T: crate::task::TaskPrompt,
+    T: conrub_rewards::TaskPrompt,
 {
     let sharded = ranks[0]
         .rank
@@ -472,7 +473,7 @@ where
 /// Replaces `dir` with the complete directory `tmp`: the entries of `tmp`, then the swap in the
 /// parent, made durable; the previous `dir` waits in `dir.old` until the new one is in place
 /// (the file-level twin is `conrub_rubric::io::AtomicFile`).
-pub(crate) fn swap_in(tmp: &Path, dir: &Path) -> Result<()> {
+pub fn swap_in(tmp: &Path, dir: &Path) -> Result<()> {
     let old = PathBuf::from(format!("{}.old", dir.display()));
     sync_dir(tmp).map_err(|e| io(tmp, e))?;
     let _ = std::fs::remove_dir_all(&old);
@@ -494,7 +495,7 @@ where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
-    T: crate::task::TaskPrompt,
+    T: conrub_rewards::TaskPrompt,
 {
     // A crash between the two renames of `save_state` leaves the previous state in `dir.old`.
     let old = PathBuf::from(format!("{}.old", dir.display()));
@@ -552,7 +553,7 @@ where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
-    T: crate::task::TaskPrompt,
+    T: conrub_rewards::TaskPrompt,
 {
     let shapes: Vec<Vec<usize>> = whole_shapes(learner).into_iter().map(|(_, d)| d).collect();
     let needed: Vec<bool> = match learner
@@ -603,7 +604,7 @@ where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
-    T: crate::task::TaskPrompt,
+    T: conrub_rewards::TaskPrompt,
 {
     // Each file with the parameters it holds (all, for the one `optimizer` file).
     let files: Vec<(String, Option<Vec<usize>>)> = match shards {
@@ -653,7 +654,7 @@ where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
-    T: crate::task::TaskPrompt,
+    T: conrub_rewards::TaskPrompt,
 {
     let state_path = dir.join(STATE);
     if !state_path.is_file() {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use conrub_contracts::{MetricsLine, StepMetrics, ValidationLine};
 
-use crate::error::{GrpoError, Result};
+use crate::error::{Result, TrainerError};
 
 /// The metrics file.
 pub struct MetricsLog {
@@ -28,11 +28,11 @@ impl MetricsLog {
         total_steps: u64,
     ) -> Result<Self> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| GrpoError::io(dir, e))?;
+            std::fs::create_dir_all(dir).map_err(|e| TrainerError::io(dir, e))?;
         }
         match resume_step {
             Some(step) if path.exists() => {
-                let text = std::fs::read_to_string(path).map_err(|e| GrpoError::io(path, e))?;
+                let text = std::fs::read_to_string(path).map_err(|e| TrainerError::io(path, e))?;
                 let kept: Vec<&str> = text
                     .lines()
                     .filter(|l| match serde_json::from_str::<MetricsLine>(l) {
@@ -52,12 +52,12 @@ impl MetricsLog {
                     body.push('\n');
                 }
                 conrub_rubric::io::write_bytes_atomic(path, body.as_bytes())
-                    .map_err(|e| GrpoError::io(path, e))?;
+                    .map_err(|e| TrainerError::io(path, e))?;
             }
             Some(_) => {}
             None => {
                 conrub_rubric::io::write_bytes_atomic(path, b"")
-                    .map_err(|e| GrpoError::io(path, e))?;
+                    .map_err(|e| TrainerError::io(path, e))?;
             }
         }
         Ok(Self {
@@ -71,17 +71,18 @@ impl MetricsLog {
             .append(true)
             .create(true)
             .open(&self.path)
-            .map_err(|e| GrpoError::io(&self.path, e))?;
-        let mut s = serde_json::to_string(line).map_err(|e| GrpoError::io(&self.path, e))?;
+            .map_err(|e| TrainerError::io(&self.path, e))?;
+        let mut s = serde_json::to_string(line).map_err(|e| TrainerError::io(&self.path, e))?;
         s.push('\n');
         f.write_all(s.as_bytes())
             .and_then(|_| f.sync_data())
-            .map_err(|e| GrpoError::io(&self.path, e))
+            .map_err(|e| TrainerError::io(&self.path, e))
     }
 
     /// All step metrics in the file, in order.
     pub fn steps(&self) -> Result<Vec<StepMetrics>> {
-        let text = std::fs::read_to_string(&self.path).map_err(|e| GrpoError::io(&self.path, e))?;
+        let text =
+            std::fs::read_to_string(&self.path).map_err(|e| TrainerError::io(&self.path, e))?;
         Ok(text
             .lines()
             .filter_map(|l| match serde_json::from_str::<MetricsLine>(l) {
@@ -93,7 +94,8 @@ impl MetricsLog {
 
     /// All validation rounds (`kind = "eval"` lines) in the file, in order.
     pub fn evals(&self) -> Result<Vec<ValidationLine>> {
-        let text = std::fs::read_to_string(&self.path).map_err(|e| GrpoError::io(&self.path, e))?;
+        let text =
+            std::fs::read_to_string(&self.path).map_err(|e| TrainerError::io(&self.path, e))?;
         Ok(text
             .lines()
             .filter_map(|l| match serde_json::from_str::<MetricsLine>(l) {

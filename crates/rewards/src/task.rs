@@ -13,7 +13,7 @@ pub trait TaskPrompt: Send + Sync {
     /// The prompt's unique id: group keys, seeds and error messages name it.
     fn id(&self) -> &str;
 
-    /// The prompt as chat messages (rendered by the learner's [`TextCodec`](crate::TextCodec)).
+    /// The prompt as chat messages (rendered by the learner's `TextCodec` (`conrub_contracts`)).
     fn messages(&self) -> &[Message];
 
     /// A reference answer the supervised warm-up (`[warmup]`) trains on; `None` (the default)

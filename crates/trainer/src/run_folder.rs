@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{GrpoError, Result};
+use crate::error::{Result, TrainerError};
 
 /// The lock file's name inside the run folder.
 pub const LOCK_FILE: &str = "run.lock";
@@ -53,8 +53,8 @@ fn process_runs(pid: u32) -> bool {
 }
 
 /// The error of a folder whose lock `owner` holds.
-fn in_use(dir: &Path, owner: &Owner) -> GrpoError {
-    GrpoError::RunFolder {
+fn in_use(dir: &Path, owner: &Owner) -> TrainerError {
+    TrainerError::RunFolder {
         dir: dir.to_path_buf(),
         message: format!(
             "in use by process {} on {} (lock file {}; remove it only if that process no longer trains here)",
@@ -88,7 +88,7 @@ impl RunLock {
                         serde_json::to_string(&Owner::this_process()).expect("an owner serializes");
                     f.write_all(owner.as_bytes())
                         .and_then(|_| f.sync_all())
-                        .map_err(|e| GrpoError::io(&path, e))?;
+                        .map_err(|e| TrainerError::io(&path, e))?;
                     return Ok(Self { path });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -101,11 +101,11 @@ impl RunLock {
                                 owner.pid,
                                 owner.host
                             );
-                            std::fs::remove_file(&path).map_err(|e| GrpoError::io(&path, e))?;
+                            std::fs::remove_file(&path).map_err(|e| TrainerError::io(&path, e))?;
                         }
                         Ok(owner) => return Err(in_use(dir, &owner)),
                         Err(_) => {
-                            return Err(GrpoError::RunFolder {
+                            return Err(TrainerError::RunFolder {
                                 dir: dir.to_path_buf(),
                                 message: format!(
                                     "its lock file {} does not name an owner; if no run uses this folder, remove the file",
@@ -115,10 +115,10 @@ impl RunLock {
                         }
                     }
                 }
-                Err(e) => return Err(GrpoError::io(&path, e)),
+                Err(e) => return Err(TrainerError::io(&path, e)),
             }
         }
-        Err(GrpoError::RunFolder {
+        Err(TrainerError::RunFolder {
             dir: dir.to_path_buf(),
             message: format!("another process took {} first", path.display()),
         })
@@ -145,11 +145,11 @@ fn earlier_run(dir: &Path) -> Result<Vec<PathBuf>> {
     if std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0) {
         found.push(metrics);
     }
-    let entries = std::fs::read_dir(dir).map_err(|e| GrpoError::io(dir, e))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| TrainerError::io(dir, e))?;
     for entry in entries {
-        let entry = entry.map_err(|e| GrpoError::io(dir, e))?;
+        let entry = entry.map_err(|e| TrainerError::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let best = crate::trainer::best_checkpoint_path(dir);
+        let best = crate::checkpoint::best_checkpoint_path(dir);
         let samples = entry.path() == crate::samples::samples_dir(dir);
         let events = entry.path() == crate::tensorboard::tensorboard_dir(dir);
         if name.starts_with("checkpoint-") || entry.path() == best || samples || events {
@@ -185,11 +185,11 @@ pub(crate) fn checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(GrpoError::io(dir, e)),
+        Err(e) => return Err(TrainerError::io(dir, e)),
     };
     let mut found = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| GrpoError::io(dir, e))?;
+        let entry = entry.map_err(|e| TrainerError::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let step = name
             .strip_prefix("checkpoint-")
@@ -208,7 +208,7 @@ fn steps_logged(dir: &Path) -> Result<Option<u64>> {
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(GrpoError::io(&path, e)),
+        Err(e) => return Err(TrainerError::io(&path, e)),
     };
     let done = text
         .lines()
@@ -236,12 +236,12 @@ fn set_aside(dir: &Path, paths: &[PathBuf]) -> Result<PathBuf> {
         })
         .find(|p| !p.exists())
         .expect("a free name");
-    std::fs::create_dir(&aside).map_err(|e| GrpoError::io(&aside, e))?;
+    std::fs::create_dir(&aside).map_err(|e| TrainerError::io(&aside, e))?;
     for path in paths {
         let to = aside.join(path.file_name().expect("an entry of the folder"));
-        std::fs::rename(path, &to).map_err(|e| GrpoError::io(path, e))?;
+        std::fs::rename(path, &to).map_err(|e| TrainerError::io(path, e))?;
     }
-    conrub_rubric::io::sync_dir(dir).map_err(|e| GrpoError::io(dir, e))?;
+    conrub_rubric::io::sync_dir(dir).map_err(|e| TrainerError::io(dir, e))?;
     Ok(aside)
 }
 
@@ -250,10 +250,10 @@ fn set_aside(dir: &Path, paths: &[PathBuf]) -> Result<PathBuf> {
 /// which this run's own would otherwise replace or be confused with, moved into
 /// `dir/attempt-SECONDS/`. Returns that folder, `None` when there were none.
 pub fn set_aside_later_checkpoints(dir: &Path, steps_done: u64) -> Result<Option<PathBuf>> {
-    let entries = std::fs::read_dir(dir).map_err(|e| GrpoError::io(dir, e))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| TrainerError::io(dir, e))?;
     let mut later = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| GrpoError::io(dir, e))?;
+        let entry = entry.map_err(|e| TrainerError::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let step = name
             .strip_prefix("checkpoint-")
@@ -289,22 +289,20 @@ pub enum EarlierRun {
 /// `overwrite`. Returns what an overwrite would delete.
 pub fn check_start(dir: &Path, resuming: bool, overwrite: bool) -> Result<Vec<PathBuf>> {
     if dir.as_os_str().is_empty() {
-        return Err(GrpoError::config(
-            "run.output_dir",
-            "is empty (name the folder the run writes to)",
-        ));
+        let why = "is empty (name the folder the run writes to)";
+        return Err(conrub_grpo::GrpoError::config("run.output_dir", why).into());
     }
     if dir.exists() && !dir.is_dir() {
-        return Err(GrpoError::RunFolder {
+        return Err(TrainerError::RunFolder {
             dir: dir.to_path_buf(),
             message: "is a file, not a folder".into(),
         });
     }
-    std::fs::create_dir_all(dir).map_err(|e| GrpoError::io(dir, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| TrainerError::io(dir, e))?;
     let probe = dir.join(".conrub-write-probe");
     std::fs::write(&probe, b"")
         .and_then(|_| std::fs::remove_file(&probe))
-        .map_err(|e| GrpoError::RunFolder {
+        .map_err(|e| TrainerError::RunFolder {
             dir: dir.to_path_buf(),
             message: format!("cannot be written: {e}"),
         })?;
@@ -330,7 +328,7 @@ pub fn check_start(dir: &Path, resuming: bool, overwrite: bool) -> Result<Vec<Pa
             .find(|n| n.starts_with("checkpoint-"))
             .map(String::as_str)
             .unwrap_or("checkpoint-NNNNNN");
-        return Err(GrpoError::RunFolder {
+        return Err(TrainerError::RunFolder {
             dir: dir.to_path_buf(),
             message: format!(
                 "holds an earlier run ({}); continue it with --resume auto (its newest complete checkpoint) or --resume {}, or start over with --overwrite (which deletes them)",
@@ -367,7 +365,7 @@ pub fn claim(dir: &Path, resuming: bool, earlier: EarlierRun) -> Result<RunLock>
         } else {
             std::fs::remove_file(&path)
         };
-        removed.map_err(|e| GrpoError::io(&path, e))?;
+        removed.map_err(|e| TrainerError::io(&path, e))?;
     }
     Ok(lock)
 }

@@ -28,9 +28,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use conrub_contracts::MetricsLine;
 
-use crate::error::{GrpoError, Result};
-use crate::learner::StepOutput;
+use crate::error::{Result, TrainerError};
 use crate::samples::{format_group, GroupSample};
+use conrub_grpo::StepOutput;
 
 /// The folder of a run's event files.
 pub fn tensorboard_dir(output_dir: &Path) -> PathBuf {
@@ -179,7 +179,7 @@ impl EventWriter {
     /// (`events.out.tfevents.SECONDS.NANOS.HOST.PID.conrub`: later files sort after earlier
     /// ones), starting with its version record.
     pub fn create(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| GrpoError::io(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| TrainerError::io(dir, e))?;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().replace(['/', '.'], "-"))
             .unwrap_or_else(|_| "host".into());
@@ -201,7 +201,7 @@ impl EventWriter {
                 Ok(file) => break (path, file),
                 // Two writers in one nanosecond: take the next.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(GrpoError::io(&path, e)),
+                Err(e) => return Err(TrainerError::io(&path, e)),
             }
         };
         let mut w = Self { path, file };
@@ -238,7 +238,7 @@ impl EventWriter {
         self.file
             .write_all(&rec)
             .and_then(|_| self.file.flush())
-            .map_err(|e| GrpoError::io(&self.path, e))
+            .map_err(|e| TrainerError::io(&self.path, e))
     }
 
     /// An event of `step` holding one summary of `values`.
@@ -343,7 +343,7 @@ impl Dashboard {
             MetricsLine::Eval(e) => ("eval", serde_json::to_value(e)),
             MetricsLine::KernelWarmup(_) => return Ok(()),
         };
-        let value = value.map_err(|e| GrpoError::io(&self.writer.path, e))?;
+        let value = value.map_err(|e| TrainerError::io(&self.writer.path, e))?;
         self.writer
             .scalars(steps_done, &flatten_scalars(prefix, &value))
     }

@@ -6,17 +6,18 @@ use std::sync::Arc;
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use conrub_grpo::{
-    GroupScores, InProcessEngine, JudgeRewards, Learner, LearnerConfig, PairwiseTieBreaker,
-    RewardSource, RolloutBatch, RolloutEngine, RolloutRequest, Sharding, TextCodec, TieMode,
-    Trainee,
+    InProcessEngine, Learner, LearnerConfig, PairwiseTieBreaker, RolloutBatch, RolloutEngine,
+    RolloutRequest, Sharding, TextCodec, TieMode,
 };
 use conrub_judge::LexicalJudge;
 use conrub_models::{CausalLm, ModelConfig};
+use conrub_rewards::{GroupScores, JudgeRewards, RewardSource};
 use conrub_rollout::{EngineConfig, FinishReason, Generation};
 use conrub_rubric::{
     score_labels, Criterion, Label, LengthPenalty, Message, ResponseScore, RubricRecord,
     ScoringMode,
 };
+use conrub_trainer::Trainee;
 
 type B = Autodiff<Flex>;
 
@@ -1095,8 +1096,12 @@ async fn sharded_ranks_train_as_one_device() {
 /// Exports the policy's weights as raw f32 bytes (`weights.bin`).
 struct WeightHooks;
 
-impl conrub_grpo::RunHooks<CausalLm<B>> for WeightHooks {
-    fn export(&mut self, policy: &CausalLm<B>, dir: &std::path::Path) -> conrub_grpo::Result<()> {
+impl conrub_trainer::RunHooks<CausalLm<B>> for WeightHooks {
+    fn export(
+        &mut self,
+        policy: &CausalLm<B>,
+        dir: &std::path::Path,
+    ) -> conrub_trainer::Result<()> {
         std::fs::create_dir_all(dir).unwrap();
         let bytes: Vec<u8> = weights(policy)
             .iter()
@@ -1110,11 +1115,15 @@ impl conrub_grpo::RunHooks<CausalLm<B>> for WeightHooks {
 /// An export that writes part of a checkpoint and then fails, as a full disk would.
 struct DiskFullHooks;
 
-impl conrub_grpo::RunHooks<CausalLm<B>> for DiskFullHooks {
-    fn export(&mut self, _policy: &CausalLm<B>, dir: &std::path::Path) -> conrub_grpo::Result<()> {
+impl conrub_trainer::RunHooks<CausalLm<B>> for DiskFullHooks {
+    fn export(
+        &mut self,
+        _policy: &CausalLm<B>,
+        dir: &std::path::Path,
+    ) -> conrub_trainer::Result<()> {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("model.safetensors"), vec![0u8; 4096]).unwrap();
-        Err(conrub_grpo::GrpoError::io(
+        Err(conrub_trainer::TrainerError::io(
             dir.join("model.safetensors"),
             "No space left on device (os error 28)",
         ))
@@ -1128,11 +1137,11 @@ async fn a_failed_checkpoint_write_leaves_no_partial_copy() {
     let recs = records();
     let tmp = tempfile::tempdir().unwrap();
     let mut l = learner(config());
-    let run = conrub_grpo::RunConfig {
+    let run = conrub_trainer::RunConfig {
         max_steps: Some(1),
         ..dp_run_config(tmp.path(), 1)
     };
-    let err = conrub_grpo::train(&mut l, &recs, &run, None, None, &mut DiskFullHooks)
+    let err = conrub_trainer::train(&mut l, &recs, &run, None, None, &mut DiskFullHooks)
         .await
         .unwrap_err()
         .to_string();
@@ -1150,8 +1159,8 @@ async fn a_failed_checkpoint_write_leaves_no_partial_copy() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-fn dp_run_config(dir: &std::path::Path, max_steps: u64) -> conrub_grpo::RunConfig {
-    conrub_grpo::RunConfig {
+fn dp_run_config(dir: &std::path::Path, max_steps: u64) -> conrub_trainer::RunConfig {
+    conrub_trainer::RunConfig {
         epochs: 4,
         prompts_per_step: 5,
         checkpoint_every: 2,
@@ -1214,7 +1223,7 @@ async fn data_parallel_runs_repeat_and_resume_exactly() {
     );
     for dir in [&a, &b] {
         let mut group = dp_group(&cfg, 2);
-        conrub_grpo::train(
+        conrub_trainer::train(
             &mut group,
             &recs,
             &dp_run_config(dir, 4),
@@ -1232,7 +1241,7 @@ async fn data_parallel_runs_repeat_and_resume_exactly() {
 
     // Stopped after step 2 (its checkpoint is the last thing written), then resumed.
     let mut group = dp_group(&cfg, 2);
-    conrub_grpo::train(
+    conrub_trainer::train(
         &mut group,
         &recs,
         &dp_run_config(&c, 2),
@@ -1244,7 +1253,7 @@ async fn data_parallel_runs_repeat_and_resume_exactly() {
     .unwrap();
     let ckpt = c.join("checkpoint-000002");
     let mut group = dp_group(&cfg, 2);
-    conrub_grpo::train(
+    conrub_trainer::train(
         &mut group,
         &recs,
         &dp_run_config(&c, 4),
@@ -1259,7 +1268,7 @@ async fn data_parallel_runs_repeat_and_resume_exactly() {
 
     // The replicated state resumes on one device too (the same run directory, from step 2).
     let mut one = dp_builder(&cfg, &Default::default(), true).build().unwrap();
-    let summary = conrub_grpo::train(
+    let summary = conrub_trainer::train(
         &mut one,
         &recs,
         &dp_run_config(&c, 4),
@@ -1314,12 +1323,12 @@ async fn a_failing_rank_stops_the_group_with_its_error() {
         Ok(dp_builder(&cfg, d, true).rewards(FailsOnP4(EvenIds)))
     })
     .unwrap();
-    let run = conrub_grpo::RunConfig {
+    let run = conrub_trainer::RunConfig {
         checkpoint_every: 1,
         ..dp_run_config(tmp.path(), 4)
     };
     let started = std::time::Instant::now();
-    let err = conrub_grpo::train(&mut group, &recs, &run, None, None, &mut WeightHooks)
+    let err = conrub_trainer::train(&mut group, &recs, &run, None, None, &mut WeightHooks)
         .await
         .unwrap_err()
         .to_string();
@@ -1368,13 +1377,14 @@ impl conrub_judge::CriterionJudge for RoundGrader {
 /// record and the eval lines up to it.
 #[tokio::test]
 async fn validation_keeps_the_grader_best_checkpoint() {
-    use conrub_grpo::{ValidationConfig, ValidationDecoding, Validator};
+    use conrub_grpo::ValidationDecoding;
+    use conrub_trainer::{ValidationConfig, Validator};
     let dir = tempfile::tempdir().unwrap();
     let recs = records();
-    let examples: Vec<conrub_grpo::HeldOutPrompt> = recs
+    let examples: Vec<conrub_trainer::HeldOutPrompt> = recs
         .iter()
         .take(2)
-        .map(|r| conrub_grpo::HeldOutPrompt {
+        .map(|r| conrub_trainer::HeldOutPrompt {
             prompt: r.question.clone(),
             criteria: r.criterion_texts(),
         })
@@ -1399,7 +1409,7 @@ async fn validation_keeps_the_grader_best_checkpoint() {
         }),
         seed: 7,
     };
-    let run = conrub_grpo::RunConfig {
+    let run = conrub_trainer::RunConfig {
         epochs: 12,
         prompts_per_step: 2,
         checkpoint_every: 0,
@@ -1414,7 +1424,7 @@ async fn validation_keeps_the_grader_best_checkpoint() {
     };
     let v = validator(vec![Label::Missing, Label::Correct, Label::Wrong]);
     let mut l = learner(config());
-    let summary = conrub_grpo::train(&mut l, &recs, &run, None, Some(&v), &mut WeightHooks)
+    let summary = conrub_trainer::train(&mut l, &recs, &run, None, Some(&v), &mut WeightHooks)
         .await
         .unwrap();
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("metrics.jsonl"))
@@ -1442,8 +1452,8 @@ async fn validation_keeps_the_grader_best_checkpoint() {
     }
     let best = summary.best.expect("a best round");
     assert_eq!((best.step, best.grader_score), (4, 1.0));
-    let record: conrub_grpo::BestCheckpoint = serde_json::from_str(
-        &std::fs::read_to_string(conrub_grpo::best_checkpoint_path(dir.path())).unwrap(),
+    let record: conrub_trainer::BestCheckpoint = serde_json::from_str(
+        &std::fs::read_to_string(conrub_trainer::best_checkpoint_path(dir.path())).unwrap(),
     )
     .unwrap();
     assert_eq!(record, best);
@@ -1460,9 +1470,10 @@ async fn validation_keeps_the_grader_best_checkpoint() {
     let v = validator(vec![Label::Wrong]);
     let mut l = learner(config());
     let ckpt = dir.path().join("checkpoint-000004");
-    let summary = conrub_grpo::train(&mut l, &recs, &run, Some(&ckpt), Some(&v), &mut WeightHooks)
-        .await
-        .unwrap();
+    let summary =
+        conrub_trainer::train(&mut l, &recs, &run, Some(&ckpt), Some(&v), &mut WeightHooks)
+            .await
+            .unwrap();
     assert_eq!(summary.best.map(|b| b.step), Some(4));
     let steps: Vec<u64> = std::fs::read_to_string(dir.path().join("metrics.jsonl"))
         .unwrap()
