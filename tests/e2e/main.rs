@@ -5,6 +5,7 @@
 
 mod cli;
 mod cli_judge;
+mod cpu_profile;
 mod eval;
 mod plan;
 mod rubrics_build;

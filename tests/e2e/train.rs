@@ -285,8 +285,12 @@ fn untimed(mut line: serde_json::Value) -> serde_json::Value {
     line
 }
 
-/// README's main job, unshrunk, writes exactly the metrics it wrote before the learner became a
-/// library (tests/golden/README.md), timings aside.
+/// README's main job, unshrunk. On a CPU profile that has a golden (`tests/golden/demo-cpu/`,
+/// named by [`cpu_profile::key`]) it writes exactly that golden's metrics, timings aside. The
+/// numbers depend on the CPU (see `cpu_profile.rs`), so on another profile the run is compared
+/// with a golden in what does not: the same lines, kinds, steps, epochs, fields, group counts
+/// and rates; a notice on stderr names the profile, `CONRUB_REQUIRE_GOLDEN=1` makes it a
+/// failure, and `CONRUB_RECORD_GOLDEN=1` writes this profile's golden from the run.
 #[test]
 fn the_demo_writes_its_golden_metrics() {
     let d = tempfile::tempdir().unwrap();
@@ -314,14 +318,76 @@ fn the_demo_writes_its_golden_metrics() {
             .map(|l| untimed(serde_json::from_str(l).unwrap()))
             .collect()
     };
+    let profile = crate::cpu_profile::key();
+    let goldens = root().join("tests/golden/demo-cpu");
+    let golden = goldens.join(format!("{profile}.jsonl"));
+    if std::env::var_os("CONRUB_RECORD_GOLDEN").is_some() {
+        std::fs::copy(out.join("metrics.jsonl"), &golden).unwrap();
+    }
     let got = read(&out.join("metrics.jsonl"));
-    let want = read(&root().join("tests/golden/demo-cpu-metrics.dev.jsonl"));
-    assert_eq!(got.len(), want.len(), "metrics lines");
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "metrics.jsonl line {} differs from the golden", i + 1);
+    if golden.exists() {
+        let want = read(&golden);
+        assert_eq!(got.len(), want.len(), "metrics lines");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g,
+                w,
+                "metrics.jsonl line {} differs from {}",
+                i + 1,
+                golden.display()
+            );
+        }
+    } else {
+        let known = golden_files(&goldens);
+        assert!(
+            std::env::var_os("CONRUB_REQUIRE_GOLDEN").is_none(),
+            "no golden for this CPU profile, {profile} (CONRUB_REQUIRE_GOLDEN is set); known: {known:?}"
+        );
+        eprintln!(
+            "NOTICE: no golden for this CPU profile, {profile}: the demo's numbers depend on \
+             the CPU, so its metrics were compared with {} in their shape only (lines, steps, \
+             fields, counts, rates); CONRUB_RECORD_GOLDEN=1 records this profile's",
+            known[0].display()
+        );
+        same_shape(&got, &read(&known[0]));
     }
     demo_samples_agree_with_the_metrics(&out, &got);
     dashboard_holds_every_scalar(&out);
+}
+
+/// The goldens of `dir`, sorted (at least one).
+fn golden_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no golden in {}", dir.display());
+    files
+}
+
+/// `got` has `want`'s lines in what the CPU does not change: each line's kind, fields, step and
+/// epoch, the groups and responses a step scored, its rate, and every reward a finite mean in
+/// [-1, 1].
+fn same_shape(got: &[serde_json::Value], want: &[serde_json::Value]) {
+    assert_eq!(got.len(), want.len(), "metrics lines");
+    let keys =
+        |v: &serde_json::Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let at = format!("metrics.jsonl line {}", i + 1);
+        assert_eq!(keys(g), keys(w), "{at}: fields");
+        for field in ["kind", "step", "epoch", "steps", "lr", "responses"] {
+            assert_eq!(g.get(field), w.get(field), "{at}: {field}");
+        }
+        assert_eq!(g["ties"]["groups"], w["ties"]["groups"], "{at}: groups");
+        if let Some(r) = g.get("reward_mean").and_then(|r| r.as_f64()) {
+            assert!(
+                r.is_finite() && (-1.0..=1.0).contains(&r),
+                "{at}: reward {r}"
+            );
+        }
+    }
 }
 
 /// The numeric leaves of a JSON value under `prefix`, nested names joined by `/`.
