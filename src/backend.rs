@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Result};
 use conrub_config::backend_of;
-use conrub_grpo::{Collective, HostCollective};
 use conrub_kernels::GrpoOps;
+use conrub_parallel::{Collective, HostCollective};
 
 /// Work that runs on whichever backend `--device` selects.
 pub trait BackendTask {
@@ -239,7 +239,7 @@ impl RankCollective for burn::backend::LibTorch {}
 #[cfg(feature = "cuda")]
 impl RankCollective for burn::backend::Cuda {
     fn rank_collective(devices: &[Self::Device]) -> Arc<dyn Collective<Self>> {
-        Arc::new(conrub_grpo::NcclCollective::new::<Self>(devices))
+        Arc::new(conrub_parallel::NcclCollective::new::<Self>(devices))
     }
 }
 

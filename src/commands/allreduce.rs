@@ -11,8 +11,8 @@ use std::time::Instant;
 use anyhow::{ensure, Result};
 use burn::tensor::{Tensor, TensorData};
 use clap::Args;
-use conrub_grpo::{Collective, HostCollective};
 use conrub_kernels::reference::seeded_uniform;
+use conrub_parallel::{Collective, HostCollective};
 
 use crate::backend::{run_on_devices, DevicesTask, RankCollective};
 

@@ -590,7 +590,7 @@ impl TieMode {
 
 /// How the ranks of a data-parallel run divide the training state (`sharding`, beside
 /// `devices`; ZeRO stages 1-3 in DeepSpeed's terms). Parameters are owned whole, each by one
-/// rank, balanced by bytes (`conrub_grpo::ShardLayout`). On one device every mode is `none`.
+/// rank, balanced by bytes (`conrub_parallel::ShardLayout`). On one device every mode is `none`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Sharding {

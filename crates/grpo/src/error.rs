@@ -87,27 +87,9 @@ pub enum GrpoError {
     /// There is nothing to train on.
     #[error("no rubric records to train on")]
     NoRecords,
-    /// A data-parallel rank failed; the other ranks stop with its error.
-    #[error("rank {rank} failed: {message}")]
-    RankFailed {
-        /// The rank that failed first.
-        rank: usize,
-        /// Its error.
-        message: String,
-    },
-    /// A rank waited longer than the collective's timeout for the others.
-    #[error(
-        "rank {rank} waited {secs:.1} s in a collective for {}",
-        missing.iter().map(|r| format!("rank {r}")).collect::<Vec<_>>().join(", ")
-    )]
-    CollectiveTimeout {
-        /// The rank that gave up.
-        rank: usize,
-        /// The timeout.
-        secs: f64,
-        /// The ranks that had not arrived.
-        missing: Vec<usize>,
-    },
+    /// The data-parallel group failed (a rank's error, a collective's timeout).
+    #[error(transparent)]
+    Parallel(#[from] conrub_parallel::ParallelError),
 }
 
 impl GrpoError {

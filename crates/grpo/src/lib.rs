@@ -40,8 +40,9 @@
 //! - the run (the loop, checkpoints, the run folder, metrics sinks, validation, the supervised
 //!   warm-up) is `conrub_trainer`'s: this crate is the method and the learner
 //! - data parallel: [`DataParallel`] (one learner per device on threads of one process, one
-//!   gradient all-reduce per optimizer step, or the state sharded: [`Sharding`], [`ShardLayout`]),
-//!   [`Collective`], [`HostCollective`], [`RankSlot`], [`split_groups`]
+//!   gradient all-reduce per optimizer step, or the state sharded), [`split_groups`]; the
+//!   collectives, shard layouts and buckets are `conrub_parallel`'s (`Collective`,
+//!   `HostCollective`, `RankSlot`, `Sharding`, `ShardLayout`)
 //! - errors: [`GrpoError`], [`Result`]
 //!
 //! Every tensor-taking item documents its shapes in a `# Shapes` section.
@@ -52,19 +53,14 @@
 
 mod advantages;
 mod batch;
-mod buckets;
-mod collective;
 mod error;
 mod group;
 mod learner;
 mod loss;
-#[cfg(feature = "cuda")]
-mod nccl;
 mod parallel;
 mod registry;
 mod rollout;
 mod schedule;
-mod sharding;
 mod state;
 mod stop;
 mod ties;
@@ -72,7 +68,6 @@ mod update;
 
 pub use advantages::{stable_seed, AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus};
 pub use batch::{mask_rows, padded_width, TrainBatch};
-pub use collective::{Collective, HostCollective};
 // The contracts the learner is written against, re-exported so an embedder names one crate.
 pub use conrub_contracts::LrScheduleKind;
 pub use conrub_contracts::{
@@ -84,13 +79,11 @@ pub use conrub_contracts::{
 pub use conrub_kernels::Clip;
 pub use error::{GrpoError, Result};
 pub use group::{record_group, GroupOutcome, TieAwareAdvantages, TieMode};
-pub use learner::{Learner, LearnerBuilder, LearnerConfig, OnNonFinite, RankSlot, StepOutput};
+pub use learner::{Learner, LearnerBuilder, LearnerConfig, OnNonFinite, StepOutput};
 pub use loss::{
     aggregate_token_term, dpo_pair_loss, Aggregation, ImportanceLevel, KlEstimator, PolicyLoss,
     PolicyObjective, SurrogateBatch, SurrogateOutput,
 };
-#[cfg(feature = "cuda")]
-pub use nccl::NcclCollective;
 pub use parallel::{split_groups, DataParallel};
 pub use registry::{
     EstimatorFactory, LossFactory, Registry, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR,
@@ -98,7 +91,6 @@ pub use registry::{
 };
 pub use rollout::{Answer, GroupSampler, InProcessEngine};
 pub use schedule::LrSchedule;
-pub use sharding::{ShardLayout, Sharding};
 pub use state::{
     load_state, save_state, swap_in, write_group_state, write_state, StateDraft, TrainingState,
 };

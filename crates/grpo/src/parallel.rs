@@ -25,11 +25,11 @@ use burn::tensor::{DType, Tensor};
 use conrub_kernels::GrpoOps;
 use conrub_rubric::RubricRecord;
 
-use crate::collective::Collective;
 use crate::error::{GrpoError, Result};
-use crate::learner::{step_output, Learner, LearnerBuilder, RankSlot, Shard, StepOutput};
-use crate::sharding::{release, Assembly, ShardLayout, Sharding};
+use crate::learner::{step_output, Learner, LearnerBuilder, Shard, StepOutput};
 use conrub_contracts::{gathered_as, Policy};
+use conrub_parallel::sharding::{release, Assembly, ShardLayout, Sharding};
+use conrub_parallel::{Collective, RankSlot};
 use conrub_rewards::TaskPrompt;
 
 /// The learners of a data-parallel group, rank 0 first.
@@ -238,7 +238,12 @@ where
             let mut errors: Vec<GrpoError> = results.into_iter().filter_map(Result::err).collect();
             let own = errors
                 .iter()
-                .position(|e| !matches!(e, GrpoError::RankFailed { .. }))
+                .position(|e| {
+                    !matches!(
+                        e,
+                        GrpoError::Parallel(conrub_parallel::ParallelError::RankFailed { .. })
+                    )
+                })
                 .unwrap_or(0);
             return Err(errors.swap_remove(own));
         }

@@ -27,8 +27,8 @@ use conrub_rubric::io::sync_dir;
 
 use crate::error::{GrpoError, Result};
 use crate::learner::{Learner, LearnerConfig};
-use crate::sharding::{index_of, param_ids, Sharding};
 use conrub_contracts::Policy;
+use conrub_parallel::sharding::{index_of, param_ids, Sharding};
 
 /// The small, human-readable part of a training state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -585,8 +585,8 @@ where
         if !take.contains(&true) {
             continue;
         }
-        let values = crate::buckets::owned_values(&read(f)?, take);
-        policy = crate::buckets::replace_shaped(policy, values, &shapes);
+        let values = conrub_parallel::buckets::owned_values(&read(f)?, take);
+        policy = conrub_parallel::buckets::replace_shaped(policy, values, &shapes);
     }
     Ok(policy)
 }
@@ -624,7 +624,7 @@ where
     // device (a file holds only the parts of the rank that wrote it).
     let owned = learner.rank.as_ref().and_then(|slot| {
         slot.sharded()
-            .map(|layout| crate::sharding::owned_by(&learner.policy, layout, slot.rank))
+            .map(|layout| conrub_parallel::sharding::owned_by(&learner.policy, layout, slot.rank))
     });
     let mut record: OptimRecord<B, P> = Default::default();
     for (file, parameters) in files {

@@ -25,12 +25,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use burn::backend::{Autodiff, Flex};
-use conrub_grpo::{
-    DataParallel, HostCollective, InProcessEngine, Learner, LearnerConfig, Sharding, TextCodec,
-    TieMode,
-};
+use conrub_grpo::{DataParallel, InProcessEngine, Learner, LearnerConfig, TextCodec, TieMode};
 use conrub_memory::{MemoryPlan, MemoryPlanInput};
 use conrub_models::{CausalLm, ModelConfig};
+use conrub_parallel::{HostCollective, Sharding};
 use conrub_rewards::{GroupScores, RewardSource, TaskPrompt};
 use conrub_rollout::EngineConfig;
 use conrub_rubric::{Message, ResponseScore};

@@ -24,8 +24,9 @@ use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use conrub_contracts::{KernelWarmupLine, PagedModel, Policy};
-use conrub_grpo::{DataParallel, HostCollective};
+use conrub_grpo::DataParallel;
 use conrub_kernels::GrpoOps;
+use conrub_parallel::HostCollective;
 use conrub_rewards::TaskPrompt;
 
 use crate::error::{Result, TrainerError};

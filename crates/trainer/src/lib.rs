@@ -66,9 +66,10 @@ use conrub_config::TrainConfig;
 use conrub_contracts::{
     Export, KernelWarmupLine, PagedModel, Policy, RolloutEngine, TextCodec, TieMode,
 };
-use conrub_grpo::{Collective, Registry, TieBreaker};
+use conrub_grpo::{Registry, TieBreaker};
 use conrub_kernels::GrpoOps;
 use conrub_models::CausalLm;
+use conrub_parallel::Collective;
 use conrub_remote::WeightWriter;
 use conrub_rewards::{RewardKinds, RewardSource, TaskPrompt};
 use conrub_rubric::RubricRecord;

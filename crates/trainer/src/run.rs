@@ -4,8 +4,9 @@
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use conrub_contracts::{PagedModel, Policy};
-use conrub_grpo::{DataParallel, GrpoError, HostCollective, Learner, LearnerBuilder};
+use conrub_grpo::{DataParallel, GrpoError, Learner, LearnerBuilder};
 use conrub_kernels::GrpoOps;
+use conrub_parallel::HostCollective;
 use conrub_rewards::TaskPrompt;
 use std::sync::Arc;
 

@@ -7,10 +7,11 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use conrub_grpo::{
     InProcessEngine, Learner, LearnerConfig, PairwiseTieBreaker, RolloutBatch, RolloutEngine,
-    RolloutRequest, Sharding, TextCodec, TieMode,
+    RolloutRequest, TextCodec, TieMode,
 };
 use conrub_judge::LexicalJudge;
 use conrub_models::{CausalLm, ModelConfig};
+use conrub_parallel::Sharding;
 use conrub_rewards::{GroupScores, JudgeRewards, RewardSource};
 use conrub_rollout::{EngineConfig, FinishReason, Generation};
 use conrub_rubric::{
@@ -749,7 +750,7 @@ fn sharded_group(
     sharding: Sharding,
 ) -> conrub_grpo::DataParallel<B, CausalLm<B>> {
     let devices = vec![Default::default(); world];
-    let collective = Arc::new(conrub_grpo::HostCollective::new(world));
+    let collective = Arc::new(conrub_parallel::HostCollective::new(world));
     conrub_grpo::DataParallel::build_sharded(&devices, collective, 4096, sharding, |_, d| {
         Ok(dp_builder(cfg, d, even_ids))
     })
@@ -1318,7 +1319,7 @@ async fn a_failing_rank_stops_the_group_with_its_error() {
     let recs = five_records();
     let tmp = tempfile::tempdir().unwrap();
     let devices = vec![Default::default(); 2];
-    let collective = Arc::new(conrub_grpo::HostCollective::new(2));
+    let collective = Arc::new(conrub_parallel::HostCollective::new(2));
     let mut group = conrub_grpo::DataParallel::build(&devices, collective, 4096, |_, d| {
         Ok(dp_builder(&cfg, d, true).rewards(FailsOnP4(EvenIds)))
     })
@@ -1488,7 +1489,8 @@ async fn validation_keeps_the_grader_best_checkpoint() {
 /// A replica whose weights differ from rank 0's is an error naming it.
 #[test]
 fn a_drifted_data_parallel_replica_is_named() {
-    use conrub_grpo::{DataParallel, HostCollective};
+    use conrub_grpo::DataParallel;
+    use conrub_parallel::HostCollective;
     struct Ids;
     impl TextCodec for Ids {
         fn encode_prompt(&self, _: &[Message]) -> conrub_contracts::Result<Vec<u32>> {

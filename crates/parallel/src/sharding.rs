@@ -42,8 +42,8 @@ use crate::buckets::{
     bucket_ranges, gather_bucket, limit, owned_values, reduce_scatter, restore, take_flat, Flat,
 };
 use crate::error::Result;
-use crate::learner::RankSlot;
-use crate::update::fixed_order_sum;
+use crate::rank::RankSlot;
+use crate::sum::fixed_order_sum;
 
 /// The owner of every float parameter of a policy, in the module's parameter order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,7 +127,7 @@ impl ShardLayout {
 }
 
 /// Every float parameter's id and shape, in the module's parameter order.
-pub(crate) fn param_ids<B: Backend, M: Module<B>>(module: &M) -> Vec<(ParamId, Vec<usize>)> {
+pub fn param_ids<B: Backend, M: Module<B>>(module: &M) -> Vec<(ParamId, Vec<usize>)> {
     struct Ids(Vec<(ParamId, Vec<usize>)>);
     impl<B: Backend> ModuleVisitor<B> for Ids {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -141,7 +141,7 @@ pub(crate) fn param_ids<B: Backend, M: Module<B>>(module: &M) -> Vec<(ParamId, V
 
 /// Bytes a rank put into each collective kind during a step, and the seconds it spent there.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct CommStats {
+pub struct CommStats {
     pub allreduce_bytes: u64,
     pub allreduce_secs: f64,
     pub reduce_scatter_bytes: u64,
@@ -177,12 +177,19 @@ const IDLE: f64 = 2.0;
 /// layer's gradients, not the model's. With `gradients`, a rank that has no pass of its own in a
 /// round ([`ShardedSum::idle_pass`]) joins each of the others' reduce-scatters with zeros until
 /// they say the pass ended ([`ShardedSum::end_pass`]).
-pub(crate) struct ShardedSum<B: AutodiffBackend> {
+pub struct ShardedSum<B: AutodiffBackend> {
     owned: Vec<Option<Flat<B>>>,
     anywhere: Vec<bool>,
 }
 
+impl<B: AutodiffBackend> Default for ShardedSum<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<B: AutodiffBackend> ShardedSum<B> {
+    /// An empty sum.
     pub fn new() -> Self {
         Self {
             owned: Vec::new(),
@@ -294,7 +301,7 @@ fn union_of(messages: &[Vec<f64>], n: usize) -> Result<Vec<bool>> {
         (p + usize::from(m[0] == PIECE), e + usize::from(m[0] == END))
     });
     if pieces > 0 && ends > 0 {
-        return Err(crate::error::GrpoError::Stage(
+        return Err(crate::error::ParallelError::Stage(
             "sharded ranks' backward passes hand over different pieces (one rank ended its pass \
              while another sent a piece)"
                 .into(),
@@ -359,7 +366,7 @@ fn global_norm<B: AutodiffBackend>(
 /// `module` with the parameters `rank` does not own replaced by placeholders (one element of
 /// the parameter's dtype, same id and gradient flag): a `sharding = "full"` rank at rest. Their
 /// whole values come back through [`RankGather`] when a segment runs.
-pub(crate) fn release<B: Backend, M: Module<B>>(module: M, layout: &ShardLayout, rank: usize) -> M {
+pub fn release<B: Backend, M: Module<B>>(module: M, layout: &ShardLayout, rank: usize) -> M {
     struct Release<'a> {
         layout: &'a ShardLayout,
         rank: usize,
@@ -394,7 +401,7 @@ pub(crate) fn release<B: Backend, M: Module<B>>(module: M, layout: &ShardLayout,
 }
 
 /// Position of every float parameter of `module` by id.
-pub(crate) fn index_of<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, usize> {
+pub fn index_of<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, usize> {
     param_ids(module)
         .into_iter()
         .enumerate()
@@ -420,7 +427,7 @@ fn positions(
 
 /// A `sharding = "full"` rank's source of whole parameters: each request is all-gathered from
 /// the owners bucket by bucket (this rank sends the ones it owns).
-pub(crate) struct RankGather<'a, B: AutodiffBackend> {
+pub struct RankGather<'a, B: AutodiffBackend> {
     slot: &'a RankSlot<B::InnerBackend>,
     layout: &'a ShardLayout,
     index: HashMap<ParamId, usize>,
@@ -509,7 +516,7 @@ fn narrowed<B: AutodiffBackend>(v: Flat<B>, shape: &[usize], matrices: Option<DT
 /// The whole policy of a `sharding = "full"` group assembled on the host side from every rank's
 /// own parameters (moved to one device), for what runs outside a step: checkpoints, exports,
 /// validation. No collective: the ranks are this process's.
-pub(crate) struct Assembly<B: AutodiffBackend> {
+pub struct Assembly<B: AutodiffBackend> {
     index: HashMap<ParamId, usize>,
     values: Vec<Option<Flat<B>>>,
     layout: Arc<ShardLayout>,
@@ -562,7 +569,7 @@ impl<B: AutodiffBackend> ParamGather<B> for Assembly<B> {
 }
 
 /// Which parameters of `module` `rank` owns: by id, and by index in the module's order.
-pub(crate) fn owned_by<B: Backend, M: Module<B>>(
+pub fn owned_by<B: Backend, M: Module<B>>(
     module: &M,
     layout: &ShardLayout,
     rank: usize,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-use crate::error::{GrpoError, Result};
+use crate::error::{ParallelError, Result};
 
 /// The collectives of one group of data-parallel ranks (`rank` is `0..world_size()`; every rank
 /// makes the same calls in the same order).
@@ -83,7 +83,7 @@ pub trait Collective<B: Backend>: Send + Sync {
     fn all_gather(&self, rank: usize, values: Vec<f64>) -> Result<Vec<Vec<f64>>>;
 
     /// Marks the group failed because of `rank`'s `error`: every collective call, waiting or
-    /// future, returns [`GrpoError::RankFailed`] naming `rank`.
+    /// future, returns [`ParallelError::RankFailed`] naming `rank`.
     fn abort(&self, rank: usize, error: &str);
 }
 
@@ -126,8 +126,8 @@ impl<T, R> Rendezvous<T, R> {
         }
     }
 
-    fn failed(rank: usize, error: &str) -> GrpoError {
-        GrpoError::RankFailed {
+    fn failed(rank: usize, error: &str) -> ParallelError {
+        ParallelError::RankFailed {
             rank,
             message: error.to_string(),
         }
@@ -175,7 +175,7 @@ impl<T, R> Rendezvous<T, R> {
             if left.is_zero() {
                 let missing: Vec<usize> =
                     (0..self.world).filter(|&r| s.slots[r].is_none()).collect();
-                return Err(GrpoError::CollectiveTimeout {
+                return Err(ParallelError::CollectiveTimeout {
                     rank,
                     secs: self.timeout.as_secs_f64(),
                     missing,
@@ -205,7 +205,7 @@ impl<T, R> Rendezvous<T, R> {
 
 /// [`Collective`] for ranks that are threads of one process: buckets are summed on the host, in
 /// rank order (bit-reproducible on every backend). A rank that has not arrived after `timeout`
-/// makes the waiting ranks fail with [`GrpoError::CollectiveTimeout`] naming it.
+/// makes the waiting ranks fail with [`ParallelError::CollectiveTimeout`] naming it.
 pub struct HostCollective {
     reduce: Rendezvous<Vec<f32>, Vec<f32>>,
     parts: Rendezvous<Vec<f32>, Vec<f32>>,
@@ -307,7 +307,7 @@ fn to_host<B: Backend>(bucket: Tensor<B, 1>) -> Result<Vec<f32>> {
         .into_data()
         .convert::<f32>()
         .into_vec()
-        .map_err(|e| GrpoError::Stage(format!("collective readback: {e:?}")))
+        .map_err(|e| ParallelError::Stage(format!("collective readback: {e:?}")))
 }
 
 /// `values` on `device` in `dtype`.

@@ -21,10 +21,10 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
 use crate::error::Result;
-use crate::learner::RankSlot;
+use crate::rank::RankSlot;
 use crate::sharding::{CommStats, ShardLayout};
 
-pub(crate) type Flat<B> = Tensor<<B as AutodiffBackend>::InnerBackend, 1>;
+pub type Flat<B> = Tensor<<B as AutodiffBackend>::InnerBackend, 1>;
 
 /// Takes every parameter's gradient out of `grads`, flattened (`None` where missing), with its
 /// element count, in the module's parameter order.
@@ -48,7 +48,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Take<B> {
 }
 
 /// Every parameter's flattened gradient (`None` where `grads` has none) and element count.
-pub(crate) fn take_flat<B: AutodiffBackend, M: AutodiffModule<B>>(
+pub fn take_flat<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: GradientsParams,
 ) -> (Vec<Option<Flat<B>>>, Vec<usize>) {
@@ -77,7 +77,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Restore<B> {
 }
 
 /// Gradients of `module` from one flattened entry per parameter.
-pub(crate) fn restore<B: AutodiffBackend, M: AutodiffModule<B>>(
+pub fn restore<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     flat: Vec<Option<Flat<B>>>,
 ) -> GradientsParams {
@@ -91,7 +91,7 @@ pub(crate) fn restore<B: AutodiffBackend, M: AutodiffModule<B>>(
 
 /// Consecutive runs of parameters (by index) of at most `limit` elements each (a larger
 /// parameter is a bucket of its own); `include` leaves parameters out.
-pub(crate) fn bucket_ranges(
+pub fn bucket_ranges(
     sizes: &[usize],
     limit: usize,
     include: impl Fn(usize) -> bool,
@@ -114,7 +114,7 @@ pub(crate) fn bucket_ranges(
 }
 
 /// Elements per bucket of `slot`.
-pub(crate) fn limit<B: burn::tensor::backend::Backend>(slot: &RankSlot<B>) -> usize {
+pub fn limit<B: burn::tensor::backend::Backend>(slot: &RankSlot<B>) -> usize {
     (slot.bucket_bytes / 4).max(1)
 }
 
@@ -143,7 +143,7 @@ fn spans(lens: impl IntoIterator<Item = usize>) -> Vec<Range<usize>> {
 
 /// The sum over the group's ranks of the presence flags `present` (one per parameter): which
 /// parameters got a gradient on any rank.
-pub(crate) fn any_rank<B: AutodiffBackend>(
+pub fn any_rank<B: AutodiffBackend>(
     present: &[bool],
     slot: &RankSlot<B::InnerBackend>,
     device: &burn::tensor::Device<B::InnerBackend>,
@@ -165,7 +165,7 @@ pub(crate) fn any_rank<B: AutodiffBackend>(
 }
 
 /// The sum over the group's ranks of every rank's `grads` of `module` (`sharding = "none"`).
-pub(crate) fn all_reduce<B, M>(
+pub fn all_reduce<B, M>(
     module: &M,
     grads: GradientsParams,
     slot: &RankSlot<B::InnerBackend>,
@@ -222,7 +222,7 @@ fn by_owner(bucket: &[usize], sizes: &[usize], layout: &ShardLayout) -> (Vec<usi
 /// none) over the parameters in `include` (the same on every rank): entry `i` of the result is
 /// the sum over ranks of parameter `i`'s gradient when this rank owns it and it is included
 /// (zeros count), `None` otherwise.
-pub(crate) fn reduce_scatter<B: AutodiffBackend>(
+pub fn reduce_scatter<B: AutodiffBackend>(
     mut flat: Vec<Option<Flat<B>>>,
     include: &[bool],
     device: &burn::tensor::Device<B::InnerBackend>,
@@ -276,7 +276,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Values<B> {
 }
 
 /// The values (flattened, f32) of the parameters of `module` flagged in `wanted`, by index.
-pub(crate) fn owned_values<B: AutodiffBackend, M: AutodiffModule<B>>(
+pub fn owned_values<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     wanted: Vec<bool>,
 ) -> Vec<Option<Flat<B>>> {
@@ -291,7 +291,7 @@ pub(crate) fn owned_values<B: AutodiffBackend, M: AutodiffModule<B>>(
 
 /// All-gathers one bucket of parameters from their owners: this rank sends its own (`own`,
 /// by index), every rank gets every member. Returns each member's index and whole value.
-pub(crate) fn gather_bucket<B: AutodiffBackend>(
+pub fn gather_bucket<B: AutodiffBackend>(
     bucket: &[usize],
     own: &[Option<Flat<B>>],
     slot: &RankSlot<B::InnerBackend>,
@@ -353,7 +353,7 @@ impl<B: AutodiffBackend> ModuleMapper<B> for Replace<'_, B> {
 
 /// `module` with every parameter that has an entry in `with` (flattened) replaced by it,
 /// shaped as `shapes` says (a placeholder takes the whole shape it stands for).
-pub(crate) fn replace_shaped<B: AutodiffBackend, M: AutodiffModule<B>>(
+pub fn replace_shaped<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: M,
     with: Vec<Option<Flat<B>>>,
     shapes: &[Vec<usize>],
@@ -370,7 +370,7 @@ pub(crate) fn replace_shaped<B: AutodiffBackend, M: AutodiffModule<B>>(
 /// the replicas are the same bits, and no parameter is held twice). The module takes each
 /// bucket's parameters as soon as the bucket arrives, so the old and the new copy of at most one
 /// bucket coexist. Returns the new module.
-pub(crate) fn all_gather_weights<B, M>(
+pub fn all_gather_weights<B, M>(
     mut module: M,
     updated: &[bool],
     slot: &RankSlot<B::InnerBackend>,

@@ -1,0 +1,449 @@
+//! The update stage: mini-batches, PPO epochs and token-budget micro-batches through the policy
+//! loss (and the entropy bonus, the GRPO+DPO pairs), the gradient path of the rank (sum, reduce-
+//! scatter to owners, gathered layers), clipping and the optimizer step.
+
+use super::*;
+
+impl<B, P, T> Learner<B, P, T>
+where
+    B: AutodiffBackend + GrpoOps,
+    P: Policy<B> + AutodiffModule<B>,
+    P::InnerModule: Policy<B::InnerBackend>,
+    T: TaskPrompt,
+{
+    /// With `learner.entropy_coeff`: the term taken from each micro-batch's loss, from the
+    /// policy's entropies `[responses, R]` and the loss mask (both masked alike): the coefficient
+    /// times their aggregate under `learner.aggregation` ([`crate::aggregate_token_term`]).
+    pub(super) fn entropy_bonus<Bk: burn::tensor::backend::Backend>(
+        &self,
+    ) -> Option<impl Fn(Tensor<Bk, 2>, Tensor<Bk, 2>) -> Tensor<Bk, 1>> {
+        let (coeff, aggregation, max) = (
+            self.cfg.entropy_coeff,
+            self.cfg.aggregation,
+            self.cfg.max_response_tokens,
+        );
+        (coeff != 0.0).then_some(move |entropy: Tensor<Bk, 2>, mask: Tensor<Bk, 2>| {
+            crate::loss::aggregate_token_term(entropy * mask.clone(), mask, aggregation, max)
+                * coeff
+        })
+    }
+
+    /// Stage 5: PPO epochs over mini-batches; each mini-batch accumulates the gradients of its
+    /// micro-batches (slices of `batch`), then clips globally and steps the optimizer.
+    ///
+    /// Mini-batches are cut from the whole step's rows (`rows`); a data-parallel rank takes its
+    /// part of each (possibly none), weights its micro-batches by the mini-batch's global counts,
+    /// and all-reduces the summed gradients before the optimizer step, so every rank applies the
+    /// update one device would for the same rows.
+    pub(super) fn update_stage(
+        &mut self,
+        batch: &TrainBatch<B>,
+        dpo_pairs: &[(usize, usize)],
+        rows: &GlobalRows,
+    ) -> Result<UpdateStats> {
+        let n = rows.lens.len();
+        let size = n.div_ceil(self.cfg.mini_batches).max(1);
+        let minis: Vec<Range<usize>> = (0..n).step_by(size).map(|s| s..(s + size).min(n)).collect();
+        let local = rows.first..rows.first + batch.rows();
+        // Gradient norms of the optimizer steps taken (read one scalar per optimizer step, so a
+        // non-finite norm stops or skips that step before it changes the weights).
+        let mut norms: Vec<f64> = Vec::new();
+        let mut skipped = 0usize;
+        // Last PPO epoch, per micro-batch (kept on the device, read once, summed on the host in
+        // f64): weighted loss, clip_low x tokens, clip_high x tokens, kl x tokens, entropy sum.
+        let mut micro_parts: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
+        let (mut token_count, mut has_entropy) = (0usize, false);
+        // Token positions the policy's forward passes computed (padding included) and needed.
+        let (mut computed, mut needed) = (0usize, 0usize);
+        let mut comm = CommStats::default();
+        // `sharding = "gradients"`: each micro-batch's gradients are reduce-scattered when its
+        // backward is done, so the running sum holds this rank's parameters only.
+        let scatter_each = self
+            .rank
+            .as_ref()
+            .is_some_and(|s| s.sharding.shards_gradients() && s.sharded().is_some());
+        for epoch in 0..self.cfg.ppo_epochs {
+            let last = epoch + 1 == self.cfg.ppo_epochs;
+            for mini in &minis {
+                let mini_tokens: usize = rows.lens[mini.clone()].iter().sum();
+                // This learner's rows of the mini-batch (maybe none), as indices into `batch`.
+                let lo = mini.start.clamp(local.start, local.end);
+                let mine = lo - rows.first..mini.end.clamp(lo, local.end) - rows.first;
+                let pairs: Vec<(usize, usize)> = dpo_pairs
+                    .iter()
+                    .copied()
+                    .filter(|(w, _)| mine.contains(w))
+                    .collect();
+                let micros = self.local_micro_batches(rows, mini.clone(), batch.rows());
+                // Backward passes this rank makes, and the most any rank makes: with
+                // `scatter_each` every pass reduce-scatters its pieces, so a rank with fewer
+                // joins the others' reduce-scatters with zeros for the difference.
+                let passes = micros.len() + usize::from(!pairs.is_empty());
+                let rounds = if scatter_each {
+                    self.most_on_any_rank(passes)?
+                } else {
+                    passes
+                };
+                // The running sum of the mini-batch's gradients: each micro-batch adds into it
+                // as its backward goes (`Policy::loss_gradients_into`), or, with
+                // `scatter_each`, this rank's reduced part of it.
+                let mut acc = GradientsParams::new();
+                let mut sharded = ShardedSum::<B>::new();
+                for micro in micros {
+                    let mb = batch.slice(micro.clone());
+                    computed += mb.tokens.tokens.dims().iter().product::<usize>();
+                    needed += mb.seq_lens.iter().sum::<usize>();
+                    // Weights that make the sum over micro-batches the mini-batch's aggregate.
+                    let weight = self.loss.micro_batch_weight(
+                        micro.len(),
+                        mini.len(),
+                        mb.loss_tokens(),
+                        mini_tokens,
+                    );
+                    let mut parts: Option<Tensor<B::InnerBackend, 1>> = None;
+                    let loss = &self.loss;
+                    let entropy_bonus = self.entropy_bonus::<B>();
+                    let mut micro_loss = |out_lp: ResponseLogprobs<B>| {
+                        // `learner.entropy_coeff`: the policy's entropies, aggregated as the loss
+                        // is, times the coefficient, taken from the loss.
+                        let bonus = entropy_bonus
+                            .as_ref()
+                            .zip(out_lp.entropy.clone())
+                            .map(|(f, e)| f(e, mb.loss_mask()));
+                        let mut out = loss.compute(SurrogateBatch {
+                            logp: out_lp.logprobs,
+                            logp_old: mb.logp_old.clone(),
+                            advantages: mb.advantages.clone(),
+                            mask: mb.loss_mask(),
+                            logp_ref: mb.logp_ref.clone(),
+                            logp_engine: mb.logp_engine.clone(),
+                        });
+                        if let Some(b) = bonus {
+                            out.loss = out.loss - b;
+                        }
+                        if last {
+                            let w = mb.loss_tokens() as f64;
+                            let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
+                            let zero = || {
+                                Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device())
+                                    .cast(DType::F32)
+                            };
+                            has_entropy |= out_lp.entropy.is_some();
+                            parts = Some(Tensor::cat(
+                                vec![
+                                    f32_of(out.loss.clone()) * weight,
+                                    f32_of(out.clip_low.clone()) * w,
+                                    f32_of(out.clip_high.clone()) * w,
+                                    out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
+                                    out_lp
+                                        .entropy
+                                        .map(|e| f32_of((e * mb.loss_mask()).sum()))
+                                        .unwrap_or_else(zero),
+                                ],
+                                0,
+                            ));
+                        }
+                        out.loss * weight
+                    };
+                    let target = if scatter_each {
+                        GradTarget::Scatter(&mut sharded, &mut comm)
+                    } else {
+                        GradTarget::Sum(&mut acc)
+                    };
+                    self.gradients(&mb.tokens, &mut micro_loss, target)?;
+                    if let Some(v) = parts {
+                        micro_parts.push(v);
+                        token_count += mb.loss_tokens();
+                    }
+                }
+                if !pairs.is_empty() {
+                    let target = if scatter_each {
+                        GradTarget::Scatter(&mut sharded, &mut comm)
+                    } else {
+                        GradTarget::Sum(&mut acc)
+                    };
+                    self.dpo_gradients(batch, &pairs, n, target)?;
+                }
+                for _ in passes..rounds {
+                    self.idle_pass(&mut sharded, &mut comm)?;
+                }
+                let (norm, stepped) =
+                    self.reduce_and_step(acc, sharded, scatter_each, &mut comm)?;
+                if stepped {
+                    self.skipped_in_a_row = 0;
+                    norms.push(norm);
+                } else {
+                    self.skip_nonfinite(norm)?;
+                    skipped += 1;
+                }
+            }
+        }
+        if !norms.is_empty() {
+            self.check_weights_finite()?;
+        }
+        // The one read of the update's other numbers.
+        let steps = norms.len();
+        let per_micro: Vec<f64> = if micro_parts.is_empty() {
+            Vec::new()
+        } else {
+            Tensor::cat(micro_parts, 0)
+                .into_data()
+                .convert::<f64>()
+                .into_vec()
+                .expect("f64 metrics")
+        };
+        let mut s = vec![0f64; 5];
+        for part in per_micro.chunks(5) {
+            for (acc, x) in s.iter_mut().zip(part) {
+                *acc += x;
+            }
+        }
+        s.extend([
+            token_count as f64,
+            has_entropy as u8 as f64,
+            computed as f64,
+            needed as f64,
+        ]);
+        if let Some(slot) = &self.rank {
+            // Every rank's sums, added in rank order: the same numbers on every rank.
+            let all = slot.collective.all_gather(slot.rank, s)?;
+            s = (0..all[0].len())
+                .map(|i| all.iter().map(|v| v[i]).sum())
+                .collect();
+        }
+        let tokens = s[5].max(1.0);
+        Ok(UpdateStats {
+            grad_norms: norms,
+            optimizer_steps: steps,
+            skipped_optimizer_steps: skipped,
+            loss: s[0] / minis.len().max(1) as f64,
+            clip_low: s[1] / tokens,
+            clip_high: s[2] / tokens,
+            kl: (self.cfg.kl_beta != 0.0).then(|| s[3] / tokens),
+            entropy: (s[6] > 0.0).then(|| s[4] / tokens),
+            tokens_computed: s[7] as u64,
+            tokens_needed: s[8] as u64,
+            comm,
+            lr: self.update.last_lr(),
+        })
+    }
+
+    /// The largest of every rank's `count` (one host exchange).
+    pub(super) fn most_on_any_rank(&self, count: usize) -> Result<usize> {
+        let Some(slot) = &self.rank else {
+            return Ok(count);
+        };
+        let all = slot.collective.all_gather(slot.rank, vec![count as f64])?;
+        Ok(all.iter().map(|v| v[0] as usize).max().unwrap_or(count))
+    }
+
+    /// The gradients of `loss` on `tokens` into `target`: added into a running sum, or each
+    /// piece reduce-scattered as the backward makes it ([`Policy::loss_gradients_each`]).
+    pub(super) fn gradients(
+        &self,
+        tokens: &TokenBatch<B>,
+        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+        target: GradTarget<'_, B>,
+    ) -> Result<()> {
+        match target {
+            GradTarget::Sum(acc) => {
+                let sum = std::mem::take(acc);
+                *acc = self.policy.loss_gradients_into(tokens, loss, sum);
+                Ok(())
+            }
+            GradTarget::Scatter(sum, comm) => {
+                let slot = self.rank.as_ref().expect("a sharded rank");
+                let layout = slot.sharded().expect("a sharded rank");
+                let mut failed = None;
+                let mut sink = |piece| {
+                    if failed.is_none() {
+                        failed = sum
+                            .add(&self.policy, piece, slot, layout, comm)
+                            .err()
+                            .map(GrpoError::from);
+                    }
+                };
+                if slot.parameters_sharded().is_some() {
+                    let mut source = RankGather::new(&self.policy, slot, layout);
+                    let gathered =
+                        self.policy
+                            .loss_gradients_gathered(tokens, loss, &mut sink, &mut source);
+                    comm.add(&source.comm);
+                    if let (Err(e), None) = (gathered, &failed) {
+                        failed = Some(e.into());
+                    }
+                } else {
+                    self.policy.loss_gradients_each(tokens, loss, &mut sink);
+                }
+                match failed {
+                    Some(e) => Err(e),
+                    None => Ok(sum.end_pass(slot)?),
+                }
+            }
+        }
+    }
+
+    /// A round in which this rank has no backward pass of its own (fewer micro-batches than
+    /// another rank): it joins the others' reduce-scatters with zeros.
+    ///
+    /// A `full` rank instead runs a backward pass of zero loss on one token: the others'
+    /// passes gather each segment from every rank, this one included, in the same order.
+    pub(super) fn idle_pass(&self, sum: &mut ShardedSum<B>, comm: &mut CommStats) -> Result<()> {
+        let slot = self.rank.as_ref().expect("a sharded rank");
+        if slot.parameters_sharded().is_some() {
+            let one = TokenBatch::<B>::bucketed([(&[0u32][..], &[0u32][..])], &self.device);
+            let mut zero = |lp: ResponseLogprobs<B>| lp.logprobs.sum() * 0.0;
+            return self.gradients(&one, &mut zero, GradTarget::Scatter(sum, comm));
+        }
+        let layout = slot.sharded().expect("a sharded rank");
+        Ok(sum.idle_pass(&self.policy, slot, layout, comm)?)
+    }
+
+    /// The optimizer step of a mini-batch whose gradients are `acc` (this rank's, unreduced)
+    /// or, when `scattered`, already in `sharded`: reduced over the group's ranks as its
+    /// sharding says, clipped by the global norm and applied (a sharded rank steps its own
+    /// parameters, then gathers the others'). Returns the norm and whether the step was taken.
+    pub(super) fn reduce_and_step(
+        &mut self,
+        acc: GradientsParams,
+        mut sharded: ShardedSum<B>,
+        scattered: bool,
+        comm: &mut CommStats,
+    ) -> Result<(f64, bool)> {
+        let Some(slot) = self.rank.clone() else {
+            let (policy, norm, stepped) = self.update.apply_if_finite(self.policy.clone(), acc);
+            self.policy = policy;
+            return Ok((norm, stepped));
+        };
+        let Some(layout) = slot.sharded() else {
+            let grads = conrub_parallel::buckets::all_reduce(&self.policy, acc, &slot, comm)?;
+            let (policy, norm, stepped) = self.update.apply_if_finite(self.policy.clone(), grads);
+            self.policy = policy;
+            return Ok((norm, stepped));
+        };
+        if !scattered {
+            sharded.add(&self.policy, acc, &slot, layout, comm)?;
+        }
+        let (grads, norm, updated) = sharded.finish(&self.policy, &slot, layout)?;
+        let (policy, norm, stepped) = self
+            .update
+            .apply_with_norm(self.policy.clone(), grads, norm);
+        // A `full` rank keeps its own parameters only: the next uses gather them.
+        self.policy = if stepped && !slot.sharding.shards_parameters() {
+            conrub_parallel::buckets::all_gather_weights(policy, &updated, &slot, layout, comm)?
+        } else {
+            policy
+        };
+        Ok((norm, stepped))
+    }
+
+    /// An optimizer step whose gradient norm is `norm` (non-finite) was not taken: an error
+    /// under `learner.on_nonfinite = "stop"`, and under `"skip-step"` once
+    /// `learner.max_skipped_steps` were skipped in a row.
+    pub(super) fn skip_nonfinite(&mut self, norm: f64) -> Result<()> {
+        let at = format!("step {}", self.step);
+        let what = format!("the gradient norm is {norm} (a non-finite loss or gradient)");
+        match self.cfg.on_nonfinite {
+            OnNonFinite::Stop => Err(GrpoError::NonFinite { at, what }),
+            OnNonFinite::SkipStep => {
+                self.skipped_in_a_row += 1;
+                if self.skipped_in_a_row > self.cfg.max_skipped_steps {
+                    return Err(GrpoError::NonFinite {
+                        at,
+                        what: format!(
+                            "{what}, {} optimizer steps skipped in a row (learner.max_skipped_steps = {})",
+                            self.skipped_in_a_row, self.cfg.max_skipped_steps
+                        ),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Every weight of the policy is finite after the step's updates (one device reduction and
+    /// one scalar read); a non-finite one stops the run whatever `learner.on_nonfinite` says.
+    pub(super) fn check_weights_finite(&self) -> Result<()> {
+        let sum = crate::update::nonfinite_probe(&self.policy);
+        if sum.is_finite() {
+            return Ok(());
+        }
+        Err(GrpoError::NonFinite {
+            at: format!("step {}", self.step),
+            what: "a weight is not finite after the update".into(),
+        })
+    }
+
+    /// Gradients of the GRPO+DPO baseline term for accepted `(winner, loser)` rows, added into
+    /// `sum` (the mini-batch's running sum). `total` is the step's row count (the term is
+    /// normalised by it).
+    pub(super) fn dpo_gradients(
+        &self,
+        batch: &TrainBatch<B>,
+        pairs: &[(usize, usize)],
+        total: usize,
+        target: GradTarget<'_, B>,
+    ) -> Result<()> {
+        let rows: Vec<usize> = pairs.iter().flat_map(|&(w, l)| [w, l]).collect();
+        let index = row_index::<B>(&rows, &self.device);
+        // Padding cut to the bucket of the longest of these rows, as for a micro-batch.
+        let (seq_len, response_len) = batch.widths(rows.iter().copied());
+        let tokens = batch
+            .tokens
+            .select(index.clone())
+            .slice(0..rows.len(), seq_len, response_len);
+        let old = batch
+            .logp_old
+            .clone()
+            .select(0, index)
+            .sum_dim(1)
+            .reshape([rows.len()]);
+        let p = pairs.len();
+        let winners = row_index::<B>(&(0..p).map(|i| 2 * i).collect::<Vec<_>>(), &self.device);
+        let losers = row_index::<B>(&(0..p).map(|i| 2 * i + 1).collect::<Vec<_>>(), &self.device);
+        let beta = self.cfg.dpo_beta;
+        self.gradients(
+            &tokens,
+            &mut |lp| {
+                let seq = lp.logprobs.sum_dim(1).reshape([rows.len()]);
+                dpo_pair_loss(
+                    seq.clone().select(0, winners.clone()),
+                    seq.select(0, losers.clone()),
+                    old.clone().select(0, winners.clone()),
+                    old.clone().select(0, losers.clone()),
+                    beta,
+                    total,
+                )
+            },
+            target,
+        )
+    }
+}
+
+/// Where a backward pass's gradients go.
+pub(super) enum GradTarget<'a, B: AutodiffBackend> {
+    /// Added into the optimizer step's running sum.
+    Sum(&'a mut GradientsParams),
+    /// Reduce-scattered piece by piece into this rank's part of the sum (`sharding =
+    /// "gradients"`).
+    Scatter(&'a mut ShardedSum<B>, &'a mut CommStats),
+}
+
+/// What the update stage measured (its gradient norms read one per optimizer step, the rest in
+/// one transfer); all zero for a step that did not update.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct UpdateStats {
+    pub(super) grad_norms: Vec<f64>,
+    pub(super) optimizer_steps: usize,
+    pub(super) skipped_optimizer_steps: usize,
+    pub(super) loss: f64,
+    pub(super) clip_low: f64,
+    pub(super) clip_high: f64,
+    pub(super) kl: Option<f64>,
+    pub(super) entropy: Option<f64>,
+    pub(super) tokens_computed: u64,
+    pub(super) tokens_needed: u64,
+    pub comm: CommStats,
+    /// The rate of the last optimizer step so far.
+    pub(super) lr: f64,
+}

@@ -1,0 +1,32 @@
+//! Data parallelism below the learner: the collectives a group of ranks calls, who owns which
+//! parameter when the training state is sharded (ZeRO-1/2/3), and the gradient and weight paths
+//! over flattened buckets.
+//!
+//! | piece | what |
+//! |---|---|
+//! | [`Collective`] | all-reduce, reduce-scatter, all-gather and abort of one group: [`HostCollective`] (threads of one process, sums in rank order), `NcclCollective` (CUDA, feature `cuda`) |
+//! | [`RankSlot`] | a learner's place in its group: rank, collective, bucket size, [`Sharding`], [`ShardLayout`] |
+//! | [`ShardLayout`] | which rank owns which parameter (balanced by size) |
+//! | [`buckets`] | gradients and weights as flat buckets: the all-reduce of replicated groups, the reduce-scatter to owners, the all-gather of updated weights |
+//! | [`sharding`] | the sharded gradient sum as backward pieces arrive ([`sharding::ShardedSum`]), gathered layers for `full`, releasing what a rank does not own |
+//! | [`fixed_order_sum`] | a sum whose order does not depend on threads (ranks and reruns agree bit for bit) |
+//!
+//! The learner (`conrub-grpo`) takes a [`RankSlot`] and calls these; it never names a transport.
+
+mod collective;
+mod error;
+#[cfg(feature = "cuda")]
+mod nccl;
+mod rank;
+mod sum;
+
+pub mod buckets;
+pub mod sharding;
+
+pub use collective::{Collective, HostCollective};
+pub use error::{ParallelError, Result};
+#[cfg(feature = "cuda")]
+pub use nccl::NcclCollective;
+pub use rank::RankSlot;
+pub use sharding::{ShardLayout, Sharding};
+pub use sum::fixed_order_sum;
