@@ -44,186 +44,196 @@ where
         let n = rows.lens.len();
         let size = n.div_ceil(self.cfg.mini_batches).max(1);
         let minis: Vec<Range<usize>> = (0..n).step_by(size).map(|s| s..(s + size).min(n)).collect();
-        let local = rows.first..rows.first + batch.rows();
-        // Gradient norms of the optimizer steps taken (read one scalar per optimizer step, so a
-        // non-finite norm stops or skips that step before it changes the weights).
-        let mut norms: Vec<f64> = Vec::new();
-        let mut skipped = 0usize;
-        // Last PPO epoch, per micro-batch (kept on the device, read once, summed on the host in
-        // f64): weighted loss, clip_low x tokens, clip_high x tokens, kl x tokens, entropy sum.
-        let mut micro_parts: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
-        let (mut token_count, mut has_entropy) = (0usize, false);
-        // Token positions the policy's forward passes computed (padding included) and needed.
-        let (mut computed, mut needed) = (0usize, 0usize);
-        let mut comm = CommStats::default();
         // `sharding = "gradients"`: each micro-batch's gradients are reduce-scattered when its
         // backward is done, so the running sum holds this rank's parameters only.
         let scatter_each = self
             .rank
             .as_ref()
             .is_some_and(|s| s.sharding.shards_gradients() && s.sharded().is_some());
+        let plan = UpdatePlan {
+            batch,
+            dpo_pairs,
+            rows,
+            scatter_each,
+        };
+        let mut tally = UpdateTally::new();
         for epoch in 0..self.cfg.ppo_epochs {
             let last = epoch + 1 == self.cfg.ppo_epochs;
             for mini in &minis {
-                let mini_tokens: usize = rows.lens[mini.clone()].iter().sum();
-                // This learner's rows of the mini-batch (maybe none), as indices into `batch`.
-                let lo = mini.start.clamp(local.start, local.end);
-                let mine = lo - rows.first..mini.end.clamp(lo, local.end) - rows.first;
-                let pairs: Vec<(usize, usize)> = dpo_pairs
-                    .iter()
-                    .copied()
-                    .filter(|(w, _)| mine.contains(w))
-                    .collect();
-                let micros = self.local_micro_batches(rows, mini.clone(), batch.rows());
-                // Backward passes this rank makes, and the most any rank makes: with
-                // `scatter_each` every pass reduce-scatters its pieces, so a rank with fewer
-                // joins the others' reduce-scatters with zeros for the difference.
-                let passes = micros.len() + usize::from(!pairs.is_empty());
-                let rounds = if scatter_each {
-                    self.most_on_any_rank(passes)?
-                } else {
-                    passes
-                };
-                // The running sum of the mini-batch's gradients: each micro-batch adds into it
-                // as its backward goes (`Policy::loss_gradients_into`), or, with
-                // `scatter_each`, this rank's reduced part of it.
-                let mut acc = GradientsParams::new();
-                let mut sharded = ShardedSum::<B>::new();
-                for micro in micros {
-                    let mb = batch.slice(micro.clone());
-                    computed += mb.tokens.tokens.dims().iter().product::<usize>();
-                    needed += mb.seq_lens.iter().sum::<usize>();
-                    // Weights that make the sum over micro-batches the mini-batch's aggregate.
-                    let weight = self.loss.micro_batch_weight(
-                        micro.len(),
-                        mini.len(),
-                        mb.loss_tokens(),
-                        mini_tokens,
-                    );
-                    let mut parts: Option<Tensor<B::InnerBackend, 1>> = None;
-                    let loss = &self.loss;
-                    let entropy_bonus = self.entropy_bonus::<B>();
-                    let mut micro_loss = |out_lp: ResponseLogprobs<B>| {
-                        // `learner.entropy_coeff`: the policy's entropies, aggregated as the loss
-                        // is, times the coefficient, taken from the loss.
-                        let bonus = entropy_bonus
-                            .as_ref()
-                            .zip(out_lp.entropy.clone())
-                            .map(|(f, e)| f(e, mb.loss_mask()));
-                        let mut out = loss.compute(SurrogateBatch {
-                            logp: out_lp.logprobs,
-                            logp_old: mb.logp_old.clone(),
-                            advantages: mb.advantages.clone(),
-                            mask: mb.loss_mask(),
-                            logp_ref: mb.logp_ref.clone(),
-                            logp_engine: mb.logp_engine.clone(),
-                        });
-                        if let Some(b) = bonus {
-                            out.loss = out.loss - b;
-                        }
-                        if last {
-                            let w = mb.loss_tokens() as f64;
-                            let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
-                            let zero = || {
-                                Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device())
-                                    .cast(DType::F32)
-                            };
-                            has_entropy |= out_lp.entropy.is_some();
-                            parts = Some(Tensor::cat(
-                                vec![
-                                    f32_of(out.loss.clone()) * weight,
-                                    f32_of(out.clip_low.clone()) * w,
-                                    f32_of(out.clip_high.clone()) * w,
-                                    out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
-                                    out_lp
-                                        .entropy
-                                        .map(|e| f32_of((e * mb.loss_mask()).sum()))
-                                        .unwrap_or_else(zero),
-                                ],
-                                0,
-                            ));
-                        }
-                        out.loss * weight
-                    };
-                    let target = if scatter_each {
-                        GradTarget::Scatter(&mut sharded, &mut comm)
-                    } else {
-                        GradTarget::Sum(&mut acc)
-                    };
-                    self.gradients(&mb.tokens, &mut micro_loss, target)?;
-                    if let Some(v) = parts {
-                        micro_parts.push(v);
-                        token_count += mb.loss_tokens();
-                    }
-                }
-                if !pairs.is_empty() {
-                    let target = if scatter_each {
-                        GradTarget::Scatter(&mut sharded, &mut comm)
-                    } else {
-                        GradTarget::Sum(&mut acc)
-                    };
-                    self.dpo_gradients(batch, &pairs, n, target)?;
-                }
-                for _ in passes..rounds {
-                    self.idle_pass(&mut sharded, &mut comm)?;
-                }
-                let (norm, stepped) =
-                    self.reduce_and_step(acc, sharded, scatter_each, &mut comm)?;
-                if stepped {
-                    self.skipped_in_a_row = 0;
-                    norms.push(norm);
-                } else {
-                    self.skip_nonfinite(norm)?;
-                    skipped += 1;
-                }
+                self.mini_batch_step(&plan, mini.clone(), last, &mut tally)?;
             }
         }
-        if !norms.is_empty() {
+        if !tally.norms.is_empty() {
             self.check_weights_finite()?;
         }
-        // The one read of the update's other numbers.
-        let steps = norms.len();
-        let per_micro: Vec<f64> = if micro_parts.is_empty() {
-            Vec::new()
+        self.update_stats(tally, minis.len())
+    }
+
+    /// One optimizer step: this rank's micro-batches of the mini-batch `mini` (and its GRPO+DPO
+    /// pairs) through the gradient path, idle passes while other ranks have more, then the
+    /// reduction and the step (or a skipped one, for a non-finite norm).
+    fn mini_batch_step(
+        &mut self,
+        plan: &UpdatePlan<'_, B>,
+        mini: Range<usize>,
+        last: bool,
+        tally: &mut UpdateTally<B::InnerBackend>,
+    ) -> Result<()> {
+        let (rows, scatter_each) = (plan.rows, plan.scatter_each);
+        let local = rows.first..rows.first + plan.batch.rows();
+        let mini_tokens: usize = rows.lens[mini.clone()].iter().sum();
+        // This learner's rows of the mini-batch (maybe none), as indices into `batch`.
+        let lo = mini.start.clamp(local.start, local.end);
+        let mine = lo - rows.first..mini.end.clamp(lo, local.end) - rows.first;
+        let pairs: Vec<(usize, usize)> = plan
+            .dpo_pairs
+            .iter()
+            .copied()
+            .filter(|(w, _)| mine.contains(w))
+            .collect();
+        let micros = self.local_micro_batches(rows, mini.clone(), plan.batch.rows());
+        // Backward passes this rank makes, and the most any rank makes: with `scatter_each`
+        // every pass reduce-scatters its pieces, so a rank with fewer joins the others'
+        // reduce-scatters with zeros for the difference.
+        let passes = micros.len() + usize::from(!pairs.is_empty());
+        let rounds = if scatter_each {
+            self.most_on_any_rank(passes)?
         } else {
-            Tensor::cat(micro_parts, 0)
-                .into_data()
-                .convert::<f64>()
-                .into_vec()
-                .expect("f64 metrics")
+            passes
         };
-        let mut s = vec![0f64; 5];
-        for part in per_micro.chunks(5) {
-            for (acc, x) in s.iter_mut().zip(part) {
-                *acc += x;
+        // The running sum of the mini-batch's gradients: each micro-batch adds into it as its
+        // backward goes (`Policy::loss_gradients_into`), or, with `scatter_each`, this rank's
+        // reduced part of it.
+        let mut acc = GradientsParams::new();
+        let mut sharded = ShardedSum::<B>::new();
+        for micro in micros {
+            let target = if scatter_each {
+                GradTarget::Scatter(&mut sharded, &mut tally.comm)
+            } else {
+                GradTarget::Sum(&mut acc)
+            };
+            let mb = plan.batch.slice(micro.clone());
+            let weight = self.loss.micro_batch_weight(
+                micro.len(),
+                mini.len(),
+                mb.loss_tokens(),
+                mini_tokens,
+            );
+            let part = self.micro_batch_pass(&mb, weight, last, target)?;
+            tally.add_micro_batch(&mb, part);
+        }
+        if !pairs.is_empty() {
+            let target = if scatter_each {
+                GradTarget::Scatter(&mut sharded, &mut tally.comm)
+            } else {
+                GradTarget::Sum(&mut acc)
+            };
+            self.dpo_gradients(plan.batch, &pairs, rows.lens.len(), target)?;
+        }
+        for _ in passes..rounds {
+            self.idle_pass(&mut sharded, &mut tally.comm)?;
+        }
+        let (norm, stepped) = self.reduce_and_step(acc, sharded, scatter_each, &mut tally.comm)?;
+        if stepped {
+            self.skipped_in_a_row = 0;
+            tally.norms.push(norm);
+        } else {
+            self.skip_nonfinite(norm)?;
+            tally.skipped += 1;
+        }
+        Ok(())
+    }
+
+    /// The backward pass of micro-batch `mb`, its loss weighted by `weight` (so the sum over
+    /// micro-batches is the mini-batch's aggregate) and less the entropy bonus, into `target`.
+    /// In the last PPO epoch, returns the micro-batch's numbers, kept on the device: weighted
+    /// loss, clip_low x tokens, clip_high x tokens, kl x tokens, entropy sum, and whether the
+    /// policy gave entropies.
+    fn micro_batch_pass(
+        &self,
+        mb: &TrainBatch<B>,
+        weight: f64,
+        last: bool,
+        target: GradTarget<'_, B>,
+    ) -> Result<Option<(Tensor<B::InnerBackend, 1>, bool)>> {
+        let mut part: Option<(Tensor<B::InnerBackend, 1>, bool)> = None;
+        let loss = &self.loss;
+        let entropy_bonus = self.entropy_bonus::<B>();
+        let mut micro_loss = |out_lp: ResponseLogprobs<B>| {
+            // `learner.entropy_coeff`: the policy's entropies, aggregated as the loss is, times
+            // the coefficient, taken from the loss.
+            let bonus = entropy_bonus
+                .as_ref()
+                .zip(out_lp.entropy.clone())
+                .map(|(f, e)| f(e, mb.loss_mask()));
+            let mut out = loss.compute(SurrogateBatch {
+                logp: out_lp.logprobs,
+                logp_old: mb.logp_old.clone(),
+                advantages: mb.advantages.clone(),
+                mask: mb.loss_mask(),
+                logp_ref: mb.logp_ref.clone(),
+                logp_engine: mb.logp_engine.clone(),
+            });
+            if let Some(b) = bonus {
+                out.loss = out.loss - b;
             }
-        }
-        s.extend([
-            token_count as f64,
-            has_entropy as u8 as f64,
-            computed as f64,
-            needed as f64,
-        ]);
+            if last {
+                let w = mb.loss_tokens() as f64;
+                let f32_of = |t: Tensor<B, 1>| t.detach().inner().cast(DType::F32);
+                let zero = || {
+                    Tensor::<B::InnerBackend, 1>::zeros([1], &out.clip_low.device())
+                        .cast(DType::F32)
+                };
+                let has_entropy = out_lp.entropy.is_some();
+                let numbers = Tensor::cat(
+                    vec![
+                        f32_of(out.loss.clone()) * weight,
+                        f32_of(out.clip_low.clone()) * w,
+                        f32_of(out.clip_high.clone()) * w,
+                        out.kl.clone().map(|k| f32_of(k) * w).unwrap_or_else(zero),
+                        out_lp
+                            .entropy
+                            .map(|e| f32_of((e * mb.loss_mask()).sum()))
+                            .unwrap_or_else(zero),
+                    ],
+                    0,
+                );
+                part = Some((numbers, has_entropy));
+            }
+            out.loss * weight
+        };
+        self.gradients(&mb.tokens, &mut micro_loss, target)?;
+        Ok(part)
+    }
+
+    /// The update's metrics from its tally over `minis` mini-batches: the one read of the last
+    /// epoch's micro-batch numbers, added over ranks in rank order.
+    fn update_stats(
+        &self,
+        mut tally: UpdateTally<B::InnerBackend>,
+        minis: usize,
+    ) -> Result<UpdateStats> {
+        let steps = tally.norms.len();
+        let mut totals = tally.totals();
         if let Some(slot) = &self.rank {
-            // Every rank's sums, added in rank order: the same numbers on every rank.
-            let all = slot.collective.all_gather(slot.rank, s)?;
-            s = (0..all[0].len())
-                .map(|i| all.iter().map(|v| v[i]).sum())
-                .collect();
+            // Every rank's totals, added in rank order: the same numbers on every rank.
+            totals = UpdateTotals::sum_in_rank_order(
+                slot.collective.all_gather(slot.rank, totals.to_vec())?,
+            );
         }
-        let tokens = s[5].max(1.0);
+        let tokens = totals.tokens.max(1.0);
         Ok(UpdateStats {
-            grad_norms: norms,
+            grad_norms: tally.norms,
             optimizer_steps: steps,
-            skipped_optimizer_steps: skipped,
-            loss: s[0] / minis.len().max(1) as f64,
-            clip_low: s[1] / tokens,
-            clip_high: s[2] / tokens,
-            kl: (self.cfg.kl_beta != 0.0).then(|| s[3] / tokens),
-            entropy: (s[6] > 0.0).then(|| s[4] / tokens),
-            tokens_computed: s[7] as u64,
-            tokens_needed: s[8] as u64,
-            comm,
+            skipped_optimizer_steps: tally.skipped,
+            loss: totals.loss / minis.max(1) as f64,
+            clip_low: totals.clip_low / tokens,
+            clip_high: totals.clip_high / tokens,
+            kl: (self.cfg.kl_beta != 0.0).then(|| totals.kl / tokens),
+            entropy: (totals.has_entropy > 0.0).then(|| totals.entropy / tokens),
+            tokens_computed: totals.computed as u64,
+            tokens_needed: totals.needed as u64,
+            comm: tally.comm,
             lr: self.update.last_lr(),
         })
     }
@@ -446,4 +456,140 @@ pub(crate) struct UpdateStats {
     pub comm: CommStats,
     /// The rate of the last optimizer step so far.
     pub(super) lr: f64,
+}
+
+/// What the update stage works over: the step's train batch (this rank's rows), its GRPO+DPO
+/// pairs, every rank's rows, and whether each micro-batch's gradients are reduce-scattered.
+pub(super) struct UpdatePlan<'a, B: AutodiffBackend> {
+    pub(super) batch: &'a TrainBatch<B>,
+    pub(super) dpo_pairs: &'a [(usize, usize)],
+    pub(super) rows: &'a GlobalRows,
+    pub(super) scatter_each: bool,
+}
+
+/// What the update stage gathers as it goes: the norms of the optimizer steps taken (read one
+/// scalar per step, so a non-finite norm stops or skips that step before it changes the
+/// weights), the steps skipped, the last epoch's micro-batch numbers (on the device until the
+/// one read), token counts and collective traffic.
+pub(super) struct UpdateTally<B: burn::tensor::backend::Backend> {
+    pub(super) norms: Vec<f64>,
+    pub(super) skipped: usize,
+    micro_parts: Vec<Tensor<B, 1>>,
+    loss_tokens: usize,
+    has_entropy: bool,
+    /// Token positions the policy's forward passes computed (padding included) and needed.
+    computed: usize,
+    needed: usize,
+    pub(super) comm: CommStats,
+}
+
+impl<B: burn::tensor::backend::Backend> UpdateTally<B> {
+    fn new() -> Self {
+        Self {
+            norms: Vec::new(),
+            skipped: 0,
+            micro_parts: Vec::new(),
+            loss_tokens: 0,
+            has_entropy: false,
+            computed: 0,
+            needed: 0,
+            comm: CommStats::default(),
+        }
+    }
+
+    /// Counts micro-batch `mb`'s positions and, in the last epoch, keeps its numbers (`part`).
+    fn add_micro_batch<A: AutodiffBackend<InnerBackend = B>>(
+        &mut self,
+        mb: &TrainBatch<A>,
+        part: Option<(Tensor<B, 1>, bool)>,
+    ) {
+        self.computed += mb.tokens.tokens.dims().iter().product::<usize>();
+        self.needed += mb.seq_lens.iter().sum::<usize>();
+        if let Some((numbers, has_entropy)) = part {
+            self.micro_parts.push(numbers);
+            self.has_entropy |= has_entropy;
+            self.loss_tokens += mb.loss_tokens();
+        }
+    }
+
+    /// This rank's totals: the one read of the micro-batch numbers, summed in order in f64.
+    fn totals(&mut self) -> UpdateTotals {
+        let per_micro: Vec<f64> = if self.micro_parts.is_empty() {
+            Vec::new()
+        } else {
+            Tensor::cat(std::mem::take(&mut self.micro_parts), 0)
+                .into_data()
+                .convert::<f64>()
+                .into_vec()
+                .expect("f64 metrics")
+        };
+        let mut s = [0f64; 5];
+        for part in per_micro.chunks(5) {
+            for (acc, x) in s.iter_mut().zip(part) {
+                *acc += x;
+            }
+        }
+        UpdateTotals {
+            loss: s[0],
+            clip_low: s[1],
+            clip_high: s[2],
+            kl: s[3],
+            entropy: s[4],
+            tokens: self.loss_tokens as f64,
+            has_entropy: self.has_entropy as u8 as f64,
+            computed: self.computed as f64,
+            needed: self.needed as f64,
+        }
+    }
+}
+
+/// The update's sums over the last PPO epoch's micro-batches (loss weighted, the rest by
+/// tokens), as one rank has them or added over ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct UpdateTotals {
+    loss: f64,
+    clip_low: f64,
+    clip_high: f64,
+    kl: f64,
+    entropy: f64,
+    tokens: f64,
+    /// 1 when the policy gave entropies (on any rank, once added).
+    has_entropy: f64,
+    computed: f64,
+    needed: f64,
+}
+
+impl UpdateTotals {
+    /// The fields in the order ranks exchange them.
+    fn to_vec(self) -> Vec<f64> {
+        vec![
+            self.loss,
+            self.clip_low,
+            self.clip_high,
+            self.kl,
+            self.entropy,
+            self.tokens,
+            self.has_entropy,
+            self.computed,
+            self.needed,
+        ]
+    }
+
+    /// Every rank's totals (as [`to_vec`](Self::to_vec) lists them) added in rank order.
+    fn sum_in_rank_order(all: Vec<Vec<f64>>) -> Self {
+        let s: Vec<f64> = (0..all[0].len())
+            .map(|i| all.iter().map(|v| v[i]).sum())
+            .collect();
+        Self {
+            loss: s[0],
+            clip_low: s[1],
+            clip_high: s[2],
+            kl: s[3],
+            entropy: s[4],
+            tokens: s[5],
+            has_entropy: s[6],
+            computed: s[7],
+            needed: s[8],
+        }
+    }
 }
