@@ -283,12 +283,7 @@ where
         reserve: &[&T],
         shard: Shard,
     ) -> Result<StepParts> {
-        if shard.total == 0 {
-            return Err(GrpoError::NoRecords);
-        }
-        if !self.schedule_ready {
-            LrSchedule::new(&self.cfg, None)?;
-        }
+        self.check_ready(shard)?;
         let k = self.cfg.group_size;
         let t0 = Instant::now();
         let (inner, gather_comm) = self.whole_inner()?;
@@ -297,60 +292,24 @@ where
         let mut weight_sync = self.rollout.sync_weights(&inner, self.step)?;
         // Rollout seconds include the gather and the sync before them.
         let mut times = (t0.elapsed().as_secs_f64(), 0.0);
-        let candidates: Vec<(usize, &T)> = records
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (shard.first + i, *r))
-            .collect();
-        let first = self
-            .rollout_and_score(&inner, candidates, &mut times)
+        let (scored, shard, dynamic, all_scores) = self
+            .scored_groups(&inner, records, reserve, shard, &mut times)
             .await?;
-        // Every drawn response counts toward the scored share, trained on or not.
-        let all_scores: Vec<GroupScores>;
-        let (scored, shard, dynamic) = if self.cfg.dynamic_sampling {
-            let (scored, kept, shard, refilled) = self
-                .refill(&inner, first, reserve, shard, &mut times)
-                .await?;
-            all_scores = scored.scores.clone();
-            (select_scored(scored, &kept), shard, Some(refilled))
-        } else {
-            all_scores = Vec::new();
-            (first, shard, None)
-        };
         let (rollout_secs, judge_secs) = times;
         let prompts: Vec<usize> = scored.prompts.iter().map(|(i, _)| *i).collect();
         let records: Vec<&T> = scored.prompts.iter().map(|(_, r)| *r).collect();
         let records = records.as_slice();
         let (rollout, texts, scores) = (scored.rollout, scored.texts, scored.scores);
-        let all_scores = if dynamic.is_some() {
-            &all_scores
-        } else {
-            &scores
-        };
-        // With KL in the reward, the old and reference log-probs come before the advantages
-        // (and with them the rows of every rank); otherwise after, as the update's first part.
+        let all_scores = all_scores.as_ref().unwrap_or(&scores);
         let t2 = Instant::now();
-        let early = match self.cfg.kl_in_reward != 0.0 {
-            true => Some(self.rows_and_logprobs(&inner, &rollout, shard)?),
-            false => None,
-        };
+        let early = self.logprobs_for_reward(&inner, &rollout, shard)?;
         let kl = early.as_ref().map(|(_, l)| self.sequence_kl(l));
         let before_advantages = t2.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let outcomes = self
             .advantage_stage(records, &rollout, &texts, &scores, kl.as_deref())
             .await;
-        if let Some((g, o)) = outcomes
-            .iter()
-            .enumerate()
-            .find(|(_, o)| o.advantages.len() != k)
-        {
-            return Err(GrpoError::Stage(format!(
-                "advantages of group {g} ({}): {} values for {k} responses",
-                records[g].id(),
-                o.advantages.len()
-            )));
-        }
+        check_advantages(records, &outcomes, k)?;
         let judge_secs = judge_secs + t1.elapsed().as_secs_f64();
 
         let t2 = Instant::now();
@@ -362,18 +321,9 @@ where
         // A `full` rank's gathered weights go before the backward passes gather their segments.
         drop(inner);
         let logprob_gap = LogprobGap::of(&batch, &rollout);
-        let dpo_pairs: Vec<(usize, usize)> = if self.cfg.tie_mode == TieMode::GrpoDpo {
-            outcomes
-                .iter()
-                .enumerate()
-                .flat_map(|(g, o)| {
-                    o.accepted_pairs()
-                        .into_iter()
-                        .map(move |(w, l)| (g * k + w, g * k + l))
-                })
-                .collect()
-        } else {
-            Vec::new()
+        let dpo_pairs = match self.cfg.tie_mode {
+            TieMode::GrpoDpo => dpo_pairs(&outcomes, k),
+            _ => Vec::new(),
         };
         let mut update = if self.enough_scored(all_scores)? {
             self.update_stage(&batch, &dpo_pairs, &rows)?
@@ -382,14 +332,7 @@ where
         };
         update.comm.add(&gather_comm);
         update.lr = self.update.last_lr();
-        // The new weights go to the engine before the next rollout reads them (a `full` rank
-        // holds no whole weights here: its next step syncs the ones it gathers).
-        if !self.parameters_sharded() {
-            let synced = self
-                .rollout
-                .sync_weights(&self.policy.valid(), self.step + 1)?;
-            weight_sync = weight_sync.plus(synced);
-        }
+        weight_sync = weight_sync.plus(self.sync_updated_weights()?);
         let update_secs = before_advantages + t2.elapsed().as_secs_f64();
         let reward_kl = reward_penalties(&scores, kl.as_deref(), self.cfg.kl_in_reward);
         Ok(StepParts {
@@ -409,6 +352,81 @@ where
             reward_kl,
             device_memory: <B as conrub_kernels::DecodeOps>::device_memory_reserved(&self.device),
         })
+    }
+
+    /// The step's groups, rolled out and scored: this learner's `records` (`shard` of the
+    /// step's groups) and, under dynamic sampling, the refill from `reserve` that replaces the
+    /// groups without reward variance. Returns the groups to train on, their shard, what the
+    /// refill did, and (under dynamic sampling) the scores of every response drawn, which the
+    /// scored share counts whether trained on or not.
+    async fn scored_groups<'r>(
+        &self,
+        inner: &P::InnerModule,
+        records: &[&'r T],
+        reserve: &[&'r T],
+        shard: Shard,
+        times: &mut (f64, f64),
+    ) -> Result<(
+        Scored<'r, T>,
+        Shard,
+        Option<Refilled>,
+        Option<Vec<GroupScores>>,
+    )> {
+        let candidates: Vec<(usize, &T)> = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (shard.first + i, *r))
+            .collect();
+        let first = self.rollout_and_score(inner, candidates, times).await?;
+        if !self.cfg.dynamic_sampling {
+            return Ok((first, shard, None, None));
+        }
+        let (scored, kept, shard, refilled) =
+            self.refill(inner, first, reserve, shard, times).await?;
+        let all_scores = scored.scores.clone();
+        Ok((
+            select_scored(scored, &kept),
+            shard,
+            Some(refilled),
+            Some(all_scores),
+        ))
+    }
+
+    /// Refuses a step with no group, or one whose learning-rate schedule cannot be made yet.
+    fn check_ready(&self, shard: Shard) -> Result<()> {
+        if shard.total == 0 {
+            return Err(GrpoError::NoRecords);
+        }
+        if !self.schedule_ready {
+            LrSchedule::new(&self.cfg, None)?;
+        }
+        Ok(())
+    }
+
+    /// With KL in the reward, the rows of every rank and the old and reference log-probs,
+    /// computed before the advantages; otherwise `None` (they come after, as the update's first
+    /// part).
+    fn logprobs_for_reward(
+        &self,
+        inner: &P::InnerModule,
+        rollout: &RolloutBatch,
+        shard: Shard,
+    ) -> Result<Option<(GlobalRows, BatchLogprobs<B>)>> {
+        match self.cfg.kl_in_reward != 0.0 {
+            true => Ok(Some(self.rows_and_logprobs(inner, rollout, shard)?)),
+            false => Ok(None),
+        }
+    }
+
+    /// The new weights to the engine before the next rollout reads them (a `full` rank holds no
+    /// whole weights here: its next step syncs the ones it gathers).
+    fn sync_updated_weights(&self) -> Result<WeightSync> {
+        if self.parameters_sharded() {
+            return Ok(WeightSync::default());
+        }
+        Ok(self
+            .rollout
+            .sync_weights(&self.policy.valid(), self.step + 1)?)
     }
 
     /// `counts` of every rank, in rank order (this learner's alone when it is not a rank).
@@ -439,6 +457,39 @@ where
         let whole = gathered_as(&self.policy.clone().no_grad(), &mut source, matrices)?;
         Ok((whole.valid(), source.comm))
     }
+}
+
+/// Refuses an estimator's outcome of the wrong size: every group has `k` advantages.
+fn check_advantages<T: TaskPrompt>(
+    records: &[&T],
+    outcomes: &[GroupOutcome],
+    k: usize,
+) -> Result<()> {
+    match outcomes
+        .iter()
+        .enumerate()
+        .find(|(_, o)| o.advantages.len() != k)
+    {
+        Some((g, o)) => Err(GrpoError::Stage(format!(
+            "advantages of group {g} ({}): {} values for {k} responses",
+            records[g].id(),
+            o.advantages.len()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// GRPO+DPO's pairs: every accepted tie pair as `(winner, loser)` rows of the step's batch.
+fn dpo_pairs(outcomes: &[GroupOutcome], k: usize) -> Vec<(usize, usize)> {
+    outcomes
+        .iter()
+        .enumerate()
+        .flat_map(|(g, o)| {
+            o.accepted_pairs()
+                .into_iter()
+                .map(move |(w, l)| (g * k + w, g * k + l))
+        })
+        .collect()
 }
 
 #[cfg(test)]
