@@ -19,7 +19,7 @@ pub const LOG_ENV: &str = "CONRUB_LOG";
 
 /// The filter when `CONRUB_LOG` is unset.
 const DEFAULT_FILTER: &str = "warn,conrub=info,conrub_grpo=info,conrub_trainer=info,\
-    conrub_judge=info,conrub_kernels=info,conrub_models=info,conrub_rollout=info,\
+    conrub_rewards=info,conrub_parallel=info,conrub_judge=info,conrub_kernels=info,conrub_models=info,conrub_rollout=info,\
     conrub_remote=info,conrub_eval=info,conrub_construct=info,conrub_config=info";
 
 /// Lines as described in the module docs.

@@ -245,9 +245,10 @@ impl Sealing {
     ) -> Result<()> {
         let outcome = match (self.thread.take(), self.done.take()) {
             (Some(handle), _) => handle.join().unwrap_or_else(|_| {
-                Err(TrainerError::Setup(
-                    "the checkpoint seal thread panicked".into(),
-                ))
+                Err(
+                    conrub_grpo::GrpoError::Stage("the checkpoint seal thread panicked".into())
+                        .into(),
+                )
             }),
             (None, Some(done)) => done,
             (None, None) => return Ok(()),

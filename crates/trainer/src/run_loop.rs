@@ -264,15 +264,17 @@ where
         trainee.set_training_steps(total_steps)?;
         let path = run.output_dir.join("metrics.jsonl");
         let log = MetricsLog::open(&path, resume_step, steps_per_epoch, total_steps)?;
-        let best = BestCheckpoint::resume(&run.output_dir, resume_step, &log.evals()?)?;
-        let history = log.steps()?;
-        let mut sinks = default_sinks(run, log, resume_step, total_steps)?;
+        let mut sinks = default_sinks(run, log.clone(), resume_step, total_steps)?;
         sinks.extend(hooks.sinks());
         for line in hooks.opening_lines() {
             for sink in &mut sinks {
                 sink.event(&RunEvent::Opening(&line))?;
             }
         }
+        // The record of the best checkpoint so far, and the steps so far (the opening lines
+        // included), from the file as it now is.
+        let best = BestCheckpoint::resume(&run.output_dir, resume_step, &log.evals()?)?;
+        let history = log.steps()?;
         let cursor = DataCursor {
             steps_per_epoch,
             total_steps,

@@ -10,6 +10,7 @@ use conrub_contracts::{MetricsLine, StepMetrics, ValidationLine};
 use crate::error::{Result, TrainerError};
 
 /// The metrics file.
+#[derive(Debug, Clone)]
 pub struct MetricsLog {
     path: PathBuf,
 }
