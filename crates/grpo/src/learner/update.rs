@@ -523,23 +523,19 @@ impl<B: burn::tensor::backend::Backend> UpdateTally<B> {
                 .into_vec()
                 .expect("f64 metrics")
         };
-        let mut s = [0f64; 5];
+        let mut s = [0f64; 9];
         for part in per_micro.chunks(5) {
             for (acc, x) in s.iter_mut().zip(part) {
                 *acc += x;
             }
         }
-        UpdateTotals {
-            loss: s[0],
-            clip_low: s[1],
-            clip_high: s[2],
-            kl: s[3],
-            entropy: s[4],
-            tokens: self.loss_tokens as f64,
-            has_entropy: self.has_entropy as u8 as f64,
-            computed: self.computed as f64,
-            needed: self.needed as f64,
-        }
+        s[5..].copy_from_slice(&[
+            self.loss_tokens as f64,
+            self.has_entropy as u8 as f64,
+            self.computed as f64,
+            self.needed as f64,
+        ]);
+        UpdateTotals::from_slice(&s)
     }
 }
 
@@ -580,6 +576,11 @@ impl UpdateTotals {
         let s: Vec<f64> = (0..all[0].len())
             .map(|i| all.iter().map(|v| v[i]).sum())
             .collect();
+        Self::from_slice(&s)
+    }
+
+    /// The totals from the fields in [`to_vec`](Self::to_vec)'s order.
+    fn from_slice(s: &[f64]) -> Self {
         Self {
             loss: s[0],
             clip_low: s[1],
