@@ -21,7 +21,7 @@ use std::time::Instant;
 use burn::backend::Autodiff;
 use burn::tensor::{Int, Tensor, TensorData};
 use conrub_kernels::reference::{naive_token_logprobs, seeded_uniform};
-use conrub_kernels::{token_logprobs, GrpoOps};
+use conrub_kernels::{token_logprobs, KernelOps};
 
 #[path = "common/peak.rs"]
 mod peak;
@@ -37,7 +37,7 @@ fn env(name: &str, default: usize) -> usize {
 }
 
 /// One forward + backward; returns seconds.
-fn step<B: GrpoOps>(
+fn step<B: KernelOps>(
     h0: &Tensor<B, 2>,
     w0: &Tensor<B, 2>,
     t: &Tensor<B, 1, Int>,
@@ -63,7 +63,7 @@ fn step<B: GrpoOps>(
 }
 
 /// Child process: one path on one backend; prints `RESULT <median secs> <peak bytes>`.
-fn measure<B: GrpoOps>(
+fn measure<B: KernelOps>(
     device: &B::Device,
     fused: bool,
     (tokens, hidden, chunk): (usize, usize, usize),

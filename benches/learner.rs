@@ -20,7 +20,7 @@ use conrub_grpo::{
     Aggregation, Clip, Policy, PolicyLoss, SurrogateBatch, TokenBatch, Update, UpdateConfig,
 };
 use conrub_judge::{score_jobs, CriterionRequest, LexicalJudge, ScoreJob};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::{CausalLm, ModelConfig};
 use conrub_rollout::SamplingConfig;
 use conrub_rubric::{read_rubrics, LengthPenalty, ScoringMode};
@@ -175,7 +175,7 @@ fn bench(c: &mut Criterion) {
 /// Response tokens/s of the learner's update stages (fused log-probs, the policy loss, backward,
 /// global clipping at the published max_grad_norm = 1, AdamW) on `Autodiff<Bk>`: one warm-up step,
 /// then three timed.
-fn time_update<Bk: GrpoOps>(
+fn time_update<Bk: KernelOps>(
     cfg: &ModelConfig,
     rows: &[(&[u32], &[u32])],
     label: &str,

@@ -17,7 +17,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::{CausalLm, ModelConfig};
 use conrub_rollout::{generate_static, rollout, EngineConfig, SamplingConfig, DEFAULT_BLOCK_SIZE};
 
@@ -45,7 +45,7 @@ struct Measured {
     tokens: usize,
 }
 
-fn measure<B: GrpoOps>(
+fn measure<B: KernelOps>(
     name: &str,
     vocab: usize,
     new_tokens: usize,
@@ -179,7 +179,7 @@ fn report(name: &str, rows: usize, new_tokens: usize, baseline: &Measured, engin
     }
 }
 
-fn run_on<B: GrpoOps>(name: &str, vocab: usize, new_tokens: usize, device: &B::Device) {
+fn run_on<B: KernelOps>(name: &str, vocab: usize, new_tokens: usize, device: &B::Device) {
     let (baseline, engine) = measure::<B>(name, vocab, new_tokens, device);
     report(name, PROMPTS * GROUP, new_tokens, &baseline, &engine);
 }

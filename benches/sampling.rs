@@ -9,7 +9,7 @@
 //! median is reported).
 
 use conrub_kernels::sampling_bench::sampling_timings;
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 
 const VOCAB: usize = 151_936;
 
@@ -21,7 +21,7 @@ fn env(name: &str, default: usize) -> usize {
 }
 
 /// One backend's table: the softmax baseline, then each mode with its ratio to it.
-fn run<B: GrpoOps>(name: &str, device: &B::Device, cube: bool) {
+fn run<B: KernelOps>(name: &str, device: &B::Device, cube: bool) {
     let rows = env("CONRUB_BENCH_ROWS", 64);
     let iters = env("CONRUB_BENCH_ITERS", 5);
     let timings = sampling_timings::<B>(device, [rows, VOCAB], iters, cube);

@@ -4,15 +4,15 @@
 //! cargo run --release --example generate -- <model-dir-or-hub-id> "What is the first-line treatment of anaphylaxis?"
 //! ```
 //!
-//! Written against `B: GrpoOps` (burn's `Backend` plus conrub's fused kernels, implemented for every
+//! Written against `B: KernelOps` (burn's `Backend` plus conrub's fused kernels, implemented for every
 //! burn backend), so the same function runs on any burn backend; `main` picks the
 //! default CPU backend.
 
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::{ChatOptions, Message, Pretrained};
 use conrub_rollout::{Decoding, SamplingConfig};
 
-fn answer<B: GrpoOps>(
+fn answer<B: KernelOps>(
     model: &str,
     question: &str,
     device: &B::Device,

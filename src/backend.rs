@@ -5,13 +5,13 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Result};
 use conrub_config::backend_of;
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_parallel::{Collective, HostCollective};
 
 /// Work that runs on whichever backend `--device` selects.
 pub trait BackendTask {
     /// Runs on backend `B` and device `device`.
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()>;
+    fn run<B: KernelOps>(self, device: B::Device) -> Result<()>;
 }
 
 /// `--precision` of the commands that load a model: `f32` or `bf16-mixed`.
@@ -39,7 +39,7 @@ pub fn parse_attention_kernels(
 /// The model's execution settings for `--precision` and `--attention-kernels` on `device`
 /// (fused attention, no checkpointing: these commands do not train). An error when the device
 /// cannot run the kernels asked for.
-pub fn inference_execution<B: GrpoOps>(
+pub fn inference_execution<B: KernelOps>(
     precision: conrub_models::Precision,
     attention_kernels: conrub_models::AttentionKernelChoice,
     device: &B::Device,
@@ -221,7 +221,7 @@ fn index(spec: &str, prefix: &str) -> Result<usize> {
 
 /// The collective of a backend's data-parallel ranks: NCCL between CUDA devices, the host
 /// collective (fixed rank order, bit-reproducible) everywhere else.
-pub trait RankCollective: GrpoOps {
+pub trait RankCollective: KernelOps {
     /// The group of `devices`, rank `r` on `devices[r]`.
     fn rank_collective(devices: &[Self::Device]) -> Arc<dyn Collective<Self>> {
         Arc::new(HostCollective::new(devices.len()))

@@ -15,7 +15,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use crate::paged_attention::fallback_paged_decode;
 use crate::reference::seeded_uniform;
 use crate::sampling_bench::median;
-use crate::{AttentionKernels, AttentionLayout, GrpoOps, PagedLayout};
+use crate::{AttentionKernels, AttentionLayout, KernelOps, PagedLayout};
 
 /// One timed operation.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,7 +39,7 @@ pub fn causal_forward_flops(batch: usize, heads: usize, t: usize, head_dim: usiz
     2.0 * (batch * heads) as f64 * (t as f64) * (t as f64) * head_dim as f64
 }
 
-fn seeded<B: GrpoOps>(
+fn seeded<B: KernelOps>(
     shape: [usize; 4],
     seed: u64,
     dtype: DType,
@@ -51,13 +51,13 @@ fn seeded<B: GrpoOps>(
 }
 
 /// Reads one element of `t`: the device has finished everything before it.
-fn wait<B: GrpoOps, const D: usize>(t: Tensor<B, D>) {
+fn wait<B: KernelOps, const D: usize>(t: Tensor<B, D>) {
     let _ = t.flatten::<1>(0, D - 1).slice(0..1).into_data();
 }
 
 /// Forward and forward + backward of causal attention, `[batch, heads, kv_heads, t, head_dim]`
 /// in `dtype` (every key valid), under each of `kernels`; medians of `iters` calls.
-pub fn training_timings<B: GrpoOps>(
+pub fn training_timings<B: KernelOps>(
     device: &B::Device,
     [batch, heads, kv_heads, t, d]: [usize; 5],
     dtype: DType,
@@ -131,7 +131,7 @@ pub fn training_timings<B: GrpoOps>(
 /// Decode attention of `rows` rows of `keys` keys each (the 4B shape's heads by default: `heads` over `kv_heads`,
 /// `head_dim`) in `dtype`, blocks of 16 interleaved between rows: the backend's op with its
 /// key splits, with `kv_splits = 1`, and the gather fallback; medians of `iters` calls.
-pub fn decode_timings<B: GrpoOps>(
+pub fn decode_timings<B: KernelOps>(
     device: &B::Device,
     [rows, keys, heads, kv_heads, d]: [usize; 5],
     dtype: DType,

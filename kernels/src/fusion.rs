@@ -14,7 +14,7 @@ use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
 use crate::sampling::SampleParams;
 use crate::{
-    AttentionKernels, AttentionLayout, AttentionOps, Clip, DecodeOps, GrpoOps, LossOps,
+    AttentionKernels, AttentionLayout, AttentionOps, Clip, DecodeOps, KernelOps, LossOps,
     PagedLayout, Reduce,
 };
 
@@ -39,7 +39,7 @@ struct HookOp<B> {
     _b: PhantomData<B>,
 }
 
-impl<B: FusionBackend + GrpoOps> Operation<B::FusionRuntime> for HookOp<B> {
+impl<B: FusionBackend + KernelOps> Operation<B::FusionRuntime> for HookOp<B> {
     fn execute(&self, h: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
         let ins = &self.desc.inputs;
         let outs = &self.desc.outputs;
@@ -121,7 +121,7 @@ impl<B: FusionBackend + GrpoOps> Operation<B::FusionRuntime> for HookOp<B> {
 }
 
 /// Registers `hook` on `inputs` with float outputs of the given shapes and dtypes and returns them.
-fn register<B: FusionBackend + GrpoOps>(
+fn register<B: FusionBackend + KernelOps>(
     name: &'static str,
     hook: Hook,
     inputs: Vec<FloatTensor<Fusion<B>>>,
@@ -146,7 +146,7 @@ fn register<B: FusionBackend + GrpoOps>(
     )
 }
 
-impl<B: FusionBackend + GrpoOps> LossOps for Fusion<B> {
+impl<B: FusionBackend + KernelOps> LossOps for Fusion<B> {
     fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
         let shape = tensor.shape.clone();
         let dtype = tensor.dtype;
@@ -235,7 +235,7 @@ impl<B: FusionBackend + GrpoOps> LossOps for Fusion<B> {
     }
 }
 
-impl<B: FusionBackend + GrpoOps> AttentionOps for Fusion<B> {
+impl<B: FusionBackend + KernelOps> AttentionOps for Fusion<B> {
     fn check_attention_kernels(
         device: &Self::Device,
         kernels: AttentionKernels,
@@ -305,7 +305,7 @@ impl<B: FusionBackend + GrpoOps> AttentionOps for Fusion<B> {
     }
 }
 
-impl<B: FusionBackend + GrpoOps> DecodeOps for Fusion<B> {
+impl<B: FusionBackend + KernelOps> DecodeOps for Fusion<B> {
     fn device_memory_reserved(device: &Self::Device) -> Option<u64> {
         B::device_memory_reserved(device)
     }

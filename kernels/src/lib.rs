@@ -12,7 +12,7 @@
 //!   (FlashAttention-2's scheme); [`paged_decode_attention`] over the rollout engine's KV pool.
 //! - [`DecodeOps`]: [`kv_write`] into the paged KV pool and on-device sampling ([`sampling`]).
 //!
-//! [`GrpoOps`] is all three. Each family is implemented for burn's CubeCL backends with kernels
+//! [`KernelOps`] is all three. Each family is implemented for burn's CubeCL backends with kernels
 //! (one source for CUDA and wgpu; feature `cube`), for burn's fusion wrapper (the kernels run as
 //! custom fusion operations), for the CPU backends (the fused host head, [`cpu_head`], for
 //! log-probs) and libtorch through a fallback made of primitive tensor ops ([`fallback`]), and for
@@ -386,10 +386,10 @@ pub trait DecodeOps: Backend {
 /// Every family of conrub's backend extension: what the model, the rollout engine and the learner
 /// ask of a backend. Implemented for every backend that implements [`LossOps`], [`AttentionOps`]
 /// and [`DecodeOps`] (burn's CubeCL backends, their fusion wrapper, flex, ndarray, libtorch, and
-/// `Autodiff` over any of them); write `B: GrpoOps` unless a function needs one family only.
-pub trait GrpoOps: LossOps + AttentionOps + DecodeOps {}
+/// `Autodiff` over any of them); write `B: KernelOps` unless a function needs one family only.
+pub trait KernelOps: LossOps + AttentionOps + DecodeOps {}
 
-impl<B: LossOps + AttentionOps + DecodeOps> GrpoOps for B {}
+impl<B: LossOps + AttentionOps + DecodeOps> KernelOps for B {}
 
 /// Per-token outputs of [`token_logprobs`].
 #[derive(Debug, Clone)]

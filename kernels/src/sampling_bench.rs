@@ -16,7 +16,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::reference::seeded_uniform;
 use crate::sampling::SampleParams;
-use crate::GrpoOps;
+use crate::KernelOps;
 
 /// One timed operation.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,7 +55,7 @@ pub fn modes() -> [(&'static str, SampleParams); 4] {
 /// Times the softmax baseline (first), each of [`modes`], and, when `with_tensor_rule`, top-k 50
 /// by the tensor rule (last), over `rows` rows of `vocab` seeded logits (about +-4, different in
 /// every row) on `device`; medians of `iters` calls after one warm-up call each.
-pub fn sampling_timings<B: GrpoOps>(
+pub fn sampling_timings<B: KernelOps>(
     device: &B::Device,
     [rows, vocab]: [usize; 2],
     iters: usize,

@@ -1,7 +1,7 @@
 //! The CubeCL causal-attention kernels on wgpu against a naive reference on the CPU.
 //!
 //! For each case the kernels run twice on `burn::backend::Wgpu` (`Fusion<CubeBackend>`): through
-//! `GrpoOps::attention_forward` / `attention_backward` directly (values, `lse`, gradients), and
+//! `KernelOps::attention_forward` / `attention_backward` directly (values, `lse`, gradients), and
 //! through the public, differentiable `causal_attention` under `Autodiff<Wgpu>`. The reference is
 //! plain burn tensor ops under `Autodiff<Flex>` on the host (K/V repeated per query head, scores
 //! plus a -1e30 bias, softmax, times V) for `out` and the gradients of `sum(out * d_out)`, and
@@ -284,7 +284,7 @@ fn poison_for(c: &Case, dev: &WgpuDevice) {
     );
 }
 
-/// `GrpoOps::attention_forward` / `attention_backward` on `Wgpu` directly.
+/// `KernelOps::attention_forward` / `attention_backward` on `Wgpu` directly.
 fn run_direct(c: &Case, x: &Inputs, dtype: DType, dev: &WgpuDevice) -> Results {
     let (q, k, v, valid, d_out) = device_inputs(c, x, dtype, dev);
     let (q, k, v) = (q.swap_dims(1, 2), k.swap_dims(1, 2), v.swap_dims(1, 2));

@@ -10,7 +10,7 @@
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use conrub_kernels::{paged_decode_attention, GrpoOps, PagedLayout};
+use conrub_kernels::{paged_decode_attention, KernelOps, PagedLayout};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -113,7 +113,7 @@ fn poison<B: Backend>(len: usize, device: &B::Device) {
     let _ = t.into_data();
 }
 
-fn run<B: GrpoOps>(c: &Case, x: &Inputs, dtype: DType, device: &B::Device) -> Vec<f32> {
+fn run<B: KernelOps>(c: &Case, x: &Inputs, dtype: DType, device: &B::Device) -> Vec<f32> {
     let (rows, d, width) = (c.lens.len(), c.head_dim, c.kv_heads * c.head_dim);
     poison::<B>(4 * (x.k.len() + x.q.len()), device);
     let f = |v: &Vec<f32>, shape: [usize; 2]| {
@@ -182,7 +182,7 @@ fn rounded(x: &Inputs, dtype: DType) -> Inputs {
     }
 }
 
-fn check<B: GrpoOps>(backend: &str, cases: &[Case], dtype: DType, tol: f64, device: &B::Device) {
+fn check<B: KernelOps>(backend: &str, cases: &[Case], dtype: DType, tol: f64, device: &B::Device) {
     for (i, c) in cases.iter().enumerate() {
         let x = rounded(&inputs(c, 7 + i as u64), dtype);
         let want = reference(c, &x);

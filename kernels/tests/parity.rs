@@ -14,7 +14,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use conrub_kernels::reference::{
     naive_clipped_surrogate, naive_entropy, naive_token_logprobs, relative_error,
 };
-use conrub_kernels::{clipped_surrogate, fallback, token_logprobs, Clip, GrpoOps, Reduce};
+use conrub_kernels::{clipped_surrogate, fallback, token_logprobs, Clip, KernelOps, Reduce};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr_free::normal;
@@ -106,7 +106,7 @@ fn random<B: Backend, const D: usize>(
 /// and against burn's textbook autodiff on the same backend: 1e-5 on CPU; on wgpu the hidden-state
 /// gradient is a 151,936-term f32 dot product inside burn's matmul (ours and the textbook's alike),
 /// which lands ~5e-5 from f64 on lavapipe, so the bound there is 1e-4.
-pub fn token_logprobs_matches_autodiff<B: GrpoOps>(
+pub fn token_logprobs_matches_autodiff<B: KernelOps>(
     device: &B::Device,
     vocab: usize,
     tokens: usize,
@@ -217,7 +217,7 @@ pub fn token_logprobs_matches_autodiff<B: GrpoOps>(
 /// p_j) - e p_j (log p_j + H)`, then through the head product), within `grad_tol`; the textbook
 /// graph's distance printed beside (its f32 entropy is not precise enough to judge by). The
 /// forward's values are those of `token_logprobs` to f32 rounding.
-pub fn entropy_gradient_matches_f64<B: GrpoOps>(
+pub fn entropy_gradient_matches_f64<B: KernelOps>(
     device: &B::Device,
     vocab: usize,
     tokens: usize,
@@ -318,7 +318,7 @@ pub fn entropy_gradient_matches_f64<B: GrpoOps>(
 
 /// The backend's row hooks against the fallback on the same backend, on a strided (transposed)
 /// logits view.
-pub fn row_hooks_match_fallback<B: GrpoOps>(device: &B::Device, vocab: usize, rows: usize) {
+pub fn row_hooks_match_fallback<B: KernelOps>(device: &B::Device, vocab: usize, rows: usize) {
     let mut rng = ChaCha8Rng::seed_from_u64(7 + rows as u64);
     // `[vocab, rows]` transposed to a `[rows, vocab]` view with strides (1, rows).
     let logits = random::<B, 2>(&mut rng, [vocab, rows], 0.0, 3.0, device).transpose();
@@ -383,7 +383,7 @@ pub fn row_hooks_match_fallback<B: GrpoOps>(device: &B::Device, vocab: usize, ro
 /// `DecodeOps::sample_rows` against the host rule at `vocab`, every checked mode
 /// ([`conrub_kernels::sampling_check::check_sample_rows`]: a strided view; wide, peaked and
 /// masked rows; draws near 0 and 1).
-pub fn sampling_matches_host_rule<B: GrpoOps>(device: &B::Device, vocab: usize) {
+pub fn sampling_matches_host_rule<B: KernelOps>(device: &B::Device, vocab: usize) {
     let report = conrub_kernels::sampling_check::check_sample_rows::<B>(device, vocab)
         .unwrap_or_else(|e| panic!("{e}"));
     for m in report {
@@ -402,7 +402,7 @@ pub fn penalty_matches_host_rule<B: Backend>(device: &B::Device, vocab: usize, u
 }
 
 /// `clipped_surrogate` (loss, gradient, clip counts) against the textbook formula under autodiff.
-pub fn surrogate_matches_autodiff<B: GrpoOps>(device: &B::Device, len: usize) {
+pub fn surrogate_matches_autodiff<B: KernelOps>(device: &B::Device, len: usize) {
     type A<B> = Autodiff<B>;
     let n = 6;
     let mut rng = ChaCha8Rng::seed_from_u64(100 + len as u64);

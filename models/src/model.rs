@@ -12,7 +12,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 use conrub_kernels::gradients::add_gradients;
 use conrub_kernels::{
-    causal_attention, paged_decode_attention, AttentionKernels, AttentionLayout, GrpoOps,
+    causal_attention, paged_decode_attention, AttentionKernels, AttentionLayout, KernelOps,
     PagedLayout,
 };
 use rand::{Rng, SeedableRng};
@@ -348,7 +348,7 @@ impl<B: Backend> Attention<B> {
         cache: Option<KvSlot<'_, B>>,
     ) -> Tensor<B, 3>
     where
-        B: GrpoOps,
+        B: KernelOps,
     {
         let [b, t, _] = x.dims();
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
@@ -546,7 +546,7 @@ impl<B: Backend> DecoderLayer<B> {
         cache: Option<KvSlot<'_, B>>,
     ) -> Tensor<B, 3>
     where
-        B: GrpoOps,
+        B: KernelOps,
     {
         let x = x.clone()
             + self
@@ -662,7 +662,7 @@ impl<B: Backend> CausalLm<B> {
     }
 }
 
-impl<B: GrpoOps> CausalLm<B> {
+impl<B: KernelOps> CausalLm<B> {
     /// Token embeddings `[batch, seq, hidden]` of `batch`'s new tokens, in the compute dtype.
     fn embed(&self, batch: &ForwardBatch<B>) -> Tensor<B, 3> {
         let [b, t] = batch.input_ids.dims();
@@ -811,7 +811,7 @@ impl<B: GrpoOps> CausalLm<B> {
     }
 
     /// Logits `[batch, seq, vocab]` for hidden states `[batch, seq, hidden]`, through the backend's
-    /// [`GrpoOps::chunk_logits`]: by default `(W · hᵀ)ᵀ`, so the `[vocab, hidden]` weight is used in
+    /// [`KernelOps::chunk_logits`]: by default `(W · hᵀ)ᵀ`, so the `[vocab, hidden]` weight is used in
     /// its stored layout (backends that need contiguous matmul operands, such as ndarray, would
     /// otherwise copy the whole head, 622 MB for Qwen3-0.6B, on every call); burn-flex reads the
     /// head through its strides and returns contiguous logits.
@@ -844,7 +844,7 @@ impl<B: GrpoOps> CausalLm<B> {
 }
 
 /// The rollout engine drives every family through its paged pass.
-impl<B: GrpoOps> PagedModel<B> for CausalLm<B> {
+impl<B: KernelOps> PagedModel<B> for CausalLm<B> {
     fn kv_layout(&self) -> KvLayout {
         let a = &self.layers[0].self_attn;
         KvLayout {
@@ -868,7 +868,7 @@ impl<B: GrpoOps> PagedModel<B> for CausalLm<B> {
     }
 }
 
-impl<B: GrpoOps + AutodiffBackend> CausalLm<B> {
+impl<B: KernelOps + AutodiffBackend> CausalLm<B> {
     /// Gradients of `loss(hidden)` with respect to every parameter, where `hidden` is
     /// [`CausalLm::forward_hidden`] of `batch` (no cache), computed one decoder layer at a
     /// time: activation checkpointing per layer.

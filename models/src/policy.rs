@@ -10,7 +10,9 @@ use conrub_contracts::{
     gathered, whole_gradients_into, ForwardBatch, Generation, PaddedBatch, Padding, ParamGather,
     Policy, ResponseLogprobs, SamplingConfig, TokenBatch,
 };
-use conrub_kernels::{token_logprobs, token_logprobs_with_entropy, GrpoOps, DEFAULT_CHUNK_TOKENS};
+use conrub_kernels::{
+    token_logprobs, token_logprobs_with_entropy, KernelOps, DEFAULT_CHUNK_TOKENS,
+};
 
 use crate::model::{to_dtype, CausalLm, Precision};
 
@@ -18,7 +20,7 @@ use crate::model::{to_dtype, CausalLm, Precision};
 /// [`conrub_kernels::token_logprobs`]: only the response positions go through the head, a chunk of
 /// [`conrub_kernels::DEFAULT_CHUNK_TOKENS`] tokens at a time, and the backward recomputes each
 /// chunk instead of keeping `[tokens, vocab]` probabilities. Sampling runs conrub-rollout's engine.
-impl<B: GrpoOps> Policy<B> for CausalLm<B> {
+impl<B: KernelOps> Policy<B> for CausalLm<B> {
     fn response_logprobs(&self, batch: &TokenBatch<B>) -> ResponseLogprobs<B> {
         head_logprobs(self, self.forward_hidden(&teacher_forcing(batch)), batch)
     }
@@ -153,7 +155,7 @@ fn teacher_forcing<B: Backend>(batch: &TokenBatch<B>) -> ForwardBatch<B> {
 
 /// Log-probabilities of the response tokens from the final hidden states `[rows, S, hidden]`:
 /// only response positions go through the fused head (f32 statistics whatever the precision).
-fn head_logprobs<B: GrpoOps>(
+fn head_logprobs<B: KernelOps>(
     model: &CausalLm<B>,
     hidden: Tensor<B, 3>,
     batch: &TokenBatch<B>,

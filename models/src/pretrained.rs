@@ -148,7 +148,7 @@ impl<B: Backend> Pretrained<B> {
         device: &B::Device,
     ) -> Result<Vec<Generation>>
     where
-        B: conrub_kernels::GrpoOps,
+        B: conrub_kernels::KernelOps,
     {
         Ok(conrub_rollout::generate(&self.model, prompts, cfg, device)?)
     }

@@ -18,7 +18,7 @@ pub struct SequenceScores {
 }
 
 /// Scores every sequence with one right-padded forward pass.
-pub fn score_sequences<B: conrub_kernels::GrpoOps>(
+pub fn score_sequences<B: conrub_kernels::KernelOps>(
     model: &CausalLm<B>,
     seqs: &[Vec<u32>],
     pad_id: u32,

@@ -21,7 +21,7 @@ use anyhow::Result;
 use burn::backend::Autodiff;
 use burn::tensor::Tensor;
 use clap::{Args, Subcommand, ValueEnum};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::{CausalLm, ModelConfig};
 
 use crate::backend::{run_on_device, BackendTask};
@@ -253,7 +253,7 @@ fn does_not_fit(cfg: &ModelConfig, a: &TrainBench, gpu_bytes: u64) -> Option<Str
 }
 
 impl BackendTask for TrainBench {
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+    fn run<B: KernelOps>(self, device: B::Device) -> Result<()> {
         use conrub_grpo::{Policy, Update, UpdateConfig};
         type A<B> = Autodiff<B>;
         let cfg = self.shape.config();
@@ -331,7 +331,7 @@ impl BackendTask for TrainBench {
 
 impl BackendTask for SamplingBench {
     /// One JSON line per timed operation, with its ratio to the softmax.
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+    fn run<B: KernelOps>(self, device: B::Device) -> Result<()> {
         let cube = self.device.starts_with("wgpu") || self.device.starts_with("cuda");
         let timings = conrub_kernels::sampling_bench::sampling_timings::<B>(
             &device,
@@ -415,7 +415,7 @@ impl AttentionBench {
 impl BackendTask for AttentionBench {
     /// One JSON line per timed case: seconds, TFLOP/s, and the ratio to the first kernels' time
     /// (training) or to the gather fallback (decode).
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+    fn run<B: KernelOps>(self, device: B::Device) -> Result<()> {
         use conrub_kernels::attention_bench::{decode_timings, training_timings};
         let ([h, kv, d], kernels, decode, dtype) = self.parsed()?;
         for k in &kernels {
@@ -473,7 +473,7 @@ impl BackendTask for AttentionBench {
 }
 
 impl BackendTask for RolloutBench {
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+    fn run<B: KernelOps>(self, device: B::Device) -> Result<()> {
         let cfg = self.shape.config();
         let exec = conrub_models::Execution {
             precision: conrub_models::Precision::Bf16Mixed,

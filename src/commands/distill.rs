@@ -10,7 +10,7 @@ use conrub_judge::probe::{
     ProbeFeaturizer, ProbeTraining,
 };
 use conrub_judge::PromptSet;
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rubric::ScoringMode;
 
 use crate::backend::{parse_precision, run_on_device, BackendTask};
@@ -94,7 +94,7 @@ pub fn run(cmd: JudgeCommand) -> Result<()> {
 }
 
 impl BackendTask for DistillArgs {
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+    fn run<B: KernelOps>(self, device: B::Device) -> Result<()> {
         let a = self;
         let (mode, examples, harvest) = match &a.labels {
             Some(p) => {

@@ -9,7 +9,7 @@ use conrub_eval::{
     extract_choice, load_items, read_eval_examples, EvalExample, McqFormat, McqSummary,
 };
 use conrub_judge::{CriterionRequest, CriterionVerdict};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::{ChatOptions, Pretrained};
 use conrub_rollout::{Decoding, SamplingConfig};
 use conrub_rubric::io::{write_bytes_atomic, write_jsonl_atomic};
@@ -83,7 +83,7 @@ fn model_info(arg: &str, dir: &std::path::Path) -> serde_json::Value {
 }
 
 impl BackendTask for RubricArgs {
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+    fn run<B: KernelOps>(self, device: B::Device) -> Result<()> {
         let mut rows = read_eval_examples(&self.data)?;
         if let Some(n) = self.limit {
             rows.truncate(n);
@@ -127,7 +127,7 @@ struct Generated {
 
 /// `--samples` responses per example (greedy for one), each example's prompt through the chat
 /// template without thinking.
-fn generate_responses<B: GrpoOps>(
+fn generate_responses<B: KernelOps>(
     args: &RubricArgs,
     qwen: &Pretrained<B>,
     rows: &[EvalExample],
@@ -523,7 +523,7 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
 }
 
 impl BackendTask for McqArgs {
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+    fn run<B: KernelOps>(self, device: B::Device) -> Result<()> {
         let items = read_mcq_items(&self)?;
         let qwen = Pretrained::<B>::load(&self.model, &device)?.with_execution(
             crate::backend::inference_execution::<B>(

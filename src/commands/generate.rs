@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::{ChatOptions, Message, Pretrained};
 use conrub_rollout::{Decoding, SamplingConfig};
 
@@ -74,7 +74,7 @@ pub struct GenerateArgs {
 }
 
 impl BackendTask for GenerateArgs {
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+    fn run<B: KernelOps>(self, device: B::Device) -> Result<()> {
         let qwen = Pretrained::<B>::load(&self.model, &device)?.with_execution(
             crate::backend::inference_execution::<B>(
                 self.precision,

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use conrub_judge::{JudgeConfig, Judges};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rubric::RubricSet;
 
 use crate::backend::{run_on_device, BackendTask};
@@ -28,7 +28,7 @@ struct LocalTask<'a, F> {
 }
 
 impl<F: FnOnce(Judges) -> Result<()>> BackendTask for LocalTask<'_, F> {
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+    fn run<B: KernelOps>(self, device: B::Device) -> Result<()> {
         let judges = self
             .cfg
             .build_local::<B>(&device)

@@ -12,7 +12,7 @@ use clap::Args;
 use conrub_kernels::reference::{
     naive_clipped_surrogate, naive_entropy, naive_token_logprobs, relative_error, seeded_uniform,
 };
-use conrub_kernels::{clipped_surrogate, token_logprobs, Clip, GrpoOps, Reduce};
+use conrub_kernels::{clipped_surrogate, token_logprobs, Clip, KernelOps, Reduce};
 use conrub_models::{CausalLm, ModelConfig};
 
 use crate::backend::{run_on_device, BackendTask};
@@ -50,7 +50,7 @@ fn host<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> V
 /// rows (log-probs, entropy and their gradients) come from the textbook graph instead of the fused
 /// op.
 #[cfg(feature = "flex")]
-fn parity_run<B: GrpoOps>(device: &B::Device, tokens: usize, naive: bool) -> Vec<Vec<f32>> {
+fn parity_run<B: KernelOps>(device: &B::Device, tokens: usize, naive: bool) -> Vec<Vec<f32>> {
     type A<B> = Autodiff<B>;
     let hidden = 64;
     let h = Tensor::<A<B>, 2>::from_data(
@@ -145,7 +145,7 @@ fn sync<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) {
 }
 
 impl BackendTask for KernelsArgs {
-    fn run<B: GrpoOps>(self, device: B::Device) -> Result<()> {
+    fn run<B: KernelOps>(self, device: B::Device) -> Result<()> {
         let mut table = Table::new();
         #[cfg(feature = "flex")]
         {
@@ -176,7 +176,7 @@ type A<B> = Autodiff<B>;
 /// f32 matmuls run on tensor cores in TF32 (burn 0.21 on CUDA: cubek-matmul stages f32 operands
 /// as TF32 whenever the device supports it), near 1e-7 where they run in f32.
 #[cfg(feature = "flex")]
-fn f32_matmul_error<B: GrpoOps>(device: &B::Device) -> f64 {
+fn f32_matmul_error<B: KernelOps>(device: &B::Device) -> f64 {
     fn product<B: burn::tensor::backend::Backend>(device: &B::Device) -> Vec<f32> {
         let (m, k, n) = (128, 512, 128);
         let a = TensorData::new(seeded_uniform(m * k, 31, 1.0), [m, k]);
@@ -199,7 +199,7 @@ const TF32_SIGN: f64 = 1e-5;
 /// matmuls, so the bound still isolates our kernels), and their distance from the CPU's f32 is
 /// printed as what TF32 costs. Attention is checked against the textbook graph on the CPU.
 #[cfg(feature = "flex")]
-fn parity<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) -> Result<()> {
+fn parity<B: KernelOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) -> Result<()> {
     let matmul = f32_matmul_error::<B>(device);
     let tf32 = matmul > TF32_SIGN;
     table.push((
@@ -280,7 +280,7 @@ fn parity<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table)
 /// penalty's gather and scatter against the host rule within 3 ULP (a GPU's f32 division). One
 /// row each; returns whether both passed.
 #[cfg(feature = "flex")]
-fn sampling_parity<B: GrpoOps>(device: &B::Device, table: &mut Table) -> bool {
+fn sampling_parity<B: KernelOps>(device: &B::Device, table: &mut Table) -> bool {
     use conrub_kernels::sampling_check::{check_penalty, check_sample_rows};
     let (sampling, modes) = match check_sample_rows::<B>(device, VOCAB) {
         Ok(report) => {
@@ -320,7 +320,7 @@ fn sampling_parity<B: GrpoOps>(device: &B::Device, table: &mut Table) -> bool {
 /// the bound of the 16-bit checks above. A device without cooperative matrices gets a row saying
 /// so (and no failure). Returns whether every check passed.
 #[cfg(feature = "flex")]
-fn tensor_core_parity<B: GrpoOps>(device: &B::Device, table: &mut Table) -> bool {
+fn tensor_core_parity<B: KernelOps>(device: &B::Device, table: &mut Table) -> bool {
     use conrub_kernels::AttentionKernels;
     if let Err(why) = B::check_attention_kernels(device, AttentionKernels::TensorCore) {
         table.push((
@@ -369,7 +369,7 @@ fn tensor_core_parity<B: GrpoOps>(device: &B::Device, table: &mut Table) -> bool
 
 /// Decode attention over the paged pool: the backend's op (the kernel on CubeCL) vs
 /// the gather fallback, the 4B shape's heads (32 over 8, head_dim 128), 64 rows of up to 2k keys.
-fn paged_decode<B: GrpoOps>(
+fn paged_decode<B: KernelOps>(
     args: &KernelsArgs,
     device: &B::Device,
     table: &mut Table,
@@ -459,7 +459,7 @@ fn paged_decode<B: GrpoOps>(
 }
 
 /// Times `token_logprobs` forward and backward, fused against naive.
-fn logprobs_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
+fn logprobs_timing<B: KernelOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
     let (n, hd) = (args.tokens, args.hidden);
     let h0 = Tensor::<B, 2>::from_data(
         TensorData::new(seeded_uniform(n * hd, 6, 1.0), [n, hd]),
@@ -508,7 +508,7 @@ fn logprobs_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &m
 
 /// Times `clipped_surrogate` forward and backward, fused against naive: 64 responses x 8,192
 /// tokens.
-fn surrogate_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
+fn surrogate_timing<B: KernelOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
     let (rows, len) = (64, 8192);
     let lp0 = Tensor::<B, 2>::from_data(
         TensorData::new(seeded_uniform(rows * len, 8, 1.0), [rows, len]),
@@ -558,7 +558,7 @@ fn surrogate_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &
 }
 
 /// A step at the 0.6B shape: 4 sequences of 1,024 tokens, log-probs of the last 768.
-fn model_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
+fn model_step_timing<B: KernelOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
     let cfg = ModelConfig::qwen3_0_6b();
     let model = CausalLm::<A<B>>::random(&cfg, 0.02, 11, device);
     let (b, seq, resp) = (4usize, 1024usize, 768usize);
@@ -613,7 +613,7 @@ fn model_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: 
 
 /// One learner micro-batch of the published recipe at the 0.6B shape: 8,192 tokens,
 /// bf16-mixed, fused attention, per-layer activation checkpointing, AdamW.
-fn train_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
+fn train_step_timing<B: KernelOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
     use conrub_grpo::{Policy, Update, UpdateConfig};
     let cfg = ModelConfig::qwen3_0_6b();
     let exec = conrub_models::Execution {
@@ -649,7 +649,7 @@ fn train_step_timing<B: GrpoOps>(args: &KernelsArgs, device: &B::Device, table: 
 
 /// A rollout of the published shape at the 0.6B shape: 8 prompts x 8 responses x 1,024 new
 /// tokens (no stop token), bf16-mixed, the rollout engine with its default pool.
-fn rollout_timing<B: GrpoOps>(device: &B::Device, table: &mut Table) -> Result<()> {
+fn rollout_timing<B: KernelOps>(device: &B::Device, table: &mut Table) -> Result<()> {
     let cfg = ModelConfig::qwen3_0_6b();
     let exec = conrub_models::Execution {
         precision: conrub_models::Precision::Bf16Mixed,
@@ -697,7 +697,7 @@ fn rollout_timing<B: GrpoOps>(device: &B::Device, table: &mut Table) -> Result<(
 /// Fused causal attention on `B` against the textbook graph on the CPU (flex; bf16 there too):
 /// out, dq, dk, dv of a GQA layout (16 query heads over 8), head_dim 128, 300 queries, padded keys.
 #[cfg(feature = "flex")]
-fn attention_parity<B: GrpoOps>(
+fn attention_parity<B: KernelOps>(
     device: &B::Device,
     dtype: burn::tensor::DType,
 ) -> Vec<(&'static str, f64)> {
@@ -715,7 +715,7 @@ fn attention_parity<B: GrpoOps>(
 /// Out, dq, dk, dv of one attention on `B` (fused under `kernels`, or the textbook graph when
 /// `None`) of `[batch, heads, kv_heads, t, head_dim]`, as f32 host vectors.
 #[cfg(feature = "flex")]
-fn attention_run<B: GrpoOps>(
+fn attention_run<B: KernelOps>(
     device: &B::Device,
     dtype: burn::tensor::DType,
     kernels: Option<conrub_kernels::AttentionKernels>,

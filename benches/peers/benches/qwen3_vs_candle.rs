@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use burn::tensor::DType;
 use candle_core::{Device as CandleDevice, Tensor as CandleTensor};
 use conrub_bench_peers::{load_candle, write_checkpoint};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::{CausalLm, ForwardBatch, Pretrained};
 use conrub_rollout::{rollout, EngineConfig, SamplingConfig};
 use criterion::measurement::WallTime;
@@ -38,7 +38,7 @@ fn candle_ids(ids: &[Vec<u32>]) -> CandleTensor {
     CandleTensor::from_vec(flat, (b, t), &CandleDevice::Cpu).unwrap()
 }
 
-fn run<B: GrpoOps>(c: &mut Criterion, name: &str) {
+fn run<B: KernelOps>(c: &mut Criterion, name: &str) {
     let layers = std::env::var("CONRUB_BENCH_LAYERS")
         .ok()
         .and_then(|v| v.parse().ok());
@@ -109,7 +109,7 @@ fn run<B: GrpoOps>(c: &mut Criterion, name: &str) {
 /// not timed), two ways: conrub's rollout engine (paged pool, decode attention over block tables, greedy sampling on the device;
 /// its decode time is a run of `DECODE_STEPS + 1` tokens minus a run of 1, both prefilling the
 /// same prompts), and candle's KV cache (logits to the host).
-fn decode_benches<B: GrpoOps>(
+fn decode_benches<B: KernelOps>(
     group: &mut BenchmarkGroup<'_, WallTime>,
     ours: &CausalLm<B>,
     candle: &mut candle_transformers::models::qwen3::ModelForCausalLM,

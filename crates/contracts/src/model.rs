@@ -1,7 +1,7 @@
 //! What the engine needs from a model: its KV layout and one forward pass over the paged pool.
 
 use burn::tensor::{DType, Tensor};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 
 use crate::batch::ForwardBatch;
 use crate::paged::{PagedKv, PagedPass};
@@ -34,7 +34,7 @@ impl KvLayout {
 ///
 /// A prefill may also read a cached prefix (`pass.prefix`): then its tokens attend to those
 /// positions first, as if they came before the batch (the local judge's shared prompt).
-pub trait PagedModel<B: GrpoOps> {
+pub trait PagedModel<B: KernelOps> {
     /// The layout of the pool this model reads and writes.
     fn kv_layout(&self) -> KvLayout;
 

@@ -10,7 +10,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 
 use crate::model::KvLayout;
 
@@ -30,7 +30,7 @@ pub struct PagedKv<B: Backend> {
     dtype: DType,
 }
 
-impl<B: GrpoOps> PagedKv<B> {
+impl<B: KernelOps> PagedKv<B> {
     /// A zeroed pool of `num_blocks` blocks of `block_size` positions for a model of `layout`.
     pub fn new(layout: KvLayout, num_blocks: usize, block_size: usize, device: &B::Device) -> Self {
         let KvLayout {
@@ -91,7 +91,7 @@ impl<B: GrpoOps> PagedKv<B> {
     }
 }
 
-impl<B: GrpoOps> PagedKv<B> {
+impl<B: KernelOps> PagedKv<B> {
     /// Keys and values of `slots` in every layer, copied to the host (a preempted sequence's
     /// state).
     pub fn read_slots(&self, slots: &[u32]) -> Vec<(TensorData, TensorData)> {

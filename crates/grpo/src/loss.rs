@@ -11,7 +11,7 @@ use burn::tensor::activation::log_sigmoid;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 pub use conrub_contracts::{Aggregation, KlEstimator};
-use conrub_kernels::{Clip, GrpoOps, Reduce, SurrogateLoss};
+use conrub_kernels::{Clip, KernelOps, Reduce, SurrogateLoss};
 
 /// A policy loss, as the learner calls it: one (micro-)batch in, the loss and its diagnostics out.
 /// The learner sums its micro-batches' gradients, each loss weighted by
@@ -109,7 +109,7 @@ pub struct SurrogateOutput<B: Backend> {
     pub kl: Option<Tensor<B, 1>>,
 }
 
-impl<B: GrpoOps> PolicyObjective<B> for PolicyLoss {
+impl<B: KernelOps> PolicyObjective<B> for PolicyLoss {
     fn compute(&self, batch: SurrogateBatch<B>) -> SurrogateOutput<B> {
         PolicyLoss::compute(self, batch)
     }
@@ -158,7 +158,7 @@ impl PolicyLoss {
     ///
     /// # Shapes
     /// See [`SurrogateBatch`] (in) and [`SurrogateOutput`] (out).
-    pub fn compute<B: GrpoOps>(&self, batch: SurrogateBatch<B>) -> SurrogateOutput<B> {
+    pub fn compute<B: KernelOps>(&self, batch: SurrogateBatch<B>) -> SurrogateOutput<B> {
         let SurrogateBatch {
             logp,
             logp_old,
@@ -281,7 +281,7 @@ pub(crate) fn kl_per_token<B: Backend>(
 /// The clipped surrogate with a per-token weight (the TIS correction), in plain tensor ops:
 /// `-w * min(rho * A, clip(rho) * A)` per token, masked and reduced per response like the fused
 /// op, whose clip counts it also returns.
-fn weighted_surrogate<B: GrpoOps>(
+fn weighted_surrogate<B: KernelOps>(
     logp: &Tensor<B, 2>,
     logp_old: Tensor<B, 2>,
     advantages: Tensor<B, 1>,

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rubric::RubricRecord;
 
 use crate::error::{GrpoError, Result};
@@ -46,7 +46,7 @@ where
 
 impl<B, P, T> DataParallel<B, P, T>
 where
-    B: AutodiffBackend + GrpoOps,
+    B: AutodiffBackend + KernelOps,
     P: Policy<B> + AutodiffModule<B> + Send,
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,

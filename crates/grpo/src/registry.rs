@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 
 use crate::advantages::{AdvantageEstimator, GroupRelative};
 use crate::error::{GrpoError, Result};
@@ -43,13 +43,13 @@ impl<B: Backend> Clone for Registry<B> {
     }
 }
 
-impl<B: GrpoOps> Default for Registry<B> {
+impl<B: KernelOps> Default for Registry<B> {
     fn default() -> Self {
         Self::builtin()
     }
 }
 
-impl<B: GrpoOps> Registry<B> {
+impl<B: KernelOps> Registry<B> {
     /// The built-in entries: [`DEFAULT_ESTIMATOR`], [`DEFAULT_LOSS`] and [`GSPO_LOSS`].
     pub fn builtin() -> Self {
         let mut r = Self {

@@ -7,7 +7,7 @@ use conrub_contracts::{
     Generation, PagedModel, Policy, Result, RolloutBatch, RolloutEngine, RolloutRequest,
     RolloutStats, SamplingConfig,
 };
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rollout::EngineConfig;
 
 /// The rows of one call: every prompt of `chunk` repeated `k` times.
@@ -68,7 +68,7 @@ pub struct InProcessEngine {
 
 impl<B, P> RolloutEngine<B, P> for InProcessEngine
 where
-    B: GrpoOps,
+    B: KernelOps,
     P: Policy<B> + PagedModel<B>,
 {
     fn rollout(

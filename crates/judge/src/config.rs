@@ -130,7 +130,7 @@ macro_rules! judge_kinds {
 
             /// Builds the judge (an in-process one on `device`).
             #[cfg(feature = "local")]
-            fn build_on<B: conrub_kernels::GrpoOps>(
+            fn build_on<B: conrub_kernels::KernelOps>(
                 &self,
                 cfg: &JudgeConfig,
                 device: &B::Device,
@@ -273,7 +273,7 @@ pub trait KindSettings: Serialize + serde::de::DeserializeOwned {
 
     /// Builds the judge, an in-process one on `device`; the default is [`KindSettings::build`].
     #[cfg(feature = "local")]
-    fn build_on<B: conrub_kernels::GrpoOps>(
+    fn build_on<B: conrub_kernels::KernelOps>(
         &self,
         cfg: &JudgeConfig,
         device: &B::Device,
@@ -448,7 +448,7 @@ impl KindSettings for LocalSettings {
     }
 
     #[cfg(feature = "local")]
-    fn build_on<B: conrub_kernels::GrpoOps>(
+    fn build_on<B: conrub_kernels::KernelOps>(
         &self,
         cfg: &JudgeConfig,
         device: &B::Device,
@@ -614,7 +614,7 @@ impl KindSettings for ProbeSettings {
     }
 
     #[cfg(feature = "local")]
-    fn build_on<B: conrub_kernels::GrpoOps>(
+    fn build_on<B: conrub_kernels::KernelOps>(
         &self,
         cfg: &JudgeConfig,
         device: &B::Device,
@@ -882,7 +882,7 @@ impl JudgeConfig {
     /// Builds a judge of any kind: an in-process one (`local`, `probe`) on `device`, any other
     /// as [`JudgeConfig::build`] does.
     #[cfg(feature = "local")]
-    pub fn build_on<B: conrub_kernels::GrpoOps>(
+    pub fn build_on<B: conrub_kernels::KernelOps>(
         &self,
         device: &B::Device,
         rubrics: &RubricSet,
@@ -893,7 +893,7 @@ impl JudgeConfig {
     /// Builds an in-process judge (`local` or `probe`) on `device`: loads `model` (and a probe's
     /// file and fallback judge; a fallback that is itself in process runs on the same device).
     #[cfg(feature = "local")]
-    pub fn build_local<B: conrub_kernels::GrpoOps>(&self, device: &B::Device) -> Result<Judges> {
+    pub fn build_local<B: conrub_kernels::KernelOps>(&self, device: &B::Device) -> Result<Judges> {
         if !self.kind().in_process() {
             return Err(JudgeError::config(
                 "kind",
@@ -909,7 +909,7 @@ impl JudgeConfig {
     /// The base model of an in-process judge: a checkpoint directory relative to the file, else
     /// a hub id.
     #[cfg(feature = "local")]
-    fn load_model<B: conrub_kernels::GrpoOps>(
+    fn load_model<B: conrub_kernels::KernelOps>(
         &self,
         model: &str,
         device: &B::Device,

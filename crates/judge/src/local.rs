@@ -16,7 +16,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::{Execution, Precision, Pretrained};
 use conrub_rollout::{Decoding, SamplingConfig};
 use conrub_rubric::{Label, ScoringMode};
@@ -76,7 +76,7 @@ impl Default for LocalJudgeConfig {
 }
 
 /// The in-process judge on backend `B`.
-pub struct LocalJudge<B: GrpoOps> {
+pub struct LocalJudge<B: KernelOps> {
     model: Mutex<Pretrained<B>>,
     device: B::Device,
     prompts: PromptSet,
@@ -87,7 +87,7 @@ pub struct LocalJudge<B: GrpoOps> {
 }
 
 /// Single-token spellings of a label (`correct`, `Correct`, ...).
-fn label_token_ids<B: GrpoOps>(model: &Pretrained<B>, label: Label) -> Result<Vec<u32>> {
+fn label_token_ids<B: KernelOps>(model: &Pretrained<B>, label: Label) -> Result<Vec<u32>> {
     let tok = model
         .tokenizer
         .as_ref()
@@ -121,7 +121,7 @@ fn log_sum_exp(xs: impl Iterator<Item = f64>) -> f64 {
     m + v.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
 }
 
-impl<B: GrpoOps> LocalJudge<B> {
+impl<B: KernelOps> LocalJudge<B> {
     /// A judge around a loaded model (which must have its tokenizer), running at
     /// `cfg.precision`.
     pub fn new(
@@ -354,7 +354,7 @@ impl<B: GrpoOps> LocalJudge<B> {
 }
 
 #[async_trait]
-impl<B: GrpoOps> CriterionJudge for LocalJudge<B> {
+impl<B: KernelOps> CriterionJudge for LocalJudge<B> {
     fn id(&self) -> String {
         self.name.clone()
     }
@@ -444,7 +444,7 @@ impl<B: GrpoOps> CriterionJudge for LocalJudge<B> {
 }
 
 #[async_trait]
-impl<B: GrpoOps> PairwiseJudge for LocalJudge<B> {
+impl<B: KernelOps> PairwiseJudge for LocalJudge<B> {
     fn id(&self) -> String {
         self.name.clone()
     }

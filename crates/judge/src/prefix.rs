@@ -11,7 +11,7 @@
 //! ([`SuffixRows::span`]) covers the same tokens whatever the batch.
 
 use burn::tensor::{Bool, Int, Tensor, TensorData};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::{ChatOptions, Message, Pretrained};
 use conrub_rollout::{
     ForwardBatch, PaddedBatch, Padding, PagedKv, PagedModel, PagedPass, PagedPrefix,
@@ -91,7 +91,7 @@ fn span_mask(padded: &PaddedBatch, prefix: usize, starts: &[usize]) -> Vec<bool>
 
 /// The token ids of a (system, user) prompt under the model's chat template, thinking off, ready
 /// for the assistant's answer.
-pub(crate) fn chat_ids<B: GrpoOps>(
+pub(crate) fn chat_ids<B: KernelOps>(
     model: &Pretrained<B>,
     system: &str,
     user: &str,
@@ -114,7 +114,7 @@ pub(crate) fn chat_ids<B: GrpoOps>(
 }
 
 /// Prompts whose common prefix has run, ready to run their suffixes on top of it.
-pub(crate) struct SharedPrefix<B: GrpoOps> {
+pub(crate) struct SharedPrefix<B: KernelOps> {
     /// The cache holding the prefix.
     kv: PagedKv<B>,
     /// Reads the prefix, caches nothing.
@@ -126,7 +126,7 @@ pub(crate) struct SharedPrefix<B: GrpoOps> {
 }
 
 /// Left-padded suffix rows of a [`SharedPrefix`], for one pass.
-pub(crate) struct SuffixRows<B: GrpoOps> {
+pub(crate) struct SuffixRows<B: KernelOps> {
     /// The rows, positions continuing after the prefix.
     pub batch: ForwardBatch<B>,
     /// Row-major `[rows, len]`: the tokens of each row's span (its real tokens from its span
@@ -137,7 +137,7 @@ pub(crate) struct SuffixRows<B: GrpoOps> {
     pub len: usize,
 }
 
-impl<B: GrpoOps> SharedPrefix<B> {
+impl<B: KernelOps> SharedPrefix<B> {
     /// Runs the longest common prefix of `seqs` (leaving at least one token of each to run, and
     /// ending at or before each prompt's span start where `starts` gives them, see [`Layout`])
     /// through the model's first `layers` layers (all when `None`: later passes may only ask

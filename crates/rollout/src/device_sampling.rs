@@ -2,21 +2,21 @@
 //! words per row) instead of copying `[rows, vocab]` logits to the host.
 //!
 //! The rule is [`crate::sample_token`]'s (`conrub_kernels::sampling`), applied by
-//! `GrpoOps::sample_rows`: on burn-flex to the logits' buffer in place, elsewhere as tensor ops
+//! `KernelOps::sample_rows`: on burn-flex to the logits' buffer in place, elsewhere as tensor ops
 //! whose cumulative sums run in f32 (a draw within rounding of a boundary between two tokens may
 //! then pick the other one than the f64 host rule would). The uniform draw of each row comes
 //! from its sequence's own stream on the host, one per token, and every row is computed on its
 //! own, so a row's token never depends on the other rows.
 
 use burn::tensor::{Int, Tensor, TensorPrimitive};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 
 use conrub_contracts::SamplingConfig;
 
 /// Tokens `[rows]` and their log-probabilities `[rows]` (f32) drawn from `logits` `[rows, vocab]`
 /// under `cfg`. `uniforms[r]` in `[0, 1)` is row `r`'s draw (unused when greedy); `seen[r]` the
 /// distinct ids row `r` has seen, penalized first under a repetition penalty (empty otherwise).
-pub fn sample_on_device<B: GrpoOps>(
+pub fn sample_on_device<B: KernelOps>(
     logits: Tensor<B, 2>,
     seen: &[&[u32]],
     cfg: &SamplingConfig,

@@ -30,7 +30,7 @@ use std::collections::{HashMap, VecDeque};
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::sampling::SeenIds;
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -120,7 +120,7 @@ struct Seq {
 }
 
 /// A prompt's prefilled blocks, kept while sequences of it still wait to be admitted.
-struct CachedPrompt<B: GrpoOps> {
+struct CachedPrompt<B: KernelOps> {
     blocks: Vec<u32>,
     /// Next-token logits after the prompt, `[vocab]` (f32).
     logits: Tensor<B, 1>,
@@ -131,7 +131,7 @@ fn blocks_for(tokens: usize, block_size: usize) -> usize {
 }
 
 /// The state of one engine call.
-struct Engine<'a, B: GrpoOps, M: PagedModel<B>> {
+struct Engine<'a, B: KernelOps, M: PagedModel<B>> {
     model: &'a M,
     cfg: &'a SamplingConfig,
     engine: &'a EngineConfig,
@@ -153,7 +153,7 @@ struct Engine<'a, B: GrpoOps, M: PagedModel<B>> {
 }
 
 /// Generates one continuation per prompt with the engine (see the module docs).
-pub fn rollout<B: GrpoOps, M: PagedModel<B>>(
+pub fn rollout<B: KernelOps, M: PagedModel<B>>(
     model: &M,
     prompts: &[Vec<u32>],
     cfg: &SamplingConfig,
@@ -238,7 +238,7 @@ pub fn rollout<B: GrpoOps, M: PagedModel<B>>(
 /// One continuation per prompt with a pool that holds every sequence at full length (no
 /// preemption) and the default block size and rows; [`rollout`] takes a memory budget and reports
 /// telemetry.
-pub fn generate<B: GrpoOps, M: PagedModel<B>>(
+pub fn generate<B: KernelOps, M: PagedModel<B>>(
     model: &M,
     prompts: &[Vec<u32>],
     cfg: &SamplingConfig,
@@ -247,7 +247,7 @@ pub fn generate<B: GrpoOps, M: PagedModel<B>>(
     rollout(model, prompts, cfg, &EngineConfig::default(), device).map(|r| r.generations)
 }
 
-impl<B: GrpoOps, M: PagedModel<B>> Engine<'_, B, M> {
+impl<B: KernelOps, M: PagedModel<B>> Engine<'_, B, M> {
     fn run(&mut self) -> Result<()> {
         while !(self.waiting.is_empty() && self.running.is_empty()) {
             self.admit()?;

@@ -4,7 +4,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::sampling::SeenIds;
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use rand_chacha::ChaCha8Rng;
 
 use conrub_contracts::{
@@ -31,7 +31,7 @@ fn to_host<B: Backend>(logits: Tensor<B, 2>) -> Vec<f32> {
 /// [`sample_token`] and [`sequence_rng`]. Finished rows leave the batch; nothing is preempted,
 /// shared or bucketed. Same tokens as [`crate::generate`] under the same config (greedy, or the
 /// same seed), which the engine's tests check.
-pub fn generate_static<B: GrpoOps, M: PagedModel<B>>(
+pub fn generate_static<B: KernelOps, M: PagedModel<B>>(
     model: &M,
     prompts: &[Vec<u32>],
     cfg: &SamplingConfig,

@@ -9,7 +9,7 @@ use burn::module::AutodiffModule;
 use conrub_config::{RolloutEngineKind, TrainConfig};
 use conrub_contracts::{KvLayout, PagedModel, Policy};
 use conrub_grpo::InProcessEngine;
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_remote::{SglangConfig, SglangEngine, WeightWriter};
 use conrub_rewards::TaskPrompt;
 use conrub_rollout::EngineConfig;
@@ -19,7 +19,7 @@ use crate::{Engine, Trainer};
 
 impl<B, P, T> Trainer<B, P, T>
 where
-    B: GrpoOps,
+    B: KernelOps,
     P: Policy<Autodiff<B>> + AutodiffModule<Autodiff<B>> + Send + 'static,
     P::InnerModule: Policy<B> + PagedModel<B> + 'static,
     T: TaskPrompt + 'static,
@@ -86,7 +86,7 @@ fn sglang_engine<B, P>(
     runtime: tokio::runtime::Handle,
 ) -> Result<Engine<B, P>>
 where
-    B: GrpoOps,
+    B: KernelOps,
     P: Policy<Autodiff<B>> + AutodiffModule<Autodiff<B>>,
     P::InnerModule: Policy<B> + PagedModel<B> + 'static,
 {

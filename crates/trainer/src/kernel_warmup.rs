@@ -25,7 +25,7 @@ use burn::module::AutodiffModule;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use conrub_contracts::{KernelWarmupLine, PagedModel, Policy};
 use conrub_grpo::DataParallel;
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_parallel::HostCollective;
 use conrub_rewards::TaskPrompt;
 
@@ -36,7 +36,7 @@ use crate::{Engine, Trainer};
 
 impl<B, P, T> Trainer<B, P, T>
 where
-    B: GrpoOps,
+    B: KernelOps,
     P: Policy<Autodiff<B>> + AutodiffModule<Autodiff<B>> + Send + 'static,
     P::InnerModule: Policy<B> + PagedModel<B> + 'static,
     T: TaskPrompt + 'static,

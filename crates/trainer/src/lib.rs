@@ -67,7 +67,7 @@ use conrub_contracts::{
     Export, KernelWarmupLine, PagedModel, Policy, RolloutEngine, TextCodec, TieMode,
 };
 use conrub_grpo::{Registry, TieBreaker};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::CausalLm;
 use conrub_parallel::Collective;
 use conrub_remote::WeightWriter;
@@ -99,7 +99,7 @@ type Engine<B, P> = Arc<dyn RolloutEngine<B, <P as AutodiffModule<Autodiff<B>>>:
 /// of `conrub train`) or [`Trainer::new`] (any task); [`Trainer::run`] trains.
 pub struct Trainer<B, P = CausalLm<Autodiff<B>>, T = RubricRecord>
 where
-    B: GrpoOps,
+    B: KernelOps,
     P: AutodiffModule<Autodiff<B>>,
     T: TaskPrompt,
 {
@@ -132,7 +132,7 @@ where
     pub(crate) dropped: Overlong,
 }
 
-impl<B: GrpoOps> Trainer<B> {
+impl<B: KernelOps> Trainer<B> {
     /// `conrub train`'s run of `cfg` on `devices` (one rank each): the policy of `[model]`, the
     /// rubric records of `data.rubrics` scored by `[judge]` (ties broken by its pairwise judge
     /// unless `learner.tie_mode = "off"`), validation on `[eval]`.
@@ -179,7 +179,7 @@ impl<B: GrpoOps> Trainer<B> {
 
 impl<B, P, T> Trainer<B, P, T>
 where
-    B: GrpoOps,
+    B: KernelOps,
     P: Policy<Autodiff<B>> + AutodiffModule<Autodiff<B>> + Send + 'static,
     P::InnerModule: Policy<B> + PagedModel<B> + 'static,
     T: TaskPrompt + 'static,
@@ -346,7 +346,7 @@ pub(crate) fn policy_for_ranks<P: Clone>(model: P, ranks: usize) -> impl FnMut(u
 }
 
 /// Checks that a run has a device and returns the first.
-fn first_device<B: GrpoOps>(devices: &[B::Device]) -> Result<B::Device> {
+fn first_device<B: KernelOps>(devices: &[B::Device]) -> Result<B::Device> {
     devices
         .first()
         .cloned()

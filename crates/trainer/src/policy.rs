@@ -9,7 +9,7 @@ use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use conrub_config::TrainConfig;
 use conrub_contracts::{Export, TextCodec};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::{
     save_pretrained_sharded, AttentionKernels, CausalLm, ChatTemplateCodec, HfExport, Precision,
     Pretrained, SaveDtype,
@@ -19,7 +19,7 @@ use conrub_remote::WeightWriter;
 use crate::error::{Result, TrainerError};
 
 /// A policy with what a run needs besides its weights.
-pub struct PolicyParts<B: GrpoOps, P: AutodiffModule<Autodiff<B>>> {
+pub struct PolicyParts<B: KernelOps, P: AutodiffModule<Autodiff<B>>> {
     /// The network, on the first device.
     pub model: P,
     /// Renders prompts and decodes responses.
@@ -36,7 +36,7 @@ pub struct PolicyParts<B: GrpoOps, P: AutodiffModule<Autodiff<B>>> {
 /// The policy of `[model]` (a checkpoint directory or hub id, or `[model.random]`) on `device`,
 /// with the execution settings of the config, the family's chat template and Hugging Face
 /// writers.
-pub fn load_policy<B: GrpoOps>(
+pub fn load_policy<B: KernelOps>(
     cfg: &TrainConfig,
     device: &B::Device,
 ) -> Result<PolicyParts<B, CausalLm<Autodiff<B>>>> {
@@ -99,7 +99,7 @@ pub fn load_policy<B: GrpoOps>(
 }
 
 /// The checkpoint or random model of `[model]`.
-fn read_pretrained<B: GrpoOps>(
+fn read_pretrained<B: KernelOps>(
     cfg: &TrainConfig,
     device: &B::Device,
 ) -> Result<Pretrained<Autodiff<B>>> {

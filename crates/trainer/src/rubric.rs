@@ -7,7 +7,7 @@ use std::sync::Arc;
 use conrub_config::TrainConfig;
 use conrub_grpo::PairwiseTieBreaker;
 use conrub_judge::{CriterionJudge, Judges};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rewards::{GroupScores, JudgeRewards, RewardError, RewardKinds, RewardSource};
 use conrub_rubric::{RubricRecord, RubricSet};
 
@@ -28,7 +28,7 @@ pub(crate) struct RubricTask {
 /// Reads and checks the records, builds the judges (an in-process judge on `device`), the
 /// rewards (the judge alone, or the mix of `[[reward.functions]]` built from `kinds`) and the
 /// validator.
-pub(crate) fn rubric_task<B: GrpoOps>(
+pub(crate) fn rubric_task<B: KernelOps>(
     cfg: &TrainConfig,
     device: &B::Device,
     kinds: RewardKinds<RubricRecord>,
@@ -191,7 +191,7 @@ pub(crate) fn check_records(path: &Path, records: &[(usize, RubricRecord)]) -> R
 
 /// `[eval]`'s judges (in process on `device`, or clients) and held-out prompts: the validator,
 /// or `None` without `[eval]`.
-fn validator<B: GrpoOps>(
+fn validator<B: KernelOps>(
     cfg: &TrainConfig,
     judges: &Judges,
     device: &B::Device,

@@ -5,7 +5,7 @@ use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use conrub_contracts::{PagedModel, Policy};
 use conrub_grpo::{DataParallel, GrpoError, Learner, LearnerBuilder};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_parallel::HostCollective;
 use conrub_rewards::TaskPrompt;
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use crate::{Engine, Judging, Trainer};
 
 impl<B, P, T> Trainer<B, P, T>
 where
-    B: GrpoOps,
+    B: KernelOps,
     P: Policy<Autodiff<B>> + AutodiffModule<Autodiff<B>> + Send + 'static,
     P::InnerModule: Policy<B> + PagedModel<B> + 'static,
     T: TaskPrompt + 'static,

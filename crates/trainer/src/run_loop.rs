@@ -11,7 +11,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use conrub_contracts::{EpochSummary, MetricsLine, Policy, RunConfig, StepMetrics};
 use conrub_grpo::{stable_seed, StepOutput};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rewards::TaskPrompt;
 use conrub_rubric::seeded_permutation;
 use serde::Serialize;
@@ -111,7 +111,7 @@ struct Resumed {
 /// when it was written over other prompts than `records` (the data order does not continue).
 fn resume_state<B, P, T, Tr>(trainee: &mut Tr, records: &[T], resume: &Path) -> Result<Resumed>
 where
-    B: AutodiffBackend + GrpoOps,
+    B: AutodiffBackend + KernelOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,
@@ -188,7 +188,7 @@ pub async fn train<B, P, T, Tr>(
     hooks: &mut dyn RunHooks<P>,
 ) -> Result<RunSummary>
 where
-    B: AutodiffBackend + GrpoOps,
+    B: AutodiffBackend + KernelOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,
@@ -239,7 +239,7 @@ struct RunLoop<'r, B, P, T, Tr> {
 
 impl<'r, B, P, T, Tr> RunLoop<'r, B, P, T, Tr>
 where
-    B: AutodiffBackend + GrpoOps,
+    B: AutodiffBackend + KernelOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,

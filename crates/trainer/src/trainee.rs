@@ -11,7 +11,7 @@ use conrub_contracts::Policy;
 use conrub_grpo::{
     load_state, DataParallel, Learner, Result, StateDraft, StepOutput, TrainingState,
 };
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rewards::TaskPrompt;
 use conrub_rubric::RubricRecord;
 
@@ -63,7 +63,7 @@ where
 
 impl<B, P, T> Trainee<B, P, T> for Learner<B, P, T>
 where
-    B: AutodiffBackend + GrpoOps,
+    B: AutodiffBackend + KernelOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,
@@ -95,7 +95,7 @@ where
 
 impl<B, P, T> Trainee<B, P, T> for DataParallel<B, P, T>
 where
-    B: AutodiffBackend + GrpoOps,
+    B: AutodiffBackend + KernelOps,
     P: Policy<B> + AutodiffModule<B> + Send,
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,

@@ -17,7 +17,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use conrub_contracts::{Decoding, JudgeScore, Message, Policy, ValidationDecoding, ValidationLine};
 use conrub_judge::{CriterionJudge, CriterionRequest, CriterionVerdict};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rubric::bootstrap::bootstrap_std_clipped;
 use conrub_rubric::{score_labels, LengthPenalty, ScoringMode};
 
@@ -63,7 +63,7 @@ impl Validator {
     /// Generates with `learner`'s current policy and scores the answers with both judges.
     pub async fn validate<B, P, T>(&self, learner: &Learner<B, P, T>) -> Result<ValidationLine>
     where
-        B: AutodiffBackend + GrpoOps,
+        B: AutodiffBackend + KernelOps,
         P: Policy<B> + AutodiffModule<B>,
         P::InnerModule: Policy<B::InnerBackend>,
         T: TaskPrompt,
@@ -80,7 +80,7 @@ impl Validator {
         policy: &P::InnerModule,
     ) -> Result<ValidationLine>
     where
-        B: AutodiffBackend + GrpoOps,
+        B: AutodiffBackend + KernelOps,
         P: Policy<B> + AutodiffModule<B>,
         P::InnerModule: Policy<B::InnerBackend>,
         T: TaskPrompt,
@@ -96,7 +96,7 @@ impl Validator {
         policy: &P::InnerModule,
     ) -> Result<(ValidationLine, Vec<EvalSample>)>
     where
-        B: AutodiffBackend + GrpoOps,
+        B: AutodiffBackend + KernelOps,
         P: Policy<B> + AutodiffModule<B>,
         P::InnerModule: Policy<B::InnerBackend>,
         T: TaskPrompt,

@@ -4,7 +4,7 @@
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use conrub_contracts::{PagedModel, Policy};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rewards::TaskPrompt;
 
 use crate::error::{Result, TrainerError};
@@ -14,7 +14,7 @@ use crate::Trainer;
 
 impl<B, P, T> Trainer<B, P, T>
 where
-    B: GrpoOps,
+    B: KernelOps,
     P: Policy<Autodiff<B>> + AutodiffModule<Autodiff<B>> + Send + 'static,
     P::InnerModule: Policy<B> + PagedModel<B> + 'static,
     T: TaskPrompt + 'static,

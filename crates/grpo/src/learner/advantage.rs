@@ -5,7 +5,7 @@ use super::*;
 
 impl<B, P, T> Learner<B, P, T>
 where
-    B: AutodiffBackend + GrpoOps,
+    B: AutodiffBackend + KernelOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,

@@ -26,7 +26,7 @@ where
 
 impl<B, P, T> LearnerBuilder<B, P, T>
 where
-    B: AutodiffBackend + GrpoOps,
+    B: AutodiffBackend + KernelOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,

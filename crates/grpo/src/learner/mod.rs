@@ -20,7 +20,7 @@ use conrub_contracts::{
     gathered_as, FinishReason, Policy, ResponseLogprobs, RolloutBatch, RolloutEngine,
     RolloutRequest, SamplingConfig, StepMetrics, TextCodec, TokenBatch, WeightSync,
 };
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rubric::{ResponseScore, RubricRecord};
 
 use conrub_rewards::TaskPrompt;
@@ -174,7 +174,7 @@ pub(crate) struct StepParts {
 
 impl<B, P, T> Learner<B, P, T>
 where
-    B: AutodiffBackend + GrpoOps,
+    B: AutodiffBackend + KernelOps,
     P: Policy<B> + AutodiffModule<B>,
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,

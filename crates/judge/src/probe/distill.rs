@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rubric::{Label, ScoringMode};
 use serde::{Deserialize, Serialize};
 
@@ -135,7 +135,7 @@ fn counts(examples: &[LabelledExample], ix: &[usize]) -> SplitCounts {
 /// feature store under `out/features` and the probe to `out/probe.safetensors`. `base_model` is
 /// how the model was named (recorded in the probe). `progress(done, total)` follows feature
 /// extraction by rows.
-pub fn distill<B: GrpoOps>(
+pub fn distill<B: KernelOps>(
     featurizer: &ProbeFeaturizer<B>,
     base_model: &str,
     mode: ScoringMode,

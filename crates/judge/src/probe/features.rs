@@ -17,7 +17,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Tensor, TensorData};
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_models::{ModelConfig, Precision, Pretrained};
 use conrub_rubric::ScoringMode;
 use serde::{Deserialize, Serialize};
@@ -78,7 +78,7 @@ pub fn model_digest(dir: &Path, config: &ModelConfig) -> Result<String> {
 }
 
 /// Computes probe features with an in-process model.
-pub struct ProbeFeaturizer<B: GrpoOps> {
+pub struct ProbeFeaturizer<B: KernelOps> {
     model: Pretrained<B>,
     device: B::Device,
     prompts: PromptSet,
@@ -86,7 +86,7 @@ pub struct ProbeFeaturizer<B: GrpoOps> {
     digest: String,
 }
 
-impl<B: GrpoOps> ProbeFeaturizer<B> {
+impl<B: KernelOps> ProbeFeaturizer<B> {
     /// A featurizer around a loaded model (which needs its tokenizer), `batch_size` criterion rows
     /// per suffix pass.
     pub fn new(

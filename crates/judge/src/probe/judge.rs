@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use conrub_kernels::GrpoOps;
+use conrub_kernels::KernelOps;
 use conrub_rubric::Label;
 use serde::Serialize;
 use sha2::Digest;
@@ -29,7 +29,7 @@ pub struct Abstention {
 }
 
 /// The probe judge on backend `B`.
-pub struct ProbeJudge<B: GrpoOps> {
+pub struct ProbeJudge<B: KernelOps> {
     featurizer: Mutex<ProbeFeaturizer<B>>,
     probe: LinearProbe,
     meta: ProbeMeta,
@@ -46,7 +46,7 @@ struct Scored {
     by: &'static str,
 }
 
-impl<B: GrpoOps> ProbeJudge<B> {
+impl<B: KernelOps> ProbeJudge<B> {
     /// A judge from a featurizer and the probe file at `probe_path` (or the folder
     /// `conrub judge distill --out` wrote, holding `probe.safetensors`). Refuses a probe distilled
     /// from another model (by digest), over another prompt version, at another precision than the
@@ -209,7 +209,7 @@ pub struct FeatureSpecFilter {
 }
 
 #[async_trait]
-impl<B: GrpoOps> CriterionJudge for ProbeJudge<B> {
+impl<B: KernelOps> CriterionJudge for ProbeJudge<B> {
     fn id(&self) -> String {
         self.name.clone()
     }
