@@ -6,9 +6,14 @@
 //! - [`AtomicFile`] and [`write_bytes_atomic`]: the workspace's one "write a temporary file,
 //!   fsync, rename, fsync the directory" helper; a crash leaves the old file or the new one.
 //!   Errors are [`FileError`]s naming the path.
+//! - [`retry`] with a [`Backoff`]: the one retry loop of every client of a server (the judge
+//!   client, the SGLang rollout client, the HTTP reward function); the caller says which
+//!   failures are worth another [`Attempt`].
 
 mod atomic;
 mod message;
+mod retry;
 
 pub use atomic::{sync_dir, write_bytes_atomic, AtomicFile, FileError};
 pub use message::Message;
+pub use retry::{retry, Attempt, Backoff, GaveUp};

@@ -3,9 +3,10 @@
 //! unparseable output.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use conrub_base::{retry, Attempt, Backoff};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
@@ -195,11 +196,6 @@ impl std::fmt::Debug for ChatClient {
     }
 }
 
-enum Attempt {
-    Retry(String, Option<Duration>),
-    Fatal(String),
-}
-
 impl ChatClient {
     /// Builds a client; reads the API key from `api_key_env` if set (an unset variable is an error).
     pub fn new(cfg: ClientConfig) -> Result<Self> {
@@ -254,26 +250,7 @@ impl ChatClient {
         }
     }
 
-    fn backoff(&self, attempt: u32, floor: Option<Duration>) -> Duration {
-        let ceiling =
-            (self.cfg.backoff_base_secs * 2f64.powi(attempt as i32)).min(self.cfg.backoff_max_secs);
-        let jittered = if ceiling > 0.0 {
-            rand::rng().random_range(0.0..=ceiling)
-        } else {
-            0.0
-        };
-        let d = Duration::from_secs_f64(jittered);
-        match floor {
-            Some(f) => d.max(f.min(Duration::from_secs_f64(self.cfg.backoff_max_secs))),
-            None => d,
-        }
-    }
-
-    async fn send_once(
-        &self,
-        url: &str,
-        messages: &[Value],
-    ) -> std::result::Result<String, Attempt> {
+    async fn send_once(&self, url: &str, messages: &[Value]) -> Attempt<String, String> {
         let mut body = json!({
             "model": self.cfg.model,
             "messages": messages,
@@ -317,7 +294,7 @@ impl ChatClient {
             Ok(r) => r,
             Err(e) => {
                 self.transport_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(transport(e));
+                return transport(e);
             }
         };
         let status = resp.status();
@@ -331,16 +308,13 @@ impl ChatClient {
             Ok(t) => t,
             Err(e) => {
                 self.transport_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(transport(e));
+                return transport(e);
             }
         };
         let snippet: String = text.chars().take(200).collect();
         if status.as_u16() == 408 || status.as_u16() == 429 || status.is_server_error() {
             self.retryable_status.fetch_add(1, Ordering::Relaxed);
-            return Err(Attempt::Retry(
-                format!("{endpoint}: HTTP {status}: {snippet}"),
-                retry_after,
-            ));
+            return Attempt::Retry(format!("{endpoint}: HTTP {status}: {snippet}"), retry_after);
         }
         if !status.is_success() {
             let hint = if status.as_u16() == 401 || status.as_u16() == 403 {
@@ -351,22 +325,20 @@ impl ChatClient {
             } else {
                 String::new()
             };
-            return Err(Attempt::Fatal(format!(
-                "{endpoint}: HTTP {status}{hint}: {snippet}"
-            )));
+            return Attempt::Fatal(format!("{endpoint}: HTTP {status}{hint}: {snippet}"));
         }
-        let v: Value = serde_json::from_str(&text).map_err(|_| {
-            Attempt::Retry(format!("{endpoint}: response is not JSON: {snippet}"), None)
-        })?;
+        let Ok(v) = serde_json::from_str::<Value>(&text) else {
+            return Attempt::Retry(format!("{endpoint}: response is not JSON: {snippet}"), None);
+        };
         match v
             .pointer("/choices/0/message/content")
             .and_then(Value::as_str)
         {
-            Some(c) => Ok(c.to_string()),
-            None => Err(Attempt::Retry(
+            Some(c) => Attempt::Done(c.to_string()),
+            None => Attempt::Retry(
                 format!("{endpoint}: no choices[0].message.content in the response: {snippet}"),
                 None,
-            )),
+            ),
         }
     }
 
@@ -383,47 +355,57 @@ impl ChatClient {
             json!({"role": "system", "content": system}),
             json!({"role": "user", "content": user}),
         ];
-        let mut messages = base.clone();
-        let mut raw_outputs = Vec::new();
-        let mut last_err;
+        // Attempts run one after another; the locks only let each attempt's future own no
+        // borrow of the loop's state.
+        let messages = Mutex::new(base.clone());
+        let raw_outputs = Mutex::new(Vec::new());
         let first_url = self.next_url.fetch_add(1, Ordering::Relaxed);
-        let mut attempts = 0;
-        let result = loop {
-            if attempts > 0 {
+        let backoff = Backoff::exponential(
+            self.cfg.backoff_base_secs,
+            self.cfg.backoff_max_secs,
+            self.cfg.max_retries,
+        )
+        .with_jitter(rand::random::<f64>);
+        let (base, parse, messages_ref, raw_ref) = (&base, &parse, &messages, &raw_outputs);
+        let outcome = retry(&backoff, tokio::time::sleep, |n| async move {
+            if n > 1 {
                 self.retries.fetch_add(1, Ordering::Relaxed);
             }
-            let url = &self.cfg.urls[(first_url + attempts as usize) % self.cfg.urls.len()];
-            attempts += 1;
-            let floor = match self.send_once(url, &messages).await {
-                Ok(content) => match parse(&content) {
-                    Ok(v) => {
-                        raw_outputs.push(content);
-                        break Ok(v);
-                    }
-                    Err(e) => {
-                        self.parse_errors.fetch_add(1, Ordering::Relaxed);
-                        last_err = format!("unparseable output: {e}");
-                        messages = base.clone();
-                        messages.push(json!({"role": "assistant", "content": content}));
-                        messages.push(json!({"role": "user", "content": format!(
-                            "That reply could not be used ({e}). Answer again with only the JSON, exactly in the format asked for."
-                        )}));
-                        raw_outputs.push(content);
-                        None
-                    }
-                },
-                Err(Attempt::Fatal(e)) => break Err(CallError(e)),
-                Err(Attempt::Retry(e, floor)) => {
-                    last_err = e;
-                    floor
-                }
+            let url = &self.cfg.urls[(first_url + n as usize - 1) % self.cfg.urls.len()];
+            let sent = messages_ref.lock().expect("not poisoned").clone();
+            let content = match self.send_once(url, &sent).await {
+                Attempt::Done(content) => content,
+                Attempt::Retry(e, floor) => return Attempt::Retry(e, floor),
+                Attempt::Fatal(e) => return Attempt::Fatal(e),
             };
-            if attempts > self.cfg.max_retries {
-                break Err(CallError(format!(
-                    "gave up after {attempts} attempts: {last_err}"
-                )));
+            let parsed = parse(&content);
+            if let Err(e) = &parsed {
+                self.parse_errors.fetch_add(1, Ordering::Relaxed);
+                let mut again = base.clone();
+                again.push(json!({"role": "assistant", "content": content}));
+                again.push(json!({"role": "user", "content": format!(
+                    "That reply could not be used ({e}). Answer again with only the JSON, exactly in the format asked for."
+                )}));
+                *messages_ref.lock().expect("not poisoned") = again;
             }
-            tokio::time::sleep(self.backoff(attempts - 1, floor)).await;
+            raw_ref.lock().expect("not poisoned").push(content);
+            match parsed {
+                Ok(v) => Attempt::Done(v),
+                Err(e) => Attempt::Retry(format!("unparseable output: {e}"), None),
+            }
+        })
+        .await;
+        let raw_outputs = raw_outputs.into_inner().expect("not poisoned");
+        let (result, attempts) = match outcome {
+            Ok((v, attempts)) => (Ok(v), attempts),
+            Err(g) if g.exhausted => (
+                Err(CallError(format!(
+                    "gave up after {} attempts: {}",
+                    g.attempts, g.error
+                ))),
+                g.attempts,
+            ),
+            Err(g) => (Err(CallError(g.error)), g.attempts),
         };
         let latency = start.elapsed();
         self.calls.fetch_add(1, Ordering::Relaxed);

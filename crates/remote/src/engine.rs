@@ -6,12 +6,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
+use conrub_base::{retry, Attempt, Backoff};
 use conrub_contracts::{Policy, RolloutBatch, RolloutEngine, RolloutRequest, WeightSync};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 use crate::error::{RemoteError, Result};
 use crate::protocol::{generate_body, parse_group, Expect};
+
+/// The longest wait between two attempts of one request, in seconds.
+const MAX_BACKOFF_SECS: f64 = 30.0;
 
 /// Settings of the SGLang engine (`[rollout]` with `engine = "sglang"`).
 #[derive(Debug, Clone, PartialEq)]
@@ -166,25 +170,14 @@ impl<P> SglangEngine<P> {
     async fn post(&self, url: &str, path: &str, body: &Value) -> Result<(u16, Value)> {
         let cfg = &self.inner.cfg;
         let endpoint = format!("{}{path}", url.trim_end_matches('/'));
-        let mut attempt = 0u32;
-        loop {
+        let backoff = Backoff::exponential(cfg.backoff_secs, MAX_BACKOFF_SECS, cfg.max_retries);
+        let outcome = retry(&backoff, tokio::time::sleep, |_| async {
             let why = match self.inner.http.post(&endpoint).json(body).send().await {
                 Ok(r) => {
                     let status = r.status().as_u16();
                     let retry = status == 429 || status >= 500;
                     match r.text().await {
-                        Ok(text) if !retry => {
-                            let v = if text.trim().is_empty() {
-                                Value::Null
-                            } else {
-                                serde_json::from_str(&text).map_err(|e| RemoteError::Reply {
-                                    url: url.to_string(),
-                                    field: format!("{path} (body)"),
-                                    message: format!("not JSON ({e}): {}", clip(&text)),
-                                })?
-                            };
-                            return Ok((status, v));
-                        }
+                        Ok(text) if !retry => return Attempt::Done((status, text)),
                         Ok(text) => format!("{path}: HTTP {status}: {}", clip(&text)),
                         Err(e) => format!("{path}: reading the reply: {e}"),
                     }
@@ -194,16 +187,27 @@ impl<P> SglangEngine<P> {
                 }
                 Err(e) => format!("{path}: {e}"),
             };
-            if attempt >= cfg.max_retries {
+            Attempt::Retry(why, None)
+        })
+        .await;
+        let (status, text) = match outcome {
+            Ok((reply, _)) => reply,
+            Err(g) => {
                 return Err(RemoteError::Server {
                     url: url.to_string(),
-                    message: format!("{why} (after {} attempts)", attempt + 1),
-                });
+                    message: format!("{} (after {} attempts)", g.error, g.attempts),
+                })
             }
-            let wait = (cfg.backoff_secs * 2f64.powi(attempt as i32)).min(30.0);
-            tokio::time::sleep(Duration::from_secs_f64(wait)).await;
-            attempt += 1;
+        };
+        if text.trim().is_empty() {
+            return Ok((status, Value::Null));
         }
+        let v = serde_json::from_str(&text).map_err(|e| RemoteError::Reply {
+            url: url.to_string(),
+            field: format!("{path} (body)"),
+            message: format!("not JSON ({e}): {}", clip(&text)),
+        })?;
+        Ok((status, v))
     }
 
     /// POSTs to every server; an error status or `success: false` is a failure naming it.

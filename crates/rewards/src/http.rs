@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use conrub_base::{retry, Attempt, Backoff};
 use conrub_rubric::{ResponseScore, RewardFunctionSpec};
 use serde::Deserialize;
 use serde_json::json;
@@ -56,9 +57,7 @@ pub struct HttpReward {
     /// The URL as messages show it: no user, password, query or fragment.
     shown: String,
     client: reqwest::Client,
-    max_retries: u32,
-    backoff_base: Duration,
-    backoff_max: Duration,
+    backoff: Backoff,
     api_key: Option<String>,
 }
 
@@ -111,9 +110,11 @@ impl HttpReward {
             shown: shown_url(&o.url),
             url: o.url,
             client,
-            max_retries: o.max_retries,
-            backoff_base,
-            backoff_max,
+            backoff: Backoff::exponential(
+                backoff_base.as_secs_f64(),
+                backoff_max.as_secs_f64(),
+                o.max_retries,
+            ),
             api_key,
         })
     }
@@ -157,13 +158,6 @@ impl HttpReward {
             });
         }
         Ok(answer.rewards)
-    }
-
-    /// The wait before retry `k` (1-based): the base doubled `k - 1` times, at most the maximum.
-    fn backoff(&self, k: u32) -> Duration {
-        let factor = 2f64.powi(k.saturating_sub(1).min(60) as i32);
-        let secs = (self.backoff_base.as_secs_f64() * factor).min(self.backoff_max.as_secs_f64());
-        Duration::from_secs_f64(secs)
     }
 }
 
@@ -209,20 +203,26 @@ impl<T: TaskPrompt> RewardSource<T> for HttpReward {
             "ground_truth": prompt.ground_truth(),
             "step": step,
         });
-        let mut attempts = 0u32;
-        let mut retries = 0u32;
-        let outcome = loop {
-            attempts += 1;
-            match self.attempt(&body, responses.len()).await {
-                Ok(rewards) => break Ok(rewards),
-                Err(f) if !f.retry || attempts > self.max_retries => break Err(f.message),
+        let max_retries = self.backoff.max_retries;
+        let body = &body;
+        let outcome = retry(&self.backoff, tokio::time::sleep, |n| async move {
+            match self.attempt(body, responses.len()).await {
+                Ok(rewards) => Attempt::Done(rewards),
+                Err(f) if !f.retry => Attempt::Fatal(f.message),
                 Err(f) => {
-                    tracing::debug!("reward server, attempt {attempts}: {}", f.message);
-                    retries += 1;
-                    tokio::time::sleep(self.backoff(attempts)).await;
+                    if n <= max_retries {
+                        tracing::debug!("reward server, attempt {n}: {}", f.message);
+                    }
+                    Attempt::Retry(f.message, None)
                 }
             }
+        })
+        .await;
+        let (outcome, attempts) = match outcome {
+            Ok((rewards, n)) => (Ok(rewards), n),
+            Err(g) => (Err(g.error), g.attempts),
         };
+        let retries = attempts - 1;
         let scores = match outcome {
             Ok(rewards) => rewards
                 .into_iter()
@@ -384,6 +384,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.shown, "https://rm.example:8443/score");
-        assert_eq!(r.backoff(40), Duration::from_secs(5));
+        assert_eq!(r.backoff.ceiling(40), Duration::from_secs(5));
     }
 }
