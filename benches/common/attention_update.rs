@@ -9,7 +9,7 @@ use std::time::Instant;
 use burn::backend::{Autodiff, Flex};
 use burn::optim::GradientsAccumulator;
 use burn::tensor::{Tensor, TensorData};
-use conrub_grpo::{Policy, TokenBatch, Update, UpdateConfig};
+use conrub_grpo::{TokenBatch, Update, UpdateConfig};
 use conrub_memory::{MemoryPlan, MemoryPlanInput, Phase};
 use conrub_models::{AttentionImpl, CausalLm, Execution, ModelConfig};
 
@@ -73,11 +73,15 @@ pub fn measure(mode: &str, t: usize, iters: usize, micro_batches: usize) -> (f64
         let start = Instant::now();
         let mut loss = |lp: conrub_grpo::ResponseLogprobs<A>| (lp.logprobs * weight.clone()).sum();
         let grads = if micro_batches <= 1 {
-            policy.loss_gradients(&tf, &mut loss)
+            conrub_contracts::loss_gradients(&policy, &tf, &mut loss).expect("the whole set")
         } else {
             let mut acc = GradientsAccumulator::new();
             for _ in 0..micro_batches {
-                acc.accumulate(&policy, policy.loss_gradients(&tf, &mut loss));
+                acc.accumulate(
+                    &policy,
+                    conrub_contracts::loss_gradients(&policy, &tf, &mut loss)
+                        .expect("the whole set"),
+                );
             }
             acc.grads()
         };

@@ -1,5 +1,5 @@
 //! Gradient sets added parameter by parameter: how a micro-batch's gradients join the running sum
-//! of an optimizer step (`conrub_grpo::Policy::loss_gradients_into`), and how a model that
+//! of an optimizer step (`conrub_contracts::Gradients::Sum`), and how a model that
 //! computes its gradients a layer at a time (activation checkpointing) adds each layer's.
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};

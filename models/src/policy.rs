@@ -3,12 +3,11 @@
 //! engine.
 
 use burn::module::AutodiffModule;
-use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor};
 use conrub_contracts::{
-    gathered, whole_gradients_into, ForwardBatch, Generation, PaddedBatch, Padding, ParamGather,
-    Policy, ResponseLogprobs, SamplingConfig, TokenBatch,
+    whole_backward, ForwardBatch, Generation, Gradients, PaddedBatch, Padding, Policy,
+    ResponseLogprobs, SamplingConfig, TokenBatch,
 };
 use conrub_kernels::{
     token_logprobs, token_logprobs_with_entropy, KernelOps, DEFAULT_CHUNK_TOKENS,
@@ -25,86 +24,42 @@ impl<B: KernelOps> Policy<B> for CausalLm<B> {
         head_logprobs(self, self.forward_hidden(&teacher_forcing(batch)), batch)
     }
 
-    fn loss_gradients(
+    fn backward(
         &self,
         batch: &TokenBatch<B>,
         loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
-    ) -> GradientsParams
-    where
-        B: AutodiffBackend,
-        Self: AutodiffModule<B>,
-    {
-        if !self.exec.activation_checkpointing {
-            return GradientsParams::from_grads(
-                loss(self.response_logprobs(batch)).backward(),
-                self,
-            );
-        }
-        self.layerwise_gradients(&teacher_forcing(batch), &mut |hidden| {
-            loss(head_logprobs(self, hidden, batch))
-        })
-    }
-
-    fn loss_gradients_into(
-        &self,
-        batch: &TokenBatch<B>,
-        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
-        sum: GradientsParams,
-    ) -> GradientsParams
-    where
-        B: AutodiffBackend,
-        Self: AutodiffModule<B>,
-    {
-        if !self.exec.activation_checkpointing {
-            return whole_gradients_into(self, batch, loss, sum);
-        }
-        self.layerwise_gradients_into(
-            &teacher_forcing(batch),
-            &mut |hidden| loss(head_logprobs(self, hidden, batch)),
-            sum,
-        )
-    }
-
-    fn loss_gradients_each(
-        &self,
-        batch: &TokenBatch<B>,
-        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
-        sink: &mut dyn FnMut(GradientsParams),
-    ) where
-        B: AutodiffBackend,
-        Self: AutodiffModule<B>,
-    {
-        if !self.exec.activation_checkpointing {
-            return sink(self.loss_gradients(batch, loss));
-        }
-        self.layerwise_gradients_each(
-            &teacher_forcing(batch),
-            &mut |hidden| loss(head_logprobs(self, hidden, batch)),
-            sink,
-        )
-    }
-
-    fn loss_gradients_gathered(
-        &self,
-        batch: &TokenBatch<B>,
-        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
-        sink: &mut dyn FnMut(GradientsParams),
-        source: &mut dyn ParamGather<B>,
+        into: Gradients<'_, B>,
     ) -> conrub_contracts::Result<()>
     where
         B: AutodiffBackend,
         Self: AutodiffModule<B>,
     {
         if !self.exec.activation_checkpointing {
-            gathered(self, source)?.loss_gradients_each(batch, loss, sink);
-            return Ok(());
+            return whole_backward(self, batch, loss, into);
         }
-        self.layerwise_gradients_gathered(
-            &teacher_forcing(batch),
-            &mut |model, hidden| loss(head_logprobs(model, hidden, batch)),
-            sink,
-            source,
-        )
+        let forward = teacher_forcing(batch);
+        match into {
+            Gradients::Sum(sum) => {
+                let running = std::mem::take(sum);
+                *sum = self.layerwise_gradients_into(
+                    &forward,
+                    &mut |hidden| loss(head_logprobs(self, hidden, batch)),
+                    running,
+                );
+            }
+            Gradients::Pieces(sink) => self.layerwise_gradients_each(
+                &forward,
+                &mut |hidden| loss(head_logprobs(self, hidden, batch)),
+                sink,
+            ),
+            Gradients::Gathered { pieces, source } => self.layerwise_gradients_gathered(
+                &forward,
+                &mut |model, hidden| loss(head_logprobs(model, hidden, batch)),
+                pieces,
+                source,
+            )?,
+        }
+        Ok(())
     }
 
     /// Every projection, the embedding lookup and the head cast their matrix to the compute

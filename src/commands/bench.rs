@@ -254,7 +254,7 @@ fn does_not_fit(cfg: &ModelConfig, a: &TrainBench, gpu_bytes: u64) -> Option<Str
 
 impl BackendTask for TrainBench {
     fn run<B: KernelOps>(self, device: B::Device) -> Result<()> {
-        use conrub_grpo::{Policy, Update, UpdateConfig};
+        use conrub_grpo::{Update, UpdateConfig};
         type A<B> = Autodiff<B>;
         let cfg = self.shape.config();
         anyhow::ensure!(self.seq >= 2, "--seq: at least 2 tokens");
@@ -296,7 +296,10 @@ impl BackendTask for TrainBench {
             let start = Instant::now();
             let before = events();
             let m = model.take().expect("model");
-            let grads = m.loss_gradients(&batch, &mut |lp| (lp.logprobs * w.clone()).sum());
+            let grads = conrub_contracts::loss_gradients(&m, &batch, &mut |lp| {
+                (lp.logprobs * w.clone()).sum()
+            })
+            .expect("a whole policy backward does not fail");
             let (next, norm) = update.apply(m, grads);
             let _ = norm.into_scalar();
             model = Some(next);

@@ -614,7 +614,7 @@ fn model_step_timing<B: KernelOps>(args: &KernelsArgs, device: &B::Device, table
 /// One learner micro-batch of the published recipe at the 0.6B shape: 8,192 tokens,
 /// bf16-mixed, fused attention, per-layer activation checkpointing, AdamW.
 fn train_step_timing<B: KernelOps>(args: &KernelsArgs, device: &B::Device, table: &mut Table) {
-    use conrub_grpo::{Policy, Update, UpdateConfig};
+    use conrub_grpo::{Update, UpdateConfig};
     let cfg = ModelConfig::qwen3_0_6b();
     let exec = conrub_models::Execution {
         precision: conrub_models::Precision::Bf16Mixed,
@@ -632,7 +632,9 @@ fn train_step_timing<B: KernelOps>(args: &KernelsArgs, device: &B::Device, table
     let mut update = Update::<A<B>, CausalLm<A<B>>>::new(UpdateConfig::recipe());
     let secs = time(args.iters, || {
         let m = model.take().expect("model");
-        let grads = m.loss_gradients(&tf, &mut |lp| (lp.logprobs * w.clone()).sum());
+        let grads =
+            conrub_contracts::loss_gradients(&m, &tf, &mut |lp| (lp.logprobs * w.clone()).sum())
+                .expect("a whole policy backward does not fail");
         let (next, norm) = update.apply(m, grads);
         let _ = norm.into_scalar();
         model = Some(next);

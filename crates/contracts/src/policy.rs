@@ -55,80 +55,27 @@ pub trait Policy<B: Backend>: Module<B> {
         sample_by_recomputation(self, prompts, cfg, device)
     }
 
-    /// The parameters' gradients of `loss(self.response_logprobs(batch))`. The default is one
-    /// backward through the whole graph; a model may split it to save memory (the `models/` families with
-    /// `activation_checkpointing` goes one decoder layer at a time). `loss` runs exactly once.
-    fn loss_gradients(
+    /// The backward pass of `loss(self.response_logprobs(batch))`, its parameters' gradients
+    /// delivered as `into` asks (the learner picks the [`Gradients`] path once, when it is
+    /// built: a running sum, pieces for a sharded rank, or pieces of a policy whose parameters
+    /// are sharded). `loss` runs exactly once. The default is one backward through the whole
+    /// graph ([`whole_backward`]); a model may split it to save memory (the `models/` families
+    /// with `activation_checkpointing` go one decoder layer at a time, and hand over or add in
+    /// each layer's gradients as they are made). Every call on a given policy hands the same
+    /// sequence of parameter sets to a [`Gradients::Pieces`] sink, and makes the same gathers
+    /// from a [`Gradients::Gathered`] source, whatever `batch` holds (the ranks of a group call
+    /// collectives in step).
+    fn backward(
         &self,
         batch: &TokenBatch<B>,
         loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
-    ) -> GradientsParams
-    where
-        B: AutodiffBackend,
-        Self: AutodiffModule<B>,
-    {
-        GradientsParams::from_grads(loss(self.response_logprobs(batch)).backward(), self)
-    }
-
-    /// [`Policy::loss_gradients`] added into `sum`, the running sum of an optimizer step's
-    /// micro-batches (empty for the first); returns the new sum. The default adds the whole set
-    /// once the backward is done; a policy that makes its gradients piece by piece (the `models/` families with
-    /// activation checkpointing: the head, then a layer at a time) adds each piece as it is
-    /// made, so a micro-batch's full set never exists beside the sum (conrub plan counts one
-    /// layer's gradients there instead of a whole model's).
-    fn loss_gradients_into(
-        &self,
-        batch: &TokenBatch<B>,
-        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
-        sum: GradientsParams,
-    ) -> GradientsParams
-    where
-        B: AutodiffBackend,
-        Self: AutodiffModule<B>,
-    {
-        whole_gradients_into(self, batch, loss, sum)
-    }
-
-    /// [`Policy::loss_gradients`] handed to `sink` piece by piece as the backward makes them:
-    /// the default hands over the whole set once; a policy that makes its gradients a segment
-    /// at a time (the `models/` families with activation checkpointing: the head, each layer
-    /// from the top, the embedding) hands over each segment's. A sharded data-parallel rank
-    /// reduce-scatters each piece as it comes, so neither a micro-batch's whole set nor a
-    /// whole running sum exists on it. Every call on a given policy hands over the same
-    /// sequence of parameter sets (the ranks of a group call collectives in step).
-    fn loss_gradients_each(
-        &self,
-        batch: &TokenBatch<B>,
-        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
-        sink: &mut dyn FnMut(GradientsParams),
-    ) where
-        B: AutodiffBackend,
-        Self: AutodiffModule<B>,
-    {
-        sink(self.loss_gradients(batch, loss));
-    }
-
-    /// [`Policy::loss_gradients_each`] of a policy whose parameters are sharded over
-    /// data-parallel ranks (`sharding = "full"`: the parameters this rank does not own are
-    /// placeholders): whole values come from `source` as they are needed. The default gathers
-    /// the whole policy once and drops it after the backward; the `models/` families with
-    /// activation checkpointing gather one segment at a time (the embedding and head, then each
-    /// decoder layer for its forward and again for its backward), so one layer's whole weights
-    /// are alive beside the shards. Every call makes the same gathers, whatever `batch` holds.
-    fn loss_gradients_gathered(
-        &self,
-        batch: &TokenBatch<B>,
-        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
-        sink: &mut dyn FnMut(GradientsParams),
-        source: &mut dyn ParamGather<B>,
+        into: Gradients<'_, B>,
     ) -> Result<()>
     where
         B: AutodiffBackend,
         Self: AutodiffModule<B>,
     {
-        let whole = gathered(self, source)?;
-        whole.loss_gradients_each(batch, loss, sink);
-        Ok(())
+        whole_backward(self, batch, loss, into)
     }
 
     /// The dtype every weight matrix (a parameter of two or more dimensions) is cast to when
@@ -139,19 +86,18 @@ pub trait Policy<B: Backend>: Module<B> {
         None
     }
 
-    /// Turns per-layer activation checkpointing on for [`Policy::loss_gradients`]
+    /// Turns per-layer activation checkpointing on for [`Policy::backward`]
     /// (`conrub_grpo`'s `learner.activation_checkpointing` calls it when the learner
     /// is built). `Err` says why the model cannot; the default (no layers to recompute) always
     /// refuses.
     fn enable_activation_checkpointing(&mut self) -> Result<()> {
         Err(ContractError::Unsupported {
             key: "learner.activation_checkpointing".into(),
-            message: "this policy does not implement Policy::enable_activation_checkpointing (per-layer recomputation in loss_gradients)".into(),
+            message: "this policy does not implement Policy::enable_activation_checkpointing (per-layer recomputation in backward)".into(),
         })
     }
 
-    /// Makes [`ResponseLogprobs::entropy`] differentiable in [`Policy::loss_gradients`] (and its
-    /// variants), for an entropy bonus in the loss (`conrub_grpo`'s `learner.entropy_coeff` calls
+    /// Makes [`ResponseLogprobs::entropy`] differentiable in [`Policy::backward`], for an entropy bonus in the loss (`conrub_grpo`'s `learner.entropy_coeff` calls
     /// it when the learner is built). `Err` says why the policy cannot; the default refuses.
     fn enable_entropy_gradient(&mut self) -> Result<()> {
         Err(ContractError::Unsupported {
@@ -210,23 +156,79 @@ pub fn sample_by_recomputation<B: Backend, P: Policy<B>>(
     Ok(out)
 }
 
-/// [`Policy::loss_gradients_into`] by default (and for a model's own implementation when it
-/// computes the whole set at once): the whole set of `loss`'s gradients, then added
-/// into `sum`.
-pub fn whole_gradients_into<B, P>(
+/// Where the gradients of a [`Policy::backward`] go.
+pub enum Gradients<'a, B: Backend> {
+    /// Added into `sum`, the running sum of an optimizer step's micro-batches (empty for the
+    /// first). A policy that makes its gradients piece by piece adds each piece as it is made,
+    /// so a micro-batch's full set never exists beside the sum (conrub plan counts one layer's
+    /// gradients there instead of a whole model's).
+    Sum(&'a mut GradientsParams),
+    /// Handed to the sink piece by piece as the backward makes them (the whole set at once by
+    /// default; a segment at a time under activation checkpointing: the head, each layer from
+    /// the top, the embedding). A sharded data-parallel rank reduce-scatters each piece as it
+    /// comes, so neither a micro-batch's whole set nor a whole running sum exists on it.
+    Pieces(&'a mut dyn FnMut(GradientsParams)),
+    /// [`Gradients::Pieces`] of a policy whose parameters are sharded over data-parallel ranks
+    /// (`sharding = "full"`: the parameters this rank does not own are placeholders): whole
+    /// values come from `source` as they are needed. By default the whole policy is gathered
+    /// once and dropped after the backward; the `models/` families with activation
+    /// checkpointing gather one segment at a time (the embedding and head, then each decoder
+    /// layer for its forward and again for its backward), so one layer's whole weights are
+    /// alive beside the shards.
+    Gathered {
+        /// Where each piece goes.
+        pieces: &'a mut dyn FnMut(GradientsParams),
+        /// Where whole parameter values come from.
+        source: &'a mut dyn ParamGather<B>,
+    },
+}
+
+/// [`Policy::backward`] by default, and for a model's own implementation when it computes the
+/// whole set at once: one backward through the whole graph, its gradients added into the sum,
+/// handed over as one piece, or (for sharded parameters) computed on the whole policy gathered
+/// from the source.
+pub fn whole_backward<B, P>(
     policy: &P,
     batch: &TokenBatch<B>,
     loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
-    sum: GradientsParams,
-) -> GradientsParams
+    into: Gradients<'_, B>,
+) -> Result<()>
 where
     B: AutodiffBackend,
     P: Policy<B> + AutodiffModule<B>,
 {
-    let new = policy.loss_gradients(batch, loss);
-    add_gradients(policy, sum, new)
+    let whole = |policy: &P, loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>| {
+        GradientsParams::from_grads(loss(policy.response_logprobs(batch)).backward(), policy)
+    };
+    match into {
+        Gradients::Sum(sum) => {
+            let new = whole(policy, loss);
+            *sum = add_gradients(policy, std::mem::take(sum), new);
+        }
+        Gradients::Pieces(sink) => sink(whole(policy, loss)),
+        Gradients::Gathered { pieces, source } => {
+            let gathered = gathered(policy, source)?;
+            gathered.backward(batch, loss, Gradients::Pieces(pieces))?;
+        }
+    }
+    Ok(())
 }
 
-/// See [`conrub_kernels::gradients::add_gradients`]: what [`Policy::loss_gradients_into`] does
-/// with a whole set.
+/// The whole set of gradients of `loss(policy.response_logprobs(batch))` ([`Policy::backward`]
+/// into an empty sum).
+pub fn loss_gradients<B, P>(
+    policy: &P,
+    batch: &TokenBatch<B>,
+    loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
+) -> Result<GradientsParams>
+where
+    B: AutodiffBackend,
+    P: Policy<B> + AutodiffModule<B>,
+{
+    let mut sum = GradientsParams::new();
+    policy.backward(batch, loss, Gradients::Sum(&mut sum))?;
+    Ok(sum)
+}
+
+/// See [`conrub_kernels::gradients::add_gradients`]: how a [`Gradients::Sum`] takes a piece.
 pub use conrub_kernels::gradients::add_gradients;

@@ -491,7 +491,7 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
     let largest = m.largest_tensor() as f64 * 4.0;
     if summing && grad_share < 1.0 {
         // Each piece the backward makes is reduce-scattered at once
-        // (`Policy::loss_gradients_each`): with checkpointing a segment's (a layer's, or the
+        // (`Gradients::Pieces`): with checkpointing a segment's (a layer's, or the
         // head's, counted in the micro-batch's backward gradients), without the whole set.
         let (label, bytes) = if i.activation_checkpointing {
             (
@@ -512,7 +512,7 @@ fn training_parts(i: &MemoryPlanInput) -> Vec<Part> {
         ));
     } else if summing && i.activation_checkpointing {
         // Each segment's gradients go into the running sum as its backward makes them
-        // (`Policy::loss_gradients_into`): one layer's set (or the head's, counted in the
+        // (`Gradients::Sum`): one layer's set (or the head's, counted in the
         // micro-batch's backward gradients) beside the sum, never a whole model's.
         parts.push(part(
             "micro_batch_gradients",

@@ -102,7 +102,7 @@ where
             passes
         };
         // The running sum of the mini-batch's gradients: each micro-batch adds into it as its
-        // backward goes (`Policy::loss_gradients_into`), or, with `scatter_each`, this rank's
+        // backward goes ([`Gradients::Sum`]), or, with `scatter_each`, this rank's
         // reduced part of it.
         let mut acc = GradientsParams::new();
         let mut sharded = ShardedSum::<B>::new();
@@ -248,7 +248,7 @@ where
     }
 
     /// The gradients of `loss` on `tokens` into `target`: added into a running sum, or each
-    /// piece reduce-scattered as the backward makes it ([`Policy::loss_gradients_each`]).
+    /// piece reduce-scattered as the backward makes it ([`Gradients::Pieces`]).
     pub(super) fn gradients(
         &self,
         tokens: &TokenBatch<B>,
@@ -256,16 +256,12 @@ where
         target: GradTarget<'_, B>,
     ) -> Result<()> {
         match target {
-            GradTarget::Sum(acc) => {
-                let sum = std::mem::take(acc);
-                *acc = self.policy.loss_gradients_into(tokens, loss, sum);
-                Ok(())
-            }
+            GradTarget::Sum(acc) => Ok(self.policy.backward(tokens, loss, Gradients::Sum(acc))?),
             GradTarget::Scatter(sum, comm) => {
                 let slot = self.rank.as_ref().expect("a sharded rank");
                 let layout = slot.sharded().expect("a sharded rank");
                 let mut failed = None;
-                let mut sink = |piece| {
+                let mut pieces = |piece| {
                     if failed.is_none() {
                         failed = sum
                             .add(&self.policy, piece, slot, layout, comm)
@@ -273,21 +269,23 @@ where
                             .map(GrpoError::from);
                     }
                 };
-                if slot.parameters_sharded().is_some() {
+                let done = if slot.parameters_sharded().is_some() {
                     let mut source = RankGather::new(&self.policy, slot, layout);
-                    let gathered =
-                        self.policy
-                            .loss_gradients_gathered(tokens, loss, &mut sink, &mut source);
+                    let into = Gradients::Gathered {
+                        pieces: &mut pieces,
+                        source: &mut source,
+                    };
+                    let done = self.policy.backward(tokens, loss, into);
                     comm.add(&source.comm);
-                    if let (Err(e), None) = (gathered, &failed) {
-                        failed = Some(e.into());
-                    }
+                    done
                 } else {
-                    self.policy.loss_gradients_each(tokens, loss, &mut sink);
-                }
-                match failed {
-                    Some(e) => Err(e),
-                    None => Ok(sum.end_pass(slot)?),
+                    self.policy
+                        .backward(tokens, loss, Gradients::Pieces(&mut pieces))
+                };
+                match (failed, done) {
+                    (Some(e), _) => Err(e),
+                    (None, Err(e)) => Err(e.into()),
+                    (None, Ok(())) => Ok(sum.end_pass(slot)?),
                 }
             }
         }
