@@ -12,7 +12,7 @@
 //! | [`TextCodec`] | each family's tokenizer and chat template | the learner, the judges |
 //! | [`RolloutEngine`] (+ [`RolloutRequest`], [`RolloutBatch`], [`WeightSync`], [`RolloutStats`]) | the in-process engines, an SGLang server | the learner |
 //! | [`Export`] | each family's Hugging Face writer | checkpoints |
-//! | [`ParamGather`] (+ [`gathered`], [`GatheredParam`]) | a sharded data-parallel rank | [`Policy::loss_gradients_gathered`] |
+//! | [`ParamGather`] (+ [`gathered`], [`GatheredParam`]) | a sharded data-parallel rank | [`Gradients::Gathered`] |
 //! | [`Execution`] ([`Precision`], [`AttentionImpl`], [`AttentionKernelChoice`]) | data | every family's forward |
 //! | [`ModelShape`] | data a family reports | the memory plan |
 //! | [`MetricsLine`] ([`StepMetrics`], [`EpochSummary`], [`ValidationLine`], [`KernelWarmupLine`]) | data the learner writes | plots, a user's tools |
@@ -53,10 +53,11 @@ pub use metrics::{
     EpochSummary, JudgeScore, KernelWarmupLine, MetricsLine, StepMetrics, TieStats,
     ValidationDecoding, ValidationLine,
 };
-pub use model::{KvLayout, PagedModel};
-pub use paged::{BlockAllocator, PagedKv, PagedLayer, PagedPass, PagedPrefix, PagedRead};
+pub use model::PagedModel;
+pub use paged::{BlockAllocator, KvLayout, PagedKv, PagedLayer, PagedPass, PagedPrefix, PagedRead};
 pub use policy::{
-    add_gradients, sample_by_recomputation, whole_gradients_into, Policy, ResponseLogprobs,
+    add_gradients, loss_gradients, sample_by_recomputation, whole_backward, Gradients, Policy,
+    ResponseLogprobs,
 };
 pub use sampling::{
     check_sequences, sample_token, sequence_rng, Decoding, FinishReason, Generation, SamplingConfig,

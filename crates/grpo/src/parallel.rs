@@ -16,7 +16,6 @@
 //! stop at their next collective call, and the step returns the failing rank's error.
 
 use std::borrow::Cow;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
@@ -70,7 +69,7 @@ where
     /// gather one decoder layer at a time only when the policy splits its backward by layer
     /// (`learner.activation_checkpointing` for the `models/` families; `conrub train` requires
     /// it); otherwise every pass gathers the whole policy
-    /// ([`conrub_contracts::Policy::loss_gradients_gathered`]'s default). The builder hands
+    /// ([`conrub_contracts::whole_backward`] into [`conrub_contracts::Gradients::Gathered`]). The builder hands
     /// each rank its own copy: give the last rank the caller's policy itself, so no whole copy
     /// outlives the build.
     pub fn build_sharded(
@@ -181,73 +180,24 @@ where
         }
         let world = self.ranks.len();
         let total = records.len();
-        let shards = split_groups(total, world);
-        let handle = tokio::runtime::Handle::try_current().ok();
+        let items: Vec<_> = self
+            .ranks
+            .iter_mut()
+            .zip(split_groups(total, world))
+            .collect();
         let collective = &self.collective;
-        let ranks = &mut self.ranks;
-        let mut run = || {
-            std::thread::scope(|s| {
-                let threads: Vec<_> = ranks
-                    .iter_mut()
-                    .zip(&shards)
-                    .enumerate()
-                    .map(|(rank, (learner, range))| {
-                        let records = &records[range.clone()];
-                        let shard = Shard {
-                            first: range.start,
-                            total,
-                        };
-                        let handle = handle.clone();
-                        s.spawn(move || {
-                            let out = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                                let fut = learner.step_parts(records, reserve, shard);
-                                match &handle {
-                                    Some(h) => h.block_on(fut),
-                                    None => futures::executor::block_on(fut),
-                                }
-                            }))
-                            .unwrap_or_else(|panic| {
-                                Err(GrpoError::Stage(format!(
-                                    "rank {rank} panicked: {}",
-                                    panic_message(panic.as_ref())
-                                )))
-                            });
-                            if let Err(e) = &out {
-                                collective.abort(rank, &e.to_string());
-                            }
-                            out
-                        })
-                    })
-                    .collect();
-                threads
-                    .into_iter()
-                    .map(|t| t.join().expect("rank panics are caught"))
-                    .collect::<Vec<_>>()
-            })
-        };
-        let multi_thread = handle
-            .as_ref()
-            .is_some_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let results = if multi_thread {
-            tokio::task::block_in_place(run)
-        } else {
-            run()
-        };
-        // The failing rank's own error, not the "rank r failed" of those it stopped.
-        if results.iter().any(Result::is_err) {
-            let mut errors: Vec<GrpoError> = results.into_iter().filter_map(Result::err).collect();
-            let own = errors
-                .iter()
-                .position(|e| {
-                    !matches!(
-                        e,
-                        GrpoError::Parallel(conrub_parallel::ParallelError::RankFailed { .. })
-                    )
-                })
-                .unwrap_or(0);
-            return Err(errors.swap_remove(own));
-        }
-        let parts: Vec<_> = results.into_iter().map(|r| r.expect("checked")).collect();
+        let results = conrub_parallel::on_rank_threads(
+            items,
+            |_, (learner, range)| {
+                let shard = Shard {
+                    first: range.start,
+                    total,
+                };
+                learner.step_parts(&records[range], reserve, shard)
+            },
+            &|rank, error| collective.abort(rank, error),
+        );
+        let parts = own_error(results)?;
         let step = self.ranks[0].step;
         for l in &mut self.ranks {
             l.step += 1;
@@ -311,11 +261,23 @@ pub fn split_groups(groups: usize, world: usize) -> Vec<std::ops::Range<usize>> 
         .collect()
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
+/// Every rank's output, or the failing rank's own error rather than the "rank r failed" of the
+/// ranks it stopped.
+fn own_error<O>(results: Vec<Result<O>>) -> Result<Vec<O>> {
+    if results.iter().all(Result::is_ok) {
+        return Ok(results.into_iter().map(|r| r.expect("checked")).collect());
+    }
+    let mut errors: Vec<GrpoError> = results.into_iter().filter_map(Result::err).collect();
+    let own = errors
+        .iter()
+        .position(|e| {
+            !matches!(
+                e,
+                GrpoError::Parallel(conrub_parallel::ParallelError::RankFailed { .. })
+            )
+        })
+        .unwrap_or(0);
+    Err(errors.swap_remove(own))
 }
 
 /// FNV-1a over the bits of every float parameter, in the module's order.

@@ -31,7 +31,7 @@ pub struct LrSchedule {
     /// The peak rate (`learner.lr`).
     pub base: f64,
     /// Optimizer steps of the linear warm-up.
-    pub warmup: u64,
+    pub lr_warmup: u64,
     /// Optimizer steps of the whole run (the horizon the decay ends at); 0 when unknown, which
     /// only `constant` without `lr_warmup_ratio` accepts.
     pub total: u64,
@@ -58,7 +58,7 @@ impl LrSchedule {
         if cfg.lr_schedule != LrScheduleKind::Constant && total.is_none() {
             return Err(needs("lr_schedule", cfg.lr_schedule.name()));
         }
-        let warmup = match (cfg.lr_warmup_steps, cfg.lr_warmup_ratio) {
+        let lr_warmup = match (cfg.lr_warmup_steps, cfg.lr_warmup_ratio) {
             (Some(steps), _) => steps as u64,
             (None, Some(ratio)) => {
                 let total = total.ok_or_else(|| needs("lr_warmup_ratio", "a warm-up ratio"))?;
@@ -69,7 +69,7 @@ impl LrSchedule {
         Ok(Self {
             kind: cfg.lr_schedule,
             base: cfg.lr,
-            warmup,
+            lr_warmup,
             total: total.unwrap_or(0),
             min_ratio: cfg.min_lr_ratio,
         })
@@ -80,7 +80,7 @@ impl LrSchedule {
         Self {
             kind: LrScheduleKind::Constant,
             base: lr,
-            warmup: 0,
+            lr_warmup: 0,
             total: 0,
             min_ratio: 0.0,
         }
@@ -88,11 +88,11 @@ impl LrSchedule {
 
     /// The rate of optimizer step `k` (0-based over the run).
     pub fn lr(&self, k: u64) -> f64 {
-        if k < self.warmup {
-            return self.base * (k + 1) as f64 / self.warmup as f64;
+        if k < self.lr_warmup {
+            return self.base * (k + 1) as f64 / self.lr_warmup as f64;
         }
-        let span = self.total.saturating_sub(self.warmup + 1).max(1);
-        let p = ((k - self.warmup) as f64 / span as f64).min(1.0);
+        let span = self.total.saturating_sub(self.lr_warmup + 1).max(1);
+        let p = ((k - self.lr_warmup) as f64 / span as f64).min(1.0);
         let r = self.min_ratio;
         let factor = match self.kind {
             LrScheduleKind::Constant => 1.0,
@@ -127,7 +127,7 @@ mod tests {
         c.lr_warmup_steps = Some(5);
         c.min_lr_ratio = 0.1;
         let s = LrSchedule::new(&c, Some(10)).unwrap();
-        assert_eq!((s.warmup, s.total), (5, 40));
+        assert_eq!((s.lr_warmup, s.total), (5, 40));
         let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-15, "{a} vs {b}");
         close(s.lr(0), 0.2e-3);
         close(s.lr(4), 1e-3);
@@ -140,7 +140,7 @@ mod tests {
         let mut l = cfg(LrScheduleKind::Linear);
         l.lr_warmup_ratio = Some(0.1);
         let s = LrSchedule::new(&l, Some(10)).unwrap();
-        assert_eq!(s.warmup, 4);
+        assert_eq!(s.lr_warmup, 4);
         close(s.lr(13), 1e-3 * (1.0 - 9.0 / 35.0));
         close(s.lr(39), 0.0);
         let s = LrSchedule::new(&cfg(LrScheduleKind::Constant), None).unwrap();

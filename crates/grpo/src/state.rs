@@ -656,6 +656,23 @@ where
     P::InnerModule: Policy<B::InnerBackend>,
     T: conrub_rewards::TaskPrompt,
 {
+    let state = read_state(dir)?;
+    if state.format == 1 {
+        tracing::warn!(
+            "{}: a training state without a manifest (format 1): loaded unchecked",
+            dir.display()
+        );
+        return Ok((state, None));
+    }
+    let manifest = read_manifest(dir)?;
+    check_manifest_files(dir, &manifest)?;
+    check_parameters(dir, &manifest, &whole_shapes(learner))?;
+    check_kept_settings(dir, &state.learner, &learner.cfg)?;
+    Ok((state, Some(manifest)))
+}
+
+/// `dir/state.json`, parsed, in a format this build reads.
+fn read_state(dir: &Path) -> Result<TrainingState> {
     let state_path = dir.join(STATE);
     if !state_path.is_file() {
         return Err(bad_checkpoint(
@@ -667,28 +684,27 @@ where
     let state: TrainingState = serde_json::from_str(&text)
         .map_err(|e| bad_checkpoint(dir, format!("corrupted: state.json: {e}")))?;
     match state.format {
-        1 => {
-            tracing::warn!(
-                "{}: a training state without a manifest (format 1): loaded unchecked",
-                dir.display()
-            );
-            return Ok((state, None));
-        }
-        FORMAT | SHARDED_FORMAT | PARAMETER_SHARDED_FORMAT => {}
-        other => {
-            return Err(bad_checkpoint(
-                dir,
-                format!(
-                    "state format {other}, which this build does not read (it writes {FORMAT}, {SHARDED_FORMAT} for a sharded group and {PARAMETER_SHARDED_FORMAT} for a `full` one)"
-                ),
-            ))
-        }
+        1 | FORMAT | SHARDED_FORMAT | PARAMETER_SHARDED_FORMAT => Ok(state),
+        other => Err(bad_checkpoint(
+            dir,
+            format!(
+                "state format {other}, which this build does not read (it writes {FORMAT}, {SHARDED_FORMAT} for a sharded group and {PARAMETER_SHARDED_FORMAT} for a `full` one)"
+            ),
+        )),
     }
+}
+
+/// `dir`'s manifest, parsed.
+fn read_manifest(dir: &Path) -> Result<Manifest> {
     let manifest_path = dir.join(MANIFEST);
     let text = std::fs::read_to_string(&manifest_path)
         .map_err(|e| bad_checkpoint(dir, format!("corrupted: {MANIFEST}: {e}")))?;
-    let manifest: Manifest = serde_json::from_str(&text)
-        .map_err(|e| bad_checkpoint(dir, format!("corrupted: {MANIFEST}: {e}")))?;
+    serde_json::from_str(&text)
+        .map_err(|e| bad_checkpoint(dir, format!("corrupted: {MANIFEST}: {e}")))
+}
+
+/// Every file the manifest lists is there, with its recorded size and SHA-256.
+fn check_manifest_files(dir: &Path, manifest: &Manifest) -> Result<()> {
     for (name, want) in &manifest.files {
         let path = dir.join(name);
         if !path.is_file() {
@@ -714,30 +730,35 @@ where
             ));
         }
     }
-    let here = whole_shapes(learner);
-    if here.len() != manifest.parameters.len() {
+    Ok(())
+}
+
+/// The checkpoint's policy has the configured policy's parameter tensors, shape for shape.
+fn check_parameters(dir: &Path, manifest: &Manifest, here: &[(String, Vec<usize>)]) -> Result<()> {
+    let there = &manifest.parameters;
+    if here.len() != there.len() {
         return Err(bad_checkpoint(
             dir,
             format!(
                 "another model: the checkpoint's policy has {} parameter tensors, the configured one {} (a different layer count?)",
-                manifest.parameters.len(),
+                there.len(),
                 here.len()
             ),
         ));
     }
-    if let Some(((name, there), (_, now))) = manifest
-        .parameters
-        .iter()
-        .zip(&here)
-        .find(|((_, a), (_, b))| a != b)
-    {
+    if let Some(((name, then), (_, now))) = there.iter().zip(here).find(|((_, a), (_, b))| a != b) {
         return Err(bad_checkpoint(
             dir,
-            format!("another model: {name} is {there:?} in the checkpoint, {now:?} in the configured model"),
+            format!("another model: {name} is {then:?} in the checkpoint, {now:?} in the configured model"),
         ));
     }
-    let saved = serde_json::to_value(&state.learner).expect("settings serialize");
-    let now = serde_json::to_value(&learner.cfg).expect("settings serialize");
+    Ok(())
+}
+
+/// The learner settings a resume must keep ([`KEPT_ON_RESUME`]) are the checkpoint's.
+fn check_kept_settings<C: serde::Serialize>(dir: &Path, saved: &C, now: &C) -> Result<()> {
+    let saved = serde_json::to_value(saved).expect("settings serialize");
+    let now = serde_json::to_value(now).expect("settings serialize");
     for key in KEPT_ON_RESUME {
         if saved.get(key) != now.get(key) {
             let show = |v: Option<&serde_json::Value>| {
@@ -753,5 +774,5 @@ where
             ));
         }
     }
-    Ok((state, Some(manifest)))
+    Ok(())
 }

@@ -21,8 +21,8 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
 use crate::error::Result;
+use crate::layout::{CommStats, ShardLayout};
 use crate::rank::RankSlot;
-use crate::sharding::{CommStats, ShardLayout};
 
 pub type Flat<B> = Tensor<<B as AutodiffBackend>::InnerBackend, 1>;
 

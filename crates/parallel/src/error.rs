@@ -11,6 +11,14 @@ pub enum ParallelError {
         /// Its error.
         message: String,
     },
+    /// A data-parallel rank's thread panicked.
+    #[error("rank {rank} panicked: {message}")]
+    RankPanicked {
+        /// The rank.
+        rank: usize,
+        /// The panic's message.
+        message: String,
+    },
     /// A rank waited longer than the collective's timeout for the others.
     #[error(
         "rank {rank} waited {secs:.1} s in a collective for {}",

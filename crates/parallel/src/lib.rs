@@ -9,16 +9,19 @@
 //! | [`ShardLayout`] | which rank owns which parameter (balanced by size) |
 //! | [`buckets`] | gradients and weights as flat buckets: the all-reduce of replicated groups, the reduce-scatter to owners, the all-gather of updated weights |
 //! | [`sharding`] | the sharded gradient sum as backward pieces arrive ([`sharding::ShardedSum`]), gathered layers for `full`, releasing what a rank does not own |
+//! | [`on_rank_threads`] | a group's ranks as threads of one process: work per rank, panics caught, a failing rank aborting the collective |
 //! | [`fixed_order_sum`] | a sum whose order does not depend on threads (ranks and reruns agree bit for bit) |
 //!
 //! The learner (`conrub-grpo`) takes a [`RankSlot`] and calls these; it never names a transport.
 
 mod collective;
 mod error;
+mod layout;
 #[cfg(feature = "cuda")]
 mod nccl;
 mod rank;
 mod sum;
+mod threads;
 
 pub mod buckets;
 pub mod sharding;
@@ -30,3 +33,4 @@ pub use nccl::NcclCollective;
 pub use rank::RankSlot;
 pub use sharding::{ShardLayout, Sharding};
 pub use sum::fixed_order_sum;
+pub use threads::on_rank_threads;

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use crate::collective::Collective;
-use crate::sharding::{ShardLayout, Sharding};
+use crate::layout::ShardLayout;
+use conrub_contracts::Sharding;
 
 /// A learner's place in a group of data-parallel ranks (see `conrub_grpo::DataParallel`): its
 /// index, the group's collective and the size of the gradient buckets it all-reduces.

@@ -17,8 +17,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 use conrub_contracts::{
-    gathered_as, FinishReason, Policy, ResponseLogprobs, RolloutBatch, RolloutEngine,
-    RolloutRequest, SamplingConfig, StepMetrics, TextCodec, TokenBatch, WeightSync,
+    gathered_as, FinishReason, Gradients, Policy, ResponseLogprobs, RolloutBatch, RolloutEngine,
+    RolloutRequest, RolloutStats, SamplingConfig, StepMetrics, TextCodec, TokenBatch, WeightSync,
 };
 use conrub_kernels::KernelOps;
 use conrub_rubric::{ResponseScore, RubricRecord};
