@@ -37,12 +37,12 @@
 
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::cast;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::ir::HardwareProperties;
 use cubecl::prelude::*;
 
+use crate::cube_flash::{empty, Dims};
 use crate::AttentionLayout;
 
 /// Units (rows) per cube, at most; fewer where the device allows fewer.
@@ -565,26 +565,6 @@ pub(crate) fn to_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTe
     } else {
         cast(t, dtype)
     }
-}
-
-pub(crate) fn empty<R: CubeRuntime>(
-    like: &CubeTensor<R>,
-    shape: Shape,
-    dtype: DType,
-) -> CubeTensor<R> {
-    empty_device_dtype::<R>(like.client.clone(), like.device.clone(), shape, dtype)
-}
-
-/// The sizes of one attention call: batch, query and key/value heads, queries, keys, head
-/// dimension.
-#[derive(Clone, Copy)]
-pub(crate) struct Dims {
-    pub(crate) b: usize,
-    pub(crate) heads: usize,
-    pub(crate) kv_heads: usize,
-    pub(crate) t: usize,
-    pub(crate) s: usize,
-    pub(crate) d: usize,
 }
 
 fn dims<R: CubeRuntime>(

@@ -47,13 +47,34 @@
 //! out separate shared arrays in hash-map order).
 
 use burn::tensor::{DType, Shape};
+use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::ir::{DeviceProperties, ElemType, FloatKind, MatrixIdent, MatrixLayout, StorageType};
 use cubecl::prelude::*;
 
-use crate::cube_attention::{empty, Dims};
 use crate::{AttentionKernels, AttentionLayout};
+
+/// An uninitialised tensor on `like`'s device.
+pub(crate) fn empty<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    shape: Shape,
+    dtype: DType,
+) -> CubeTensor<R> {
+    empty_device_dtype::<R>(like.client.clone(), like.device.clone(), shape, dtype)
+}
+
+/// The sizes of one attention call: batch, query and key/value heads, queries, keys, head
+/// dimension.
+#[derive(Clone, Copy)]
+pub(crate) struct Dims {
+    pub(crate) b: usize,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) t: usize,
+    pub(crate) s: usize,
+    pub(crate) d: usize,
+}
 
 /// The masked-score sentinel and the `lse` of a row that sees no key.
 const NEG: f32 = crate::ATTENTION_MASKED_LSE;

@@ -4,7 +4,9 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
 
-use crate::model::MASKED_SCORE;
+/// Value added to attention scores of masked keys. Finite, so a query row whose keys are all masked
+/// (a padding position) yields a uniform distribution instead of NaNs that would leak into values.
+pub(crate) const MASKED_SCORE: f32 = -1.0e30;
 
 /// Additive attention bias `[batch, 1, new, past + new]`: 0 where query `i` (at cache index
 /// `past + i`) may read key `j` (causal and valid), [`MASKED_SCORE`] elsewhere. `None` when every key

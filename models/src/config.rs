@@ -1,12 +1,11 @@
 //! Hugging Face `config.json` and `generation_config.json` of the decoder families
-//! ([`Family`]), with HF field names.
+//! ([`Family`](crate::Family)), with HF field names.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
-use crate::family::{Architecture, Family};
 
 /// Rope parameters as transformers 5 writes them (`rope_parameters`), or as `rope_scaling` in older
 /// checkpoints. The default (unscaled) RoPE and, for Llama, `llama3` are implemented; any other
@@ -43,7 +42,7 @@ impl RopeParameters {
     }
 }
 
-/// A decoder's configuration, parsed from a Hugging Face `config.json` of any [`Family`]
+/// A decoder's configuration, parsed from a Hugging Face `config.json` of any [`Family`](crate::Family)
 /// (`model_type` chooses it; a config without one is read as Qwen3).
 ///
 /// Both layouts seen in the wild are accepted: the hub layout with top-level `rope_theta` and
@@ -112,7 +111,7 @@ pub struct ModelConfig {
     /// Sliding-window attention (only `false`/absent is supported; released Qwen3 does not use it).
     #[serde(default)]
     pub use_sliding_window: bool,
-    /// `model_type`: the [`Family`] (`qwen3`, `llama`, `qwen2`).
+    /// `model_type`: the [`Family`](crate::Family) (`qwen3`, `llama`, `qwen2`).
     #[serde(default = "default_model_type")]
     pub model_type: String,
     /// `architectures`, kept for export.
@@ -183,25 +182,6 @@ impl ModelConfig {
         })?;
         config.validate()?;
         Ok(config)
-    }
-
-    /// The family `model_type` names.
-    pub fn family(&self) -> Result<Family> {
-        Family::from_model_type(&self.model_type).ok_or_else(|| {
-            ModelError::config(
-                "model_type",
-                format!(
-                    "`{}` is not a supported family (supported: {})",
-                    self.model_type,
-                    Family::names()
-                ),
-            )
-        })
-    }
-
-    /// The decoder variant this config describes (its family's checks included).
-    pub fn architecture(&self) -> Result<Architecture> {
-        self.family()?.architecture(self)
     }
 
     /// The RoPE block that says a type: the field it is under (`rope_scaling` first, as
@@ -387,6 +367,7 @@ impl GenerationConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::family::Family;
 
     #[test]
     fn parses_hub_layout() {

@@ -32,6 +32,7 @@
 //! println!("{}", tok.decode(&out[0].tokens, true).unwrap());
 //! ```
 
+mod architecture;
 pub mod batch;
 mod codec;
 pub mod config;

@@ -2,9 +2,9 @@
 //! o; RoPE plain or with the `llama3` frequency scaling of the 3.1+ releases; tied (3.2 1B/3B) or
 //! untied head.
 
+use crate::architecture::{Architecture, Llama3Rope, Rope};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::family::{Architecture, Llama3Rope, Rope};
 
 /// `architectures` of an exported checkpoint.
 pub const HF_ARCHITECTURE: &str = "LlamaForCausalLM";

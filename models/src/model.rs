@@ -26,10 +26,6 @@ use conrub_contracts::{
 };
 pub use conrub_contracts::{to_dtype, AttentionImpl, Execution, Precision};
 
-/// Value added to attention scores of masked keys. Finite, so a query row whose keys are all masked
-/// (a padding position) yields a uniform distribution instead of NaNs that would leak into values.
-pub(crate) const MASKED_SCORE: f32 = -1.0e30;
-
 /// Applies `lin` to `[batch, seq, in]` as one 2-D matrix product in `x`'s dtype (the weight is
 /// cast to it under mixed precision). burn's `Linear` on a 3-D input runs a broadcast batched
 /// matmul, which CPU backends execute as one product per sequence (each re-reading the whole

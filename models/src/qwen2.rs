@@ -1,9 +1,9 @@
 //! Qwen2 / Qwen2.5: the shared decoder with biases on the q, k and v projections (never on o), no
 //! q/k norms, default RoPE, full attention (sliding windows refused).
 
+use crate::architecture::{default_rope_only, Architecture};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::family::{default_rope_only, Architecture};
 
 /// `architectures` of an exported checkpoint.
 pub const HF_ARCHITECTURE: &str = "Qwen2ForCausalLM";

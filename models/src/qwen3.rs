@@ -4,9 +4,9 @@
 
 use conrub_contracts::ModelShape;
 
+use crate::architecture::{default_rope_only, Architecture};
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::family::{default_rope_only, Architecture};
 
 /// `architectures` of an exported checkpoint.
 pub const HF_ARCHITECTURE: &str = "Qwen3ForCausalLM";

@@ -1,28 +1,10 @@
 //! What the engine needs from a model: its KV layout and one forward pass over the paged pool.
 
-use burn::tensor::{DType, Tensor};
+use burn::tensor::Tensor;
 use conrub_kernels::KernelOps;
 
 use crate::batch::ForwardBatch;
-use crate::paged::{PagedKv, PagedPass};
-
-/// The shape of a model's cached keys and values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvLayout {
-    /// Layers with a KV cache.
-    pub layers: usize,
-    /// Key (and value) width of one position in one layer: `kv_heads * head_dim`.
-    pub width: usize,
-    /// Element type of the cache (the model's compute dtype).
-    pub dtype: DType,
-}
-
-impl KvLayout {
-    /// Device bytes of one block of `block_size` positions (keys and values of every layer).
-    pub fn block_bytes(&self, block_size: usize) -> u64 {
-        (self.layers * 2 * block_size * self.width * self.dtype.size()) as u64
-    }
-}
+use crate::paged::{KvLayout, PagedKv, PagedPass};
 
 /// A causal language model the engine (`conrub_rollout::rollout`) can drive.
 ///

@@ -12,7 +12,23 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use conrub_kernels::KernelOps;
 
-use crate::model::KvLayout;
+/// The shape of a model's cached keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Layers with a KV cache.
+    pub layers: usize,
+    /// Key (and value) width of one position in one layer: `kv_heads * head_dim`.
+    pub width: usize,
+    /// Element type of the cache (the model's compute dtype).
+    pub dtype: DType,
+}
+
+impl KvLayout {
+    /// Device bytes of one block of `block_size` positions (keys and values of every layer).
+    pub fn block_bytes(&self, block_size: usize) -> u64 {
+        (self.layers * 2 * block_size * self.width * self.dtype.size()) as u64
+    }
+}
 
 /// One layer's keys and values in the pool, each `[num_blocks * block_size, width]`. A pass takes
 /// them out (`Option::take`), writes its new rows, reads, and puts them back.

@@ -14,6 +14,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 
 use crate::error::{JudgeError, Result};
+use crate::judge::CriterionRequest;
 
 /// A cache key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -28,6 +29,24 @@ impl CacheKey {
             h.update(p.as_bytes());
         }
         Self(h.finalize().into())
+    }
+}
+
+impl CriterionRequest {
+    /// The judge-cache key of this request under judge `judge` and prompt version `prompt_version`.
+    pub fn cache_key(&self, judge: &str, prompt_version: &str) -> CacheKey {
+        let n = self.criteria.len().to_string();
+        let mut parts: Vec<&str> = vec![
+            "criteria",
+            judge,
+            prompt_version,
+            self.mode.as_str(),
+            &self.question,
+            &self.response,
+            &n,
+        ];
+        parts.extend(self.criteria.iter().map(String::as_str));
+        CacheKey::of(&parts)
     }
 }
 
@@ -236,7 +255,7 @@ impl JudgeCache {
         &self,
         key: &CacheKey,
         judge: &str,
-        request: &crate::judge::CriterionRequest,
+        request: &CriterionRequest,
         labels: &[conrub_rubric::Label],
         raw: &str,
     ) {

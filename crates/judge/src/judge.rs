@@ -21,24 +21,6 @@ pub struct CriterionRequest {
     pub mode: ScoringMode,
 }
 
-impl CriterionRequest {
-    /// The judge-cache key of this request under judge `judge` and prompt version `prompt_version`.
-    pub fn cache_key(&self, judge: &str, prompt_version: &str) -> crate::cache::CacheKey {
-        let n = self.criteria.len().to_string();
-        let mut parts: Vec<&str> = vec![
-            "criteria",
-            judge,
-            prompt_version,
-            self.mode.as_str(),
-            &self.question,
-            &self.response,
-            &n,
-        ];
-        parts.extend(self.criteria.iter().map(String::as_str));
-        crate::cache::CacheKey::of(&parts)
-    }
-}
-
 /// What a criterion judge returned for one response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CriterionVerdict {

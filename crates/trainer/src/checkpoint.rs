@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainerError};
 use crate::hooks::RunHooks;
-use crate::run_loop::RunSummary;
+use crate::run_folder::best_checkpoint_path;
 
 /// Where a checkpoint for `step` goes: `output_dir/checkpoint-{step}` (the HF export) with the
 /// training state in its `training_state/` subdirectory. It is written as `checkpoint-{step}.tmp`
@@ -37,11 +37,6 @@ pub struct BestCheckpoint {
     pub grader: String,
     /// The training judge's score of the same responses.
     pub training_score: Option<f64>,
-}
-
-/// The best-checkpoint record's path in `output_dir`.
-pub fn best_checkpoint_path(output_dir: &Path) -> PathBuf {
-    output_dir.join("best-checkpoint.json")
 }
 
 impl BestCheckpoint {
@@ -241,7 +236,7 @@ impl Sealing {
         &mut self,
         hooks: &mut dyn RunHooks<P>,
         output_dir: &Path,
-        summary: &mut RunSummary,
+        last_checkpoint: &mut Option<PathBuf>,
     ) -> Result<()> {
         let outcome = match (self.thread.take(), self.done.take()) {
             (Some(handle), _) => handle.join().unwrap_or_else(|_| {
@@ -255,7 +250,7 @@ impl Sealing {
         };
         let dir = outcome?;
         hooks.checkpointed(output_dir, &dir)?;
-        summary.last_checkpoint = Some(dir);
+        *last_checkpoint = Some(dir);
         Ok(())
     }
 }
@@ -268,11 +263,11 @@ impl Sealing {
         &mut self,
         hooks: &mut dyn RunHooks<P>,
         output_dir: &Path,
-        summary: &mut RunSummary,
+        last_checkpoint: &mut Option<PathBuf>,
     ) -> Result<()> {
         match &self.thread {
             Some(handle) if !handle.is_finished() => Ok(()),
-            _ => self.finish(hooks, output_dir, summary),
+            _ => self.finish(hooks, output_dir, last_checkpoint),
         }
     }
 }
@@ -366,22 +361,18 @@ mod tests {
             sealing.start(written(out.path()), background);
             assert_eq!(sealing.thread.is_some(), background);
             let mut hooks = NoHooks(vec![]);
-            let mut summary = RunSummary::default();
-            sealing
-                .finish(&mut hooks, out.path(), &mut summary)
-                .unwrap();
+            let mut last = None;
+            sealing.finish(&mut hooks, out.path(), &mut last).unwrap();
             let dir = out.path().join("checkpoint-000003");
             assert_eq!(hooks.0, std::slice::from_ref(&dir));
-            assert_eq!(summary.last_checkpoint.as_ref(), Some(&dir));
+            assert_eq!(last.as_ref(), Some(&dir));
             let manifest =
                 std::fs::read_to_string(dir.join("training_state/manifest.json")).unwrap();
             assert!(manifest.contains("state.json"), "{manifest}");
             assert!(dir.join("model.safetensors").is_file());
             assert_eq!(checkpoints(out.path()), ["checkpoint-000003"]);
             // Nothing in flight: finishing again does nothing.
-            sealing
-                .finish(&mut hooks, out.path(), &mut summary)
-                .unwrap();
+            sealing.finish(&mut hooks, out.path(), &mut last).unwrap();
             assert_eq!(hooks.0.len(), 1);
         }
         let out = tempfile::tempdir().unwrap();
@@ -389,13 +380,13 @@ mod tests {
         std::fs::remove_dir_all(seal.tmp.join("training_state.tmp")).unwrap();
         let mut sealing = Sealing::default();
         sealing.start(seal, true);
-        let mut summary = RunSummary::default();
+        let mut last = None;
         let e = sealing
-            .finish(&mut NoHooks(vec![]), out.path(), &mut summary)
+            .finish(&mut NoHooks(vec![]), out.path(), &mut last)
             .unwrap_err();
         assert!(e.to_string().contains("partial copy was removed"), "{e}");
         assert!(checkpoints(out.path()).is_empty());
-        assert!(summary.last_checkpoint.is_none());
+        assert!(last.is_none());
     }
 
     fn checkpoints(dir: &Path) -> Vec<String> {

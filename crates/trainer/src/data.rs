@@ -49,7 +49,7 @@ pub(crate) fn read_task(cfg: &TrainConfig) -> Result<TaskData> {
                 message: "has no records".into(),
             });
         }
-        crate::rubric::check_records(&spec.path, &records)?;
+        check_records(&spec.path, &records)?;
         files.push(FileRecords {
             path: spec.path.clone(),
             records,
@@ -202,6 +202,28 @@ fn copy_of(r: &RubricRecord, k: usize) -> RubricRecord {
         r.id = format!("{}~{k}", r.id);
     }
     r
+}
+
+/// Refuses `path`'s `records` (with their line numbers) as `conrub rubrics validate` does.
+pub(crate) fn check_records(path: &Path, records: &[(usize, RubricRecord)]) -> Result<()> {
+    let report = conrub_rubric::validate_records(records);
+    if report.is_ok() {
+        return Ok(());
+    }
+    let errors: Vec<String> = report
+        .to_string()
+        .lines()
+        .filter_map(|l| l.strip_prefix("error: "))
+        .map(|l| format!("  {}: {l}", path.display()))
+        .collect();
+    Err(TrainerError::Input {
+        path: path.to_path_buf(),
+        message: format!(
+            "{} errors that `conrub rubrics validate` rejects; training refuses them:\n{}",
+            report.errors(),
+            errors.join("\n")
+        ),
+    })
 }
 
 #[cfg(test)]

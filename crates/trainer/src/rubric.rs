@@ -11,6 +11,7 @@ use conrub_kernels::KernelOps;
 use conrub_rewards::{GroupScores, JudgeRewards, RewardError, RewardKinds, RewardSource};
 use conrub_rubric::{RubricRecord, RubricSet};
 
+use crate::data::check_records;
 use crate::error::{Result, TrainerError};
 use crate::validation::{HeldOutPrompt, Validator};
 
@@ -165,28 +166,6 @@ pub fn check_rubrics(path: &Path) -> Result<()> {
 pub fn check_data(cfg: &TrainConfig) -> Result<()> {
     let data = crate::data::read_task(cfg)?;
     check_rewards(cfg, &data, RewardKinds::builtin())
-}
-
-/// Refuses `path`'s `records` (with their line numbers) as `conrub rubrics validate` does.
-pub(crate) fn check_records(path: &Path, records: &[(usize, RubricRecord)]) -> Result<()> {
-    let report = conrub_rubric::validate_records(records);
-    if report.is_ok() {
-        return Ok(());
-    }
-    let errors: Vec<String> = report
-        .to_string()
-        .lines()
-        .filter_map(|l| l.strip_prefix("error: "))
-        .map(|l| format!("  {}: {l}", path.display()))
-        .collect();
-    Err(TrainerError::Input {
-        path: path.to_path_buf(),
-        message: format!(
-            "{} errors that `conrub rubrics validate` rejects; training refuses them:\n{}",
-            report.errors(),
-            errors.join("\n")
-        ),
-    })
 }
 
 /// `[eval]`'s judges (in process on `device`, or clients) and held-out prompts: the validator,

@@ -9,6 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainerError};
 
+/// The best-checkpoint record's path in `output_dir`.
+pub fn best_checkpoint_path(output_dir: &Path) -> PathBuf {
+    output_dir.join("best-checkpoint.json")
+}
+
 /// The lock file's name inside the run folder.
 pub const LOCK_FILE: &str = "run.lock";
 
@@ -149,7 +154,7 @@ fn earlier_run(dir: &Path) -> Result<Vec<PathBuf>> {
     for entry in entries {
         let entry = entry.map_err(|e| TrainerError::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let best = crate::checkpoint::best_checkpoint_path(dir);
+        let best = best_checkpoint_path(dir);
         let samples = entry.path() == crate::samples::samples_dir(dir);
         let events = entry.path() == crate::tensorboard::tensorboard_dir(dir);
         if name.starts_with("checkpoint-") || entry.path() == best || samples || events {

@@ -344,8 +344,11 @@ where
     /// One training step and everything after it: its outputs, the epoch's summary when the
     /// epoch ends, a validation round when due, and a checkpoint when one is due.
     async fn step(&mut self) -> Result<()> {
-        self.sealing
-            .poll(&mut *self.hooks, &self.run.output_dir, &mut self.summary)?;
+        self.sealing.poll(
+            &mut *self.hooks,
+            &self.run.output_dir,
+            &mut self.summary.last_checkpoint,
+        )?;
         let epoch = (self.steps_done() / self.cursor.steps_per_epoch) as usize;
         let (batch, reserve) = self.draw();
         let before = conrub_kernels::events::snapshot();
@@ -457,8 +460,11 @@ where
     /// checkpoint in flight. A pending best becomes the run's best with it.
     fn checkpoint(&mut self) -> Result<()> {
         let output_dir = &self.run.output_dir;
-        self.sealing
-            .finish(&mut *self.hooks, output_dir, &mut self.summary)?;
+        self.sealing.finish(
+            &mut *self.hooks,
+            output_dir,
+            &mut self.summary.last_checkpoint,
+        )?;
         self.summary.best = self.pending_best.take().or(self.summary.best.take());
         self.trainee.verify()?;
         let step = self.steps_done();
@@ -486,8 +492,11 @@ where
         let background = self.run.checkpoint_in_background;
         self.sealing.start(seal, background);
         if !background {
-            self.sealing
-                .finish(&mut *self.hooks, output_dir, &mut self.summary)?;
+            self.sealing.finish(
+                &mut *self.hooks,
+                output_dir,
+                &mut self.summary.last_checkpoint,
+            )?;
         }
         Ok(())
     }
@@ -508,8 +517,11 @@ where
         if self.summary.steps_run > 0 || self.summary.last_checkpoint.is_none() {
             self.checkpoint()?;
         }
-        self.sealing
-            .finish(&mut *self.hooks, &self.run.output_dir, &mut self.summary)?;
+        self.sealing.finish(
+            &mut *self.hooks,
+            &self.run.output_dir,
+            &mut self.summary.last_checkpoint,
+        )?;
         self.summary.total_steps = self.steps_done();
         Ok(std::mem::take(&mut self.summary))
     }

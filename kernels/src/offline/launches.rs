@@ -7,7 +7,8 @@ use cubecl::prelude::*;
 use cubecl::zspace::{Shape, Strides};
 
 use super::OfflineCuda;
-use crate::cube_attention::{launch_dkdv, launch_dq, launch_forward, Dims};
+use crate::cube_attention::{launch_dkdv, launch_dq, launch_forward};
+use crate::cube_flash::Dims;
 use crate::{cube, cube_flash, cube_paged, AttentionLayout, Clip, PagedLayout, Reduce};
 
 /// Float dtypes a kernel is generated for: f32 (full precision), bf16 (`--precision bf16` and
