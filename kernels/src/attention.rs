@@ -99,12 +99,19 @@ impl AttentionKernelChoice {
 
     /// The kernels backend `B` runs on `device` under this choice; `Err` names the missing
     /// device feature when `tensor-core` cannot run there.
-    pub fn resolve<B: AttentionOps>(self, device: &B::Device) -> Result<AttentionKernels, String> {
+    pub fn resolve<B: AttentionOps>(
+        self,
+        device: &B::Device,
+    ) -> Result<AttentionKernels, crate::KernelError> {
         match self {
             Self::Portable => Ok(AttentionKernels::Portable),
             Self::TensorCore => {
-                B::check_attention_kernels(device, AttentionKernels::TensorCore)
-                    .map_err(|why| format!("attention_kernels = \"tensor-core\": {why}"))?;
+                B::check_attention_kernels(device, AttentionKernels::TensorCore).map_err(
+                    |why| crate::KernelError::AttentionChoice {
+                        kernels: AttentionKernels::TensorCore.name(),
+                        reason: why.to_string(),
+                    },
+                )?;
                 Ok(AttentionKernels::TensorCore)
             }
             Self::Auto => Ok(

@@ -293,7 +293,7 @@ impl<B: AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
     fn check_attention_kernels(
         device: &Self::Device,
         kernels: AttentionKernels,
-    ) -> Result<(), String> {
+    ) -> Result<(), crate::KernelError> {
         B::check_attention_kernels(device, kernels)
     }
 

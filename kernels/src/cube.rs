@@ -447,7 +447,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
     fn check_attention_kernels(
         device: &Self::Device,
         kernels: AttentionKernels,
-    ) -> Result<(), String> {
+    ) -> Result<(), crate::KernelError> {
         if kernels != AttentionKernels::TensorCore {
             return Ok(());
         }
@@ -459,11 +459,14 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
         {
             Ok(())
         } else {
-            Err(format!(
-                "device {device:?} has no cooperative matrices (cmma/WMMA: 16x16x16 tiles of bf16 \
-                 or f16 with f32 accumulation) in its features, which the `tensor-core` attention \
-                 kernels need; use `portable` (or `auto`)"
-            ))
+            Err(crate::KernelError::NoAttentionKernels {
+                kernels: kernels.name(),
+                reason: format!(
+                    "device {device:?} has no cooperative matrices (cmma/WMMA: 16x16x16 tiles of \
+                     bf16 or f16 with f32 accumulation) in its features, which the `tensor-core` \
+                     attention kernels need; use `portable` (or `auto`)"
+                ),
+            })
         }
     }
 

@@ -239,7 +239,7 @@ impl<B: FusionBackend + KernelOps> AttentionOps for Fusion<B> {
     fn check_attention_kernels(
         device: &Self::Device,
         kernels: AttentionKernels,
-    ) -> Result<(), String> {
+    ) -> Result<(), crate::KernelError> {
         B::check_attention_kernels(device, kernels)
     }
 

@@ -53,12 +53,17 @@ mod nccl;
 pub mod offline;
 #[cfg(feature = "cuda")]
 pub use nccl::NcclOps;
+#[cfg(feature = "checks")]
 pub mod attention_bench;
+mod error;
+pub use error::KernelError;
 pub mod kv;
 pub mod paged_attention;
 pub mod reference;
 pub mod sampling;
+#[cfg(feature = "checks")]
 pub mod sampling_bench;
+#[cfg(feature = "checks")]
 pub mod sampling_check;
 #[cfg(feature = "wgpu")]
 mod wgpu_probe;
@@ -313,15 +318,18 @@ pub trait AttentionOps: Backend {
     fn check_attention_kernels(
         device: &Self::Device,
         kernels: AttentionKernels,
-    ) -> Result<(), String> {
+    ) -> Result<(), KernelError> {
         let _ = device;
         match kernels {
             AttentionKernels::Portable => Ok(()),
-            other => Err(format!(
-                "the {} backend has no `{}` attention kernels (they are CubeCL kernels: cuda or wgpu)",
-                Self::name(device),
-                other.name()
-            )),
+            other => Err(KernelError::NoAttentionKernels {
+                kernels: other.name(),
+                reason: format!(
+                    "the {} backend has no `{}` attention kernels (they are CubeCL kernels: cuda or wgpu)",
+                    Self::name(device),
+                    other.name()
+                ),
+            }),
         }
     }
 

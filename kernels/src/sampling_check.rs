@@ -8,7 +8,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 
 use crate::sampling::{penalize_row, penalize_rows_by_tensors, sample_row, SampleParams};
-use crate::DecodeOps;
+use crate::{DecodeOps, KernelError};
 
 /// What one mode's check found.
 #[derive(Debug, Clone)]
@@ -150,7 +150,7 @@ fn restricted_draw_within_rounding(row: &[f32], params: &SampleParams, u: f64, t
 pub fn check_sample_rows<B: DecodeOps>(
     device: &B::Device,
     vocab: usize,
-) -> Result<Vec<ModeCheck>, String> {
+) -> Result<Vec<ModeCheck>, KernelError> {
     let (host_rows, logits) = check_rows::<B>(device, vocab, 11 + vocab as u64);
     let rows = host_rows.len();
     // 1 - 1e-9 rounds to 1.0 in f32 (the kernel keeps it inside).
@@ -164,18 +164,22 @@ pub fn check_sample_rows<B: DecodeOps>(
             .into_data()
             .convert::<i64>()
             .into_vec()
-            .map_err(|e| format!("{e:?}"))?;
+            .map_err(|e| KernelError::Check(format!("{e:?}")))?;
         let lp: Vec<f32> = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(lp))
             .into_data()
             .convert::<f32>()
             .into_vec()
-            .map_err(|e| format!("{e:?}"))?;
+            .map_err(|e| KernelError::Check(format!("{e:?}")))?;
         let mut exact = 0;
         for r in 0..rows {
             let row = &host_rows[r];
             let (want_tok, want_lp) = sample_row(row, &params, uniforms[r]);
             let t = tok[r] as usize;
-            let fail = |what: String| Err(format!("{params:?} at vocab {vocab}, row {r}: {what}"));
+            let fail = |what: String| {
+                Err(KernelError::Check(format!(
+                    "{params:?} at vocab {vocab}, row {r}: {what}"
+                )))
+            };
             if t >= vocab {
                 return fail(format!("token {t} out of range"));
             }
@@ -234,7 +238,7 @@ pub fn check_penalty<B: Backend>(
     device: &B::Device,
     vocab: usize,
     ulps: i64,
-) -> Result<(), String> {
+) -> Result<(), KernelError> {
     let (host_rows, logits) = check_rows::<B>(device, vocab, 5 + vocab as u64);
     let top = |r: &Vec<f32>| {
         (0..vocab)
@@ -270,7 +274,7 @@ pub fn check_penalty<B: Backend>(
             .into_data()
             .convert::<f32>()
             .into_vec()
-            .map_err(|e| format!("{e:?}"))?;
+            .map_err(|e| KernelError::Check(format!("{e:?}")))?;
         for (r, row) in host_rows.iter().enumerate() {
             let mut want = row.clone();
             penalize_row(&mut want, &seen[r], penalty);
@@ -279,10 +283,10 @@ pub fn check_penalty<B: Backend>(
                 a.to_bits() != b.to_bits() && (a.to_bits() as i64 - b.to_bits() as i64).abs() > ulps
             });
             if let Some(id) = far {
-                return Err(format!(
+                return Err(KernelError::Check(format!(
                     "repetition penalty {penalty} at vocab {vocab}, row {r}, id {id}: {} vs the host rule's {}",
                     got[id], want[id]
-                ));
+                )));
             }
         }
     }

@@ -233,7 +233,8 @@ fn cpu_backends_refuse_the_tensor_core_kernels() {
     );
     let err = AttentionKernelChoice::TensorCore
         .resolve::<Flex>(&dev)
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(
         err.starts_with("attention_kernels = \"tensor-core\"") && err.contains("CubeCL"),
         "{err}"

@@ -627,7 +627,8 @@ fn kernel_selection_follows_the_device() {
     );
     let err = AttentionKernelChoice::TensorCore
         .resolve::<W>(&dev)
-        .expect_err("lavapipe has no cooperative matrices");
+        .expect_err("lavapipe has no cooperative matrices")
+        .to_string();
     assert!(
         err.contains("tensor-core") && err.contains("cooperative matrices") && err.contains("cmma"),
         "{err}"

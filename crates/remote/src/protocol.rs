@@ -82,12 +82,17 @@ pub fn parse_group(reply: &Value, e: &Expect<'_>) -> Result<Vec<Generation>, Rem
     outputs
         .iter()
         .enumerate()
-        .map(|(i, o)| parse_output(o, e).map_err(|(f, m)| bad(format!("[{i}].{f}"), m)))
+        .map(|(i, o)| parse_output(o, i, e))
         .collect()
 }
 
-fn parse_output(o: &Value, e: &Expect<'_>) -> Result<Generation, (String, String)> {
-    let field = |f: &str, m: String| (f.to_string(), m);
+/// Output `i` of a reply, or an error naming its field that is wrong.
+fn parse_output(o: &Value, i: usize, e: &Expect<'_>) -> Result<Generation, RemoteError> {
+    let field = |f: &str, message: String| RemoteError::Reply {
+        url: e.url.to_string(),
+        field: format!("[{i}].{f}"),
+        message,
+    };
     let ids = o
         .get("output_ids")
         .and_then(Value::as_array)

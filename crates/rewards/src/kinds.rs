@@ -282,7 +282,7 @@ impl<T: TaskPrompt> RewardSource<T> for VerifiableReward {
             .iter()
             .map(|r| match self.check.passes(r, truth) {
                 Ok(pass) => ResponseScore::exact(i64::from(pass), 1),
-                Err(why) => ResponseScore::unscored(why, 1),
+                Err(why) => ResponseScore::unscored(why.to_string(), 1),
             })
             .collect();
         GroupScores::direct(scores)
@@ -291,7 +291,7 @@ impl<T: TaskPrompt> RewardSource<T> for VerifiableReward {
     fn check_prompt(&self, prompt: &T) -> Result<()> {
         self.check
             .check_ground_truth(prompt.ground_truth())
-            .map_err(RewardError::Unscorable)
+            .map_err(|e| RewardError::Unscorable(e.to_string()))
     }
 }
 

@@ -30,6 +30,15 @@ pub enum RubricError {
     /// Labels do not fit the rubric or the scoring mode.
     #[error("{0}")]
     Labels(String),
+    /// A record has no `ground_truth` where a check compares to one.
+    #[error("the record has no `ground_truth`, which this function compares to")]
+    MissingGroundTruth,
+    /// A numeric check's `ground_truth` is not one number.
+    #[error("`ground_truth` {truth:?} is not one number")]
+    GroundTruthNotANumber {
+        /// The record's ground truth.
+        truth: String,
+    },
     /// A configuration value is out of range.
     #[error("{field}: {message}")]
     Config { field: String, message: String },

@@ -209,7 +209,7 @@ impl AnswerCheck {
 
     /// Checks a prompt's ground truth before training: present where needed, and one number
     /// for a numeric check.
-    pub fn check_ground_truth(&self, truth: Option<&str>) -> std::result::Result<(), String> {
+    pub fn check_ground_truth(&self, truth: Option<&str>) -> Result<()> {
         match self {
             AnswerCheck::Exact { .. } => required(truth).map(|_| ()),
             AnswerCheck::Numeric { .. } => numeric_truth(required(truth)?).map(|_| ()),
@@ -219,7 +219,7 @@ impl AnswerCheck {
 
     /// Whether `response` passes against `truth`; `Err` when the prompt has no usable ground
     /// truth (the response is then unscored, never 0).
-    pub fn passes(&self, response: &str, truth: Option<&str>) -> std::result::Result<bool, String> {
+    pub fn passes(&self, response: &str, truth: Option<&str>) -> Result<bool> {
         Ok(match self {
             AnswerCheck::Exact {
                 extract,
@@ -248,13 +248,15 @@ impl AnswerCheck {
 }
 
 /// The ground truth a comparing check needs.
-fn required(truth: Option<&str>) -> std::result::Result<&str, String> {
-    truth.ok_or_else(|| "the record has no `ground_truth`, which this function compares to".into())
+fn required(truth: Option<&str>) -> Result<&str> {
+    truth.ok_or(RubricError::MissingGroundTruth)
 }
 
 /// A numeric check's ground truth: one number.
-fn numeric_truth(truth: &str) -> std::result::Result<f64, String> {
-    parse_number(truth.trim()).ok_or_else(|| format!("`ground_truth` {truth:?} is not one number"))
+fn numeric_truth(truth: &str) -> Result<f64> {
+    parse_number(truth.trim()).ok_or_else(|| RubricError::GroundTruthNotANumber {
+        truth: truth.to_string(),
+    })
 }
 
 fn extraction(o: &AnswerOptions, numeric: bool, at: &str) -> Result<Extract> {
@@ -403,62 +405,82 @@ mod tests {
     #[test]
     fn exact_match_normalises_space_case_and_a_final_period() {
         let c = check(RewardFunctionSpec::new("exact", 1.0));
-        assert_eq!(c.passes("  Metformin.\n", Some("metformin")), Ok(true));
-        assert_eq!(c.passes("metformin  XR", Some("Metformin XR")), Ok(true));
         assert_eq!(
-            c.passes("metformin, probably", Some("metformin")),
-            Ok(false)
+            c.passes("  Metformin.\n", Some("metformin")).ok(),
+            Some(true)
+        );
+        assert_eq!(
+            c.passes("metformin  XR", Some("Metformin XR")).ok(),
+            Some(true)
+        );
+        assert_eq!(
+            c.passes("metformin, probably", Some("metformin")).ok(),
+            Some(false)
         );
         let cs = check(RewardFunctionSpec::new("exact", 1.0).with("case_sensitive", true));
-        assert_eq!(cs.passes("Metformin", Some("metformin")), Ok(false));
+        assert_eq!(cs.passes("Metformin", Some("metformin")).ok(), Some(false));
         let line = check(RewardFunctionSpec::new("exact", 1.0).with("extract", "last-line"));
         assert_eq!(
-            line.passes("Thinking...\n\nAnswer B\n", Some("answer b")),
-            Ok(true)
+            line.passes("Thinking...\n\nAnswer B\n", Some("answer b"))
+                .ok(),
+            Some(true)
         );
         let boxed = check(RewardFunctionSpec::new("exact", 1.0).with("extract", "boxed"));
         assert_eq!(
-            boxed.passes(
-                r"so \boxed{x} then \boxed{\frac{1}{2}}",
-                Some(r"\frac{1}{2}")
-            ),
-            Ok(true)
+            boxed
+                .passes(
+                    r"so \boxed{x} then \boxed{\frac{1}{2}}",
+                    Some(r"\frac{1}{2}")
+                )
+                .ok(),
+            Some(true)
         );
-        assert_eq!(boxed.passes("no box", Some("x")), Ok(false));
+        assert_eq!(boxed.passes("no box", Some("x")).ok(), Some(false));
         let tagged =
             check(RewardFunctionSpec::new("exact", 1.0).with("pattern", r"<answer>(.*?)</answer>"));
         assert_eq!(
-            tagged.passes("<answer>A</answer> <answer>c</answer>", Some("C")),
-            Ok(true)
+            tagged
+                .passes("<answer>A</answer> <answer>c</answer>", Some("C"))
+                .ok(),
+            Some(true)
         );
     }
 
     #[test]
     fn numeric_match_takes_the_last_number_within_the_tolerance() {
         let c = check(RewardFunctionSpec::new("numeric", 1.0).with("tolerance", 0.5));
-        assert_eq!(c.passes("chew 300 mg", Some("300")), Ok(true));
-        assert_eq!(c.passes("about 1,200.4 mg", Some("1200")), Ok(true));
-        assert_eq!(c.passes("between 299 and 301.5", Some("300")), Ok(false));
-        assert_eq!(c.passes("no number here", Some("300")), Ok(false));
+        assert_eq!(c.passes("chew 300 mg", Some("300")).ok(), Some(true));
+        assert_eq!(c.passes("about 1,200.4 mg", Some("1200")).ok(), Some(true));
+        assert_eq!(
+            c.passes("between 299 and 301.5", Some("300")).ok(),
+            Some(false)
+        );
+        assert_eq!(c.passes("no number here", Some("300")).ok(), Some(false));
         // A hyphen after a digit is not a minus sign.
-        assert_eq!(c.passes("3-4 days", Some("4")), Ok(true));
-        assert_eq!(c.passes("it fell to -4", Some("-4")), Ok(true));
+        assert_eq!(c.passes("3-4 days", Some("4")).ok(), Some(true));
+        assert_eq!(c.passes("it fell to -4", Some("-4")).ok(), Some(true));
         let rel = check(RewardFunctionSpec::new("numeric", 1.0).with("relative_tolerance", 0.01));
-        assert_eq!(rel.passes("1009", Some("1000")), Ok(true));
-        assert_eq!(rel.passes("1011", Some("1000")), Ok(false));
-        assert_eq!(rel.passes("2.5e3", Some("2500")), Ok(true));
+        assert_eq!(rel.passes("1009", Some("1000")).ok(), Some(true));
+        assert_eq!(rel.passes("1011", Some("1000")).ok(), Some(false));
+        assert_eq!(rel.passes("2.5e3", Some("2500")).ok(), Some(true));
     }
 
     #[test]
     fn regex_searches_and_format_matches_the_whole_response() {
         let r = check(RewardFunctionSpec::new("regex", 1.0).with("pattern", r"(?i)emergency"));
-        assert_eq!(r.passes("Call EMERGENCY services", None), Ok(true));
-        assert_eq!(r.passes("rest", None), Ok(false));
+        assert_eq!(r.passes("Call EMERGENCY services", None).ok(), Some(true));
+        assert_eq!(r.passes("rest", None).ok(), Some(false));
         let f = check(
             RewardFunctionSpec::new("format", 1.0).with("pattern", r"<think>.*</think>\s*\S.*"),
         );
-        assert_eq!(f.passes("<think>a\nb</think>\nAnswer", None), Ok(true));
-        assert_eq!(f.passes("Answer <think>x</think> y", None), Ok(false));
+        assert_eq!(
+            f.passes("<think>a\nb</think>\nAnswer", None).ok(),
+            Some(true)
+        );
+        assert_eq!(
+            f.passes("Answer <think>x</think> y", None).ok(),
+            Some(false)
+        );
         assert!(!r.needs_ground_truth() && !f.needs_ground_truth());
     }
 
@@ -468,6 +490,7 @@ mod tests {
         assert!(n
             .check_ground_truth(None)
             .unwrap_err()
+            .to_string()
             .contains("ground_truth"));
         assert!(n.check_ground_truth(Some("300 mg")).is_err());
         assert!(n.check_ground_truth(Some(" 1,500 ")).is_ok());
