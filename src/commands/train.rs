@@ -68,12 +68,12 @@ pub enum KernelWarmup {
 
 /// Runs `conrub train`.
 pub fn run(a: TrainArgs) -> Result<()> {
-    let warmup = a.kernel_warmup;
-    run_with(a, warmup)
+    let kernel_warmup = a.kernel_warmup;
+    run_with(a, kernel_warmup)
 }
 
-/// `conrub train`'s checks and set-up, with the kernel warm-up as `warmup` says.
-pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
+/// `conrub train`'s checks and set-up, with the kernel warm-up as `kernel_warmup` says.
+pub(crate) fn run_with(a: TrainArgs, kernel_warmup: KernelWarmup) -> Result<()> {
     let mut cfg = TrainConfig::from_file(&a.config, &a.overrides)?;
     if let Some(ds) = a.devices.or(a.device.map(|d| vec![d])) {
         cfg.set_devices(ds)?;
@@ -85,7 +85,7 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
     cfg.check_builtin_plugins()?;
     cfg.run.overwrite = a.overwrite;
     let mut resume = a.resume;
-    if warmup != KernelWarmup::Only {
+    if kernel_warmup != KernelWarmup::Only {
         // A run folder that is a file, cannot be written, is in use or holds an earlier run
         // fails now, not after the model loads and the kernel warm-up.
         if cfg.run.output_dir.as_os_str().is_empty() {
@@ -109,7 +109,7 @@ pub(crate) fn run_with(a: TrainArgs, warmup: KernelWarmup) -> Result<()> {
         cfg,
         resume,
         kv_pool_blocks,
-        warmup,
+        kernel_warmup,
     };
     run_on_devices(&devices, task)
 }
@@ -134,12 +134,12 @@ struct TrainTask {
     resume: Option<PathBuf>,
     /// The memory plan's KV pool, when the device size is known.
     kv_pool_blocks: Option<usize>,
-    warmup: KernelWarmup,
+    kernel_warmup: KernelWarmup,
 }
 
 impl DevicesTask for TrainTask {
     fn run<B: RankCollective>(self, devices: Vec<B::Device>) -> Result<()> {
-        let warm = match self.warmup {
+        let warm = match self.kernel_warmup {
             KernelWarmup::Only | KernelWarmup::Always => true,
             // With SGLang rollouts the servers compile their own kernels, and a warm-up's weight
             // syncs would leave the engine at a version the run's own first sync could skip.
@@ -159,7 +159,7 @@ impl DevicesTask for TrainTask {
         if warm {
             trainer = trainer.warm_kernels()?;
         }
-        if self.warmup != KernelWarmup::Only {
+        if self.kernel_warmup != KernelWarmup::Only {
             trainer.run()?;
         }
         Ok(())

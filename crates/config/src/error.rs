@@ -31,6 +31,14 @@ pub enum ConfigError {
         /// What is wrong with it.
         message: String,
     },
+    /// A section's value is out of range (the caller adds the file: [`ConfigError::Key`]).
+    #[error("{key}: {message}")]
+    Value {
+        /// The key, dotted from the top.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The `[judge]` table (or the judge file it names) is wrong.
     #[error("{}: {source}", path.display())]
     Judge {

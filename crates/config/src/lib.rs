@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 pub use error::{ConfigError, Result};
 pub use sections::{
     DataSection, ModelSection, OverlongPrompts, RandomModel, RewardSection, RolloutEngineKind,
-    RolloutSection, ShardSize, TrainFile, WarmupSection,
+    RolloutSection, SftSection, ShardSize, TrainFile,
 };
 
 /// A train config (`conrub train --config FILE`, `conrub plan --config FILE`).
@@ -61,7 +61,7 @@ pub struct TrainConfig {
     /// The training loop.
     pub run: RunConfig,
     /// Optional supervised warm-up on the records' reference answers.
-    pub warmup: Option<WarmupSection>,
+    pub warmup: Option<SftSection>,
     /// The rollout engine.
     pub rollout: RolloutSection,
     /// Validation during training (`[eval]`), with its grader judge.
@@ -109,7 +109,7 @@ pub(crate) struct Schema {
     #[serde(default)]
     pub run: RunConfig,
     #[serde(default)]
-    pub warmup: Option<WarmupSection>,
+    pub warmup: Option<SftSection>,
     #[serde(default)]
     pub rollout: RolloutSection,
     #[serde(default)]
@@ -278,8 +278,12 @@ impl TrainConfig {
             conrub_contracts::ContractError::Config { key, message } => key_error(&key, message),
             other => key_error("run", other.to_string()),
         })?;
-        self.rollout.validate().map_err(|(k, m)| key_error(&k, m))?;
-        self.model.validate().map_err(|(k, m)| key_error(&k, m))?;
+        let in_file = |e: ConfigError| match e {
+            ConfigError::Value { key, message } => key_error(&key, message),
+            other => other,
+        };
+        self.rollout.validate().map_err(in_file)?;
+        self.model.validate().map_err(in_file)?;
         self.reward
             .length_penalty(self.learner.max_response_tokens)
             .validate()

@@ -8,6 +8,8 @@ use conrub_rollout::EngineConfig;
 use conrub_rubric::{ImportFormat, LengthPenalty, RewardFunctionSpec, RubricDropout, ScoringMode};
 use serde::{Deserialize, Serialize};
 
+use crate::error::ConfigError;
+
 /// `[model]`: the policy, a checkpoint (`path`) or a random model (`[model.random]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -51,9 +53,10 @@ pub enum ShardSize {
 
 impl ShardSize {
     /// The size in bytes, or why it is not one.
-    pub fn bytes(&self) -> Result<u64, String> {
+    pub fn bytes(&self) -> Result<u64, ConfigError> {
+        let invalid = |message: String| value_error("model.max_shard_size", message);
         let text = match self {
-            ShardSize::Bytes(0) => return Err("must be more than 0 bytes".into()),
+            ShardSize::Bytes(0) => return Err(invalid("must be more than 0 bytes".into())),
             ShardSize::Bytes(b) => return Ok(*b),
             ShardSize::Text(t) => t.trim(),
         };
@@ -70,36 +73,33 @@ impl ShardSize {
             "MiB" => 1 << 20,
             "GiB" => 1 << 30,
             other => {
-                return Err(format!(
+                return Err(invalid(format!(
                     "`{text}`: unknown unit `{other}` (B, KB, MB, GB, KiB, MiB, GiB)"
-                ))
+                )))
             }
         };
         match number.parse::<f64>() {
             Ok(n) if n > 0.0 && n.is_finite() => Ok((n * scale as f64) as u64),
-            _ => Err(format!("`{text}` is not a size such as \"5GB\"")),
+            _ => Err(invalid(format!("`{text}` is not a size such as \"5GB\""))),
         }
     }
 }
 
 impl ModelSection {
     /// Exactly one of `path` and `[model.random]`, and a valid random shape.
-    pub(crate) fn validate(&self) -> Result<(), (String, String)> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         match (&self.path, &self.random) {
             (Some(_), None) => Ok(()),
             (None, Some(r)) => r
                 .config()
                 .validate()
-                .map_err(|e| ("model.random".into(), e.to_string())),
-            _ => Err((
-                "model".into(),
-                "needs exactly one of `path` or `[model.random]`".into(),
+                .map_err(|e| value_error("model.random", e.to_string())),
+            _ => Err(value_error(
+                "model",
+                "needs exactly one of `path` or `[model.random]`",
             )),
         }?;
-        self.max_shard_size
-            .bytes()
-            .map(|_| ())
-            .map_err(|e| ("model.max_shard_size".into(), e))
+        self.max_shard_size.bytes().map(|_| ())
     }
 
     /// `max_shard_size` in bytes (checked by the config's validation).
@@ -261,7 +261,7 @@ impl RewardSection {
 /// `[warmup]`: supervised steps on the reference answers before GRPO (fresh runs only).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WarmupSection {
+pub struct SftSection {
     /// Optimizer steps; 0 means no warm-up (the table is then ignored).
     pub steps: usize,
     /// Learning rate.
@@ -325,11 +325,11 @@ impl Default for RolloutSection {
 
 impl RolloutSection {
     /// Checks the values; errors name the key.
-    pub(crate) fn validate(&self) -> Result<(), (String, String)> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if let Some(gb) = self.kv_cache_gb {
             if !(gb.is_finite() && gb > 0.0) {
-                return Err((
-                    "rollout.kv_cache_gb".into(),
+                return Err(value_error(
+                    "rollout.kv_cache_gb",
                     format!("{gb} must be a positive number of GB"),
                 ));
             }
@@ -337,21 +337,21 @@ impl RolloutSection {
         let sglang = self.engine == RolloutEngineKind::Sglang;
         if sglang && self.urls.is_empty() {
             let m = "engine = \"sglang\" needs the servers' URLs";
-            return Err(("rollout.urls".into(), m.into()));
+            return Err(value_error("rollout.urls", m));
         }
         if !sglang && (!self.urls.is_empty() || self.colocate) {
             let key = if self.colocate { "colocate" } else { "urls" };
             let m = "only for engine = \"sglang\"";
-            return Err((format!("rollout.{key}"), m.into()));
+            return Err(value_error(format!("rollout.{key}"), m));
         }
         if let Some(u) = self.urls.iter().find(|u| !u.starts_with("http")) {
-            return Err((
-                "rollout.urls".into(),
+            return Err(value_error(
+                "rollout.urls",
                 format!("{u:?} is not an http(s) URL"),
             ));
         }
         if !(self.timeout_secs > 0.0) {
-            return Err(("rollout.timeout_secs".into(), "must be > 0".into()));
+            return Err(value_error("rollout.timeout_secs", "must be > 0"));
         }
         for (key, v) in [
             ("block_size", self.block_size),
@@ -359,7 +359,7 @@ impl RolloutSection {
             ("concurrency", self.concurrency),
         ] {
             if v == 0 {
-                return Err((format!("rollout.{key}"), "must be at least 1".into()));
+                return Err(value_error(format!("rollout.{key}"), "must be at least 1"));
             }
         }
         Ok(())
@@ -372,5 +372,13 @@ impl RolloutSection {
             kv_blocks: None,
             max_rows: self.max_rows,
         }
+    }
+}
+
+/// A section's value that is out of range, named by its dotted key.
+fn value_error(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Value {
+        key: key.into(),
+        message: message.into(),
     }
 }

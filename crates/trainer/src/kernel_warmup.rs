@@ -31,7 +31,7 @@ use conrub_rewards::TaskPrompt;
 
 use crate::error::{Result, TrainerError};
 use crate::run_loop::epoch_order;
-use crate::sft::{sft_warmup, warmup_pairs};
+use crate::sft::{sft_pairs, sft_train};
 use crate::{Engine, Trainer};
 
 impl<B, P, T> Trainer<B, P, T>
@@ -56,7 +56,7 @@ where
         let saved = recorder
             .record(model.clone().into_record(), ())
             .map_err(|e| setup(format!("copying the weights to the host: {e}")))?;
-        let (model, ran) = self.warmup_steps(model, engine)?;
+        let (model, ran) = self.kernel_warmup_steps(model, engine)?;
         let record = recorder
             .load(saved, &device)
             .map_err(|e| setup(format!("restoring the weights: {e}")))?;
@@ -81,20 +81,20 @@ where
 
     /// The steps of the warm-up on the policy (left changed: the caller restores it); returns
     /// what ran.
-    fn warmup_steps(&mut self, mut model: P, engine: Engine<B, P>) -> Result<(P, String)> {
+    fn kernel_warmup_steps(&mut self, mut model: P, engine: Engine<B, P>) -> Result<(P, String)> {
         let cfg = &self.cfg;
         let device = self.devices[0].clone();
         let mut ran = Vec::new();
         if let (Some(w), None) = (&cfg.warmup, &self.resume) {
-            let pairs = warmup_pairs(&self.task, &self.codec, &self.stop_ids)
+            let pairs = sft_pairs(&self.task, &self.codec, &self.stop_ids)
                 .map_err(|e| setup(format!("[warmup]: {e}")))?;
             let n = w.steps.min(2);
             if !pairs.is_empty() && n > 0 {
-                model = sft_warmup(model, &pairs, n, w.lr, &device, &mut |_, _| {})?.0;
+                model = sft_train(model, &pairs, n, w.lr, &device, &mut |_, _| {})?.0;
                 ran.push(format!("{n} supervised steps of {} answers", pairs.len()));
             }
         }
-        let judging = match &self.warmup_judging {
+        let judging = match &self.kernel_warmup_judging {
             Some((r, b)) => (r.clone(), Some(b.clone())),
             None => (self.rewards.clone(), self.tie_breaker.clone()),
         };

@@ -7,7 +7,7 @@
 //! | task and rewards | [`Trainer::from_config`]: the rubric records (`data.rs`: `data.rubrics` or `[[data.train]]`'s files mixed by weight) and judges, `[[reward.functions]]` ([`Trainer::from_config_with`] adds an embedder's kinds); [`Trainer::new`]: any [`TaskPrompt`] type and [`RewardSource`] | prompts, rewards, tie breaker, validator |
 //! | rollout engine | `engine.rs` | in process (`conrub-rollout`) or SGLang servers (`rollout.engine`) |
 //! | kernel warm-up | [`Trainer::warm_kernels`] | every kernel of the first steps compiled before them (CubeCL backends) |
-//! | supervised warm-up | `warmup.rs` | `[warmup]` steps on the prompts' reference answers (fresh runs) |
+//! | supervised fine-tuning (`[warmup]`) | `sft.rs` | cross-entropy steps on the prompts' reference answers before GRPO (fresh runs) |
 //! | learners | `run.rs` | one [`Learner`](conrub_grpo::Learner), or a data-parallel group on every device ([`Trainee`]) |
 //! | the loop | [`train`] (`run_loop.rs`) | one struct with a method per stage: open (resume, claim the folder), draw, step, validate, checkpoint, finish |
 //! | outputs | `sinks.rs` ([`RunSink`]) | every event to each sink: `metrics.jsonl` ([`telemetry`]), samples ([`samples`]), TensorBoard ([`tensorboard`]), progress; an embedder adds its own ([`RunHooks::sinks`]) |
@@ -55,7 +55,6 @@ pub mod telemetry;
 pub mod tensorboard;
 mod trainee;
 mod validation;
-mod warmup;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -74,7 +73,7 @@ use conrub_remote::WeightWriter;
 use conrub_rewards::{RewardKinds, RewardSource, TaskPrompt};
 use conrub_rubric::RubricRecord;
 
-pub use checkpoint::{best_checkpoint_path, checkpoint_dir, BestCheckpoint};
+pub use checkpoint::{checkpoint_dir, BestCheckpoint};
 pub use conrub_contracts::{RunConfig, ValidationConfig};
 pub use error::{Result, TrainerError};
 pub use hooks::RunHooks;
@@ -82,8 +81,9 @@ pub use policy::{load_policy, PolicyParts};
 pub use prompts::{drop_overlong, Overlong};
 pub use report::report;
 pub use rubric::{check_data, check_rubrics};
+pub use run_folder::best_checkpoint_path;
 pub use run_loop::{drawn_records, epoch_order, train, RunSummary};
-pub use sft::{sft_warmup, warmup_pairs};
+pub use sft::{sft_pairs, sft_train};
 pub use sinks::{RunEvent, RunSink};
 pub use trainee::Trainee;
 pub use validation::{HeldOutPrompt, Validator};
@@ -116,7 +116,7 @@ where
     pub(crate) tie_breaker: Option<Arc<dyn TieBreaker>>,
     /// What the kernel warm-up scores with instead (no server is called): a lexical judge for
     /// rubric tasks; `None` uses `rewards` and `tie_breaker`.
-    pub(crate) warmup_judging: Option<(Arc<dyn RewardSource<T>>, Arc<dyn TieBreaker>)>,
+    pub(crate) kernel_warmup_judging: Option<(Arc<dyn RewardSource<T>>, Arc<dyn TieBreaker>)>,
     pub(crate) validator: Option<Validator>,
     pub(crate) registry: Option<Registry<Autodiff<B>>>,
     pub(crate) collective: Option<Arc<dyn Collective<B>>>,
@@ -153,11 +153,11 @@ impl<B: KernelOps> Trainer<B> {
         let policy = load_policy::<B>(&cfg, &device)?;
         let source = task.describe;
         let judge = task.judges.criterion.id();
-        let warmup_judging = rubric::lexical_judging(&cfg);
+        let kernel_warmup_judging = rubric::lexical_judging(&cfg);
         let mut trainer = Trainer::new(cfg, devices, policy, task.records, task.rewards)?
             .with_tie_breaker(task.tie_breaker)
             .with_validator(task.validator);
-        trainer.warmup_judging = Some(warmup_judging);
+        trainer.kernel_warmup_judging = Some(kernel_warmup_judging);
         trainer.describe = format!(
             "{} prompts from {} with judge {judge} ({} mode, ties: {:?})",
             trainer.task.len(),
@@ -234,7 +234,7 @@ where
             task: prompts,
             rewards: Arc::new(rewards),
             tie_breaker: None,
-            warmup_judging: None,
+            kernel_warmup_judging: None,
             validator: None,
             registry: None,
             collective: None,

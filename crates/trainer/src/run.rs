@@ -42,7 +42,7 @@ where
             .take()
             .ok_or_else(|| TrainerError::Setup("no policy".into()))?;
         let engine = self.engine_for(&model)?;
-        let model = self.supervised_warmup(model)?;
+        let model = self.run_sft(model)?;
         let mut hooks = Hooks {
             export: self.export.clone(),
             kernel_warmup: self.kernel_warmup.take(),
