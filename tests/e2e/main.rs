@@ -6,6 +6,7 @@
 mod cli;
 mod cli_judge;
 mod cpu_profile;
+mod demo;
 mod eval;
 mod plan;
 mod rubrics_build;

@@ -133,7 +133,7 @@ fn lm_head_matches_flex_at_full_vocabulary() {
 }
 
 /// The metrics lines of `kind` in `dir/metrics.jsonl`.
-fn metrics_lines(dir: &Path, kind: &str) -> Vec<serde_json::Value> {
+pub(crate) fn metrics_lines(dir: &Path, kind: &str) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))
         .unwrap()
         .lines()
@@ -143,7 +143,7 @@ fn metrics_lines(dir: &Path, kind: &str) -> Vec<serde_json::Value> {
 }
 
 /// `conrub ARGS` with the kernel cache in `cache`; its stderr (the run must succeed).
-fn conrub_with_cache(cache: &Path, args: &[&str], build: Option<&str>) -> String {
+pub(crate) fn conrub_with_cache(cache: &Path, args: &[&str], build: Option<&str>) -> String {
     conrub_output(cache, args, build).1
 }
 
@@ -158,84 +158,6 @@ fn conrub_output(cache: &Path, args: &[&str], build: Option<&str>) -> (String, S
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "conrub {args:?}: {err}");
     (String::from_utf8_lossy(&o.stdout).into_owned(), err)
-}
-
-/// The shrunk demo on wgpu at the full 151,936-token vocabulary (the real tokenizer):
-/// `kernels-warmup` on a cold kernel cache compiles and autotunes, and then `train` on the same
-/// `--kernel-cache` (its second process) compiles and autotunes nothing at any line, runs no
-/// warm-up of its own (the cache is warm), loads its kernels from the cache, and reports the
-/// device memory its pools hold. (Named to sort first: the test runner starts tests in name
-/// order, and this, the longest here, then runs beside the others instead of after them.)
-#[test]
-fn a_demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
-    if !conrub_kernels::wgpu_adapter_or_skip("a_demo_on_wgpu_compiles_once_and_keeps_its_kernels") {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("kernels");
-    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/demo-cpu.toml");
-    let config = config.to_str().unwrap();
-    let shrink = [
-        "--set",
-        "run.max_steps=2",
-        "--set",
-        "warmup.steps=2",
-        "--set",
-        "learner.group_size=4",
-        "--set",
-        "learner.max_response_tokens=8",
-    ];
-    let warmup = [
-        &["kernels-warmup", "--config", config, "--device", "wgpu"][..],
-        &shrink[..],
-    ]
-    .concat();
-    let log = conrub_with_cache(&cache, &warmup, None);
-    let compiled: u64 = log
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("kernel warm-up: ")
-                .and_then(|l| l.split(": ").nth(1))
-                .and_then(|l| l.split(' ').next())
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or_else(|| panic!("no warm-up summary: {log}"));
-    assert!(compiled > 0, "a cold cache compiles: {log}");
-
-    let out = dir.path().join("run");
-    let out_dir = format!("run.output_dir=\"{}\"", out.display());
-    let train = [
-        &[
-            "train", "--config", config, "--device", "wgpu", "--set", &out_dir,
-        ][..],
-        &shrink[..],
-    ]
-    .concat();
-    let log = conrub_with_cache(&cache, &train, None);
-    assert!(
-        metrics_lines(&out, "kernel_warmup").is_empty(),
-        "no warm-up on a warm cache: {log}"
-    );
-    let steps = metrics_lines(&out, "step");
-    assert_eq!(steps.len(), 2);
-    for s in &steps {
-        assert_eq!(s["kernel_compiles"], 0, "{s}");
-        assert_eq!(s["autotune_runs"], 0, "{s}");
-        // The device memory the backend's pools hold, one entry per rank (CubeCL reports it).
-        let memory = s["device_memory_reserved_bytes"]
-            .as_array()
-            .expect("reported on wgpu");
-        assert!(memory.len() == 1 && memory[0].as_u64().unwrap() > 0, "{s}");
-    }
-    assert!(
-        steps[0]["kernel_cache_loads"].as_u64().unwrap() > 0,
-        "step 0 loads its kernels from the cache: {}",
-        steps[0]
-    );
-    assert!(
-        log.contains("kernels: 0 compiled (cache misses)"),
-        "the run compiled nothing at all: {log}"
-    );
 }
 
 /// `conrub generate --device wgpu` gives transformers' greedy tokens (the prefill and one decode
