@@ -80,7 +80,7 @@ pub(crate) fn run_with(a: TrainArgs, kernel_warmup: KernelWarmup) -> Result<()> 
     }
     // Fail before loading anything when training needs what the file lacks, or on records
     // `conrub rubrics validate` rejects.
-    conrub_trainer::check_data(&cfg)?;
+    let checked = conrub_trainer::check_data(&cfg)?;
     cfg.judge()?;
     cfg.check_builtin_plugins()?;
     cfg.run.overwrite = a.overwrite;
@@ -107,6 +107,7 @@ pub(crate) fn run_with(a: TrainArgs, kernel_warmup: KernelWarmup) -> Result<()> 
     let devices = cfg.devices.clone();
     let task = TrainTask {
         cfg,
+        checked,
         resume,
         kv_pool_blocks,
         kernel_warmup,
@@ -131,6 +132,8 @@ fn resume_auto(dir: &std::path::Path) -> Result<Option<PathBuf>> {
 
 struct TrainTask {
     cfg: TrainConfig,
+    /// The records `check_data` read and checked: the trainer does not read them again.
+    checked: conrub_trainer::CheckedData,
     resume: Option<PathBuf>,
     /// The memory plan's KV pool, when the device size is known.
     kv_pool_blocks: Option<usize>,
@@ -150,7 +153,7 @@ impl DevicesTask for TrainTask {
             KernelWarmup::Never => false,
         };
         let collective = (devices.len() > 1).then(|| B::rank_collective(&devices));
-        let mut trainer = Trainer::<B>::from_config(self.cfg, devices)?
+        let mut trainer = Trainer::<B>::from_checked(self.cfg, devices, self.checked)?
             .resume_from(self.resume)
             .with_kv_pool_blocks(self.kv_pool_blocks);
         if let Some(c) = collective {

@@ -80,7 +80,7 @@ pub use hooks::RunHooks;
 pub use policy::{load_policy, PolicyParts};
 pub use prompts::{drop_overlong, Overlong};
 pub use report::report;
-pub use rubric::{check_data, check_rubrics};
+pub use rubric::{check_data, check_data_with, check_rubrics, CheckedData};
 pub use run_folder::best_checkpoint_path;
 pub use run_loop::{drawn_records, epoch_order, train, RunSummary};
 pub use sft::{sft_pairs, sft_train};
@@ -148,8 +148,31 @@ impl<B: KernelOps> Trainer<B> {
         devices: Vec<B::Device>,
         kinds: RewardKinds<RubricRecord>,
     ) -> Result<Self> {
+        let checked = rubric::check_data_with(&cfg, kinds.clone())?;
+        Self::from_checked_with(cfg, devices, kinds, checked)
+    }
+
+    /// [`from_config`](Self::from_config) on records already read and checked by
+    /// [`check_data`] (as `conrub train` does before it loads anything): the files are not read
+    /// again.
+    pub fn from_checked(
+        cfg: TrainConfig,
+        devices: Vec<B::Device>,
+        checked: CheckedData,
+    ) -> Result<Self> {
+        Self::from_checked_with(cfg, devices, RewardKinds::builtin(), checked)
+    }
+
+    /// [`from_checked`](Self::from_checked) with an embedder's reward function kinds (the
+    /// records checked by [`check_data_with`] with the same kinds).
+    pub fn from_checked_with(
+        cfg: TrainConfig,
+        devices: Vec<B::Device>,
+        kinds: RewardKinds<RubricRecord>,
+        checked: CheckedData,
+    ) -> Result<Self> {
         let device = first_device::<B>(&devices)?;
-        let task = rubric::rubric_task::<B>(&cfg, &device, kinds)?;
+        let task = rubric::rubric_task::<B>(&cfg, &device, kinds, checked)?;
         let policy = load_policy::<B>(&cfg, &device)?;
         let source = task.describe;
         let judge = task.judges.criterion.id();

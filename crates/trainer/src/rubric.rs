@@ -11,7 +11,7 @@ use conrub_kernels::KernelOps;
 use conrub_rewards::{GroupScores, JudgeRewards, RewardError, RewardKinds, RewardSource};
 use conrub_rubric::{RubricRecord, RubricSet};
 
-use crate::data::check_records;
+use crate::data::{check_records, TaskData};
 use crate::error::{Result, TrainerError};
 use crate::validation::{HeldOutPrompt, Validator};
 
@@ -26,17 +26,15 @@ pub(crate) struct RubricTask {
     pub validator: Option<Validator>,
 }
 
-/// Reads and checks the records, builds the judges (an in-process judge on `device`), the
-/// rewards (the judge alone, or the mix of `[[reward.functions]]` built from `kinds`) and the
-/// validator.
+/// Builds the judges of the checked records (an in-process judge on `device`), the rewards (the
+/// judge alone, or the mix of `[[reward.functions]]` built from `kinds`) and the validator.
 pub(crate) fn rubric_task<B: KernelOps>(
     cfg: &TrainConfig,
     device: &B::Device,
     kinds: RewardKinds<RubricRecord>,
+    checked: CheckedData,
 ) -> Result<RubricTask> {
-    let data = crate::data::read_task(cfg)?;
-    // The reward functions and what they need of the records, before a judge loads.
-    check_rewards(cfg, &data, kinds.clone())?;
+    let data = checked.data;
     let judges = cfg.judge()?.build_on::<B>(device, &data.task)?;
     let rewards = rewards(cfg, judges.criterion.clone(), kinds)?;
     let tie_breaker = PairwiseTieBreaker::new(judges.pairwise.clone(), cfg.learner.seed);
@@ -158,14 +156,26 @@ pub fn check_rubrics(path: &Path) -> Result<()> {
     check_records(path, &conrub_rubric::read_jsonl(path)?)
 }
 
+/// The task's records, read and checked once ([`check_data`]): a run built from them
+/// ([`Trainer::from_checked`](crate::Trainer::from_checked)) does not read the files again.
+pub struct CheckedData {
+    data: TaskData,
+}
+
 /// Reads and checks every file of the task (`data.rubrics` or `[[data.train]]`) as training
 /// will, before anything loads: records `conrub rubrics validate` rejects, ids shared by two
-/// files, weights that draw nothing.
-/// The `[[reward.functions]]` are built (an unknown kind or option, a bad pattern, an unset
-/// API key variable) and the records they cannot score refused.
-pub fn check_data(cfg: &TrainConfig) -> Result<()> {
+/// files, weights that draw nothing. The `[[reward.functions]]` are built with the built-in
+/// kinds (an unknown kind or option, a bad pattern, an unset API key variable) and the records
+/// they cannot score refused.
+pub fn check_data(cfg: &TrainConfig) -> Result<CheckedData> {
+    check_data_with(cfg, RewardKinds::builtin())
+}
+
+/// [`check_data`] with the reward function kinds `[[reward.functions]]` may name.
+pub fn check_data_with(cfg: &TrainConfig, kinds: RewardKinds<RubricRecord>) -> Result<CheckedData> {
     let data = crate::data::read_task(cfg)?;
-    check_rewards(cfg, &data, RewardKinds::builtin())
+    check_rewards(cfg, &data, kinds)?;
+    Ok(CheckedData { data })
 }
 
 /// `[eval]`'s judges (in process on `device`, or clients) and held-out prompts: the validator,
