@@ -148,6 +148,8 @@ impl<B: KernelOps> Trainer<B> {
         devices: Vec<B::Device>,
         kinds: RewardKinds<RubricRecord>,
     ) -> Result<Self> {
+        // No device fails before any file is read, as it always did.
+        first_device::<B>(&devices)?;
         let checked = rubric::check_data_with(&cfg, kinds.clone())?;
         Self::from_checked_with(cfg, devices, kinds, checked)
     }
