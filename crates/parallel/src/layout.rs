@@ -121,4 +121,17 @@ impl CommStats {
         self.all_gather_bytes += other.all_gather_bytes;
         self.all_gather_secs += other.all_gather_secs;
     }
+
+    /// Each collective kind's larger bytes and seconds of `self` and `other` (the busiest rank's,
+    /// over a step's ranks).
+    pub fn busiest(self, other: CommStats) -> CommStats {
+        CommStats {
+            allreduce_bytes: self.allreduce_bytes.max(other.allreduce_bytes),
+            allreduce_secs: self.allreduce_secs.max(other.allreduce_secs),
+            reduce_scatter_bytes: self.reduce_scatter_bytes.max(other.reduce_scatter_bytes),
+            reduce_scatter_secs: self.reduce_scatter_secs.max(other.reduce_scatter_secs),
+            all_gather_bytes: self.all_gather_bytes.max(other.all_gather_bytes),
+            all_gather_secs: self.all_gather_secs.max(other.all_gather_secs),
+        }
+    }
 }

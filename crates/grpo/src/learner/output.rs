@@ -190,7 +190,7 @@ impl AcrossRanks {
             comm: parts
                 .iter()
                 .map(|p| p.update.comm)
-                .fold(CommStats::default(), busiest),
+                .fold(CommStats::default(), CommStats::busiest),
             dpo_pairs: parts.iter().map(|p| p.dpo_pairs).sum(),
             // Shared engines sync once for all ranks: the slowest rank's sync is the step's.
             weight_sync: parts
@@ -234,17 +234,5 @@ impl AcrossRanks {
         }
         (m.rollout_secs_rank_max, m.rollout_secs_rank_min) = (rollout_max, rollout_min);
         (m.update_secs_rank_max, m.update_secs_rank_min) = (update_max, update_min);
-    }
-}
-
-/// Each collective kind's larger bytes and seconds of two ranks.
-fn busiest(a: CommStats, b: CommStats) -> CommStats {
-    CommStats {
-        allreduce_bytes: a.allreduce_bytes.max(b.allreduce_bytes),
-        allreduce_secs: a.allreduce_secs.max(b.allreduce_secs),
-        reduce_scatter_bytes: a.reduce_scatter_bytes.max(b.reduce_scatter_bytes),
-        reduce_scatter_secs: a.reduce_scatter_secs.max(b.reduce_scatter_secs),
-        all_gather_bytes: a.all_gather_bytes.max(b.all_gather_bytes),
-        all_gather_secs: a.all_gather_secs.max(b.all_gather_secs),
     }
 }
