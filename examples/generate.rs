@@ -10,7 +10,7 @@
 
 use conrub_kernels::KernelOps;
 use conrub_models::{ChatOptions, Message, Pretrained};
-use conrub_rollout::{Decoding, SamplingConfig};
+use conrub_rollout::{Decoding, SamplingConfig, SamplingParams};
 
 fn answer<B: KernelOps>(
     model: &str,
@@ -30,13 +30,13 @@ fn answer<B: KernelOps>(
         },
     )?;
     let cfg = SamplingConfig {
-        decoding: Decoding::Sample {
+        decoding: Decoding::Sample(SamplingParams {
             temperature: 0.7,
             top_p: 0.8,
             top_k: Some(20),
             min_p: 0.0,
             repetition_penalty: 1.0,
-        },
+        }),
         max_new_tokens: 256,
         seed: 1234,
         stop_ids: qwen.stop_ids(),

@@ -6,6 +6,7 @@
 //! needs a backend, see `JudgeConfig::build_local`), grades two answers to the first prompt in
 //! three-state mode and prints their rewards.
 
+use conrub_judge::JudgeBuild;
 use std::path::PathBuf;
 
 use conrub_judge::{score_jobs, CriterionRequest, JudgeConfig, ScoreJob};

@@ -44,9 +44,9 @@ pub fn inference_execution<B: KernelOps>(
     attention_kernels: conrub_models::AttentionKernelChoice,
     device: &B::Device,
 ) -> Result<conrub_models::Execution> {
-    let attention_kernels = attention_kernels
-        .resolve::<B>(device)
-        .map_err(|why| anyhow::anyhow!("--attention-kernels: {why}"))?;
+    let attention_kernels =
+        conrub_kernels::resolve_attention_kernels::<B>(attention_kernels, device)
+            .map_err(|why| anyhow::anyhow!("--attention-kernels: {why}"))?;
     Ok(conrub_models::Execution {
         precision,
         attention_kernels,

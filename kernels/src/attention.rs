@@ -11,6 +11,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor};
+pub use conrub_settings::AttentionKernelChoice;
 
 use crate::{float, AttentionOps};
 
@@ -63,67 +64,37 @@ pub enum AttentionKernels {
     TiledUnits,
 }
 
-/// The run config's `attention_kernels` (and `--attention-kernels`): `auto`, `tensor-core` or
-/// `portable`, resolved against the device once per run by [`AttentionKernelChoice::resolve`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AttentionKernelChoice {
-    /// The tensor-core kernels where the device has cooperative matrices and
-    /// [`TENSOR_CORE_KERNELS_VALIDATED`] is set, the portable ones elsewhere.
-    #[default]
-    Auto,
-    /// [`AttentionKernels::TensorCore`]; an error on a device without cooperative matrices.
-    TensorCore,
-    /// [`AttentionKernels::Portable`].
-    Portable,
-}
-
 /// Whether a parity run of the tensor-core kernels on a GPU has passed (`scripts/gpu-check.sh`
 /// section `parity`). Until one has, `auto` keeps the portable kernels everywhere and the
 /// tensor-core ones run only when asked for by name.
 pub const TENSOR_CORE_KERNELS_VALIDATED: bool = false;
 
-impl AttentionKernelChoice {
-    /// The accepted spellings, for messages.
-    pub const NAMES: &'static str = "auto, tensor-core, portable";
-
-    /// `auto`, `tensor-core` or `portable`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "auto" => Some(Self::Auto),
-            "tensor-core" => Some(Self::TensorCore),
-            "portable" => Some(Self::Portable),
-            _ => None,
+/// The kernels backend `B` runs on `device` under the run config's `choice`; `Err` names the
+/// missing device feature when `tensor-core` cannot run there.
+pub fn resolve_attention_kernels<B: AttentionOps>(
+    choice: AttentionKernelChoice,
+    device: &B::Device,
+) -> Result<AttentionKernels, crate::KernelError> {
+    match choice {
+        AttentionKernelChoice::Portable => Ok(AttentionKernels::Portable),
+        AttentionKernelChoice::TensorCore => {
+            B::check_attention_kernels(device, AttentionKernels::TensorCore).map_err(|why| {
+                crate::KernelError::AttentionChoice {
+                    kernels: AttentionKernels::TensorCore.name(),
+                    reason: why.to_string(),
+                }
+            })?;
+            Ok(AttentionKernels::TensorCore)
         }
-    }
-
-    /// The kernels backend `B` runs on `device` under this choice; `Err` names the missing
-    /// device feature when `tensor-core` cannot run there.
-    pub fn resolve<B: AttentionOps>(
-        self,
-        device: &B::Device,
-    ) -> Result<AttentionKernels, crate::KernelError> {
-        match self {
-            Self::Portable => Ok(AttentionKernels::Portable),
-            Self::TensorCore => {
-                B::check_attention_kernels(device, AttentionKernels::TensorCore).map_err(
-                    |why| crate::KernelError::AttentionChoice {
-                        kernels: AttentionKernels::TensorCore.name(),
-                        reason: why.to_string(),
-                    },
-                )?;
-                Ok(AttentionKernels::TensorCore)
-            }
-            Self::Auto => Ok(
-                if TENSOR_CORE_KERNELS_VALIDATED
-                    && B::check_attention_kernels(device, AttentionKernels::TensorCore).is_ok()
-                {
-                    AttentionKernels::TensorCore
-                } else {
-                    AttentionKernels::Portable
-                },
-            ),
-        }
+        AttentionKernelChoice::Auto => Ok(
+            if TENSOR_CORE_KERNELS_VALIDATED
+                && B::check_attention_kernels(device, AttentionKernels::TensorCore).is_ok()
+            {
+                AttentionKernels::TensorCore
+            } else {
+                AttentionKernels::Portable
+            },
+        ),
     }
 }
 

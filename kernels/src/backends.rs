@@ -80,7 +80,7 @@ impl crate::DecodeOps for burn::backend::Flex {
 
     fn sample_rows(
         logits: burn::tensor::ops::FloatTensor<Self>,
-        params: &crate::sampling::SampleParams,
+        params: &crate::sampling::Decoding,
         uniforms: &[f64],
     ) -> (
         burn::tensor::ops::IntTensor<Self>,

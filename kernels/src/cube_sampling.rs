@@ -27,7 +27,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use crate::sampling::SampleParams;
+use crate::sampling::Decoding;
 
 /// See the module docs. `logits` `[rows, vocab]` in any float dtype, `uniforms` `[rows]` f32
 /// (unread when greedy), `tokens` `[rows]` in the backend's int dtype, `logp` `[rows]` f32.
@@ -671,19 +671,19 @@ pub(crate) fn launch_sample<R: Runtime>(
     client: &ComputeClient<R>,
     [rows, vocab]: [usize; 2],
     [logits, uniforms, tokens, logp]: [TensorArg<R>; 4],
-    params: &SampleParams,
+    params: &Decoding,
     dtypes: [StorageType; 2],
 ) {
     let block = crate::cube::row_block(&client.properties().hardware);
-    let inv_temp = if params.greedy {
+    let inv_temp = if params.is_greedy() {
         1.0
     } else {
-        (1.0 / params.temperature) as f32
+        (1.0 / params.params().temperature) as f32
     };
     let count = CubeCount::Static(rows as u32, 1, 1);
     // A restricted draw (top-k, top-p or min-p) takes `sample_restricted_kernel`.
-    if params.restricted(vocab) {
-        let top_k = params.top_k.filter(|&k| k < vocab).unwrap_or(0) as u32;
+    if crate::sampling::restricted(params, vocab) {
+        let top_k = params.params().top_k.filter(|&k| k < vocab).unwrap_or(0) as u32;
         sample_restricted_kernel::launch::<R>(
             client,
             count,
@@ -694,8 +694,8 @@ pub(crate) fn launch_sample<R: Runtime>(
             logp,
             inv_temp,
             top_k,
-            params.top_p.min(1.0) as f32,
-            params.min_p as f32,
+            params.params().top_p.min(1.0) as f32,
+            params.params().min_p as f32,
             block,
             dtypes,
         );
@@ -711,7 +711,7 @@ pub(crate) fn launch_sample<R: Runtime>(
         logp,
         inv_temp,
         block,
-        params.greedy,
+        params.is_greedy(),
         dtypes,
     );
 }
@@ -721,7 +721,7 @@ pub(crate) fn launch_sample<R: Runtime>(
 pub(crate) fn sample_rows_on<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     logits: CubeTensor<R>,
     uniforms: CubeTensor<R>,
-    params: &SampleParams,
+    params: &Decoding,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let [rows, vocab] = logits.shape().dims::<2>();
     if rows == 0 {
@@ -753,11 +753,11 @@ pub(crate) fn sample_rows_on<R: CubeRuntime, F: FloatElement, I: IntElement, BT:
 /// The rows' draws as an f32 tensor `[rows]` on `logits`' device (zeros when greedy: unread).
 pub(crate) fn uniforms_tensor<B: burn::tensor::backend::Backend>(
     rows: usize,
-    params: &SampleParams,
+    params: &Decoding,
     uniforms: &[f64],
     device: &B::Device,
 ) -> FloatTensor<B> {
-    let u: Vec<f32> = if params.greedy {
+    let u: Vec<f32> = if params.is_greedy() {
         vec![0.0; rows]
     } else {
         assert_eq!(uniforms.len(), rows, "one uniform draw per row");
@@ -783,7 +783,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> crate::Dec
 
     fn sample_rows(
         logits: FloatTensor<Self>,
-        params: &SampleParams,
+        params: &Decoding,
         uniforms: &[f64],
     ) -> (IntTensor<Self>, FloatTensor<Self>) {
         let rows = logits.shape().dims::<2>()[0];
@@ -797,7 +797,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> crate::Dec
     fn sample_rows_on(
         logits: FloatTensor<Self>,
         uniforms: FloatTensor<Self>,
-        params: &SampleParams,
+        params: &Decoding,
     ) -> (IntTensor<Self>, FloatTensor<Self>) {
         sample_rows_on::<R, F, I, BT>(logits, uniforms, params)
     }

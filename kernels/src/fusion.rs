@@ -12,7 +12,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
-use crate::sampling::SampleParams;
+use crate::sampling::Decoding;
 use crate::{
     AttentionKernels, AttentionLayout, AttentionOps, Clip, DecodeOps, KernelOps, LossOps,
     PagedLayout, Reduce,
@@ -29,7 +29,7 @@ enum Hook {
     AttentionForward(AttentionLayout),
     AttentionBackward(AttentionLayout),
     PagedDecode(PagedLayout),
-    Sample(SampleParams),
+    Sample(Decoding),
 }
 
 #[derive(Clone, Debug)]
@@ -312,7 +312,7 @@ impl<B: FusionBackend + KernelOps> DecodeOps for Fusion<B> {
 
     fn sample_rows(
         logits: FloatTensor<Self>,
-        params: &SampleParams,
+        params: &Decoding,
         uniforms: &[f64],
     ) -> (IntTensor<Self>, FloatTensor<Self>) {
         let rows = logits.shape.dims::<2>()[0];
@@ -331,7 +331,7 @@ impl<B: FusionBackend + KernelOps> DecodeOps for Fusion<B> {
     fn sample_rows_on(
         logits: FloatTensor<Self>,
         uniforms: FloatTensor<Self>,
-        params: &SampleParams,
+        params: &Decoding,
     ) -> (IntTensor<Self>, FloatTensor<Self>) {
         let rows = Shape::new([logits.shape.dims::<2>()[0]]);
         let int = <B::IntElem as burn::tensor::Element>::dtype();

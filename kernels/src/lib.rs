@@ -75,30 +75,11 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
 pub use attention::{
-    causal_attention, AttentionKernelChoice, AttentionKernels, AttentionLayout,
-    ATTENTION_MASKED_LSE, TENSOR_CORE_KERNELS_VALIDATED,
+    causal_attention, resolve_attention_kernels, AttentionKernelChoice, AttentionKernels,
+    AttentionLayout, ATTENTION_MASKED_LSE, TENSOR_CORE_KERNELS_VALIDATED,
 };
+pub use conrub_settings::Clip;
 pub use paged_attention::{paged_decode_attention, PagedLayout};
-
-/// Asymmetric clipping of the probability ratio: `[1 - low, 1 + high]` (`learner.clip` in a train
-/// config; the method's 0.20 / 0.28 by default).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Clip {
-    /// `eps_low`: the ratio is clipped below at `1 - low`.
-    pub low: f64,
-    /// `eps_high`: the ratio is clipped above at `1 + high`.
-    pub high: f64,
-}
-
-impl Default for Clip {
-    fn default() -> Self {
-        Self {
-            low: 0.20,
-            high: 0.28,
-        }
-    }
-}
 
 /// How per-token losses are reduced within each response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -365,7 +346,7 @@ pub trait DecodeOps: Backend {
     /// `rows` ids and `rows` f32 leave the device.
     fn sample_rows(
         logits: FloatTensor<Self>,
-        params: &sampling::SampleParams,
+        params: &sampling::Decoding,
         uniforms: &[f64],
     ) -> (IntTensor<Self>, FloatTensor<Self>) {
         sampling::sample_rows_by_tensor_ops::<Self>(logits, params, uniforms)
@@ -377,7 +358,7 @@ pub trait DecodeOps: Backend {
     fn sample_rows_on(
         logits: FloatTensor<Self>,
         uniforms: FloatTensor<Self>,
-        params: &sampling::SampleParams,
+        params: &sampling::Decoding,
     ) -> (IntTensor<Self>, FloatTensor<Self>) {
         let u = sampling::host_uniforms::<Self>(uniforms);
         Self::sample_rows(logits, params, &u)

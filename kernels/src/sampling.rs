@@ -18,84 +18,44 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 
-/// The sampling settings of one call.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SampleParams {
-    /// Always take the most likely token.
-    pub greedy: bool,
-    /// Softmax temperature (> 0; ignored when greedy).
-    pub temperature: f64,
-    /// Keep only the `k` most likely tokens.
-    pub top_k: Option<usize>,
-    /// Nucleus threshold in (0, 1]; 1 disables it.
-    pub top_p: f64,
-    /// Min-p: of what top-k and top-p keep, only ids at least `min_p` times as likely as the
-    /// most likely one; 0 disables it.
-    pub min_p: f64,
+pub use conrub_settings::{Decoding, SamplingParams};
+
+/// Whether a draw is restricted to a prefix of the order (top-k below `vocab`, top-p below 1,
+/// or min-p).
+pub fn restricted(cfg: &Decoding, vocab: usize) -> bool {
+    match cfg {
+        Decoding::Greedy => false,
+        Decoding::Sample(p) => p.top_k.is_some_and(|k| k < vocab) || p.top_p < 1.0 || p.min_p > 0.0,
+    }
 }
 
-impl SampleParams {
-    /// Greedy decoding.
-    pub const GREEDY: Self = Self {
-        greedy: true,
-        temperature: 1.0,
-        top_k: None,
-        top_p: 1.0,
-        min_p: 0.0,
-    };
-
-    /// A draw at `temperature`, kept to the `top_k` most likely ids and then to the `top_p`
-    /// nucleus (1: none).
-    pub fn draw(temperature: f64, top_k: Option<usize>, top_p: f64) -> Self {
-        Self {
-            greedy: false,
-            temperature,
-            top_k,
-            top_p,
-            min_p: 0.0,
-        }
-    }
-
-    /// These settings with min-p `min_p` (0: none).
-    pub fn with_min_p(self, min_p: f64) -> Self {
-        Self { min_p, ..self }
-    }
-
-    /// Whether the draw is restricted to a prefix of the order (top-k below `vocab`, top-p
-    /// below 1, or min-p).
-    pub fn restricted(&self, vocab: usize) -> bool {
-        !self.greedy
-            && (self.top_k.is_some_and(|k| k < vocab) || self.top_p < 1.0 || self.min_p > 0.0)
-    }
-
-    /// The settings every sampler is checked at against [`sample_row`] (its unit test here,
-    /// `kernels/tests/parity.rs` on each backend) for `vocab` ids: greedy; the whole distribution
-    /// at temperature 1 and 0.7; top-k 1, 5 and 50; top-p 0.6 at temperature 0.8 and 0.9 at 0.7;
-    /// top-k 12 with top-p 0.9; top-k `vocab / 3` with top-p 0.5; min-p 0.1 alone, and 0.05
-    /// after top-k 50 and top-p 0.9 at temperature 0.8.
-    pub fn checked_modes(vocab: usize) -> Vec<Self> {
-        vec![
-            Self::GREEDY,
-            Self::draw(1.0, None, 1.0),
-            Self::draw(0.7, None, 1.0),
-            Self::draw(1.0, Some(1), 1.0),
-            Self::draw(1.0, Some(5), 1.0),
-            Self::draw(1.0, Some(50), 1.0),
-            Self::draw(0.8, None, 0.6),
-            Self::draw(0.7, None, 0.9),
-            Self::draw(1.0, Some(12), 0.9),
-            Self::draw(1.0, Some(vocab / 3), 0.5),
-            Self::draw(1.0, None, 1.0).with_min_p(0.1),
-            Self::draw(0.8, Some(50), 0.9).with_min_p(0.05),
-        ]
-    }
+/// The settings every sampler is checked at against [`sample_row`] (its unit test here,
+/// `kernels/tests/parity.rs` on each backend) for `vocab` ids: greedy; the whole distribution
+/// at temperature 1 and 0.7; top-k 1, 5 and 50; top-p 0.6 at temperature 0.8 and 0.9 at 0.7;
+/// top-k 12 with top-p 0.9; top-k `vocab / 3` with top-p 0.5; min-p 0.1 alone, and 0.05 after
+/// top-k 50 and top-p 0.9 at temperature 0.8.
+pub fn checked_modes(vocab: usize) -> Vec<Decoding> {
+    vec![
+        Decoding::Greedy,
+        Decoding::draw(1.0, None, 1.0),
+        Decoding::draw(0.7, None, 1.0),
+        Decoding::draw(1.0, Some(1), 1.0),
+        Decoding::draw(1.0, Some(5), 1.0),
+        Decoding::draw(1.0, Some(50), 1.0),
+        Decoding::draw(0.8, None, 0.6),
+        Decoding::draw(0.7, None, 0.9),
+        Decoding::draw(1.0, Some(12), 0.9),
+        Decoding::draw(1.0, Some(vocab / 3), 0.5),
+        Decoding::draw(1.0, None, 1.0).with_min_p(0.1),
+        Decoding::draw(0.8, Some(50), 0.9).with_min_p(0.05),
+    ]
 }
 
 /// Picks the next token from one row of logits with the uniform draw `u` in `[0, 1)` (unused
 /// when greedy); returns `(token, logprob)`.
-pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
+pub fn sample_row(logits: &[f32], cfg: &Decoding, u: f64) -> (u32, f32) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if cfg.greedy {
+    if cfg.is_greedy() {
         let (tok, _) = logits
             .iter()
             .enumerate()
@@ -109,9 +69,9 @@ pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
         let lse = logsumexp(logits.iter().map(|&x| x as f64), max as f64);
         return (tok as u32, (logits[tok] as f64 - lse) as f32);
     }
-    let inv_t = 1.0 / cfg.temperature;
+    let inv_t = 1.0 / cfg.params().temperature;
     let scaled = |x: f32| (x as f64 - max as f64) * inv_t;
-    if !cfg.restricted(logits.len()) {
+    if !restricted(cfg, logits.len()) {
         // Full distribution: one pass for the normaliser, one for the inverse CDF. Each weight is
         // computed once and kept for the scan (the same values summed in the same order as
         // recomputing them, so the same token, at one exponential per logit instead of up to two).
@@ -139,7 +99,7 @@ pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
             .total_cmp(&logits[*a as usize])
             .then(a.cmp(b))
     };
-    if let Some(k) = cfg.top_k.filter(|&k| k < idx.len()) {
+    if let Some(k) = cfg.params().top_k.filter(|&k| k < idx.len()) {
         idx.select_nth_unstable_by(k - 1, by_logit);
         idx.truncate(k);
     }
@@ -150,19 +110,19 @@ pub fn sample_row(logits: &[f32], cfg: &SampleParams, u: f64) -> (u32, f32) {
         .collect();
     let total: f64 = weights.iter().sum();
     let mut keep = weights.len();
-    if cfg.top_p < 1.0 {
+    if cfg.params().top_p < 1.0 {
         let mut acc = 0.0;
         for (n, w) in weights.iter().enumerate() {
             acc += w / total;
-            if acc >= cfg.top_p {
+            if acc >= cfg.params().top_p {
                 keep = n + 1;
                 break;
             }
         }
     }
-    if cfg.min_p > 0.0 {
+    if cfg.params().min_p > 0.0 {
         // Weights are relative to the most likely id's (1): min-p keeps those at or above it.
-        let ln_min_p = cfg.min_p.ln();
+        let ln_min_p = cfg.params().min_p.ln();
         let likely = idx[..keep]
             .iter()
             .take_while(|&&i| scaled(logits[i as usize]) >= ln_min_p)
@@ -281,14 +241,14 @@ fn logsumexp(xs: impl Iterator<Item = f64>, max: f64) -> f64 {
 /// [`crate::DecodeOps::sample_rows`]). `uniforms[r]` is row `r`'s draw (unused when greedy).
 pub fn sample_rows_by_tensors<B: Backend>(
     logits: Tensor<B, 2>,
-    cfg: &SampleParams,
+    cfg: &Decoding,
     uniforms: &[f64],
 ) -> (Tensor<B, 1, Int>, Tensor<B, 1>) {
     let logits = logits.cast(DType::F32);
     let [n, v] = logits.dims();
     let device = logits.device();
     let max = logits.clone().max_dim(1);
-    if cfg.greedy {
+    if cfg.is_greedy() {
         let tok = logits.clone().argmax(1);
         let lse = (logits.clone() - max.clone()).exp().sum_dim(1).log() + max;
         let lp = logits.gather(1, tok.clone()) - lse;
@@ -303,9 +263,9 @@ pub fn sample_rows_by_tensors<B: Backend>(
         &device,
     )
     .cast(DType::F32);
-    let z = (logits - max).div_scalar(cfg.temperature);
-    let top_k = cfg.top_k.filter(|&k| k < v);
-    if !cfg.restricted(v) {
+    let z = (logits - max).div_scalar(cfg.params().temperature);
+    let top_k = cfg.params().top_k.filter(|&k| k < v);
+    if !restricted(cfg, v) {
         // The whole vocabulary in id order.
         let c = z.clone().exp().cumsum(1);
         let total = c.clone().slice([0..n, v - 1..v]);
@@ -327,17 +287,17 @@ pub fn sample_rows_by_tensors<B: Backend>(
     let w = vals.clone().exp();
     let c = w.clone().cumsum(1);
     let total = c.clone().slice([0..n, m - 1..m]);
-    let mut keep = if cfg.top_p < 1.0 {
+    let mut keep = if cfg.params().top_p < 1.0 {
         // The first n whose cumulative share reaches top_p closes the prefix: keep = n + 1.
         let share = c.clone() / total;
-        (share.lower_elem(cfg.top_p).int().sum_dim(1) + 1).clamp_max(m as i64)
+        (share.lower_elem(cfg.params().top_p).int().sum_dim(1) + 1).clamp_max(m as i64)
     } else {
         Tensor::<B, 2, Int>::full([n, 1], m as i64, &device)
     };
-    if cfg.min_p > 0.0 {
+    if cfg.params().min_p > 0.0 {
         // `vals` are `(x - max) / T`, 0 for the most likely id: min-p keeps those >= ln(min_p).
         let likely = vals
-            .greater_equal_elem(cfg.min_p.ln())
+            .greater_equal_elem(cfg.params().min_p.ln())
             .int()
             .sum_dim(1)
             .clamp_min(1);
@@ -355,7 +315,7 @@ pub fn sample_rows_by_tensors<B: Backend>(
 /// [`sample_rows_by_tensors`] on primitives: the default of [`crate::DecodeOps::sample_rows`].
 pub fn sample_rows_by_tensor_ops<B: Backend>(
     logits: FloatTensor<B>,
-    params: &SampleParams,
+    params: &Decoding,
     uniforms: &[f64],
 ) -> (IntTensor<B>, FloatTensor<B>) {
     let (t, l) = sample_rows_by_tensors::<B>(
@@ -384,7 +344,7 @@ pub fn host_uniforms<B: Backend>(uniforms: FloatTensor<B>) -> Vec<f64> {
 #[cfg(feature = "flex")]
 pub fn sample_rows_flex(
     logits: Tensor<burn::backend::Flex, 2>,
-    cfg: &SampleParams,
+    cfg: &Decoding,
     uniforms: &[f64],
 ) -> (
     Tensor<burn::backend::Flex, 1, Int>,
@@ -412,7 +372,7 @@ pub fn sample_rows_flex(
                     *slot = sample_row(
                         &data[r * v..(r + 1) * v],
                         cfg,
-                        if cfg.greedy { 0.0 } else { uniforms[r] },
+                        if cfg.is_greedy() { 0.0 } else { uniforms[r] },
                     );
                 }
             });
@@ -442,13 +402,13 @@ mod rule_tests {
         let e2 = (-2f64).exp();
         let (tok, lp) = sample_row(
             &logits,
-            &SampleParams::draw(1.0, None, 1.0).with_min_p(0.3),
+            &Decoding::draw(1.0, None, 1.0).with_min_p(0.3),
             0.9,
         );
         assert_eq!(tok, 1);
         assert!((lp as f64 - (e1 / (1.0 + e1)).ln()).abs() < 1e-6, "{lp}");
         // u = 0.99 of three kept: past 1 + e^-1, so id 0, the third most likely.
-        let three = SampleParams::draw(1.0, None, 1.0).with_min_p(0.1);
+        let three = Decoding::draw(1.0, None, 1.0).with_min_p(0.1);
         let (tok, lp) = sample_row(&logits, &three, 0.99);
         assert_eq!(tok, 0);
         assert!(
@@ -457,11 +417,11 @@ mod rule_tests {
         );
         let (tok, lp) = sample_row(
             &logits,
-            &SampleParams::draw(1.0, None, 1.0).with_min_p(1.0),
+            &Decoding::draw(1.0, None, 1.0).with_min_p(1.0),
             0.99,
         );
         assert_eq!((tok, lp), (2, 0.0));
-        let k2 = SampleParams::draw(1.0, Some(2), 1.0);
+        let k2 = Decoding::draw(1.0, Some(2), 1.0);
         for u in [0.1, 0.5, 0.9] {
             assert_eq!(
                 sample_row(&logits, &k2.with_min_p(0.1), u),
@@ -469,7 +429,7 @@ mod rule_tests {
             );
         }
         // At temperature 0.5 the ratios square: e^-2 = 0.135 < 0.3, so min-p 0.3 keeps one.
-        let cold = SampleParams::draw(0.5, None, 1.0).with_min_p(0.3);
+        let cold = Decoding::draw(0.5, None, 1.0).with_min_p(0.3);
         assert_eq!(sample_row(&logits, &cold, 0.99), (2, 0.0));
     }
 
@@ -485,7 +445,7 @@ mod rule_tests {
         let mut row = logits;
         penalize_row(&mut row, seen.ids(), 2.0);
         assert_eq!(row, [1.0, -2.0, 0.5, 1.9]);
-        let (tok, lp) = sample_row(&row, &SampleParams::GREEDY, 0.0);
+        let (tok, lp) = sample_row(&row, &Decoding::Greedy, 0.0);
         let lse = [1.0f64, -2.0, 0.5, 1.9]
             .iter()
             .map(|x| x.exp())
@@ -493,7 +453,7 @@ mod rule_tests {
             .ln();
         assert_eq!(tok, 3);
         assert!((lp as f64 - (1.9f32 as f64 - lse)).abs() < 1e-6, "{lp}");
-        assert_eq!(sample_row(&logits, &SampleParams::GREEDY, 0.0).0, 0);
+        assert_eq!(sample_row(&logits, &Decoding::Greedy, 0.0).0, 0);
         let mut same = logits;
         penalize_row(&mut same, seen.ids(), 1.0);
         assert_eq!(same, logits);
@@ -520,7 +480,7 @@ mod tests {
         let all: Vec<f32> = (0..rows)
             .flat_map(|r| logits.iter().map(move |x| x + r as f32 * 0.01))
             .collect();
-        let cfgs = SampleParams::checked_modes(50);
+        let cfgs = crate::sampling::checked_modes(50);
         for cfg in &cfgs {
             for round in 0..5 {
                 let u: Vec<f64> = (0..rows)

@@ -15,7 +15,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::reference::seeded_uniform;
-use crate::sampling::SampleParams;
+use crate::sampling::Decoding;
 use crate::KernelOps;
 
 /// One timed operation.
@@ -43,12 +43,12 @@ pub(crate) fn median(iters: usize, mut f: impl FnMut()) -> f64 {
 }
 
 /// The sampling modes timed, with their labels.
-pub fn modes() -> [(&'static str, SampleParams); 4] {
+pub fn modes() -> [(&'static str, Decoding); 4] {
     [
-        ("greedy", SampleParams::GREEDY),
-        ("whole distribution", SampleParams::draw(1.0, None, 1.0)),
-        ("top-k 50", SampleParams::draw(1.0, Some(50), 1.0)),
-        ("top-p 0.9, T 0.7", SampleParams::draw(0.7, None, 0.9)),
+        ("greedy", Decoding::Greedy),
+        ("whole distribution", Decoding::draw(1.0, None, 1.0)),
+        ("top-k 50", Decoding::draw(1.0, Some(50), 1.0)),
+        ("top-p 0.9, T 0.7", Decoding::draw(0.7, None, 0.9)),
     ]
 }
 
@@ -72,12 +72,12 @@ pub fn sampling_timings<B: KernelOps>(
         }),
     }];
     let uniforms: Vec<f64> = (0..rows).map(|r| (r as f64 + 0.5) / rows as f64).collect();
-    let draw = |rule: &dyn Fn(&SampleParams) -> Tensor<B, 1, Int>, params: SampleParams| {
+    let draw = |rule: &dyn Fn(&Decoding) -> Tensor<B, 1, Int>, params: Decoding| {
         median(iters, || {
             let _ = rule(&params).into_data();
         })
     };
-    let kernel = |params: &SampleParams| {
+    let kernel = |params: &Decoding| {
         let (tok, _) = B::sample_rows(logits.clone().into_primitive().tensor(), params, &uniforms);
         Tensor::<B, 1, Int>::from_primitive(tok)
     };
@@ -88,7 +88,7 @@ pub fn sampling_timings<B: KernelOps>(
         });
     }
     if with_tensor_rule {
-        let tensors = |params: &SampleParams| {
+        let tensors = |params: &Decoding| {
             let (tok, _) = crate::sampling::sample_rows_by_tensor_ops::<B>(
                 logits.clone().into_primitive().tensor(),
                 params,

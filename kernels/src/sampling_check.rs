@@ -1,20 +1,20 @@
 //! The sampling rule's device check, shared by the parity tests (`kernels/tests/parity.rs`, on
 //! flex and lavapipe) and `conrub kernels-check` (on a GPU, `scripts/gpu-check.sh`): a backend's
 //! [`DecodeOps::sample_rows`] against the host rule [`sample_row`] over
-//! [`SampleParams::checked_modes`], and the repetition penalty where the logits are
+//! [`Decoding::checked_modes`], and the repetition penalty where the logits are
 //! ([`penalize_rows_by_tensors`]) against [`penalize_row`].
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 
-use crate::sampling::{penalize_row, penalize_rows_by_tensors, sample_row, SampleParams};
+use crate::sampling::{penalize_row, penalize_rows_by_tensors, sample_row, Decoding};
 use crate::{DecodeOps, KernelError};
 
 /// What one mode's check found.
 #[derive(Debug, Clone)]
 pub struct ModeCheck {
     /// The settings checked.
-    pub params: SampleParams,
+    pub params: Decoding,
     /// Rows whose token equals the host rule's (the others were within f32 rounding of a token
     /// boundary and drew a neighbour whose interval holds the draw up to that rounding).
     pub exact: usize,
@@ -94,23 +94,23 @@ fn draw_within_rounding(row: &[f32], inv_t: f64, u: f64, tok: usize) -> bool {
 /// host rule's kept prefix (descending logit, ties by id) in f64, widened by one id where the
 /// top-p share is within 1e-5 of its threshold, must hold `tok`, and the weight before `tok` in
 /// that order must bracket `u x kept` within 1e-5 of the kept weight.
-fn restricted_draw_within_rounding(row: &[f32], params: &SampleParams, u: f64, tok: usize) -> bool {
+fn restricted_draw_within_rounding(row: &[f32], params: &Decoding, u: f64, tok: usize) -> bool {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let inv_t = 1.0 / params.temperature;
+    let inv_t = 1.0 / params.params().temperature;
     let mut idx: Vec<usize> = (0..row.len()).collect();
     idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-    idx.truncate(params.top_k.unwrap_or(row.len()).min(row.len()));
+    idx.truncate(params.params().top_k.unwrap_or(row.len()).min(row.len()));
     let w: Vec<f64> = idx
         .iter()
         .map(|&i| ((row[i] as f64 - max) * inv_t).exp())
         .collect();
     let total: f64 = w.iter().sum();
     let mut keep = w.len();
-    if params.top_p < 1.0 {
+    if params.params().top_p < 1.0 {
         let mut acc = 0.0;
         for (n, x) in w.iter().enumerate() {
             acc += x / total;
-            if acc >= params.top_p - 1e-5 {
+            if acc >= params.params().top_p - 1e-5 {
                 keep = (n + 2).min(w.len());
                 break;
             }
@@ -119,10 +119,10 @@ fn restricted_draw_within_rounding(row: &[f32], params: &SampleParams, u: f64, t
     // Min-p's boundary within f32 rounding of the threshold: any count from `lo` to `hi`
     // (top-p's already widened by one).
     let (mut lo, mut hi) = (keep.saturating_sub(1).max(1), keep);
-    if params.min_p > 0.0 {
+    if params.params().min_p > 0.0 {
         let count = |m: f64| w.iter().take_while(|&&x| x >= m).count().max(1);
-        let strict = count(params.min_p * (1.0 + 1e-5));
-        let loose = count(params.min_p * (1.0 - 1e-5));
+        let strict = count(params.params().min_p * (1.0 + 1e-5));
+        let loose = count(params.params().min_p * (1.0 - 1e-5));
         hi = hi.min(loose);
         lo = lo.min(strict).min(hi);
     }
@@ -142,7 +142,7 @@ fn restricted_draw_within_rounding(row: &[f32], params: &SampleParams, u: f64, t
 }
 
 /// [`DecodeOps::sample_rows`] on `device` against the host rule at `vocab`, for every one of
-/// [`SampleParams::checked_modes`]: greedy takes the host's token with its log-probability; a
+/// [`Decoding::checked_modes`]: greedy takes the host's token with its log-probability; a
 /// draw takes the host's token wherever the host's f64 sums are not within f32 rounding of a
 /// token boundary, and otherwise a token whose interval holds the draw up to that rounding; the
 /// log-probability of the token drawn within 1e-4 of its f64 value. Draws near 0 and near 1.
@@ -156,7 +156,7 @@ pub fn check_sample_rows<B: DecodeOps>(
     // 1 - 1e-9 rounds to 1.0 in f32 (the kernel keeps it inside).
     let uniforms = [1e-7, 0.25, 0.5, 0.75, 0.999_999, 1.0 - 1e-9];
     let mut report = Vec::new();
-    for params in SampleParams::checked_modes(vocab) {
+    for params in crate::sampling::checked_modes(vocab) {
         poison::<B>(rows * 2, device);
         let (tok, lp) =
             B::sample_rows(logits.clone().into_primitive().tensor(), &params, &uniforms);
@@ -190,11 +190,11 @@ pub fn check_sample_rows<B: DecodeOps>(
                 }
                 continue;
             }
-            if params.greedy {
+            if params.is_greedy() {
                 return fail(format!("greedy token {t} vs host {want_tok}"));
             }
-            let inv_t = 1.0 / params.temperature;
-            if params.restricted(vocab) {
+            let inv_t = 1.0 / params.params().temperature;
+            if crate::sampling::restricted(&params, vocab) {
                 if !restricted_draw_within_rounding(row, &params, uniforms[r], t) {
                     return fail(format!(
                         "token {t} is not the draw {} (host {want_tok})",

@@ -224,17 +224,17 @@ fn cpu_backends_refuse_the_tensor_core_kernels() {
     use conrub_kernels::{AttentionKernelChoice, AttentionKernels, AttentionOps};
     let dev = Default::default();
     assert_eq!(
-        AttentionKernelChoice::Auto.resolve::<Flex>(&dev),
+        conrub_kernels::resolve_attention_kernels::<Flex>(AttentionKernelChoice::Auto, &dev),
         Ok(AttentionKernels::Portable)
     );
     assert_eq!(
-        AttentionKernelChoice::Portable.resolve::<Flex>(&dev),
+        conrub_kernels::resolve_attention_kernels::<Flex>(AttentionKernelChoice::Portable, &dev),
         Ok(AttentionKernels::Portable)
     );
-    let err = AttentionKernelChoice::TensorCore
-        .resolve::<Flex>(&dev)
-        .unwrap_err()
-        .to_string();
+    let err =
+        conrub_kernels::resolve_attention_kernels::<Flex>(AttentionKernelChoice::TensorCore, &dev)
+            .unwrap_err()
+            .to_string();
     assert!(
         err.starts_with("attention_kernels = \"tensor-core\"") && err.contains("CubeCL"),
         "{err}"

@@ -618,17 +618,17 @@ fn kernel_selection_follows_the_device() {
         return;
     };
     assert_eq!(
-        AttentionKernelChoice::Portable.resolve::<W>(&dev),
+        conrub_kernels::resolve_attention_kernels::<W>(AttentionKernelChoice::Portable, &dev),
         Ok(AttentionKernels::Portable)
     );
     assert_eq!(
-        AttentionKernelChoice::Auto.resolve::<W>(&dev),
+        conrub_kernels::resolve_attention_kernels::<W>(AttentionKernelChoice::Auto, &dev),
         Ok(AttentionKernels::Portable)
     );
-    let err = AttentionKernelChoice::TensorCore
-        .resolve::<W>(&dev)
-        .expect_err("lavapipe has no cooperative matrices")
-        .to_string();
+    let err =
+        conrub_kernels::resolve_attention_kernels::<W>(AttentionKernelChoice::TensorCore, &dev)
+            .expect_err("lavapipe has no cooperative matrices")
+            .to_string();
     assert!(
         err.contains("tensor-core") && err.contains("cooperative matrices") && err.contains("cmma"),
         "{err}"

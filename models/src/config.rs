@@ -272,7 +272,7 @@ impl ModelConfig {
         self.rope_theta
             .or_else(|| self.rope_parameters.as_ref().and_then(|r| r.rope_theta))
             .or_else(|| self.rope_scaling.as_ref().and_then(|r| r.rope_theta))
-            .unwrap_or_else(|| self.family().unwrap_or_default().default_rope_theta())
+            .unwrap_or_else(|| self.family_rope_theta())
     }
 
     /// Storage dtype name from either layout (`bfloat16`, `float32`, ...).

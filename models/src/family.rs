@@ -3,47 +3,26 @@
 //! which variant of the shared decoder (`model.rs`) it is: an [`Architecture`]. Adding a family is
 //! one file and one arm in each match below.
 
-use serde::{Deserialize, Serialize};
-
 pub use crate::architecture::{Architecture, Llama3Rope, Rope};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
-/// A supported model family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Family {
-    /// Qwen3 dense (`model_type = "qwen3"`): per-head q/k RMSNorm before RoPE.
-    #[default]
-    Qwen3,
-    /// Llama 3.x (`"llama"`): plain GQA, the `llama3` RoPE frequency scaling, optional biases.
-    Llama,
-    /// Qwen2 / Qwen2.5 (`"qwen2"`): biases on the q, k and v projections, no q/k norms.
-    Qwen2,
+pub use conrub_settings::Family;
+
+/// What a family is to this crate: the transformers class it exports as, its RoPE default and
+/// the decoder variant a config of it describes. `Family` itself (its names) is a setting.
+pub trait FamilyModel {
+    /// The transformers class an exported checkpoint names in `architectures`.
+    fn hf_architecture(self) -> &'static str;
+    /// RoPE base when a config gives none (transformers' default for the family's config class,
+    /// or the released checkpoints' value).
+    fn default_rope_theta(self) -> f64;
+    /// The family's checks of `config` and the decoder variant it describes.
+    fn architecture(self, config: &ModelConfig) -> Result<Architecture>;
 }
 
-impl Family {
-    /// Every family, in the order help texts list them.
-    pub const ALL: [Family; 3] = [Family::Qwen3, Family::Llama, Family::Qwen2];
-
-    /// The family of a `config.json`'s `model_type`.
-    pub fn from_model_type(model_type: &str) -> Option<Family> {
-        Family::ALL
-            .into_iter()
-            .find(|f| f.model_type() == model_type)
-    }
-
-    /// The `model_type` this family writes.
-    pub fn model_type(self) -> &'static str {
-        match self {
-            Family::Qwen3 => "qwen3",
-            Family::Llama => "llama",
-            Family::Qwen2 => "qwen2",
-        }
-    }
-
-    /// The transformers class an exported checkpoint names in `architectures`.
-    pub fn hf_architecture(self) -> &'static str {
+impl FamilyModel for Family {
+    fn hf_architecture(self) -> &'static str {
         match self {
             Family::Qwen3 => crate::qwen3::HF_ARCHITECTURE,
             Family::Llama => crate::llama::HF_ARCHITECTURE,
@@ -51,9 +30,7 @@ impl Family {
         }
     }
 
-    /// RoPE base when a config gives none (transformers' default for the family's config class,
-    /// or the released checkpoints' value).
-    pub fn default_rope_theta(self) -> f64 {
+    fn default_rope_theta(self) -> f64 {
         match self {
             Family::Qwen3 => crate::qwen3::DEFAULT_ROPE_THETA,
             Family::Llama => crate::llama::DEFAULT_ROPE_THETA,
@@ -61,28 +38,12 @@ impl Family {
         }
     }
 
-    /// The family's checks of `config` and the decoder variant it describes.
-    pub fn architecture(self, config: &ModelConfig) -> Result<Architecture> {
+    fn architecture(self, config: &ModelConfig) -> Result<Architecture> {
         match self {
             Family::Qwen3 => crate::qwen3::architecture(config),
             Family::Llama => crate::llama::architecture(config),
             Family::Qwen2 => crate::qwen2::architecture(config),
         }
-    }
-
-    /// Every accepted `model_type`, for error messages.
-    pub fn names() -> String {
-        Family::ALL
-            .iter()
-            .map(|f| f.model_type())
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
-impl std::fmt::Display for Family {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.model_type())
     }
 }
 
@@ -101,8 +62,28 @@ impl ModelConfig {
         })
     }
 
+    /// The family's RoPE base, for a config that gives none (Qwen3's for an unknown family).
+    pub(crate) fn family_rope_theta(&self) -> f64 {
+        self.family().unwrap_or_default().default_rope_theta()
+    }
+
     /// The decoder variant this config describes (its family's checks included).
     pub fn architecture(&self) -> Result<Architecture> {
         self.family()?.architecture(self)
+    }
+
+    /// The config of a `[model.random]` table: its family and shape, the 151,936-token
+    /// vocabulary of the bundled tokenizer, the rest as [`ModelConfig::tiny`].
+    pub fn random(r: &conrub_settings::RandomModel) -> Self {
+        let mut c = ModelConfig::tiny(151_936);
+        c.model_type = r.family.model_type().into();
+        c.architectures = Some(vec![r.family.hf_architecture().into()]);
+        c.hidden_size = r.hidden_size;
+        c.intermediate_size = r.intermediate_size;
+        c.num_hidden_layers = r.num_hidden_layers;
+        c.num_attention_heads = r.num_attention_heads;
+        c.num_key_value_heads = Some(r.num_key_value_heads);
+        c.head_dim = Some(r.head_dim);
+        c
     }
 }

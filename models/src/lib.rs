@@ -57,7 +57,7 @@ pub use conrub_contracts::{
     AttentionKernelChoice, AttentionKernels, ForwardBatch, PaddedBatch, Padding,
 };
 pub use error::{ModelError, Result};
-pub use family::{Architecture, Family, Llama3Rope, Rope};
+pub use family::{Architecture, Family, FamilyModel, Llama3Rope, Rope};
 pub use hub::resolve_model_dir;
 pub use model::{AttentionImpl, CausalLm, Execution, Precision};
 pub use pretrained::{save_pretrained, save_pretrained_sharded, HfExport, Pretrained};

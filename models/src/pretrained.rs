@@ -6,6 +6,7 @@ use burn::tensor::backend::Backend;
 
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::family::FamilyModel;
 use crate::hub::resolve_model_dir;
 use crate::model::CausalLm;
 use crate::tokenizer::ChatTokenizer;

@@ -15,27 +15,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::model::{Attention, CausalLm, DecoderLayer, Mlp, RmsNorm, RotaryEmbedding};
 
-/// Storage precision for exported weights (`"f32"` or `"bf16"` in configs; bf16 unless set,
-/// as released checkpoints are).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SaveDtype {
-    /// 32-bit floats.
-    F32,
-    /// bfloat16 (what released Qwen3 checkpoints use).
-    #[default]
-    Bf16,
-}
-
-impl SaveDtype {
-    /// Bytes per stored weight.
-    pub fn bytes(self) -> u64 {
-        match self {
-            SaveDtype::F32 => 4,
-            SaveDtype::Bf16 => 2,
-        }
-    }
-}
+pub use conrub_settings::SaveDtype;
 
 /// The single-file export's name.
 pub const SINGLE_FILE: &str = "model.safetensors";

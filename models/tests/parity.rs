@@ -10,7 +10,7 @@ use conrub_models::{
     save_pretrained, score_sequences, CausalLm, ForwardBatch, PaddedBatch, Padding, Pretrained,
     SaveDtype,
 };
-use conrub_rollout::{Decoding, FinishReason, SamplingConfig};
+use conrub_rollout::{Decoding, FinishReason, SamplingConfig, SamplingParams};
 use safetensors::SafeTensors;
 
 #[cfg(not(feature = "tch"))]
@@ -277,13 +277,13 @@ fn batched_generation_matches_single_and_stops_per_sequence() {
     let qwen = load("qwen3/tied-gqa-f32");
     let prompts = vec![vec![11, 42, 7, 199, 3], vec![9], vec![100, 101, 102]];
     let cfg = SamplingConfig {
-        decoding: Decoding::Sample {
+        decoding: Decoding::Sample(SamplingParams {
             temperature: 0.8,
             top_p: 0.95,
             top_k: Some(50),
             min_p: 0.0,
             repetition_penalty: 1.0,
-        },
+        }),
         max_new_tokens: 12,
         seed: 1234,
         ..Default::default()

@@ -1,5 +1,6 @@
 //! `conrub eval`: benchmarks on our generation engine.
 
+use conrub_judge::JudgeBuild;
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use conrub_kernels::KernelOps;
 use conrub_models::{ChatOptions, Message, Pretrained};
-use conrub_rollout::{Decoding, SamplingConfig};
+use conrub_rollout::{Decoding, SamplingConfig, SamplingParams};
 
 use crate::backend::{run_on_device, BackendTask};
 
@@ -118,7 +118,7 @@ impl BackendTask for GenerateArgs {
             decoding: if self.greedy {
                 Decoding::Greedy
             } else {
-                Decoding::Sample {
+                Decoding::Sample(SamplingParams {
                     temperature: self.temperature.or(defaults.temperature).unwrap_or(1.0),
                     top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
                     top_k: self.top_k.or(defaults.top_k).filter(|&k| k > 0),
@@ -127,7 +127,7 @@ impl BackendTask for GenerateArgs {
                         .repetition_penalty
                         .or(defaults.repetition_penalty)
                         .unwrap_or(1.0),
-                }
+                })
             },
             seed: self.seed,
             stop_ids,

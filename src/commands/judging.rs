@@ -1,5 +1,6 @@
 //! Shared wiring for commands that use a judge: config loading, device choice, tokio runtime.
 
+use conrub_judge::JudgeBuild;
 use std::path::Path;
 
 use anyhow::{Context, Result};

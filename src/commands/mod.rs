@@ -24,6 +24,15 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use conrub_rubric::Message;
 
+/// Refuses `learner.estimator` / `learner.loss` names the built-in registry lacks (an
+/// embedder's own names are valid in a config, not for `conrub train` and `conrub plan`), before
+/// anything loads.
+pub fn check_plugins(cfg: &conrub_config::TrainConfig) -> Result<()> {
+    conrub_grpo::Registry::<burn::backend::Flex>::builtin()
+        .check_names(&cfg.learner)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))
+}
+
 /// Prints lines to standard output; a closed pipe (`conrub ... | head`) ends quietly.
 pub fn print_lines(lines: impl IntoIterator<Item = String>) -> Result<()> {
     use std::io::Write;

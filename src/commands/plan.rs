@@ -108,7 +108,7 @@ fn resolve_model(model: &ModelSection, rel: &dyn Fn(&Path) -> PathBuf) -> Result
         (None, Some(r)) => {
             // The same shape `conrub train` builds for `[model.random]` (checked when the
             // config was read).
-            let c = r.config();
+            let c = conrub_models::ModelConfig::random(r);
             Ok(ModelSource {
                 name: format!("random {}", r.family),
                 source: "[model.random]".into(),
@@ -133,7 +133,8 @@ fn plan_of(
     }
     let model = resolve_model(&cfg.model, &|p| cfg.resolve(p))
         .map_err(|e| anyhow!("{}: {e:#}", cfg.path.display()))?;
-    let input = cfg.memory_plan_input(model.shape, gpu_memory_gb, max_prompt_tokens);
+    let input =
+        conrub_memory::MemoryPlanInput::for_run(cfg, model.shape, gpu_memory_gb, max_prompt_tokens);
     Ok((MemoryPlan::new(input), model))
 }
 
@@ -216,7 +217,7 @@ fn remote_rollout(cfg: &TrainConfig, plan: &MemoryPlan) -> Option<String> {
 /// Runs `conrub plan`.
 pub fn run(a: PlanArgs) -> Result<()> {
     let cfg = TrainConfig::from_file(&a.config, &a.overrides)?;
-    cfg.check_builtin_plugins()?;
+    super::check_plugins(&cfg)?;
     let (plan, model) = plan_of(&cfg, a.gpu_memory_gb, a.max_prompt_tokens)?;
     let device = cfg.device.clone();
     if a.json {

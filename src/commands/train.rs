@@ -82,7 +82,7 @@ pub(crate) fn run_with(a: TrainArgs, kernel_warmup: KernelWarmup) -> Result<()> 
     // `conrub rubrics validate` rejects.
     let checked = conrub_trainer::check_data(&cfg)?;
     cfg.judge()?;
-    cfg.check_builtin_plugins()?;
+    super::check_plugins(&cfg)?;
     cfg.run.overwrite = a.overwrite;
     let mut resume = a.resume;
     if kernel_warmup != KernelWarmup::Only {

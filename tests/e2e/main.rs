@@ -10,6 +10,7 @@ mod demo;
 mod eval;
 mod plan;
 mod rubrics_build;
+mod sampling;
 mod tfevents;
 mod train;
 #[cfg(feature = "wgpu")]

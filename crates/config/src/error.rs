@@ -31,21 +31,13 @@ pub enum ConfigError {
         /// What is wrong with it.
         message: String,
     },
-    /// A section's value is out of range (the caller adds the file: [`ConfigError::Key`]).
-    #[error("{key}: {message}")]
-    Value {
-        /// The key, dotted from the top.
-        key: String,
-        /// What is wrong with it.
-        message: String,
-    },
-    /// The `[judge]` table (or the judge file it names) is wrong.
+    /// A judge file named by `[judge]` or `[eval.grader]` (`config = "FILE"`) is wrong.
     #[error("{}: {source}", path.display())]
     Judge {
         /// The config file.
         path: PathBuf,
-        /// The judge config's error.
-        source: conrub_judge::JudgeError,
+        /// The judge file's error.
+        source: conrub_settings::SettingsError,
     },
     /// A `--set KEY=VALUE` override could not be applied.
     #[error("--set {spec}: {message}")]

@@ -18,59 +18,76 @@ mod sections;
 
 use std::path::{Path, PathBuf};
 
-use conrub_contracts::{LearnerConfig, RunConfig, Sharding, ValidationConfig};
-use conrub_judge::JudgeConfig;
-use conrub_memory::{MemoryPlanInput, ModelShape, DEFAULT_MAX_PROMPT_TOKENS};
-
-use conrub_models::{AttentionImpl, AttentionKernelChoice, AttentionKernels, Execution, Precision};
+use conrub_settings::{
+    AttentionKernelChoice, JudgeConfig, LearnerConfig, Precision, RunConfig, SettingsError,
+    Sharding, ValidationConfig,
+};
 use serde::{Deserialize, Serialize};
 
-pub use error::{ConfigError, Result};
-pub use sections::{
-    DataSection, ModelSection, OverlongPrompts, RandomModel, RewardSection, RolloutEngineKind,
-    RolloutSection, SftSection, ShardSize, TrainFile,
+pub use conrub_settings::{
+    Family, ModelSection, RandomModel, RolloutEngineKind, RolloutSection, SaveDtype, ShardSize,
 };
+pub use error::{ConfigError, Result};
+pub use sections::{DataSection, OverlongPrompts, RewardSection, SftSection, TrainFile};
 
 /// A train config (`conrub train --config FILE`, `conrub plan --config FILE`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     /// Device of the policy (`cpu`, `wgpu`, `cuda:0`, ...): the first of `devices`.
+    #[serde(default)]
     pub device: String,
     /// Every device of the policy: one (`device = ...`), or one data-parallel rank each
     /// (`devices = ["cuda:0", "cuda:1", ...]`; `["cpu", "cpu"]` simulates ranks on the CPU).
+    #[serde(default)]
     pub devices: Vec<String>,
     /// How data-parallel ranks divide the training state (`sharding = "none" | "optimizer" |
     /// "gradients" | "full"`; ZeRO stages 1-3). `conrub plan` counts every mode; training takes
     /// all but `full`.
+    #[serde(default)]
     pub sharding: Sharding,
     /// Compute precision of the policy.
+    #[serde(default)]
     pub precision: Precision,
     /// The attention kernels on CubeCL devices (`attention_kernels = "auto" | "tensor-core" |
     /// "portable"`), resolved against the device when the policy loads.
+    #[serde(default)]
     pub attention_kernels: AttentionKernelChoice,
     /// The policy.
+    #[serde(default)]
     pub model: ModelSection,
     /// The rubric records.
+    #[serde(default)]
     pub data: DataSection,
-    /// The judge (`None` when the file has no `[judge]`: enough to plan, not to train).
+    /// The judge (`None` when the file has no `[judge]`: enough to plan, not to train); read
+    /// apart, by its kind ([`JudgeConfig::from_table`]).
+    #[serde(skip)]
     pub judge: Option<JudgeConfig>,
     /// How labels become rewards.
+    #[serde(default)]
     pub reward: RewardSection,
     /// The learner.
+    #[serde(default)]
     pub learner: LearnerConfig,
     /// The training loop.
+    #[serde(default)]
     pub run: RunConfig,
     /// Optional supervised warm-up on the records' reference answers.
+    #[serde(default)]
     pub warmup: Option<SftSection>,
     /// The rollout engine.
+    #[serde(default)]
     pub rollout: RolloutSection,
-    /// Validation during training (`[eval]`), with its grader judge.
+    /// Validation during training (`[eval]`), with its grader judge (read apart, like `[judge]`).
+    #[serde(skip)]
     pub eval: Option<EvalSection>,
     /// Where compiled kernels and autotune results are kept on the CubeCL backends (cuda,
     /// wgpu), relative to the file (`kernel_cache = "DIR"`); `None`: `--kernel-cache`, else
     /// `~/.cache/conrub/kernels` (XDG rules).
+    #[serde(default)]
     pub kernel_cache: Option<PathBuf>,
     /// The file the config was read from.
+    #[serde(skip)]
     pub path: PathBuf,
 }
 
@@ -82,38 +99,6 @@ pub struct EvalSection {
     pub settings: ValidationConfig,
     /// The grader.
     pub grader: JudgeConfig,
-}
-
-/// The keys of the file as serde reads them (`[judge]` is parsed apart, by its kind).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Schema {
-    #[serde(default)]
-    pub device: Option<String>,
-    #[serde(default)]
-    pub devices: Option<Vec<String>>,
-    #[serde(default)]
-    pub sharding: Sharding,
-    #[serde(default)]
-    pub precision: Precision,
-    #[serde(default)]
-    pub attention_kernels: AttentionKernelChoice,
-    #[serde(default)]
-    pub model: ModelSection,
-    #[serde(default)]
-    pub data: DataSection,
-    #[serde(default)]
-    pub reward: RewardSection,
-    #[serde(default)]
-    pub learner: LearnerConfig,
-    #[serde(default)]
-    pub run: RunConfig,
-    #[serde(default)]
-    pub warmup: Option<SftSection>,
-    #[serde(default)]
-    pub rollout: RolloutSection,
-    #[serde(default)]
-    pub kernel_cache: Option<PathBuf>,
 }
 
 /// The backend a device spec names (`cuda:1` -> `cuda`): the ranks of one run share it.
@@ -140,107 +125,48 @@ impl TrainConfig {
 
     /// A config from a parsed table; `path` names the file in errors and anchors relative paths.
     pub fn from_table(mut table: toml::Table, path: &Path) -> Result<Self> {
-        let key_error = |key: String, message: String| ConfigError::Key {
-            path: path.to_path_buf(),
-            key,
-            message,
-        };
-        let judge_table = match table.remove("judge") {
-            None => None,
-            Some(toml::Value::Table(t)) => Some(t),
-            Some(other) => {
-                return Err(key_error(
-                    "judge".into(),
-                    format!("expected a table, found {}", other.type_str()),
-                ))
-            }
-        };
-        let eval_table = match table.remove("eval") {
-            None => None,
-            Some(toml::Value::Table(t)) => Some(t),
-            Some(other) => {
-                return Err(key_error(
-                    "eval".into(),
-                    format!("expected a table, found {}", other.type_str()),
-                ))
-            }
-        };
-        let serde_key_error = |prefix: &str, e: serde_path_to_error::Error<toml::de::Error>| {
-            let key = match e.path().to_string() {
-                p if p == "." && !prefix.is_empty() => prefix.trim_end_matches('.').to_string(),
-                p => format!("{prefix}{p}"),
-            };
-            let message = e.into_inner().message().trim_end().to_string();
-            key_error(key, message)
-        };
-        let schema: Schema = serde_path_to_error::deserialize(toml::Value::Table(table))
-            .map_err(|e| serde_key_error("", e))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let judge_error = |source| ConfigError::Judge {
-            path: path.to_path_buf(),
-            source,
-        };
-        let judge = judge_table
+        let judge_table = take_table(&mut table, "judge", path)?;
+        let eval_table = take_table(&mut table, "eval", path)?;
+        let devices_given = table.contains_key("devices");
+        let mut cfg: TrainConfig = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| serde_error(path, "", e))?;
+        cfg.path = path.to_path_buf();
+        cfg.settle_devices(devices_given)?;
+        cfg.judge = judge_table
             .map(|t| read_judge(t, &base, "judge."))
             .transpose()
-            .map_err(judge_error)?;
-        let eval = match eval_table {
-            None => None,
-            Some(mut t) => {
-                let grader = match t.remove("grader") {
-                    Some(toml::Value::Table(g)) => {
-                        read_judge(g, &base, "eval.grader.").map_err(judge_error)?
-                    }
-                    Some(other) => {
-                        return Err(key_error(
-                            "eval.grader".into(),
-                            format!("expected a judge table, found {}", other.type_str()),
-                        ))
-                    }
-                    None => {
-                        return Err(key_error(
-                            "eval.grader".into(),
-                            "missing: validation needs a grader judge ([eval.grader])".into(),
-                        ))
-                    }
-                };
-                let settings = serde_path_to_error::deserialize(toml::Value::Table(t))
-                    .map_err(|e| serde_key_error("eval.", e))?;
-                Some(EvalSection { settings, grader })
-            }
-        };
-        let devices = match (schema.device, schema.devices) {
-            (Some(_), Some(_)) => {
-                return Err(key_error(
-                    "devices".into(),
-                    "give `device` or `devices`, not both".into(),
-                ))
-            }
-            (Some(d), None) => vec![d],
-            (None, Some(ds)) => ds,
-            (None, None) => vec!["cpu".into()],
-        };
-        let cfg = Self {
-            device: devices.first().cloned().unwrap_or_default(),
-            devices,
-            sharding: schema.sharding,
-            precision: schema.precision,
-            attention_kernels: schema.attention_kernels,
-            model: schema.model,
-            data: schema.data,
-            judge,
-            reward: schema.reward,
-            learner: schema.learner,
-            run: schema.run,
-            // `steps = 0` turns the table off (`--set warmup.steps=0` on a config that has one).
-            warmup: schema.warmup.filter(|w| w.steps > 0),
-            rollout: schema.rollout,
-            eval,
-            kernel_cache: schema.kernel_cache.map(|p| base.join(p)),
-            path: path.to_path_buf(),
-        };
+            .map_err(|e| in_file(path, e))?;
+        cfg.eval = eval_table.map(|t| read_eval(t, &base, path)).transpose()?;
+        // `steps = 0` turns the table off (`--set warmup.steps=0` on a config that has one).
+        cfg.warmup = cfg.warmup.filter(|w| w.steps > 0);
+        cfg.kernel_cache = cfg.kernel_cache.map(|p| base.join(p));
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// `device` or `devices` (not both) as the list of devices; `cpu` when neither is given.
+    fn settle_devices(&mut self, devices_given: bool) -> Result<()> {
+        match (self.device.is_empty(), self.devices.is_empty()) {
+            (false, false) => {
+                let m = "give `device` or `devices`, not both";
+                return Err(self.key_error("devices", m.into()));
+            }
+            (false, true) => self.devices = vec![self.device.clone()],
+            (true, true) if !devices_given => self.devices = vec!["cpu".into()],
+            _ => {}
+        }
+        self.device = self.devices.first().cloned().unwrap_or_default();
+        Ok(())
+    }
+
+    /// An error naming `key` in this config's file.
+    fn key_error(&self, key: &str, message: String) -> ConfigError {
+        ConfigError::Key {
+            path: self.path.clone(),
+            key: key.into(),
+            message,
+        }
     }
 
     /// Replaces the devices (`--device` or `--devices` on the command line).
@@ -252,11 +178,8 @@ impl TrainConfig {
 
     /// Range checks across sections; errors name the key.
     fn validate(&self) -> Result<()> {
-        let key_error = |key: &str, message: String| ConfigError::Key {
-            path: self.path.clone(),
-            key: key.into(),
-            message,
-        };
+        let key_error = |key: &str, message: String| self.key_error(key, message);
+        let in_file = |e: SettingsError| in_file(&self.path, e);
         let Some(first) = self.devices.first() else {
             return Err(key_error("devices", "needs at least one device".into()));
         };
@@ -270,18 +193,8 @@ impl TrainConfig {
                 format!("\"{first}\" and \"{other}\": every rank runs on one backend"),
             ));
         }
-        self.learner.validate().map_err(|e| match e {
-            conrub_contracts::ContractError::Config { key, message } => key_error(&key, message),
-            other => key_error("learner", other.to_string()),
-        })?;
-        self.run.validate().map_err(|e| match e {
-            conrub_contracts::ContractError::Config { key, message } => key_error(&key, message),
-            other => key_error("run", other.to_string()),
-        })?;
-        let in_file = |e: ConfigError| match e {
-            ConfigError::Value { key, message } => key_error(&key, message),
-            other => other,
-        };
+        self.learner.validate().map_err(in_file)?;
+        self.run.validate().map_err(in_file)?;
         self.rollout.validate().map_err(in_file)?;
         self.model.validate().map_err(in_file)?;
         self.reward
@@ -319,18 +232,13 @@ impl TrainConfig {
             }
         }
         if let Some(e) = &self.eval {
-            e.settings.validate().map_err(|e| match e {
-                conrub_contracts::ContractError::Config { key, message } => {
-                    key_error(&key, message)
-                }
-                other => key_error("eval", other.to_string()),
-            })?;
+            e.settings.validate().map_err(in_file)?;
         }
         let judges = [("judge", self.judge.as_ref())]
             .into_iter()
             .chain([("eval.grader", self.eval.as_ref().map(|e| &e.grader))]);
         for (key, judge) in judges {
-            if let Some(d) = judge.and_then(JudgeConfig::device) {
+            if let Some(d) = judge.and_then(|j| j.device()) {
                 return Err(key_error(
                     &format!("{key}.device"),
                     format!(
@@ -406,37 +314,6 @@ impl TrainConfig {
             .collect()
     }
 
-    /// Refuses `learner.estimator` / `learner.loss` names that are not built in: what
-    /// `conrub train` and `conrub plan` check before loading anything (a program embedding the
-    /// learner with its own `conrub_grpo::Registry` skips this; its learner checks the names it
-    /// registered when it is built).
-    pub fn check_builtin_plugins(&self) -> Result<()> {
-        for (key, name, builtin) in [
-            (
-                "learner.estimator",
-                &self.learner.estimator,
-                conrub_contracts::BUILTIN_ESTIMATORS,
-            ),
-            (
-                "learner.loss",
-                &self.learner.loss,
-                conrub_contracts::BUILTIN_LOSSES,
-            ),
-        ] {
-            if !builtin.contains(&name.as_str()) {
-                return Err(ConfigError::Key {
-                    path: self.path.clone(),
-                    key: key.into(),
-                    message: format!(
-                        "`{name}` is not a built-in entry (built in: {})",
-                        builtin.join(", ")
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// The judge; an error when the config has none.
     pub fn judge(&self) -> Result<&JudgeConfig> {
         self.judge.as_ref().ok_or_else(|| ConfigError::Key {
@@ -446,21 +323,6 @@ impl TrainConfig {
         })
     }
 
-    /// How the policy runs, with `attention_kernels` as resolved against the device
-    /// ([`AttentionKernelChoice::resolve`]). Activation checkpointing is not set here: the
-    /// learner applies `learner.activation_checkpointing` when it is built
-    /// (`LearnerBuilder::build`), the one place that does.
-    pub fn execution(&self, attention_kernels: AttentionKernels) -> Execution {
-        Execution {
-            precision: self.precision,
-            attention: AttentionImpl::Fused,
-            activation_checkpointing: false,
-            attention_kernels,
-            // The learner turns it on for `learner.entropy_coeff` (Policy::enable_entropy_gradient).
-            entropy_gradient: false,
-        }
-    }
-
     /// The most prompt groups of a step one data-parallel rank holds (all of them on one
     /// device).
     pub fn prompts_per_rank(&self) -> usize {
@@ -468,53 +330,89 @@ impl TrainConfig {
             .prompts_per_step
             .div_ceil(self.devices.len().max(1))
     }
-
-    /// The memory plan's inputs for a model of `shape` on a device of `gpu_memory_gb`;
-    /// `max_prompt_tokens` overrides `data.max_prompt_tokens` (default 1,024).
-    pub fn memory_plan_input(
-        &self,
-        shape: ModelShape,
-        gpu_memory_gb: f64,
-        max_prompt_tokens: Option<usize>,
-    ) -> MemoryPlanInput {
-        let l = &self.learner;
-        let mut input = MemoryPlanInput::new(shape);
-        input.precision = self.precision;
-        input.activation_checkpointing = l.activation_checkpointing;
-        input.micro_batch_tokens = l.micro_batch_tokens;
-        input.mini_batches = l.mini_batches;
-        input.group_size = l.group_size;
-        input.max_response_tokens = l.max_response_tokens;
-        input.rollout_prompts_per_call = l.rollout_prompts_per_call;
-        // Each data-parallel rank holds its share of the step's groups (the first ranks one
-        // more when they do not divide): the plan is per rank.
-        input.prompts_per_step = self.prompts_per_rank();
-        input.keep_reference = l.kl_beta != 0.0 || l.kl_in_reward != 0.0;
-        input.max_prompt_tokens = max_prompt_tokens
-            .or(self.data.max_prompt_tokens)
-            .unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);
-        input.kv_cache_gb = self.rollout.kv_cache_gb;
-        input.kv_block_size = self.rollout.block_size;
-        input.rollout_max_rows = self.rollout.max_rows;
-        input.rollout_in_process = self.rollout.engine == RolloutEngineKind::Paged;
-        input.gpu_memory_gb = gpu_memory_gb;
-        input.ranks = self.devices.len().max(1);
-        input.sharding = self.sharding;
-        input.bucket_bytes = l.allreduce_bucket_bytes() as f64;
-        input.export_bytes_per_weight = match self.model.save_dtype {
-            conrub_models::SaveDtype::F32 => 4.0,
-            conrub_models::SaveDtype::Bf16 => 2.0,
-        };
-        input
-    }
 }
 
 /// `[judge]` (or `[eval.grader]`, keys named under `prefix`): either `config = "FILE"` alone (a
 /// judge file, relative to the config) or the judge table inline.
-fn read_judge(table: toml::Table, base: &Path, prefix: &str) -> conrub_judge::Result<JudgeConfig> {
+fn read_judge(
+    table: toml::Table,
+    base: &Path,
+    prefix: &str,
+) -> std::result::Result<JudgeConfig, SettingsError> {
     match table.get("config").and_then(toml::Value::as_str) {
         Some(file) if table.len() == 1 => JudgeConfig::from_file(&base.join(file)),
         _ => JudgeConfig::from_table(table, base, prefix),
+    }
+}
+
+/// `[eval]`: the validation settings and the `[eval.grader]` judge.
+fn read_eval(mut table: toml::Table, base: &Path, path: &Path) -> Result<EvalSection> {
+    let key_error = |key: &str, message: String| ConfigError::Key {
+        path: path.to_path_buf(),
+        key: key.into(),
+        message,
+    };
+    let grader = match table.remove("grader") {
+        Some(toml::Value::Table(g)) => {
+            read_judge(g, base, "eval.grader.").map_err(|e| in_file(path, e))?
+        }
+        Some(other) => {
+            let m = format!("expected a judge table, found {}", other.type_str());
+            return Err(key_error("eval.grader", m));
+        }
+        None => {
+            let m = "missing: validation needs a grader judge ([eval.grader])";
+            return Err(key_error("eval.grader", m.into()));
+        }
+    };
+    let settings = serde_path_to_error::deserialize(toml::Value::Table(table))
+        .map_err(|e| serde_error(path, "eval.", e))?;
+    Ok(EvalSection { settings, grader })
+}
+
+/// Takes the table `key` out of `table` (`[judge]`, `[eval]`: read apart, by their own rules).
+fn take_table(table: &mut toml::Table, key: &str, path: &Path) -> Result<Option<toml::Table>> {
+    match table.remove(key) {
+        None => Ok(None),
+        Some(toml::Value::Table(t)) => Ok(Some(t)),
+        Some(other) => Err(ConfigError::Key {
+            path: path.to_path_buf(),
+            key: key.into(),
+            message: format!("expected a table, found {}", other.type_str()),
+        }),
+    }
+}
+
+/// Serde's error at a key under `prefix`, in `path`.
+fn serde_error(
+    path: &Path,
+    prefix: &str,
+    e: serde_path_to_error::Error<toml::de::Error>,
+) -> ConfigError {
+    let key = match e.path().to_string() {
+        p if p == "." && !prefix.is_empty() => prefix.trim_end_matches('.').to_string(),
+        p => format!("{prefix}{p}"),
+    };
+    let message = e.into_inner().message().trim_end().to_string();
+    ConfigError::Key {
+        path: path.to_path_buf(),
+        key,
+        message,
+    }
+}
+
+/// A setting's error in the config file `path`: a key's, or a judge file's.
+fn in_file(path: &Path, e: SettingsError) -> ConfigError {
+    match e {
+        SettingsError::Key { key, message } => ConfigError::Key {
+            path: path.to_path_buf(),
+            key,
+            message,
+        },
+        source => ConfigError::Judge {
+            path: path.to_path_buf(),
+            source,
+        },
     }
 }
 

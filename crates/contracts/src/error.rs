@@ -40,14 +40,6 @@ pub enum ContractError {
     /// A rollout engine outside the process (an inference server) failed.
     #[error("rollout engine: {0}")]
     Engine(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// A setting is out of range; `key` is its dotted config key (`learner.group_size`).
-    #[error("{key}: {message}")]
-    Config {
-        /// The config key.
-        key: String,
-        /// What is wrong.
-        message: String,
-    },
     /// A replaceable stage (a rollout engine) returned output of the wrong size.
     #[error("stage output: {0}")]
     Stage(String),
@@ -66,16 +58,6 @@ impl ContractError {
     pub fn arg(name: &str, message: impl Into<String>) -> Self {
         ContractError::Argument {
             name: name.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl ContractError {
-    /// A [`ContractError::Config`] error naming `key`.
-    pub fn config(key: impl Into<String>, message: impl Into<String>) -> Self {
-        ContractError::Config {
-            key: key.into(),
             message: message.into(),
         }
     }

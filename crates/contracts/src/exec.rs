@@ -4,53 +4,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
 pub use conrub_kernels::{AttentionKernelChoice, AttentionKernels};
-
-/// Numeric precision of the forward and backward passes.
-///
-/// The parameters are what the model holds (f32 master weights when built or loaded by this
-/// crate); the compute dtype is what activations and matrix products use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Precision {
-    /// Compute in the parameters' own dtype (f32 for f32 weights).
-    #[default]
-    F32,
-    /// bf16 activations and matrix products (weights are cast where they are used, and the cast's
-    /// backward returns f32 gradients to the f32 master weights); norms' statistics, softmax,
-    /// attention accumulation, log-probabilities and the loss stay in f32.
-    Bf16Mixed,
-}
-
-impl Precision {
-    /// Every accepted spelling, for error messages.
-    pub const NAMES: &'static str = "f32, bf16-mixed";
-
-    /// Parses `f32` or `bf16-mixed`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "f32" => Some(Self::F32),
-            "bf16-mixed" => Some(Self::Bf16Mixed),
-            _ => None,
-        }
-    }
-
-    /// Bytes per element of the activations (and of a rollout KV cache).
-    pub fn compute_bytes(self) -> usize {
-        match self {
-            Self::F32 => 4,
-            Self::Bf16Mixed => 2,
-        }
-    }
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::F32 => "f32",
-            Self::Bf16Mixed => "bf16-mixed",
-        })
-    }
-}
+pub use conrub_settings::Precision;
 
 /// Which attention implementation multi-token passes (training, prefill, scoring) use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

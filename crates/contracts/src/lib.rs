@@ -3,7 +3,8 @@
 //! dependencies point at this crate: `conrub-grpo` (the learner), `conrub-rollout` (the paged
 //! engine), `conrub-remote` (an inference server as an engine), `conrub-plot` (the metrics
 //! file), `conrub-memory` (the memory plan) and every model family of `models/`. It depends on
-//! burn, and on `conrub-kernels` where a contract names an op.
+//! burn, on `conrub-kernels` where a contract names an op, and on `conrub-settings` for the
+//! settings it re-exports.
 //!
 //! | contract | implemented by | used by |
 //! |---|---|---|
@@ -16,7 +17,7 @@
 //! | [`Execution`] ([`Precision`], [`AttentionImpl`], [`AttentionKernelChoice`]) | data | every family's forward |
 //! | [`ModelShape`] | data a family reports | the memory plan |
 //! | [`MetricsLine`] ([`StepMetrics`], [`EpochSummary`], [`ValidationLine`], [`KernelWarmupLine`]) | data the learner writes | plots, a user's tools |
-//! | [`LearnerConfig`], [`RunConfig`], [`ValidationConfig`] (+ [`TieMode`], [`Aggregation`], [`ScaleRewards`], [`OnNonFinite`], [`LrScheduleKind`]) | data: the `[learner]`, `[run]` and `[eval]` tables | the learner, the config crate |
+//! | [`LearnerConfig`], [`RunConfig`], [`ValidationConfig`] (+ [`TieMode`], [`Aggregation`], [`ScaleRewards`], [`OnNonFinite`], [`LrScheduleKind`]) | data: the `[learner]`, `[run]` and `[eval]` tables, defined in `conrub-settings` and re-exported | the learner, the config crate |
 //! | [`SamplingConfig`], [`Generation`], [`sample_token`], [`sequence_rng`] | the one sampling rule | the engines, [`sample_by_recomputation`] |
 //!
 //! Errors: [`ContractError`], [`Result`].
@@ -33,7 +34,6 @@ mod model;
 mod paged;
 mod policy;
 mod sampling;
-mod settings;
 mod shape;
 mod shapes;
 mod stats;
@@ -42,6 +42,10 @@ mod tokens;
 pub use batch::{ForwardBatch, PaddedBatch, Padding};
 pub use codec::TextCodec;
 pub use conrub_base::Message;
+pub use conrub_settings::{
+    Aggregation, KlEstimator, LearnerConfig, LrScheduleKind, OnNonFinite, RunConfig, ScaleRewards,
+    Sharding, TieMode, ValidationConfig, DEFAULT_ESTIMATOR, DEFAULT_LOSS, GSPO_LOSS,
+};
 pub use engine::{RolloutBatch, RolloutEngine, RolloutRequest, WeightSync};
 pub use error::{ContractError, Result};
 pub use exec::{
@@ -60,12 +64,8 @@ pub use policy::{
     ResponseLogprobs,
 };
 pub use sampling::{
-    check_sequences, sample_token, sequence_rng, Decoding, FinishReason, Generation, SamplingConfig,
-};
-pub use settings::{
-    Aggregation, KlEstimator, LearnerConfig, LrScheduleKind, OnNonFinite, RunConfig, ScaleRewards,
-    Sharding, TieMode, ValidationConfig, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR,
-    DEFAULT_LOSS, GSPO_LOSS,
+    check_sequences, sample_token, sequence_rng, Decoding, FinishReason, Generation,
+    SamplingConfig, SamplingParams,
 };
 pub use shape::ModelShape;
 pub use shapes::{attended_blocks, bucket_len, bucket_rows};

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+pub use conrub_settings::ValidationDecoding;
 use serde::{Deserialize, Serialize};
 
 /// One line of the metrics file.
@@ -347,18 +348,6 @@ impl TieStats {
         self.responses_with_direction += other.responses_with_direction;
         self.winner_longer += other.winner_longer;
     }
-}
-
-/// How validation answers are decoded.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ValidationDecoding {
-    /// The most likely token each step (one sample per prompt is enough).
-    #[default]
-    Greedy,
-    /// The training sampler's settings (`learner.temperature`, `top_p`, `top_k`), seeded by the
-    /// run seed and the step.
-    Sampled,
 }
 
 /// One judge's view of a validation round.

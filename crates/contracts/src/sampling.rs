@@ -7,133 +7,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ContractError, Result};
 
-/// How the next token is chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "mode", rename_all = "lowercase", deny_unknown_fields)]
-pub enum Decoding {
-    /// Always the most likely token; its log-probability is the model's own (temperature 1).
-    Greedy,
-    /// A draw from the distribution after temperature, top-k and top-p; its log-probability is
-    /// under that renormalised distribution.
-    Sample {
-        /// Softmax temperature (> 0).
-        temperature: f64,
-        /// Nucleus threshold in (0, 1]; 1 disables it.
-        top_p: f64,
-        /// Keep only the `k` most likely tokens; `None` disables it.
-        top_k: Option<usize>,
-        /// Then keep only tokens at least `min_p` times as likely as the most likely one
-        /// (min-p sampling); 0 (the default) disables it.
-        #[serde(default)]
-        min_p: f64,
-        /// Before all of that, the logit of every id the sequence has seen (its prompt's and its
-        /// new tokens) divided by this when positive and multiplied by it when negative
-        /// (`conrub_kernels::sampling::penalized_logit`); 1 (the default) disables it.
-        #[serde(default = "no_penalty")]
-        repetition_penalty: f64,
-    },
-}
+pub use conrub_settings::{Decoding, SamplingParams};
 
-fn no_penalty() -> f64 {
-    1.0
-}
-
-impl Default for Decoding {
-    /// Plain sampling at temperature 1 (what GRPO rollouts use).
-    fn default() -> Self {
-        Decoding::Sample {
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: None,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-        }
-    }
-}
-
-impl Decoding {
-    /// Sampling at `temperature` over the whole distribution.
-    pub fn temperature(temperature: f64) -> Self {
-        Decoding::Sample {
-            temperature,
-            top_p: 1.0,
-            top_k: None,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-        }
-    }
-
-    /// Whether this is greedy decoding (no random draw per token).
-    pub fn is_greedy(&self) -> bool {
-        matches!(self, Decoding::Greedy)
-    }
-
-    /// Checks the ranges of the settings.
-    pub fn validate(&self) -> Result<()> {
-        let Decoding::Sample {
-            temperature,
-            top_p,
-            top_k,
-            min_p,
-            repetition_penalty,
-        } = *self
-        else {
-            return Ok(());
-        };
-        // The rule computes in f32: a value that rounds to 0 or infinity there is refused too.
-        let as_f32 = repetition_penalty as f32;
-        if !(as_f32 > 0.0 && as_f32.is_finite()) {
-            return Err(ContractError::arg(
-                "repetition_penalty",
-                format!("{repetition_penalty} must be a finite number > 0 (1 turns it off)"),
-            ));
-        }
-        if !(temperature > 0.0 && temperature.is_finite()) {
-            return Err(ContractError::arg(
-                "temperature",
-                format!("{temperature} must be > 0 (use greedy decoding for 0)"),
-            ));
-        }
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ContractError::arg(
-                "top_p",
-                format!("{top_p} must be in (0, 1]"),
-            ));
-        }
-        if top_k == Some(0) {
-            return Err(ContractError::arg("top_k", "must be at least 1"));
-        }
-        if !(0.0..=1.0).contains(&min_p) {
-            return Err(ContractError::arg(
-                "min_p",
-                format!("{min_p} must be in [0, 1] (0 turns it off)"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The kernels' sampling parameters of this rule.
-    pub fn params(&self) -> conrub_kernels::sampling::SampleParams {
-        match *self {
-            Decoding::Greedy => conrub_kernels::sampling::SampleParams::GREEDY,
-            Decoding::Sample {
-                temperature,
-                top_p,
-                top_k,
-                min_p,
-                ..
-            } => conrub_kernels::sampling::SampleParams::draw(temperature, top_k, top_p)
-                .with_min_p(min_p),
-        }
-    }
-
-    /// The repetition penalty (1 when greedy or off), as the f32 the rule computes with.
-    pub fn repetition_penalty(&self) -> f32 {
-        match *self {
-            Decoding::Sample {
-                repetition_penalty, ..
-            } => repetition_penalty as f32,
-            Decoding::Greedy => 1.0,
+impl SamplingConfig {
+    /// The rollout's sampling settings of `[learner]` at `seed` (stop ids as given).
+    pub fn from_learner(cfg: &conrub_settings::LearnerConfig, seed: u64, stop_ids: &[u32]) -> Self {
+        SamplingConfig {
+            max_new_tokens: cfg.max_response_tokens,
+            decoding: Decoding::Sample(cfg.sampling),
+            seed,
+            stop_ids: stop_ids.to_vec(),
+            first_stream: 0,
         }
     }
 }
@@ -180,9 +64,17 @@ impl SamplingConfig {
         }
     }
 
-    /// Checks the ranges of the settings.
+    /// Checks the ranges of the settings; errors name the parameter.
     pub fn validate(&self) -> Result<()> {
-        self.decoding.validate()
+        self.decoding.validate().map_err(|e| match e {
+            conrub_settings::SettingsError::Key { key, message } => {
+                ContractError::Argument { name: key, message }
+            }
+            other => ContractError::Argument {
+                name: "decoding".into(),
+                message: other.to_string(),
+            },
+        })
     }
 }
 
@@ -254,11 +146,11 @@ pub fn sample_token(
     };
     let penalty = cfg.decoding.repetition_penalty();
     if penalty == 1.0 || seen.is_empty() {
-        return conrub_kernels::sampling::sample_row(logits, &cfg.decoding.params(), u);
+        return conrub_kernels::sampling::sample_row(logits, &cfg.decoding, u);
     }
     let mut row = logits.to_vec();
     conrub_kernels::sampling::penalize_row(&mut row, seen, penalty);
-    conrub_kernels::sampling::sample_row(&row, &cfg.decoding.params(), u)
+    conrub_kernels::sampling::sample_row(&row, &cfg.decoding, u)
 }
 
 /// The RNG stream of sequence `row` for a call seeded with `seed` (a call's sequence `i` uses
@@ -301,13 +193,13 @@ mod tests {
     fn top_k_one_is_greedy_with_logprob_zero() {
         let logits = [0.5f32, -1.0, 3.0, 2.9];
         let cfg = SamplingConfig {
-            decoding: Decoding::Sample {
+            decoding: Decoding::Sample(SamplingParams {
                 temperature: 1.0,
                 top_p: 1.0,
                 top_k: Some(1),
                 min_p: 0.0,
                 repetition_penalty: 1.0,
-            },
+            }),
             ..Default::default()
         };
         for s in 0..20 {
@@ -321,13 +213,13 @@ mod tests {
         // probabilities ~ [0.64, 0.24, 0.09, 0.03]; top_p 0.8 keeps the first two.
         let logits = [3.0f32, 2.0, 1.0, 0.0];
         let cfg = SamplingConfig {
-            decoding: Decoding::Sample {
+            decoding: Decoding::Sample(SamplingParams {
                 temperature: 1.0,
                 top_p: 0.8,
                 top_k: None,
                 min_p: 0.0,
                 repetition_penalty: 1.0,
-            },
+            }),
             ..Default::default()
         };
         let mut seen = [0usize; 4];
@@ -351,13 +243,13 @@ mod tests {
     fn full_sampling_matches_softmax_frequencies_and_temperature() {
         let logits = [1.0f32, 0.0];
         let cfg = SamplingConfig {
-            decoding: Decoding::Sample {
+            decoding: Decoding::Sample(SamplingParams {
                 temperature: 0.5,
                 top_p: 1.0,
                 top_k: None,
                 min_p: 0.0,
                 repetition_penalty: 1.0,
-            },
+            }),
             ..Default::default()
         };
         let mut rng = sequence_rng(1, 3);
@@ -377,24 +269,24 @@ mod tests {
     #[test]
     fn invalid_settings_are_rejected_by_name() {
         let cfg = SamplingConfig {
-            decoding: Decoding::Sample {
+            decoding: Decoding::Sample(SamplingParams {
                 temperature: 1.0,
                 top_p: 0.0,
                 top_k: None,
                 min_p: 0.0,
                 repetition_penalty: 1.0,
-            },
+            }),
             ..Default::default()
         };
         assert!(cfg.validate().unwrap_err().to_string().contains("top_p"));
         let cfg = SamplingConfig {
-            decoding: Decoding::Sample {
+            decoding: Decoding::Sample(SamplingParams {
                 temperature: 0.0,
                 top_p: 1.0,
                 top_k: None,
                 min_p: 0.0,
                 repetition_penalty: 1.0,
-            },
+            }),
             ..Default::default()
         };
         assert!(cfg

@@ -116,9 +116,7 @@ impl From<conrub_contracts::ContractError> for GrpoError {
     fn from(e: conrub_contracts::ContractError) -> Self {
         use conrub_contracts::ContractError as C;
         match e {
-            C::Unsupported { key, message } | C::Config { key, message } => {
-                GrpoError::Config { key, message }
-            }
+            C::Unsupported { key, message } => GrpoError::Config { key, message },
             C::Prompt { id, message } => GrpoError::Prompt { id, message },
             C::Decode(m) => GrpoError::Decode(m),
             C::Engine(e) => GrpoError::Engine(e),
@@ -131,3 +129,17 @@ impl From<conrub_contracts::ContractError> for GrpoError {
 
 /// `Result` with [`GrpoError`].
 pub type Result<T> = std::result::Result<T, GrpoError>;
+
+impl From<conrub_settings::SettingsError> for GrpoError {
+    fn from(e: conrub_settings::SettingsError) -> Self {
+        match e {
+            conrub_settings::SettingsError::Key { key, message } => {
+                GrpoError::Config { key, message }
+            }
+            other => GrpoError::Config {
+                key: "learner".into(),
+                message: other.to_string(),
+            },
+        }
+    }
+}

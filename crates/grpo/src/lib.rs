@@ -29,7 +29,7 @@
 //! - ties: [`TieBreaker`], [`PairwiseTieBreaker`], [`NoTieBreaker`], [`TiedGroup`], [`TieOutcome`],
 //!   [`PairRecord`], [`TieStats`]
 //! - plug-ins by name: [`Registry`], [`EstimatorFactory`], [`LossFactory`], [`DEFAULT_ESTIMATOR`],
-//!   [`DEFAULT_LOSS`], [`BUILTIN_ESTIMATORS`], [`BUILTIN_LOSSES`]
+//!   [`DEFAULT_LOSS`]
 //! - loss and update: [`PolicyObjective`], [`PolicyLoss`], [`Aggregation`], [`Clip`], [`SurrogateBatch`],
 //!   [`SurrogateOutput`], [`KlEstimator`], [`ImportanceLevel`], [`dpo_pair_loss`], [`TrainBatch`],
 //!   [`mask_rows`], [`Update`] (global clipping with fixed-order sums on the device, then AdamW),
@@ -85,10 +85,7 @@ pub use loss::{
     PolicyObjective, SurrogateBatch, SurrogateOutput,
 };
 pub use parallel::{split_groups, DataParallel};
-pub use registry::{
-    EstimatorFactory, LossFactory, Registry, BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR,
-    DEFAULT_LOSS,
-};
+pub use registry::{EstimatorFactory, LossFactory, Registry, DEFAULT_ESTIMATOR, DEFAULT_LOSS};
 pub use rollout::{Answer, GroupSampler, InProcessEngine};
 pub use schedule::LrSchedule;
 pub use state::{

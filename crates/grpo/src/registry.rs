@@ -17,9 +17,7 @@ use crate::advantages::{AdvantageEstimator, GroupRelative};
 use crate::error::{GrpoError, Result};
 use crate::learner::LearnerConfig;
 use crate::loss::{PolicyLoss, PolicyObjective};
-pub use conrub_contracts::{
-    BUILTIN_ESTIMATORS, BUILTIN_LOSSES, DEFAULT_ESTIMATOR, DEFAULT_LOSS, GSPO_LOSS,
-};
+pub use conrub_contracts::{DEFAULT_ESTIMATOR, DEFAULT_LOSS, GSPO_LOSS};
 
 /// Builds an advantage estimator from the learner's settings.
 pub type EstimatorFactory =
@@ -100,6 +98,23 @@ impl<B: Backend> Registry<B> {
         self.losses.keys().map(String::as_str).collect()
     }
 
+    /// Whether `cfg.estimator` and `cfg.loss` are registered, without building them: what
+    /// `conrub train` and `conrub plan` check before loading anything (against
+    /// [`Registry::builtin`]; a learner checks its own registry when it is built).
+    pub fn check_names(&self, cfg: &LearnerConfig) -> Result<()> {
+        if !self.estimators.contains_key(&cfg.estimator) {
+            return Err(unknown(
+                "learner.estimator",
+                &cfg.estimator,
+                &self.estimator_names(),
+            ));
+        }
+        if !self.losses.contains_key(&cfg.loss) {
+            return Err(unknown("learner.loss", &cfg.loss, &self.loss_names()));
+        }
+        Ok(())
+    }
+
     /// The estimator `cfg.estimator` names, built from `cfg`.
     pub fn estimator(&self, cfg: &LearnerConfig) -> Result<Box<dyn AdvantageEstimator>> {
         let make = self
@@ -171,8 +186,14 @@ mod tests {
         );
         cfg.scale_rewards = ScaleRewards::None;
         assert_eq!(r.estimator(&cfg).unwrap().advantages(&rewards)[0], 0.5);
-        assert_eq!(r.estimator_names(), BUILTIN_ESTIMATORS);
-        assert_eq!(r.loss_names(), BUILTIN_LOSSES);
+        assert_eq!(r.estimator_names(), [DEFAULT_ESTIMATOR]);
+        assert_eq!(r.loss_names(), [DEFAULT_LOSS, GSPO_LOSS]);
+        r.check_names(&cfg).unwrap();
+        cfg.loss = "rloo".into();
+        assert_eq!(
+            r.check_names(&cfg).unwrap_err().to_string(),
+            "learner.loss: `rloo` is not registered (registered: clipped-surrogate, gspo)"
+        );
     }
 
     #[test]

@@ -13,27 +13,10 @@ use tokio::sync::Semaphore;
 
 use crate::error::{JudgeError, Result};
 
-pub(crate) fn default_concurrency() -> usize {
-    16
-}
-pub(crate) fn default_timeout() -> f64 {
-    120.0
-}
-pub(crate) fn default_retries() -> u32 {
-    8
-}
-pub(crate) fn default_max_tokens() -> u32 {
-    2048
-}
-pub(crate) fn default_backoff_base() -> f64 {
-    1.0
-}
-pub(crate) fn default_backoff_max() -> f64 {
-    30.0
-}
-pub(crate) fn default_kwargs() -> Option<Value> {
-    Some(json!({ "enable_thinking": false }))
-}
+use conrub_settings::judge::{
+    default_backoff_base, default_backoff_max, default_concurrency, default_kwargs,
+    default_max_tokens, default_retries, default_timeout,
+};
 
 /// Client settings (the `[judge]` table of a judge config, minus the judge kind).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

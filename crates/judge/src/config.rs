@@ -1,47 +1,16 @@
-//! The judge config file (`--judge CONFIG`): one TOML schema for every judge kind.
-//!
-//! ```toml
-//! kind = "openai"                 # openai | local | lexical
-//! urls = ["http://judge-0:30000/v1", "http://judge-1:30000/v1"]   # or url = "..."
-//! model = "Qwen/Qwen2.5-32B-Instruct"  # served name (openai) or checkpoint dir / hub id (local)
-//! api_key_env = "JUDGE_API_KEY"   # optional; the key is read from this variable
-//! concurrency = 16
-//! timeout_secs = 120
-//! max_retries = 8
-//! max_tokens = 2048
-//! cache = "judge-cache.sqlite"    # optional; relative to this file
-//! [prompts]                       # optional overrides, TOML files with `system` and `user`
-//! criteria_three_state = "prompts/my-three-state.toml"
-//! [local]                         # kind = "local" only
-//! mode = "generate"               # or "logprob-margin"
-//! precision = "f32"               # or "bf16-mixed"
-//! ```
-//!
-//! A probe judge (`conrub judge distill` writes the probe) names its base model and probe file, and
-//! optionally a fallback judge for the criteria it is unsure of:
-//!
-//! ```toml
-//! kind = "probe"
-//! model = "meta-llama/Llama-3.2-1B-Instruct"
-//! probe = "probes/med/probe.safetensors"
-//! precision = "f32"              # or "bf16-mixed": the probe's (`distill --precision`)
-//! abstain_below = 0.7            # top class probability under 0.7: ask the fallback
-//! fallback = "judge-sglang.toml" # or an inline [fallback] table
-//! ```
-//!
-//! The lexical test double takes one setting of its own, its keyword file (see [`crate::lexical`]):
-//!
-//! ```toml
-//! kind = "lexical"
-//! keywords = "../data/samples/lexical-keywords.jsonl"   # optional; relative to this file
-//! ```
+//! Building a judge from its settings ([`JudgeConfig`], read by `conrub-settings`): each kind's
+//! [`BuildJudge`] impl, and [`JudgeBuild`], what a judge config does with them (its client, its
+//! prompts, its cache, the judge itself). Adding a kind: its settings struct and line in
+//! `conrub_settings::judge`, its `BuildJudge` impl and arm in [`for_kind!`] here.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use conrub_rubric::RubricSet;
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+pub use conrub_settings::judge::{
+    field_names, JudgeConfig, JudgeKind, JudgeSpec, KindKeys, KindSettings, LexicalSettings,
+    LocalSettings, OpenAiSettings, ProbeSettings,
+};
 
 use crate::cache::JudgeCache;
 use crate::client::{ChatClient, ClientConfig};
@@ -49,229 +18,27 @@ use crate::error::{JudgeError, Result};
 use crate::judge::{CriterionJudge, PairwiseJudge};
 use crate::lexical::LexicalJudge;
 use crate::openai::OpenAiJudge;
-use crate::prompts::{PromptOverrides, PromptSet};
+use crate::prompts::PromptSet;
 
-/// Declares the judge kinds from one list of `Variant(Settings) = "name"` lines: the
-/// [`JudgeKind`] enum, the serde-tagged [`JudgeSpec`], and their dispatch (names, keys,
-/// settings, building on a device).
-macro_rules! judge_kinds {
-    ($($(#[$doc:meta])* $variant:ident($settings:ty) = $name:literal,)+) => {
-        /// The kinds of judge.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-        pub enum JudgeKind {
-            $($(#[$doc])* #[serde(rename = $name)] $variant,)+
-        }
-
-        /// Which judge, with the settings of its kind only.
-        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-        #[serde(tag = "kind")]
-        pub enum JudgeSpec {
-            $($(#[$doc])* #[serde(rename = $name)] $variant($settings),)+
-        }
-
-        impl JudgeKind {
-            /// Every kind, in the order error messages list them.
-            pub const ALL: &'static [JudgeKind] = &[$(JudgeKind::$variant),+];
-
-            /// The `kind` value of a config.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(JudgeKind::$variant => $name,)+
-                }
-            }
-
-            /// True for the judges that run a model in this process (built on a device with
-            /// [`JudgeConfig::build_on`]).
-            pub fn in_process(self) -> bool {
-                match self {
-                    $(JudgeKind::$variant => <$settings as KindSettings>::IN_PROCESS,)+
-                }
-            }
-
-            /// The keys a config of this kind may have besides `kind`: its settings struct's
-            /// fields.
-            pub fn keys(self) -> &'static [&'static str] {
-                match self {
-                    $(JudgeKind::$variant => field_names::<$settings>(),)+
-                }
-            }
-
-            fn parse(s: &str) -> Option<Self> {
-                Self::ALL.iter().copied().find(|k| k.as_str() == s)
-            }
-        }
-
-        impl JudgeSpec {
-            /// The kind.
-            pub fn kind(&self) -> JudgeKind {
-                match self {
-                    $(JudgeSpec::$variant(_) => JudgeKind::$variant,)+
-                }
-            }
-
-            /// The kind's settings, as the config reads them.
-            pub fn settings(&self) -> &dyn SettingsView {
-                match self {
-                    $(JudgeSpec::$variant(s) => s,)+
-                }
-            }
-
-            /// The settings of `kind` from `value` (every key but `kind`).
-            fn deserialize_kind(
-                kind: JudgeKind,
-                value: toml::Value,
-            ) -> std::result::Result<Self, serde_path_to_error::Error<toml::de::Error>> {
-                Ok(match kind {
-                    $(JudgeKind::$variant => {
-                        JudgeSpec::$variant(serde_path_to_error::deserialize(value)?)
-                    })+
-                })
-            }
-
-            /// Builds the judge (an in-process one on `device`).
-            #[cfg(feature = "local")]
-            fn build_on<B: conrub_kernels::KernelOps>(
-                &self,
-                cfg: &JudgeConfig,
-                device: &B::Device,
-                rubrics: &RubricSet,
-            ) -> Result<Judges> {
-                match self {
-                    $(JudgeSpec::$variant(s) => s.build_on::<B>(cfg, device, rubrics),)+
-                }
-            }
+/// Runs `$body` with `$s` bound to the settings of `$spec`'s kind: the one list of kinds here.
+macro_rules! for_kind {
+    ($spec:expr, $s:ident => $body:expr) => {
+        match $spec {
+            JudgeSpec::Openai($s) => $body,
+            JudgeSpec::Local($s) => $body,
+            JudgeSpec::Lexical($s) => $body,
+            JudgeSpec::Probe($s) => $body,
         }
     };
 }
 
-/// What the config reads of any kind's settings: [`KindSettings`] without its generic parts.
-pub trait SettingsView {
-    /// See [`KindSettings::prompts`].
-    fn prompts(&self) -> Option<&PromptOverrides>;
-    /// See [`KindSettings::cache`].
-    fn cache(&self) -> Option<&PathBuf>;
-    /// See [`KindSettings::device`].
-    fn device(&self) -> Option<&str>;
-    /// See [`KindSettings::concurrency`].
-    fn concurrency(&self) -> Option<usize>;
-    /// See [`KindSettings::check`].
-    fn check(&self, prefix: &str) -> Result<()>;
-    /// See [`KindSettings::build`].
-    fn build(&self, cfg: &JudgeConfig, rubrics: &RubricSet) -> Result<Judges>;
-}
-
-impl<S: KindSettings> SettingsView for S {
-    fn prompts(&self) -> Option<&PromptOverrides> {
-        KindSettings::prompts(self)
-    }
-    fn cache(&self) -> Option<&PathBuf> {
-        KindSettings::cache(self)
-    }
-    fn device(&self) -> Option<&str> {
-        KindSettings::device(self)
-    }
-    fn concurrency(&self) -> Option<usize> {
-        KindSettings::concurrency(self)
-    }
-    fn check(&self, prefix: &str) -> Result<()> {
-        KindSettings::check(self, prefix)
-    }
-    fn build(&self, cfg: &JudgeConfig, rubrics: &RubricSet) -> Result<Judges> {
-        KindSettings::build(self, cfg, rubrics)
-    }
-}
-
-/// The field names serde's derive gives a struct (the names `deserialize_struct` is asked for,
-/// renames applied): a kind's keys, read from its settings struct instead of a list kept by hand.
-fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
-    use serde::de::{self, Visitor};
-    struct Fields(Option<&'static [&'static str]>);
-    impl<'de> de::Deserializer<'de> for &mut Fields {
-        type Error = de::value::Error;
-        fn deserialize_any<V: Visitor<'de>>(
-            self,
-            _: V,
-        ) -> std::result::Result<V::Value, Self::Error> {
-            Err(de::Error::custom("not a struct"))
-        }
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _name: &'static str,
-            fields: &'static [&'static str],
-            _visitor: V,
-        ) -> std::result::Result<V::Value, Self::Error> {
-            self.0 = Some(fields);
-            Err(de::Error::custom("fields read"))
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
-            ignored_any
-        }
-    }
-    let mut fields = Fields(None);
-    let _ = T::deserialize(&mut fields);
-    // A settings struct with derived `Deserialize` and no `flatten` always names its fields.
-    debug_assert!(
-        fields.0.is_some(),
-        "{} names no fields",
-        std::any::type_name::<T>()
-    );
-    fields.0.unwrap_or(&[])
-}
-
-// The judge kinds: one line each. A kind is its settings struct (its fields are the kind's
-// keys, with their defaults and docs) and that struct's `KindSettings` impl (what the config
-// reads of it and how it is built); the macro derives `JudgeKind`, `JudgeSpec` and their
-// dispatch from this list.
-judge_kinds! {
-    /// An OpenAI-compatible endpoint (SGLang, vLLM, OpenAI).
-    Openai(OpenAiSettings) = "openai",
-    /// Our burn model (any `conrub_models` family), in process.
-    Local(LocalSettings) = "local",
-    /// The lexical test double.
-    Lexical(LexicalSettings) = "lexical",
-    /// A linear probe on an in-process model's hidden states (`conrub judge distill`).
-    Probe(ProbeSettings) = "probe",
-}
-
-/// One judge kind, declared by its settings struct: what the config reads of it and how the
-/// judge is built. The struct's serde fields are the kind's keys (see [`JudgeKind::keys`]).
-pub trait KindSettings: Serialize + serde::de::DeserializeOwned {
-    /// The judge runs a model in this process (built on a device: [`JudgeConfig::build_on`]).
-    const IN_PROCESS: bool = false;
-
-    /// Prompt overrides, for a kind that prompts a model.
-    fn prompts(&self) -> Option<&PromptOverrides> {
-        None
-    }
-
-    /// The judge cache database, relative to the config file.
-    fn cache(&self) -> Option<&PathBuf> {
-        None
-    }
-
-    /// The in-process judge's device, when the config names one.
-    fn device(&self) -> Option<&str> {
-        None
-    }
-
-    /// Requests in flight, for a served judge.
-    fn concurrency(&self) -> Option<usize> {
-        None
-    }
-
-    /// Checks beyond the types (ranges, keys that go together); `prefix` names keys in errors.
-    fn check(&self, prefix: &str) -> Result<()> {
-        let _ = prefix;
-        Ok(())
-    }
-
+/// How one kind's judge is built from its settings.
+pub trait BuildJudge: KindSettings {
     /// Builds the judge without a device (`cfg` is the config this is part of; `rubrics` the
     /// records it will grade, possibly none). In-process kinds refuse.
     fn build(&self, cfg: &JudgeConfig, rubrics: &RubricSet) -> Result<Judges>;
 
-    /// Builds the judge, an in-process one on `device`; the default is [`KindSettings::build`].
+    /// Builds the judge, an in-process one on `device`; the default is [`BuildJudge::build`].
     #[cfg(feature = "local")]
     fn build_on<B: conrub_kernels::KernelOps>(
         &self,
@@ -284,7 +51,7 @@ pub trait KindSettings: Serialize + serde::de::DeserializeOwned {
     }
 }
 
-/// The refusal of [`KindSettings::build`] for a kind that needs a device.
+/// The refusal of [`BuildJudge::build`] for a kind that needs a device.
 fn needs_device(kind: JudgeKind) -> JudgeError {
     JudgeError::config(
         "kind",
@@ -295,68 +62,9 @@ fn needs_device(kind: JudgeKind) -> JudgeError {
     )
 }
 
-/// `kind = "openai"`: a judge served behind an OpenAI-compatible chat API.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OpenAiSettings {
-    /// One base URL (alternative to `urls`).
-    #[serde(default)]
-    pub url: Option<String>,
-    /// Base URLs to spread calls over.
-    #[serde(default)]
-    pub urls: Vec<String>,
-    /// Served model name.
-    pub model: String,
-    /// Environment variable holding the API key.
-    #[serde(default)]
-    pub api_key_env: Option<String>,
-    /// Requests in flight.
-    #[serde(default = "crate::client::default_concurrency")]
-    pub concurrency: usize,
-    /// Per-call timeout, seconds.
-    #[serde(default = "crate::client::default_timeout")]
-    pub timeout_secs: f64,
-    /// Retries after the first attempt.
-    #[serde(default = "crate::client::default_retries")]
-    pub max_retries: u32,
-    /// `max_tokens` per call.
-    #[serde(default = "crate::client::default_max_tokens")]
-    pub max_tokens: u32,
-    /// Sampling temperature of the judge (0 by default).
-    #[serde(default)]
-    pub temperature: f64,
-    /// First backoff ceiling, seconds.
-    #[serde(default = "crate::client::default_backoff_base")]
-    pub backoff_base_secs: f64,
-    /// Largest backoff, seconds.
-    #[serde(default = "crate::client::default_backoff_max")]
-    pub backoff_max_secs: f64,
-    /// `chat_template_kwargs` sent to SGLang/vLLM (thinking off by default; `{}` omits it).
-    #[serde(default = "crate::client::default_kwargs")]
-    pub chat_template_kwargs: Option<Value>,
-    /// Judge cache database (SQLite), relative to the config file.
-    #[serde(default)]
-    pub cache: Option<PathBuf>,
-    /// Prompt overrides.
-    #[serde(default)]
-    pub prompts: PromptOverrides,
-}
-
-impl KindSettings for OpenAiSettings {
-    fn prompts(&self) -> Option<&PromptOverrides> {
-        Some(&self.prompts)
-    }
-
-    fn cache(&self) -> Option<&PathBuf> {
-        self.cache.as_ref()
-    }
-
-    fn concurrency(&self) -> Option<usize> {
-        Some(self.concurrency)
-    }
-
+impl BuildJudge for OpenAiSettings {
     fn build(&self, cfg: &JudgeConfig, _rubrics: &RubricSet) -> Result<Judges> {
-        let client = Arc::new(ChatClient::new(self.client_config()?)?);
+        let client = Arc::new(ChatClient::new(client_config(self)?)?);
         let cache = cfg.open_cache()?;
         let judge = Arc::new(OpenAiJudge::new(
             client.clone(),
@@ -372,77 +80,36 @@ impl KindSettings for OpenAiSettings {
     }
 }
 
-impl OpenAiSettings {
-    /// The client settings (`url` first, then `urls`); checked.
-    pub fn client_config(&self) -> Result<ClientConfig> {
-        let mut urls = self.urls.clone();
-        if let Some(u) = &self.url {
-            urls.insert(0, u.clone());
-        }
-        if urls.is_empty() {
-            return Err(JudgeError::config(
-                "url",
-                "kind = \"openai\" needs `url` or `urls`",
-            ));
-        }
-        let cfg = ClientConfig {
-            urls,
-            model: self.model.clone(),
-            api_key_env: self.api_key_env.clone(),
-            concurrency: self.concurrency,
-            timeout_secs: self.timeout_secs,
-            max_retries: self.max_retries,
-            max_tokens: self.max_tokens,
-            temperature: self.temperature,
-            backoff_base_secs: self.backoff_base_secs,
-            backoff_max_secs: self.backoff_max_secs,
-            chat_template_kwargs: self.chat_template_kwargs.clone(),
-        };
-        cfg.validate()?;
-        Ok(cfg)
+/// The client settings of an `openai` judge (`url` first, then `urls`); checked.
+pub fn client_config(o: &OpenAiSettings) -> Result<ClientConfig> {
+    let mut urls = o.urls.clone();
+    if let Some(u) = &o.url {
+        urls.insert(0, u.clone());
     }
+    if urls.is_empty() {
+        return Err(JudgeError::config(
+            "url",
+            "kind = \"openai\" needs `url` or `urls`",
+        ));
+    }
+    let cfg = ClientConfig {
+        urls,
+        model: o.model.clone(),
+        api_key_env: o.api_key_env.clone(),
+        concurrency: o.concurrency,
+        timeout_secs: o.timeout_secs,
+        max_retries: o.max_retries,
+        max_tokens: o.max_tokens,
+        temperature: o.temperature,
+        backoff_base_secs: o.backoff_base_secs,
+        backoff_max_secs: o.backoff_max_secs,
+        chat_template_kwargs: o.chat_template_kwargs.clone(),
+    };
+    cfg.validate()?;
+    Ok(cfg)
 }
 
-/// `kind = "local"`: our burn model in process.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LocalSettings {
-    /// Checkpoint directory (relative to the config file) or hub id.
-    pub model: String,
-    /// Device of the judge (`cpu`, `wgpu`, `cuda:0`, ...) for `conrub score` and `judge-pair`.
-    #[serde(default)]
-    pub device: Option<String>,
-    /// Judge cache database (SQLite), relative to the config file.
-    #[serde(default)]
-    pub cache: Option<PathBuf>,
-    /// Prompt overrides.
-    #[serde(default)]
-    pub prompts: PromptOverrides,
-    /// Settings of the in-process judge.
-    #[cfg(feature = "local")]
-    #[serde(default)]
-    pub local: crate::local::LocalJudgeConfig,
-    /// Settings of the in-process judge (this build has no in-process judge).
-    #[cfg(not(feature = "local"))]
-    #[serde(default)]
-    pub local: Option<toml::Table>,
-}
-
-impl KindSettings for LocalSettings {
-    const IN_PROCESS: bool = true;
-
-    fn prompts(&self) -> Option<&PromptOverrides> {
-        Some(&self.prompts)
-    }
-
-    fn cache(&self) -> Option<&PathBuf> {
-        self.cache.as_ref()
-    }
-
-    fn device(&self) -> Option<&str> {
-        self.device.as_deref()
-    }
-
+impl BuildJudge for LocalSettings {
     fn build(&self, _cfg: &JudgeConfig, _rubrics: &RubricSet) -> Result<Judges> {
         Err(needs_device(JudgeKind::Local))
     }
@@ -454,7 +121,7 @@ impl KindSettings for LocalSettings {
         device: &B::Device,
         _rubrics: &RubricSet,
     ) -> Result<Judges> {
-        let loaded = cfg.load_model::<B>(&self.model, device)?;
+        let loaded = load_model::<B>(cfg, &self.model, device)?;
         let cache = cfg.open_cache()?;
         let judge = Arc::new(crate::local::LocalJudge::new(
             loaded,
@@ -472,17 +139,7 @@ impl KindSettings for LocalSettings {
     }
 }
 
-/// `kind = "lexical"`: the keyword test double.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LexicalSettings {
-    /// Its keyword file (JSONL of `{criterion, keywords, contradictions}`), relative to the
-    /// config file. Without it every criterion is matched by its own words.
-    #[serde(default)]
-    pub keywords: Option<PathBuf>,
-}
-
-impl KindSettings for LexicalSettings {
+impl BuildJudge for LexicalSettings {
     /// The lexical judge reads its keyword file (`keywords`); `rubrics`, the records it will
     /// grade (may be empty), is only checked against that file: when the file names none of
     /// their criteria it is an error (a keyword file for other data, or criteria edited since).
@@ -523,92 +180,7 @@ fn keyword_judge(path: &Path, rubrics: &RubricSet) -> Result<LexicalJudge> {
     Ok(judge)
 }
 
-/// `kind = "probe"`: a distilled probe on an in-process model (see [`crate::probe`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProbeSettings {
-    /// The probe's base model: checkpoint directory (relative to the config file) or hub id.
-    pub model: String,
-    /// The probe file `conrub judge distill` wrote (`probe.safetensors`), or its `--out` folder,
-    /// relative to the file.
-    pub probe: PathBuf,
-    /// Device of the probe's base model (`cpu`, `wgpu`, `cuda:0`, ...) for `conrub score` and
-    /// `judge-pair`, whose `--device` overrides it.
-    #[serde(default)]
-    pub device: Option<String>,
-    /// Judge cache database (SQLite), relative to the config file.
-    #[serde(default)]
-    pub cache: Option<PathBuf>,
-    /// Prompt overrides (the probe refuses prompts other than those it was distilled over).
-    #[serde(default)]
-    pub prompts: PromptOverrides,
-    /// The layer the probe must read (a check: the probe file says which it reads).
-    #[serde(default)]
-    pub layer: Option<usize>,
-    /// The pooling the probe must use (a check, like `layer`).
-    #[serde(default)]
-    pub pooling: Option<crate::probe::Pooling>,
-    /// Compute precision of the base model, `f32` or `bf16-mixed`: the probe's features depend
-    /// on it, so it must be the one the probe was distilled at (its file says which).
-    #[cfg(feature = "local")]
-    #[serde(default)]
-    pub precision: conrub_models::Precision,
-    /// Compute precision of the base model (this build has no in-process judge).
-    #[cfg(not(feature = "local"))]
-    #[serde(default)]
-    pub precision: Option<String>,
-    /// Criterion rows per suffix pass.
-    #[serde(default = "default_probe_batch")]
-    pub batch_size: usize,
-    /// Criteria whose top class probability is below this go to `fallback`.
-    #[serde(default)]
-    pub abstain_below: Option<f64>,
-    /// The judge for abstained criteria: a judge table, or the path of a judge file.
-    #[serde(default)]
-    pub fallback: Option<toml::Value>,
-}
-
-fn default_probe_batch() -> usize {
-    16
-}
-
-impl KindSettings for ProbeSettings {
-    const IN_PROCESS: bool = true;
-
-    fn prompts(&self) -> Option<&PromptOverrides> {
-        Some(&self.prompts)
-    }
-
-    fn cache(&self) -> Option<&PathBuf> {
-        self.cache.as_ref()
-    }
-
-    fn device(&self) -> Option<&str> {
-        self.device.as_deref()
-    }
-
-    fn check(&self, prefix: &str) -> Result<()> {
-        if let Some(b) = self.abstain_below.filter(|b| !(*b > 0.0 && *b <= 1.0)) {
-            return Err(JudgeError::config(
-                format!("{prefix}abstain_below"),
-                format!("{b} is not a probability in (0, 1]"),
-            ));
-        }
-        if self.batch_size == 0 {
-            return Err(JudgeError::config(
-                format!("{prefix}batch_size"),
-                "must be at least 1",
-            ));
-        }
-        if self.abstain_below.is_some() != self.fallback.is_some() {
-            return Err(JudgeError::config(
-                format!("{prefix}fallback"),
-                "abstain_below and fallback go together (abstained criteria need a judge)",
-            ));
-        }
-        Ok(())
-    }
-
+impl BuildJudge for ProbeSettings {
     fn build(&self, _cfg: &JudgeConfig, _rubrics: &RubricSet) -> Result<Judges> {
         Err(needs_device(JudgeKind::Probe))
     }
@@ -621,7 +193,7 @@ impl KindSettings for ProbeSettings {
         _rubrics: &RubricSet,
     ) -> Result<Judges> {
         use crate::probe::{Abstention, FeatureSpecFilter, ProbeFeaturizer, ProbeJudge};
-        let loaded = cfg.load_model::<B>(&self.model, device)?;
+        let loaded = load_model::<B>(cfg, &self.model, device)?;
         let cache = cfg.open_cache()?;
         let fallback = match cfg.fallback() {
             None => None,
@@ -667,17 +239,6 @@ impl KindSettings for ProbeSettings {
     }
 }
 
-/// A parsed judge config: the judge and the directory its relative paths resolve against.
-#[derive(Debug, Clone, PartialEq)]
-pub struct JudgeConfig {
-    /// Which judge.
-    pub spec: JudgeSpec,
-    /// Directory the config was read from (relative paths resolve against it).
-    pub base_dir: PathBuf,
-    /// A probe's fallback judge, parsed (and checked) with the config.
-    fallback: Option<Box<JudgeConfig>>,
-}
-
 /// A built judge: criterion and pairwise sides share the client and cache.
 #[derive(Clone)]
 pub struct Judges {
@@ -691,163 +252,42 @@ pub struct Judges {
     pub cache: Option<Arc<JudgeCache>>,
 }
 
-impl JudgeConfig {
-    /// Parses a judge table. `prefix` is how its keys are named in errors (`"judge."` inside a
-    /// train config, `""` for a judge file); `base_dir` resolves relative paths. A key of another
-    /// kind is an error naming the key and both kinds.
-    pub fn from_table(mut table: toml::Table, base_dir: &Path, prefix: &str) -> Result<Self> {
-        let kinds: Vec<&str> = JudgeKind::ALL.iter().map(|k| k.as_str()).collect();
-        let kinds = kinds.join(", ");
-        let kind = match table.remove("kind") {
-            None => {
-                return Err(JudgeError::config(
-                    format!("{prefix}kind"),
-                    format!("missing (one of {kinds})"),
-                ))
-            }
-            Some(toml::Value::String(k)) => JudgeKind::parse(&k).ok_or_else(|| {
-                JudgeError::config(
-                    format!("{prefix}kind"),
-                    format!("`{k}` is not a judge kind (one of {kinds})"),
-                )
-            })?,
-            Some(other) => {
-                return Err(JudgeError::config(
-                    format!("{prefix}kind"),
-                    format!(
-                        "expected a string (one of {kinds}), found {}",
-                        other.type_str()
-                    ),
-                ))
-            }
-        };
-        for key in table.keys() {
-            if kind.keys().contains(&key.as_str()) {
-                continue;
-            }
-            let owner = JudgeKind::ALL
-                .iter()
-                .copied()
-                .find(|k| k.keys().contains(&key.as_str()));
-            let message = match owner {
-                Some(o) => format!(
-                    "not a key of kind = \"{}\" (it belongs to kind = \"{}\")",
-                    kind.as_str(),
-                    o.as_str()
-                ),
-                None => format!(
-                    "unknown key of kind = \"{}\" (its keys: {})",
-                    kind.as_str(),
-                    kind.keys().join(", ")
-                ),
-            };
-            return Err(JudgeError::config(format!("{prefix}{key}"), message));
-        }
-        let value = toml::Value::Table(table);
-        let field = |e: serde_path_to_error::Error<toml::de::Error>| {
-            let path = e.path().to_string();
-            let key = if path == "." { String::new() } else { path };
-            let message = e.into_inner().message().trim_end().to_string();
-            JudgeError::config(
-                format!("{prefix}{key}").trim_end_matches('.').to_string(),
-                format!("{message} (kind = \"{}\")", kind.as_str()),
-            )
-        };
-        let spec = JudgeSpec::deserialize_kind(kind, value).map_err(field)?;
-        spec.settings().check(prefix)?;
-        let fallback = match &spec {
-            JudgeSpec::Probe(p) => Self::parse_fallback(p, base_dir, prefix)?.map(Box::new),
-            _ => None,
-        };
-        Ok(Self {
-            spec,
-            base_dir: base_dir.to_path_buf(),
-            fallback,
-        })
-    }
-
-    /// A probe judge's fallback judge config (a table, or a file named by a string), as it was
-    /// parsed with this config; `None` for other kinds and for a probe without one.
-    pub fn fallback(&self) -> Option<&JudgeConfig> {
-        self.fallback.as_deref()
-    }
-
-    /// Parses a probe's `fallback` (keys named with `prefix` in errors); `base_dir` resolves
-    /// relative paths.
-    fn parse_fallback(
-        p: &ProbeSettings,
-        base_dir: &Path,
-        prefix: &str,
-    ) -> Result<Option<JudgeConfig>> {
-        let key = format!("{prefix}fallback");
-        let cfg = match &p.fallback {
-            None => return Ok(None),
-            Some(toml::Value::String(file)) => JudgeConfig::from_file(&base_dir.join(file))?,
-            Some(toml::Value::Table(t)) => {
-                JudgeConfig::from_table(t.clone(), base_dir, &format!("{key}."))?
-            }
-            Some(other) => {
-                return Err(JudgeError::config(
-                    key,
-                    format!(
-                        "expected a judge table or a judge file's path, found {}",
-                        other.type_str()
-                    ),
-                ))
-            }
-        };
-        if cfg.kind() == JudgeKind::Probe {
-            return Err(JudgeError::config(
-                key,
-                "a probe's fallback cannot be a probe",
-            ));
-        }
-        Ok(Some(cfg))
-    }
-
-    /// Parses a judge file's TOML text; `base_dir` resolves relative paths.
-    pub fn from_toml(text: &str, base_dir: &Path) -> Result<Self> {
-        let table: toml::Table = toml::from_str(text).map_err(|e| JudgeError::Toml {
-            message: e.to_string().trim_end().to_string(),
-        })?;
-        Self::from_table(table, base_dir, "")
-    }
-
-    /// Reads a config file; errors name the file and the key.
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| JudgeError::File {
-            path: path.into(),
-            source: e,
-        })?;
-        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::from_toml(&text, &base).map_err(|e| JudgeError::InFile {
-            path: path.into(),
-            source: Box::new(e),
-        })
-    }
-
-    /// Which kind of judge.
-    pub fn kind(&self) -> JudgeKind {
-        self.spec.kind()
-    }
-
-    /// The in-process judge's device, when the config names one.
-    pub fn device(&self) -> Option<&str> {
-        self.spec.settings().device()
-    }
-
-    /// Requests in flight for a served judge (the client's default for other kinds).
-    pub fn concurrency(&self) -> usize {
-        self.spec
-            .settings()
-            .concurrency()
-            .unwrap_or_else(crate::client::default_concurrency)
-    }
-
+/// What a judge config does with its settings: the served judge's client, the prompts, the
+/// cache, the judge.
+pub trait JudgeBuild {
     /// The client settings of a served judge.
-    pub fn client_config(&self) -> Result<ClientConfig> {
+    fn client_config(&self) -> Result<ClientConfig>;
+
+    /// The prompts with overrides applied (defaults for a kind without prompts).
+    fn prompt_set(&self) -> Result<PromptSet>;
+
+    /// Opens the cache, if one is configured.
+    fn open_cache(&self) -> Result<Option<Arc<JudgeCache>>>;
+
+    /// Builds a judge that needs no device (`openai`, `lexical`; an in-process kind is built
+    /// with [`JudgeBuild::build_on`]); `rubrics` are the records it will grade (may be empty):
+    /// a kind may check itself against them (the lexical judge's keyword file).
+    fn build(&self, rubrics: &RubricSet) -> Result<Judges>;
+
+    /// Builds a judge of any kind: an in-process one (`local`, `probe`) on `device`, any other
+    /// as [`JudgeBuild::build`] does.
+    #[cfg(feature = "local")]
+    fn build_on<B: conrub_kernels::KernelOps>(
+        &self,
+        device: &B::Device,
+        rubrics: &RubricSet,
+    ) -> Result<Judges>;
+
+    /// Builds an in-process judge (`local` or `probe`) on `device`: loads `model` (and a probe's
+    /// file and fallback judge; a fallback that is itself in process runs on the same device).
+    #[cfg(feature = "local")]
+    fn build_local<B: conrub_kernels::KernelOps>(&self, device: &B::Device) -> Result<Judges>;
+}
+
+impl JudgeBuild for JudgeConfig {
+    fn client_config(&self) -> Result<ClientConfig> {
         match &self.spec {
-            JudgeSpec::Openai(o) => o.client_config(),
+            JudgeSpec::Openai(o) => client_config(o),
             _ => Err(JudgeError::config(
                 "kind",
                 "only kind = \"openai\" has a client",
@@ -855,45 +295,34 @@ impl JudgeConfig {
         }
     }
 
-    /// The prompts with overrides applied (defaults for a kind without prompts).
-    pub fn prompt_set(&self) -> Result<PromptSet> {
-        match self.spec.settings().prompts() {
+    fn prompt_set(&self) -> Result<PromptSet> {
+        match self.prompts() {
             Some(overrides) => PromptSet::with_overrides(overrides, &self.base_dir),
             None => Ok(PromptSet::default()),
         }
     }
 
-    /// Opens the cache, if one is configured.
-    pub fn open_cache(&self) -> Result<Option<Arc<JudgeCache>>> {
-        self.spec
-            .settings()
-            .cache()
-            .map(|p| JudgeCache::open(&self.base_dir.join(p)).map(Arc::new))
+    fn open_cache(&self) -> Result<Option<Arc<JudgeCache>>> {
+        self.cache_path()
+            .map(|p| JudgeCache::open(&p).map(Arc::new))
             .transpose()
     }
 
-    /// Builds a judge that needs no device (`openai`, `lexical`; an in-process kind is built
-    /// with [`JudgeConfig::build_on`]); `rubrics` are the records it will grade (may be empty):
-    /// a kind may check itself against them (the lexical judge's keyword file).
-    pub fn build(&self, rubrics: &RubricSet) -> Result<Judges> {
-        self.spec.settings().build(self, rubrics)
+    fn build(&self, rubrics: &RubricSet) -> Result<Judges> {
+        for_kind!(&self.spec, s => s.build(self, rubrics))
     }
 
-    /// Builds a judge of any kind: an in-process one (`local`, `probe`) on `device`, any other
-    /// as [`JudgeConfig::build`] does.
     #[cfg(feature = "local")]
-    pub fn build_on<B: conrub_kernels::KernelOps>(
+    fn build_on<B: conrub_kernels::KernelOps>(
         &self,
         device: &B::Device,
         rubrics: &RubricSet,
     ) -> Result<Judges> {
-        self.spec.build_on::<B>(self, device, rubrics)
+        for_kind!(&self.spec, s => s.build_on::<B>(self, device, rubrics))
     }
 
-    /// Builds an in-process judge (`local` or `probe`) on `device`: loads `model` (and a probe's
-    /// file and fallback judge; a fallback that is itself in process runs on the same device).
     #[cfg(feature = "local")]
-    pub fn build_local<B: conrub_kernels::KernelOps>(&self, device: &B::Device) -> Result<Judges> {
+    fn build_local<B: conrub_kernels::KernelOps>(&self, device: &B::Device) -> Result<Judges> {
         if !self.kind().in_process() {
             return Err(JudgeError::config(
                 "kind",
@@ -905,23 +334,23 @@ impl JudgeConfig {
         }
         self.build_on::<B>(device, &no_records()?)
     }
+}
 
-    /// The base model of an in-process judge: a checkpoint directory relative to the file, else
-    /// a hub id.
-    #[cfg(feature = "local")]
-    fn load_model<B: conrub_kernels::KernelOps>(
-        &self,
-        model: &str,
-        device: &B::Device,
-    ) -> Result<conrub_models::Pretrained<B>> {
-        let path = self.base_dir.join(model);
-        if path.is_dir() {
-            conrub_models::Pretrained::<B>::load_dir(&path, device)
-        } else {
-            conrub_models::Pretrained::<B>::load(model, device)
-        }
-        .map_err(|e| JudgeError::Model(Box::new(e)))
+/// The base model of an in-process judge: a checkpoint directory relative to the config's
+/// file, else a hub id.
+#[cfg(feature = "local")]
+fn load_model<B: conrub_kernels::KernelOps>(
+    cfg: &JudgeConfig,
+    model: &str,
+    device: &B::Device,
+) -> Result<conrub_models::Pretrained<B>> {
+    let path = cfg.base_dir.join(model);
+    if path.is_dir() {
+        conrub_models::Pretrained::<B>::load_dir(&path, device)
+    } else {
+        conrub_models::Pretrained::<B>::load(model, device)
     }
+    .map_err(|e| JudgeError::Model(Box::new(e)))
 }
 
 /// No records: what an in-process judge is checked against (nothing).
@@ -929,7 +358,6 @@ impl JudgeConfig {
 fn no_records() -> Result<RubricSet> {
     RubricSet::from_records("none", vec![]).map_err(|e| JudgeError::Probe(e.to_string()))
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,6 +39,9 @@ pub enum JudgeError {
         /// The parser's message, with line and column.
         message: String,
     },
+    /// A judge config that does not read (a key, a file, TOML), as `conrub-settings` says.
+    #[error(transparent)]
+    Settings(#[from] conrub_settings::SettingsError),
     /// A configuration value is missing or out of range.
     #[error("{field}: {message}")]
     Config {

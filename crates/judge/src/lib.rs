@@ -32,8 +32,8 @@ pub mod testing;
 pub use cache::{CacheKey, CacheStats, JudgeCache};
 pub use client::{CallError, CallOutcome, ChatClient, ClientConfig, ClientStats};
 pub use config::{
-    JudgeConfig, JudgeKind, JudgeSpec, Judges, LexicalSettings, LocalSettings, OpenAiSettings,
-    ProbeSettings,
+    client_config, BuildJudge, JudgeBuild, JudgeConfig, JudgeKind, JudgeSpec, Judges,
+    LexicalSettings, LocalSettings, OpenAiSettings, ProbeSettings,
 };
 pub use error::{JudgeError, Result};
 pub use judge::{

@@ -20,7 +20,6 @@ use conrub_kernels::KernelOps;
 use conrub_models::{Execution, Precision, Pretrained};
 use conrub_rollout::{Decoding, SamplingConfig};
 use conrub_rubric::{Label, ScoringMode};
-use serde::{Deserialize, Serialize};
 
 use crate::cache::{CacheKey, JudgeCache};
 use crate::client::CallError;
@@ -32,48 +31,7 @@ use crate::parse::{parse_labels, parse_pair, OutputError};
 use crate::prefix::{chat_ids, SharedPrefix};
 use crate::prompts::PromptSet;
 
-/// How the in-process judge decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum LocalMode {
-    /// Generate the JSON answer.
-    #[default]
-    Generate,
-    /// Next-token log-probability margin per criterion.
-    LogprobMargin,
-}
-
-/// Settings of the in-process judge.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LocalJudgeConfig {
-    /// Decision mode.
-    pub mode: LocalMode,
-    /// Longest generated answer.
-    pub max_new_tokens: usize,
-    /// Sequences per forward batch.
-    pub batch_size: usize,
-    /// Extra sampled attempts after an unparseable greedy answer.
-    pub max_retries: u32,
-    /// Seed of the retry sampling.
-    pub seed: u64,
-    /// Compute precision of the judge model: `f32` or `bf16-mixed` (bf16 activations and
-    /// matmuls; norms, softmax and log-probabilities in f32).
-    pub precision: Precision,
-}
-
-impl Default for LocalJudgeConfig {
-    fn default() -> Self {
-        Self {
-            mode: LocalMode::Generate,
-            max_new_tokens: 512,
-            batch_size: 8,
-            max_retries: 2,
-            seed: 0,
-            precision: Precision::F32,
-        }
-    }
-}
+pub use conrub_settings::{LocalJudgeConfig, LocalMode};
 
 /// The in-process judge on backend `B`.
 pub struct LocalJudge<B: KernelOps> {

@@ -218,21 +218,7 @@ impl Default for PromptSet {
     }
 }
 
-/// Paths of prompt files that replace the built-in ones (TOML with `system` and `user`).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PromptOverrides {
-    /// Replaces [`PromptSet::criteria_binary`].
-    pub criteria_binary: Option<std::path::PathBuf>,
-    /// Replaces [`PromptSet::criteria_three_state`].
-    pub criteria_three_state: Option<std::path::PathBuf>,
-    /// Replaces [`PromptSet::pairwise`].
-    pub pairwise: Option<std::path::PathBuf>,
-    /// Replaces [`PromptSet::single_binary`].
-    pub single_binary: Option<std::path::PathBuf>,
-    /// Replaces [`PromptSet::single_three_state`].
-    pub single_three_state: Option<std::path::PathBuf>,
-}
+pub use conrub_settings::PromptOverrides;
 
 impl PromptSet {
     /// The built-in prompts with the given files swapped in (relative paths against `base`).

@@ -1,6 +1,7 @@
 //! The in-process judge on a tiny random Qwen3 (and Llama and Qwen2 architectures) with the real
 //! Qwen3 tokenizer (full vocabulary).
 
+use conrub_models::FamilyModel;
 use std::path::PathBuf;
 use std::sync::Arc;
 

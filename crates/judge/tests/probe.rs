@@ -8,6 +8,7 @@
 //! about something else. The labels thus depend on the response, never on the criterion alone
 //! (each criterion carries all three labels), and the split holds prompts out, never rows.
 
+use conrub_judge::JudgeBuild;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

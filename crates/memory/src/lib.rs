@@ -55,6 +55,7 @@
 
 use std::fmt::Write as _;
 
+use conrub_config::TrainConfig;
 pub use conrub_contracts::{ModelShape, Precision, Sharding};
 use serde::Serialize;
 
@@ -174,6 +175,42 @@ impl MemoryPlanInput {
             bucket_bytes: 64.0 * (1u64 << 20) as f64,
             export_bytes_per_weight: 4.0,
         }
+    }
+
+    /// The inputs of a run config `cfg` for a model of `shape` on a device of `gpu_memory_gb`;
+    /// `max_prompt_tokens` overrides `data.max_prompt_tokens` (default 1,024).
+    pub fn for_run(
+        cfg: &TrainConfig,
+        shape: ModelShape,
+        gpu_memory_gb: f64,
+        max_prompt_tokens: Option<usize>,
+    ) -> MemoryPlanInput {
+        let l = &cfg.learner;
+        let mut input = MemoryPlanInput::new(shape);
+        input.precision = cfg.precision;
+        input.activation_checkpointing = l.activation_checkpointing;
+        input.micro_batch_tokens = l.micro_batch_tokens;
+        input.mini_batches = l.mini_batches;
+        input.group_size = l.group_size;
+        input.max_response_tokens = l.max_response_tokens;
+        input.rollout_prompts_per_call = l.rollout_prompts_per_call;
+        // Each data-parallel rank holds its share of the step's groups (the first ranks one
+        // more when they do not divide): the plan is per rank.
+        input.prompts_per_step = cfg.prompts_per_rank();
+        input.keep_reference = l.kl_beta != 0.0 || l.kl_in_reward != 0.0;
+        input.max_prompt_tokens = max_prompt_tokens
+            .or(cfg.data.max_prompt_tokens)
+            .unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);
+        input.kv_cache_gb = cfg.rollout.kv_cache_gb;
+        input.kv_block_size = cfg.rollout.block_size;
+        input.rollout_max_rows = cfg.rollout.max_rows;
+        input.rollout_in_process = cfg.rollout.engine == conrub_config::RolloutEngineKind::Paged;
+        input.gpu_memory_gb = gpu_memory_gb;
+        input.ranks = cfg.devices.len().max(1);
+        input.sharding = cfg.sharding;
+        input.bucket_bytes = l.allreduce_bucket_bytes() as f64;
+        input.export_bytes_per_weight = cfg.model.save_dtype.bytes() as f64;
+        input
     }
 
     /// Full-length sequence: longest prompt + longest response.
@@ -1110,6 +1147,28 @@ impl MemoryPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The memory plan's defaults are the learner's and the loop's own.
+    #[test]
+    fn the_memory_plan_defaults_are_the_run_defaults() {
+        let shape = conrub_models::ModelConfig::tiny(64).shape();
+        let plan = MemoryPlanInput::new(shape);
+        let (l, r) = (
+            conrub_contracts::LearnerConfig::default(),
+            conrub_contracts::RunConfig::default(),
+        );
+        assert_eq!(plan.activation_checkpointing, l.activation_checkpointing);
+        assert_eq!(plan.micro_batch_tokens, l.micro_batch_tokens);
+        assert_eq!(plan.group_size, l.group_size);
+        assert_eq!(plan.prompts_per_step, r.prompts_per_step);
+        assert_eq!(plan.mini_batches, l.mini_batches);
+        assert_eq!(plan.rollout_prompts_per_call, l.rollout_prompts_per_call);
+        assert_eq!(plan.max_response_tokens, l.max_response_tokens);
+        assert_eq!(plan.keep_reference, l.kl_beta != 0.0);
+        assert_eq!(plan.kv_block_size, conrub_rollout::DEFAULT_BLOCK_SIZE);
+        assert_eq!(plan.rollout_max_rows, conrub_rollout::DEFAULT_MAX_ROWS);
+        assert_eq!(plan.bucket_bytes, l.allreduce_bucket_bytes() as f64);
+    }
 
     /// The 4B shape (hidden 2,560, 36 layers, 32 query and 8 KV heads of 128, tied, the
     /// 151,936-token vocabulary) under the published run's settings; `tests/e2e/plan.rs` checks the

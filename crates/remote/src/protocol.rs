@@ -6,7 +6,7 @@
 //! outputs, in order), the rows of a group stay on one server (its prefix cache), and groups
 //! spread over the servers and the concurrency limit.
 
-use conrub_rollout::{Decoding, FinishReason, Generation, SamplingConfig};
+use conrub_rollout::{Decoding, FinishReason, Generation, SamplingConfig, SamplingParams};
 use serde_json::{json, Value};
 
 use crate::error::RemoteError;
@@ -16,13 +16,13 @@ pub fn generate_body(prompt: &[u32], n: usize, sampling: &SamplingConfig) -> Val
     let (temperature, top_p, top_k, min_p) = match sampling.decoding {
         // SGLang decodes greedily below a temperature of 1e-6.
         Decoding::Greedy => (0.0, 1.0, -1i64, 0.0),
-        Decoding::Sample {
+        Decoding::Sample(SamplingParams {
             temperature,
             top_p,
             top_k,
             min_p,
             ..
-        } => (temperature, top_p, top_k.map_or(-1, |k| k as i64), min_p),
+        }) => (temperature, top_p, top_k.map_or(-1, |k| k as i64), min_p),
     };
     // SGLang's own rule (its penalizers since the 0.4 series) penalizes the ids of the new
     // tokens, not the prompt's as the in-process engines and Hugging Face do.
@@ -207,13 +207,13 @@ mod tests {
     fn sampling() -> SamplingConfig {
         SamplingConfig {
             max_new_tokens: 3,
-            decoding: Decoding::Sample {
+            decoding: Decoding::Sample(SamplingParams {
                 temperature: 0.7,
                 top_p: 0.9,
                 top_k: Some(20),
                 min_p: 0.05,
                 repetition_penalty: 1.1,
-            },
+            }),
             seed: 0,
             stop_ids: vec![2],
             first_stream: 0,

@@ -10,7 +10,7 @@ use conrub_contracts::{RolloutEngine, RolloutRequest};
 use conrub_models::{CausalLm, ModelConfig};
 use conrub_remote::testing::{Event, Fault, ScriptedSglang, SCRIPTED_LOGPROB};
 use conrub_remote::{SglangConfig, SglangEngine, WeightWriter};
-use conrub_rollout::{Decoding, FinishReason, SamplingConfig};
+use conrub_rollout::{Decoding, FinishReason, SamplingConfig, SamplingParams};
 
 type P = CausalLm<Flex>;
 
@@ -59,13 +59,13 @@ fn runtime() -> tokio::runtime::Handle {
 fn sampling() -> SamplingConfig {
     SamplingConfig {
         max_new_tokens: 6,
-        decoding: Decoding::Sample {
+        decoding: Decoding::Sample(SamplingParams {
             temperature: 1.0,
             top_p: 1.0,
             top_k: None,
             min_p: 0.0,
             repetition_penalty: 1.0,
-        },
+        }),
         seed: 0,
         stop_ids: vec![2],
         first_stream: 0,

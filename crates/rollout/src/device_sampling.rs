@@ -33,11 +33,7 @@ pub fn sample_on_device<B: KernelOps>(
     } else {
         logits
     };
-    let (tok, lp) = B::sample_rows(
-        logits.into_primitive().tensor(),
-        &cfg.decoding.params(),
-        uniforms,
-    );
+    let (tok, lp) = B::sample_rows(logits.into_primitive().tensor(), &cfg.decoding, uniforms);
     (
         Tensor::from_primitive(tok),
         Tensor::from_primitive(TensorPrimitive::Float(lp)),
@@ -49,7 +45,7 @@ mod tests {
     use super::*;
     use burn::backend::Flex;
     use burn::tensor::TensorData;
-    use conrub_contracts::{sample_token, sequence_rng, Decoding};
+    use conrub_contracts::{sample_token, sequence_rng, Decoding, SamplingParams};
     use rand::Rng;
 
     fn on_device(logits: &[f32], seen: &[u32], cfg: &SamplingConfig, u: f64) -> (u32, f32) {
@@ -76,73 +72,73 @@ mod tests {
             SamplingConfig::greedy(1),
             SamplingConfig::default(),
             SamplingConfig {
-                decoding: Decoding::Sample {
+                decoding: Decoding::Sample(SamplingParams {
                     temperature: 0.7,
                     top_p: 1.0,
                     top_k: None,
                     min_p: 0.0,
                     repetition_penalty: 1.0,
-                },
+                }),
                 ..Default::default()
             },
             SamplingConfig {
-                decoding: Decoding::Sample {
+                decoding: Decoding::Sample(SamplingParams {
                     temperature: 1.0,
                     top_p: 1.0,
                     top_k: Some(5),
                     min_p: 0.0,
                     repetition_penalty: 1.0,
-                },
+                }),
                 ..Default::default()
             },
             SamplingConfig {
-                decoding: Decoding::Sample {
+                decoding: Decoding::Sample(SamplingParams {
                     temperature: 0.8,
                     top_p: 0.6,
                     top_k: None,
                     min_p: 0.0,
                     repetition_penalty: 1.0,
-                },
+                }),
                 ..Default::default()
             },
             SamplingConfig {
-                decoding: Decoding::Sample {
+                decoding: Decoding::Sample(SamplingParams {
                     temperature: 1.0,
                     top_p: 0.9,
                     top_k: Some(12),
                     min_p: 0.0,
                     repetition_penalty: 1.0,
-                },
+                }),
                 ..Default::default()
             },
             SamplingConfig {
-                decoding: Decoding::Sample {
+                decoding: Decoding::Sample(SamplingParams {
                     temperature: 1.0,
                     top_p: 1.0,
                     top_k: Some(1),
                     min_p: 0.0,
                     repetition_penalty: 1.0,
-                },
+                }),
                 ..Default::default()
             },
             SamplingConfig {
-                decoding: Decoding::Sample {
+                decoding: Decoding::Sample(SamplingParams {
                     temperature: 1.0,
                     top_p: 1.0,
                     top_k: Some(1),
                     min_p: 0.0,
                     repetition_penalty: 3.0,
-                },
+                }),
                 ..Default::default()
             },
             SamplingConfig {
-                decoding: Decoding::Sample {
+                decoding: Decoding::Sample(SamplingParams {
                     temperature: 0.8,
                     top_p: 0.9,
                     top_k: None,
                     min_p: 0.02,
                     repetition_penalty: 1.3,
-                },
+                }),
                 ..Default::default()
             },
         ];
@@ -151,13 +147,13 @@ mod tests {
         let seen = [27u32, 3, 7, 19, 11];
         let top = |penalty: f64| {
             let cfg = SamplingConfig {
-                decoding: Decoding::Sample {
+                decoding: Decoding::Sample(SamplingParams {
                     temperature: 1.0,
                     top_p: 1.0,
                     top_k: Some(1),
                     min_p: 0.0,
                     repetition_penalty: penalty,
-                },
+                }),
                 ..Default::default()
             };
             on_device(&logits, &seen, &cfg, 0.5).0
@@ -185,13 +181,13 @@ mod tests {
         let a: Vec<f32> = (0..40).map(|i| (i as f32 * 0.31).sin()).collect();
         let b: Vec<f32> = (0..40).map(|i| (i as f32 * 0.17).cos() * 2.0).collect();
         let cfg = SamplingConfig {
-            decoding: Decoding::Sample {
+            decoding: Decoding::Sample(SamplingParams {
                 temperature: 1.0,
                 top_p: 0.8,
                 top_k: None,
                 min_p: 0.0,
                 repetition_penalty: 1.0,
-            },
+            }),
             ..Default::default()
         };
         let both = Tensor::<Flex, 2>::from_data(

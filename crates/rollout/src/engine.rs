@@ -44,9 +44,9 @@ use conrub_contracts::{
 use crate::device_sampling::sample_on_device;
 
 /// Positions per KV block unless told otherwise.
-pub const DEFAULT_BLOCK_SIZE: usize = 16;
+pub const DEFAULT_BLOCK_SIZE: usize = conrub_settings::DEFAULT_BLOCK_SIZE;
 /// Sequences decoded together at most unless told otherwise.
-pub const DEFAULT_MAX_ROWS: usize = 256;
+pub const DEFAULT_MAX_ROWS: usize = conrub_settings::DEFAULT_MAX_ROWS;
 
 /// Settings of the engine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -38,5 +38,5 @@ pub use conrub_contracts::{
     attended_blocks, bucket_len, bucket_rows, check_sequences, sample_token, sequence_rng,
     BlockAllocator, Decoding, FinishReason, ForwardBatch, Generation, KvLayout, PaddedBatch,
     Padding, PagedKv, PagedLayer, PagedModel, PagedPass, PagedPrefix, PagedRead, RolloutStats,
-    SamplingConfig,
+    SamplingConfig, SamplingParams,
 };

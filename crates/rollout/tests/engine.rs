@@ -6,6 +6,7 @@ use burn::backend::Flex;
 use conrub_models::{CausalLm, ModelConfig};
 use conrub_rollout::{
     generate_static, rollout, Decoding, EngineConfig, Generation, Rollout, SamplingConfig,
+    SamplingParams,
 };
 
 type B = Flex;
@@ -145,13 +146,13 @@ fn seeded_sampling_is_independent_of_batch_schedule_and_budget() {
                 ..Default::default()
             },
             SamplingConfig {
-                decoding: Decoding::Sample {
+                decoding: Decoding::Sample(SamplingParams {
                     temperature: 0.8,
                     top_p: 0.9,
                     top_k: Some(40),
                     min_p: 0.0,
                     repetition_penalty: 1.2,
-                },
+                }),
                 max_new_tokens: 24,
                 seed: 12,
                 ..Default::default()

@@ -59,7 +59,11 @@ fn paged_engine(
     layout: KvLayout,
     kv_pool_blocks: Option<usize>,
 ) -> EngineConfig {
-    let engine = cfg.rollout.engine();
+    let engine = EngineConfig {
+        block_size: cfg.rollout.block_size,
+        kv_blocks: None,
+        max_rows: cfg.rollout.max_rows,
+    };
     let engine = match cfg.rollout.kv_cache_gb {
         Some(gb) => engine.with_kv_bytes((gb * 1e9) as u64, layout),
         None => EngineConfig {

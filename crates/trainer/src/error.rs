@@ -30,6 +30,9 @@ pub enum TrainerError {
     /// A contract's error (a codec, an export).
     #[error(transparent)]
     Contract(#[from] conrub_contracts::ContractError),
+    /// A setting is out of range (`learner.lr`, `run.prompts_per_step`).
+    #[error(transparent)]
+    Settings(#[from] conrub_settings::SettingsError),
     /// A file the run needs is refused; the message names what to change.
     #[error("{}: {message}", path.display())]
     Input {

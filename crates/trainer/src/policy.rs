@@ -11,8 +11,8 @@ use conrub_config::TrainConfig;
 use conrub_contracts::{Export, TextCodec};
 use conrub_kernels::KernelOps;
 use conrub_models::{
-    save_pretrained_sharded, AttentionKernels, CausalLm, ChatTemplateCodec, HfExport, Precision,
-    Pretrained, SaveDtype,
+    save_pretrained_sharded, AttentionImpl, AttentionKernels, CausalLm, ChatTemplateCodec,
+    Execution, HfExport, ModelConfig, Precision, Pretrained, SaveDtype,
 };
 use conrub_remote::WeightWriter;
 
@@ -41,9 +41,7 @@ pub fn load_policy<B: KernelOps>(
     device: &B::Device,
 ) -> Result<PolicyParts<B, CausalLm<Autodiff<B>>>> {
     let pretrained = read_pretrained::<B>(cfg, device)?;
-    let kernels = cfg
-        .attention_kernels
-        .resolve::<B>(device)
+    let kernels = conrub_kernels::resolve_attention_kernels::<B>(cfg.attention_kernels, device)
         .map_err(|why| TrainerError::Setup(format!("{}: {why}", cfg.path.display())))?;
     if kernels == AttentionKernels::TensorCore && cfg.precision == Precision::F32 {
         tracing::warn!(
@@ -51,7 +49,15 @@ pub fn load_policy<B: KernelOps>(
              the portable kernels (the tensor-core ones take bf16 and f16)"
         );
     }
-    let pretrained = pretrained.with_execution(cfg.execution(kernels));
+    // Activation checkpointing and the entropy gradient are the learner's to turn on when it
+    // is built (`learner.activation_checkpointing`, `learner.entropy_coeff`).
+    let pretrained = pretrained.with_execution(Execution {
+        precision: cfg.precision,
+        attention: AttentionImpl::Fused,
+        activation_checkpointing: false,
+        attention_kernels: kernels,
+        entropy_gradient: false,
+    });
     let stop_ids = pretrained.stop_ids();
     let Pretrained {
         model,
@@ -114,7 +120,7 @@ fn read_pretrained<B: KernelOps>(
             }
         }
         (None, Some(r)) => Pretrained::random(
-            r.config(),
+            ModelConfig::random(r),
             &cfg.resolve(&r.tokenizer),
             r.std,
             r.seed,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use conrub_config::TrainConfig;
 use conrub_grpo::PairwiseTieBreaker;
-use conrub_judge::{CriterionJudge, Judges};
+use conrub_judge::{CriterionJudge, JudgeBuild, Judges};
 use conrub_kernels::KernelOps;
 use conrub_rewards::{GroupScores, JudgeRewards, RewardError, RewardKinds, RewardSource};
 use conrub_rubric::{RubricRecord, RubricSet};

@@ -109,7 +109,11 @@ impl Validator {
             .max_new_tokens
             .unwrap_or(learner.config().max_response_tokens);
         let seed = stable_seed(self.seed, &format!("eval/{step}"));
-        let mut sampling = learner.config().sampling(seed, learner.stop_ids());
+        let mut sampling = conrub_contracts::SamplingConfig::from_learner(
+            learner.config(),
+            seed,
+            learner.stop_ids(),
+        );
         sampling.max_new_tokens = max_new;
         if self.cfg.decoding == ValidationDecoding::Greedy {
             sampling.decoding = Decoding::Greedy;

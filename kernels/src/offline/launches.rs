@@ -243,7 +243,7 @@ pub(crate) fn launch(client: &ComputeClient<OfflineCuda>, config: &KernelConfig)
                 t(&[rows], i),
                 t(&[rows], full),
             ],
-            &crate::sampling::SampleParams::draw(
+            &crate::sampling::Decoding::draw(
                 1.0,
                 (config.kernel == "sample_restricted_kernel").then_some(20),
                 1.0,

@@ -181,7 +181,7 @@ where
             });
         }
         let seed = stable_seed(self.cfg.seed, &format!("rollout/{}", self.step));
-        let sampling = self.cfg.sampling(seed, &self.stop_ids);
+        let sampling = SamplingConfig::from_learner(&self.cfg, seed, &self.stop_ids);
         let request = RolloutRequest {
             prompts: &prompts,
             group_size: self.cfg.group_size,

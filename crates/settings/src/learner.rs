@@ -1,16 +1,11 @@
-//! The learner's settings as plain serde structs: the `[learner]`, `[run]` and `[eval]` tables
-//! of a train config and the enums they name. They live here, below the learner, so that the
-//! config crate reads them without depending on `conrub-grpo`, which uses them (and re-exports
-//! them). Range checks name the dotted key ([`ContractError::Config`]).
+//! The `[learner]` table: the method's, the optimizer's, the loss's and the system's settings,
+//! and the enums they name. Range checks name the dotted key ([`SettingsError::Key`]).
 
-use std::path::PathBuf;
-
-use conrub_kernels::Clip;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ContractError, Result};
-use crate::metrics::ValidationDecoding;
-use crate::sampling::{Decoding, SamplingConfig};
+use crate::error::{Result, SettingsError};
+use crate::flat::{flat_fields, read_groups, Flat, FlatGroup};
+use crate::sampling::SamplingParams;
 
 /// `learner.estimator` unless set: group-relative advantages (GRPO; Dr. GRPO with
 /// `scale_rewards = "none"`).
@@ -18,36 +13,27 @@ pub const DEFAULT_ESTIMATOR: &str = "group-relative";
 /// `learner.loss` unless set: the clipped surrogate with its aggregation (`sequence-mean`,
 /// `global-token-mean`, `dr-grpo`), the k3 KL term and truncated importance sampling.
 pub const DEFAULT_LOSS: &str = "clipped-surrogate";
-/// The names `conrub_grpo::Registry::builtin` registers, for checking a config before anything loads.
-pub const BUILTIN_ESTIMATORS: &[&str] = &[DEFAULT_ESTIMATOR];
-/// See [`BUILTIN_ESTIMATORS`].
-pub const BUILTIN_LOSSES: &[&str] = &[DEFAULT_LOSS, GSPO_LOSS];
 /// `learner.loss = "gspo"`: the clipped surrogate with one importance ratio per response, the
 /// exponential of its mean token log-ratio (GSPO; TRL's `importance_sampling_level =
 /// "sequence"`), with the same parameters as [`DEFAULT_LOSS`].
 pub const GSPO_LOSS: &str = "gspo";
 
 /// Learner settings (the `[learner]` table of a train config). Defaults are the published run's.
+///
+/// The table is flat: the rollout's sampling keys (`temperature`, `top_p`, ...) sit beside the
+/// others and are read into [`LearnerConfig::sampling`] (see `flat.rs`); serde's derive reads
+/// the rest, as `remote = "Self"` makes it an inherent function the flat reader calls.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(remote = "Self", deny_unknown_fields, default)]
 pub struct LearnerConfig {
     /// Responses per prompt (k).
     pub group_size: usize,
     /// Longest response in tokens (Lmax; also Dr. GRPO's length normaliser).
     pub max_response_tokens: usize,
-    /// Rollout temperature.
-    pub temperature: f64,
-    /// Rollout nucleus threshold.
-    pub top_p: f64,
-    /// Rollout top-k (none by default).
-    pub top_k: Option<usize>,
-    /// Rollout min-p: of what top-k and top-p keep, only tokens at least this times as likely
-    /// as the most likely one (0: off).
-    pub min_p: f64,
-    /// Rollout repetition penalty (1: off): before the rest of the rule, the logit of every id
-    /// a response's prompt or its tokens so far hold is divided by it when positive and
-    /// multiplied by it when negative (Hugging Face's `repetition_penalty`).
-    pub repetition_penalty: f64,
+    /// The rollout's sampling rule (`temperature`, `top_p`, `top_k`, `min_p`,
+    /// `repetition_penalty`: keys of `[learner]` itself).
+    #[serde(skip)]
+    pub sampling: SamplingParams,
     /// Stop strings: a response ends where its text first contains one (the token completing
     /// it kept, the rest dropped, the judges reading the text before it), on every engine and
     /// backend. The tokenizer's end-of-turn ids stop responses as well.
@@ -137,7 +123,7 @@ pub struct LearnerConfig {
     /// Activation checkpointing per decoder layer: keep only each layer's input and recompute
     /// its forward during the backward (one extra forward per micro-batch; memory linear in
     /// layers x tokens x hidden). `true` makes `conrub_grpo::LearnerBuilder::build` call
-    /// [`Policy::enable_activation_checkpointing`](crate::Policy::enable_activation_checkpointing) (an error for a policy that cannot); `false`
+    /// `Policy::enable_activation_checkpointing` (an error for a policy that cannot); `false`
     /// leaves the policy as it was built (a `conrub_models` policy built with checkpointing in its `Execution`
     /// keeps it).
     pub activation_checkpointing: bool,
@@ -205,11 +191,7 @@ impl Default for LearnerConfig {
         Self {
             group_size: 8,
             max_response_tokens: 8192,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: None,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
+            sampling: SamplingParams::default(),
             stop: Vec::new(),
             rollout_prompts_per_call: 32,
             lr: 3e-6,
@@ -254,12 +236,17 @@ impl Default for LearnerConfig {
 impl LearnerConfig {
     /// Checks ranges, naming the key.
     pub fn validate(&self) -> Result<()> {
-        let bad = |k: &str, m: &str| Err(ContractError::config(format!("learner.{k}"), m));
+        self.check_method()?;
+        self.check_rollout()?;
+        self.check_optimizer()?;
+        self.check_update()
+    }
+
+    /// Groups, ties, dynamic sampling and the reward's extra terms.
+    fn check_method(&self) -> Result<()> {
+        let bad = |k: &str, m: &str| Err(SettingsError::key(format!("learner.{k}"), m));
         if self.group_size < 2 {
             return bad("group_size", "must be at least 2");
-        }
-        if self.max_response_tokens == 0 {
-            return bad("max_response_tokens", "must be at least 1");
         }
         if self.dynamic_sampling && self.tie_mode != TieMode::Off {
             // Pairwise ties give tied groups directions; dynamic sampling drops them instead
@@ -291,25 +278,16 @@ impl LearnerConfig {
                 "must be a finite number >= 0 (0 turns it off)",
             );
         }
-        if !(self.temperature > 0.0) {
-            return bad("temperature", "must be > 0");
+        Ok(())
+    }
+
+    /// The rollout: its length, its sampling rule, its stop strings.
+    fn check_rollout(&self) -> Result<()> {
+        let bad = |k: &str, m: &str| Err(SettingsError::key(format!("learner.{k}"), m));
+        if self.max_response_tokens == 0 {
+            return bad("max_response_tokens", "must be at least 1");
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p", "must be in (0, 1]");
-        }
-        if self.top_k == Some(0) {
-            return bad("top_k", "must be at least 1");
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return bad("min_p", "must be in [0, 1] (0 turns it off)");
-        }
-        let penalty = self.repetition_penalty as f32;
-        if !(penalty > 0.0 && penalty.is_finite()) {
-            return bad(
-                "repetition_penalty",
-                "must be a finite number > 0 (1 turns it off)",
-            );
-        }
+        self.sampling.validate("learner.")?;
         // A partial UTF-8 sequence decodes to U+FFFD until its last byte arrives, so a stop
         // string holding one could match a prefix and vanish from the longer text.
         if self
@@ -322,6 +300,12 @@ impl LearnerConfig {
                 "stop strings must be non-empty and hold no U+FFFD replacement character",
             );
         }
+        Ok(())
+    }
+
+    /// The learning rate and its schedule.
+    fn check_optimizer(&self) -> Result<()> {
+        let bad = |k: &str, m: &str| Err(SettingsError::key(format!("learner.{k}"), m));
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return bad("lr", "must be a finite number > 0");
         }
@@ -339,6 +323,12 @@ impl LearnerConfig {
         if !(0.0..=1.0).contains(&self.min_lr_ratio) {
             return bad("min_lr_ratio", "must be in [0, 1]");
         }
+        Ok(())
+    }
+
+    /// The update's passes, batches, clipping and collectives.
+    fn check_update(&self) -> Result<()> {
+        let bad = |k: &str, m: &str| Err(SettingsError::key(format!("learner.{k}"), m));
         for (key, v) in [
             ("ppo_epochs", self.ppo_epochs),
             ("mini_batches", self.mini_batches),
@@ -365,163 +355,6 @@ impl LearnerConfig {
     /// Bytes per all-reduced gradient bucket (`allreduce_bucket_mb`).
     pub fn allreduce_bucket_bytes(&self) -> usize {
         (self.allreduce_bucket_mb * (1u64 << 20) as f64) as usize
-    }
-
-    /// The rollout's sampling settings at `seed` (stop ids as given).
-    pub fn sampling(&self, seed: u64, stop_ids: &[u32]) -> SamplingConfig {
-        SamplingConfig {
-            max_new_tokens: self.max_response_tokens,
-            decoding: Decoding::Sample {
-                temperature: self.temperature,
-                top_p: self.top_p,
-                top_k: self.top_k,
-                min_p: self.min_p,
-                repetition_penalty: self.repetition_penalty,
-            },
-            seed,
-            stop_ids: stop_ids.to_vec(),
-            first_stream: 0,
-        }
-    }
-}
-
-/// Loop settings (the `[run]` table of a train config).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RunConfig {
-    /// Passes over the prompts.
-    pub epochs: usize,
-    /// Prompts per step (32 in the published run: 32 x 8 = 256 responses).
-    pub prompts_per_step: usize,
-    /// Save a checkpoint every this many steps (0: only at the end).
-    pub checkpoint_every: u64,
-    /// Stop after this many steps in total (for smoke runs); `None` runs every epoch.
-    pub max_steps: Option<u64>,
-    /// Output directory: metrics, plots, checkpoints.
-    pub output_dir: PathBuf,
-    /// Keep only the newest this many checkpoints, counting the one just written (and the best
-    /// one by the validation grader, see `[eval]`); at least 1. `None` keeps every checkpoint.
-    /// A resumed run first moves the checkpoints of later steps, left by an earlier attempt,
-    /// into `attempt-SECONDS/` (`conrub_trainer::run_folder::set_aside_later_checkpoints`).
-    pub keep_checkpoints: Option<usize>,
-    /// Groups of each step whose rollouts go to `output_dir/samples/step-NNNNNN.jsonl` (prompt,
-    /// responses, rewards and their parts, labels, tie verdicts, advantages), the step's first
-    /// ones; 0 writes none. Validation rounds write all their answers.
-    pub sample_groups: usize,
-    /// TensorBoard event files under `output_dir/tensorboard/`: every scalar of the metrics
-    /// lines, each step's reward histogram and first group as text
-    /// (`conrub_trainer::tensorboard`).
-    pub tensorboard: bool,
-    /// Make each checkpoint durable behind the steps that follow it: the step that saves
-    /// writes the files (the device's tensors read back, the Hugging Face export flushed file by
-    /// file as before, the training state's files handed to the operating system) and goes on;
-    /// hashing the training state into its manifest, flushing it to the disk and renaming the
-    /// folder from `.tmp` happen on a background thread, one checkpoint at a time (the next
-    /// save, and the run's end, wait for it; a failed seal stops the run at the next step).
-    /// `false`: all of it before the next step. Either way a kill leaves no partial checkpoint
-    /// in place.
-    pub checkpoint_in_background: bool,
-    /// Start a fresh run over an earlier run's metrics and checkpoints in `output_dir`, deleting
-    /// them (`conrub train --overwrite`; not a config key, so no config file carries it).
-    /// Without it a fresh run into such a folder is refused (see `conrub_trainer::run_folder`).
-    #[serde(skip)]
-    pub overwrite: bool,
-    /// Start a fresh run over an earlier attempt's files in `output_dir`, moving them into
-    /// `attempt-SECONDS/` (`conrub train --resume auto` finding no checkpoint to resume; not a
-    /// config key).
-    #[serde(skip)]
-    pub set_aside: bool,
-}
-
-impl RunConfig {
-    /// Range checks; errors name the key under `run.`.
-    pub fn validate(&self) -> Result<()> {
-        if self.prompts_per_step == 0 {
-            return Err(ContractError::config(
-                "run.prompts_per_step",
-                "must be at least 1",
-            ));
-        }
-        if self.keep_checkpoints == Some(0) {
-            return Err(ContractError::config(
-                "run.keep_checkpoints",
-                "must be at least 1 (unset keeps every checkpoint)",
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Default for RunConfig {
-    fn default() -> Self {
-        Self {
-            epochs: 3,
-            prompts_per_step: 32,
-            checkpoint_every: 50,
-            max_steps: None,
-            output_dir: PathBuf::from("runs/conrub"),
-            keep_checkpoints: None,
-            sample_groups: 16,
-            tensorboard: true,
-            checkpoint_in_background: true,
-            overwrite: false,
-            set_aside: false,
-        }
-    }
-}
-
-/// The `[eval]` table of a run config, less its `grader` judge (read like `[judge]`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ValidationConfig {
-    /// Validate after every this many steps (and never at step 0).
-    pub every: u64,
-    /// Held-out prompts: our rubric JSONL or HealthBench rows (relative to the config file).
-    pub data: PathBuf,
-    /// Responses per prompt.
-    #[serde(default = "one")]
-    pub samples: usize,
-    /// Greedy or sampled.
-    #[serde(default)]
-    pub decoding: ValidationDecoding,
-    /// Longest answer in tokens (default: `learner.max_response_tokens`).
-    #[serde(default)]
-    pub max_new_tokens: Option<usize>,
-    /// Validate on the first N prompts only.
-    #[serde(default)]
-    pub limit: Option<usize>,
-    /// Bootstrap resamples of each score's standard deviation.
-    #[serde(default = "thousand")]
-    pub bootstrap_resamples: usize,
-}
-
-fn one() -> usize {
-    1
-}
-
-fn thousand() -> usize {
-    1000
-}
-
-impl ValidationConfig {
-    /// Range checks; errors name the key under `eval.`.
-    pub fn validate(&self) -> Result<()> {
-        if self.every == 0 {
-            return Err(ContractError::config("eval.every", "must be at least 1"));
-        }
-        if self.samples == 0 {
-            return Err(ContractError::config("eval.samples", "must be at least 1"));
-        }
-        if self.max_new_tokens == Some(0) {
-            return Err(ContractError::config(
-                "eval.max_new_tokens",
-                "must be at least 1",
-            ));
-        }
-        if self.limit == Some(0) {
-            return Err(ContractError::config("eval.limit", "must be at least 1"));
-        }
-        Ok(())
     }
 }
 
@@ -588,62 +421,51 @@ impl TieMode {
     }
 }
 
-/// How the ranks of a data-parallel run divide the training state (`sharding`, beside
-/// `devices`; ZeRO stages 1-3 in DeepSpeed's terms). Parameters are owned whole, each by one
-/// rank, balanced by bytes (`conrub_parallel::ShardLayout`). On one device every mode is `none`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Sharding {
-    /// Every rank holds a replica of the weights, the gradients and the AdamW moments; gradients
-    /// are all-reduced once per optimizer step.
-    #[default]
-    None,
-    /// ZeRO-1: a rank keeps the AdamW moments of the parameters it owns only. The optimizer
-    /// step's gradients are reduce-scattered (each owner gets its parameters' sums), the owner
-    /// updates them and the updated weights are all-gathered.
-    Optimizer,
-    /// ZeRO-2 (FSDP's SHARD_GRAD_OP): in addition, each micro-batch's gradients are
-    /// reduce-scattered as soon as its backward is done, so the running sum a rank keeps
-    /// between micro-batches holds its own parameters only.
-    Gradients,
-    /// ZeRO-3 (FULL_SHARD): in addition, a rank keeps only its own parameters between uses;
-    /// the whole weights are gathered for the step's rollouts and old log-probabilities, then
-    /// one segment at a time (the embedding and head, each decoder layer) for the forward and
-    /// backward passes, and dropped after use. Needs activation checkpointing.
-    Full,
+/// Asymmetric clipping of the probability ratio: `[1 - low, 1 + high]` (`learner.clip` in a train
+/// config; the method's 0.20 / 0.28 by default).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Clip {
+    /// `eps_low`: the ratio is clipped below at `1 - low`.
+    pub low: f64,
+    /// `eps_high`: the ratio is clipped above at `1 + high`.
+    pub high: f64,
 }
 
-impl Sharding {
-    /// Every mode, `none` first.
-    pub const ALL: [Sharding; 4] = [
-        Sharding::None,
-        Sharding::Optimizer,
-        Sharding::Gradients,
-        Sharding::Full,
-    ];
-
-    /// The name a config uses.
-    pub fn name(self) -> &'static str {
-        match self {
-            Sharding::None => "none",
-            Sharding::Optimizer => "optimizer",
-            Sharding::Gradients => "gradients",
-            Sharding::Full => "full",
+impl Default for Clip {
+    fn default() -> Self {
+        Self {
+            low: 0.20,
+            high: 0.28,
         }
     }
+}
 
-    /// Whether a rank keeps the AdamW moments of its own parameters only.
-    pub fn shards_optimizer(self) -> bool {
-        self != Sharding::None
+impl Flat for LearnerConfig {
+    fn read<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        // The derive's reader (`remote = "Self"`): every key but the sampling rule's.
+        LearnerConfig::deserialize(d)
     }
+}
 
-    /// Whether a rank keeps summed gradients of its own parameters only.
-    pub fn shards_gradients(self) -> bool {
-        matches!(self, Sharding::Gradients | Sharding::Full)
+impl<'de> Deserialize<'de> for LearnerConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let groups = [
+            FlatGroup::of::<LearnerConfig>(),
+            FlatGroup::of::<SamplingParams>(),
+        ];
+        let [own, sampling] = read_groups(d, groups)?;
+        let mut cfg: LearnerConfig = own.into_value()?;
+        cfg.sampling = sampling.into_value()?;
+        Ok(cfg)
     }
+}
 
-    /// Whether a rank keeps its own parameters only between uses.
-    pub fn shards_parameters(self) -> bool {
-        self == Sharding::Full
+impl Serialize for LearnerConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let own = LearnerConfig::serialize(self, serde_json::value::Serializer);
+        flat_fields([own, serde_json::to_value(self.sampling)])
+            .map_err(serde::ser::Error::custom)?
+            .serialize(s)
     }
 }
