@@ -24,6 +24,22 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use conrub_rubric::Message;
 
+/// Refuses an output path that is one of the command's inputs (the same file by any spelling,
+/// a link included): writing it would replace what the command reads. `what` names the flag.
+pub fn refuse_output_over_inputs(out: &Path, inputs: &[(&str, &Path)]) -> Result<()> {
+    let same = |x: &Path, y: &Path| match (x.canonicalize(), y.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => x == y,
+    };
+    if let Some((flag, _)) = inputs.iter().find(|(_, input)| same(out, input)) {
+        bail!(
+            "{}: the output is the {flag} file; write it to another file",
+            out.display()
+        );
+    }
+    Ok(())
+}
+
 /// Refuses `learner.estimator` / `learner.loss` names the built-in registry lacks (an
 /// embedder's own names are valid in a config, not for `conrub train` and `conrub plan`), before
 /// anything loads.

@@ -186,17 +186,7 @@ fn validate(a: ValidateArgs) -> Result<()> {
 }
 
 fn import(a: ImportArgs) -> Result<()> {
-    let same = |x: &std::path::Path, y: &std::path::Path| match (x.canonicalize(), y.canonicalize())
-    {
-        (Ok(x), Ok(y)) => x == y,
-        _ => x == y,
-    };
-    if same(&a.input, &a.output) {
-        bail!(
-            "{}: the output is the input file; write the rubrics to another file",
-            a.output.display()
-        );
-    }
+    super::refuse_output_over_inputs(&a.output, &[("input", &a.input)])?;
     let format: ImportFormat = a.format.parse()?;
     let opts = ImportOptions {
         format,

@@ -83,6 +83,14 @@ struct ScoreRow<'a> {
 
 /// Runs `conrub score`: reads the jobs, judges them, writes the rows, reports.
 pub fn run(a: ScoreArgs) -> Result<()> {
+    if let Some(out) = &a.out {
+        let inputs = [
+            ("--responses", a.responses.as_path()),
+            ("--rubrics", a.rubrics.as_path()),
+            ("--judge", a.judge.as_path()),
+        ];
+        super::refuse_output_over_inputs(out, &inputs)?;
+    }
     let mode: ScoringMode = a.mode.parse()?;
     let penalty = length_penalty(&a)?;
     let rubrics = read_rubrics(&a.rubrics)?;

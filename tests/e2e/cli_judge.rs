@@ -512,3 +512,56 @@ fn distill_a_probe_from_a_judge_cache_and_score_with_it() {
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--holdout: 1.5"));
 }
+
+/// `score --out` onto one of its own inputs is refused before anything is judged, and the input
+/// is left as it was (issue 53, item 2).
+#[test]
+fn score_refuses_to_write_over_its_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let responses = dir.path().join("responses.jsonl");
+    let text = "{\"prompt_id\": \"med-0003\", \"response\": \"rest and fluids\"}\n";
+    std::fs::write(&responses, text).unwrap();
+    let rubrics = dir.path().join("rubrics.jsonl");
+    std::fs::copy(sample("rubrics.jsonl"), &rubrics).unwrap();
+    let judge = dir.path().join("judge.toml");
+    std::fs::write(&judge, "kind = \"lexical\"\n").unwrap();
+    let args = |out: &Path| {
+        vec![
+            "score".to_string(),
+            "--rubrics".into(),
+            rubrics.display().to_string(),
+            "--responses".into(),
+            responses.display().to_string(),
+            "--judge".into(),
+            judge.display().to_string(),
+            "--out".into(),
+            out.display().to_string(),
+        ]
+    };
+    for (input, flag) in [
+        (&responses, "--responses"),
+        (&rubrics, "--rubrics"),
+        (&judge, "--judge"),
+    ] {
+        let before = std::fs::read(input).unwrap();
+        // Another spelling of the same path is the same file.
+        let spelled = dir.path().join(".").join(input.file_name().unwrap());
+        let a = args(&spelled);
+        let out = conrub(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag}: {err}");
+        assert!(
+            err.contains(&format!("the output is the {flag} file")),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read(input).unwrap(),
+            before,
+            "{flag} was rewritten"
+        );
+    }
+    let fresh = dir.path().join("scores.jsonl");
+    let a = args(&fresh);
+    ok(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(rows(&fresh).len(), 1);
+}

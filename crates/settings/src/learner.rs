@@ -272,6 +272,10 @@ impl LearnerConfig {
                 "must be a finite number (0 turns it off; > 0 rewards entropy)",
             );
         }
+        if !(self.kl_beta.is_finite() && self.kl_beta >= 0.0) {
+            // A negative weight would reward moving away from the reference.
+            return bad("kl_beta", "must be a finite number >= 0 (0 turns it off)");
+        }
         if !(self.kl_in_reward.is_finite() && self.kl_in_reward >= 0.0) {
             return bad(
                 "kl_in_reward",
@@ -322,6 +326,26 @@ impl LearnerConfig {
         }
         if !(0.0..=1.0).contains(&self.min_lr_ratio) {
             return bad("min_lr_ratio", "must be in [0, 1]");
+        }
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return bad(
+                "weight_decay",
+                "must be a finite number >= 0 (0 turns it off)",
+            );
+        }
+        for (key, beta) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return bad(key, "must be in [0, 1)");
+            }
+        }
+        if !(self.adam_eps > 0.0 && self.adam_eps.is_finite()) {
+            return bad("adam_eps", "must be a finite number > 0");
+        }
+        if !(self.max_grad_norm >= 0.0 && self.max_grad_norm.is_finite()) {
+            return bad(
+                "max_grad_norm",
+                "must be a finite number >= 0 (0 turns clipping off)",
+            );
         }
         Ok(())
     }

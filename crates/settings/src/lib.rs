@@ -61,6 +61,45 @@ mod tests {
         assert_eq!(e.to_string(), "learner.top_p: 0 must be in (0, 1]");
     }
 
+    /// Settings that used to train and exit 0 (issue 53, items 5 and 8) are refused by name:
+    /// a negative KL weight, AdamW's betas outside [0, 1), a non-positive epsilon, a negative
+    /// weight decay or gradient clip, an infinite temperature and a repetition penalty that is
+    /// subnormal in f32.
+    #[test]
+    fn out_of_range_learner_settings_are_refused() {
+        type Set = fn(&mut LearnerConfig);
+        let cases: [(&str, Set); 11] = [
+            ("kl_beta", |c| c.kl_beta = -1.0),
+            ("beta1", |c| c.beta1 = 1.0),
+            ("beta2", |c| c.beta2 = -0.1),
+            ("adam_eps", |c| c.adam_eps = 0.0),
+            ("weight_decay", |c| c.weight_decay = -0.1),
+            ("max_grad_norm", |c| c.max_grad_norm = -1.0),
+            ("max_grad_norm", |c| c.max_grad_norm = f64::NAN),
+            ("temperature", |c| c.sampling.temperature = f64::INFINITY),
+            ("repetition_penalty", |c| {
+                c.sampling.repetition_penalty = 1e-40
+            }),
+            ("repetition_penalty", |c| {
+                c.sampling.repetition_penalty = 1e31
+            }),
+            ("repetition_penalty", |c| {
+                c.sampling.repetition_penalty = 0.0
+            }),
+        ];
+        for (key, set) in cases {
+            let mut c = LearnerConfig::default();
+            set(&mut c);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.starts_with(&format!("learner.{key}: ")), "{key}: {e}");
+        }
+        // Their edges stay valid: no clipping, no decay, beta 0.
+        let mut c = LearnerConfig::default();
+        (c.max_grad_norm, c.weight_decay, c.beta1) = (0.0, 0.0, 0.0);
+        c.sampling.repetition_penalty = 1e-30;
+        c.validate().unwrap();
+    }
+
     /// A random model's shape is checked here, before any model crate sees it; errors name the
     /// key under `model.random`.
     #[test]

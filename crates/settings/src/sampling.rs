@@ -56,13 +56,14 @@ impl SamplingParams {
     pub fn validate(&self, prefix: &str) -> Result<()> {
         let bad =
             |key: &str, message: String| Err(SettingsError::key(format!("{prefix}{key}"), message));
-        // The rule computes in f32: a value that rounds to 0 or infinity there is refused too.
+        // The rule computes in f32 and divides logits by the penalty: a value outside
+        // [1e-30, 1e30] (or one that is subnormal there) would send them to infinity or to 0.
         let penalty = self.repetition_penalty as f32;
-        if !(penalty > 0.0 && penalty.is_finite()) {
+        if !(penalty.is_normal() && (1e-30..=1e30).contains(&penalty)) {
             let p = self.repetition_penalty;
             return bad(
                 "repetition_penalty",
-                format!("{p} must be a finite number > 0 (1 turns it off)"),
+                format!("{p} must be a number in [1e-30, 1e30] (1 turns it off)"),
             );
         }
         if !(self.temperature > 0.0 && self.temperature.is_finite()) {
