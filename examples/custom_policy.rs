@@ -13,7 +13,8 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use conrub_grpo::{
-    Learner, LearnerConfig, Policy, ResponseLogprobs, TextCodec, TieMode, TokenBatch,
+    Learner, LearnerConfig, OptimizerSettings, Policy, ResponseLogprobs, TextCodec, TieMode,
+    TokenBatch,
 };
 use conrub_rewards::{GroupScores, RewardSource, TaskPrompt};
 use conrub_rubric::{score_labels, Label, LengthPenalty, Message, ResponseScore, ScoringMode};
@@ -142,9 +143,12 @@ fn main() {
     let cfg = LearnerConfig {
         group_size: 8,
         max_response_tokens: 10,
-        lr: 0.2,
-        weight_decay: 0.0,
         tie_mode: TieMode::Off,
+        optimizer: OptimizerSettings {
+            lr: 0.2,
+            weight_decay: 0.0,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let mut learner = Learner::<B, _, Prompt>::builder(Bigram::new(&device), cfg, device)

@@ -269,7 +269,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
                 },
                 if cfg.sharding.shards_optimizer() { "reduce-scatter" } else { "all-reduce" },
                 plan.parameters as f64 * 4.0 / GB,
-                cfg.learner.allreduce_bucket_mb
+                cfg.learner.system.allreduce_bucket_mb
             )
         } else {
             "one device (no data parallelism)".to_string()

@@ -2113,7 +2113,7 @@ fn repetition_penalty_changes_the_rollouts() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
-        err.contains("learner.repetition_penalty: must be a finite number > 0"),
+        err.contains("learner.repetition_penalty: 0 must be a number in [1e-30, 1e30]"),
         "{err}"
     );
 }

@@ -296,7 +296,13 @@ fn partial_tables_take_defaults_and_budgets_are_checked() {
     table["model"].as_table_mut().unwrap().remove("path");
     apply_override(&mut table, "learner.clip={ low = 0.1 }").unwrap();
     let cfg = TrainConfig::from_table(table.clone(), Path::new("t.toml")).unwrap();
-    assert_eq!((cfg.learner.clip.low, cfg.learner.clip.high), (0.1, 0.28));
+    assert_eq!(
+        (
+            cfg.learner.objective.clip.low,
+            cfg.learner.objective.clip.high
+        ),
+        (0.1, 0.28)
+    );
     assert_eq!(cfg.learner_config().min_scored_share, 0.5);
     apply_override(&mut table, "reward.min_scored_share=1.5").unwrap();
     let e = TrainConfig::from_table(table, Path::new("t.toml"))

@@ -43,8 +43,9 @@ pub use batch::{ForwardBatch, PaddedBatch, Padding};
 pub use codec::TextCodec;
 pub use conrub_base::Message;
 pub use conrub_settings::{
-    Aggregation, KlEstimator, LearnerConfig, LrScheduleKind, OnNonFinite, RunConfig, ScaleRewards,
-    Sharding, TieMode, ValidationConfig, DEFAULT_ESTIMATOR, DEFAULT_LOSS, GSPO_LOSS,
+    Aggregation, KlEstimator, LearnerConfig, LrScheduleKind, ObjectiveSettings, OnNonFinite,
+    OptimizerSettings, RunConfig, ScaleRewards, Sharding, SystemSettings, TieMode,
+    ValidationConfig, DEFAULT_ESTIMATOR, DEFAULT_LOSS, GSPO_LOSS,
 };
 pub use engine::{RolloutBatch, RolloutEngine, RolloutRequest, WeightSync};
 pub use error::{ContractError, Result};

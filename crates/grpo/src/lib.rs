@@ -79,7 +79,10 @@ pub use conrub_contracts::{
 pub use conrub_kernels::Clip;
 pub use error::{GrpoError, Result};
 pub use group::{record_group, GroupOutcome, TieAwareAdvantages, TieMode};
-pub use learner::{Learner, LearnerBuilder, LearnerConfig, OnNonFinite, StepOutput};
+pub use learner::{
+    Learner, LearnerBuilder, LearnerConfig, ObjectiveSettings, OnNonFinite, OptimizerSettings,
+    StepOutput, SystemSettings,
+};
 pub use loss::{
     aggregate_token_term, dpo_pair_loss, Aggregation, ImportanceLevel, KlEstimator, PolicyLoss,
     PolicyObjective, SurrogateBatch, SurrogateOutput,

@@ -135,12 +135,12 @@ impl PolicyLoss {
     /// `tis_cap`).
     pub fn from_config(cfg: &crate::LearnerConfig) -> Self {
         Self {
-            clip: cfg.clip,
-            aggregation: cfg.aggregation,
-            kl_beta: cfg.kl_beta,
+            clip: cfg.objective.clip,
+            aggregation: cfg.objective.aggregation,
+            kl_beta: cfg.objective.kl_beta,
             max_response_tokens: cfg.max_response_tokens,
-            tis_cap: cfg.tis_cap,
-            kl_estimator: cfg.kl_estimator,
+            tis_cap: cfg.objective.tis_cap,
+            kl_estimator: cfg.objective.kl_estimator,
             importance: ImportanceLevel::Token,
         }
     }

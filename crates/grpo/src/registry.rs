@@ -109,8 +109,12 @@ impl<B: Backend> Registry<B> {
                 &self.estimator_names(),
             ));
         }
-        if !self.losses.contains_key(&cfg.loss) {
-            return Err(unknown("learner.loss", &cfg.loss, &self.loss_names()));
+        if !self.losses.contains_key(&cfg.objective.loss) {
+            return Err(unknown(
+                "learner.loss",
+                &cfg.objective.loss,
+                &self.loss_names(),
+            ));
         }
         Ok(())
     }
@@ -128,8 +132,8 @@ impl<B: Backend> Registry<B> {
     pub fn loss(&self, cfg: &LearnerConfig) -> Result<Box<dyn PolicyObjective<B>>> {
         let make = self
             .losses
-            .get(&cfg.loss)
-            .ok_or_else(|| unknown("learner.loss", &cfg.loss, &self.loss_names()))?;
+            .get(&cfg.objective.loss)
+            .ok_or_else(|| unknown("learner.loss", &cfg.objective.loss, &self.loss_names()))?;
         make(cfg)
     }
 }
@@ -148,6 +152,7 @@ fn unknown(key: &str, name: &str, registered: &[&str]) -> GrpoError {
 mod tests {
     use super::*;
     use crate::advantages::ScaleRewards;
+    use crate::learner::ObjectiveSettings;
     use crate::loss::SurrogateBatch;
     use burn::backend::Flex;
     use burn::tensor::Tensor;
@@ -174,7 +179,7 @@ mod tests {
         let r = Registry::<Flex>::builtin();
         let mut cfg = LearnerConfig::default();
         assert_eq!(cfg.estimator, DEFAULT_ESTIMATOR);
-        assert_eq!(cfg.loss, DEFAULT_LOSS);
+        assert_eq!(cfg.objective.loss, DEFAULT_LOSS);
         let rewards = [Some(1.0), Some(0.0), Some(0.5), None];
         let grpo = r.estimator(&cfg).unwrap().advantages(&rewards);
         assert_eq!(
@@ -189,7 +194,7 @@ mod tests {
         assert_eq!(r.estimator_names(), [DEFAULT_ESTIMATOR]);
         assert_eq!(r.loss_names(), [DEFAULT_LOSS, GSPO_LOSS]);
         r.check_names(&cfg).unwrap();
-        cfg.loss = "rloo".into();
+        cfg.objective.loss = "rloo".into();
         assert_eq!(
             r.check_names(&cfg).unwrap_err().to_string(),
             "learner.loss: `rloo` is not registered (registered: clipped-surrogate, gspo)"
@@ -210,7 +215,10 @@ mod tests {
             .advantages(&[Some(0.2), Some(0.9), None]);
         assert_eq!(a, vec![-1.0, 1.0, -1.0]);
         let bad = LearnerConfig {
-            loss: "ppo-kl".into(),
+            objective: ObjectiveSettings {
+                loss: "ppo-kl".into(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let e = r.loss(&bad).err().unwrap().to_string();

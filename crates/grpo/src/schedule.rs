@@ -55,10 +55,10 @@ impl LrSchedule {
                 ),
             )
         };
-        if cfg.lr_schedule != LrScheduleKind::Constant && total.is_none() {
-            return Err(needs("lr_schedule", cfg.lr_schedule.name()));
+        if cfg.optimizer.lr_schedule != LrScheduleKind::Constant && total.is_none() {
+            return Err(needs("lr_schedule", cfg.optimizer.lr_schedule.name()));
         }
-        let lr_warmup = match (cfg.lr_warmup_steps, cfg.lr_warmup_ratio) {
+        let lr_warmup = match (cfg.optimizer.lr_warmup_steps, cfg.optimizer.lr_warmup_ratio) {
             (Some(steps), _) => steps as u64,
             (None, Some(ratio)) => {
                 let total = total.ok_or_else(|| needs("lr_warmup_ratio", "a warm-up ratio"))?;
@@ -67,11 +67,11 @@ impl LrSchedule {
             (None, None) => 0,
         };
         Ok(Self {
-            kind: cfg.lr_schedule,
-            base: cfg.lr,
+            kind: cfg.optimizer.lr_schedule,
+            base: cfg.optimizer.lr,
             lr_warmup,
             total: total.unwrap_or(0),
-            min_ratio: cfg.min_lr_ratio,
+            min_ratio: cfg.optimizer.min_lr_ratio,
         })
     }
 
@@ -108,13 +108,17 @@ impl LrSchedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::learner::OptimizerSettings;
 
     fn cfg(kind: LrScheduleKind) -> LearnerConfig {
         LearnerConfig {
-            lr: 1e-3,
-            lr_schedule: kind,
             ppo_epochs: 2,
             mini_batches: 2,
+            optimizer: OptimizerSettings {
+                lr: 1e-3,
+                lr_schedule: kind,
+                ..Default::default()
+            },
             ..Default::default()
         }
     }
@@ -124,8 +128,8 @@ mod tests {
     #[test]
     fn rates_follow_the_documented_formulas() {
         let mut c = cfg(LrScheduleKind::Cosine);
-        c.lr_warmup_steps = Some(5);
-        c.min_lr_ratio = 0.1;
+        c.optimizer.lr_warmup_steps = Some(5);
+        c.optimizer.min_lr_ratio = 0.1;
         let s = LrSchedule::new(&c, Some(10)).unwrap();
         assert_eq!((s.lr_warmup, s.total), (5, 40));
         let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-15, "{a} vs {b}");
@@ -138,7 +142,7 @@ mod tests {
         close(s.lr(39), 1e-4);
         close(s.lr(400), 1e-4);
         let mut l = cfg(LrScheduleKind::Linear);
-        l.lr_warmup_ratio = Some(0.1);
+        l.optimizer.lr_warmup_ratio = Some(0.1);
         let s = LrSchedule::new(&l, Some(10)).unwrap();
         assert_eq!(s.lr_warmup, 4);
         close(s.lr(13), 1e-3 * (1.0 - 9.0 / 35.0));
@@ -156,7 +160,7 @@ mod tests {
              Learner::set_training_steps (conrub_trainer::train does)"
         );
         let mut c = cfg(LrScheduleKind::Constant);
-        c.lr_warmup_ratio = Some(0.5);
+        c.optimizer.lr_warmup_ratio = Some(0.5);
         let e = LrSchedule::new(&c, None).unwrap_err().to_string();
         assert!(
             e.starts_with("learner.lr_warmup_ratio: a warm-up ratio needs"),

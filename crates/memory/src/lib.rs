@@ -188,16 +188,16 @@ impl MemoryPlanInput {
         let l = &cfg.learner;
         let mut input = MemoryPlanInput::new(shape);
         input.precision = cfg.precision;
-        input.activation_checkpointing = l.activation_checkpointing;
-        input.micro_batch_tokens = l.micro_batch_tokens;
+        input.activation_checkpointing = l.system.activation_checkpointing;
+        input.micro_batch_tokens = l.system.micro_batch_tokens;
         input.mini_batches = l.mini_batches;
         input.group_size = l.group_size;
         input.max_response_tokens = l.max_response_tokens;
-        input.rollout_prompts_per_call = l.rollout_prompts_per_call;
+        input.rollout_prompts_per_call = l.system.rollout_prompts_per_call;
         // Each data-parallel rank holds its share of the step's groups (the first ranks one
         // more when they do not divide): the plan is per rank.
         input.prompts_per_step = cfg.prompts_per_rank();
-        input.keep_reference = l.kl_beta != 0.0 || l.kl_in_reward != 0.0;
+        input.keep_reference = l.objective.kl_beta != 0.0 || l.kl_in_reward != 0.0;
         input.max_prompt_tokens = max_prompt_tokens
             .or(cfg.data.max_prompt_tokens)
             .unwrap_or(DEFAULT_MAX_PROMPT_TOKENS);
@@ -208,7 +208,7 @@ impl MemoryPlanInput {
         input.gpu_memory_gb = gpu_memory_gb;
         input.ranks = cfg.devices.len().max(1);
         input.sharding = cfg.sharding;
-        input.bucket_bytes = l.allreduce_bucket_bytes() as f64;
+        input.bucket_bytes = l.system.allreduce_bucket_bytes() as f64;
         input.export_bytes_per_weight = cfg.model.save_dtype.bytes() as f64;
         input
     }
@@ -1157,17 +1157,23 @@ mod tests {
             conrub_contracts::LearnerConfig::default(),
             conrub_contracts::RunConfig::default(),
         );
-        assert_eq!(plan.activation_checkpointing, l.activation_checkpointing);
-        assert_eq!(plan.micro_batch_tokens, l.micro_batch_tokens);
+        assert_eq!(
+            plan.activation_checkpointing,
+            l.system.activation_checkpointing
+        );
+        assert_eq!(plan.micro_batch_tokens, l.system.micro_batch_tokens);
         assert_eq!(plan.group_size, l.group_size);
         assert_eq!(plan.prompts_per_step, r.prompts_per_step);
         assert_eq!(plan.mini_batches, l.mini_batches);
-        assert_eq!(plan.rollout_prompts_per_call, l.rollout_prompts_per_call);
+        assert_eq!(
+            plan.rollout_prompts_per_call,
+            l.system.rollout_prompts_per_call
+        );
         assert_eq!(plan.max_response_tokens, l.max_response_tokens);
-        assert_eq!(plan.keep_reference, l.kl_beta != 0.0);
+        assert_eq!(plan.keep_reference, l.objective.kl_beta != 0.0);
         assert_eq!(plan.kv_block_size, conrub_rollout::DEFAULT_BLOCK_SIZE);
         assert_eq!(plan.rollout_max_rows, conrub_rollout::DEFAULT_MAX_ROWS);
-        assert_eq!(plan.bucket_bytes, l.allreduce_bucket_bytes() as f64);
+        assert_eq!(plan.bucket_bytes, l.system.allreduce_bucket_bytes() as f64);
     }
 
     /// The 4B shape (hidden 2,560, 36 layers, 32 query and 8 KV heads of 128, tied, the

@@ -25,7 +25,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use burn::backend::{Autodiff, Flex};
-use conrub_grpo::{DataParallel, InProcessEngine, Learner, LearnerConfig, TextCodec, TieMode};
+use conrub_grpo::{
+    DataParallel, InProcessEngine, Learner, LearnerConfig, SystemSettings, TextCodec, TieMode,
+};
 use conrub_memory::{MemoryPlan, MemoryPlanInput};
 use conrub_models::{CausalLm, ModelConfig};
 use conrub_parallel::{HostCollective, Sharding};
@@ -111,11 +113,14 @@ fn learner_config() -> LearnerConfig {
     LearnerConfig {
         group_size: GROUP,
         max_response_tokens: RESPONSE,
-        rollout_prompts_per_call: PROMPTS,
         tie_mode: TieMode::Off,
-        // One row per micro-batch: an optimizer step sums several.
-        micro_batch_tokens: 8,
         seed: 5,
+        system: SystemSettings {
+            rollout_prompts_per_call: PROMPTS,
+            // One row per micro-batch: an optimizer step sums several.
+            micro_batch_tokens: 8,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -124,8 +129,11 @@ fn learner_config() -> LearnerConfig {
 /// the AdamW moments exist), and the heap held after it.
 fn measured(sharding: Sharding, prompts: &[Prompt]) -> (f64, f64) {
     let cfg = LearnerConfig {
-        // `full` gathers one layer at a time in the per-layer backward (`conrub train` sets it).
-        activation_checkpointing: sharding.shards_parameters(),
+        system: SystemSettings {
+            // `full` gathers one layer at a time in the per-layer backward (`conrub train` sets it).
+            activation_checkpointing: sharding.shards_parameters(),
+            ..learner_config().system.clone()
+        },
         ..learner_config()
     };
     let devices = vec![Default::default(); RANKS];
@@ -135,7 +143,7 @@ fn measured(sharding: Sharding, prompts: &[Prompt]) -> (f64, f64) {
             let model = CausalLm::<B>::random(&model_config(), 0.02, 7, d);
             Ok(Learner::builder(model, cfg.clone(), *d)
                 .rollout(InProcessEngine {
-                    prompts_per_call: cfg.rollout_prompts_per_call,
+                    prompts_per_call: cfg.system.rollout_prompts_per_call,
                     engine: EngineConfig::default(),
                 })
                 .codec(Words)
@@ -162,7 +170,7 @@ fn measured(sharding: Sharding, prompts: &[Prompt]) -> (f64, f64) {
 fn plan(sharding: Sharding) -> MemoryPlan {
     let cfg = learner_config();
     let mut input = MemoryPlanInput::new(model_config().shape());
-    input.micro_batch_tokens = cfg.micro_batch_tokens;
+    input.micro_batch_tokens = cfg.system.micro_batch_tokens;
     input.group_size = GROUP;
     input.prompts_per_step = PROMPTS / RANKS;
     input.rollout_prompts_per_call = PROMPTS;

@@ -5,7 +5,8 @@
 //! error naming `learner.KEY`, as a plain derive's would be.
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
-use serde_json::{Map, Value};
+use serde_json::Value;
+use toml::{Table, Value as Buffered};
 
 /// A struct read from some of a flat table's keys: serde's derive for it, or for a struct with
 /// `remote = "Self"` its inherent `deserialize`.
@@ -14,11 +15,13 @@ pub(crate) trait Flat: Sized {
     fn read<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error>;
 }
 
-/// One struct's share of a flat table: its keys and the entries read for it so far.
+/// One struct's share of a flat table: its keys and the entries read for it so far, kept as
+/// TOML values (they hold every float a config can, infinities included, which a check must
+/// see to refuse).
 pub(crate) struct FlatGroup {
     fields: &'static [&'static str],
-    check: fn(&str, Value) -> Result<(), serde_json::Error>,
-    entries: Map<String, Value>,
+    check: fn(&str, Buffered) -> Result<(), toml::de::Error>,
+    entries: Table,
 }
 
 impl FlatGroup {
@@ -27,13 +30,13 @@ impl FlatGroup {
         Self {
             fields: fields_of::<T>(),
             check: check_one::<T>,
-            entries: Map::new(),
+            entries: Table::new(),
         }
     }
 
     /// The struct, from the entries read for it (its defaults for the rest).
     pub(crate) fn into_value<T: Flat, E: de::Error>(self) -> Result<T, E> {
-        T::read(Value::Object(self.entries)).map_err(E::custom)
+        T::read(Buffered::Table(self.entries)).map_err(E::custom)
     }
 }
 
@@ -50,7 +53,7 @@ pub(crate) fn read_groups<'de, D: Deserializer<'de>, const N: usize>(
 pub(crate) fn flat_fields<const N: usize>(
     groups: [Result<Value, serde_json::Error>; N],
 ) -> Result<Value, serde_json::Error> {
-    let mut all = Map::new();
+    let mut all = serde_json::Map::new();
     for g in groups {
         match g? {
             Value::Object(m) => all.extend(m),
@@ -65,10 +68,10 @@ pub(crate) fn flat_fields<const N: usize>(
 }
 
 /// Whether `key = value` reads as a field of `T` (its other fields at their defaults).
-fn check_one<T: Flat>(key: &str, value: Value) -> Result<(), serde_json::Error> {
-    let mut one = Map::new();
+fn check_one<T: Flat>(key: &str, value: Buffered) -> Result<(), toml::de::Error> {
+    let mut one = Table::new();
     one.insert(key.to_string(), value);
-    T::read(Value::Object(one)).map(|_| ())
+    T::read(Buffered::Table(one)).map(|_| ())
 }
 
 /// The fields serde's derive asks for when it reads `T` (renames applied).
@@ -124,28 +127,32 @@ impl<'de, const N: usize> Visitor<'de> for GroupsVisitor<N> {
                 map.next_value_seed(Unknown { key: &key, all })?;
                 continue;
             };
-            let value = map.next_value_seed(Checked {
+            // A null (an unset option, as JSON writes it) leaves the field at its default.
+            if let Some(value) = map.next_value_seed(Checked {
                 key: &key,
                 check: g.check,
-            })?;
-            g.entries.insert(key, value);
+            })? {
+                g.entries.insert(key, value);
+            }
         }
         Ok(groups)
     }
 }
 
-/// A value read as JSON and checked by its group's struct.
+/// A value read and checked by its group's struct; `None` for a null.
 struct Checked<'k> {
     key: &'k str,
-    check: fn(&str, Value) -> Result<(), serde_json::Error>,
+    check: fn(&str, Buffered) -> Result<(), toml::de::Error>,
 }
 
 impl<'de> DeserializeSeed<'de> for Checked<'_> {
-    type Value = Value;
+    type Value = Option<Buffered>;
 
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-        let value = <Value as serde::Deserialize>::deserialize(d)?;
-        (self.check)(self.key, value.clone()).map_err(de::Error::custom)?;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<Buffered>, D::Error> {
+        let value = <Option<Buffered> as serde::Deserialize>::deserialize(d)?;
+        if let Some(v) = &value {
+            (self.check)(self.key, v.clone()).map_err(|e| de::Error::custom(e.message()))?;
+        }
         Ok(value)
     }
 }

@@ -20,9 +20,12 @@ pub const GSPO_LOSS: &str = "gspo";
 
 /// Learner settings (the `[learner]` table of a train config). Defaults are the published run's.
 ///
-/// The table is flat: the rollout's sampling keys (`temperature`, `top_p`, ...) sit beside the
-/// others and are read into [`LearnerConfig::sampling`] (see `flat.rs`); serde's derive reads
-/// the rest, as `remote = "Self"` makes it an inherent function the flat reader calls.
+/// Split by concern: the method's own keys here, the rollout's sampling rule
+/// ([`SamplingParams`]), the optimizer ([`OptimizerSettings`]), the policy loss
+/// ([`ObjectiveSettings`]) and how the update runs ([`SystemSettings`]). The table stays flat:
+/// every key sits directly in `[learner]` and goes to the struct that declares it (`flat.rs`);
+/// serde's derive reads this struct's own keys, as `remote = "Self"` makes it an inherent
+/// function the flat reader calls.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields, default)]
 pub struct LearnerConfig {
@@ -38,67 +41,28 @@ pub struct LearnerConfig {
     /// it kept, the rest dropped, the judges reading the text before it), on every engine and
     /// backend. The tokenizer's end-of-turn ids stop responses as well.
     pub stop: Vec<String>,
-    /// Prompts sampled together in one generation call (rows = prompts x k).
-    pub rollout_prompts_per_call: usize,
-    /// Learning rate (the peak of a schedule).
-    pub lr: f64,
-    /// The rate's shape over the run, counted in optimizer steps: `constant`, `linear` or
-    /// `cosine` (decaying to `min_lr_ratio x lr` at the run's last optimizer step), after the
-    /// warm-up (`conrub_grpo::LrSchedule` has the formulas).
-    pub lr_schedule: LrScheduleKind,
-    /// Optimizer steps of a linear warm-up of the rate (not the `[warmup]` supervised steps).
-    pub lr_warmup_steps: Option<usize>,
-    /// The warm-up as a share of the run's optimizer steps (rounded up); the alternative of
-    /// `lr_warmup_steps`.
-    pub lr_warmup_ratio: Option<f64>,
-    /// Floor of a `linear` or `cosine` decay as a share of `lr`.
-    pub min_lr_ratio: f64,
-    /// AdamW weight decay.
-    pub weight_decay: f64,
-    /// AdamW beta1.
-    pub beta1: f64,
-    /// AdamW beta2.
-    pub beta2: f64,
-    /// AdamW epsilon.
-    pub adam_eps: f64,
-    /// Global gradient-norm clip (0 disables).
-    pub max_grad_norm: f64,
-    /// Ratio clipping.
-    pub clip: Clip,
-    /// Loss aggregation: `sequence-mean` (the method), `global-token-mean` or `dr-grpo`.
-    pub aggregation: Aggregation,
+    /// How the update runs, not what it computes: generation-call and micro-batch sizes, activation checkpointing, the all-reduce buckets, what a non-finite gradient does.
+    /// (Keys of `[learner]` itself: `micro_batch_tokens`, `activation_checkpointing`, ....)
+    #[serde(skip)]
+    pub system: SystemSettings,
+    /// The optimizer: AdamW, its learning rate and the rate's schedule, the gradient clip.
+    /// (Keys of `[learner]` itself: `lr`, `lr_schedule`, `lr_warmup_steps`, ....)
+    #[serde(skip)]
+    pub optimizer: OptimizerSettings,
+    /// The policy loss and its terms: which loss, its ratio clipping and aggregation, the KL and entropy terms, truncated importance sampling, the GRPO+DPO baseline's beta.
+    /// (Keys of `[learner]` itself: `loss`, `clip`, `aggregation`, ....)
+    #[serde(skip)]
+    pub objective: ObjectiveSettings,
     /// Advantage scaling: `group` (divide by the group's sample std, the method) or `none`.
     pub scale_rewards: ScaleRewards,
     /// The advantage estimator of non-tied groups, by its `conrub_grpo::Registry` name
     /// (`group-relative`: GRPO, with `scale_rewards` as its parameter).
     pub estimator: String,
-    /// The policy loss, by its `conrub_grpo::Registry` name (`clipped-surrogate`, with `clip`,
-    /// `aggregation`, `kl_beta` and `tis_cap` as its parameters).
-    pub loss: String,
-    /// Weight of the KL to the initial policy (0: no reference model is kept).
-    pub kl_beta: f64,
-    /// The per-token KL estimator of that term, with `d = logp_ref - logp`: `k1` (`-d`), `k2`
-    /// (`d^2 / 2`) or `k3` (`exp(d) - d - 1`, TRL's and the method's).
-    pub kl_estimator: KlEstimator,
     /// KL in the reward (verl's `use_kl_in_reward`; 0: off): each scored response's reward
     /// less this times its summed per-token KL (`kl_estimator`, the rollout policy against the
     /// initial one) before the advantages. Exact ties are still found on the rewards before the
     /// penalty; a tie broken pairwise takes the tie breaker's advantages.
     pub kl_in_reward: f64,
-    /// Entropy bonus (verl's `entropy_coeff`; 0: off): the policy's next-token entropy at each
-    /// response token, aggregated as the policy loss is (`aggregation`), times this, taken from
-    /// the loss, with its gradient (the policy must support `Policy::enable_entropy_gradient`).
-    pub entropy_coeff: f64,
-    /// Leave responses cut at `max_response_tokens` out of the loss (TRL's
-    /// `mask_truncated_completions`): their tokens are masked, so they add no gradient and no
-    /// tokens to a token mean, while still counting as responses of their group.
-    pub mask_truncated: bool,
-    /// Truncated importance sampling (off when unset): each token's policy loss is weighted by
-    /// `min(exp(logp_old - logp_engine), tis_cap)`, the learner's old probability of the sampled
-    /// token over the rollout engine's, capped (TRL's and verl's correction for an engine whose
-    /// numerics differ from the trainer's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tis_cap: Option<f64>,
     /// What happens to exactly tied groups.
     pub tie_mode: TieMode,
     /// Dynamic sampling (DAPO's `filter_groups`, verl's `algorithm.filter_groups`): a group whose
@@ -110,36 +74,12 @@ pub struct LearnerConfig {
     pub dynamic_sampling: bool,
     /// Extra rollout rounds a dynamic-sampling step may draw (0: drop only, never refill).
     pub dynamic_sampling_rounds: usize,
-    /// Beta of the GRPO+DPO baseline.
-    pub dpo_beta: f64,
     /// Passes over each rollout batch.
     pub ppo_epochs: usize,
     /// Optimizer steps per pass (the batch is split into this many mini-batches).
     pub mini_batches: usize,
-    /// Token budget (prompt + response, padded) of one micro-batch; gradients are accumulated
-    /// over them. A micro-batch holds rows of one group only (so data-parallel ranks, which own
-    /// whole groups, run exactly one device's micro-batches).
-    pub micro_batch_tokens: usize,
-    /// Activation checkpointing per decoder layer: keep only each layer's input and recompute
-    /// its forward during the backward (one extra forward per micro-batch; memory linear in
-    /// layers x tokens x hidden). `true` makes `conrub_grpo::LearnerBuilder::build` call
-    /// `Policy::enable_activation_checkpointing` (an error for a policy that cannot); `false`
-    /// leaves the policy as it was built (a `conrub_models` policy built with checkpointing in its `Execution`
-    /// keeps it).
-    pub activation_checkpointing: bool,
-    /// Data-parallel runs: megabytes (2^20 bytes) of flattened f32 gradients per all-reduced
-    /// bucket (one all-reduce call each, per optimizer step).
-    pub allreduce_bucket_mb: f64,
     /// Run seed.
     pub seed: u64,
-    /// What a non-finite gradient norm (from a NaN or infinite loss or gradient) does: `stop`
-    /// the run with an error naming the step, before that optimizer step and before any
-    /// checkpoint of it; or `skip-step`: drop that optimizer step, count it in the step's
-    /// `skipped_optimizer_steps`, and stop once more than `max_skipped_steps` were dropped in a
-    /// row. A non-finite weight after an update always stops the run.
-    pub on_nonfinite: OnNonFinite,
-    /// See `on_nonfinite`.
-    pub max_skipped_steps: usize,
     /// A step whose share of scored responses (over every rank) is below this does not update
     /// the policy; `max_unscored_steps` such steps in a row stop the run with the judge's last
     /// error. Set from `reward.min_scored_share` / `reward.max_unscored_steps` (not `[learner]`
@@ -193,7 +133,56 @@ impl Default for LearnerConfig {
             max_response_tokens: 8192,
             sampling: SamplingParams::default(),
             stop: Vec::new(),
-            rollout_prompts_per_call: 32,
+            system: SystemSettings::default(),
+            optimizer: OptimizerSettings::default(),
+            objective: ObjectiveSettings::default(),
+            scale_rewards: ScaleRewards::Group,
+            estimator: DEFAULT_ESTIMATOR.into(),
+            kl_in_reward: 0.0,
+            tie_mode: TieMode::Pairwise,
+            dynamic_sampling: false,
+            dynamic_sampling_rounds: 4,
+            ppo_epochs: 1,
+            mini_batches: 1,
+            seed: 1234,
+            min_scored_share: 0.5,
+            max_unscored_steps: 3,
+        }
+    }
+}
+
+/// The optimizer: AdamW, its learning rate and the rate's schedule, the gradient clip. Keys of the `[learner]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerSettings {
+    /// Learning rate (the peak of a schedule).
+    pub lr: f64,
+    /// The rate's shape over the run, counted in optimizer steps: `constant`, `linear` or
+    /// `cosine` (decaying to `min_lr_ratio x lr` at the run's last optimizer step), after the
+    /// warm-up (`conrub_grpo::LrSchedule` has the formulas).
+    pub lr_schedule: LrScheduleKind,
+    /// Optimizer steps of a linear warm-up of the rate (not the `[warmup]` supervised steps).
+    pub lr_warmup_steps: Option<usize>,
+    /// The warm-up as a share of the run's optimizer steps (rounded up); the alternative of
+    /// `lr_warmup_steps`.
+    pub lr_warmup_ratio: Option<f64>,
+    /// Floor of a `linear` or `cosine` decay as a share of `lr`.
+    pub min_lr_ratio: f64,
+    /// AdamW weight decay.
+    pub weight_decay: f64,
+    /// AdamW beta1.
+    pub beta1: f64,
+    /// AdamW beta2.
+    pub beta2: f64,
+    /// AdamW epsilon.
+    pub adam_eps: f64,
+    /// Global gradient-norm clip (0 disables).
+    pub max_grad_norm: f64,
+}
+
+impl Default for OptimizerSettings {
+    fn default() -> Self {
+        Self {
             lr: 3e-6,
             lr_schedule: LrScheduleKind::Constant,
             lr_warmup_steps: None,
@@ -204,32 +193,118 @@ impl Default for LearnerConfig {
             beta2: 0.999,
             adam_eps: 1e-8,
             max_grad_norm: 1.0,
+        }
+    }
+}
+
+impl Flat for OptimizerSettings {
+    fn read<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        <Self as Deserialize>::deserialize(d)
+    }
+}
+
+/// The policy loss and its terms: which loss, its ratio clipping and aggregation, the KL and entropy terms, truncated importance sampling, the GRPO+DPO baseline's beta. Keys of the `[learner]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ObjectiveSettings {
+    /// The policy loss, by its `conrub_grpo::Registry` name (`clipped-surrogate`, with `clip`,
+    /// `aggregation`, `kl_beta` and `tis_cap` as its parameters).
+    pub loss: String,
+    /// Ratio clipping.
+    pub clip: Clip,
+    /// Loss aggregation: `sequence-mean` (the method), `global-token-mean` or `dr-grpo`.
+    pub aggregation: Aggregation,
+    /// Weight of the KL to the initial policy (0: no reference model is kept).
+    pub kl_beta: f64,
+    /// The per-token KL estimator of that term, with `d = logp_ref - logp`: `k1` (`-d`), `k2`
+    /// (`d^2 / 2`) or `k3` (`exp(d) - d - 1`, TRL's and the method's).
+    pub kl_estimator: KlEstimator,
+    /// Entropy bonus (verl's `entropy_coeff`; 0: off): the policy's next-token entropy at each
+    /// response token, aggregated as the policy loss is (`aggregation`), times this, taken from
+    /// the loss, with its gradient (the policy must support `Policy::enable_entropy_gradient`).
+    pub entropy_coeff: f64,
+    /// Leave responses cut at `max_response_tokens` out of the loss (TRL's
+    /// `mask_truncated_completions`): their tokens are masked, so they add no gradient and no
+    /// tokens to a token mean, while still counting as responses of their group.
+    pub mask_truncated: bool,
+    /// Truncated importance sampling (off when unset): each token's policy loss is weighted by
+    /// `min(exp(logp_old - logp_engine), tis_cap)`, the learner's old probability of the sampled
+    /// token over the rollout engine's, capped (TRL's and verl's correction for an engine whose
+    /// numerics differ from the trainer's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tis_cap: Option<f64>,
+    /// Beta of the GRPO+DPO baseline.
+    pub dpo_beta: f64,
+}
+
+impl Default for ObjectiveSettings {
+    fn default() -> Self {
+        Self {
+            loss: DEFAULT_LOSS.into(),
             clip: Clip::default(),
             aggregation: Aggregation::SequenceMean,
-            scale_rewards: ScaleRewards::Group,
-            estimator: DEFAULT_ESTIMATOR.into(),
-            loss: DEFAULT_LOSS.into(),
             kl_beta: 0.0,
             kl_estimator: KlEstimator::K3,
-            kl_in_reward: 0.0,
             entropy_coeff: 0.0,
             mask_truncated: false,
             tis_cap: None,
-            tie_mode: TieMode::Pairwise,
-            dynamic_sampling: false,
-            dynamic_sampling_rounds: 4,
             dpo_beta: 2.0,
-            ppo_epochs: 1,
-            mini_batches: 1,
+        }
+    }
+}
+
+impl Flat for ObjectiveSettings {
+    fn read<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        <Self as Deserialize>::deserialize(d)
+    }
+}
+
+/// How the update runs, not what it computes: generation-call and micro-batch sizes, activation checkpointing, the all-reduce buckets, what a non-finite gradient does. Keys of the `[learner]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SystemSettings {
+    /// Prompts sampled together in one generation call (rows = prompts x k).
+    pub rollout_prompts_per_call: usize,
+    /// Token budget (prompt + response, padded) of one micro-batch; gradients are accumulated
+    /// over them. A micro-batch holds rows of one group only (so data-parallel ranks, which own
+    /// whole groups, run exactly one device's micro-batches).
+    pub micro_batch_tokens: usize,
+    /// Activation checkpointing per decoder layer: keep only each layer's input and recompute
+    /// its forward during the backward (one extra forward per micro-batch; memory linear in
+    /// layers x tokens x hidden). `true` makes `conrub_grpo::LearnerBuilder::build` call
+    /// `Policy::enable_activation_checkpointing` (an error for a policy that cannot); `false`
+    /// leaves the policy as it was built (a `conrub_models` policy built with checkpointing in its `Execution`
+    /// keeps it).
+    pub activation_checkpointing: bool,
+    /// Data-parallel runs: megabytes (2^20 bytes) of flattened f32 gradients per all-reduced
+    /// bucket (one all-reduce call each, per optimizer step).
+    pub allreduce_bucket_mb: f64,
+    /// What a non-finite gradient norm (from a NaN or infinite loss or gradient) does: `stop`
+    /// the run with an error naming the step, before that optimizer step and before any
+    /// checkpoint of it; or `skip-step`: drop that optimizer step, count it in the step's
+    /// `skipped_optimizer_steps`, and stop once more than `max_skipped_steps` were dropped in a
+    /// row. A non-finite weight after an update always stops the run.
+    pub on_nonfinite: OnNonFinite,
+    /// See `on_nonfinite`.
+    pub max_skipped_steps: usize,
+}
+
+impl Default for SystemSettings {
+    fn default() -> Self {
+        Self {
+            rollout_prompts_per_call: 32,
             micro_batch_tokens: 16_384,
             activation_checkpointing: false,
             allreduce_bucket_mb: 64.0,
-            seed: 1234,
             on_nonfinite: OnNonFinite::Stop,
             max_skipped_steps: 3,
-            min_scored_share: 0.5,
-            max_unscored_steps: 3,
         }
+    }
+}
+
+impl Flat for SystemSettings {
+    fn read<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        <Self as Deserialize>::deserialize(d)
     }
 }
 
@@ -238,11 +313,12 @@ impl LearnerConfig {
     pub fn validate(&self) -> Result<()> {
         self.check_method()?;
         self.check_rollout()?;
-        self.check_optimizer()?;
-        self.check_update()
+        self.optimizer.validate()?;
+        self.objective.validate()?;
+        self.system.validate()
     }
 
-    /// Groups, ties, dynamic sampling and the reward's extra terms.
+    /// Groups, ties, dynamic sampling, the reward's KL term and the update's passes.
     fn check_method(&self) -> Result<()> {
         let bad = |k: &str, m: &str| Err(SettingsError::key(format!("learner.{k}"), m));
         if self.group_size < 2 {
@@ -266,21 +342,19 @@ impl LearnerConfig {
                 "must be at most 64 (each round rolls out and scores up to a step's groups)",
             );
         }
-        if !self.entropy_coeff.is_finite() {
-            return bad(
-                "entropy_coeff",
-                "must be a finite number (0 turns it off; > 0 rewards entropy)",
-            );
-        }
-        if !(self.kl_beta.is_finite() && self.kl_beta >= 0.0) {
-            // A negative weight would reward moving away from the reference.
-            return bad("kl_beta", "must be a finite number >= 0 (0 turns it off)");
-        }
         if !(self.kl_in_reward.is_finite() && self.kl_in_reward >= 0.0) {
             return bad(
                 "kl_in_reward",
                 "must be a finite number >= 0 (0 turns it off)",
             );
+        }
+        for (key, v) in [
+            ("ppo_epochs", self.ppo_epochs),
+            ("mini_batches", self.mini_batches),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1");
+            }
         }
         Ok(())
     }
@@ -306,10 +380,16 @@ impl LearnerConfig {
         }
         Ok(())
     }
+}
 
-    /// The learning rate and its schedule.
-    fn check_optimizer(&self) -> Result<()> {
-        let bad = |k: &str, m: &str| Err(SettingsError::key(format!("learner.{k}"), m));
+/// A key's error under `learner.`.
+fn bad(key: &str, message: &str) -> Result<()> {
+    Err(SettingsError::key(format!("learner.{key}"), message))
+}
+
+impl OptimizerSettings {
+    /// Checks ranges, naming the key under `learner.`.
+    pub fn validate(&self) -> Result<()> {
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return bad("lr", "must be a finite number > 0");
         }
@@ -349,29 +429,41 @@ impl LearnerConfig {
         }
         Ok(())
     }
+}
 
-    /// The update's passes, batches, clipping and collectives.
-    fn check_update(&self) -> Result<()> {
-        let bad = |k: &str, m: &str| Err(SettingsError::key(format!("learner.{k}"), m));
-        for (key, v) in [
-            ("ppo_epochs", self.ppo_epochs),
-            ("mini_batches", self.mini_batches),
-            ("rollout_prompts_per_call", self.rollout_prompts_per_call),
-        ] {
-            if v == 0 {
-                return bad(key, "must be at least 1");
-            }
-        }
+impl ObjectiveSettings {
+    /// Checks ranges, naming the key under `learner.`.
+    pub fn validate(&self) -> Result<()> {
         if !(self.clip.low > 0.0 && self.clip.low < 1.0 && self.clip.high > 0.0) {
             return bad("clip", "need 0 < low < 1 and high > 0");
         }
-        if !(self.allreduce_bucket_mb > 0.0) {
-            return bad("allreduce_bucket_mb", "must be > 0");
+        if !self.entropy_coeff.is_finite() {
+            return bad(
+                "entropy_coeff",
+                "must be a finite number (0 turns it off; > 0 rewards entropy)",
+            );
+        }
+        if !(self.kl_beta.is_finite() && self.kl_beta >= 0.0) {
+            // A negative weight would reward moving away from the reference.
+            return bad("kl_beta", "must be a finite number >= 0 (0 turns it off)");
         }
         if let Some(cap) = self.tis_cap {
             if !(cap > 0.0 && cap.is_finite()) {
                 return bad("tis_cap", "must be a positive number");
             }
+        }
+        Ok(())
+    }
+}
+
+impl SystemSettings {
+    /// Checks ranges, naming the key under `learner.`.
+    pub fn validate(&self) -> Result<()> {
+        if self.rollout_prompts_per_call == 0 {
+            return bad("rollout_prompts_per_call", "must be at least 1");
+        }
+        if !(self.allreduce_bucket_mb > 0.0) {
+            return bad("allreduce_bucket_mb", "must be > 0");
         }
         Ok(())
     }
@@ -477,19 +569,32 @@ impl<'de> Deserialize<'de> for LearnerConfig {
         let groups = [
             FlatGroup::of::<LearnerConfig>(),
             FlatGroup::of::<SamplingParams>(),
+            FlatGroup::of::<OptimizerSettings>(),
+            FlatGroup::of::<ObjectiveSettings>(),
+            FlatGroup::of::<SystemSettings>(),
         ];
-        let [own, sampling] = read_groups(d, groups)?;
-        let mut cfg: LearnerConfig = own.into_value()?;
-        cfg.sampling = sampling.into_value()?;
-        Ok(cfg)
+        let [own, sampling, optimizer, objective, system] = read_groups(d, groups)?;
+        Ok(LearnerConfig {
+            sampling: sampling.into_value()?,
+            optimizer: optimizer.into_value()?,
+            objective: objective.into_value()?,
+            system: system.into_value()?,
+            ..own.into_value()?
+        })
     }
 }
 
 impl Serialize for LearnerConfig {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         let own = LearnerConfig::serialize(self, serde_json::value::Serializer);
-        flat_fields([own, serde_json::to_value(self.sampling)])
-            .map_err(serde::ser::Error::custom)?
-            .serialize(s)
+        flat_fields([
+            own,
+            serde_json::to_value(self.sampling),
+            serde_json::to_value(&self.optimizer),
+            serde_json::to_value(&self.objective),
+            serde_json::to_value(&self.system),
+        ])
+        .map_err(serde::ser::Error::custom)?
+        .serialize(s)
     }
 }

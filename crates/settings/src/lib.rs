@@ -5,7 +5,7 @@
 //!
 //! | table | settings |
 //! |---|---|
-//! | `[learner]` | [`LearnerConfig`] (+ [`SamplingParams`], [`Clip`], [`TieMode`], [`Aggregation`], [`ScaleRewards`], [`KlEstimator`], [`LrScheduleKind`], [`OnNonFinite`]) |
+//! | `[learner]` | [`LearnerConfig`] (by concern: [`SamplingParams`], [`OptimizerSettings`], [`ObjectiveSettings`], [`SystemSettings`]; + [`Clip`], [`TieMode`], [`Aggregation`], [`ScaleRewards`], [`KlEstimator`], [`LrScheduleKind`], [`OnNonFinite`]) |
 //! | `[run]`, `[eval]` | [`RunConfig`], [`ValidationConfig`] ([`ValidationDecoding`]) |
 //! | top level | [`Precision`], [`AttentionKernelChoice`], [`Sharding`] |
 //! | `[model]` | [`ModelSection`] ([`RandomModel`], [`Family`], [`SaveDtype`], [`ShardSize`]) |
@@ -32,8 +32,9 @@ pub use judge::{
     LocalMode, LocalSettings, OpenAiSettings, Pooling, ProbeSettings, PromptOverrides,
 };
 pub use learner::{
-    Aggregation, Clip, KlEstimator, LearnerConfig, LrScheduleKind, OnNonFinite, ScaleRewards,
-    TieMode, DEFAULT_ESTIMATOR, DEFAULT_LOSS, GSPO_LOSS,
+    Aggregation, Clip, KlEstimator, LearnerConfig, LrScheduleKind, ObjectiveSettings, OnNonFinite,
+    OptimizerSettings, ScaleRewards, SystemSettings, TieMode, DEFAULT_ESTIMATOR, DEFAULT_LOSS,
+    GSPO_LOSS,
 };
 pub use model::{Family, ModelSection, RandomModel, SaveDtype, ShardSize};
 pub use rollout::{RolloutEngineKind, RolloutSection, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_ROWS};
@@ -69,13 +70,13 @@ mod tests {
     fn out_of_range_learner_settings_are_refused() {
         type Set = fn(&mut LearnerConfig);
         let cases: [(&str, Set); 11] = [
-            ("kl_beta", |c| c.kl_beta = -1.0),
-            ("beta1", |c| c.beta1 = 1.0),
-            ("beta2", |c| c.beta2 = -0.1),
-            ("adam_eps", |c| c.adam_eps = 0.0),
-            ("weight_decay", |c| c.weight_decay = -0.1),
-            ("max_grad_norm", |c| c.max_grad_norm = -1.0),
-            ("max_grad_norm", |c| c.max_grad_norm = f64::NAN),
+            ("kl_beta", |c| c.objective.kl_beta = -1.0),
+            ("beta1", |c| c.optimizer.beta1 = 1.0),
+            ("beta2", |c| c.optimizer.beta2 = -0.1),
+            ("adam_eps", |c| c.optimizer.adam_eps = 0.0),
+            ("weight_decay", |c| c.optimizer.weight_decay = -0.1),
+            ("max_grad_norm", |c| c.optimizer.max_grad_norm = -1.0),
+            ("max_grad_norm", |c| c.optimizer.max_grad_norm = f64::NAN),
             ("temperature", |c| c.sampling.temperature = f64::INFINITY),
             ("repetition_penalty", |c| {
                 c.sampling.repetition_penalty = 1e-40
@@ -95,7 +96,11 @@ mod tests {
         }
         // Their edges stay valid: no clipping, no decay, beta 0.
         let mut c = LearnerConfig::default();
-        (c.max_grad_norm, c.weight_decay, c.beta1) = (0.0, 0.0, 0.0);
+        (
+            c.optimizer.max_grad_norm,
+            c.optimizer.weight_decay,
+            c.optimizer.beta1,
+        ) = (0.0, 0.0, 0.0);
         c.sampling.repetition_penalty = 1e-30;
         c.validate().unwrap();
     }
@@ -149,7 +154,7 @@ mod tests {
                 })
         };
         let l = read("[learner]\nlr = 1e-5\ntop_k = 20\nmin_p = 0.05\ngroup_size = 4\n").unwrap();
-        assert_eq!((l.lr, l.group_size), (1e-5, 4));
+        assert_eq!((l.optimizer.lr, l.group_size), (1e-5, 4));
         assert_eq!(
             (l.sampling.top_k, l.sampling.min_p, l.sampling.temperature),
             (Some(20), 0.05, 1.0)
@@ -161,6 +166,13 @@ mod tests {
         );
         let e = read("[learner]\nlr = \"fast\"\n").unwrap_err();
         assert!(e.starts_with("learner.lr: invalid type: string"), "{e}");
+        // Every float TOML writes reaches the range checks, infinities included.
+        let odd = read("[learner]\nlr = inf\ntemperature = nan\n").unwrap();
+        assert!(odd.optimizer.lr.is_infinite() && odd.sampling.temperature.is_nan());
+        assert_eq!(
+            odd.validate().unwrap_err().to_string(),
+            "learner.temperature: NaN must be > 0 (use greedy decoding for 0)"
+        );
         let e = read("[learner]\nnew_knob = 1\n").unwrap_err();
         assert!(
             e.starts_with("learner.new_knob: unknown field `new_knob`, expected one of"),

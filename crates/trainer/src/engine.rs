@@ -33,7 +33,7 @@ where
             RolloutEngineKind::Paged => {
                 let layout = model.valid().kv_layout();
                 Arc::new(InProcessEngine {
-                    prompts_per_call: self.cfg.learner.rollout_prompts_per_call,
+                    prompts_per_call: self.cfg.learner.system.rollout_prompts_per_call,
                     engine: paged_engine(&self.cfg, layout, self.kv_pool_blocks),
                 })
             }

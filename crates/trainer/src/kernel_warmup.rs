@@ -115,7 +115,7 @@ where
             let mut group = DataParallel::build_sharded(
                 &self.devices,
                 collective,
-                cfg.learner.allreduce_bucket_bytes(),
+                cfg.learner.system.allreduce_bucket_bytes(),
                 cfg.sharding,
                 |r, d| Ok(self.learner_builder(policy_of(r).fork(d), d, &engine, judging.clone())),
             )?;

@@ -324,7 +324,7 @@ where
     pub(crate) fn preflight(&self) -> Result<()> {
         if self.cfg.sharding.shards_parameters()
             && self.devices.len() > 1
-            && !self.cfg.learner.activation_checkpointing
+            && !self.cfg.learner.system.activation_checkpointing
         {
             return Err(TrainerError::Setup(format!(
                 "{}: sharding = \"full\" gathers the parameters one decoder layer at a time in \

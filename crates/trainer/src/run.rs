@@ -78,7 +78,7 @@ where
                 .collective
                 .clone()
                 .unwrap_or_else(|| Arc::new(HostCollective::new(self.devices.len())));
-            let bucket = self.cfg.learner.allreduce_bucket_bytes();
+            let bucket = self.cfg.learner.system.allreduce_bucket_bytes();
             let sharding = self.cfg.sharding;
             let mut policy_of = crate::policy_for_ranks(model, self.devices.len());
             let mut group = DataParallel::build_sharded(

@@ -104,20 +104,7 @@ impl Validator {
         let step = learner.steps_done();
         let started = Instant::now();
         let prompts: Vec<_> = self.examples.iter().map(|e| e.prompt.clone()).collect();
-        let max_new = self
-            .cfg
-            .max_new_tokens
-            .unwrap_or(learner.config().max_response_tokens);
-        let seed = stable_seed(self.seed, &format!("eval/{step}"));
-        let mut sampling = conrub_contracts::SamplingConfig::from_learner(
-            learner.config(),
-            seed,
-            learner.stop_ids(),
-        );
-        sampling.max_new_tokens = max_new;
-        if self.cfg.decoding == ValidationDecoding::Greedy {
-            sampling.decoding = Decoding::Greedy;
-        }
+        let sampling = self.round_sampling(learner.config(), learner.stop_ids(), step);
         let answers = learner.generate_with(policy, &prompts, self.cfg.samples, &sampling)?;
         let generate_secs = started.elapsed().as_secs_f64();
         let requests: Vec<CriterionRequest> = answers
@@ -171,6 +158,26 @@ impl Validator {
             kernels: None,
         };
         Ok((line, samples))
+    }
+
+    /// How the round at `step` decodes: the learner's sampling rule (or greedy), seeded by the
+    /// run seed and the step, up to `max_new_tokens` (the learner's limit unless set).
+    fn round_sampling(
+        &self,
+        learner: &conrub_contracts::LearnerConfig,
+        stop_ids: &[u32],
+        step: u64,
+    ) -> conrub_contracts::SamplingConfig {
+        let seed = stable_seed(self.seed, &format!("eval/{step}"));
+        let mut sampling = conrub_contracts::SamplingConfig::from_learner(learner, seed, stop_ids);
+        sampling.max_new_tokens = self
+            .cfg
+            .max_new_tokens
+            .unwrap_or(learner.max_response_tokens);
+        if self.cfg.decoding == ValidationDecoding::Greedy {
+            sampling.decoding = Decoding::Greedy;
+        }
+        sampling
     }
 
     /// One judge's verdict on one answer, scored as the round scores it.

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use conrub_grpo::{
-    InProcessEngine, Learner, LearnerConfig, PairwiseTieBreaker, RolloutBatch, RolloutEngine,
-    RolloutRequest, TextCodec, TieMode,
+    InProcessEngine, Learner, LearnerConfig, ObjectiveSettings, OptimizerSettings,
+    PairwiseTieBreaker, RolloutBatch, RolloutEngine, RolloutRequest, SystemSettings, TextCodec,
+    TieMode,
 };
 use conrub_judge::LexicalJudge;
 use conrub_models::{CausalLm, ModelConfig};
@@ -93,7 +94,7 @@ fn learner_rewarded(
     let model = CausalLm::<B>::random(config, 0.1, init_seed, &Default::default());
     let ties = PairwiseTieBreaker::new(judge(), cfg.seed);
     let engine = InProcessEngine {
-        prompts_per_call: cfg.rollout_prompts_per_call,
+        prompts_per_call: cfg.system.rollout_prompts_per_call,
         engine: EngineConfig::default(),
     };
     Learner::builder(model, cfg, Default::default())
@@ -162,12 +163,18 @@ fn config() -> LearnerConfig {
     LearnerConfig {
         group_size: 8,
         max_response_tokens: 6,
-        rollout_prompts_per_call: 4,
-        lr: 3e-3,
-        weight_decay: 0.0,
         mini_batches: 2,
-        micro_batch_tokens: 64,
         seed: 7,
+        optimizer: OptimizerSettings {
+            lr: 3e-3,
+            weight_decay: 0.0,
+            ..Default::default()
+        },
+        system: SystemSettings {
+            rollout_prompts_per_call: 4,
+            micro_batch_tokens: 64,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -238,7 +245,10 @@ async fn masked_truncated_responses_leave_the_loss() {
     let refs: Vec<&RubricRecord> = recs.iter().collect();
     for mask_truncated in [false, true] {
         let mut l = learner(LearnerConfig {
-            mask_truncated,
+            objective: ObjectiveSettings {
+                mask_truncated,
+                ..config().objective.clone()
+            },
             ..config()
         });
         let before = weights(l.policy());
@@ -266,8 +276,11 @@ async fn nonfinite_gradients_stop_or_skip_the_step() {
     let recs = records();
     let refs: Vec<&RubricRecord> = recs.iter().collect();
     let blow_up = LearnerConfig {
-        lr: 1e30,
         mini_batches: 1,
+        optimizer: OptimizerSettings {
+            lr: 1e30,
+            ..config().optimizer.clone()
+        },
         ..config()
     };
     let mut l = learner(blow_up.clone());
@@ -280,8 +293,11 @@ async fn nonfinite_gradients_stop_or_skip_the_step() {
     assert!(weights(l.policy()).iter().all(|w| w.is_finite()));
 
     let mut l = learner(LearnerConfig {
-        on_nonfinite: conrub_grpo::OnNonFinite::SkipStep,
-        max_skipped_steps: 1,
+        system: SystemSettings {
+            on_nonfinite: conrub_grpo::OnNonFinite::SkipStep,
+            max_skipped_steps: 1,
+            ..blow_up.system.clone()
+        },
         ..blow_up
     });
     l.step(&refs).await.unwrap();
@@ -319,8 +335,11 @@ async fn same_seed_same_run_bit_for_bit() {
 #[tokio::test]
 async fn resume_continues_bit_identically() {
     let cfg = LearnerConfig {
-        kl_beta: 0.05,
         ppo_epochs: 2,
+        objective: ObjectiveSettings {
+            kl_beta: 0.05,
+            ..config().objective.clone()
+        },
         ..config()
     };
     let recs = records();
@@ -391,9 +410,15 @@ async fn clipped_steps_on_the_full_vocabulary_write_identical_checkpoints() {
     model.num_hidden_layers = 1;
     let cfg = LearnerConfig {
         max_response_tokens: 3,
-        max_grad_norm: 0.2,
         mini_batches: 4,
-        rollout_prompts_per_call: 2,
+        optimizer: OptimizerSettings {
+            max_grad_norm: 0.2,
+            ..config().optimizer.clone()
+        },
+        system: SystemSettings {
+            rollout_prompts_per_call: 2,
+            ..config().system.clone()
+        },
         ..config()
     };
     let recs = records();
@@ -440,7 +465,7 @@ fn aggregation_and_reward_scaling_parse_as_documented() {
     let cfg: LearnerConfig =
         serde_json::from_str(r#"{"aggregation": "dr-grpo", "scale_rewards": "none"}"#).unwrap();
     assert_eq!(
-        (cfg.aggregation, cfg.scale_rewards),
+        (cfg.objective.aggregation, cfg.scale_rewards),
         (
             conrub_grpo::Aggregation::DrGrpo,
             conrub_grpo::ScaleRewards::None
@@ -470,7 +495,10 @@ async fn checkpointing_set_on_the_learner_reaches_the_policy_and_keeps_the_run()
     let mut runs = Vec::new();
     for on in [false, true] {
         let mut l = learner(LearnerConfig {
-            activation_checkpointing: on,
+            system: SystemSettings {
+                activation_checkpointing: on,
+                ..config().system.clone()
+            },
             ..config()
         });
         assert_eq!(l.policy().execution().activation_checkpointing, on);
@@ -684,7 +712,7 @@ fn dp_builder(
     let model = CausalLm::<B>::random(&ModelConfig::tiny(64), 0.1, 3, device);
     let b = Learner::builder(model, cfg.clone(), *device)
         .rollout(InProcessEngine {
-            prompts_per_call: cfg.rollout_prompts_per_call,
+            prompts_per_call: cfg.system.rollout_prompts_per_call,
             engine: EngineConfig::default(),
         })
         .codec(WordCodec)
@@ -809,13 +837,19 @@ fn dp_config() -> LearnerConfig {
     LearnerConfig {
         group_size: 4,
         max_response_tokens: 6,
-        rollout_prompts_per_call: 2,
-        lr: 3e-3,
-        weight_decay: 0.01,
         mini_batches: 2,
-        micro_batch_tokens: 40,
-        max_grad_norm: 0.05,
         seed: 11,
+        optimizer: OptimizerSettings {
+            lr: 3e-3,
+            weight_decay: 0.01,
+            max_grad_norm: 0.05,
+            ..Default::default()
+        },
+        system: SystemSettings {
+            rollout_prompts_per_call: 2,
+            micro_batch_tokens: 40,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -844,8 +878,11 @@ async fn data_parallel_ranks_train_as_one_device() {
     ];
     for (aggregation, tie_mode, even_ids, worlds) in cases {
         let cfg = LearnerConfig {
-            aggregation,
             tie_mode,
+            objective: ObjectiveSettings {
+                aggregation,
+                ..base.clone().objective.clone()
+            },
             ..base.clone()
         };
         let what = format!("{aggregation:?}, {tie_mode:?}");
@@ -932,7 +969,10 @@ async fn sharded_ranks_train_as_one_device() {
         (Sharding::Full, true),
     ] {
         let cfg = LearnerConfig {
-            activation_checkpointing: checkpointing,
+            system: SystemSettings {
+                activation_checkpointing: checkpointing,
+                ..base.clone().system.clone()
+            },
             ..base.clone()
         };
         let states = tempfile::tempdir().unwrap();
@@ -1057,7 +1097,10 @@ async fn sharded_ranks_train_as_one_device() {
         .and_then(|draft| draft.seal())
         .unwrap();
     let checkpointed = LearnerConfig {
-        activation_checkpointing: true,
+        system: SystemSettings {
+            activation_checkpointing: true,
+            ..base.clone().system.clone()
+        },
         ..base.clone()
     };
     let mut second = sharded_group(&checkpointed, 2, true, Sharding::Full);
@@ -1079,7 +1122,10 @@ async fn sharded_ranks_train_as_one_device() {
     let a = one.step(two).await.unwrap();
     for sharding in [Sharding::None, Sharding::Gradients, Sharding::Full] {
         let cfg = LearnerConfig {
-            activation_checkpointing: sharding == Sharding::Full,
+            system: SystemSettings {
+                activation_checkpointing: sharding == Sharding::Full,
+                ..base.clone().system.clone()
+            },
             ..base.clone()
         };
         let mut group = sharded_group(&cfg, 3, true, sharding);
@@ -1207,12 +1253,18 @@ async fn data_parallel_runs_repeat_and_resume_exactly() {
     let cfg = LearnerConfig {
         group_size: 4,
         max_response_tokens: 6,
-        rollout_prompts_per_call: 2,
-        lr: 3e-3,
         mini_batches: 2,
-        micro_batch_tokens: 40,
-        max_grad_norm: 0.05,
         seed: 5,
+        optimizer: OptimizerSettings {
+            lr: 3e-3,
+            max_grad_norm: 0.05,
+            ..Default::default()
+        },
+        system: SystemSettings {
+            rollout_prompts_per_call: 2,
+            micro_batch_tokens: 40,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let recs = five_records();
@@ -1563,7 +1615,7 @@ async fn the_config_chooses_a_registered_estimator_by_name() {
         registry.register_estimator("zero", |_| Ok(Box::new(Zero)));
         let model = CausalLm::<B>::random(&ModelConfig::tiny(64), 0.1, 5, &Default::default());
         let engine = InProcessEngine {
-            prompts_per_call: cfg.rollout_prompts_per_call,
+            prompts_per_call: cfg.system.rollout_prompts_per_call,
             engine: EngineConfig::default(),
         };
         let judge = judge();

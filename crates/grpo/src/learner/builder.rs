@@ -93,10 +93,10 @@ where
     pub fn build(mut self) -> Result<Learner<B, P, T>> {
         let cfg = self.cfg;
         cfg.validate()?;
-        if cfg.activation_checkpointing {
+        if cfg.system.activation_checkpointing {
             self.policy.enable_activation_checkpointing()?;
         }
-        if cfg.entropy_coeff != 0.0 {
+        if cfg.objective.entropy_coeff != 0.0 {
             self.policy.enable_entropy_gradient()?;
         }
         let codec = self
@@ -123,16 +123,16 @@ where
         let loss = registry.loss(&cfg)?;
         let rollout = self.rollout.unwrap_or_else(|| {
             Box::new(GroupSampler {
-                prompts_per_call: cfg.rollout_prompts_per_call,
+                prompts_per_call: cfg.system.rollout_prompts_per_call,
             })
         });
         let mut update = Update::new(UpdateConfig {
-            lr: cfg.lr,
-            weight_decay: cfg.weight_decay,
-            beta1: cfg.beta1,
-            beta2: cfg.beta2,
-            eps: cfg.adam_eps,
-            max_grad_norm: cfg.max_grad_norm,
+            lr: cfg.optimizer.lr,
+            weight_decay: cfg.optimizer.weight_decay,
+            beta1: cfg.optimizer.beta1,
+            beta2: cfg.optimizer.beta2,
+            eps: cfg.optimizer.adam_eps,
+            max_grad_norm: cfg.optimizer.max_grad_norm,
         });
         // A schedule that needs the run's length waits for `Learner::set_training_steps`.
         let schedule_ready = match LrSchedule::new(&cfg, None) {
@@ -143,7 +143,7 @@ where
             Err(_) => false,
         };
         let reference =
-            (cfg.kl_beta != 0.0 || cfg.kl_in_reward != 0.0).then(|| self.policy.valid());
+            (cfg.objective.kl_beta != 0.0 || cfg.kl_in_reward != 0.0).then(|| self.policy.valid());
         Ok(Learner {
             policy: self.policy,
             update,

@@ -36,7 +36,9 @@ use crate::schedule::LrSchedule;
 use crate::stop::cut_at_stop_strings;
 use crate::ties::{NoTieBreaker, TieBreaker, TiedGroup};
 use crate::update::{Update, UpdateConfig};
-pub use conrub_contracts::{LearnerConfig, OnNonFinite};
+pub use conrub_contracts::{
+    LearnerConfig, ObjectiveSettings, OnNonFinite, OptimizerSettings, SystemSettings,
+};
 use conrub_parallel::sharding::{CommStats, RankGather, ShardedSum};
 use conrub_parallel::RankSlot;
 use conrub_rewards::{GroupScores, RewardSource};

@@ -24,7 +24,7 @@ where
         plan_micro_batches(
             &rows.seq_lens,
             range,
-            self.cfg.micro_batch_tokens,
+            self.cfg.system.micro_batch_tokens,
             self.cfg.group_size,
         )
         .into_iter()
@@ -50,7 +50,7 @@ where
             .flat_map(|o| o.advantages.iter().map(|&a| a as f32))
             .collect();
         // The engine's log-probs, right-padded like `logp_old` (only the TIS correction reads them).
-        let logp_engine = self.cfg.tis_cap.map(|_| {
+        let logp_engine = self.cfg.objective.tis_cap.map(|_| {
             let mut flat = vec![0f32; n * width];
             for (r, l) in rollout.logprobs.iter().enumerate() {
                 let t = l.len().min(width);
@@ -66,7 +66,7 @@ where
             tokens: logprobs.tokens,
             seq_lens: logprobs.seq_lens,
             response_lens: logprobs.response_lens,
-            micro_batch_tokens: self.cfg.micro_batch_tokens,
+            micro_batch_tokens: self.cfg.system.micro_batch_tokens,
             loss_rows: self.loss_rows(rollout),
         }
     }
@@ -90,7 +90,7 @@ where
     pub(super) fn sequence_kl(&self, logprobs: &BatchLogprobs<B>) -> Vec<f64> {
         match &logprobs.logp_ref {
             Some(logp_ref) => sequence_kl(
-                self.cfg.kl_estimator,
+                self.cfg.objective.kl_estimator,
                 logprobs.logp_old.clone(),
                 logp_ref.clone(),
             ),
@@ -117,7 +117,7 @@ where
         let response_lens: Vec<usize> = rollout.responses.iter().map(Vec::len).collect();
         let width = tokens.positions.dims()[1];
         let full = (tokens.tokens.dims()[1], width);
-        let budget = self.cfg.micro_batch_tokens;
+        let budget = self.cfg.system.micro_batch_tokens;
         let inner_tokens = tokens.inner();
         let micro = self.local_micro_batches(rows, rows.first..rows.first + n, n);
         let logprobs = |model: &P::InnerModule| -> Tensor<B, 2> {
@@ -156,7 +156,7 @@ where
         rollout
             .finish_reasons
             .iter()
-            .map(|f| !(self.cfg.mask_truncated && *f == FinishReason::Length))
+            .map(|f| !(self.cfg.objective.mask_truncated && *f == FinishReason::Length))
             .collect()
     }
 }

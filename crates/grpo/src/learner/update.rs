@@ -18,8 +18,8 @@ where
         &self,
     ) -> Option<impl Fn(Tensor<Bk, 2>, Tensor<Bk, 2>) -> Tensor<Bk, 1>> {
         let (coeff, aggregation, max) = (
-            self.cfg.entropy_coeff,
-            self.cfg.aggregation,
+            self.cfg.objective.entropy_coeff,
+            self.cfg.objective.aggregation,
             self.cfg.max_response_tokens,
         );
         (coeff != 0.0).then_some(move |entropy: Tensor<Bk, 2>, mask: Tensor<Bk, 2>| {
@@ -229,7 +229,7 @@ where
             loss: totals.loss / minis.max(1) as f64,
             clip_low: totals.clip_low / tokens,
             clip_high: totals.clip_high / tokens,
-            kl: (self.cfg.kl_beta != 0.0).then(|| totals.kl / tokens),
+            kl: (self.cfg.objective.kl_beta != 0.0).then(|| totals.kl / tokens),
             entropy: (totals.has_entropy > 0.0).then(|| totals.entropy / tokens),
             tokens_computed: totals.computed as u64,
             tokens_needed: totals.needed as u64,
@@ -351,16 +351,16 @@ where
     pub(super) fn skip_nonfinite(&mut self, norm: f64) -> Result<()> {
         let at = format!("step {}", self.step);
         let what = format!("the gradient norm is {norm} (a non-finite loss or gradient)");
-        match self.cfg.on_nonfinite {
+        match self.cfg.system.on_nonfinite {
             OnNonFinite::Stop => Err(GrpoError::NonFinite { at, what }),
             OnNonFinite::SkipStep => {
                 self.skipped_in_a_row += 1;
-                if self.skipped_in_a_row > self.cfg.max_skipped_steps {
+                if self.skipped_in_a_row > self.cfg.system.max_skipped_steps {
                     return Err(GrpoError::NonFinite {
                         at,
                         what: format!(
                             "{what}, {} optimizer steps skipped in a row (learner.max_skipped_steps = {})",
-                            self.skipped_in_a_row, self.cfg.max_skipped_steps
+                            self.skipped_in_a_row, self.cfg.system.max_skipped_steps
                         ),
                     });
                 }
@@ -409,7 +409,7 @@ where
         let p = pairs.len();
         let winners = row_index::<B>(&(0..p).map(|i| 2 * i).collect::<Vec<_>>(), &self.device);
         let losers = row_index::<B>(&(0..p).map(|i| 2 * i + 1).collect::<Vec<_>>(), &self.device);
-        let beta = self.cfg.dpo_beta;
+        let beta = self.cfg.objective.dpo_beta;
         self.gradients(
             &tokens,
             &mut |lp| {
