@@ -25,7 +25,8 @@ use anyhow::{bail, Context, Result};
 use conrub_rubric::Message;
 
 /// Refuses an output path that is one of the command's inputs (the same file by any spelling,
-/// a link included): writing it would replace what the command reads. `what` names the flag.
+/// a link included): writing it would replace what the command reads. Each input comes with
+/// the flag that named it, for the message.
 pub fn refuse_output_over_inputs(out: &Path, inputs: &[(&str, &Path)]) -> Result<()> {
     let same = |x: &Path, y: &Path| match (x.canonicalize(), y.canonicalize()) {
         (Ok(x), Ok(y)) => x == y,
