@@ -144,7 +144,8 @@ fn event(buf: &[u8]) -> Event {
                     }
                 }
             }
-            (6, Field::Bytes(b)) => {
+            // `session_log` is field 7 of event.proto (6 is the deprecated `log_message`).
+            (7, Field::Bytes(b)) => {
                 for (n, f) in fields(b) {
                     if let (1, Field::Varint(s)) = (n, f) {
                         e.session_status = Some(s);

@@ -7,6 +7,35 @@ use std::collections::BTreeMap;
 pub use conrub_settings::ValidationDecoding;
 use serde::{Deserialize, Serialize};
 
+/// JSON has no NaN or infinity, so serde_json writes a non-finite `f64` as `null`; the metrics
+/// types read that `null` back as NaN, so every line conrub writes reads again (a resume, a plot
+/// or a user's tool would otherwise skip a step whose loss overflowed).
+mod nullable {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer};
+
+    /// An `f64` that may be `null` (NaN).
+    pub fn f64<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    }
+
+    /// A list of `f64`s, any of them `null` (NaN).
+    pub fn f64s<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+        let values = Vec::<Option<f64>>::deserialize(d)?;
+        Ok(values.into_iter().map(|v| v.unwrap_or(f64::NAN)).collect())
+    }
+
+    /// A map to `f64`s, any of them `null` (NaN).
+    pub fn f64_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, f64>, D::Error> {
+        let values = BTreeMap::<String, Option<f64>>::deserialize(d)?;
+        Ok(values
+            .into_iter()
+            .map(|(k, v)| (k, v.unwrap_or(f64::NAN)))
+            .collect())
+    }
+}
+
 /// One line of the metrics file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -37,6 +66,7 @@ pub struct KernelWarmupLine {
     /// What ran, in words.
     pub ran: String,
     /// Seconds it took.
+    #[serde(deserialize_with = "nullable::f64")]
     pub secs: f64,
     /// Kernels compiled, loaded from the kernel cache and autotune runs during it.
     #[serde(flatten, default)]
@@ -51,6 +81,7 @@ pub struct EpochSummary {
     /// Steps in the epoch.
     pub steps: usize,
     /// Mean reward over scored responses.
+    #[serde(deserialize_with = "nullable::f64")]
     pub reward_mean: f64,
     /// Scored responses.
     pub scored: usize,
@@ -59,6 +90,7 @@ pub struct EpochSummary {
     /// Tie statistics summed over the epoch.
     pub ties: TieStats,
     /// Mean response length.
+    #[serde(deserialize_with = "nullable::f64")]
     pub response_len_mean: f64,
     /// Truncated responses.
     pub truncated: usize,
@@ -106,16 +138,19 @@ pub struct StepMetrics {
     /// Unscored responses.
     pub unscored: usize,
     /// Mean reward over scored responses.
+    #[serde(deserialize_with = "nullable::f64")]
     pub reward_mean: f64,
     /// *Population* standard deviation of the step's scored rewards (divides by n). The
     /// advantages' per-group std is the *sample* one (Bessel), see `conrub_grpo::ScaleRewards::Group`.
     #[serde(alias = "reward_std")]
+    #[serde(deserialize_with = "nullable::f64")]
     pub reward_std_population: f64,
     /// Reward histogram, 0.1-wide bins over [-1, 1] (20 bins; -1 and 1 fall in the end bins).
     pub reward_histogram: Vec<u64>,
     /// Tie statistics.
     pub ties: TieStats,
     /// Mean response length in tokens.
+    #[serde(deserialize_with = "nullable::f64")]
     pub response_len_mean: f64,
     /// 90th percentile of response lengths.
     pub response_len_p90: usize,
@@ -124,12 +159,15 @@ pub struct StepMetrics {
     /// Responses cut at the length limit.
     pub truncated: usize,
     /// Token-weighted fraction clipped low (last PPO epoch, averaged over micro-batches).
+    #[serde(deserialize_with = "nullable::f64")]
     pub clip_low: f64,
     /// Token-weighted fraction clipped high.
+    #[serde(deserialize_with = "nullable::f64")]
     pub clip_high: f64,
     /// Policy loss of the last PPO epoch: per mini-batch, the aggregate its gradient is taken of
     /// (the micro-batches' losses weighted as in the update), averaged over mini-batches. The
     /// same number whatever the micro-batch split or the number of data-parallel ranks.
+    #[serde(deserialize_with = "nullable::f64")]
     pub loss: f64,
     /// Mean k3 KL to the reference (when `kl_beta > 0`).
     pub kl: Option<f64>,
@@ -137,6 +175,7 @@ pub struct StepMetrics {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entropy: Option<f64>,
     /// Global gradient norm before clipping, per optimizer step.
+    #[serde(deserialize_with = "nullable::f64s")]
     pub grad_norms: Vec<f64>,
     /// Optimizer steps taken.
     pub optimizer_steps: usize,
@@ -147,22 +186,26 @@ pub struct StepMetrics {
     /// The learning rate of the step's last optimizer step (of the run's last before it when
     /// the step took none; `learner.lr_schedule`).
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub lr: f64,
     /// Accepted pairs used by the DPO term (GRPO+DPO mode).
     pub dpo_pairs: usize,
     /// Judge attempts beyond the first.
     pub judge_retries: u64,
     /// Mean judge latency per response, milliseconds.
+    #[serde(deserialize_with = "nullable::f64")]
     pub judge_latency_ms: f64,
     /// Criteria the judge handed to its fallback judge (a probe judge's abstentions).
     #[serde(default)]
     pub judge_deferred: u64,
     /// `judge_deferred` over the criteria judged this step (responses × criteria).
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub judge_deferred_share: f64,
     /// Response tokens sampled.
     pub response_tokens: usize,
     /// Seconds sampling.
+    #[serde(deserialize_with = "nullable::f64")]
     pub rollout_secs: f64,
     /// Rollout engine: sequences preempted (their KV blocks given back and recomputed later).
     #[serde(default)]
@@ -178,6 +221,7 @@ pub struct StepMetrics {
     pub rollout_peak_running_rows: usize,
     /// Rollout engine: mean sequences per decode step.
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub rollout_mean_running_rows: f64,
     /// Rollout engine: tokens through prefill passes (prompts once each, plus recomputation).
     #[serde(default)]
@@ -202,8 +246,10 @@ pub struct StepMetrics {
     #[serde(default)]
     pub rollout_tokens_needed: u64,
     /// Seconds judging (rewards and tie breaking).
+    #[serde(deserialize_with = "nullable::f64")]
     pub judge_secs: f64,
     /// Seconds of optimisation (old log-probs included).
+    #[serde(deserialize_with = "nullable::f64")]
     pub update_secs: f64,
     /// CubeCL kernels compiled, loaded from the kernel cache and autotune runs during the step
     /// (`kernel_compiles`, `kernel_cache_loads`, `autotune_runs`; absent when the process does
@@ -219,6 +265,7 @@ pub struct StepMetrics {
     pub allreduce_bytes: u64,
     /// Seconds each rank spent in the gradient all-reduce (the slowest rank's).
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub allreduce_secs: f64,
     /// Sharded runs: bytes a rank put into gradient reduce-scatters (whole buckets; the
     /// busiest rank's).
@@ -226,6 +273,7 @@ pub struct StepMetrics {
     pub reduce_scatter_bytes: u64,
     /// Seconds in gradient reduce-scatters (the slowest rank's).
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub reduce_scatter_secs: f64,
     /// Sharded runs: bytes of updated weights a rank put into all-gathers (its own parameters;
     /// the busiest rank's).
@@ -233,6 +281,7 @@ pub struct StepMetrics {
     pub all_gather_bytes: u64,
     /// Seconds in weight all-gathers (the slowest rank's).
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub all_gather_secs: f64,
     /// Each rank's device memory held by the backend's pools after the step, rank 0 first (their
     /// high-water mark: the step's peak as the allocator saw it), where the backend reports it
@@ -241,18 +290,23 @@ pub struct StepMetrics {
     pub device_memory_reserved_bytes: Vec<u64>,
     /// The slowest and the fastest rank's rollout seconds (equal on one device).
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub rollout_secs_rank_max: f64,
     /// See `rollout_secs_rank_max`.
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub rollout_secs_rank_min: f64,
     /// The slowest and the fastest rank's update seconds (equal on one device).
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub update_secs_rank_max: f64,
     /// See `update_secs_rank_max`.
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub update_secs_rank_min: f64,
     /// Seconds spent handing the policy's weights to the rollout engine (0 in process).
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub weight_sync_secs: f64,
     /// Bytes of weights written for the rollout engine (0 in process).
     #[serde(default)]
@@ -260,12 +314,15 @@ pub struct StepMetrics {
     /// Mean over response tokens of `|logp_learner - logp_engine|`, the learner's recomputed
     /// old log-prob against the one the engine reported for the token it sampled.
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub rollout_logprob_diff_mean: f64,
     /// Largest `|logp_learner - logp_engine|` of the step.
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub rollout_logprob_diff_max: f64,
     /// k3 estimate of KL(engine || learner) per response token (see `rollout_logprob_diff_mean`).
     #[serde(default)]
+    #[serde(deserialize_with = "nullable::f64")]
     pub rollout_kl: f64,
     /// With `learner.kl_in_reward`: the mean over scored responses of the penalty taken from
     /// their rewards (`kl_in_reward x` the summed per-token KL); `reward_mean` is before it.
@@ -364,6 +421,7 @@ pub struct JudgeScore {
     /// Responses the judge left unscored (failed calls, wrong label counts).
     pub unscored: usize,
     /// Share of each label over the scored responses' criteria.
+    #[serde(deserialize_with = "nullable::f64_map")]
     pub labels: BTreeMap<String, f64>,
     /// Why responses went unscored (the first error), when any did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -382,6 +440,7 @@ pub struct ValidationLine {
     /// `greedy` or `sampled`.
     pub decoding: ValidationDecoding,
     /// Mean response length in tokens.
+    #[serde(deserialize_with = "nullable::f64")]
     pub response_len_mean: f64,
     /// Responses cut at the length limit.
     pub truncated: usize,
@@ -390,8 +449,10 @@ pub struct ValidationLine {
     /// The grader's scores.
     pub grader: JudgeScore,
     /// Seconds generating.
+    #[serde(deserialize_with = "nullable::f64")]
     pub generate_secs: f64,
     /// Seconds judging (both judges, concurrently).
+    #[serde(deserialize_with = "nullable::f64")]
     pub judge_secs: f64,
     /// CubeCL kernels compiled, loaded from the cache and autotune runs during the round (see
     /// [`StepMetrics::kernels`]).

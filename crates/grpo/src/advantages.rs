@@ -37,23 +37,39 @@ impl AdvantageEstimator for GroupRelative {
         if scored.len() < 2 || scored.iter().all(|r| r.to_bits() == scored[0].to_bits()) {
             return vec![0.0; rewards.len()];
         }
+        // Rewards near f64::MAX (a reward server's ±1e308) overflow the sums: then the group is
+        // worked on scaled down by a power of two, which rounds nothing (1.0 otherwise).
+        let unit = overflow_scale(&scored);
+        let scored: Vec<f64> = scored.iter().map(|r| r * unit).collect();
         let n = scored.len() as f64;
         let mean = scored.iter().sum::<f64>() / n;
         let denom = match self.scale {
             ScaleRewards::Group => {
                 (scored.iter().map(|r| (r - mean) * (r - mean)).sum::<f64>() / (n - 1.0)).sqrt()
-                    + ADVANTAGE_EPS
+                    + ADVANTAGE_EPS * unit
             }
-            ScaleRewards::None => 1.0,
+            ScaleRewards::None => unit,
         };
         rewards
             .iter()
             .map(|r| match r {
-                Some(x) if x.is_finite() => (x - mean) / denom,
+                Some(x) if x.is_finite() => (x * unit - mean) / denom,
                 _ => 0.0,
             })
             .collect()
     }
+}
+
+/// 1.0 when a group's mean and squared deviations stay finite; else the power of two that
+/// brings its largest reward below 1 (multiplying by it is exact).
+fn overflow_scale(x: &[f64]) -> f64 {
+    let mean = x.iter().sum::<f64>() / x.len() as f64;
+    let squares = x.iter().map(|r| (r - mean) * (r - mean)).sum::<f64>();
+    if mean.is_finite() && squares.is_finite() {
+        return 1.0;
+    }
+    let max = x.iter().fold(0f64, |m, r| m.max(r.abs()));
+    0.5f64.powi(max.log2().ceil() as i32 + 1)
 }
 
 /// A platform-stable PRNG seed from the run seed and a key.
@@ -84,6 +100,24 @@ pub enum TieStatus {
 mod tests {
     use super::*;
     use conrub_rewards::is_exact_tie;
+
+    /// Issue 53, item 9: rewards of ±1e308 overflowed the group's sums, so every advantage was
+    /// 0; they get the advantages of the same group scaled down.
+    #[test]
+    fn rewards_near_the_largest_f64_keep_their_advantages() {
+        let grpo = GroupRelative {
+            scale: ScaleRewards::Group,
+        };
+        let huge = [Some(1e308), Some(-1e308), Some(1e308), None, Some(-1e308)];
+        let small = huge.map(|r| r.map(|x| x / 1e300));
+        let (a, b) = (grpo.advantages(&huge), grpo.advantages(&small));
+        assert!(a[0] > 0.8 && a[1] < -0.8 && a[3] == 0.0, "{a:?}");
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() < 1e-9, "{a:?} vs {b:?}");
+        }
+        // In range, nothing changes: the scale is exactly 1.
+        assert_eq!(overflow_scale(&[1.0, -1.0, 0.5]), 1.0);
+    }
 
     #[test]
     fn vanilla_grpo_with_unscored_responses() {

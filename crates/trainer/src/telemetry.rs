@@ -36,17 +36,11 @@ impl MetricsLog {
                 let text = std::fs::read_to_string(path).map_err(|e| TrainerError::io(path, e))?;
                 let kept: Vec<&str> = text
                     .lines()
-                    .filter(|l| match serde_json::from_str::<MetricsLine>(l) {
-                        Ok(MetricsLine::Step { metrics, .. }) => metrics.step < step,
-                        Ok(MetricsLine::Eval(e)) => e.step <= step,
-                        // The warm-ups of earlier attempts: what those processes compiled.
-                        Ok(MetricsLine::KernelWarmup(_)) => true,
-                        Ok(MetricsLine::Epoch(e)) => {
-                            let end = e.epoch as u64 * steps_per_epoch + e.steps as u64;
-                            end <= step && (e.steps as u64 == steps_per_epoch || end >= total_steps)
-                        }
-                        Err(_) => false,
+                    .enumerate()
+                    .filter(|(i, l)| {
+                        kept_on_resume(path, *i, l, step, steps_per_epoch, total_steps)
                     })
+                    .map(|(_, l)| l)
                     .collect();
                 let mut body = kept.join("\n");
                 if !body.is_empty() {
@@ -54,8 +48,25 @@ impl MetricsLog {
                 }
                 conrub_rubric::io::write_bytes_atomic(path, body.as_bytes())
                     .map_err(|e| TrainerError::io(path, e))?;
+                if step > 0 && !kept.iter().any(|l| l.contains("\"kind\":\"step\"")) {
+                    tracing::warn!(
+                        "{}: no step lines before step {step} (the file was emptied): this run's lines start there",
+                        path.display()
+                    );
+                }
             }
-            Some(_) => {}
+            // Resuming into a folder without the file (another run's checkpoint, or the file
+            // deleted): the history starts at the resumed step.
+            Some(step) => {
+                if step > 0 {
+                    tracing::warn!(
+                        "{}: not found; the metrics of the {step} steps before the resume are not in this folder",
+                        path.display()
+                    );
+                }
+                conrub_rubric::io::write_bytes_atomic(path, b"")
+                    .map_err(|e| TrainerError::io(path, e))?;
+            }
             None => {
                 conrub_rubric::io::write_bytes_atomic(path, b"")
                     .map_err(|e| TrainerError::io(path, e))?;
@@ -104,6 +115,39 @@ impl MetricsLog {
                 _ => None,
             })
             .collect())
+    }
+}
+
+/// Whether a resume at `step` keeps line `index` (0-based) of the metrics file: lines of the
+/// steps, rounds and epochs the resumed run writes again go; a line that does not read as a
+/// metrics line (a user's note, the torn tail of a killed write) is kept as it is, with a warning,
+/// since nothing conrub cannot read is conrub's to delete.
+fn kept_on_resume(
+    path: &Path,
+    index: usize,
+    line: &str,
+    step: u64,
+    steps_per_epoch: u64,
+    total_steps: u64,
+) -> bool {
+    match serde_json::from_str::<MetricsLine>(line) {
+        Ok(MetricsLine::Step { metrics, .. }) => metrics.step < step,
+        Ok(MetricsLine::Eval(e)) => e.step <= step,
+        // The warm-ups of earlier attempts: what those processes compiled.
+        Ok(MetricsLine::KernelWarmup(_)) => true,
+        Ok(MetricsLine::Epoch(e)) => {
+            let end = e.epoch as u64 * steps_per_epoch + e.steps as u64;
+            end <= step && (e.steps as u64 == steps_per_epoch || end >= total_steps)
+        }
+        Err(_) if line.trim().is_empty() => false,
+        Err(e) => {
+            tracing::warn!(
+                "{}:{}: not a metrics line ({e}); kept as it is",
+                path.display(),
+                index + 1
+            );
+            true
+        }
     }
 }
 
@@ -233,6 +277,54 @@ mod tests {
         assert_eq!(epochs(&p), vec![0]);
         let e = EpochSummary::from_steps(0, &[step(0, 0.5), step(1, 1.0)]);
         assert_eq!(e.reward_mean, 0.75);
+    }
+
+    /// Issue 53, item 1: a resume kept only the lines that parsed, and a step whose loss or
+    /// reward std was not finite is written with `null` (JSON has no NaN), so it was deleted.
+    #[test]
+    fn resume_keeps_non_finite_metrics_and_lines_it_cannot_read() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("metrics.jsonl");
+        let log = MetricsLog::open(&p, None, 10, 10).unwrap();
+        for i in 0..3 {
+            let mut m = step(i, 0.1);
+            m.loss = if i == 0 { f64::NAN } else { 1.0 };
+            m.reward_std_population = if i == 1 { f64::INFINITY } else { 0.5 };
+            m.grad_norms = vec![f64::NAN, 2.0];
+            let line = MetricsLine::Step {
+                epoch: 0,
+                metrics: Box::new(m),
+            };
+            log.append(&line).unwrap();
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            text.lines().next().unwrap().contains("\"loss\":null"),
+            "{text}"
+        );
+        // A user's note between the lines, and the torn tail of a write killed mid-line.
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.insert(1, "# tried lr 3e-6 here");
+        let torn = "{\"kind\":\"step\",\"epoch\":0,\"ste";
+        let text = format!("{}\n{torn}", lines.join("\n"));
+        std::fs::write(&p, &text).unwrap();
+
+        let log = MetricsLog::open(&p, Some(2), 10, 10).unwrap();
+        let after = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            after.contains("# tried lr 3e-6 here") && after.contains(torn),
+            "{after}"
+        );
+        let steps = log.steps().unwrap();
+        let ids: Vec<u64> = steps.iter().map(|m| m.step).collect();
+        assert_eq!(
+            ids,
+            vec![0, 1],
+            "step 2 goes (the resumed run writes it again)"
+        );
+        assert!(steps[0].loss.is_nan() && steps[0].grad_norms[0].is_nan());
+        assert!(steps[1].reward_std_population.is_nan(), "null reads as NaN");
+        assert_eq!(steps[1].loss, 1.0);
     }
 
     #[test]

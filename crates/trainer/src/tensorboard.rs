@@ -9,7 +9,7 @@
 //!   `((crc >> 15) | (crc << 17)) + 0xa282ead8` (wrapping).
 //! - Each payload is an `Event` message: `wall_time` (field 1, double), `step` (2, int64) and
 //!   one of `file_version` (3, string; the first record says `brain.Event:2`), `summary` (5)
-//!   or `session_log` (6).
+//!   or `session_log` (7; field 6 is the deprecated `log_message`, which TensorBoard ignores).
 //! - A `Summary` holds repeated `value` (1): `tag` (1, string) with `simple_value` (2, float),
 //!   `histo` (5, a `HistogramProto`: `min` 1, `max` 2, `num` 3, `sum` 4, `sum_squares` 5,
 //!   `bucket_limit` 6 and `bucket` 7 as packed doubles) or `tensor` (8, a `TensorProto`:
@@ -305,7 +305,7 @@ impl EventWriter {
         let mut log = Message::default();
         log.uint(1, 1);
         let mut e = self.event(step);
-        e.message(6, &log);
+        e.message(7, &log);
         self.record(&e)
     }
 }
@@ -372,6 +372,80 @@ impl Dashboard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use conrub_contracts::StepMetrics;
+
+    /// The Python of a venv with the `tensorboard` package (scripts/setup-tensorboard.sh makes
+    /// `.tensorboard/venv`; `CONRUB_TENSORBOARD_PYTHON` names another). Without one the test says
+    /// so and passes, unless `CONRUB_REQUIRE_TENSORBOARD=1` (CI) makes that a failure.
+    fn tensorboard_python(test: &str) -> Option<PathBuf> {
+        let default =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tensorboard/venv/bin/python");
+        let python = std::env::var_os("CONRUB_TENSORBOARD_PYTHON").map_or(default, PathBuf::from);
+        if python.exists() {
+            return Some(python);
+        }
+        let why = format!(
+            "{test}: no {} (run scripts/setup-tensorboard.sh)",
+            python.display()
+        );
+        assert!(
+            std::env::var_os("CONRUB_REQUIRE_TENSORBOARD").is_none(),
+            "{why}"
+        );
+        eprintln!("SKIPPED {why}");
+        None
+    }
+
+    /// Issue 53, item 4: the session start of a resumed run was written as `log_message`
+    /// (field 6), which TensorBoard ignores, so it showed both attempts' values of the repeated
+    /// steps. Read here by TensorBoard's own `EventAccumulator`, not by a reader of ours.
+    #[test]
+    fn tensorboard_reads_a_resumed_run_with_one_value_per_step() {
+        let Some(python) = tensorboard_python("tensorboard_reads_a_resumed_run") else {
+            return;
+        };
+        let d = tempfile::tempdir().unwrap();
+        let line = |step: u64, reward_mean: f64| MetricsLine::Step {
+            epoch: 0,
+            metrics: Box::new(StepMetrics {
+                step,
+                reward_mean,
+                ..Default::default()
+            }),
+        };
+        // The first attempt wrote steps 0-3, then was killed; its checkpoint is after 2 steps.
+        let mut first = Dashboard::open(d.path(), None).unwrap();
+        for i in 0..4 {
+            first.line(&line(i, i as f64), i + 1).unwrap();
+        }
+        drop(first);
+        let mut resumed = Dashboard::open(d.path(), Some(2)).unwrap();
+        for i in 2..5 {
+            resumed.line(&line(i, 100.0 + i as f64), i + 1).unwrap();
+        }
+        drop(resumed);
+        let script = r#"
+import json, sys
+from tensorboard.backend.event_processing import event_accumulator as ea
+acc = ea.EventAccumulator(sys.argv[1], size_guidance={ea.SCALARS: 0})
+acc.Reload()
+print(json.dumps([[e.step, e.value] for e in acc.Scalars("train/reward_mean")]))
+"#;
+        let out = std::process::Command::new(&python)
+            .args(["-c", script])
+            .arg(tensorboard_dir(d.path()))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        let got: Vec<(u64, f64)> = serde_json::from_str(stdout.trim()).unwrap();
+        let want = vec![(1, 0.0), (2, 1.0), (3, 102.0), (4, 103.0), (5, 104.0)];
+        assert_eq!(
+            got, want,
+            "one value per step, the resumed run's from step 3 on"
+        );
+    }
 
     /// The check value of CRC-32C ("123456789"), RFC 3720's test vectors, and the masked form
     /// of an empty payload.
