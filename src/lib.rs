@@ -6,6 +6,28 @@
 //! compiling them again: on CI's two cores that saves minutes. It is not an API for embedding;
 //! programs that embed the learner, the judges or the model use those crates directly.
 
+/// `println!` that never panics: a line to a closed stdout (`conrub ... | head`) is dropped
+/// (see [`write_out`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::write_out(false, format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` that never panics (see [`outln!`]).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::write_out(false, format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!` that never panics: a line to a closed stderr is dropped.
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::write_out(true, format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod backend;
 mod commands;
 mod logging;
@@ -109,6 +131,31 @@ fn run_command(command: Command) -> Result<()> {
     }
 }
 
+/// Writes to stdout (or stderr) without panicking: `conrub train ... | head -3` or a dead `tee`
+/// must not kill a run, and `rubrics validate --json | head -c 10` must not print a panic. A
+/// closed pipe drops what is written; another error (a full disk under `> file`) is said once on
+/// stderr, since nothing else can report it.
+fn write_out(stderr: bool, args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SAID: AtomicBool = AtomicBool::new(false);
+    let result = if stderr {
+        std::io::stderr().lock().write_fmt(args)
+    } else {
+        std::io::stdout().lock().write_fmt(args)
+    };
+    match result {
+        Err(e)
+            if e.kind() != std::io::ErrorKind::BrokenPipe
+                && !SAID.swap(true, Ordering::Relaxed) =>
+        {
+            let which = if stderr { "stderr" } else { "stdout" };
+            let _ = writeln!(std::io::stderr(), "warning: writing to {which} failed: {e}");
+        }
+        _ => {}
+    }
+}
+
 /// Parses the command line, runs the command and prints any error with its context chain.
 pub fn main() -> ExitCode {
     match run(Cli::parse()) {
@@ -127,7 +174,7 @@ pub fn main() -> ExitCode {
                     line.push_str(&text);
                 }
             }
-            eprintln!("error: {line}");
+            errln!("error: {line}");
             ExitCode::FAILURE
         }
     }

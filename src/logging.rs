@@ -63,6 +63,10 @@ pub fn install() -> anyhow::Result<()> {
     let subscriber = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter()?)
+        // A closed stderr (`conrub train ... 2>&1 | head -3`, a dead `tee`) drops the line:
+        // tracing-subscriber's own report of that failure is an `eprintln!`, which would panic
+        // and end the run.
+        .log_internal_errors(false)
         .event_format(Lines)
         .finish();
     tracing::subscriber::set_global_default(subscriber)

@@ -16,6 +16,7 @@
 //! measures. Records of other targets at warning level and above go to standard error, as a
 //! plain logger would print them. Without [`install`], [`snapshot`] is `None`: nothing counts.
 
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
@@ -125,7 +126,9 @@ impl Log for EventLog {
             };
             let event = classify(target, record.level(), &message);
             if event.is_some() && log_events() {
-                eprintln!("[kernel event] {}", message.lines().next().unwrap_or(""));
+                let first = message.lines().next().unwrap_or("");
+                // A closed stderr (`conrub ... 2>&1 | head`) drops the line; it never panics.
+                let _ = writeln!(std::io::stderr(), "[kernel event] {first}");
             }
             match event {
                 Some(Event::Compile) => COMPILES.fetch_add(1, Ordering::Relaxed),
@@ -135,7 +138,8 @@ impl Log for EventLog {
             };
         }
         if record.level() <= Level::Warn {
-            eprintln!("{} {}: {}", record.level(), target, record.args());
+            let (level, args) = (record.level(), record.args());
+            let _ = writeln!(std::io::stderr(), "{level} {target}: {args}");
         }
     }
 

@@ -34,6 +34,17 @@ pub fn resolve_model_dir(model: &str) -> Result<PathBuf> {
             message: "no such directory (and not a hub id of the form `owner/name`)".into(),
         });
     }
+    // `runs/nope` has a hub id's shape, but `runs/` is a folder here: a mistyped local path, not
+    // a model to look up on the hub (which would fail offline with a DNS error).
+    if let Some(parent) = path.parent().filter(|p| p.is_dir()) {
+        return Err(ModelError::ModelDir {
+            dir: path.to_path_buf(),
+            message: format!(
+                "no such directory (`{}` is a local folder, so this names a path, not a hub id)",
+                parent.display()
+            ),
+        });
+    }
     fetch(model)
 }
 
@@ -174,6 +185,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("no such directory"), "{err}");
+    }
+
+    /// Issue 53, item 16: `--model runs/nope` went to the hub and failed with a DNS error.
+    #[test]
+    fn a_mistyped_path_under_a_local_folder_is_not_a_hub_id() {
+        // Tests run in the crate's folder, which has `src/`.
+        assert!(Path::new("src").is_dir());
+        let err = resolve_model_dir("src/nope").unwrap_err().to_string();
+        assert!(
+            err.contains("no such directory") && err.contains("`src` is a local folder"),
+            "{err}"
+        );
     }
 
     #[cfg(feature = "hub")]

@@ -126,7 +126,7 @@ impl DevicesTask for AllreduceArgs {
             }
         }
         for l in &report {
-            println!("{l}");
+            outln!("{l}");
         }
         // The gathered reduce-scatter equals the all-reduce on every rank.
         let mut split = 0f32;
@@ -139,8 +139,8 @@ impl DevicesTask for AllreduceArgs {
                 }
             }
         }
-        println!("max |backend - host| over every rank's results: {worst:.3e}");
-        println!("max |all-gathered reduce-scatter - all-reduce|: {split:.3e}");
+        outln!("max |backend - host| over every rank's results: {worst:.3e}");
+        outln!("max |all-gathered reduce-scatter - all-reduce|: {split:.3e}");
         ensure!(
             worst <= 1e-5 * world as f32,
             "the backend's collectives differ from the host's by {worst:e}"

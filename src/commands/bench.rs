@@ -264,7 +264,7 @@ impl BackendTask for TrainBench {
                     "side": "conrub", "what": "train", "shape": self.shape.name(),
                     "rows": self.rows, "seq": self.seq, "skipped": why,
                 });
-                println!("{record}");
+                outln!("{record}");
                 return Ok(());
             }
         }
@@ -327,7 +327,7 @@ impl BackendTask for TrainBench {
             "tflops": flops / secs / 1e12,
             "mfu": flops / secs / (self.peak_tflops * 1e12),
         });
-        println!("{record}");
+        outln!("{record}");
         Ok(())
     }
 }
@@ -354,7 +354,7 @@ impl BackendTask for SamplingBench {
                 "us_per_row": t.secs * 1e6 / self.rows as f64,
                 "vs_softmax": t.secs / base,
             });
-            println!("{record}");
+            outln!("{record}");
         }
         Ok(())
     }
@@ -449,7 +449,7 @@ impl BackendTask for AttentionBench {
                     "tflops": tm.tflops,
                     "vs_first": tm.secs / base,
                 });
-                println!("{record}");
+                outln!("{record}");
             }
         }
         for [rows, keys] in decode {
@@ -468,7 +468,7 @@ impl BackendTask for AttentionBench {
                     "secs": tm.secs,
                     "vs_gather": tm.secs / gather,
                 });
-                println!("{record}");
+                outln!("{record}");
             }
         }
         Ok(())
@@ -553,7 +553,7 @@ impl BackendTask for RolloutBench {
             "decode_steps": stats.decode_steps,
             "preemptions": stats.preemptions,
         });
-        println!("{record}");
+        outln!("{record}");
         Ok(())
     }
 }

@@ -178,7 +178,7 @@ impl BackendTask for DistillArgs {
             if let Some(h) = harvest {
                 v["caches"] = serde_json::to_value(h)?;
             }
-            println!("{}", serde_json::to_string(&v)?);
+            outln!("{}", serde_json::to_string(&v)?);
         }
         Ok(())
     }

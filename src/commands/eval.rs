@@ -358,7 +358,7 @@ fn write_rubric_report(
     let three_line = three
         .map(|t| format!("; three-state {:.4} +- {:.4}", t.mean, t.bootstrap_std))
         .unwrap_or_default();
-    println!(
+    outln!(
             "rubric score {:.4} +- {:.4} (bootstrap std) on {} graded responses ({} ungraded){}; {} grader answers from cache, {} grader calls; report {}",
             summary.score,
             summary.bootstrap_std,
@@ -510,14 +510,14 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
                     .unwrap_or("?")
                     .to_string()
             };
-            println!(
+            outln!(
                 "A = {} ({})\nB = {} ({})",
                 c.a.display(),
                 model(&a),
                 c.b.display(),
                 model(&b)
             );
-            print!("{}", compare_reports(&a, &b, ("A", "B")));
+            out!("{}", compare_reports(&a, &b, ("A", "B")));
             Ok(())
         }
     }
@@ -595,7 +595,7 @@ impl BackendTask for McqArgs {
             &self.out.join("report.json"),
             serde_json::to_string_pretty(&report)?.as_bytes(),
         )?;
-        println!(
+        outln!(
             "{}: accuracy {:.2}% (95% CI {:.2}-{:.2}%) on {} questions, {} invalid ({:.1}%); report {}",
             self.format,
             100.0 * summary.accuracy,

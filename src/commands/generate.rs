@@ -142,7 +142,7 @@ impl BackendTask for GenerateArgs {
             None => None,
         };
         if self.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({
                     "new_tokens": out.tokens,
@@ -153,8 +153,8 @@ impl BackendTask for GenerateArgs {
             );
         } else {
             match text {
-                Some(t) => println!("{t}"),
-                None => println!(
+                Some(t) => outln!("{t}"),
+                None => outln!(
                     "{}",
                     out.tokens
                         .iter()

@@ -83,18 +83,18 @@ pub fn run(a: JudgePairArgs) -> Result<()> {
             rb.trim(),
         ));
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&c)?);
+            outln!("{}", serde_json::to_string_pretty(&c)?);
         } else {
-            println!("{}", describe("A shown first", &c.forward));
+            outln!("{}", describe("A shown first", &c.forward));
             for raw in &c.forward.raw_outputs {
-                println!("  raw: {}", raw.replace('\n', "\n       "));
+                outln!("  raw: {}", raw.replace('\n', "\n       "));
             }
-            println!("{}", describe("B shown first", &c.backward));
+            outln!("{}", describe("B shown first", &c.backward));
             for raw in &c.backward.raw_outputs {
-                println!("  raw: {}", raw.replace('\n', "\n       "));
+                outln!("  raw: {}", raw.replace('\n', "\n       "));
             }
             let (adv_a, adv_b) = c.outcome.advantages();
-            println!(
+            outln!(
                 "accepted: {:?} (advantages A {adv_a:+}, B {adv_b:+})",
                 c.outcome
             );

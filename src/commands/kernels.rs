@@ -773,7 +773,7 @@ fn attention_run<B: KernelOps>(
 fn print_table(rows: &[(String, String, String)]) {
     let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     for (a, b, c) in rows {
-        println!("{a:<w$}  {b:>12}  {c}");
+        outln!("{a:<w$}  {b:>12}  {c}");
     }
 }
 

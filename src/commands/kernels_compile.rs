@@ -113,14 +113,14 @@ pub fn run(args: KernelsCompileArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     if args.json {
-        println!("{}", serde_json::to_string(&resources)?);
+        outln!("{}", serde_json::to_string(&resources)?);
     } else {
         super::print_lines(table(&resources))?;
     }
     failures.extend(offline::problems(arch, &resources, &known));
     if !failures.is_empty() {
         for f in &failures {
-            eprintln!("error: {f}");
+            errln!("error: {f}");
         }
         bail!(
             "{} of {} kernel configurations fail for {}",
@@ -129,7 +129,7 @@ pub fn run(args: KernelsCompileArgs) -> Result<()> {
             arch.real_name()
         );
     }
-    eprintln!(
+    errln!(
         "{} kernel configurations compile for {}, within {} bytes of shared memory; {} spill \
          (all known)",
         resources.len(),

@@ -64,13 +64,13 @@ impl BackendTask for Task {
             );
         }
         if self.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({ "token_logprobs": scores.token_logprobs, "argmax": scores.argmax })
             );
         } else {
-            println!("token_logprobs: {:?}", scores.token_logprobs);
-            println!("argmax: {:?}", scores.argmax);
+            outln!("token_logprobs: {:?}", scores.token_logprobs);
+            outln!("argmax: {:?}", scores.argmax);
         }
         Ok(())
     }

@@ -137,7 +137,7 @@ fn build(a: BuildArgs) -> Result<()> {
             )
         })
         .collect();
-    println!(
+    outln!(
         "{}: {} prompts -> {} rubrics ({} dropped, {} failed); {} content criteria + {} global controls; per prompt mean {:.2}, median {}, p90 {}, max {}; validation {} errors, {} warnings; {:.1} s",
         summary.out_dir.display(),
         s.counts.prompts,
@@ -154,7 +154,7 @@ fn build(a: BuildArgs) -> Result<()> {
         s.validation_warnings,
         summary.seconds
     );
-    println!("calls: {}", calls.join("; "));
+    outln!("calls: {}", calls.join("; "));
     if summary.failed() > 0 {
         bail!(
             "{} prompts stopped on failed model calls (see raw.jsonl); run the same command again to retry them: answered calls come from the cache",
@@ -175,9 +175,9 @@ fn validate(a: ValidateArgs) -> Result<()> {
     let records: Vec<(usize, RubricRecord)> = read_jsonl(&a.file)?;
     let report = validate_records(&records);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("{}: {report}", a.file.display());
+        outln!("{}: {report}", a.file.display());
     }
     if !report.is_ok() {
         bail!("{}: {} errors", a.file.display(), report.errors());
@@ -197,7 +197,7 @@ fn import(a: ImportArgs) -> Result<()> {
     let (records, rep) = import_file(&a.input, &opts)?;
     write_jsonl_atomic(&a.output, &records)
         .with_context(|| format!("writing {}", a.output.display()))?;
-    println!(
+    outln!(
         "{} -> {}: {} rows, {} records, {} content criteria; dropped: {} duplicate prompts, {} negative items, {} empty items, {} over --max-content, {} rows without criteria",
         a.input.display(),
         a.output.display(),
@@ -216,7 +216,7 @@ fn import(a: ImportArgs) -> Result<()> {
         .map(|(i, r)| (i + 1, r))
         .collect();
     let report = validate_records(&numbered);
-    println!(
+    outln!(
         "validation: {} errors, {} warnings{}",
         report.errors(),
         report.warnings(),

@@ -44,9 +44,9 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
         (None, None) => unreachable!("clap requires one input"),
     };
     if args.json {
-        println!("{}", serde_json::json!({ "ids": ids }));
+        outln!("{}", serde_json::json!({ "ids": ids }));
     } else {
-        println!(
+        outln!(
             "{}",
             ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
         );

@@ -187,6 +187,26 @@ fn train_resume_and_export() {
             assert_eq!(x[key], y[key], "step {}: {key}", x["step"]);
         }
     }
+    // Issue 53, item 14: another folder's checkpoint, resumed into a fresh output_dir (no
+    // metrics.jsonl there), continues the same run: its step 2 is the straight run's.
+    let elsewhere = dir.path().join("elsewhere");
+    let resume = [
+        "--set",
+        "run.max_steps=3",
+        "--resume",
+        ckpt.to_str().unwrap(),
+    ];
+    let log = train(&elsewhere, &resume);
+    assert!(
+        log.contains("the metrics of the 2 steps before the resume"),
+        "{log}"
+    );
+    let c = steps(&elsewhere);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(
+        (&c[0]["step"], &c[0]["loss"]),
+        (&a[2]["step"], &a[2]["loss"])
+    );
 
     // Exports are bf16 in one file unless told otherwise.
     let default_export = straight.join("checkpoint-000004");
@@ -429,7 +449,10 @@ fn config_errors_name_the_key_and_the_allowed_values() {
         "{e}"
     );
     let e = run("learner.group_size=1");
-    assert!(e.contains("learner.group_size: must be at least 2"), "{e}");
+    assert!(
+        e.contains("learner.group_size: must be from 2 to 4096"),
+        "{e}"
+    );
     let e = run("reward.mode=\"ternary\"");
     assert!(e.contains("ternary") && e.contains("three-state"), "{e}");
     let e = run("learner.aggregation=\"token-mean\"");
@@ -2156,4 +2179,47 @@ fn entropy_coeff_takes_the_entropy_bonus_from_the_loss() {
         f(a, "entropy")
     );
     assert_ne!(a["grad_norms"], b["grad_norms"]);
+}
+
+/// Issue 53, item 12: a closed stdout and stderr (`conrub train ... 2>&1 | head -3`, a dead
+/// `tee`) ended the run with a panic (exit 101) after step 0, before any checkpoint, and
+/// `rubrics validate --json | head -c 10` printed one. Here both pipes are closed before conrub
+/// writes a byte: the run trains, checkpoints and exits 0.
+#[test]
+fn closed_output_pipes_neither_panic_nor_stop_a_run() {
+    use std::process::Stdio;
+    let closed = |args: &[String]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_conrub"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        child.wait().unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let shrink = [
+        "--set",
+        "run.max_steps=2",
+        "--set",
+        "learner.max_response_tokens=8",
+    ];
+    let status = closed(&train_args(&out, &shrink));
+    assert!(status.success(), "train: {status}");
+    assert_eq!(steps(&out).len(), 2);
+    assert!(
+        out.join("checkpoint-000002").is_dir(),
+        "the last checkpoint is written"
+    );
+    let rubrics = root()
+        .join("data/samples/rubrics.jsonl")
+        .display()
+        .to_string();
+    let validate = ["rubrics", "validate", "--json", &rubrics].map(String::from);
+    let status = closed(&validate);
+    assert!(status.success(), "rubrics validate --json: {status}");
 }

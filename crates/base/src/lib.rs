@@ -9,11 +9,15 @@
 //! - [`retry`] with a [`Backoff`]: the one retry loop of every client of a server (the judge
 //!   client, the SGLang rollout client, the HTTP reward function); the caller says which
 //!   failures are worth another [`Attempt`].
+//! - [`shown_url`] and [`endpoint`]: a server URL as every message shows it (no user, password
+//!   or query) and with an API path appended before its query.
 
 mod atomic;
 mod message;
 mod retry;
+mod url;
 
 pub use atomic::{sync_dir, write_bytes_atomic, AtomicFile, FileError};
 pub use message::Message;
 pub use retry::{retry, Attempt, Backoff, GaveUp};
+pub use url::{endpoint, shown_url};

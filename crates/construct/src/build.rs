@@ -157,10 +157,11 @@ pub async fn build(
                 retries: http.retries,
             },
         );
+        let urls: Vec<String> = c.urls.iter().map(|u| conrub_base::shown_url(u)).collect();
         models_json.insert(
             r.name.clone(),
             json!({
-                "model": c.model, "urls": c.urls, "temperature": c.temperature, "max_tokens": c.max_tokens,
+                "model": c.model, "urls": urls, "temperature": c.temperature, "max_tokens": c.max_tokens,
                 "concurrency": c.concurrency, "timeout_secs": c.timeout_secs, "max_retries": c.max_retries,
                 "api_key_env": c.api_key_env, "http": http,
             }),

@@ -88,7 +88,7 @@ impl ClientConfig {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
                 return Err(JudgeError::config(
                     "urls",
-                    format!("`{u}` is not an http(s) URL"),
+                    format!("`{}` is not an http(s) URL", conrub_base::shown_url(u)),
                 ));
             }
         }
@@ -172,7 +172,15 @@ impl std::fmt::Debug for ChatClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The key is never printed.
         f.debug_struct("ChatClient")
-            .field("urls", &self.cfg.urls)
+            .field(
+                "urls",
+                &self
+                    .cfg
+                    .urls
+                    .iter()
+                    .map(|u| conrub_base::shown_url(u))
+                    .collect::<Vec<_>>(),
+            )
             .field("model", &self.cfg.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .finish()
@@ -248,10 +256,12 @@ impl ChatClient {
         {
             body["chat_template_kwargs"] = kw.clone();
         }
-        let endpoint = format!("{}/chat/completions", url.trim_end_matches('/'));
+        let target = conrub_base::endpoint(url, "chat/completions");
+        // What messages name: never the user, password or query of the URL.
+        let endpoint = conrub_base::shown_url(&target);
         let mut req = self
             .http
-            .post(&endpoint)
+            .post(&target)
             .timeout(Duration::from_secs_f64(self.cfg.timeout_secs))
             .json(&body);
         if let Some(k) = &self.api_key {

@@ -324,6 +324,36 @@ async fn non_retryable_status_fails_at_once() {
     );
 }
 
+/// Issue 53, item 3: a user and password or an `api_key=` query in a judge URL reach the server
+/// (the query after the API path, not before it) and never an error, a log or a sample file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_in_the_url_are_used_and_never_shown() {
+    let server = ScriptedServer::start(10, 0).await;
+    let secret = |u: &str| u.replace("http://", "http://someone:hunter2@") + "?api_key=SECRET";
+    let score = |url: String| async move {
+        let client = ChatClient::new(config(vec![url])).unwrap();
+        assert!(!format!("{client:?}").contains("hunter2"));
+        let judge = OpenAiJudge::new(Arc::new(client), PromptSet::default(), None);
+        let jobs = [job("x", 2, ScoringMode::ThreeState)];
+        let none = LengthPenalty::disabled();
+        bounded(score_jobs(&judge, &jobs, &none, None, 1, &|_| {}))
+            .await
+            .0
+    };
+    let r = score(secret(&server.url)).await;
+    assert!(r[0].score.is_scored(), "{:?}", r[0].verdict.error);
+    // A 404 (the path is wrong) and a dropped connection: the errors name the server only.
+    let (dead, _, _) = dead_server().await;
+    for url in [secret(&server.url.replace("/v1", "/v2")), secret(&dead)] {
+        let r = score(url).await;
+        let error = r[0].verdict.error.clone().expect("failed");
+        assert!(error.contains("127.0.0.1"), "{error}");
+        for leak in ["someone", "hunter2", "SECRET", "api_key"] {
+            assert!(!error.contains(leak), "{leak} in {error}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pairwise_in_both_orders() {
     let server = ScriptedServer::start(10, 0).await;

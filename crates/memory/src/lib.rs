@@ -792,6 +792,57 @@ fn rollout_peak_of(i: &MemoryPlanInput) -> f64 {
     sum(&parts, Phase::Always) + sum(&parts, Phase::Rollout)
 }
 
+/// The largest micro-batch budget, in [`MICRO_BATCH_STEP`]s, whose training peak fits `gpu`
+/// (0 when none does), as the largest budget that holds as many rows as the largest fitting one.
+///
+/// The peak grows with the rows a budget holds, but for one drop: once a micro-batch is a whole
+/// optimizer step's rows (`k1` below; at the latest the whole step, `whole_step`), nothing is
+/// summed across micro-batches and the running sum of gradients goes. So the budgets split into
+/// two ranges, each bisected (a scan of every row count took minutes for a `group_size` near
+/// 2^63); the range above the drop is tried first.
+fn largest_fitting_budget(input: &MemoryPlanInput, gpu: f64, whole_step: usize) -> usize {
+    let at = |k: usize| MemoryPlanInput {
+        micro_batch_tokens: k * MICRO_BATCH_STEP,
+        ..input.clone()
+    };
+    let fits = |k: usize| training_peak_of(&at(k)) <= gpu;
+    if fits(whole_step) {
+        return whole_step;
+    }
+    // The first budget whose micro-batch is a whole optimizer step (`whole_step` at the latest).
+    let k1 = first_true(1, whole_step, |k| {
+        at(k).micro_batches_per_optimizer_step() == 1
+    });
+    let widest = |lo: usize, hi: usize| {
+        // The largest fitting budget in [lo, hi), `lo` fitting; then the widest with its rows.
+        let k = first_true(lo + 1, hi, |k| !fits(k)) - 1;
+        let rows = at(k).micro_batch_rows();
+        ((rows + 1) * input.sequence_tokens().max(1) - 1) / MICRO_BATCH_STEP
+    };
+    if k1 < whole_step && fits(k1) {
+        return widest(k1, whole_step);
+    }
+    if k1 > 1 && fits(1) {
+        return widest(1, k1);
+    }
+    0
+}
+
+/// The first `k` in `[lo, hi)` where `pred` holds, `pred` false then true over the range; `hi`
+/// when it holds nowhere.
+fn first_true(lo: usize, hi: usize, pred: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (lo, hi);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if pred(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
 impl MemoryPlan {
     /// Computes the plan.
     pub fn new(input: MemoryPlanInput) -> Self {
@@ -809,29 +860,9 @@ impl MemoryPlan {
         let kv_pool_blocks = (kv_pool_bytes(&input) / input.kv_block_bytes()).round() as usize;
         let s = input.sequence_tokens().max(1);
         let step_rows = input.step_rows().max(1);
-        let whole_step = (step_rows * s).div_ceil(MICRO_BATCH_STEP);
-        // Scanned from the top: the peak is not monotone in the micro-batch size (a micro-batch
-        // of the whole step sums nothing, so it holds no running sum of gradients), and a
-        // bisection stopped below such a fitting top said 0 next to "fits yes". The peak depends
-        // on the budget only through the rows it holds, so each row count is tried once, at the
-        // largest budget (a multiple of MICRO_BATCH_STEP) that holds that many rows.
-        let max_micro_batch_tokens = MICRO_BATCH_STEP
-            * (1..=step_rows)
-                .rev()
-                .filter_map(|rows| {
-                    let k = if rows == step_rows {
-                        whole_step
-                    } else {
-                        ((rows + 1) * s - 1) / MICRO_BATCH_STEP
-                    };
-                    let candidate = MemoryPlanInput {
-                        micro_batch_tokens: k * MICRO_BATCH_STEP,
-                        ..input.clone()
-                    };
-                    (k >= 1 && candidate.micro_batch_rows() == rows).then_some((k, candidate))
-                })
-                .find(|(_, candidate)| training_peak_of(candidate) <= gpu)
-                .map_or(0, |(k, _)| k);
+        let whole_step = step_rows.saturating_mul(s).div_ceil(MICRO_BATCH_STEP);
+        let max_micro_batch_tokens =
+            MICRO_BATCH_STEP * largest_fitting_budget(&input, gpu, whole_step);
         let max_rollout_rows = kv_pool_blocks / input.full_row_blocks();
         Self {
             parameters: input.model.parameters(),

@@ -53,7 +53,10 @@ impl SglangConfig {
             return bad("urls", "an sglang engine needs at least one server URL");
         }
         if let Some(u) = self.urls.iter().find(|u| !u.starts_with("http")) {
-            return bad("urls", &format!("{u:?} is not an http(s) URL"));
+            return bad(
+                "urls",
+                &format!("{:?} is not an http(s) URL", conrub_base::shown_url(u)),
+            );
         }
         if !(self.timeout_secs > 0.0) || self.concurrency == 0 {
             return bad(
@@ -169,7 +172,7 @@ impl<P> SglangEngine<P> {
     /// backoff; the JSON reply of a 2xx, else an error naming the URL.
     async fn post(&self, url: &str, path: &str, body: &Value) -> Result<(u16, Value)> {
         let cfg = &self.inner.cfg;
-        let endpoint = format!("{}{path}", url.trim_end_matches('/'));
+        let endpoint = conrub_base::endpoint(url, path);
         let backoff = Backoff::exponential(cfg.backoff_secs, MAX_BACKOFF_SECS, cfg.max_retries);
         let outcome = retry(&backoff, tokio::time::sleep, |_| async {
             let why = match self.inner.http.post(&endpoint).json(body).send().await {

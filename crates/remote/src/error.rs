@@ -3,12 +3,13 @@
 use std::path::PathBuf;
 
 /// A failed exchange with a rollout server, naming the server (and the field, for a reply that
-/// is not what was asked for).
+/// is not what was asked for). The server is shown without a user, password or query
+/// ([`conrub_base::shown_url`]).
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
     /// The server could not be reached, timed out or answered with an error status, after the
     /// configured retries.
-    #[error("{url}: {message}")]
+    #[error("{}: {message}", conrub_base::shown_url(url))]
     Server {
         /// The server's base URL.
         url: String,
@@ -16,7 +17,7 @@ pub enum RemoteError {
         message: String,
     },
     /// A reply whose content is wrong: missing, malformed or inconsistent.
-    #[error("{url}: {field}: {message}")]
+    #[error("{}: {field}: {message}", conrub_base::shown_url(url))]
     Reply {
         /// The server's base URL.
         url: String,
@@ -27,7 +28,7 @@ pub enum RemoteError {
     },
     /// The server did not take the new weights: the run stops rather than train on rollouts of
     /// stale weights.
-    #[error("{url}: weight update to {}: {message}", path.display())]
+    #[error("{}: weight update to {}: {message}", conrub_base::shown_url(url), path.display())]
     WeightUpdate {
         /// The server's base URL.
         url: String,

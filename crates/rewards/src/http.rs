@@ -82,7 +82,10 @@ impl HttpReward {
             message: why,
         };
         if !(o.url.starts_with("http://") || o.url.starts_with("https://")) {
-            return Err(bad("url", format!("{:?} is not an http(s) URL", o.url)));
+            return Err(bad(
+                "url",
+                format!("{:?} is not an http(s) URL", conrub_base::shown_url(&o.url)),
+            ));
         }
         let seconds = |key: &str, v: f64| {
             Duration::try_from_secs_f64(v)
@@ -107,7 +110,7 @@ impl HttpReward {
             .build()
             .map_err(|e| bad("url", format!("building the HTTP client: {e}")))?;
         Ok(Self {
-            shown: shown_url(&o.url),
+            shown: conrub_base::shown_url(&o.url),
             url: o.url,
             client,
             backoff: Backoff::exponential(
@@ -158,20 +161,6 @@ impl HttpReward {
             });
         }
         Ok(answer.rewards)
-    }
-}
-
-/// `url` without what may be a secret: user and password, query and fragment.
-fn shown_url(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut u) => {
-            let _ = u.set_username("");
-            let _ = u.set_password(None);
-            u.set_query(None);
-            u.set_fragment(None);
-            u.to_string()
-        }
-        Err(_) => "the reward server".into(),
     }
 }
 

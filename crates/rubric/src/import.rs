@@ -314,12 +314,13 @@ fn read_rows(path: &Path) -> Result<Vec<(usize, String)>> {
         let rows = crate::parquet::read_parquet_rows(path)?;
         return Ok(rows.into_iter().map(|(i, v)| (i, v.to_string())).collect());
     }
-    let text = std::fs::read_to_string(path).map_err(|err| RubricError::Io {
+    let bytes = std::fs::read(path).map_err(|err| RubricError::Io {
         path: path.to_path_buf(),
         err,
     })?;
+    let text = crate::io::utf8_text(&bytes, path, 1)?;
     if text.trim_start().starts_with('[') {
-        let rows: Vec<Value> = serde_json::from_str(&text).map_err(|e| RubricError::Parse {
+        let rows: Vec<Value> = serde_json::from_str(text).map_err(|e| RubricError::Parse {
             path: path.to_path_buf(),
             line: e.line(),
             field: format!("column {}", e.column()),

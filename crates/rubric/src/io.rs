@@ -73,17 +73,49 @@ pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<(usize, T)>> {
         err,
     })?;
     let mut out = Vec::new();
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|err| RubricError::Io {
-            path: path.to_path_buf(),
-            err,
-        })?;
+    let mut reader = BufReader::new(file);
+    let mut bytes = Vec::new();
+    for i in 0.. {
+        bytes.clear();
+        let read = reader
+            .read_until(b'\n', &mut bytes)
+            .map_err(|err| RubricError::Io {
+                path: path.to_path_buf(),
+                err,
+            })?;
+        if read == 0 {
+            break;
+        }
+        // A byte that is not UTF-8 is an error of that line.
+        let line = utf8_text(&bytes, path, i + 1)?;
+        let line = line.trim_end_matches(['\n', '\r']);
         if line.trim().is_empty() {
             continue;
         }
-        out.push((i + 1, parse_line(&line, path, i + 1)?));
+        out.push((i + 1, parse_line(line, path, i + 1)?));
     }
     Ok(out)
+}
+
+/// `bytes` (of `path`, from its line `first_line` on) as text; a byte that is not UTF-8 is an
+/// error naming its line and its byte in the line.
+pub(crate) fn utf8_text<'a>(bytes: &'a [u8], path: &Path, first_line: usize) -> Result<&'a str> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        let before = &bytes[..e.valid_up_to()];
+        let line = before.iter().filter(|b| **b == b'\n').count() + first_line;
+        let start = before
+            .iter()
+            .rposition(|b| *b == b'\n')
+            .map_or(0, |p| p + 1);
+        RubricError::Invalid {
+            path: path.to_path_buf(),
+            line,
+            message: format!(
+                "not UTF-8 text (byte {} of the line)",
+                e.valid_up_to() - start + 1
+            ),
+        }
+    })
 }
 
 /// Writes values as JSONL to a temporary file next to `path`, syncs it and renames it over `path`,
@@ -180,6 +212,25 @@ pub fn read_rubrics(path: &Path) -> Result<RubricSet> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 53, item 16: a byte 0xFF gave "stream did not contain valid UTF-8" with no line.
+    #[test]
+    fn a_byte_that_is_not_utf8_is_named_by_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.jsonl");
+        std::fs::write(&p, b"{\"a\": 1}\n{\"a\": \"x\xff\"}\n").unwrap();
+        let e = read_jsonl::<serde_json::Value>(&p).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!("{}:2: not UTF-8 text (byte 9 of the line)", p.display())
+        );
+        let bytes = std::fs::read(&p).unwrap();
+        let e = utf8_text(&bytes, &p, 1).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!("{}:2: not UTF-8 text (byte 9 of the line)", p.display())
+        );
+    }
 
     #[test]
     fn errors_name_file_line_and_field() {

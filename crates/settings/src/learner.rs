@@ -7,6 +7,10 @@ use crate::error::{Result, SettingsError};
 use crate::flat::{flat_fields, read_groups, Flat, FlatGroup};
 use crate::sampling::SamplingParams;
 
+/// The most responses a group may have: beyond it a step's arrays and plans are not worth
+/// sizing (a `group_size` near 2^63 made `plan` scan for minutes).
+pub const MAX_GROUP_SIZE: usize = 4096;
+
 /// `learner.estimator` unless set: group-relative advantages (GRPO; Dr. GRPO with
 /// `scale_rewards = "none"`).
 pub const DEFAULT_ESTIMATOR: &str = "group-relative";
@@ -321,8 +325,8 @@ impl LearnerConfig {
     /// Groups, ties, dynamic sampling, the reward's KL term and the update's passes.
     fn check_method(&self) -> Result<()> {
         let bad = |k: &str, m: &str| Err(SettingsError::key(format!("learner.{k}"), m));
-        if self.group_size < 2 {
-            return bad("group_size", "must be at least 2");
+        if !(2..=MAX_GROUP_SIZE).contains(&self.group_size) {
+            return bad("group_size", &format!("must be from 2 to {MAX_GROUP_SIZE}"));
         }
         if self.dynamic_sampling && self.tie_mode != TieMode::Off {
             // Pairwise ties give tied groups directions; dynamic sampling drops them instead

@@ -34,11 +34,11 @@ pub use judge::{
 pub use learner::{
     Aggregation, Clip, KlEstimator, LearnerConfig, LrScheduleKind, ObjectiveSettings, OnNonFinite,
     OptimizerSettings, ScaleRewards, SystemSettings, TieMode, DEFAULT_ESTIMATOR, DEFAULT_LOSS,
-    GSPO_LOSS,
+    GSPO_LOSS, MAX_GROUP_SIZE,
 };
 pub use model::{Family, ModelSection, RandomModel, SaveDtype, ShardSize};
 pub use rollout::{RolloutEngineKind, RolloutSection, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_ROWS};
-pub use run::{RunConfig, ValidationConfig, ValidationDecoding};
+pub use run::{RunConfig, ValidationConfig, ValidationDecoding, MAX_PROMPTS_PER_STEP};
 pub use sampling::{Decoding, SamplingParams};
 
 #[cfg(test)]
@@ -69,7 +69,9 @@ mod tests {
     #[test]
     fn out_of_range_learner_settings_are_refused() {
         type Set = fn(&mut LearnerConfig);
-        let cases: [(&str, Set); 11] = [
+        let cases: [(&str, Set); 12] = [
+            // Issue 53, item 10: `plan` scanned for minutes at a group size near 2^63.
+            ("group_size", |c| c.group_size = 1 << 62),
             ("kl_beta", |c| c.objective.kl_beta = -1.0),
             ("beta1", |c| c.optimizer.beta1 = 1.0),
             ("beta2", |c| c.optimizer.beta2 = -0.1),
@@ -102,7 +104,15 @@ mod tests {
             c.optimizer.beta1,
         ) = (0.0, 0.0, 0.0);
         c.sampling.repetition_penalty = 1e-30;
+        c.group_size = MAX_GROUP_SIZE;
         c.validate().unwrap();
+        let run = |prompts_per_step| RunConfig {
+            prompts_per_step,
+            ..RunConfig::default()
+        };
+        run(MAX_PROMPTS_PER_STEP).validate().unwrap();
+        let e = run(1 << 62).validate().unwrap_err().to_string();
+        assert!(e.starts_with("run.prompts_per_step: "), "{e}");
     }
 
     /// A random model's shape is checked here, before any model crate sees it; errors name the

@@ -6,6 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, SettingsError};
 
+/// The most prompts a step may draw (a value near 2^63 made `plan` scan for minutes).
+pub const MAX_PROMPTS_PER_STEP: usize = 1 << 20;
+
 /// Loop settings (the `[run]` table of a train config).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -57,10 +60,10 @@ pub struct RunConfig {
 impl RunConfig {
     /// Range checks; errors name the key under `run.`.
     pub fn validate(&self) -> Result<()> {
-        if self.prompts_per_step == 0 {
+        if !(1..=MAX_PROMPTS_PER_STEP).contains(&self.prompts_per_step) {
             return Err(SettingsError::key(
                 "run.prompts_per_step",
-                "must be at least 1",
+                format!("must be from 1 to {MAX_PROMPTS_PER_STEP}"),
             ));
         }
         if self.keep_checkpoints == Some(0) {

@@ -455,7 +455,7 @@ mod tests {
         .validate()
         .unwrap_err()
         .to_string();
-        assert_eq!(e, "run.prompts_per_step: must be at least 1");
+        assert_eq!(e, "run.prompts_per_step: must be from 1 to 1048576");
     }
 
     /// The best round is the highest grader score, the earliest of equal ones; unscored rounds

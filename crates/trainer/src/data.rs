@@ -37,6 +37,10 @@ pub(crate) struct TaskData {
     pub describe: String,
 }
 
+/// The most prompts a task may hold once its files are mixed by weight: every one is a record
+/// in memory (a weight of 1e6 ran conrub out of memory without a word).
+pub(crate) const MAX_TASK_RECORDS: usize = 1 << 20;
+
 /// Reads, checks and mixes the task's files.
 pub(crate) fn read_task(cfg: &TrainConfig) -> Result<TaskData> {
     let specs = cfg.train_files()?;
@@ -59,6 +63,12 @@ pub(crate) fn read_task(cfg: &TrainConfig) -> Result<TaskData> {
     let mut mixed = Vec::new();
     for (i, (spec, file)) in specs.iter().zip(&files).enumerate() {
         mixed.extend(weighted(&file.records, spec.weight, cfg.learner.seed, i)?);
+        if mixed.len() > MAX_TASK_RECORDS {
+            return Err(TrainerError::Setup(format!(
+                "data.train: the weighted files make {} prompts by data.train[{i}], over the {MAX_TASK_RECORDS} a task may hold",
+                mixed.len()
+            )));
+        }
     }
     check_copy_ids(&files, &mixed)?;
     let (name, describe) = match specs.as_slice() {
@@ -172,7 +182,13 @@ fn weighted(
     index: usize,
 ) -> Result<Vec<RubricRecord>> {
     let n = records.len();
-    let count = (weight * n as f64).round() as usize;
+    let wanted = (weight * n as f64).round();
+    if wanted > MAX_TASK_RECORDS as f64 {
+        return Err(TrainerError::Setup(format!(
+            "data.train[{index}].weight: {weight} x {n} records makes {wanted} prompts, over the {MAX_TASK_RECORDS} a task may hold (each is a copy in memory)"
+        )));
+    }
+    let count = wanted as usize;
     if count == 0 {
         return Err(TrainerError::Setup(format!(
             "data.train[{index}].weight: {weight} of {n} records draws none"
@@ -284,6 +300,12 @@ mod tests {
         assert!(halves.len() > 1, "the seed chooses: {halves:?}");
         let e = weighted(&recs, 0.1, 7, 3).unwrap_err().to_string();
         assert!(e.contains("data.train[3].weight"), "{e}");
+        // Issue 53, item 11: a weight of 1e6 is refused before any copy is made.
+        let e = weighted(&recs, 1e6, 7, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("data.train[2].weight: 1000000 x") && e.contains("over the"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -113,7 +113,11 @@ where
     };
     tracing::info!(
         "rollouts on SGLang: {} (weights in {}{})",
-        r.urls.join(", "),
+        r.urls
+            .iter()
+            .map(|u| conrub_base::shown_url(u))
+            .collect::<Vec<_>>()
+            .join(", "),
         sglang.weights_dir.display(),
         if r.colocate { ", colocated" } else { "" }
     );

@@ -245,7 +245,12 @@ where
                 }
                 (kept, overlong)
             }
-            None => (prompts, Overlong::default()),
+            None => {
+                if let Some(line) = prompts::over_the_plan(&prompts, policy.codec.as_ref())? {
+                    tracing::warn!("{line}");
+                }
+                (prompts, Overlong::default())
+            }
         };
         let describe = format!("{} prompts", prompts.len());
         Ok(Self {

@@ -70,6 +70,30 @@ pub fn drop_overlong<T: TaskPrompt>(
     Ok((kept, report))
 }
 
+/// Without `data.max_prompt_tokens` the memory plan assumes prompts of at most
+/// [`conrub_memory::DEFAULT_MAX_PROMPT_TOKENS`] tokens: a longer prompt is said at load, naming
+/// it, rather than found as a stall or an out-of-memory error steps later (a 400k-token prompt
+/// ran for 400 s without a step or a word). The warning, when there is one.
+pub fn over_the_plan<T: TaskPrompt>(
+    prompts: &[T],
+    codec: &dyn TextCodec,
+) -> Result<Option<String>> {
+    let planned = conrub_memory::DEFAULT_MAX_PROMPT_TOKENS;
+    let mut longest: Option<(usize, &T)> = None;
+    for p in prompts {
+        let len = codec.encode_prompt(p.messages())?.len();
+        if len > planned && longest.is_none_or(|(l, _)| len > l) {
+            longest = Some((len, p));
+        }
+    }
+    Ok(longest.map(|(len, p)| {
+        format!(
+            "prompt {} renders to {len} tokens, over the {planned} the memory plan assumes without data.max_prompt_tokens: set it to drop longer prompts, or to {len} to plan for them (`conrub plan` then says whether they fit)",
+            p.id()
+        )
+    }))
+}
+
 impl Overlong {
     /// The log line of a filter that dropped something.
     pub fn line(&self, max: usize) -> Option<String> {
@@ -127,6 +151,20 @@ mod tests {
 
     fn record(id: &str, question: &str) -> Prompt {
         Prompt(id.into(), vec![Message::user(question)])
+    }
+
+    /// Issue 53, item 6: a prompt longer than the plan's assumption ran without a word.
+    #[test]
+    fn a_prompt_over_the_planned_length_is_named() {
+        let planned = conrub_memory::DEFAULT_MAX_PROMPT_TOKENS;
+        let prompts = vec![record("a", "ab"), record("long", &"x".repeat(planned + 7))];
+        let line = over_the_plan(&prompts, &Chars).unwrap().unwrap();
+        let want = format!(
+            "prompt long renders to {} tokens, over the {planned}",
+            planned + 7
+        );
+        assert!(line.starts_with(&want), "{line}");
+        assert_eq!(over_the_plan(&prompts[..1], &Chars).unwrap(), None);
     }
 
     #[test]

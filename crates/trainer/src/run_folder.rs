@@ -143,6 +143,18 @@ impl Drop for RunLock {
     }
 }
 
+/// The step of a folder name conrub writes for a checkpoint: `checkpoint-NNNNNN`, or its
+/// `.tmp` / `.old` forms while one is sealed. A user's copy (`checkpoint-000002-mybackup`) is no
+/// checkpoint of conrub's: never taken, moved or deleted.
+fn checkpoint_step(name: &str) -> Option<u64> {
+    let rest = name.strip_prefix("checkpoint-")?;
+    let (digits, suffix) = rest.split_once('.').unwrap_or((rest, ""));
+    let ours = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && matches!(suffix, "" | "tmp" | "old");
+    ours.then(|| digits.parse().ok()).flatten()
+}
+
 /// What of an earlier run `dir` holds: its metrics, samples, event files and checkpoints.
 fn earlier_run(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut found = Vec::new();
@@ -157,7 +169,7 @@ fn earlier_run(dir: &Path) -> Result<Vec<PathBuf>> {
         let best = best_checkpoint_path(dir);
         let samples = entry.path() == crate::samples::samples_dir(dir);
         let events = entry.path() == crate::tensorboard::tensorboard_dir(dir);
-        if name.starts_with("checkpoint-") || entry.path() == best || samples || events {
+        if checkpoint_step(&name).is_some() || entry.path() == best || samples || events {
             found.push(entry.path());
         }
     }
@@ -196,9 +208,7 @@ pub(crate) fn checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     for entry in entries {
         let entry = entry.map_err(|e| TrainerError::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let step = name
-            .strip_prefix("checkpoint-")
-            .and_then(|n| n.parse::<u64>().ok());
+        let step = checkpoint_step(&name).filter(|_| !name.contains('.'));
         if let Some(step) = step.filter(|_| entry.path().is_dir()) {
             found.push((step, entry.path()));
         }
@@ -206,8 +216,9 @@ pub(crate) fn checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(found)
 }
 
-/// The steps done by the last step line of `dir/metrics.jsonl` (its `step` + 1; 0 with no step
-/// line), `None` without the file.
+/// The steps done by the last step line of `dir/metrics.jsonl` (its `step` + 1); `None` without
+/// the file or without a step line in it (an emptied file says nothing of which checkpoints are
+/// this run's, so it sets none aside).
 fn steps_logged(dir: &Path) -> Result<Option<u64>> {
     let path = dir.join("metrics.jsonl");
     let text = match std::fs::read_to_string(&path) {
@@ -221,9 +232,8 @@ fn steps_logged(dir: &Path) -> Result<Option<u64>> {
         .filter(|v| v["kind"] == "step")
         .filter_map(|v| v["step"].as_u64())
         .map(|s| s + 1)
-        .max()
-        .unwrap_or(0);
-    Ok(Some(done))
+        .max();
+    Ok(done)
 }
 
 /// Moves `paths` (entries of `dir`) into a new `dir/attempt-SECONDS/` and returns it: what an
@@ -260,11 +270,7 @@ pub fn set_aside_later_checkpoints(dir: &Path, steps_done: u64) -> Result<Option
     for entry in entries {
         let entry = entry.map_err(|e| TrainerError::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let step = name
-            .strip_prefix("checkpoint-")
-            .map(|n| n.split('.').next().unwrap_or(n))
-            .and_then(|n| n.parse::<u64>().ok());
-        if step.is_some_and(|s| s > steps_done) {
+        if checkpoint_step(&name).is_some_and(|s| s > steps_done) {
             later.push(entry.path());
         }
     }
@@ -322,27 +328,63 @@ pub fn check_start(dir: &Path, resuming: bool, overwrite: bool) -> Result<Vec<Pa
         return Ok(Vec::new());
     }
     let earlier = earlier_run(dir)?;
-    if !earlier.is_empty() && !overwrite {
-        let names: Vec<String> = earlier
-            .iter()
-            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .collect();
-        let newest = names
-            .iter()
-            .rev()
-            .find(|n| n.starts_with("checkpoint-"))
-            .map(String::as_str)
-            .unwrap_or("checkpoint-NNNNNN");
-        return Err(TrainerError::RunFolder {
-            dir: dir.to_path_buf(),
-            message: format!(
-                "holds an earlier run ({}); continue it with --resume auto (its newest complete checkpoint) or --resume {}, or start over with --overwrite (which deletes them)",
-                names.join(", "),
-                dir.join(newest).display()
-            ),
-        });
+    if !earlier.is_empty() && !overwrite && has_history(dir, &earlier)? {
+        return Err(refusal(dir, &earlier)?);
     }
     Ok(earlier)
+}
+
+/// Whether what [`earlier_run`] found is a run's history: a checkpoint, a step, epoch or
+/// validation line, or a sample file. A run that failed or was killed before its first step
+/// leaves none of it (an empty `metrics.jsonl`, event files with no step), and its rerun
+/// replaces those leftovers instead of being refused.
+fn has_history(dir: &Path, found: &[PathBuf]) -> Result<bool> {
+    let named = |p: &PathBuf| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    if found
+        .iter()
+        .filter_map(named)
+        .any(|n| checkpoint_step(&n).is_some())
+    {
+        return Ok(true);
+    }
+    let samples = crate::samples::samples_dir(dir);
+    let sampled = std::fs::read_dir(&samples).is_ok_and(|mut d| d.next().is_some());
+    let metrics = dir.join("metrics.jsonl");
+    let text = match std::fs::read_to_string(&metrics) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(TrainerError::io(&metrics, e)),
+    };
+    let logged = text.lines().any(|l| {
+        let kind = serde_json::from_str::<serde_json::Value>(l).ok();
+        let kind = kind.as_ref().and_then(|v| v["kind"].as_str());
+        // A line that does not read is kept as history: it may be anything.
+        kind.is_none_or(|k| k != "kernel_warmup")
+    });
+    Ok(sampled || logged)
+}
+
+/// The refusal of a fresh run over an earlier one, naming what is there and what to do: resume
+/// only when there is a complete checkpoint to resume.
+fn refusal(dir: &Path, earlier: &[PathBuf]) -> Result<TrainerError> {
+    let names: Vec<String> = earlier
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    let resume = match latest_checkpoint(dir)? {
+        Some(newest) => format!(
+            "continue it with --resume auto (its newest complete checkpoint) or --resume {}, or ",
+            newest.display()
+        ),
+        None => "it has no complete checkpoint to resume; ".into(),
+    };
+    Ok(TrainerError::RunFolder {
+        dir: dir.to_path_buf(),
+        message: format!(
+            "holds an earlier run ({}); {resume}start over with --overwrite (which deletes them)",
+            names.join(", ")
+        ),
+    })
 }
 
 /// Claims the run folder `dir` for a run: [`check_start`], then its lock ([`RunLock`]), then, for
@@ -409,7 +451,7 @@ mod tests {
     fn a_fresh_run_over_an_earlier_one_is_refused_unless_overwriting() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("metrics.jsonl"), "{}\n").unwrap();
-        std::fs::create_dir(dir.path().join("checkpoint-000004")).unwrap();
+        complete_checkpoint(dir.path(), 4);
         let err = claim(dir.path(), false, EarlierRun::Refuse)
             .unwrap_err()
             .to_string();
@@ -431,6 +473,64 @@ mod tests {
         drop(claim(dir.path(), false, EarlierRun::Delete).unwrap());
         assert!(!dir.path().join("checkpoint-000004").exists());
         assert!(!dir.path().join("metrics.jsonl").exists());
+    }
+
+    fn complete_checkpoint(dir: &Path, step: u64) -> PathBuf {
+        let c = dir.join(format!("checkpoint-{step:06}"));
+        std::fs::create_dir_all(c.join("training_state")).unwrap();
+        std::fs::write(c.join("training_state/state.json"), "{}").unwrap();
+        c
+    }
+
+    /// Issue 53, items 13, 15 and 7: leftovers of a run that died before its first step do not
+    /// block its rerun; a user's copy of a checkpoint is never named, taken or deleted; an
+    /// emptied `metrics.jsonl` does not disown complete checkpoints.
+    #[test]
+    fn leftovers_copies_and_an_emptied_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let events = crate::tensorboard::tensorboard_dir(d);
+        std::fs::write(d.join("metrics.jsonl"), "").unwrap();
+        std::fs::create_dir_all(&events).unwrap();
+        std::fs::write(events.join("events.out.tfevents.1"), b"version only").unwrap();
+        drop(claim(d, false, EarlierRun::Refuse).unwrap());
+        assert!(!events.exists(), "the leftovers are replaced");
+
+        let ours = complete_checkpoint(d, 2);
+        let copy = d.join("checkpoint-000002-mybackup");
+        std::fs::create_dir_all(copy.join("training_state")).unwrap();
+        std::fs::write(copy.join("training_state/state.json"), "{}").unwrap();
+        std::fs::write(d.join("metrics.jsonl"), "{\"kind\":\"step\",\"step\":1}\n").unwrap();
+        let err = claim(d, false, EarlierRun::Refuse).unwrap_err().to_string();
+        assert!(!err.contains("mybackup"), "{err}");
+        assert!(
+            err.contains(&format!("--resume {}", ours.display())),
+            "{err}"
+        );
+        assert_eq!(latest_checkpoint(d).unwrap(), Some(ours.clone()));
+        assert_eq!(
+            set_aside_later_checkpoints(d, 0)
+                .unwrap()
+                .map(|a| a.join("checkpoint-000002").is_dir()),
+            Some(true)
+        );
+        assert!(
+            copy.is_dir(),
+            "a resume sets aside conrub's checkpoints only"
+        );
+        complete_checkpoint(d, 2);
+        drop(claim(d, false, EarlierRun::Delete).unwrap());
+        assert!(
+            copy.is_dir() && !ours.exists(),
+            "--overwrite deletes what conrub wrote only"
+        );
+
+        let (two, four) = (complete_checkpoint(d, 2), complete_checkpoint(d, 4));
+        std::fs::write(d.join("metrics.jsonl"), "").unwrap();
+        assert_eq!(latest_checkpoint(d).unwrap(), Some(four));
+        assert!(two.is_dir());
+        let err = claim(d, false, EarlierRun::Refuse).unwrap_err().to_string();
+        assert!(err.contains("--resume auto"), "{err}");
     }
 
     /// `--resume auto` takes the highest complete step: not a `.tmp` or `.old` folder, not one

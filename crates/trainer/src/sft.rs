@@ -17,15 +17,19 @@ use crate::error::{Result, TrainerError};
 use crate::progress::PhaseProgress;
 use crate::Trainer;
 
-/// `(prompt, reference answer + stop token)` ids of every prompt that has a reference answer.
+/// `(prompt, reference answer + stop token)` ids of every prompt that has a reference answer,
+/// each distinct prompt and answer once: the warm-up is one batch over them, and the copies a
+/// `[[data.train]]` weight above 1 makes would only grow it (a weight of 1e4 aborted it).
 pub fn sft_pairs<T: TaskPrompt>(
     records: &[T],
     codec: &dyn TextCodec,
     stop_ids: &[u32],
 ) -> conrub_grpo::Result<Vec<(Vec<u32>, Vec<u32>)>> {
+    let mut seen = std::collections::HashSet::new();
     records
         .iter()
         .filter_map(|r| r.reference_answer().map(|a| (r, a)))
+        .filter(|(r, answer)| seen.insert(format!("{:?}{answer}", r.messages())))
         .map(|(r, answer)| {
             let prompt = codec
                 .encode_prompt(r.messages())
