@@ -355,7 +355,7 @@ fn has_history(dir: &Path, found: &[PathBuf]) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(TrainerError::io(&metrics, e)),
     };
-    let logged = text.lines().any(|l| {
+    let logged = text.lines().filter(|l| !l.trim().is_empty()).any(|l| {
         let kind = serde_json::from_str::<serde_json::Value>(l).ok();
         let kind = kind.as_ref().and_then(|v| v["kind"].as_str());
         // A line that does not read is kept as history: it may be anything.
@@ -490,7 +490,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let events = crate::tensorboard::tensorboard_dir(d);
-        std::fs::write(d.join("metrics.jsonl"), "").unwrap();
+        std::fs::write(d.join("metrics.jsonl"), "\n").unwrap();
         std::fs::create_dir_all(&events).unwrap();
         std::fs::write(events.join("events.out.tfevents.1"), b"version only").unwrap();
         drop(claim(d, false, EarlierRun::Refuse).unwrap());
