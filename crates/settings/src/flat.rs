@@ -15,6 +15,18 @@ pub(crate) trait Flat: Sized {
     fn read<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error>;
 }
 
+/// [`Flat`] for structs read by their serde derive.
+macro_rules! flat_by_derive {
+    ($($t:ty),+ $(,)?) => {$(
+        impl $crate::flat::Flat for $t {
+            fn read<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                <Self as serde::Deserialize>::deserialize(d)
+            }
+        }
+    )+};
+}
+pub(crate) use flat_by_derive;
+
 /// One struct's share of a flat table: its keys and the entries read for it so far, kept as
 /// TOML values (they hold every float a config can, infinities included, which a check must
 /// see to refuse).

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, SettingsError};
-use crate::flat::{flat_fields, read_groups, Flat, FlatGroup};
+use crate::flat::{flat_by_derive, flat_fields, read_groups, Flat, FlatGroup};
 use crate::sampling::SamplingParams;
 
 /// The most responses a group may have: beyond it a step's arrays and plans are not worth
@@ -201,12 +201,6 @@ impl Default for OptimizerSettings {
     }
 }
 
-impl Flat for OptimizerSettings {
-    fn read<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        <Self as Deserialize>::deserialize(d)
-    }
-}
-
 /// The policy loss and its terms: which loss, its ratio clipping and aggregation, the KL and entropy terms, truncated importance sampling, the GRPO+DPO baseline's beta. Keys of the `[learner]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -257,12 +251,6 @@ impl Default for ObjectiveSettings {
     }
 }
 
-impl Flat for ObjectiveSettings {
-    fn read<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        <Self as Deserialize>::deserialize(d)
-    }
-}
-
 /// How the update runs, not what it computes: generation-call and micro-batch sizes, activation checkpointing, the all-reduce buckets, what a non-finite gradient does. Keys of the `[learner]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -303,12 +291,6 @@ impl Default for SystemSettings {
             on_nonfinite: OnNonFinite::Stop,
             max_skipped_steps: 3,
         }
-    }
-}
-
-impl Flat for SystemSettings {
-    fn read<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        <Self as Deserialize>::deserialize(d)
     }
 }
 
@@ -560,6 +542,8 @@ impl Default for Clip {
         }
     }
 }
+
+flat_by_derive!(OptimizerSettings, ObjectiveSettings, SystemSettings);
 
 impl Flat for LearnerConfig {
     fn read<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
