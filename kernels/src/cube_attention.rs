@@ -33,7 +33,8 @@
 //! by 8 (see [`unroll_factor`]): about `4 · head_dim / 8 + 4` iterations per (query, key) pair a
 //! unit visits, so lavapipe stays correct up to ~1,800 visible keys per query row (forward, dQ)
 //! and ~1,800 (query head, row) pairs per key (dK/dV) at head_dim 128, twice that at 64. GPU
-//! drivers have no such limit.
+//! drivers have no such limit. On such CPU devices the loops also take their trip count at run
+//! time (see [`head_steps`]): unrolled whole, they cost lavapipe minutes of compiling.
 
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::cast;
@@ -72,9 +73,11 @@ fn attention_forward_kernel<F: Float>(
     #[comptime] rows: usize,
     #[comptime] tile: usize,
     #[comptime] unroll: usize,
+    #[comptime] runtime_steps: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let unit = UNIT_POS_X as usize;
+    let steps = head_steps(q.shape(3), head_dim, unroll, runtime_steps);
     let h = CUBE_POS_Y as usize;
     let bi = CUBE_POS_Z as usize;
     let t = q.shape(2);
@@ -96,7 +99,7 @@ fn attention_forward_kernel<F: Float>(
     let qs = q.stride(3);
     let mut qr = Array::<f32>::new(head_dim);
     let mut acc = Array::<f32>::new(head_dim);
-    for c0 in 0..comptime!(head_dim / unroll) {
+    for c0 in 0..steps {
         #[unroll]
         for u in 0..unroll {
             let c = c0 * unroll + u;
@@ -160,7 +163,7 @@ fn attention_forward_kernel<F: Float>(
                 let mut sc = f32::new(NEG);
                 if j0 + jj < my_end && ok[jj] > f32::new(0.5) {
                     let mut dot = f32::new(0.0);
-                    for c0 in 0..comptime!(head_dim / unroll) {
+                    for c0 in 0..steps {
                         #[unroll]
                         for u in 0..unroll {
                             let c = c0 * unroll + u;
@@ -177,7 +180,7 @@ fn attention_forward_kernel<F: Float>(
                 let mn = f32::max(m, tmax);
                 let alpha = (m - mn).exp();
                 l *= alpha;
-                for c0 in 0..comptime!(head_dim / unroll) {
+                for c0 in 0..steps {
                     #[unroll]
                     for u in 0..unroll {
                         let c = c0 * unroll + u;
@@ -188,7 +191,7 @@ fn attention_forward_kernel<F: Float>(
                     if j0 + jj < my_end && ok[jj] > f32::new(0.5) {
                         let p = (scores[jj] - mn).exp();
                         l += p;
-                        for c0 in 0..comptime!(head_dim / unroll) {
+                        for c0 in 0..steps {
                             #[unroll]
                             for u in 0..unroll {
                                 let c = c0 * unroll + u;
@@ -213,7 +216,7 @@ fn attention_forward_kernel<F: Float>(
         }
         let ob = bi * out.stride(0) + h * out.stride(1) + i * out.stride(2);
         let os = out.stride(3);
-        for c0 in 0..comptime!(head_dim / unroll) {
+        for c0 in 0..steps {
             #[unroll]
             for u in 0..unroll {
                 let c = c0 * unroll + u;
@@ -242,9 +245,11 @@ fn attention_dq_kernel<F: Float>(
     #[comptime] rows: usize,
     #[comptime] tile: usize,
     #[comptime] unroll: usize,
+    #[comptime] runtime_steps: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let unit = UNIT_POS_X as usize;
+    let steps = head_steps(q.shape(3), head_dim, unroll, runtime_steps);
     let h = CUBE_POS_Y as usize;
     let bi = CUBE_POS_Z as usize;
     let t = q.shape(2);
@@ -272,7 +277,7 @@ fn attention_dq_kernel<F: Float>(
     let mut acc = Array::<f32>::new(head_dim);
     let mut dl = f32::new(0.0);
     let mut lr = f32::new(0.0);
-    for c0 in 0..comptime!(head_dim / unroll) {
+    for c0 in 0..steps {
         #[unroll]
         for u in 0..unroll {
             let c = c0 * unroll + u;
@@ -338,7 +343,7 @@ fn attention_dq_kernel<F: Float>(
                 if j0 + jj < my_end && ok[jj] > f32::new(0.5) {
                     let mut s = f32::new(0.0);
                     let mut dp = f32::new(0.0);
-                    for c0 in 0..comptime!(head_dim / unroll) {
+                    for c0 in 0..steps {
                         #[unroll]
                         for u in 0..unroll {
                             let c = c0 * unroll + u;
@@ -348,7 +353,7 @@ fn attention_dq_kernel<F: Float>(
                     }
                     let p = (s - lr).exp();
                     let ds = p * (dp - dl);
-                    for c0 in 0..comptime!(head_dim / unroll) {
+                    for c0 in 0..steps {
                         #[unroll]
                         for u in 0..unroll {
                             let c = c0 * unroll + u;
@@ -365,7 +370,7 @@ fn attention_dq_kernel<F: Float>(
     if row_ok {
         let db = bi * dq.stride(0) + h * dq.stride(1) + i * dq.stride(2);
         let ds = dq.stride(3);
-        for c0 in 0..comptime!(head_dim / unroll) {
+        for c0 in 0..steps {
             #[unroll]
             for u in 0..unroll {
                 let c = c0 * unroll + u;
@@ -394,9 +399,11 @@ fn attention_dkdv_kernel<F: Float>(
     #[comptime] rows: usize,
     #[comptime] tile: usize,
     #[comptime] unroll: usize,
+    #[comptime] runtime_steps: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let unit = UNIT_POS_X as usize;
+    let steps = head_steps(q.shape(3), head_dim, unroll, runtime_steps);
     let hk = CUBE_POS_Y as usize;
     let bi = CUBE_POS_Z as usize;
     let t = q.shape(2);
@@ -418,7 +425,7 @@ fn attention_dkdv_kernel<F: Float>(
     let mut vr = Array::<f32>::new(head_dim);
     let mut dka = Array::<f32>::new(head_dim);
     let mut dva = Array::<f32>::new(head_dim);
-    for c0 in 0..comptime!(head_dim / unroll) {
+    for c0 in 0..steps {
         #[unroll]
         for u in 0..unroll {
             let c = c0 * unroll + u;
@@ -495,7 +502,7 @@ fn attention_dkdv_kernel<F: Float>(
                     if i < t && past + i >= j {
                         let mut sc = f32::new(0.0);
                         let mut dp = f32::new(0.0);
-                        for c0 in 0..comptime!(head_dim / unroll) {
+                        for c0 in 0..steps {
                             #[unroll]
                             for u in 0..unroll {
                                 let c = c0 * unroll + u;
@@ -505,7 +512,7 @@ fn attention_dkdv_kernel<F: Float>(
                         }
                         let p = (sc - ls[ii]).exp();
                         let dsc = p * (dp - ds_[ii]);
-                        for c0 in 0..comptime!(head_dim / unroll) {
+                        for c0 in 0..steps {
                             #[unroll]
                             for u in 0..unroll {
                                 let c = c0 * unroll + u;
@@ -526,7 +533,7 @@ fn attention_dkdv_kernel<F: Float>(
         let ko3 = dk.stride(3);
         let vob = bi * dv.stride(0) + hk * dv.stride(1) + j * dv.stride(2);
         let vo3 = dv.stride(3);
-        for c0 in 0..comptime!(head_dim / unroll) {
+        for c0 in 0..steps {
             #[unroll]
             for u in 0..unroll {
                 let c = c0 * unroll + u;
@@ -557,6 +564,43 @@ pub(crate) fn unroll_factor(head_dim: usize) -> usize {
         .into_iter()
         .find(|u| head_dim.is_multiple_of(*u))
         .unwrap_or(1)
+}
+
+/// Trip count of the head-dimension loops, `head_dim / unroll`: a compile-time constant, or where
+/// `runtime_steps` the same number computed from `dim` (the tensors' head dimension) at run time.
+///
+/// A constant trip count lets the device compiler unroll the loops whole and keep the per-row
+/// vectors in registers, which GPUs want. Mesa's llvmpipe (lavapipe) unrolls them too, turns each
+/// vector into `head_dim` scalars, and runs every invocation of a cube with barriers as an LLVM
+/// coroutine, whose frame-building pass then takes minutes over the scalars that live across each
+/// `sync_cube` (the three kernels at head_dim 128 took 143 s to compile on a CI CPU, 2.5 s with
+/// a run-time count).
+#[cube]
+fn head_steps(
+    dim: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] unroll: usize,
+    #[comptime] runtime_steps: bool,
+) -> usize {
+    if comptime!(runtime_steps) {
+        dim / unroll
+    } else {
+        comptime!(head_dim / unroll).runtime()
+    }
+}
+
+/// Whether the head-dimension loops take their trip count at run time (see [`head_steps`]): on
+/// devices whose kernels compile through a CPU JIT. cubecl reports no device type; its wgpu
+/// runtime withholds plane operations from CPU adapters alone, and CUDA and HIP always have them,
+/// so a device without plane operations (or one that says it is a CPU) is taken for one. A GPU
+/// without subgroups pays a slower loop and gets the same results.
+pub(crate) fn runtime_steps<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    let props = client.properties();
+    props.hardware.num_cpu_cores.is_some()
+        || !props
+            .features
+            .plane
+            .contains(cubecl::ir::features::Plane::Ops)
 }
 
 pub(crate) fn to_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
@@ -769,6 +813,7 @@ pub(crate) fn launch_forward<R: Runtime>(
         rows,
         tile,
         unroll_factor(dims.d),
+        runtime_steps(client),
         dtype,
     );
 }
@@ -805,6 +850,7 @@ pub(crate) fn launch_dq<R: Runtime>(
         rows,
         tile,
         unroll_factor(dims.d),
+        runtime_steps(client),
         dtype,
     );
 }
@@ -841,6 +887,7 @@ pub(crate) fn launch_dkdv<R: Runtime>(
         rows,
         tile,
         unroll_factor(dims.d),
+        runtime_steps(client),
         dtype,
     );
 }
