@@ -357,4 +357,8 @@ impl<B: DecodeOps, C: CheckpointStrategy> DecodeOps for Autodiff<B, C> {
     fn device_memory_reserved(device: &Self::Device) -> Option<u64> {
         B::device_memory_reserved(device)
     }
+
+    fn compiles_kernels() -> bool {
+        B::compiles_kernels()
+    }
 }

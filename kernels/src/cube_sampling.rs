@@ -781,6 +781,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> crate::Dec
         crate::cube_memory_usage::<R>(device).map(|(_, reserved)| reserved)
     }
 
+    fn compiles_kernels() -> bool {
+        true
+    }
+
     fn sample_rows(
         logits: FloatTensor<Self>,
         params: &Decoding,

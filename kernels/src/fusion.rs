@@ -310,6 +310,10 @@ impl<B: FusionBackend + KernelOps> DecodeOps for Fusion<B> {
         B::device_memory_reserved(device)
     }
 
+    fn compiles_kernels() -> bool {
+        B::compiles_kernels()
+    }
+
     fn sample_rows(
         logits: FloatTensor<Self>,
         params: &Decoding,

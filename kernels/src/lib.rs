@@ -370,6 +370,12 @@ pub trait DecodeOps: Backend {
     fn device_memory_reserved(_device: &Self::Device) -> Option<u64> {
         None
     }
+
+    /// Whether the backend compiles its kernels at run time (the CubeCL backends: CUDA, wgpu),
+    /// so that a kernel warm-up has something to do; false for the CPU backends and libtorch.
+    fn compiles_kernels() -> bool {
+        false
+    }
 }
 
 /// Every family of conrub's backend extension: what the model, the rollout engine and the learner

@@ -267,8 +267,10 @@ fn demo_samples_agree_with_the_metrics(out: &Path, metrics: &[serde_json::Value]
 }
 
 /// The shrunk demo on wgpu at the full 151,936-token vocabulary (the real tokenizer):
-/// `kernels-warmup` on a cold kernel cache compiles and autotunes, and then `train` on the same
-/// `--kernel-cache` (its second process) compiles and autotunes nothing at any line, runs no
+/// `kernels-warmup` on a cold kernel cache compiles and autotunes (its step, then its walk
+/// through the run's other shapes), and then `train` on the same `--kernel-cache` (its second
+/// process) compiles and autotunes nothing in any of its three steps, whose response lengths
+/// differ from the warm-up's (issue 53's item 18 reproduced with two prompts a step), runs no
 /// warm-up of its own (the cache is warm), loads its kernels from the cache, and reports the
 /// device memory its pools hold.
 #[cfg(feature = "wgpu")]
@@ -281,9 +283,13 @@ fn a_demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
     let cache = dir.path().join("kernels");
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/demo-cpu.toml");
     let config = config.to_str().unwrap();
+    // Two prompts a step: their responses' lengths vary from step to step, so later steps
+    // meet shapes the warm-up's own step did not (its walk must have reached them).
     let shrink = [
         "--set",
-        "run.max_steps=2",
+        "run.max_steps=3",
+        "--set",
+        "run.prompts_per_step=2",
         "--set",
         "warmup.steps=2",
         "--set",
@@ -323,7 +329,7 @@ fn a_demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
         "no warm-up on a warm cache: {log}"
     );
     let steps = metrics_lines(&out, "step");
-    assert_eq!(steps.len(), 2);
+    assert_eq!(steps.len(), 3);
     for s in &steps {
         assert_eq!(s["kernel_compiles"], 0, "{s}");
         assert_eq!(s["autotune_runs"], 0, "{s}");

@@ -157,6 +157,20 @@ pub struct RolloutRequest<'a> {
     pub first_group: usize,
 }
 
+/// What the kernel warm-up asks an engine to walk ([`RolloutEngine::walk_shapes`]): the shapes
+/// a run's rollouts can reach.
+#[derive(Debug, Clone, Copy)]
+pub struct ShapeWalk<'a> {
+    /// The token length of every prompt of the task.
+    pub prompt_lens: &'a [usize],
+    /// The most prompts one rollout call of a step can hold (before the engine's own cap).
+    pub prompts_per_step: usize,
+    /// Responses per prompt (k).
+    pub group_size: usize,
+    /// The run's decoding and length limit.
+    pub sampling: &'a SamplingConfig,
+}
+
 /// What handing the policy's weights to an engine cost (zero for an in-process engine).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct WeightSync {
@@ -208,6 +222,14 @@ pub trait RolloutEngine<B: Backend, P: Policy<B>>: Send + Sync {
     fn release(&self) -> Result<()> {
         Ok(())
     }
+
+    /// The kernel warm-up: runs `policy` through every shape of `walk` once, so that no step
+    /// compiles or tunes a kernel later; returns the passes made. Default: none (an engine
+    /// outside the process compiles nothing here).
+    fn walk_shapes(&self, policy: &P, walk: &ShapeWalk<'_>, device: &B::Device) -> Result<usize> {
+        let _ = (policy, walk, device);
+        Ok(0)
+    }
 }
 
 /// One engine shared by several learners (the ranks of a data-parallel group).
@@ -232,6 +254,10 @@ where
 
     fn release(&self) -> Result<()> {
         (**self).release()
+    }
+
+    fn walk_shapes(&self, policy: &P, walk: &ShapeWalk<'_>, device: &B::Device) -> Result<usize> {
+        (**self).walk_shapes(policy, walk, device)
     }
 }
 

@@ -47,7 +47,7 @@ pub use conrub_settings::{
     OptimizerSettings, RunConfig, ScaleRewards, Sharding, SystemSettings, TieMode,
     ValidationConfig, DEFAULT_ESTIMATOR, DEFAULT_LOSS, GSPO_LOSS,
 };
-pub use engine::{RolloutBatch, RolloutEngine, RolloutRequest, WeightSync};
+pub use engine::{RolloutBatch, RolloutEngine, RolloutRequest, ShapeWalk, WeightSync};
 pub use error::{ContractError, Result};
 pub use exec::{
     to_dtype, AttentionImpl, AttentionKernelChoice, AttentionKernels, Execution, Precision,
@@ -69,6 +69,9 @@ pub use sampling::{
     SamplingConfig, SamplingParams,
 };
 pub use shape::ModelShape;
-pub use shapes::{attended_blocks, bucket_len, bucket_rows};
+pub use shapes::{
+    attended_blocks, bucket_len, bucket_rows, dim_class, padded_width, EngineShapes, MicroShape,
+    ShapeBounds,
+};
 pub use stats::RolloutStats;
 pub use tokens::TokenBatch;

@@ -65,6 +65,9 @@ pub struct KernelWarmupLine {
     pub resumed: bool,
     /// What ran, in words.
     pub ran: String,
+    /// What it did not walk, in words: shapes a step compiles when it first meets them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left: Vec<String>,
     /// Seconds it took.
     #[serde(deserialize_with = "nullable::f64")]
     pub secs: f64,

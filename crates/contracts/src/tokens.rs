@@ -36,7 +36,7 @@ impl<B: Backend> TokenBatch<B> {
         rows: impl IntoIterator<Item = (&'a [u32], &'a [u32])>,
         device: &B::Device,
     ) -> Self {
-        Self::padded(rows, |w| w, device)
+        Self::padded(rows, |s, r| (s, r), device)
     }
 
     /// [`TokenBatch::new`] with both widths rounded up to their length bucket
@@ -47,13 +47,24 @@ impl<B: Backend> TokenBatch<B> {
         rows: impl IntoIterator<Item = (&'a [u32], &'a [u32])>,
         device: &B::Device,
     ) -> Self {
-        Self::padded(rows, bucket_len, device)
+        Self::padded(rows, |s, r| (bucket_len(s), bucket_len(r)), device)
     }
 
-    /// The rows padded to `width(longest)` columns (S and R alike; at least the longest).
+    /// [`TokenBatch::new`] padded to at least `(S, R)` columns: a layout whose widths another,
+    /// longer batch would have (the kernel warm-up's made-up rows cut as a real step's are).
+    pub fn padded_to<'a>(
+        rows: impl IntoIterator<Item = (&'a [u32], &'a [u32])>,
+        (s, r): (usize, usize),
+        device: &B::Device,
+    ) -> Self {
+        Self::padded(rows, |ls, lr| (s.max(ls), r.max(lr)), device)
+    }
+
+    /// The rows padded to `widths(longest sequence, longest response)` columns (at least the
+    /// longest).
     fn padded<'a>(
         rows: impl IntoIterator<Item = (&'a [u32], &'a [u32])>,
-        width: impl Fn(usize) -> usize,
+        widths: impl Fn(usize, usize) -> (usize, usize),
         device: &B::Device,
     ) -> Self {
         let rows: Vec<(&[u32], &[u32])> = rows.into_iter().collect();
@@ -65,10 +76,8 @@ impl<B: Backend> TokenBatch<B> {
             .unwrap_or(0)
             .max(1);
         let longest_r = rows.iter().map(|(_, r)| r.len()).max().unwrap_or(0).max(1);
-        let (s, r_len) = (
-            width(longest_s).max(longest_s),
-            width(longest_r).max(longest_r),
-        );
+        let (s, r_len) = widths(longest_s, longest_r);
+        let (s, r_len) = (s.max(longest_s), r_len.max(longest_r));
         let mut tokens = vec![0i64; n * s];
         let mut positions = vec![0i64; n * r_len];
         let mut targets = vec![0i64; n * r_len];

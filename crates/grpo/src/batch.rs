@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use conrub_contracts::{bucket_len, TokenBatch};
+use conrub_contracts::{bucket_len, padded_width, TokenBatch};
 
 /// Everything the update needs, on the device, built once per step.
 ///
@@ -117,15 +117,6 @@ impl<B: Backend> TrainBatch<B> {
 /// The longest of `lens` over `rows` (at least 1).
 pub(crate) fn longest(lens: &[usize], rows: impl IntoIterator<Item = usize>) -> usize {
     rows.into_iter().map(|r| lens[r]).max().unwrap_or(1).max(1)
-}
-
-/// The width a micro-batch of `rows` rows whose longest row is `longest` tokens is padded to:
-/// its length bucket (`conrub_rollout::bucket_len`), but never past `max(longest, budget / rows)`, so a micro-batch
-/// that [`plan_micro_batches`] fits in `budget` padded tokens still fits after bucketing (the
-/// memory plan counts on it). Where that cap binds, the width is `budget / rows`: one more
-/// shape per row count.
-pub fn padded_width(longest: usize, rows: usize, budget: usize) -> usize {
-    bucket_len(longest).min((budget / rows.max(1)).max(longest))
 }
 
 /// A micro-batch's `(tokens, responses)` widths: [`padded_width`] of its longest sequence, the
@@ -262,6 +253,81 @@ mod tests {
         };
         assert_eq!(widths(0..2), (22, 16));
         assert_eq!(widths(1..2), (16, 16));
+    }
+
+    /// The kernel warm-up walks one micro-batch shape per class (`ShapeBounds::micro_batches`):
+    /// every micro-batch the planner cuts from random steps falls in a walked class.
+    #[test]
+    fn the_warm_up_walks_every_class_of_micro_batch_the_planner_cuts() {
+        use conrub_contracts::{dim_class, ShapeBounds};
+        let bounds = ShapeBounds {
+            group_size: 6,
+            micro_batch_tokens: 300,
+            prompt_tokens: (5, 70),
+            max_response_tokens: 90,
+        };
+        // A micro-batch's class: its dimensions' and the divisibility its slices keep of the
+        // step layout's widths (their strides).
+        let stride =
+            |w: usize, parent: usize| w.trailing_zeros().min(parent.trailing_zeros()).min(4);
+        let key = |rows: usize, (w, r): (usize, usize), (sw, sr): (usize, usize)| {
+            (
+                [rows, w, r, rows * w, rows * r].map(dim_class),
+                stride(w, sw),
+                stride(r, sr),
+            )
+        };
+        let walked: std::collections::BTreeSet<_> = bounds
+            .micro_batches()
+            .iter()
+            .map(|m| {
+                key(
+                    m.rows,
+                    (m.width, m.responses),
+                    (m.step_width, m.step_responses),
+                )
+            })
+            .collect();
+        // xorshift64: a uniform draw from `lo..=hi`.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut draw = |lo: usize, hi: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            lo + (state % (hi - lo + 1) as u64) as usize
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..3000 {
+            let groups = draw(1, 3);
+            let (mut seq, mut resp) = (Vec::new(), Vec::new());
+            for _ in 0..groups {
+                let prompt = draw(5, 70);
+                let long = draw(0, 9) < 3;
+                for _ in 0..6 {
+                    let r = if long { draw(60, 90) } else { draw(0, 90) };
+                    seq.push(prompt + r);
+                    resp.push(r);
+                }
+            }
+            let full = (
+                bucket_len(*seq.iter().max().unwrap()),
+                bucket_len(*resp.iter().max().unwrap().max(&1)),
+            );
+            for m in plan_micro_batches(&seq, 0..seq.len(), 300, 6) {
+                let (w, r) = micro_batch_widths((&seq, &resp), m.clone(), 300, full);
+                let k = key(m.len(), (w, r), full);
+                assert!(
+                    walked.contains(&k),
+                    "rows {m:?} cut to ({w}, {r}) is not walked"
+                );
+                seen.insert(k);
+            }
+        }
+        assert!(
+            seen.len() > 20,
+            "the random steps met {} classes",
+            seen.len()
+        );
     }
 
     #[test]

@@ -67,7 +67,8 @@ mod ties;
 mod update;
 
 pub use advantages::{stable_seed, AdvantageEstimator, GroupRelative, ScaleRewards, TieStatus};
-pub use batch::{mask_rows, padded_width, TrainBatch};
+pub use batch::{mask_rows, TrainBatch};
+pub use conrub_contracts::padded_width;
 // The contracts the learner is written against, re-exported so an embedder names one crate.
 pub use conrub_contracts::LrScheduleKind;
 pub use conrub_contracts::{

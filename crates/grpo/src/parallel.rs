@@ -210,6 +210,24 @@ where
         ))
     }
 
+    /// The kernel warm-up's walk ([`Learner::walk_shapes`]) on every rank at once, each with its
+    /// share of a step of `groups` groups; returns rank 0's counts.
+    pub fn walk_shapes(&mut self, prompt_lens: &[usize], groups: usize) -> Result<(usize, usize)> {
+        let world = self.ranks.len();
+        let most = split_groups(groups, world)
+            .iter()
+            .map(|r| r.len())
+            .max()
+            .unwrap_or(1);
+        let collective = &self.collective;
+        let results = conrub_parallel::on_rank_threads(
+            self.ranks.iter_mut().collect(),
+            |_, learner: &mut Learner<B, P, T>| async move { learner.walk_shapes(prompt_lens, most) },
+            &|rank, error| collective.abort(rank, error),
+        );
+        Ok(own_error(results)?[0])
+    }
+
     /// Loads a saved training state into every rank (saved by any number of ranks, in any
     /// sharding mode), and checks that the replicas agree. A `full` rank keeps its own
     /// parameters: from a `full` group's state it reads the files holding them; from a state

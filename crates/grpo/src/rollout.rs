@@ -4,8 +4,8 @@
 
 use burn::tensor::backend::Backend;
 use conrub_contracts::{
-    Generation, PagedModel, Policy, Result, RolloutBatch, RolloutEngine, RolloutRequest,
-    RolloutStats, SamplingConfig,
+    EngineShapes, Generation, PagedModel, Policy, Result, RolloutBatch, RolloutEngine,
+    RolloutRequest, RolloutStats, SamplingConfig, ShapeWalk,
 };
 use conrub_kernels::KernelOps;
 use conrub_rollout::EngineConfig;
@@ -81,6 +81,21 @@ where
             let out = conrub_rollout::rollout(policy, rows, cfg, &self.engine, device)?;
             Ok((out.generations, out.stats))
         })
+    }
+
+    fn walk_shapes(&self, policy: &P, walk: &ShapeWalk<'_>, device: &B::Device) -> Result<usize> {
+        let calls = self
+            .prompts_per_call
+            .max(1)
+            .min(walk.prompts_per_step.max(1));
+        let shapes = EngineShapes::reachable(
+            walk.prompt_lens,
+            walk.sampling.max_new_tokens,
+            calls * walk.group_size,
+            self.engine.max_rows,
+            self.engine.block_size,
+        );
+        conrub_rollout::walk_shapes(policy, &shapes, walk.sampling, &self.engine, device)
     }
 }
 

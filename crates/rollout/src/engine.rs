@@ -37,8 +37,8 @@ use serde::{Deserialize, Serialize};
 
 use conrub_contracts::{
     attended_blocks, bucket_len, bucket_rows, check_sequences, sequence_rng, BlockAllocator,
-    ContractError, ForwardBatch, Generation, KvLayout, PaddedBatch, Padding, PagedKv, PagedModel,
-    PagedPass, PagedRead, Result, RolloutStats, SamplingConfig,
+    ContractError, EngineShapes, ForwardBatch, Generation, KvLayout, PaddedBatch, Padding, PagedKv,
+    PagedModel, PagedPass, PagedRead, Result, RolloutStats, SamplingConfig,
 };
 
 use crate::device_sampling::sample_on_device;
@@ -124,6 +124,38 @@ struct CachedPrompt<B: KernelOps> {
     blocks: Vec<u32>,
     /// Next-token logits after the prompt, `[vocab]` (f32).
     logits: Tensor<B, 1>,
+}
+
+/// The rows of one decode step, padding rows included.
+struct DecodeRows {
+    tokens: Vec<i64>,
+    positions: Vec<i64>,
+    write_slots: Vec<u32>,
+    lens: Vec<usize>,
+    tables: Vec<Vec<u32>>,
+}
+
+/// Samples one token per row of `logits` on the device and reads the ids and log-probabilities
+/// back.
+fn sample_and_read<B: KernelOps>(
+    logits: Tensor<B, 2>,
+    seen: &[&[u32]],
+    cfg: &SamplingConfig,
+    uniforms: &[f64],
+) -> Result<(Vec<i64>, Vec<f32>)> {
+    let (tok, lp) = sample_on_device(logits, seen, cfg, uniforms);
+    // One read of both: ids as f32 would lose precision above 2^24, so two reads.
+    let toks: Vec<i64> = tok
+        .into_data()
+        .convert::<i64>()
+        .into_vec()
+        .map_err(|e| ContractError::Readback(format!("{e:?}")))?;
+    let lps: Vec<f32> = lp
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .map_err(|e| ContractError::Readback(format!("{e:?}")))?;
+    Ok((toks, lps))
 }
 
 fn blocks_for(tokens: usize, block_size: usize) -> usize {
@@ -245,6 +277,99 @@ pub fn generate<B: KernelOps, M: PagedModel<B>>(
     device: &B::Device,
 ) -> Result<Vec<Generation>> {
     rollout(model, prompts, cfg, &EngineConfig::default(), device).map(|r| r.generations)
+}
+
+/// The kernel warm-up's walk through the engine's shapes ([`EngineShapes`]): each prefill
+/// length, each
+/// decode step's rows and attended blocks, each sampling's rows (from a prompt's logits, as a
+/// first token is, and from a decode step's); on a pool of its own whose blocks every row shares
+/// (the values computed are thrown away). Returns the passes made.
+pub fn walk_shapes<B: KernelOps, M: PagedModel<B>>(
+    model: &M,
+    shapes: &EngineShapes,
+    cfg: &SamplingConfig,
+    engine: &EngineConfig,
+    device: &B::Device,
+) -> Result<usize> {
+    cfg.validate()?;
+    engine.validate()?;
+    let bs = engine.block_size;
+    let blocks = shapes
+        .prefills
+        .iter()
+        .map(|&l| blocks_for(l, bs))
+        .chain(shapes.decodes.iter().map(|d| d.1))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let mut e = Engine {
+        model,
+        cfg,
+        engine,
+        device,
+        prompts: Vec::new(),
+        seqs: Vec::new(),
+        out: Vec::new(),
+        kv: PagedKv::new(model.kv_layout(), blocks + 1, bs, device),
+        alloc: BlockAllocator::new(blocks),
+        cache: HashMap::new(),
+        unstarted: Vec::new(),
+        waiting: VecDeque::new(),
+        running: Vec::new(),
+        scratch: blocks as u32,
+        stats: RolloutStats::default(),
+    };
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut passes = 0;
+    let mut first = None;
+    for &len in &shapes.prefills {
+        let logits = e.prefill(&vec![0; len.max(1)], &table[..blocks_for(len.max(1), bs)]);
+        let v = logits.dims()[1];
+        first = Some(logits.reshape([v]));
+        passes += 1;
+    }
+    let greedy = cfg.decoding.is_greedy();
+    let sample = |logits: Tensor<B, 2>, n: usize| {
+        let uniforms = if greedy { Vec::new() } else { vec![0.5; n] };
+        sample_and_read(logits, &vec![&[0u32][..]; n], cfg, &uniforms)
+    };
+    if let Some(row) = first {
+        for &n in &shapes.samplings {
+            sample(Tensor::stack::<2>(vec![row.clone(); n], 0), n)?;
+            passes += 1;
+        }
+    }
+    let mut sampled = std::collections::BTreeSet::new();
+    for &(rows, attended) in &shapes.decodes {
+        // Every real row count of this bucket samples from it once.
+        let counts: Vec<usize> = shapes
+            .samplings
+            .iter()
+            .copied()
+            .filter(|&n| bucket_rows(n) == rows && sampled.insert(n))
+            .collect();
+        let len = attended * bs;
+        let decode = |e: &mut Engine<'_, B, M>, n: usize| {
+            let rows = DecodeRows {
+                tokens: vec![0; rows],
+                positions: vec![len as i64 - 1; rows],
+                write_slots: vec![e.scratch * bs as u32; rows],
+                lens: vec![len; rows],
+                tables: vec![table[..attended].to_vec(); rows],
+            };
+            e.decode_pass(rows, attended, n)
+        };
+        if counts.is_empty() {
+            let _ = decode(&mut e, rows).into_data();
+            passes += 1;
+        }
+        for n in counts {
+            let logits = decode(&mut e, n);
+            sample(logits, n)?;
+            passes += 1;
+        }
+    }
+    Ok(passes)
 }
 
 impl<B: KernelOps, M: PagedModel<B>> Engine<'_, B, M> {
@@ -449,19 +574,8 @@ impl<B: KernelOps, M: PagedModel<B>> Engine<'_, B, M> {
                 .collect()
         };
         let seen: Vec<&[u32]> = ids.iter().map(|&id| self.seqs[id].seen.ids()).collect();
-        let (tok, lp) = sample_on_device(logits, &seen, self.cfg, &uniforms);
+        let (toks, lps) = sample_and_read(logits, &seen, self.cfg, &uniforms)?;
         let n = ids.len();
-        // One read of both: ids as f32 would lose precision above 2^24, so two reads.
-        let toks: Vec<i64> = tok
-            .into_data()
-            .convert::<i64>()
-            .into_vec()
-            .map_err(|e| ContractError::Readback(format!("{e:?}")))?;
-        let lps: Vec<f32> = lp
-            .into_data()
-            .convert::<f32>()
-            .into_vec()
-            .map_err(|e| ContractError::Readback(format!("{e:?}")))?;
         self.stats.host_bytes_read += (n * 12) as u64;
         self.stats.generated_tokens += n;
         Ok(ids
@@ -562,31 +676,17 @@ impl<B: KernelOps, M: PagedModel<B>> Engine<'_, B, M> {
         }
         self.stats.tokens_computed += rows;
         self.stats.tokens_needed += n;
-        let read = PagedRead::new(&tables, blocks, bs, &lens, self.device);
-        let pass = PagedPass {
-            write_slots,
-            write_rows: None,
-            read: Some(read),
-            prefix: None,
-        };
-        let batch = ForwardBatch {
-            input_ids: Tensor::<B, 2, Int>::from_data(
-                TensorData::new(tokens, [rows, 1]),
-                self.device,
-            ),
-            position_ids: Tensor::<B, 2, Int>::from_data(
-                TensorData::new(positions, [rows, 1]),
-                self.device,
-            ),
-            key_mask: None,
-        };
-        let logits = self.model.forward_paged(&batch, &mut self.kv, &pass);
-        let logits = if rows > n {
-            let vocab = logits.dims()[1];
-            logits.slice([0..n, 0..vocab])
-        } else {
-            logits
-        };
+        let logits = self.decode_pass(
+            DecodeRows {
+                tokens,
+                positions,
+                write_slots,
+                lens,
+                tables,
+            },
+            blocks,
+            n,
+        );
         for &id in &ids {
             self.seqs[id].cached += 1;
         }
@@ -606,5 +706,42 @@ impl<B: KernelOps, M: PagedModel<B>> Engine<'_, B, M> {
         }
         self.running = still;
         Ok(())
+    }
+
+    /// The forward pass of a decode step over `rows` (padded to their row bucket), each
+    /// attending `blocks` blocks; the logits of the first `n` rows (the real ones).
+    fn decode_pass(&mut self, rows: DecodeRows, blocks: usize, n: usize) -> Tensor<B, 2> {
+        let count = rows.tokens.len();
+        let read = PagedRead::new(
+            &rows.tables,
+            blocks,
+            self.engine.block_size,
+            &rows.lens,
+            self.device,
+        );
+        let pass = PagedPass {
+            write_slots: rows.write_slots,
+            write_rows: None,
+            read: Some(read),
+            prefix: None,
+        };
+        let batch = ForwardBatch {
+            input_ids: Tensor::<B, 2, Int>::from_data(
+                TensorData::new(rows.tokens, [count, 1]),
+                self.device,
+            ),
+            position_ids: Tensor::<B, 2, Int>::from_data(
+                TensorData::new(rows.positions, [count, 1]),
+                self.device,
+            ),
+            key_mask: None,
+        };
+        let logits = self.model.forward_paged(&batch, &mut self.kv, &pass);
+        if count > n {
+            let vocab = logits.dims()[1];
+            logits.slice([0..n, 0..vocab])
+        } else {
+            logits
+        }
     }
 }

@@ -29,7 +29,9 @@ mod error;
 mod reference;
 
 pub use device_sampling::sample_on_device;
-pub use engine::{generate, rollout, EngineConfig, Rollout, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_ROWS};
+pub use engine::{
+    generate, rollout, walk_shapes, EngineConfig, Rollout, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_ROWS,
+};
 pub use error::{ContractError, Result};
 pub use reference::generate_static;
 // The model side of the engine lives in `conrub_contracts`; re-exported so the engine's callers

@@ -1,8 +1,13 @@
 //! Kernel warm-up (not the `[warmup]` supervised steps): before a run's first step on a CubeCL
 //! backend, the run's first supervised steps (when it has `[warmup]`: two, so AdamW's step with
 //! moments runs too) and one GRPO step, exactly as the run will take them (same learner
-//! settings, learning rates and tie mode), on the run's first prompts; then the weights are put
-//! back from a host copy taken before (f32, exact). A data-parallel run's GRPO step runs on its
+//! settings, learning rates and tie mode), on the run's first prompts; then a walk through the
+//! shapes later steps can meet that this one did not (`Learner::walk_shapes`: every class of
+//! micro-batch, whole-step response width, prefill, decode step and sampling the run's prompts,
+//! limits and budgets allow, on made-up tokens, gradients dropped; only on a backend that
+//! compiles kernels); then the weights are put
+//! back from a host copy taken before (f32, exact). What the walk leaves (GRPO+DPO pair passes,
+//! repetition-penalty lists, KV swaps, validation) is said in its line's `left`. A data-parallel run's GRPO step runs on its
 //! own group (every rank, its collective and its sharding), since a replica of a sharded run's
 //! training state may not fit one device. Every kernel and autotune key of those steps
 //! is compiled, tuned and kept in the kernel cache while a counter shows progress, instead of
@@ -65,6 +70,7 @@ where
         let line = KernelWarmupLine {
             resumed: self.resume.is_some(),
             ran,
+            left: self.left_unwalked(),
             secs: started.elapsed().as_secs_f64(),
             kernels: before
                 .zip(conrub_kernels::events::snapshot())
@@ -75,6 +81,12 @@ where
             "kernel warm-up: {} in {:.1} s: {} kernels compiled, {} loaded from the cache, {} autotune runs",
             line.ran, line.secs, e.kernel_compiles, e.kernel_cache_loads, e.autotune_runs
         );
+        if !line.left.is_empty() {
+            tracing::info!(
+                "kernel warm-up: not walked (compiled when a step first meets them): {}",
+                line.left.join("; ")
+            );
+        }
         self.kernel_warmup = Some(line);
         Ok(self)
     }
@@ -122,6 +134,10 @@ where
             // The one step's rate does not matter (the weights are restored), only its shapes.
             group.set_training_steps(1)?;
             self.runtime.block_on(group.step(&batch))?;
+            if B::compiles_kernels() {
+                let walked = group.walk_shapes(&self.prompt_lens()?, cfg.run.prompts_per_step)?;
+                ran.push(walk_words(walked));
+            }
             // Rank 0's policy as the structure the caller loads the saved weights into (a
             // `full` rank's placeholders included: loading replaces every parameter).
             let lead = group.learners()[0].policy().clone();
@@ -133,19 +149,59 @@ where
                 .build()?;
             learner.set_training_steps(1)?;
             self.runtime.block_on(learner.step(&batch))?;
+            if B::compiles_kernels() {
+                let walked = learner.walk_shapes(&self.prompt_lens()?, cfg.run.prompts_per_step)?;
+                ran.push(walk_words(walked));
+            }
             learner.into_policy()
         };
         let ranks = match self.devices.len() {
             1 => String::new(),
             n => format!(" on {n} ranks"),
         };
-        ran.push(format!(
-            "1 GRPO step of {} prompts x {} responses{ranks}",
-            batch.len(),
-            cfg.learner.group_size
-        ));
+        ran.insert(
+            ran.len() - usize::from(B::compiles_kernels()),
+            format!(
+                "1 GRPO step of {} prompts x {} responses{ranks}",
+                batch.len(),
+                cfg.learner.group_size
+            ),
+        );
         Ok((model, ran.join(", ")))
     }
+
+    /// The token length of every prompt of the task (what the walk's shapes come from).
+    fn prompt_lens(&self) -> Result<Vec<usize>> {
+        let mut lens = Vec::with_capacity(self.task.len());
+        for t in &self.task {
+            lens.push(self.codec.encode_prompt(t.messages())?.len().max(1));
+        }
+        Ok(lens)
+    }
+
+    /// What the warm-up leaves for the run to compile when it meets it, in words.
+    fn left_unwalked(&self) -> Vec<String> {
+        let cfg = &self.cfg;
+        let mut left = Vec::new();
+        if cfg.learner.tie_mode == conrub_grpo::TieMode::GrpoDpo {
+            left.push("GRPO+DPO pair passes of other pair counts".into());
+        }
+        if cfg.learner.sampling.repetition_penalty != 1.0 {
+            left.push("repetition-penalty id lists of other lengths".into());
+        }
+        if cfg.rollout.kv_cache_gb.is_some() || self.kv_pool_blocks.is_some() {
+            left.push("KV swaps of preempted sequences".into());
+        }
+        if self.validator.is_some() {
+            left.push("validation's generations".into());
+        }
+        left
+    }
+}
+
+/// The walk's counts in words.
+fn walk_words((micro, engine): (usize, usize)) -> String {
+    format!("{micro} micro-batches of the learner's other shapes and {engine} engine passes")
 }
 
 /// A set-up error of the warm-up.

@@ -1651,3 +1651,61 @@ async fn the_config_chooses_a_registered_estimator_by_name() {
         "{e}"
     );
 }
+
+/// The kernel warm-up's walk (`Learner::walk_shapes`, `DataParallel::walk_shapes`) makes
+/// passes through the learner and its engine at every class of shape and leaves no trace: the
+/// steps after it equal, bit for bit, those of a twin that did not walk, on one device and on 3
+/// ranks sharding everything (whose passes are collectives the ranks make together).
+#[tokio::test]
+async fn the_shape_walk_leaves_no_trace() {
+    let recs = five_records();
+    let refs: Vec<&RubricRecord> = recs.iter().collect();
+    let cfg = dp_config();
+    let lens = [3, 5, 9];
+    // A step's metrics without its timing fields.
+    fn strip(v: &mut serde_json::Value) {
+        if let Some(o) = v.as_object_mut() {
+            o.retain(|k, _| !k.contains("secs") && !k.ends_with("_ms") && !k.contains("per_sec"));
+            o.values_mut().for_each(strip);
+        }
+    }
+    let metrics = |o: &conrub_grpo::StepOutput| {
+        let mut v = serde_json::to_value(&o.metrics).unwrap();
+        strip(&mut v);
+        v
+    };
+    let (mut walked, mut plain) = (
+        dp_builder(&cfg, &Default::default(), true).build().unwrap(),
+        dp_builder(&cfg, &Default::default(), true).build().unwrap(),
+    );
+    let (a, b) = (
+        walked.step(&refs).await.unwrap(),
+        plain.step(&refs).await.unwrap(),
+    );
+    assert_eq!(metrics(&a), metrics(&b));
+    let (micro, engine) = walked.walk_shapes(&lens, refs.len()).unwrap();
+    assert!(
+        micro >= 5 && engine >= 5,
+        "{micro} micro-batches, {engine} engine passes"
+    );
+    let (a, b) = (
+        walked.step(&refs).await.unwrap(),
+        plain.step(&refs).await.unwrap(),
+    );
+    assert_eq!(metrics(&a), metrics(&b));
+    assert_eq!(weights(walked.policy()), weights(plain.policy()));
+
+    let mut walked = sharded_group(&cfg, 3, true, Sharding::Full);
+    let mut plain = sharded_group(&cfg, 3, true, Sharding::Full);
+    let (m, e) = walked.walk_shapes(&lens, refs.len()).unwrap();
+    // A rank's steps hold 2 of the 5 groups: fewer whole-step rows, the same engine calls.
+    assert!(
+        m >= 5 && e == engine,
+        "{m} micro-batches, {e} engine passes"
+    );
+    let (a, b) = (
+        walked.step(&refs).await.unwrap(),
+        plain.step(&refs).await.unwrap(),
+    );
+    assert_eq!(metrics(&a), metrics(&b));
+}

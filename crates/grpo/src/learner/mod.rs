@@ -51,6 +51,7 @@ mod reward;
 mod rollout;
 mod train_batch;
 mod update;
+mod warm;
 
 pub use builder::LearnerBuilder;
 use dynamic::*;
@@ -449,7 +450,7 @@ where
     /// The policy's whole weights without autodiff, for the step's rollouts and old
     /// log-probabilities: its own, or on a `full` rank all-gathered from every rank (each rank
     /// gathers at the start of every step) and dropped once the train batch is built.
-    fn whole_inner(&self) -> Result<(P::InnerModule, CommStats)> {
+    pub(super) fn whole_inner(&self) -> Result<(P::InnerModule, CommStats)> {
         let slot = self.rank.as_ref();
         let Some((slot, layout)) = slot.and_then(|s| s.parameters_sharded().map(|l| (s, l))) else {
             return Ok((self.policy.valid(), CommStats::default()));

@@ -81,7 +81,7 @@ where
     ) -> Result<(GlobalRows, BatchLogprobs<B>)> {
         let rows = self.global_rows(rollout, shard)?;
         self.rollout.release()?;
-        let logprobs = self.batch_logprobs(inner, rollout, &rows);
+        let logprobs = self.batch_logprobs(inner, rollout, &rows, None);
         Ok((rows, logprobs))
     }
 
@@ -99,18 +99,21 @@ where
     }
 
     /// The tokens of the step's rows on the device and their old (and reference) log-probs,
-    /// computed micro-batch by micro-batch and kept there.
+    /// computed micro-batch by micro-batch and kept there; the layout's widths are the
+    /// buckets of the longest rows, or at least `widths` (the kernel warm-up's walk).
     pub(super) fn batch_logprobs(
         &self,
         inner: &P::InnerModule,
         rollout: &RolloutBatch,
         rows: &GlobalRows,
+        widths: Option<(usize, usize)>,
     ) -> BatchLogprobs<B> {
         let n = rollout.rows();
-        let tokens = TokenBatch::<B>::bucketed(
-            (0..n).map(|r| (rollout.prompt(r), rollout.responses[r].as_slice())),
-            &self.device,
-        );
+        let pairs = (0..n).map(|r| (rollout.prompt(r), rollout.responses[r].as_slice()));
+        let tokens = match widths {
+            Some(w) => TokenBatch::<B>::padded_to(pairs, w, &self.device),
+            None => TokenBatch::<B>::bucketed(pairs, &self.device),
+        };
         let seq_lens: Vec<usize> = (0..n)
             .map(|r| rollout.prompt(r).len() + rollout.responses[r].len())
             .collect();

@@ -149,7 +149,7 @@ where
     /// In the last PPO epoch, returns the micro-batch's numbers, kept on the device: weighted
     /// loss, clip_low x tokens, clip_high x tokens, kl x tokens, entropy sum, and whether the
     /// policy gave entropies.
-    fn micro_batch_pass(
+    pub(super) fn micro_batch_pass(
         &self,
         mb: &TrainBatch<B>,
         weight: f64,
