@@ -76,15 +76,19 @@ pub struct MicroShape {
     pub step_responses: usize,
 }
 
-/// The divisibilities by 2 (up to 16) that a slice `width` columns wide can have when cut from a
-/// layout of one of `parents`' widths (what a strided view's vector width depends on), each with
-/// a parent width that gives it.
-fn slice_strides(width: usize, parents: &[usize]) -> Vec<(u32, usize)> {
-    let mut out: Vec<(u32, usize)> = Vec::new();
+/// The kinds of slice `width` columns wide cut from a layout of one of `parents`' widths: the
+/// divisibility by 2 (up to 16) it keeps of the parent's stride (what a strided view's vector
+/// width depends on) and whether it is a strided view at all (a narrower slice than its
+/// parent), each with a parent width that gives it.
+fn slice_strides(width: usize, parents: &[usize]) -> Vec<((u32, bool), usize)> {
+    let mut out: Vec<((u32, bool), usize)> = Vec::new();
     for &p in parents.iter().filter(|&&p| p >= width) {
-        let t = width.trailing_zeros().min(p.trailing_zeros()).min(4);
-        if !out.iter().any(|o| o.0 == t) {
-            out.push((t, p));
+        let kind = (
+            width.trailing_zeros().min(p.trailing_zeros()).min(4),
+            p > width,
+        );
+        if !out.iter().any(|o| o.0 == kind) {
+            out.push((kind, p));
         }
     }
     out
@@ -178,9 +182,10 @@ impl ShapeBounds {
     }
 }
 
-/// The rollout engine's shapes a run can reach: prefills of each prompt length, decode
-/// steps of each row bucket with each count of attended blocks, and samplings of each row count
-/// (one per class of its dimensions, [`dim_class`]).
+/// The rollout engine's shapes a run can reach: prefills of each prompt length, copies of a
+/// prompt's partly filled last block, decode steps of each row bucket with each count of
+/// attended blocks, and samplings of each row count (one per class of its dimensions,
+/// [`dim_class`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineShapes {
     /// Prompt lengths to prefill (each pads to its bucket).
@@ -189,6 +194,9 @@ pub struct EngineShapes {
     pub decodes: Vec<(usize, usize)>,
     /// Rows a sampling call takes.
     pub samplings: Vec<usize>,
+    /// Positions a copy of a shared, partly filled last block holds (a prompt's length modulo
+    /// the block size: what the first write after the prompt copies).
+    pub block_copies: Vec<usize>,
 }
 
 impl EngineShapes {
@@ -226,10 +234,18 @@ impl EngineShapes {
                 decodes.insert((dim_class(r), dim_class(a), dim_class(r * a)), (r, a));
             }
         }
+        let mut block_copies = std::collections::BTreeMap::new();
+        for &l in prompt_lens {
+            let part = l % block_size.max(1);
+            if part > 0 {
+                block_copies.insert(dim_class(part), part);
+            }
+        }
         Self {
             prefills: prefills.into_values().collect(),
             decodes: decodes.into_values().collect(),
             samplings: samplings.into_values().collect(),
+            block_copies: block_copies.into_values().collect(),
         }
     }
 }

@@ -280,7 +280,7 @@ pub fn generate<B: KernelOps, M: PagedModel<B>>(
 }
 
 /// The kernel warm-up's walk through the engine's shapes ([`EngineShapes`]): each prefill
-/// length, each
+/// length, each copy of a partly filled block, each
 /// decode step's rows and attended blocks, each sampling's rows (from a prompt's logits, as a
 /// first token is, and from a decode step's); on a pool of its own whose blocks every row shares
 /// (the values computed are thrown away). Returns the passes made.
@@ -326,6 +326,10 @@ pub fn walk_shapes<B: KernelOps, M: PagedModel<B>>(
         let logits = e.prefill(&vec![0; len.max(1)], &table[..blocks_for(len.max(1), bs)]);
         let v = logits.dims()[1];
         first = Some(logits.reshape([v]));
+        passes += 1;
+    }
+    for &n in &shapes.block_copies {
+        e.kv.copy_block(0, e.scratch, n);
         passes += 1;
     }
     let greedy = cfg.decoding.is_greedy();

@@ -116,6 +116,8 @@ where
             .take(cfg.run.prompts_per_step)
             .map(|&i| &self.task[i])
             .collect();
+        // The most groups a step holds (a task smaller than a step gives all it has).
+        let groups = batch.len();
         let model = if self.devices.len() > 1 {
             // The run's own group (its ranks, collective and sharding): a replica of the
             // training state may not fit one device when the run shards it.
@@ -135,7 +137,7 @@ where
             group.set_training_steps(1)?;
             self.runtime.block_on(group.step(&batch))?;
             if B::compiles_kernels() {
-                let walked = group.walk_shapes(&self.prompt_lens()?, cfg.run.prompts_per_step)?;
+                let walked = group.walk_shapes(&self.prompt_lens()?, groups)?;
                 ran.push(walk_words(walked));
             }
             // Rank 0's policy as the structure the caller loads the saved weights into (a
@@ -150,7 +152,7 @@ where
             learner.set_training_steps(1)?;
             self.runtime.block_on(learner.step(&batch))?;
             if B::compiles_kernels() {
-                let walked = learner.walk_shapes(&self.prompt_lens()?, cfg.run.prompts_per_step)?;
+                let walked = learner.walk_shapes(&self.prompt_lens()?, groups)?;
                 ran.push(walk_words(walked));
             }
             learner.into_policy()
@@ -183,6 +185,9 @@ where
     fn left_unwalked(&self) -> Vec<String> {
         let cfg = &self.cfg;
         let mut left = Vec::new();
+        if !B::compiles_kernels() {
+            return left;
+        }
         if cfg.learner.tie_mode == conrub_grpo::TieMode::GrpoDpo {
             left.push("GRPO+DPO pair passes of other pair counts".into());
         }

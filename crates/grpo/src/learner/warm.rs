@@ -1,11 +1,12 @@
 //! The kernel warm-up's walk through the learner's shapes: after one real step has compiled
 //! the step's kernels at its own widths, the stages after the rollout (old and reference
 //! log-probs, the train batch, the log-prob gap, each micro-batch's backward pass) run again on
-//! made-up rows at every micro-batch shape a run can cut ([`ShapeBounds::micro_batches`]) and
-//! every response width a whole step can take. The gradients are dropped: no optimizer step,
-//! no weight changes.
+//! made-up rows at every micro-batch shape a run can cut ([`ShapeBounds::micro_batches`];
+//! with a truncated response masked too under `mask_truncated`) and every response width and
+//! row count a whole step can take. The gradients are dropped: no optimizer step, no weight
+//! changes.
 
-use conrub_contracts::{Generation, MicroShape, ShapeBounds};
+use conrub_contracts::{dim_class, Generation, MicroShape, ShapeBounds};
 
 use super::*;
 use crate::advantages::TieStatus;
@@ -31,19 +32,36 @@ where
             prompt_tokens: (shortest, longest),
             max_response_tokens: self.cfg.max_response_tokens,
         };
-        let (inner, _) = self.whole_inner()?;
+        // With `mask_truncated`, a micro-batch holding a truncated response masks it: both kinds.
+        let truncated: &[bool] = if self.cfg.objective.mask_truncated {
+            &[false, true]
+        } else {
+            &[false]
+        };
         let mut micro = 0;
         for shape in bounds.micro_batches() {
             let rows = vec![rows_of(shape, shortest); shape.rows];
             let layout = (shape.step_width, shape.step_responses);
-            micro += self.walk_rows(&inner, &rows, Some(layout))?;
+            for &cut in truncated {
+                micro += self.walk_rows(&rows, Some(layout), cut)?;
+            }
         }
-        // A whole step's widths: one row of each response width class, the others short.
+        // A whole step's widths: one row of each response width class, the others short, for
+        // each class of row count a step can hold (an epoch's last step, dynamic sampling's
+        // kept groups, a data-parallel rank's share).
+        let k = self.cfg.group_size.max(1);
+        let mut counts = std::collections::BTreeMap::new();
+        for g in 1..=groups.max(1) {
+            counts.insert(dim_class(g * k), g * k);
+        }
         for width in bounds.step_response_widths() {
-            let mut rows = vec![(shortest, 1); (groups * self.cfg.group_size).max(1)];
-            rows[0] = (shortest, width.min(self.cfg.max_response_tokens).max(1));
-            micro += self.walk_rows(&inner, &rows, None)?;
+            for &n in counts.values() {
+                let mut rows = vec![(shortest, 1); n];
+                rows[0] = (shortest, width.min(self.cfg.max_response_tokens).max(1));
+                micro += self.walk_rows(&rows, None, false)?;
+            }
         }
+        let (inner, _) = self.whole_inner()?;
         let sampling = SamplingConfig::from_learner(&self.cfg, 0, &self.stop_ids);
         let walk = conrub_contracts::ShapeWalk {
             prompt_lens,
@@ -60,9 +78,9 @@ where
     /// micro-batches passed.
     fn walk_rows(
         &self,
-        inner: &P::InnerModule,
         rows: &[(usize, usize)],
         layout: Option<(usize, usize)>,
+        truncated: bool,
     ) -> Result<usize> {
         let k = self.cfg.group_size.max(1);
         let prompts: Vec<Vec<u32>> = rows
@@ -70,11 +88,15 @@ where
             .map(|g| vec![0u32; g.iter().map(|r| r.0).max().unwrap_or(1)])
             .collect();
         let mut rollout = RolloutBatch::new(k, prompts);
-        for &(_, r) in rows {
+        for (i, &(_, r)) in rows.iter().enumerate() {
             rollout.push(Generation {
                 tokens: vec![0; r],
                 logprobs: vec![0.0; r],
-                finish_reason: FinishReason::Stop,
+                finish_reason: if truncated && i == 0 {
+                    FinishReason::Length
+                } else {
+                    FinishReason::Stop
+                },
             });
         }
         let outcomes: Vec<GroupOutcome> = rows
@@ -90,10 +112,19 @@ where
             seq_lens: (0..n)
                 .map(|r| rollout.prompt(r).len() + rollout.responses[r].len())
                 .collect(),
-            lens: rollout.responses.iter().map(Vec::len).collect(),
+            lens: rollout
+                .responses
+                .iter()
+                .zip(self.loss_rows(&rollout))
+                .map(|(r, kept)| if kept { r.len() } else { 0 })
+                .collect(),
             first: 0,
         };
-        let logprobs = self.batch_logprobs(inner, &rollout, &global, layout);
+        // Gathered for the forward passes and dropped before the backward ones, as a step does
+        // (a `full` rank would otherwise hold a whole copy of the weights through them).
+        let (inner, _) = self.whole_inner()?;
+        let logprobs = self.batch_logprobs(&inner, &rollout, &global, layout);
+        drop(inner);
         let _ = self.sequence_kl(&logprobs);
         let batch = self.train_batch(&rollout, &outcomes, logprobs);
         let _ = LogprobGap::of(&batch, &rollout);
