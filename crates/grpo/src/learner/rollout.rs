@@ -110,24 +110,14 @@ where
     /// The sequence and response lengths of the whole step's rows and where this learner's rows
     /// start among them (gathered from every rank when data-parallel).
     pub(super) fn global_rows(&self, rollout: &RolloutBatch, shard: Shard) -> Result<GlobalRows> {
-        let n = rollout.rows();
-        let seq: Vec<usize> = (0..n)
-            .map(|r| rollout.prompt(r).len() + rollout.responses[r].len())
-            .collect();
-        // The tokens each row adds to the loss (a masked truncated response none).
-        let response: Vec<usize> = rollout
-            .responses
-            .iter()
-            .zip(self.loss_rows(rollout))
-            .map(|(r, kept)| if kept { r.len() } else { 0 })
-            .collect();
         let Some(slot) = &self.rank else {
-            return Ok(GlobalRows {
-                seq_lens: seq,
-                lens: response,
-                first: 0,
-            });
+            return Ok(self.local_rows(rollout));
         };
+        let GlobalRows {
+            seq_lens: seq,
+            lens: response,
+            ..
+        } = self.local_rows(rollout);
         let mine: Vec<f64> = seq.iter().chain(&response).map(|&l| l as f64).collect();
         let gathered = slot.collective.all_gather(slot.rank, mine)?;
         let first = gathered[..slot.rank].iter().map(|v| v.len() / 2).sum();
@@ -151,6 +141,23 @@ where
             lens,
             first,
         })
+    }
+
+    /// This learner's rows alone: their sequence lengths and the tokens each adds to the loss
+    /// (a masked truncated response none).
+    pub(super) fn local_rows(&self, rollout: &RolloutBatch) -> GlobalRows {
+        GlobalRows {
+            seq_lens: (0..rollout.rows())
+                .map(|r| rollout.prompt(r).len() + rollout.responses[r].len())
+                .collect(),
+            lens: rollout
+                .responses
+                .iter()
+                .zip(self.loss_rows(rollout))
+                .map(|(r, kept)| if kept { r.len() } else { 0 })
+                .collect(),
+            first: 0,
+        }
     }
 
     /// Stage 1: `group_size` responses per record, sampled on the inner backend.

@@ -108,18 +108,7 @@ where
             })
             .collect();
         let n = rollout.rows();
-        let global = GlobalRows {
-            seq_lens: (0..n)
-                .map(|r| rollout.prompt(r).len() + rollout.responses[r].len())
-                .collect(),
-            lens: rollout
-                .responses
-                .iter()
-                .zip(self.loss_rows(&rollout))
-                .map(|(r, kept)| if kept { r.len() } else { 0 })
-                .collect(),
-            first: 0,
-        };
+        let global = self.local_rows(&rollout);
         // Gathered for the forward passes and dropped before the backward ones, as a step does
         // (a `full` rank would otherwise hold a whole copy of the weights through them).
         let (inner, _) = self.whole_inner()?;
