@@ -12,7 +12,7 @@
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
 
-use crate::paged_attention::fallback_paged_decode;
+use crate::attention::fallback_paged_decode;
 use crate::reference::seeded_uniform;
 use crate::sampling_bench::median;
 use crate::{AttentionKernels, AttentionLayout, KernelOps, PagedLayout};

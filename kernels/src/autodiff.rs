@@ -10,9 +10,9 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
+use crate::prim::float;
 use crate::{
-    float, AttentionKernels, AttentionLayout, AttentionOps, Clip, DecodeOps, LossOps, PagedLayout,
-    Reduce,
+    AttentionKernels, AttentionLayout, AttentionOps, Clip, DecodeOps, LossOps, PagedLayout, Reduce,
 };
 
 #[derive(Debug)]
@@ -220,7 +220,7 @@ impl<B: LossOps, C: CheckpointStrategy> LossOps for Autodiff<B, C> {
         // so both read the same logits: the CPU host head computes f32 logits from bf16 inputs,
         // the driver's product may round them to bf16, and probabilities from one with the
         // log-sum-exp of the other would be off by percents.
-        let [lp, ent, lse] = crate::fallback::token_logprobs::<B>(
+        let [lp, ent, lse] = crate::loss::token_logprobs::<B>(
             hidden.primitive.clone(),
             weight.primitive.clone(),
             targets.clone(),

@@ -27,8 +27,8 @@ impl crate::LossOps for burn::backend::Flex {
         hidden: burn::tensor::ops::FloatTensor<Self>,
         weight: burn::tensor::ops::FloatTensor<Self>,
     ) -> burn::tensor::ops::FloatTensor<Self> {
-        let h = crate::float::<Self, 2>(hidden);
-        let w = crate::float::<Self, 2>(weight);
+        let h = crate::prim::float::<Self, 2>(hidden);
+        let w = crate::prim::float::<Self, 2>(weight);
         h.matmul(w.transpose()).into_primitive().tensor()
     }
 

@@ -2,7 +2,7 @@
 //! `hidden · weightᵀ`, and the backward of `sum_t grad[t] · log p(target_t)`, computed one
 //! vocabulary tile at a time so that no `[tokens, vocab]` buffer ever exists.
 //!
-//! What the CPU backends run instead of [`crate::fallback`]'s chain of whole-chunk tensor ops
+//! What the CPU backends run instead of [`crate::loss`]'s chain of whole-chunk tensor ops
 //! (each of which allocated, faulted in and freed a `[chunk, vocab]` buffer):
 //! - the vocabulary is split into one contiguous range per core; each core walks its range in
 //!   tiles of a few hundred rows of the head, so a tile of the head, a block of hidden states and

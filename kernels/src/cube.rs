@@ -11,6 +11,8 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use cubecl::ir::HardwareProperties;
 use cubecl::prelude::*;
 
+use crate::cube_prologue::{row_start, RowStart};
+
 use crate::{AttentionKernels, AttentionLayout, AttentionOps, Clip, LossOps, PagedLayout, Reduce};
 
 /// Threads per cube of the row kernels (a power of two).
@@ -29,12 +31,14 @@ fn row_stats_kernel<F: Float, I: Numeric>(
     #[comptime] block: u32,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let row = CUBE_POS_X as usize;
-    let unit = UNIT_POS_X as usize;
     let step = block as usize;
-    let vocab = logits.shape(1);
-    let base = row * logits.stride(0);
-    let cs = logits.stride(1);
+    let RowStart {
+        row,
+        unit,
+        len: vocab,
+        base,
+        cs,
+    } = row_start(logits);
     let one = F::new(1.0);
     // The dtype's lowest finite value: -1e30 overflows f16 (CubeCL then prints `-inf`, which
     // NVRTC rejects; `conrub kernels-compile` found it).

@@ -44,6 +44,7 @@ use cubecl::ir::HardwareProperties;
 use cubecl::prelude::*;
 
 use crate::cube_flash::{empty, Dims};
+use crate::cube_prologue::{first_query, key_block, unit_query_row, KeyBlock, QueryRow};
 use crate::AttentionLayout;
 
 /// Units (rows) per cube, at most; fewer where the device allows fewer.
@@ -78,22 +79,19 @@ fn attention_forward_kernel<F: Float>(
 ) {
     let unit = UNIT_POS_X as usize;
     let steps = head_steps(q.shape(3), head_dim, unroll, runtime_steps);
-    let h = CUBE_POS_Y as usize;
-    let bi = CUBE_POS_Z as usize;
-    let t = q.shape(2);
-    let group = q.shape(1) / k.shape(1);
-    let hk = h / group;
-    let past = past as usize;
-    let i0 = CUBE_POS_X as usize * rows;
-    let i = i0 + unit;
-    let row_ok = i < t;
-    let mut last = i0 + rows;
-    if last > t {
-        last = t;
-    }
     // Keys any row of this cube sees end at `kend`; this unit's row sees keys below `my_end`.
-    let kend = past + last;
-    let my_end = past + i + 1;
+    let QueryRow {
+        h,
+        bi,
+        t,
+        hk,
+        past,
+        i,
+        row_ok,
+        kend,
+        my_end,
+        ..
+    } = unit_query_row(q, k, past, unit, rows);
 
     let qb = bi * q.stride(0) + h * q.stride(1) + i * q.stride(2);
     let qs = q.stride(3);
@@ -250,21 +248,18 @@ fn attention_dq_kernel<F: Float>(
 ) {
     let unit = UNIT_POS_X as usize;
     let steps = head_steps(q.shape(3), head_dim, unroll, runtime_steps);
-    let h = CUBE_POS_Y as usize;
-    let bi = CUBE_POS_Z as usize;
-    let t = q.shape(2);
-    let group = q.shape(1) / k.shape(1);
-    let hk = h / group;
-    let past = past as usize;
-    let i0 = CUBE_POS_X as usize * rows;
-    let i = i0 + unit;
-    let row_ok = i < t;
-    let mut last = i0 + rows;
-    if last > t {
-        last = t;
-    }
-    let kend = past + last;
-    let my_end = past + i + 1;
+    let QueryRow {
+        h,
+        bi,
+        t,
+        hk,
+        past,
+        i,
+        row_ok,
+        kend,
+        my_end,
+        ..
+    } = unit_query_row(q, k, past, unit, rows);
 
     let qb = bi * q.stride(0) + h * q.stride(1) + i * q.stride(2);
     let qs = q.stride(3);
@@ -404,13 +399,15 @@ fn attention_dkdv_kernel<F: Float>(
 ) {
     let unit = UNIT_POS_X as usize;
     let steps = head_steps(q.shape(3), head_dim, unroll, runtime_steps);
-    let hk = CUBE_POS_Y as usize;
-    let bi = CUBE_POS_Z as usize;
-    let t = q.shape(2);
-    let s = k.shape(2);
-    let group = q.shape(1) / k.shape(1);
-    let past = past as usize;
-    let j0 = CUBE_POS_X as usize * rows;
+    let KeyBlock {
+        hk,
+        bi,
+        t,
+        s,
+        group,
+        past,
+        j0,
+    } = key_block(q, k, past, rows);
     let j = j0 + unit;
     let mut key_ok = false;
     if j < s {
@@ -442,11 +439,7 @@ fn attention_dkdv_kernel<F: Float>(
         }
     }
 
-    // The first query row that sees key j0.
-    let mut i_start = 0usize;
-    if j0 > past {
-        i_start = j0 - past;
-    }
+    let i_start = first_query(j0, past);
 
     let mut qs = SharedMemory::<f32>::new(comptime!(tile * head_dim));
     let mut gs = SharedMemory::<f32>::new(comptime!(tile * head_dim));

@@ -53,6 +53,9 @@ use burn_cubecl::CubeRuntime;
 use cubecl::ir::{DeviceProperties, ElemType, FloatKind, MatrixIdent, MatrixLayout, StorageType};
 use cubecl::prelude::*;
 
+use crate::cube_prologue::{
+    first_query, key_block, warp_query_row, KeyBlock, QueryRow, WarpQueryRow,
+};
 use crate::{AttentionKernels, AttentionLayout};
 
 /// An uninitialised tensor on `like`'s device.
@@ -346,26 +349,27 @@ fn flash_forward_kernel<F: Float>(
     #[comptime] tensor_cores: bool,
     #[define(F)] _dtype: StorageType,
 ) {
-    let unit = UNIT_POS_X as usize;
-    let warp = unit / WARP;
-    let lane = unit % WARP;
-    let h = CUBE_POS_Y as usize;
-    let bi = CUBE_POS_Z as usize;
-    let t = q.shape(2);
-    let hk = h / (q.shape(1) / k.shape(1));
-    let past = past as usize;
-    let i0 = CUBE_POS_X as usize * rows;
-    let mut last = i0 + rows;
-    if last > t {
-        last = t;
-    }
-    let kend = past + last;
     // Lanes 0..16 of each warp own one row of the softmax.
-    let owner = lane < EDGE;
-    let r = warp * EDGE + lane;
-    let i = i0 + r;
-    let row_ok = owner && i < t;
-    let my_end = past + i + 1;
+    let WarpQueryRow {
+        unit,
+        warp,
+        lane,
+        owner,
+        r,
+        row,
+    } = warp_query_row(q, k, past, rows, WARP, EDGE);
+    let QueryRow {
+        h,
+        bi,
+        t,
+        hk,
+        past,
+        i0,
+        i,
+        row_ok,
+        kend,
+        my_end,
+    } = row;
 
     // F: Q (rows x d), K, V (tile x d), P (rows x tile).
     let q_at = 0usize;
@@ -509,25 +513,27 @@ fn flash_dq_kernel<F: Float>(
     #[comptime] tensor_cores: bool,
     #[define(F)] _dtype: StorageType,
 ) {
-    let unit = UNIT_POS_X as usize;
-    let warp = unit / WARP;
-    let lane = unit % WARP;
-    let h = CUBE_POS_Y as usize;
-    let bi = CUBE_POS_Z as usize;
-    let t = q.shape(2);
-    let hk = h / (q.shape(1) / k.shape(1));
-    let past = past as usize;
-    let i0 = CUBE_POS_X as usize * rows;
-    let mut last = i0 + rows;
-    if last > t {
-        last = t;
-    }
-    let kend = past + last;
-    let owner = lane < EDGE;
-    let r = warp * EDGE + lane;
-    let i = i0 + r;
-    let row_ok = owner && i < t;
-    let my_end = past + i + 1;
+    // Lanes 0..16 of each warp own one row of the softmax.
+    let WarpQueryRow {
+        unit,
+        warp,
+        lane,
+        owner,
+        r,
+        row,
+    } = warp_query_row(q, k, past, rows, WARP, EDGE);
+    let QueryRow {
+        h,
+        bi,
+        t,
+        hk,
+        past,
+        i0,
+        i,
+        row_ok,
+        kend,
+        my_end,
+    } = row;
 
     // F: Q, dO (rows x d), K, V (tile x d), dS (rows x tile).
     let q_at = 0usize;
@@ -684,13 +690,15 @@ fn flash_dkdv_kernel<F: Float>(
     let unit = UNIT_POS_X as usize;
     let warp = unit / WARP;
     let lane = unit % WARP;
-    let hk = CUBE_POS_Y as usize;
-    let bi = CUBE_POS_Z as usize;
-    let t = q.shape(2);
-    let s = k.shape(2);
-    let group = q.shape(1) / k.shape(1);
-    let past = past as usize;
-    let j0 = CUBE_POS_X as usize * rows;
+    let KeyBlock {
+        hk,
+        bi,
+        t,
+        s,
+        group,
+        past,
+        j0,
+    } = key_block(q, k, past, rows);
     let owner = lane < EDGE;
     let r = warp * EDGE + lane;
     let j = j0 + r;
@@ -725,11 +733,7 @@ fn flash_dkdv_kernel<F: Float>(
     if owner && j < s {
         key_ok = key_valid[bi * key_valid.stride(0) + j * key_valid.stride(1)] > f32::new(0.5);
     }
-    // The first query row that sees key j0.
-    let mut i_start = 0usize;
-    if j0 > past {
-        i_start = j0 - past;
-    }
+    let i_start = first_query(j0, past);
 
     let rows_at = warp * EDGE * head_dim;
     let prod_at = warp * EDGE * tile;

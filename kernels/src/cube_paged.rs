@@ -29,8 +29,8 @@ use burn_cubecl::CubeRuntime;
 use cubecl::ir::HardwareProperties;
 use cubecl::prelude::*;
 
+use crate::attention::PagedLayout;
 use crate::cube_attention::{to_dtype, unroll_factor, MAX_HEAD_DIM, MAX_SHARED_BYTES};
-use crate::paged_attention::PagedLayout;
 
 /// Units per cube, at most.
 const UNITS: usize = 64;

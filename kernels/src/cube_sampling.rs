@@ -27,6 +27,8 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
+use crate::cube_prologue::{row_start, RowStart};
+
 use crate::sampling::Decoding;
 
 /// See the module docs. `logits` `[rows, vocab]` in any float dtype, `uniforms` `[rows]` f32
@@ -44,12 +46,14 @@ fn sample_kernel<F: Float, I: Numeric>(
     #[comptime] greedy: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let row = CUBE_POS_X as usize;
-    let unit = UNIT_POS_X as usize;
     let step = block as usize;
-    let vocab = logits.shape(1);
-    let base = row * logits.stride(0);
-    let cs = logits.stride(1);
+    let RowStart {
+        row,
+        unit,
+        len: vocab,
+        base,
+        cs,
+    } = row_start(logits);
 
     // 1. Max and first argmax of the row.
     let mut m = f32::cast_from(F::min_value());
@@ -507,12 +511,14 @@ fn sample_restricted_kernel<F: Float, I: Numeric>(
     #[comptime] block: u32,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let row = CUBE_POS_X as usize;
-    let unit = UNIT_POS_X as usize;
     let step = block as usize;
-    let vocab = logits.shape(1);
-    let base = row * logits.stride(0);
-    let cs = logits.stride(1);
+    let RowStart {
+        row,
+        unit,
+        len: vocab,
+        base,
+        cs,
+    } = row_start(logits);
     let mut hist = SharedMemory::<f32>::new(CANDIDATES * step);
     let mut red = SharedMemory::<f32>::new(step);
     let mut res = SharedMemory::<u32>::new(3usize);

@@ -9,7 +9,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata};
 
 use crate::cpu_head::{self, HeadShape};
-use crate::LossOps;
+use crate::loss::LossOps;
 
 /// The environment variable that switches the CPU backends back to the chunked fallback
 /// (`CONRUB_HOST_HEAD=fallback`): for benchmarks that time both in one run, and for diagnosis.
@@ -89,7 +89,7 @@ pub(crate) fn token_logprobs<B: HostF32 + LossOps>(
     if host_head_enabled() {
         forward::<B>(hidden, weight, targets)
     } else {
-        crate::fallback::token_logprobs::<B>(hidden, weight, targets, chunk_tokens)
+        crate::loss::token_logprobs::<B>(hidden, weight, targets, chunk_tokens)
     }
 }
 
@@ -109,7 +109,7 @@ pub(crate) fn token_logprobs_backward<B: HostF32 + LossOps>(
     if host_head_enabled() {
         backward::<B>(hidden, weight, targets, lse, grad, want)
     } else {
-        crate::fallback::token_logprobs_backward::<B>(
+        crate::loss::token_logprobs_backward::<B>(
             hidden,
             weight,
             targets,

@@ -9,13 +9,13 @@
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
 
-use crate::DecodeOps;
+use burn::tensor::backend::Backend;
 
-fn float<B: DecodeOps>(t: FloatTensor<B>) -> Tensor<B, 2> {
+fn float<B: Backend>(t: FloatTensor<B>) -> Tensor<B, 2> {
     Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(t))
 }
 
-fn prim<B: DecodeOps>(t: Tensor<B, 2>) -> FloatTensor<B> {
+fn prim<B: Backend>(t: Tensor<B, 2>) -> FloatTensor<B> {
     t.into_primitive().tensor()
 }
 
@@ -32,7 +32,7 @@ pub fn runs(slots: &[u32]) -> Vec<(usize, usize, usize)> {
 }
 
 /// One `scatter_nd` of every row.
-pub fn write_by_scatter<B: DecodeOps>(
+pub fn write_by_scatter<B: Backend>(
     pool: FloatTensor<B>,
     slots: &[u32],
     values: FloatTensor<B>,
@@ -50,7 +50,7 @@ pub fn write_by_scatter<B: DecodeOps>(
 }
 
 /// One `slice_assign` per run of consecutive slots.
-pub fn write_by_runs<B: DecodeOps>(
+pub fn write_by_runs<B: Backend>(
     pool: FloatTensor<B>,
     slots: &[u32],
     values: FloatTensor<B>,

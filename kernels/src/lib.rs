@@ -15,13 +15,14 @@
 //! [`KernelOps`] is all three. Each family is implemented for burn's CubeCL backends with kernels
 //! (one source for CUDA and wgpu; feature `cube`), for burn's fusion wrapper (the kernels run as
 //! custom fusion operations), for the CPU backends (the fused host head, [`cpu_head`], for
-//! log-probs) and libtorch through a fallback made of primitive tensor ops ([`fallback`]), and for
+//! log-probs) and libtorch through a fallback made of primitive tensor ops (each family's file:
+//! [`loss`], `attention.rs`, [`kv`], [`sampling`]), and for
 //! `Autodiff<B>` with hand-written backwards. [`reference`] holds the textbook formulas used as
 //! the independent check in tests and as the naive baseline in benchmarks. kernels/README.md says
 //! which files to touch to add an op. With feature `cuda`, [`NcclOps`] sums tensors across the
 //! CUDA devices of one process (the data-parallel gradient all-reduce).
 
-mod attention;
+pub mod attention;
 mod autodiff;
 mod backends;
 #[cfg(any(feature = "flex", feature = "ndarray"))]
@@ -39,14 +40,16 @@ pub mod cube_flash;
 #[cfg(feature = "cube")]
 mod cube_paged;
 #[cfg(feature = "cube")]
+mod cube_prologue;
+#[cfg(feature = "cube")]
 mod cube_sampling;
 pub mod events;
-pub mod fallback;
 #[cfg(feature = "cube")]
 mod fusion;
 pub mod gradients;
 #[cfg(feature = "cube")]
 pub mod kernel_cache;
+pub mod loss;
 #[cfg(feature = "cuda")]
 mod nccl;
 #[cfg(feature = "cuda-compile")]
@@ -58,7 +61,7 @@ pub mod attention_bench;
 mod error;
 pub use error::KernelError;
 pub mod kv;
-pub mod paged_attention;
+mod prim;
 pub mod reference;
 pub mod sampling;
 #[cfg(feature = "checks")]
@@ -74,259 +77,19 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
+use prim::float;
+
 pub use attention::{
-    causal_attention, resolve_attention_kernels, AttentionKernelChoice, AttentionKernels,
-    AttentionLayout, ATTENTION_MASKED_LSE, TENSOR_CORE_KERNELS_VALIDATED,
+    causal_attention, paged_decode_attention, resolve_attention_kernels, AttentionKernelChoice,
+    AttentionKernels, AttentionLayout, AttentionOps, PagedLayout, ATTENTION_MASKED_LSE,
+    TENSOR_CORE_KERNELS_VALIDATED,
 };
 pub use conrub_settings::Clip;
-pub use paged_attention::{paged_decode_attention, PagedLayout};
-
-/// How per-token losses are reduced within each response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reduce {
-    /// Per response: the sum over its masked tokens divided by their count (at least 1).
-    MeanPerResponse,
-    /// Per response: the sum over its masked tokens.
-    SumPerResponse,
-}
+pub use loss::{LossOps, Reduce};
 
 /// Tokens per chunk of [`token_logprobs`] unless told otherwise: 512 x 151,936 f32 logits are
 /// 311 MB, against 2.5 GB for the whole matrix of 4,096 tokens.
 pub const DEFAULT_CHUNK_TOKENS: usize = 512;
-
-/// Log-probabilities of the targets and the clipped loss: the learner's hot spots. Every method
-/// has a portable default made of primitive tensor ops ([`fallback`]); CubeCL backends replace the
-/// per-row work with kernels (`cube.rs`, forwarded through `fusion.rs`), the CPU backends run the
-/// fused host head (`host_head.rs`, [`cpu_head`]), and `Autodiff<B>` makes
-/// [`LossOps::token_logprobs`] and [`LossOps::clipped_surrogate`] differentiable (`autodiff.rs`).
-pub trait LossOps: Backend {
-    /// A contiguous copy of a (transposed) view when the backend's matmul needs one: burn 0.21's
-    /// CubeCL matmul gives wrong results for some transposed-view operands (seen on wgpu with a
-    /// 16-row chunk against a 70,000-row head), so the CubeCL backends copy; the CPU backends
-    /// read views correctly and return the tensor as it is.
-    fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        tensor
-    }
-
-    /// Logits `[rows, vocab]` of hidden states `[rows, hidden]` against the head `[vocab, hidden]`.
-    fn chunk_logits(hidden: FloatTensor<Self>, weight: FloatTensor<Self>) -> FloatTensor<Self> {
-        fallback::chunk_logits::<Self>(hidden, weight)
-    }
-
-    /// Per row of `logits` `[rows, vocab]`: `[log p(target), entropy, log-sum-exp]`, each `[rows]`.
-    fn logits_row_stats(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-    ) -> [FloatTensor<Self>; 3] {
-        fallback::logits_row_stats::<Self>(logits, targets)
-    }
-
-    /// `d/dlogits sum_r grad[r] * log p(target_r)`: `grad[r] * (onehot(target_r) - softmax(logits_r))`.
-    fn logits_grad(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        lse: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        fallback::logits_grad::<Self>(logits, targets, lse, grad)
-    }
-
-    /// Forward of the clipped surrogate on `[responses, tokens]` inputs: `[loss, clip_low, clip_high]`,
-    /// each `[responses]` (the loss reduced per `reduce`; the clip counts are masked token counts).
-    fn surrogate_forward(
-        logp: FloatTensor<Self>,
-        logp_old: FloatTensor<Self>,
-        advantages: FloatTensor<Self>,
-        mask: FloatTensor<Self>,
-        clip: Clip,
-        reduce: Reduce,
-    ) -> [FloatTensor<Self>; 3] {
-        fallback::surrogate_forward::<Self>(logp, logp_old, advantages, mask, clip, reduce)
-    }
-
-    /// Gradient of `sum_b scale[b] * sum_t mask[b,t] * loss[b,t]` with respect to `logp`.
-    fn surrogate_backward(
-        logp: FloatTensor<Self>,
-        logp_old: FloatTensor<Self>,
-        advantages: FloatTensor<Self>,
-        mask: FloatTensor<Self>,
-        clip: Clip,
-        scale: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        fallback::surrogate_backward::<Self>(logp, logp_old, advantages, mask, clip, scale)
-    }
-
-    /// Chunked forward: `[log p(target), entropy, log-sum-exp]`, each `[tokens]`.
-    fn token_logprobs(
-        hidden: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        chunk_tokens: usize,
-    ) -> [FloatTensor<Self>; 3] {
-        fallback::token_logprobs::<Self>(hidden, weight, targets, chunk_tokens)
-    }
-
-    /// Chunked backward of `sum_t grad[t] * log p(target_t)`: `(d hidden, d weight)`, each computed
-    /// only when asked for.
-    #[allow(clippy::too_many_arguments)]
-    fn token_logprobs_backward(
-        hidden: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        lse: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        chunk_tokens: usize,
-        want: (bool, bool),
-    ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
-        fallback::token_logprobs_backward::<Self>(
-            hidden,
-            weight,
-            targets,
-            lse,
-            grad,
-            chunk_tokens,
-            want,
-        )
-    }
-
-    /// [`Self::token_logprobs`] whose entropy is differentiable too under autodiff (an entropy
-    /// bonus in the loss); elsewhere the same.
-    fn token_logprobs_with_entropy(
-        hidden: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        chunk_tokens: usize,
-    ) -> [FloatTensor<Self>; 3] {
-        Self::token_logprobs(hidden, weight, targets, chunk_tokens)
-    }
-
-    /// Chunked backward of `sum_t grad[t] * log p(target_t) + grad_entropy[t] * H_t` (`entropy`
-    /// the forward's `H` per token): `(d hidden, d weight)`. The portable driver
-    /// ([`fallback::token_logprobs_entropy_backward`]) with this backend's logits and log-prob
-    /// gradient hooks, the entropy's part as tensor ops.
-    #[allow(clippy::too_many_arguments)]
-    fn token_logprobs_entropy_backward(
-        hidden: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        lse: FloatTensor<Self>,
-        entropy: FloatTensor<Self>,
-        grads: (FloatTensor<Self>, FloatTensor<Self>),
-        chunk_tokens: usize,
-        want: (bool, bool),
-    ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
-        fallback::token_logprobs_entropy_backward::<Self>(
-            hidden,
-            weight,
-            targets,
-            lse,
-            entropy,
-            grads,
-            chunk_tokens,
-            want,
-        )
-    }
-
-    /// The clipped surrogate; under autodiff the loss is differentiable with respect to `logp`.
-    fn clipped_surrogate(
-        logp: FloatTensor<Self>,
-        logp_old: FloatTensor<Self>,
-        advantages: FloatTensor<Self>,
-        mask: FloatTensor<Self>,
-        clip: Clip,
-        reduce: Reduce,
-    ) -> [FloatTensor<Self>; 3] {
-        Self::surrogate_forward(logp, logp_old, advantages, mask, clip, reduce)
-    }
-}
-
-/// Causal attention (training and prefill) and paged decode attention (the rollout engine).
-/// Defaults in `attention.rs` and `paged_attention.rs`; kernels in `cube_attention.rs` and
-/// `cube_paged.rs`; the backward of [`AttentionOps::causal_attention`] in `autodiff.rs`.
-pub trait AttentionOps: Backend {
-    /// Forward of causal attention: `[out, lse]`. `q` is `[batch, heads, t, head_dim]`, `k` and `v`
-    /// are `[batch, kv_heads, s, head_dim]` (`heads` a multiple of `kv_heads`; query head `h` reads
-    /// key/value head `h / (heads / kv_heads)`), `key_valid` is `[batch, s]` f32 (1 = the key may
-    /// be attended, 0 = padding). Query row `i` sits at key position `layout.past + i` and sees the
-    /// valid keys `0..=past + i`. `out` has `q`'s shape and dtype; `lse` is `[batch, heads, t]` f32,
-    /// the natural log of the row's softmax denominator over the scaled scores. A row with no
-    /// visible key has `out = 0`, `lse = ATTENTION_MASKED_LSE` and gets and gives no gradient.
-    /// Inputs may be strided views. Scores, softmax and accumulation are f32 whatever the dtype.
-    fn attention_forward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        key_valid: FloatTensor<Self>,
-        layout: AttentionLayout,
-    ) -> [FloatTensor<Self>; 2] {
-        attention::fallback_forward::<Self>(q, k, v, key_valid, layout)
-    }
-
-    /// Backward of [`Self::attention_forward`]: `[dq, dk, dv]` (shapes and dtypes of `q`, `k`,
-    /// `v`) from the forward's inputs, its `out` and `lse`, and `d_out` (the shape of `out`).
-    #[allow(clippy::too_many_arguments)]
-    fn attention_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        key_valid: FloatTensor<Self>,
-        out: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_out: FloatTensor<Self>,
-        layout: AttentionLayout,
-    ) -> [FloatTensor<Self>; 3] {
-        attention::fallback_backward::<Self>(q, k, v, key_valid, out, lse, d_out, layout)
-    }
-
-    /// Decode attention of one query per row against its keys in a paged KV pool (see
-    /// [`paged_decode_attention`] for shapes): `[rows, heads, 1, head_dim]` in `q`'s dtype. The
-    /// default gathers each row's keys and runs [`Self::attention_forward`]; CubeCL backends
-    /// read the block table in place. Not differentiable.
-    fn paged_decode_attention(
-        q: FloatTensor<Self>,
-        k_pool: FloatTensor<Self>,
-        v_pool: FloatTensor<Self>,
-        tables: IntTensor<Self>,
-        lens: IntTensor<Self>,
-        layout: PagedLayout,
-    ) -> FloatTensor<Self> {
-        paged_attention::fallback_paged_decode::<Self>(q, k_pool, v_pool, tables, lens, layout)
-    }
-
-    /// Whether this backend on `device` runs `kernels`: `Err` names what is missing. The default
-    /// (CPU backends) has only [`AttentionKernels::Portable`]; CubeCL backends have the tiled
-    /// kernels everywhere and the tensor-core ones where the device has cooperative matrices.
-    fn check_attention_kernels(
-        device: &Self::Device,
-        kernels: AttentionKernels,
-    ) -> Result<(), KernelError> {
-        let _ = device;
-        match kernels {
-            AttentionKernels::Portable => Ok(()),
-            other => Err(KernelError::NoAttentionKernels {
-                kernels: other.name(),
-                reason: format!(
-                    "the {} backend has no `{}` attention kernels (they are CubeCL kernels: cuda or wgpu)",
-                    Self::name(device),
-                    other.name()
-                ),
-            }),
-        }
-    }
-
-    /// Causal attention's output; under autodiff it is differentiable with respect to `q`, `k`, `v`
-    /// (only `out` and `lse` are kept for the backward).
-    fn causal_attention(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        key_valid: FloatTensor<Self>,
-        layout: AttentionLayout,
-    ) -> FloatTensor<Self> {
-        let [out, _lse] = Self::attention_forward(q, k, v, key_valid, layout);
-        out
-    }
-}
 
 /// The rollout engine's per-step device work besides attention: KV-cache writes and sampling.
 /// Defaults in `kv.rs` and `sampling.rs`; the CPU backends write in place (`backends.rs`).
@@ -489,14 +252,6 @@ pub fn clipped_surrogate<B: LossOps>(
         clip_low: float(low),
         clip_high: float(high),
     }
-}
-
-pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
-
-pub(crate) fn int<B: Backend, const D: usize>(t: IntTensor<B>) -> Tensor<B, D, Int> {
-    Tensor::from_primitive(t)
 }
 
 /// `(bytes in use, bytes reserved)` by the CubeCL runtime's memory pools on `device`; the reserved

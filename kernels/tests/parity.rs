@@ -14,7 +14,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use conrub_kernels::reference::{
     naive_clipped_surrogate, naive_entropy, naive_token_logprobs, relative_error,
 };
-use conrub_kernels::{clipped_surrogate, fallback, token_logprobs, Clip, KernelOps, Reduce};
+use conrub_kernels::{clipped_surrogate, loss, token_logprobs, Clip, KernelOps, Reduce};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr_free::normal;
@@ -340,8 +340,7 @@ pub fn row_hooks_match_fallback<B: KernelOps>(device: &B::Device, vocab: usize, 
         vocab,
     );
     let got = B::logits_row_stats(prim(logits.clone()), targets.clone().into_primitive());
-    let fb =
-        fallback::logits_row_stats::<B>(prim(logits.clone()), targets.clone().into_primitive());
+    let fb = loss::logits_row_stats::<B>(prim(logits.clone()), targets.clone().into_primitive());
     for (i, (name, (a, b))) in ["log-probabilities", "entropy", "log-sum-exp"]
         .iter()
         .zip(got.into_iter().zip(fb))
@@ -358,16 +357,16 @@ pub fn row_hooks_match_fallback<B: KernelOps>(device: &B::Device, vocab: usize, 
             "fallback {name}: {e:.3e}"
         );
     }
-    let lse =
-        fallback::logits_row_stats::<B>(prim(logits.clone()), targets.clone().into_primitive())[2]
-            .clone();
+    let lse = loss::logits_row_stats::<B>(prim(logits.clone()), targets.clone().into_primitive())
+        [2]
+    .clone();
     let gl = B::logits_grad(
         prim(logits.clone()),
         targets.clone().into_primitive(),
         lse.clone(),
         g.clone().into_primitive().tensor(),
     );
-    let gl_ref = fallback::logits_grad::<B>(
+    let gl_ref = loss::logits_grad::<B>(
         prim(logits),
         targets.into_primitive(),
         lse,

@@ -374,7 +374,7 @@ fn paged_decode<B: KernelOps>(
     device: &B::Device,
     table: &mut Table,
 ) -> Result<()> {
-    use conrub_kernels::paged_attention::fallback_paged_decode;
+    use conrub_kernels::attention::fallback_paged_decode;
     use conrub_kernels::PagedLayout;
     let (rows, nh, nkv, d, bs) = (64usize, 32usize, 8usize, 128usize, 16usize);
     let lens: Vec<usize> = (0..rows).map(|r| 2048 - (r * 29) % 1500).collect();

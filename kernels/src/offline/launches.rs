@@ -6,7 +6,7 @@ use burn::tensor::DType;
 use cubecl::prelude::*;
 use cubecl::zspace::{Shape, Strides};
 
-use super::OfflineCuda;
+use super::runtime::OfflineCuda;
 use crate::cube_attention::{launch_dkdv, launch_dq, launch_forward};
 use crate::cube_flash::Dims;
 use crate::{cube, cube_flash, cube_paged, AttentionLayout, Clip, PagedLayout, Reduce};

@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::{Arch, OfflineError};
+use super::arch::{Arch, OfflineError};
 
 /// Where NVRTC, ptxas and the CUDA headers are: NVIDIA's PyPI wheels unpacked under one folder
 /// (`scripts/setup-cuda-tools.sh` puts them in `.cuda-tools/`), or a CUDA toolkit.

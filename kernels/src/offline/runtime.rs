@@ -38,7 +38,7 @@ use cubecl_runtime::logging::ServerLogger;
 use cubecl_runtime::memory_management::{ManagedMemoryHandle, MemoryAllocationMode};
 use cubecl_runtime::storage::{BytesStorage, ComputeStorage, ManagedResource};
 
-use super::{Arch, OfflineError};
+use super::arch::{Arch, OfflineError};
 
 /// CubeCL's CUDA compiler (what `cubecl-cuda` compiles with, without its `ptx-wmma` feature).
 pub type CudaCompiler = CppCompiler<CudaDialect<CudaWmmaCompiler>>;

@@ -1,11 +1,161 @@
-//! The portable implementation of [`LossOps`](crate::LossOps) from primitive tensor ops: what the
-//! CPU backends and libtorch run, and what the kernels are checked against.
+//! The log-prob and loss family: [`LossOps`] and its portable implementation from primitive
+//! tensor ops (every method's default: what the CPU backends and libtorch run, and what the
+//! kernels are checked against).
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, IndexingUpdateOp, Tensor};
 
-use crate::{float, int, Clip, LossOps, Reduce};
+use conrub_settings::Clip;
+
+use crate::prim::{float, int};
+
+/// How per-token losses are reduced within each response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    /// Per response: the sum over its masked tokens divided by their count (at least 1).
+    MeanPerResponse,
+    /// Per response: the sum over its masked tokens.
+    SumPerResponse,
+}
+
+/// Log-probabilities of the targets and the clipped loss: the learner's hot spots. Every method
+/// has a portable default made of primitive tensor ops (this module's functions); CubeCL backends replace the
+/// per-row work with kernels (`cube.rs`, forwarded through `fusion.rs`), the CPU backends run the
+/// fused host head (`host_head.rs`, [`cpu_head`]), and `Autodiff<B>` makes
+/// [`LossOps::token_logprobs`] and [`LossOps::clipped_surrogate`] differentiable (`autodiff.rs`).
+pub trait LossOps: Backend {
+    /// A contiguous copy of a (transposed) view when the backend's matmul needs one: burn 0.21's
+    /// CubeCL matmul gives wrong results for some transposed-view operands (seen on wgpu with a
+    /// 16-row chunk against a 70,000-row head), so the CubeCL backends copy; the CPU backends
+    /// read views correctly and return the tensor as it is.
+    fn contiguous(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
+        tensor
+    }
+
+    /// Logits `[rows, vocab]` of hidden states `[rows, hidden]` against the head `[vocab, hidden]`.
+    fn chunk_logits(hidden: FloatTensor<Self>, weight: FloatTensor<Self>) -> FloatTensor<Self> {
+        chunk_logits::<Self>(hidden, weight)
+    }
+
+    /// Per row of `logits` `[rows, vocab]`: `[log p(target), entropy, log-sum-exp]`, each `[rows]`.
+    fn logits_row_stats(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
+        logits_row_stats::<Self>(logits, targets)
+    }
+
+    /// `d/dlogits sum_r grad[r] * log p(target_r)`: `grad[r] * (onehot(target_r) - softmax(logits_r))`.
+    fn logits_grad(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        logits_grad::<Self>(logits, targets, lse, grad)
+    }
+
+    /// Forward of the clipped surrogate on `[responses, tokens]` inputs: `[loss, clip_low, clip_high]`,
+    /// each `[responses]` (the loss reduced per `reduce`; the clip counts are masked token counts).
+    fn surrogate_forward(
+        logp: FloatTensor<Self>,
+        logp_old: FloatTensor<Self>,
+        advantages: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        clip: Clip,
+        reduce: Reduce,
+    ) -> [FloatTensor<Self>; 3] {
+        surrogate_forward::<Self>(logp, logp_old, advantages, mask, clip, reduce)
+    }
+
+    /// Gradient of `sum_b scale[b] * sum_t mask[b,t] * loss[b,t]` with respect to `logp`.
+    fn surrogate_backward(
+        logp: FloatTensor<Self>,
+        logp_old: FloatTensor<Self>,
+        advantages: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        clip: Clip,
+        scale: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        surrogate_backward::<Self>(logp, logp_old, advantages, mask, clip, scale)
+    }
+
+    /// Chunked forward: `[log p(target), entropy, log-sum-exp]`, each `[tokens]`.
+    fn token_logprobs(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_tokens: usize,
+    ) -> [FloatTensor<Self>; 3] {
+        token_logprobs::<Self>(hidden, weight, targets, chunk_tokens)
+    }
+
+    /// Chunked backward of `sum_t grad[t] * log p(target_t)`: `(d hidden, d weight)`, each computed
+    /// only when asked for.
+    #[allow(clippy::too_many_arguments)]
+    fn token_logprobs_backward(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        chunk_tokens: usize,
+        want: (bool, bool),
+    ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
+        token_logprobs_backward::<Self>(hidden, weight, targets, lse, grad, chunk_tokens, want)
+    }
+
+    /// [`Self::token_logprobs`] whose entropy is differentiable too under autodiff (an entropy
+    /// bonus in the loss); elsewhere the same.
+    fn token_logprobs_with_entropy(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_tokens: usize,
+    ) -> [FloatTensor<Self>; 3] {
+        Self::token_logprobs(hidden, weight, targets, chunk_tokens)
+    }
+
+    /// Chunked backward of `sum_t grad[t] * log p(target_t) + grad_entropy[t] * H_t` (`entropy`
+    /// the forward's `H` per token): `(d hidden, d weight)`. The portable driver
+    /// ([`token_logprobs_entropy_backward`]) with this backend's logits and log-prob
+    /// gradient hooks, the entropy's part as tensor ops.
+    #[allow(clippy::too_many_arguments)]
+    fn token_logprobs_entropy_backward(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        entropy: FloatTensor<Self>,
+        grads: (FloatTensor<Self>, FloatTensor<Self>),
+        chunk_tokens: usize,
+        want: (bool, bool),
+    ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
+        token_logprobs_entropy_backward::<Self>(
+            hidden,
+            weight,
+            targets,
+            lse,
+            entropy,
+            grads,
+            chunk_tokens,
+            want,
+        )
+    }
+
+    /// The clipped surrogate; under autodiff the loss is differentiable with respect to `logp`.
+    fn clipped_surrogate(
+        logp: FloatTensor<Self>,
+        logp_old: FloatTensor<Self>,
+        advantages: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        clip: Clip,
+        reduce: Reduce,
+    ) -> [FloatTensor<Self>; 3] {
+        Self::surrogate_forward(logp, logp_old, advantages, mask, clip, reduce)
+    }
+}
 
 fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
     t.into_primitive().tensor()
