@@ -55,7 +55,7 @@ pub fn gathered_as<B: AutodiffBackend, M: Module<B>>(
     module.visit(&mut ids);
     let values = source.gather(&ids.0)?;
     if values.len() != ids.0.len() {
-        return Err(crate::ContractError::Stage(format!(
+        return Err(crate::error::ContractError::Stage(format!(
             "a parameter gather returned {} values for {} parameters",
             values.len(),
             ids.0.len()

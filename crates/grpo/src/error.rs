@@ -89,7 +89,17 @@ pub enum GrpoError {
     NoRecords,
     /// The data-parallel group failed (a rank's error, a collective's timeout).
     #[error(transparent)]
-    Parallel(#[from] conrub_parallel::ParallelError),
+    Parallel(conrub_parallel::ParallelError),
+}
+
+/// A group's error; a policy's error on a gradient path keeps its kind.
+impl From<conrub_parallel::ParallelError> for GrpoError {
+    fn from(e: conrub_parallel::ParallelError) -> Self {
+        match e {
+            conrub_parallel::ParallelError::Policy(c) => c.into(),
+            other => GrpoError::Parallel(other),
+        }
+    }
 }
 
 impl GrpoError {

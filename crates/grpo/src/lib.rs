@@ -78,6 +78,7 @@ pub use conrub_contracts::{
     ValidationLine, WeightSync,
 };
 pub use conrub_kernels::Clip;
+pub use conrub_parallel::split_groups;
 pub use error::{GrpoError, Result};
 pub use group::{record_group, GroupOutcome, TieAwareAdvantages, TieMode};
 pub use learner::{
@@ -88,7 +89,7 @@ pub use loss::{
     aggregate_token_term, dpo_pair_loss, Aggregation, ImportanceLevel, KlEstimator, PolicyLoss,
     PolicyObjective, SurrogateBatch, SurrogateOutput,
 };
-pub use parallel::{split_groups, DataParallel};
+pub use parallel::DataParallel;
 pub use registry::{EstimatorFactory, LossFactory, Registry, DEFAULT_ESTIMATOR, DEFAULT_LOSS};
 pub use rollout::{Answer, GroupSampler, InProcessEngine};
 pub use schedule::LrSchedule;

@@ -133,7 +133,7 @@ impl<B: KernelOps> PolicyObjective<B> for PolicyLoss {
 impl PolicyLoss {
     /// The loss `cfg` describes (`clip`, `aggregation`, `kl_beta`, `max_response_tokens`,
     /// `tis_cap`).
-    pub fn from_config(cfg: &crate::LearnerConfig) -> Self {
+    pub fn from_config(cfg: &conrub_contracts::LearnerConfig) -> Self {
         Self {
             clip: cfg.objective.clip,
             aggregation: cfg.objective.aggregation,
@@ -147,7 +147,7 @@ impl PolicyLoss {
 
     /// The `gspo` loss of `cfg`: [`PolicyLoss::from_config`] with one importance ratio per
     /// response.
-    pub fn gspo(cfg: &crate::LearnerConfig) -> Self {
+    pub fn gspo(cfg: &conrub_contracts::LearnerConfig) -> Self {
         Self {
             importance: ImportanceLevel::Sequence,
             ..Self::from_config(cfg)

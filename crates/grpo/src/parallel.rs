@@ -18,9 +18,9 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Tensor};
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::DType;
 use conrub_kernels::KernelOps;
 use conrub_rubric::RubricRecord;
 
@@ -28,10 +28,11 @@ use crate::error::{GrpoError, Result};
 use crate::learner::{step_output, Learner, LearnerBuilder, Shard, StepOutput};
 use conrub_contracts::{gathered_as, Policy};
 use conrub_parallel::sharding::{release, Assembly, ShardLayout, Sharding};
-use conrub_parallel::{Collective, RankSlot};
+use conrub_parallel::{check_replicas, split_groups, Collective, RankGroup, RankSlot};
 use conrub_rewards::TaskPrompt;
 
-/// The learners of a data-parallel group, rank 0 first.
+/// The learners of a data-parallel group, rank 0 first: a [`RankGroup`] of learners (the
+/// group's threads, collective and failure handling are `conrub_parallel`'s).
 pub struct DataParallel<B, P, T = RubricRecord>
 where
     B: AutodiffBackend,
@@ -39,8 +40,7 @@ where
     P::InnerModule: Policy<B::InnerBackend>,
     T: TaskPrompt,
 {
-    ranks: Vec<Learner<B, P, T>>,
-    collective: Arc<dyn Collective<B::InnerBackend>>,
+    group: RankGroup<Learner<B, P, T>, B::InnerBackend>,
 }
 
 impl<B, P, T> DataParallel<B, P, T>
@@ -89,6 +89,7 @@ where
                 ),
             ));
         }
+        let world = devices.len();
         let mut layout: Option<Arc<ShardLayout>> = None;
         let ranks = devices
             .iter()
@@ -96,7 +97,7 @@ where
             .map(|(rank, device)| {
                 let b = builder(rank, device)?;
                 if sharding.shards_optimizer() && layout.is_none() {
-                    layout = Some(Arc::new(ShardLayout::of(&b.policy, devices.len())));
+                    layout = Some(Arc::new(ShardLayout::of(&b.policy, world)));
                 }
                 let slot = RankSlot {
                     rank,
@@ -112,12 +113,14 @@ where
                 Ok(learner)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { ranks, collective })
+        Ok(Self {
+            group: RankGroup::new(ranks, collective)?,
+        })
     }
 
     /// The layout when the group keeps each parameter on its owner only (`full`).
     fn parameter_layout(&self) -> Option<Arc<ShardLayout>> {
-        let slot = self.ranks[0].rank.as_ref()?;
+        let slot = self.group.ranks()[0].rank.as_ref()?;
         slot.parameters_sharded()?;
         slot.layout.clone()
     }
@@ -128,34 +131,35 @@ where
     /// device then holds the whole weights beside its share of the state: an export in bf16
     /// asks for bf16 matrices.
     pub fn whole_policy(&self, matrices: Option<DType>) -> Result<Cow<'_, P>> {
-        let lead = &self.ranks[0];
+        let lead = self.learner();
         let Some(layout) = self.parameter_layout() else {
             return Ok(Cow::Borrowed(&lead.policy));
         };
-        let modules: Vec<&P> = self.ranks.iter().map(|l| &l.policy).collect();
+        let modules: Vec<&P> = self.group.ranks().iter().map(|l| &l.policy).collect();
         let mut parts = Assembly::<B>::new(&modules, layout, &lead.device, matrices);
         Ok(Cow::Owned(gathered_as(&lead.policy, &mut parts, matrices)?))
     }
 
     /// Ranks in the group.
     pub fn world_size(&self) -> usize {
-        self.ranks.len()
+        self.group.world_size()
     }
 
     /// Rank 0's learner (every rank holds the same policy and optimizer state, but in a
     /// sharded group; see [`DataParallel::whole_policy`]).
     pub fn learner(&self) -> &Learner<B, P, T> {
-        &self.ranks[0]
+        &self.group.ranks()[0]
     }
 
     /// Every rank's learner, rank 0 first.
     pub fn learners(&self) -> &[Learner<B, P, T>] {
-        &self.ranks
+        self.group.ranks()
     }
 
     /// Sets the run's length on every rank ([`Learner::set_training_steps`]).
     pub fn set_training_steps(&mut self, steps: u64) -> Result<()> {
-        self.ranks
+        self.group
+            .ranks_mut()
             .iter_mut()
             .try_for_each(|l| l.set_training_steps(steps))
     }
@@ -178,54 +182,40 @@ where
         if records.is_empty() {
             return Err(GrpoError::NoRecords);
         }
-        let world = self.ranks.len();
+        let world = self.group.world_size();
         let total = records.len();
-        let items: Vec<_> = self
-            .ranks
-            .iter_mut()
-            .zip(split_groups(total, world))
-            .collect();
-        let collective = &self.collective;
-        let results = conrub_parallel::on_rank_threads(
-            items,
-            |_, (learner, range)| {
+        let parts = self
+            .group
+            .run(split_groups(total, world), |_, learner, range| {
                 let shard = Shard {
                     first: range.start,
                     total,
                 };
                 learner.step_parts(&records[range], reserve, shard)
-            },
-            &|rank, error| collective.abort(rank, error),
-        );
-        let parts = own_error(results)?;
-        let step = self.ranks[0].step;
-        for l in &mut self.ranks {
+            })?;
+        let lead = self.learner();
+        let (step, group_size) = (lead.step, lead.cfg.group_size);
+        for l in self.group.ranks_mut() {
             l.step += 1;
         }
-        Ok(step_output(
-            step,
-            self.ranks[0].cfg.group_size,
-            world,
-            parts,
-        ))
+        Ok(step_output(step, group_size, world, parts))
     }
 
     /// The kernel warm-up's walk ([`Learner::walk_shapes`]) on every rank at once, each with its
     /// share of a step of `groups` groups; returns rank 0's counts.
     pub fn walk_shapes(&mut self, prompt_lens: &[usize], groups: usize) -> Result<(usize, usize)> {
-        let world = self.ranks.len();
+        let world = self.group.world_size();
         let most = split_groups(groups, world)
             .iter()
             .map(|r| r.len())
             .max()
             .unwrap_or(1);
-        let collective = &self.collective;
-        let results = conrub_parallel::on_rank_threads(
-            self.ranks.iter_mut().collect(),
-            |_, learner: &mut Learner<B, P, T>| async move { learner.walk_shapes(prompt_lens, most) },
-            &|rank, error| collective.abort(rank, error),
-        );
-        Ok(own_error(results)?[0])
+        let counts = self
+            .group
+            .run(vec![(); world], |_, learner, ()| async move {
+                learner.walk_shapes(prompt_lens, most)
+            })?;
+        Ok(counts[0])
     }
 
     /// Loads a saved training state into every rank (saved by any number of ranks, in any
@@ -233,10 +223,10 @@ where
     /// parameters: from a `full` group's state it reads the files holding them; from a state
     /// with one policy file it reads the whole policy, then lets the rest go (one rank after
     /// another).
-    pub fn load_state(&mut self, dir: &std::path::Path) -> Result<crate::TrainingState> {
+    pub fn load_state(&mut self, dir: &std::path::Path) -> Result<crate::state::TrainingState> {
         let layout = self.parameter_layout();
         let mut state = None;
-        for (rank, l) in self.ranks.iter_mut().enumerate() {
+        for (rank, l) in self.group.ranks_mut().iter_mut().enumerate() {
             state = Some(crate::state::load_state(l, dir)?);
             if let Some(layout) = &layout {
                 l.policy = release(l.policy.clone(), layout, rank);
@@ -253,77 +243,7 @@ where
         if self.parameter_layout().is_some() {
             return Ok(());
         }
-        let sums: Vec<u64> = self.ranks.iter().map(|l| checksum(&l.policy)).collect();
-        match sums.iter().position(|s| *s != sums[0]) {
-            None => Ok(()),
-            Some(rank) => Err(GrpoError::Stage(format!(
-                "rank {rank}'s parameters differ from rank 0's (checksum {:016x} vs {:016x})",
-                sums[rank], sums[0]
-            ))),
-        }
-    }
-}
-
-/// Contiguous group ranges of `groups` over `world` ranks; the first `groups % world` ranks take
-/// one more.
-pub fn split_groups(groups: usize, world: usize) -> Vec<std::ops::Range<usize>> {
-    let (base, extra) = (groups / world, groups % world);
-    let mut start = 0;
-    (0..world)
-        .map(|r| {
-            let n = base + usize::from(r < extra);
-            let range = start..start + n;
-            start += n;
-            range
-        })
-        .collect()
-}
-
-/// Every rank's output, or the failing rank's own error rather than the "rank r failed" of the
-/// ranks it stopped.
-fn own_error<O>(results: Vec<Result<O>>) -> Result<Vec<O>> {
-    if results.iter().all(Result::is_ok) {
-        return Ok(results.into_iter().map(|r| r.expect("checked")).collect());
-    }
-    let mut errors: Vec<GrpoError> = results.into_iter().filter_map(Result::err).collect();
-    let own = errors
-        .iter()
-        .position(|e| {
-            !matches!(
-                e,
-                GrpoError::Parallel(conrub_parallel::ParallelError::RankFailed { .. })
-            )
-        })
-        .unwrap_or(0);
-    Err(errors.swap_remove(own))
-}
-
-/// FNV-1a over the bits of every float parameter, in the module's order.
-fn checksum<B: Backend, M: Module<B>>(module: &M) -> u64 {
-    struct Sum(u64);
-    impl<B: Backend> ModuleVisitor<B> for Sum {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let data = param.val().into_data().convert::<f32>();
-            for x in data.iter::<f32>() {
-                for b in x.to_bits().to_le_bytes() {
-                    self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
-                }
-            }
-        }
-    }
-    let mut s = Sum(0xcbf2_9ce4_8422_2325);
-    module.visit(&mut s);
-    s.0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn groups_split_contiguously_with_the_remainder_first() {
-        assert_eq!(split_groups(5, 2), vec![0..3, 3..5]);
-        assert_eq!(split_groups(5, 3), vec![0..2, 2..4, 4..5]);
-        assert_eq!(split_groups(2, 3), vec![0..1, 1..2, 2..2]);
+        let replicas: Vec<&P> = self.group.ranks().iter().map(|l| &l.policy).collect();
+        Ok(check_replicas(&replicas)?)
     }
 }

@@ -15,8 +15,8 @@ use conrub_kernels::KernelOps;
 
 use crate::advantages::{AdvantageEstimator, GroupRelative};
 use crate::error::{GrpoError, Result};
-use crate::learner::LearnerConfig;
 use crate::loss::{PolicyLoss, PolicyObjective};
+use conrub_contracts::LearnerConfig;
 pub use conrub_contracts::{DEFAULT_ESTIMATOR, DEFAULT_LOSS, GSPO_LOSS};
 
 /// Builds an advantage estimator from the learner's settings.

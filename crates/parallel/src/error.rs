@@ -35,6 +35,9 @@ pub enum ParallelError {
     /// A collective or a layout got input of the wrong size, or a device read failed.
     #[error("stage output: {0}")]
     Stage(String),
+    /// The policy's backward pass failed on a gradient path.
+    #[error(transparent)]
+    Policy(#[from] conrub_contracts::ContractError),
 }
 
 /// `Result` with [`ParallelError`].

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
-use crate::ParallelError;
+use crate::error::ParallelError;
 
 /// Runs `work(rank, item)` for every item of `items` (rank `i` gets item `i`), each on a thread
 /// of its own, and returns their results in rank order. Async work runs on the caller's tokio

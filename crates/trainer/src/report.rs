@@ -3,7 +3,7 @@
 use std::path::Path;
 
 /// The closing lines: one per epoch, then where everything went.
-pub fn report(summary: &crate::RunSummary, output_dir: &Path) {
+pub fn report(summary: &crate::run_loop::RunSummary, output_dir: &Path) {
     for e in &summary.epochs {
         tracing::info!(
             "epoch {}: {} steps, reward {:+.3}, ties {}/{} ({} accepted, {} same, {} order flips, {} invalid), mean length {:.1}",
@@ -26,7 +26,7 @@ pub fn report(summary: &crate::RunSummary, output_dir: &Path) {
             b.step,
             b.grader_score,
             b.grader_score_std,
-            crate::best_checkpoint_path(output_dir).display()
+            crate::run_folder::best_checkpoint_path(output_dir).display()
         );
     }
     tracing::info!(

@@ -12,8 +12,10 @@ use std::sync::Arc;
 
 use crate::error::{Result, TrainerError};
 use crate::hooks::Hooks;
+use crate::progress::PhaseProgress;
 use crate::run_folder;
 use crate::run_loop::{train, RunSummary};
+use crate::sft::{sft_pairs, sft_train};
 use crate::{Engine, Judging, Trainer};
 
 impl<B, P, T> Trainer<B, P, T>
@@ -93,6 +95,34 @@ where
         };
         crate::report(&summary, &run.output_dir);
         Ok(summary)
+    }
+
+    /// Runs `[warmup]` on the policy when the config has it and the run is fresh.
+    pub(crate) fn run_sft(&mut self, model: P) -> Result<P> {
+        let (Some(w), None) = (&self.cfg.warmup, &self.resume) else {
+            return Ok(model);
+        };
+        let pairs = sft_pairs(&self.task, &self.codec, &self.stop_ids)
+            .map_err(|e| TrainerError::Setup(format!("[warmup]: {e}")))?;
+        if pairs.is_empty() {
+            return Err(TrainerError::Setup(
+                "[warmup]: no prompt of the task has a reference answer".into(),
+            ));
+        }
+        let device = self.devices[0].clone();
+        let mut progress = PhaseProgress::new("warm-up", w.steps);
+        let (model, losses) =
+            sft_train(model, &pairs, w.steps, w.lr, &device, &mut |done, loss| {
+                progress.update(done, &format!("loss {loss:.3}"))
+            })?;
+        tracing::info!(
+            "warm-up: {} steps on {} reference answers, loss {:.3} -> {:.3}",
+            w.steps,
+            pairs.len(),
+            losses.first().copied().unwrap_or(f64::NAN),
+            losses.last().copied().unwrap_or(f64::NAN)
+        );
+        Ok(model)
     }
 
     /// One rank's learner: the run's settings, engine, codec and registry, scored and its ties

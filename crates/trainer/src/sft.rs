@@ -3,19 +3,13 @@
 //! policy a vocabulary worth rewarding). In the code it is "sft" throughout; "warm-up" alone is
 //! the kernel warm-up (`kernel_warmup.rs`) and "lr warm-up" the learning-rate ramp.
 
-use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ElementConversion;
-use conrub_contracts::{PagedModel, Policy, TextCodec, TokenBatch};
+use conrub_contracts::{Policy, TextCodec, TokenBatch};
 use conrub_grpo::GrpoError;
-use conrub_kernels::KernelOps;
 use conrub_rewards::TaskPrompt;
-
-use crate::error::{Result, TrainerError};
-use crate::progress::PhaseProgress;
-use crate::Trainer;
 
 /// `(prompt, reference answer + stop token)` ids of every prompt that has a reference answer,
 /// each distinct prompt and answer once: the warm-up is one batch over them, and the copies a
@@ -93,40 +87,4 @@ where
         on_step(done, value);
     }
     Ok((policy, losses))
-}
-
-impl<B, P, T> Trainer<B, P, T>
-where
-    B: KernelOps,
-    P: Policy<Autodiff<B>> + AutodiffModule<Autodiff<B>> + Send + 'static,
-    P::InnerModule: Policy<B> + PagedModel<B> + 'static,
-    T: TaskPrompt + 'static,
-{
-    /// Runs `[warmup]` on the policy when the config has it and the run is fresh.
-    pub(crate) fn run_sft(&mut self, model: P) -> Result<P> {
-        let (Some(w), None) = (&self.cfg.warmup, &self.resume) else {
-            return Ok(model);
-        };
-        let pairs = sft_pairs(&self.task, &self.codec, &self.stop_ids)
-            .map_err(|e| TrainerError::Setup(format!("[warmup]: {e}")))?;
-        if pairs.is_empty() {
-            return Err(TrainerError::Setup(
-                "[warmup]: no prompt of the task has a reference answer".into(),
-            ));
-        }
-        let device = self.devices[0].clone();
-        let mut progress = PhaseProgress::new("warm-up", w.steps);
-        let (model, losses) =
-            sft_train(model, &pairs, w.steps, w.lr, &device, &mut |done, loss| {
-                progress.update(done, &format!("loss {loss:.3}"))
-            })?;
-        tracing::info!(
-            "warm-up: {} steps on {} reference answers, loss {:.3} -> {:.3}",
-            w.steps,
-            pairs.len(),
-            losses.first().copied().unwrap_or(f64::NAN),
-            losses.last().copied().unwrap_or(f64::NAN)
-        );
-        Ok(model)
-    }
 }

@@ -1,7 +1,7 @@
 //! The advantage stage: the estimator's advantages with exact ties found and broken (pairwise
 //! judge, or none).
 
-use super::*;
+use super::types::*;
 
 impl<B, P, T> Learner<B, P, T>
 where

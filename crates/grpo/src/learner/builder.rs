@@ -1,6 +1,6 @@
 //! [`LearnerBuilder`]: a learner's stages chosen before it is built.
 
-use super::*;
+use super::types::*;
 
 /// Builds a [`Learner`]: the policy, its settings and device, a [`TextCodec`] and a
 /// [`RewardSource`] are required; the rest defaults to the method's stages.
@@ -157,6 +157,7 @@ where
             rollout,
             loss,
             stop_ids: self.stop_ids,
+            path: GradientPath::of(self.rank.clone()),
             rank: self.rank,
             skipped_in_a_row: 0,
             unscored_in_a_row: 0,

@@ -1,7 +1,7 @@
 //! Dynamic sampling (`learner.dynamic_sampling`, DAPO's `filter_groups`): groups without reward
 //! variance dropped and the reserve's prompts rolled out and scored in their place, round by round.
 
-use super::*;
+use super::types::*;
 
 impl<B, P, T> Learner<B, P, T>
 where

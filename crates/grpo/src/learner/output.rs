@@ -1,6 +1,6 @@
 //! What a step reports: its metrics line and its output, merged over ranks.
 
-use super::*;
+use super::types::*;
 
 /// Stage 6: the step's metrics (host arithmetic on what the stages returned).
 pub(super) fn step_metrics(
@@ -107,14 +107,6 @@ fn judge_stats(m: &mut StepMetrics, scores: &[GroupScores], n: usize) {
         .sum();
     m.judge_deferred_share = m.judge_deferred as f64 / criteria.max(1) as f64;
     m.judge_latency_ms = scores.iter().map(|g| g.judge_latency_ms).sum::<f64>() / n.max(1) as f64;
-}
-
-/// The sequence lengths of a whole step's rows, the tokens each adds to the loss (its response
-/// length, 0 for a masked truncated response), and the index among them of a learner's first.
-pub(crate) struct GlobalRows {
-    pub seq_lens: Vec<usize>,
-    pub lens: Vec<usize>,
-    pub first: usize,
 }
 
 /// The step's output from the parts of its ranks, in rank order (one part on one device): the

@@ -1,7 +1,7 @@
 //! The rollout stage: the step's prompts through the rollout engine, their responses decoded and
 //! cut at stop strings, scored; and generation outside training (validation).
 
-use super::*;
+use super::types::*;
 
 impl<B, P, T> Learner<B, P, T>
 where

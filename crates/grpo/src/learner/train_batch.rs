@@ -1,7 +1,8 @@
 //! The train batch: the teacher-forcing layout on the device, the old and reference log-probs, the
 //! micro-batch plan, and the engine-vs-learner log-prob gap.
 
-use super::*;
+use super::reward::sequence_kl;
+use super::types::*;
 
 impl<B, P, T> Learner<B, P, T>
 where
@@ -172,56 +173,4 @@ pub(crate) struct BatchLogprobs<B: burn::tensor::backend::Backend> {
     pub(super) tokens: TokenBatch<B>,
     pub(super) seq_lens: Vec<usize>,
     pub(super) response_lens: Vec<usize>,
-}
-
-/// The learner's old log-probs against the engine's for the same sampled tokens, summed over
-/// response tokens: `d = logp_learner - logp_engine`, `|d|` (sum and max) and the k3 estimate
-/// of KL(engine || learner), `exp(d) - d - 1` (non-negative, unbiased under the engine's samples).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct LogprobGap {
-    pub abs_sum: f64,
-    pub abs_max: f64,
-    pub k3_sum: f64,
-    pub tokens: usize,
-}
-
-impl LogprobGap {
-    /// The gap of `batch`'s old log-probs (read to the host once) and `rollout`'s.
-    pub(super) fn of<B: burn::tensor::backend::Backend>(
-        batch: &TrainBatch<B>,
-        rollout: &RolloutBatch,
-    ) -> Self {
-        let [_, width] = batch.logp_old.dims();
-        let old: Vec<f32> = batch
-            .logp_old
-            .clone()
-            .into_data()
-            .convert::<f32>()
-            .into_vec()
-            .unwrap_or_default();
-        let mut gap = Self::default();
-        for (r, engine) in rollout.logprobs.iter().enumerate() {
-            for (t, e) in engine.iter().enumerate().take(width) {
-                let Some(l) = old.get(r * width + t) else {
-                    continue;
-                };
-                let d = (*l as f64) - (*e as f64);
-                gap.abs_sum += d.abs();
-                gap.abs_max = gap.abs_max.max(d.abs());
-                gap.k3_sum += d.exp() - d - 1.0;
-                gap.tokens += 1;
-            }
-        }
-        gap
-    }
-
-    /// The gaps of several ranks as one.
-    pub(super) fn merge(parts: impl IntoIterator<Item = LogprobGap>) -> Self {
-        parts.into_iter().fold(Self::default(), |a, b| Self {
-            abs_sum: a.abs_sum + b.abs_sum,
-            abs_max: a.abs_max.max(b.abs_max),
-            k3_sum: a.k3_sum + b.k3_sum,
-            tokens: a.tokens + b.tokens,
-        })
-    }
 }

@@ -2,7 +2,7 @@
 //! loss (and the entropy bonus, the GRPO+DPO pairs), the gradient path of the rank (sum, reduce-
 //! scatter to owners, gathered layers), clipping and the optimizer step.
 
-use super::*;
+use super::types::*;
 
 impl<B, P, T> Learner<B, P, T>
 where
@@ -44,17 +44,10 @@ where
         let n = rows.lens.len();
         let size = n.div_ceil(self.cfg.mini_batches).max(1);
         let minis: Vec<Range<usize>> = (0..n).step_by(size).map(|s| s..(s + size).min(n)).collect();
-        // `sharding = "gradients"`: each micro-batch's gradients are reduce-scattered when its
-        // backward is done, so the running sum holds this rank's parameters only.
-        let scatter_each = self
-            .rank
-            .as_ref()
-            .is_some_and(|s| s.sharding.shards_gradients() && s.sharded().is_some());
         let plan = UpdatePlan {
             batch,
             dpo_pairs,
             rows,
-            scatter_each,
         };
         let mut tally = UpdateTally::new();
         for epoch in 0..self.cfg.ppo_epochs {
@@ -70,8 +63,8 @@ where
     }
 
     /// One optimizer step: this rank's micro-batches of the mini-batch `mini` (and its GRPO+DPO
-    /// pairs) through the gradient path, idle passes while other ranks have more, then the
-    /// reduction and the step (or a skipped one, for a non-finite norm).
+    /// pairs) through the rank's gradient path, idle passes while other ranks have more, then
+    /// the reduction and the step (or a skipped one, for a non-finite norm).
     fn mini_batch_step(
         &mut self,
         plan: &UpdatePlan<'_, B>,
@@ -79,7 +72,7 @@ where
         last: bool,
         tally: &mut UpdateTally<B::InnerBackend>,
     ) -> Result<()> {
-        let (rows, scatter_each) = (plan.rows, plan.scatter_each);
+        let rows = plan.rows;
         let local = rows.first..rows.first + plan.batch.rows();
         let mini_tokens: usize = rows.lens[mini.clone()].iter().sum();
         // This learner's rows of the mini-batch (maybe none), as indices into `batch`.
@@ -92,26 +85,12 @@ where
             .filter(|(w, _)| mine.contains(w))
             .collect();
         let micros = self.local_micro_batches(rows, mini.clone(), plan.batch.rows());
-        // Backward passes this rank makes, and the most any rank makes: with `scatter_each`
-        // every pass reduce-scatters its pieces, so a rank with fewer joins the others'
-        // reduce-scatters with zeros for the difference.
+        // Backward passes this rank makes, and the most any rank makes (a path whose every pass
+        // is a collective call has a rank with fewer join the others' with idle passes).
         let passes = micros.len() + usize::from(!pairs.is_empty());
-        let rounds = if scatter_each {
-            self.most_on_any_rank(passes)?
-        } else {
-            passes
-        };
-        // The running sum of the mini-batch's gradients: each micro-batch adds into it as its
-        // backward goes ([`Gradients::Sum`]), or, with `scatter_each`, this rank's
-        // reduced part of it.
-        let mut acc = GradientsParams::new();
-        let mut sharded = ShardedSum::<B>::new();
+        let rounds = self.path.rounds(passes)?;
+        let mut sum = self.path.begin();
         for micro in micros {
-            let target = if scatter_each {
-                GradTarget::Scatter(&mut sharded, &mut tally.comm)
-            } else {
-                GradTarget::Sum(&mut acc)
-            };
             let mb = plan.batch.slice(micro.clone());
             let weight = self.loss.micro_batch_weight(
                 micro.len(),
@@ -119,21 +98,23 @@ where
                 mb.loss_tokens(),
                 mini_tokens,
             );
-            let part = self.micro_batch_pass(&mb, weight, last, target)?;
+            let part = self.micro_batch_pass(&mb, weight, last, &mut sum, &mut tally.comm)?;
             tally.add_micro_batch(&mb, part);
         }
         if !pairs.is_empty() {
-            let target = if scatter_each {
-                GradTarget::Scatter(&mut sharded, &mut tally.comm)
-            } else {
-                GradTarget::Sum(&mut acc)
-            };
-            self.dpo_gradients(plan.batch, &pairs, rows.lens.len(), target)?;
+            self.dpo_gradients(
+                plan.batch,
+                &pairs,
+                rows.lens.len(),
+                &mut sum,
+                &mut tally.comm,
+            )?;
         }
         for _ in passes..rounds {
-            self.idle_pass(&mut sharded, &mut tally.comm)?;
+            self.path
+                .idle_pass(&self.policy, &self.device, &mut sum, &mut tally.comm)?;
         }
-        let (norm, stepped) = self.reduce_and_step(acc, sharded, scatter_each, &mut tally.comm)?;
+        let (norm, stepped) = self.reduce_and_step(sum, &mut tally.comm)?;
         if stepped {
             self.skipped_in_a_row = 0;
             tally.norms.push(norm);
@@ -145,7 +126,8 @@ where
     }
 
     /// The backward pass of micro-batch `mb`, its loss weighted by `weight` (so the sum over
-    /// micro-batches is the mini-batch's aggregate) and less the entropy bonus, into `target`.
+    /// micro-batches is the mini-batch's aggregate) and less the entropy bonus, into `sum`
+    /// through the rank's gradient path.
     /// In the last PPO epoch, returns the micro-batch's numbers, kept on the device: weighted
     /// loss, clip_low x tokens, clip_high x tokens, kl x tokens, entropy sum, and whether the
     /// policy gave entropies.
@@ -154,7 +136,8 @@ where
         mb: &TrainBatch<B>,
         weight: f64,
         last: bool,
-        target: GradTarget<'_, B>,
+        sum: &mut StepSum<B>,
+        comm: &mut CommStats,
     ) -> Result<Option<(Tensor<B::InnerBackend, 1>, bool)>> {
         let mut part: Option<(Tensor<B::InnerBackend, 1>, bool)> = None;
         let loss = &self.loss;
@@ -202,7 +185,8 @@ where
             }
             out.loss * weight
         };
-        self.gradients(&mb.tokens, &mut micro_loss, target)?;
+        self.path
+            .backward(&self.policy, &mb.tokens, &mut micro_loss, sum, comm)?;
         Ok(part)
     }
 
@@ -238,110 +222,23 @@ where
         })
     }
 
-    /// The largest of every rank's `count` (one host exchange).
-    pub(super) fn most_on_any_rank(&self, count: usize) -> Result<usize> {
-        let Some(slot) = &self.rank else {
-            return Ok(count);
-        };
-        let all = slot.collective.all_gather(slot.rank, vec![count as f64])?;
-        Ok(all.iter().map(|v| v[0] as usize).max().unwrap_or(count))
-    }
-
-    /// The gradients of `loss` on `tokens` into `target`: added into a running sum, or each
-    /// piece reduce-scattered as the backward makes it ([`Gradients::Pieces`]).
-    pub(super) fn gradients(
-        &self,
-        tokens: &TokenBatch<B>,
-        loss: &mut dyn FnMut(ResponseLogprobs<B>) -> Tensor<B, 1>,
-        target: GradTarget<'_, B>,
-    ) -> Result<()> {
-        match target {
-            GradTarget::Sum(acc) => Ok(self.policy.backward(tokens, loss, Gradients::Sum(acc))?),
-            GradTarget::Scatter(sum, comm) => {
-                let slot = self.rank.as_ref().expect("a sharded rank");
-                let layout = slot.sharded().expect("a sharded rank");
-                let mut failed = None;
-                let mut pieces = |piece| {
-                    if failed.is_none() {
-                        failed = sum
-                            .add(&self.policy, piece, slot, layout, comm)
-                            .err()
-                            .map(GrpoError::from);
-                    }
-                };
-                let done = if slot.parameters_sharded().is_some() {
-                    let mut source = RankGather::new(&self.policy, slot, layout);
-                    let into = Gradients::Gathered {
-                        pieces: &mut pieces,
-                        source: &mut source,
-                    };
-                    let done = self.policy.backward(tokens, loss, into);
-                    comm.add(&source.comm);
-                    done
-                } else {
-                    self.policy
-                        .backward(tokens, loss, Gradients::Pieces(&mut pieces))
-                };
-                match (failed, done) {
-                    (Some(e), _) => Err(e),
-                    (None, Err(e)) => Err(e.into()),
-                    (None, Ok(())) => Ok(sum.end_pass(slot)?),
-                }
-            }
-        }
-    }
-
-    /// A round in which this rank has no backward pass of its own (fewer micro-batches than
-    /// another rank): it joins the others' reduce-scatters with zeros.
-    ///
-    /// A `full` rank instead runs a backward pass of zero loss on one token: the others'
-    /// passes gather each segment from every rank, this one included, in the same order.
-    pub(super) fn idle_pass(&self, sum: &mut ShardedSum<B>, comm: &mut CommStats) -> Result<()> {
-        let slot = self.rank.as_ref().expect("a sharded rank");
-        if slot.parameters_sharded().is_some() {
-            let one = TokenBatch::<B>::bucketed([(&[0u32][..], &[0u32][..])], &self.device);
-            let mut zero = |lp: ResponseLogprobs<B>| lp.logprobs.sum() * 0.0;
-            return self.gradients(&one, &mut zero, GradTarget::Scatter(sum, comm));
-        }
-        let layout = slot.sharded().expect("a sharded rank");
-        Ok(sum.idle_pass(&self.policy, slot, layout, comm)?)
-    }
-
-    /// The optimizer step of a mini-batch whose gradients are `acc` (this rank's, unreduced)
-    /// or, when `scattered`, already in `sharded`: reduced over the group's ranks as its
-    /// sharding says, clipped by the global norm and applied (a sharded rank steps its own
-    /// parameters, then gathers the others'). Returns the norm and whether the step was taken.
+    /// The optimizer step of a mini-batch whose gradients are `sum`: reduced over the group's
+    /// ranks by the gradient path, clipped by the global norm and applied, then the updated
+    /// weights shared as the path says. Returns the norm and whether the step was taken.
     pub(super) fn reduce_and_step(
         &mut self,
-        acc: GradientsParams,
-        mut sharded: ShardedSum<B>,
-        scattered: bool,
+        sum: StepSum<B>,
         comm: &mut CommStats,
     ) -> Result<(f64, bool)> {
-        let Some(slot) = self.rank.clone() else {
-            let (policy, norm, stepped) = self.update.apply_if_finite(self.policy.clone(), acc);
-            self.policy = policy;
-            return Ok((norm, stepped));
+        let mut reduced = self.path.reduce(&self.policy, sum, comm)?;
+        let grads = std::mem::take(&mut reduced.grads);
+        let (policy, norm, stepped) = match reduced.norm.take() {
+            None => self.update.apply_if_finite(self.policy.clone(), grads),
+            Some(norm) => self
+                .update
+                .apply_with_norm(self.policy.clone(), grads, norm),
         };
-        let Some(layout) = slot.sharded() else {
-            let grads = conrub_parallel::buckets::all_reduce(&self.policy, acc, &slot, comm)?;
-            let (policy, norm, stepped) = self.update.apply_if_finite(self.policy.clone(), grads);
-            self.policy = policy;
-            return Ok((norm, stepped));
-        };
-        if !scattered {
-            sharded.add(&self.policy, acc, &slot, layout, comm)?;
-        }
-        let (grads, norm, updated) = sharded.finish(&self.policy, &slot, layout)?;
-        let (policy, norm, stepped) = self
-            .update
-            .apply_with_norm(self.policy.clone(), grads, norm);
-        // A `full` rank keeps its own parameters only: the next uses gather them.
-        self.policy = if stepped && !slot.sharding.shards_parameters() {
-            conrub_parallel::buckets::all_gather_weights(policy, &updated, &slot, layout, comm)?
-        } else {
-            policy
-        };
+        self.policy = self.path.share_updated(policy, &reduced, stepped, comm)?;
         Ok((norm, stepped))
     }
 
@@ -390,7 +287,8 @@ where
         batch: &TrainBatch<B>,
         pairs: &[(usize, usize)],
         total: usize,
-        target: GradTarget<'_, B>,
+        sum: &mut StepSum<B>,
+        comm: &mut CommStats,
     ) -> Result<()> {
         let rows: Vec<usize> = pairs.iter().flat_map(|&(w, l)| [w, l]).collect();
         let index = row_index::<B>(&rows, &self.device);
@@ -410,7 +308,8 @@ where
         let winners = row_index::<B>(&(0..p).map(|i| 2 * i).collect::<Vec<_>>(), &self.device);
         let losers = row_index::<B>(&(0..p).map(|i| 2 * i + 1).collect::<Vec<_>>(), &self.device);
         let beta = self.cfg.objective.dpo_beta;
-        self.gradients(
+        Ok(self.path.backward(
+            &self.policy,
             &tokens,
             &mut |lp| {
                 let seq = lp.logprobs.sum_dim(1).reshape([rows.len()]);
@@ -423,46 +322,18 @@ where
                     total,
                 )
             },
-            target,
-        )
+            sum,
+            comm,
+        )?)
     }
 }
 
-/// Where a backward pass's gradients go.
-pub(super) enum GradTarget<'a, B: AutodiffBackend> {
-    /// Added into the optimizer step's running sum.
-    Sum(&'a mut GradientsParams),
-    /// Reduce-scattered piece by piece into this rank's part of the sum (`sharding =
-    /// "gradients"`).
-    Scatter(&'a mut ShardedSum<B>, &'a mut CommStats),
-}
-
-/// What the update stage measured (its gradient norms read one per optimizer step, the rest in
-/// one transfer); all zero for a step that did not update.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct UpdateStats {
-    pub(super) grad_norms: Vec<f64>,
-    pub(super) optimizer_steps: usize,
-    pub(super) skipped_optimizer_steps: usize,
-    pub(super) loss: f64,
-    pub(super) clip_low: f64,
-    pub(super) clip_high: f64,
-    pub(super) kl: Option<f64>,
-    pub(super) entropy: Option<f64>,
-    pub(super) tokens_computed: u64,
-    pub(super) tokens_needed: u64,
-    pub comm: CommStats,
-    /// The rate of the last optimizer step so far.
-    pub(super) lr: f64,
-}
-
 /// What the update stage works over: the step's train batch (this rank's rows), its GRPO+DPO
-/// pairs, every rank's rows, and whether each micro-batch's gradients are reduce-scattered.
+/// pairs and every rank's rows.
 pub(super) struct UpdatePlan<'a, B: AutodiffBackend> {
     pub(super) batch: &'a TrainBatch<B>,
     pub(super) dpo_pairs: &'a [(usize, usize)],
     pub(super) rows: &'a GlobalRows,
-    pub(super) scatter_each: bool,
 }
 
 /// What the update stage gathers as it goes: the norms of the optimizer steps taken (read one

@@ -8,7 +8,7 @@
 
 use conrub_contracts::{dim_class, Generation, MicroShape, ShapeBounds};
 
-use super::*;
+use super::types::*;
 use crate::advantages::TieStatus;
 
 impl<B, P, T> Learner<B, P, T>
@@ -119,20 +119,10 @@ where
         let _ = LogprobGap::of(&batch, &rollout);
         let micros = self.local_micro_batches(&global, 0..n, n);
         let count = micros.len();
-        // The gradient path of a real step (a `gradients` rank reduce-scatters each pass).
-        let scatter_each = self
-            .rank
-            .as_ref()
-            .is_some_and(|s| s.sharding.shards_gradients() && s.sharded().is_some());
-        let (mut acc, mut sharded) = (GradientsParams::new(), ShardedSum::<B>::new());
-        let mut comm = CommStats::default();
+        // The rank's own gradient path, as a real step takes it; the sum is dropped.
+        let (mut sum, mut comm) = (self.path.begin(), CommStats::default());
         for micro in micros {
-            let target = if scatter_each {
-                GradTarget::Scatter(&mut sharded, &mut comm)
-            } else {
-                GradTarget::Sum(&mut acc)
-            };
-            self.micro_batch_pass(&batch.slice(micro), 1.0, true, target)?;
+            self.micro_batch_pass(&batch.slice(micro), 1.0, true, &mut sum, &mut comm)?;
         }
         Ok(count)
     }

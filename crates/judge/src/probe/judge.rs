@@ -205,7 +205,7 @@ pub struct FeatureSpecFilter {
     /// Expected layer.
     pub layer: Option<usize>,
     /// Expected pooling.
-    pub pooling: Option<crate::probe::Pooling>,
+    pub pooling: Option<super::pooling::Pooling>,
 }
 
 #[async_trait]
