@@ -32,13 +32,8 @@ fn row_stats_kernel<F: Float, I: Numeric>(
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let step = block as usize;
-    let RowStart {
-        row,
-        unit,
-        len: vocab,
-        base,
-        cs,
-    } = row_start(logits);
+    #[rustfmt::skip]
+    let RowStart { row, unit, len: vocab, base, cs } = row_start(logits);
     let one = F::new(1.0);
     // The dtype's lowest finite value: -1e30 overflows f16 (CubeCL then prints `-inf`, which
     // NVRTC rejects; `conrub kernels-compile` found it).

@@ -80,18 +80,8 @@ fn attention_forward_kernel<F: Float>(
     let unit = UNIT_POS_X as usize;
     let steps = head_steps(q.shape(3), head_dim, unroll, runtime_steps);
     // Keys any row of this cube sees end at `kend`; this unit's row sees keys below `my_end`.
-    let QueryRow {
-        h,
-        bi,
-        t,
-        hk,
-        past,
-        i,
-        row_ok,
-        kend,
-        my_end,
-        ..
-    } = unit_query_row(q, k, past, unit, rows);
+    #[rustfmt::skip]
+    let QueryRow { h, bi, hk, i, row_ok, kend, my_end, .. } = unit_query_row(q, k, past, unit, rows);
 
     let qb = bi * q.stride(0) + h * q.stride(1) + i * q.stride(2);
     let qs = q.stride(3);
@@ -248,18 +238,8 @@ fn attention_dq_kernel<F: Float>(
 ) {
     let unit = UNIT_POS_X as usize;
     let steps = head_steps(q.shape(3), head_dim, unroll, runtime_steps);
-    let QueryRow {
-        h,
-        bi,
-        t,
-        hk,
-        past,
-        i,
-        row_ok,
-        kend,
-        my_end,
-        ..
-    } = unit_query_row(q, k, past, unit, rows);
+    #[rustfmt::skip]
+    let QueryRow { h, bi, hk, i, row_ok, kend, my_end, .. } = unit_query_row(q, k, past, unit, rows);
 
     let qb = bi * q.stride(0) + h * q.stride(1) + i * q.stride(2);
     let qs = q.stride(3);
@@ -399,15 +379,8 @@ fn attention_dkdv_kernel<F: Float>(
 ) {
     let unit = UNIT_POS_X as usize;
     let steps = head_steps(q.shape(3), head_dim, unroll, runtime_steps);
-    let KeyBlock {
-        hk,
-        bi,
-        t,
-        s,
-        group,
-        past,
-        j0,
-    } = key_block(q, k, past, rows);
+    #[rustfmt::skip]
+    let KeyBlock { hk, bi, t, s, group, past, j0 } = key_block(q, k, past, rows);
     let j = j0 + unit;
     let mut key_ok = false;
     if j < s {

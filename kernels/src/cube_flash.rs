@@ -350,26 +350,10 @@ fn flash_forward_kernel<F: Float>(
     #[define(F)] _dtype: StorageType,
 ) {
     // Lanes 0..16 of each warp own one row of the softmax.
-    let WarpQueryRow {
-        unit,
-        warp,
-        lane,
-        owner,
-        r,
-        row,
-    } = warp_query_row(q, k, past, rows, WARP, EDGE);
-    let QueryRow {
-        h,
-        bi,
-        t,
-        hk,
-        past,
-        i0,
-        i,
-        row_ok,
-        kend,
-        my_end,
-    } = row;
+    #[rustfmt::skip]
+    let WarpQueryRow { warp, lane, owner, r, row, .. } = warp_query_row(q, k, past, rows, WARP, EDGE);
+    #[rustfmt::skip]
+    let QueryRow { h, bi, t, hk, i0, i, row_ok, kend, my_end, .. } = row;
 
     // F: Q (rows x d), K, V (tile x d), P (rows x tile).
     let q_at = 0usize;
@@ -514,26 +498,10 @@ fn flash_dq_kernel<F: Float>(
     #[define(F)] _dtype: StorageType,
 ) {
     // Lanes 0..16 of each warp own one row of the softmax.
-    let WarpQueryRow {
-        unit,
-        warp,
-        lane,
-        owner,
-        r,
-        row,
-    } = warp_query_row(q, k, past, rows, WARP, EDGE);
-    let QueryRow {
-        h,
-        bi,
-        t,
-        hk,
-        past,
-        i0,
-        i,
-        row_ok,
-        kend,
-        my_end,
-    } = row;
+    #[rustfmt::skip]
+    let WarpQueryRow { warp, lane, owner, r, row, .. } = warp_query_row(q, k, past, rows, WARP, EDGE);
+    #[rustfmt::skip]
+    let QueryRow { h, bi, t, hk, i0, i, row_ok, kend, my_end, .. } = row;
 
     // F: Q, dO (rows x d), K, V (tile x d), dS (rows x tile).
     let q_at = 0usize;
@@ -690,15 +658,8 @@ fn flash_dkdv_kernel<F: Float>(
     let unit = UNIT_POS_X as usize;
     let warp = unit / WARP;
     let lane = unit % WARP;
-    let KeyBlock {
-        hk,
-        bi,
-        t,
-        s,
-        group,
-        past,
-        j0,
-    } = key_block(q, k, past, rows);
+    #[rustfmt::skip]
+    let KeyBlock { hk, bi, t, s, group, past, j0 } = key_block(q, k, past, rows);
     let owner = lane < EDGE;
     let r = warp * EDGE + lane;
     let j = j0 + r;

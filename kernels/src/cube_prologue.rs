@@ -8,15 +8,14 @@
 use cubecl::prelude::*;
 
 /// A query row of a cube of an attention kernel: head `h` of batch row `bi` (its key/value head
-/// `hk`), `t` queries, the cache's `past` keys before them, this unit's query row `i` (valid
-/// when `row_ok`), the keys the cube's rows see (`0..kend`) and this row sees (`0..my_end`).
+/// `hk`), `t` queries, the cube's first row `i0`, this unit's query row `i` (valid when
+/// `row_ok`), the keys the cube's rows see (`0..kend`) and this row sees (`0..my_end`).
 #[derive(CubeType, Clone)]
 pub(crate) struct QueryRow {
     pub h: usize,
     pub bi: usize,
     pub t: usize,
     pub hk: usize,
-    pub past: usize,
     pub i0: usize,
     pub i: usize,
     pub row_ok: bool,
@@ -54,7 +53,6 @@ pub(crate) fn unit_query_row<F: Float>(
         bi,
         t,
         hk,
-        past,
         i0,
         i,
         row_ok,
@@ -68,7 +66,6 @@ pub(crate) fn unit_query_row<F: Float>(
 /// whether the lane owns its row.
 #[derive(CubeType, Clone)]
 pub(crate) struct WarpQueryRow {
-    pub unit: usize,
     pub warp: usize,
     pub lane: usize,
     pub owner: bool,
@@ -106,7 +103,6 @@ pub(crate) fn warp_query_row<F: Float>(
     let row_ok = owner && i < t;
     let my_end = past + i + 1;
     WarpQueryRow {
-        unit,
         warp,
         lane,
         owner,
@@ -116,7 +112,6 @@ pub(crate) fn warp_query_row<F: Float>(
             bi,
             t,
             hk,
-            past,
             i0,
             i,
             row_ok,

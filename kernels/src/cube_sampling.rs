@@ -47,13 +47,8 @@ fn sample_kernel<F: Float, I: Numeric>(
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let step = block as usize;
-    let RowStart {
-        row,
-        unit,
-        len: vocab,
-        base,
-        cs,
-    } = row_start(logits);
+    #[rustfmt::skip]
+    let RowStart { row, unit, len: vocab, base, cs } = row_start(logits);
 
     // 1. Max and first argmax of the row.
     let mut m = f32::cast_from(F::min_value());
@@ -512,13 +507,8 @@ fn sample_restricted_kernel<F: Float, I: Numeric>(
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let step = block as usize;
-    let RowStart {
-        row,
-        unit,
-        len: vocab,
-        base,
-        cs,
-    } = row_start(logits);
+    #[rustfmt::skip]
+    let RowStart { row, unit, len: vocab, base, cs } = row_start(logits);
     let mut hist = SharedMemory::<f32>::new(CANDIDATES * step);
     let mut red = SharedMemory::<f32>::new(step);
     let mut res = SharedMemory::<u32>::new(3usize);

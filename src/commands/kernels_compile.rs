@@ -75,32 +75,9 @@ pub fn run(args: KernelsCompileArgs) -> Result<()> {
                 .with_context(|| format!("cannot write {}", path.display()))?;
         }
     }
-    // NVRTC and ptxas are single-threaded; one worker per core.
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(g) = generated.get(i) else { break };
-                        done.push((i, offline::compile(&nvrtc, &tools, arch, g)));
-                    }
-                    done
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("a compile worker panicked"))
-            .collect()
-    });
-    results.sort_by_key(|(i, _)| *i);
     let mut resources = Vec::new();
     let mut failures = Vec::new();
-    for (_, r) in results {
+    for r in offline::compile_all(&nvrtc, &tools, arch, &generated) {
         match r {
             Ok(r) => resources.push(r),
             Err(e) => failures.push(e.to_string()),
@@ -115,7 +92,7 @@ pub fn run(args: KernelsCompileArgs) -> Result<()> {
     if args.json {
         outln!("{}", serde_json::to_string(&resources)?);
     } else {
-        super::print_lines(table(&resources))?;
+        super::print_lines(offline::table(&resources))?;
     }
     failures.extend(offline::problems(arch, &resources, &known));
     if !failures.is_empty() {
@@ -141,37 +118,4 @@ pub fn run(args: KernelsCompileArgs) -> Result<()> {
             .count()
     );
     Ok(())
-}
-
-#[cfg(feature = "cuda-compile")]
-fn table(resources: &[conrub_kernels::offline::KernelResources]) -> Vec<String> {
-    let mut lines = vec![format!(
-        "{:<26} {:<16} {:>7} {:>4} {:>11} {:>6} {:>7} {:>6} {:>5}  {}",
-        "kernel",
-        "config",
-        "threads",
-        "regs",
-        "spill st/ld",
-        "stack",
-        "shared",
-        "blocks",
-        "occ",
-        "limit"
-    )];
-    for r in resources {
-        lines.push(format!(
-            "{:<26} {:<16} {:>7} {:>4} {:>11} {:>6} {:>7} {:>6} {:>5.3}  {}",
-            r.kernel,
-            r.config,
-            r.threads,
-            r.registers,
-            format!("{}/{}", r.spills, r.spill_loads),
-            r.stack_bytes,
-            r.shared_bytes,
-            r.occupancy.blocks_per_sm,
-            r.occupancy.occupancy,
-            r.occupancy.limiter
-        ));
-    }
-    lines
 }

@@ -283,19 +283,23 @@ fn a_demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
     let cache = dir.path().join("kernels");
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/demo-cpu.toml");
     let config = config.to_str().unwrap();
-    // Two prompts a step: their responses' lengths vary from step to step, so later steps
-    // meet shapes the warm-up's own step did not (its walk must have reached them).
+    // One prompt a step, another each step: later steps meet prompt lengths (prefills, decode
+    // blocks, micro-batch widths) the warm-up's own step did not, so they load kernels only its
+    // walk compiled. Groups of two short responses keep the walk's classes (and lavapipe's
+    // compile time, about 5 minutes on 2 cores) small; the classes themselves are the unit
+    // tests' (`the_engine_walk_reaches_every_class_a_call_can`,
+    // `the_warm_up_walks_every_class_of_micro_batch_the_planner_cuts`).
     let shrink = [
         "--set",
         "run.max_steps=3",
         "--set",
-        "run.prompts_per_step=2",
+        "run.prompts_per_step=1",
         "--set",
         "warmup.steps=2",
         "--set",
-        "learner.group_size=4",
+        "learner.group_size=2",
         "--set",
-        "learner.max_response_tokens=8",
+        "learner.max_response_tokens=4",
     ];
     let warmup = [
         &["kernels-warmup", "--config", config, "--device", "wgpu"][..],
@@ -343,6 +347,13 @@ fn a_demo_on_wgpu_compiles_once_and_keeps_its_kernels() {
         steps[0]["kernel_cache_loads"].as_u64().unwrap() > 0,
         "step 0 loads its kernels from the cache: {}",
         steps[0]
+    );
+    // A later step met shapes step 0 had not: kernels the warm-up's walk compiled.
+    assert!(
+        steps[1..]
+            .iter()
+            .any(|s| s["kernel_cache_loads"].as_u64().unwrap() > 0),
+        "later steps load the walk's kernels: {steps:?}"
     );
     assert!(
         log.contains("kernels: 0 compiled (cache misses)"),

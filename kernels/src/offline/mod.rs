@@ -197,6 +197,74 @@ pub fn compile(
     })
 }
 
+/// [`compile`] of every kernel in `generated`, one worker per core (NVRTC and ptxas are
+/// single-threaded), the results in `generated`'s order.
+pub fn compile_all(
+    nvrtc: &Nvrtc,
+    tools: &CudaTools,
+    arch: Arch,
+    generated: &[GeneratedKernel],
+) -> Vec<Result<KernelResources, OfflineError>> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(g) = generated.get(i) else { break };
+                        done.push((i, compile(nvrtc, tools, arch, g)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a compile worker panicked"))
+            .collect()
+    });
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
+}
+
+/// The resource table `conrub kernels-compile` prints: a header, then a line per kernel
+/// configuration (threads, registers, spill stores/loads, stack, shared bytes, blocks per SM,
+/// occupancy and what limits it).
+pub fn table(resources: &[KernelResources]) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:<26} {:<16} {:>7} {:>4} {:>11} {:>6} {:>7} {:>6} {:>5}  {}",
+        "kernel",
+        "config",
+        "threads",
+        "regs",
+        "spill st/ld",
+        "stack",
+        "shared",
+        "blocks",
+        "occ",
+        "limit"
+    )];
+    for r in resources {
+        lines.push(format!(
+            "{:<26} {:<16} {:>7} {:>4} {:>11} {:>6} {:>7} {:>6} {:>5.3}  {}",
+            r.kernel,
+            r.config,
+            r.threads,
+            r.registers,
+            format!("{}/{}", r.spills, r.spill_loads),
+            r.stack_bytes,
+            r.shared_bytes,
+            r.occupancy.blocks_per_sm,
+            r.occupancy.occupancy,
+            r.occupancy.limiter
+        ));
+    }
+    lines
+}
+
 /// A spill the project knows of and accepts for now (`kernels/known-spills.json`): the check
 /// fails when it grows past `spills` bytes. CubeCL orders a kernel's shared arrays by a hash
 /// map, so the same kernel compiles to slightly different register allocations from one process
