@@ -20,7 +20,7 @@ use conrub_contracts::{Gradients, Policy, ResponseLogprobs, TokenBatch};
 use crate::buckets;
 use crate::error::Result;
 use crate::rank::RankSlot;
-use crate::sharding::{CommStats, RankGather, ShardedSum};
+use crate::sharding::{CommStats, RankGather, ShardLayout, ShardedSum};
 
 /// Where a rank's gradients go (see the module's table). Cheap to clone: a slot is a few `Arc`s.
 #[derive(Clone)]
@@ -79,11 +79,6 @@ impl<B: AutodiffBackend> GradientPath<B> {
         }
     }
 
-    /// Whether each backward pass is a collective call (every rank must make as many).
-    pub fn scatters_each_pass(&self) -> bool {
-        matches!(self, Self::ScatterEach(_) | Self::GatheredLayers(_))
-    }
-
     /// The backward passes this rank makes in a round where it has `passes` of its own: as many,
     /// or, when every pass is a collective call, the most any rank has (one host exchange); the
     /// difference is made of [`GradientPath::idle_pass`]es.
@@ -116,7 +111,7 @@ impl<B: AutodiffBackend> GradientPath<B> {
             Self::ScatterEach(slot) => (slot, false),
             Self::GatheredLayers(slot) => (slot, true),
         };
-        let layout = slot.sharded().expect("a sharded path has a layout");
+        let layout = layout_of(slot);
         let sharded = &mut sum.sharded;
         let mut failed = None;
         let mut source_comm = CommStats::default();
@@ -166,7 +161,7 @@ impl<B: AutodiffBackend> GradientPath<B> {
                 self.backward(policy, &one, &mut zero, sum, comm)
             }
             Self::ScatterEach(slot) => {
-                let layout = slot.sharded().expect("a sharded path has a layout");
+                let layout = layout_of(slot);
                 sum.sharded.idle_pass(policy, slot, layout, comm)
             }
             _ => Ok(()),
@@ -190,13 +185,13 @@ impl<B: AutodiffBackend> GradientPath<B> {
                 )?));
             }
             Self::ScatterAtStep(slot) => {
-                let layout = slot.sharded().expect("a sharded path has a layout");
+                let layout = layout_of(slot);
                 sharded.add(module, local, slot, layout, comm)?;
                 slot
             }
             Self::ScatterEach(slot) | Self::GatheredLayers(slot) => slot,
         };
-        let layout = slot.sharded().expect("a sharded path has a layout");
+        let layout = layout_of(slot);
         let (grads, norm, updated) = sharded.finish(module, slot, layout)?;
         Ok(Reduced {
             grads,
@@ -217,7 +212,7 @@ impl<B: AutodiffBackend> GradientPath<B> {
     ) -> Result<M> {
         match self {
             Self::ScatterAtStep(slot) | Self::ScatterEach(slot) if stepped => {
-                let layout = slot.sharded().expect("a sharded path has a layout");
+                let layout = layout_of(slot);
                 buckets::all_gather_weights(module, &reduced.updated, slot, layout, comm)
             }
             _ => Ok(module),
@@ -234,4 +229,10 @@ impl<B: AutodiffBackend> Reduced<B> {
             updated: Vec::new(),
         }
     }
+}
+
+/// The layout of a sharded path's slot (`GradientPath::of` picks a sharded path only for a slot
+/// that has one).
+fn layout_of<B: burn::tensor::backend::Backend>(slot: &RankSlot<B>) -> &ShardLayout {
+    slot.sharded().expect("a sharded path's slot has a layout")
 }
